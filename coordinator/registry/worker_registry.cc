@@ -235,8 +235,14 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   v1::Worker& worker = entry.worker;
   // The process of a drained incarnation registering again (a drain it
   // may not have heard of when the coordinator restarted): drained still.
+  // An earlier incarnation than the current one is that process too: a
+  // registration retried after its answer was lost, or after its save
+  // failed, names the incarnation before the one it was given unknowingly.
+  // A new process names 0; one naming a later incarnation than any here
+  // belongs to other state.
   const bool drain_kept = worker.drained() && worker.incarnation() > 0 &&
-                          request.previous_incarnation() == worker.incarnation();
+                          request.previous_incarnation() > 0 &&
+                          request.previous_incarnation() <= worker.incarnation();
   worker.set_incarnation(worker.incarnation() + 1);
   entry.session_secret = RandomToken();
   *worker.mutable_device() = request.device();

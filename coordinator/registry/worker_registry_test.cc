@@ -622,6 +622,39 @@ TEST(WorkerRegistryTest, MarkDrained_SavedAndKeptForTheSameProcessAfterARestart)
   EXPECT_TRUE(after.Get("w-1")->drained());
 }
 
+// A registration retried because its answer was lost, or because its save
+// failed (UNAVAILABLE, the entry left LOST at the new incarnation), names the
+// same previous incarnation again: the drain it carried is kept. Before, the
+// retry compared that incarnation with the one the lost attempt made, and
+// the worker became placeable again.
+TEST(WorkerRegistryTest, MarkDrained_KeptThroughARetriedRegistration) {
+  for (const bool save_fails_first : {false, true}) {
+    SCOPED_TRACE(save_fails_first ? "the first save failed" : "the first answer was lost");
+    FakeClock clock;
+    WorkerRegistry::Options options = MakeOptions(&clock);
+    int saves_to_fail = 0;
+    options.persist = [&saves_to_fail](const v1::Worker&) {
+      if (saves_to_fail == 0) return absl::OkStatus();
+      --saves_to_fail;
+      return absl::UnavailableError("store down");
+    };
+    WorkerRegistry registry(options);
+    ASSERT_TRUE(registry.Register(Request(1)).ok());
+    ASSERT_TRUE(registry.MarkDrained("w-1", 1).ok());
+    v1::RegisterWorkerRequest again = Request(1);
+    again.set_previous_incarnation(1);
+    saves_to_fail = save_fails_first ? 1 : 0;
+    const absl::Status first = registry.Register(again).status();
+    EXPECT_EQ(first.ok(), !save_fails_first) << first;
+    EXPECT_TRUE(registry.Get("w-1")->drained());
+    const absl::StatusOr<v1::RegisterWorkerResponse> retried = registry.Register(again);
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    EXPECT_EQ(retried->incarnation(), 3);
+    EXPECT_TRUE(registry.Get("w-1")->drained());
+    EXPECT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_READY);
+  }
+}
+
 // Ids and incarnations a later registration adds one to: past 2^53 (the
 // largest INT64_MAX) the record is skipped, so no addition overflows.
 TEST(WorkerRegistryTest, Restore_NumbersThatWouldOverflowAreSkipped) {

@@ -102,9 +102,10 @@ std::string UsageText() {
                   "\nThe commands that call a coordinator read $PIPETRAIN_COORDINATOR, "
                   "$PIPETRAIN_CA,\n$PIPETRAIN_TLS_CERT, $PIPETRAIN_TLS_KEY and $PIPETRAIN_TOKEN "
                   "when --coordinator,\n--tls-ca, --tls-cert, --tls-key and --token-file are not "
-                  "given.\nExit codes: 0 ok, 2 usage, 64 + the gRPC "
-                  "status code of a failed call\n(e.g. 69 NOT_FOUND, 78 UNAVAILABLE, 80 "
-                  "UNAUTHENTICATED); docs/operations.md has the table.\n");
+                  "given.\nExit codes: 0 ok, 1 the job did not succeed (submit --follow, up), "
+                  "2 usage,\n64 + the gRPC status code of a failed call (e.g. 69 NOT_FOUND, 78 "
+                  "UNAVAILABLE,\n80 UNAUTHENTICATED), 128 + N stopped by signal N; "
+                  "docs/operations.md has the table.\n");
   return out;
 }
 

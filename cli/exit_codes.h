@@ -6,7 +6,8 @@
 //
 //   0   success                      2   bad command line (usage)
 //   1   the job ended, not SUCCEEDED 130 interrupted (Ctrl-C)
-//   141, 143 `up` stopped by a closed stdout or SIGTERM (128 + the signal)
+//   129, 141, 143 `up` stopped by a hangup, a closed stdout or SIGTERM
+//                 (128 + the signal); 141 also `submit --follow`'s
 //   65  CANCELLED          66 UNKNOWN            67 INVALID_ARGUMENT
 //   68  DEADLINE_EXCEEDED  69 NOT_FOUND          70 ALREADY_EXISTS
 //   71  PERMISSION_DENIED  72 RESOURCE_EXHAUSTED 73 FAILED_PRECONDITION

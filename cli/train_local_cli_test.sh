@@ -77,6 +77,10 @@ expect_exit device_bogus 2 "--device must be auto, cpu, cuda or cuda:N" "got 'gp
 expect_exit gemm_bogus 2 "--gemm must be fp32, tf32 or bf16, got 'fp8'" -- train-local --gemm fp8
 expect_exit tf32_on_cpu 2 "--gemm tf32 needs a CUDA device" -- train-local --device cpu --gemm tf32
 expect_exit bf16_on_cpu 2 "--gemm bf16 needs a CUDA device" -- train-local --device cpu --gemm bf16
+# auto is the CPU where no CUDA device is visible (none here, whatever the
+# host has): the same usage error, before any data is read.
+CUDA_VISIBLE_DEVICES= expect_exit bf16_auto_without_gpu 2 "--gemm bf16 needs a CUDA device" \
+  "--device auto is the CPU here" -- train-local --device auto --gemm bf16
 # The job spec's limits (docs/operations.md "Bounds"): refused before anything is
 # allocated, not a CHECK or bad_alloc once the model is built.
 expect_exit d_model_over_limit 2 "--d-model 1000000 is over the limit of 16384" -- \

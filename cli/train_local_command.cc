@@ -174,7 +174,22 @@ absl::Status Resolve(Options& o) {
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
   RETURN_IF_ERROR(ParseLrSchedule("--lr-schedule", o.lr_schedule, &o.train.lr_schedule));
-  RETURN_IF_ERROR(ValidateDeviceFlags(o.device, o.gemm, o.attention));
+  {
+    // auto is the CPU where no CUDA device is visible: GPU-only modes are a
+    // flag combination this host refuses, exit 2 before any work, as `up`
+    // refuses them for its workers (SelectBackend would refuse them only
+    // once the data was read, with exit 1).
+    const bool auto_is_cpu = o.device == "auto" && VisibleCudaDevices() == 0;
+    const absl::Status valid =
+        ValidateDeviceFlags(auto_is_cpu ? "cpu" : o.device, o.gemm, o.attention);
+    if (!valid.ok()) {
+      return absl::Status(
+          valid.code(),
+          absl::StrCat(valid.message(), auto_is_cpu ? " (--device auto is the CPU here: "
+                                                      "no CUDA device is visible)"
+                                                    : ""));
+    }
+  }
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
     return absl::InvalidArgumentError(

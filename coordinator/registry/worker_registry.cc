@@ -525,25 +525,41 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
   std::stable_sort(workers.begin(), workers.end(), [](const v1::Worker& a, const v1::Worker& b) {
     return FromProtoTimestamp(a.last_heartbeat()) > FromProtoTimestamp(b.last_heartbeat());
   });
-  const size_t room = static_cast<size_t>(std::max(0, options_.max_workers)) > workers_.size()
-                          ? static_cast<size_t>(options_.max_workers) - workers_.size()
-                          : 0;
-  if (workers.size() > room) {
-    PT_LOG(WARNING) << "restoring the " << room << " workers heard from last of " << workers.size()
-                    << " saved (the registry's limit); forgetting the others";
-    for (size_t i = room; i < workers.size(); ++i) {
-      if (options_.forget && !workers[i].id().empty()) options_.forget(workers[i].id());
-    }
-    workers.resize(room);
-  }
+  // Records that cannot be restored are set aside first, so that they take
+  // none of the room. A record whose address a newer one has is a worker
+  // evicted for it whose delete failed (only logged): forgotten now.
+  std::vector<v1::Worker> usable;
+  std::set<std::string> addresses;
   for (const v1::Worker& w : workers) {
     const int64_t number = WorkerIdNumber(w.id()).value_or(0);
     if (number <= 0 || number > kMaxRestoredWorkerNumber || w.incarnation() < 0 ||
         w.incarnation() > kMaxRestoredWorkerNumber || w.data_address().empty() ||
-        workers_.count(number) > 0 || number_by_address_.count(w.data_address()) > 0) {
-      PT_LOG(WARNING) << "not restoring worker record \"" << w.id().substr(0, 64) << "\"";
+        workers_.count(number) > 0) {
+      PT_LOG(WARNING) << "not restoring worker record \"" << EchoInput(w.id()) << "\"";
       continue;
     }
+    if (number_by_address_.count(w.data_address()) > 0 ||
+        !addresses.insert(w.data_address()).second) {
+      PT_LOG(WARNING) << "not restoring worker record \"" << EchoInput(w.id())
+                      << "\": a newer one has its data address; forgetting it";
+      if (options_.forget) options_.forget(w.id());
+      continue;
+    }
+    usable.push_back(w);
+  }
+  const size_t room = static_cast<size_t>(std::max(0, options_.max_workers)) > workers_.size()
+                          ? static_cast<size_t>(options_.max_workers) - workers_.size()
+                          : 0;
+  if (usable.size() > room) {
+    PT_LOG(WARNING) << "restoring the " << room << " workers heard from last of " << usable.size()
+                    << " saved (the registry's limit); forgetting the others";
+    for (size_t i = room; i < usable.size(); ++i) {
+      if (options_.forget) options_.forget(usable[i].id());
+    }
+    usable.resize(room);
+  }
+  for (const v1::Worker& w : usable) {
+    const int64_t number = *WorkerIdNumber(w.id());
     // A worker saved as it deregistered stays LEFT, with its last
     // heartbeat; any other was live when the old coordinator stopped.
     const bool left = w.state() == v1::WORKER_STATE_LEFT;
@@ -552,7 +568,13 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
     entry.worker.clear_state();
     entry.worker.clear_job_id();
     entry.worker.clear_current_instruction();
+    // Eviction takes the LEFT or LOST entry seen longest ago: a LEFT one was
+    // last seen at its stored heartbeat, so it goes before those that were
+    // live when the old coordinator stopped (seen now; with one time for
+    // all, the lowest id went first, maybe a worker still in its job's
+    // restart grace).
     entry.last_seen = now;
+    if (left) entry.last_seen = std::min(now, FromProtoTimestamp(w.last_heartbeat()));
     if (!left) *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
     number_by_address_[w.data_address()] = number;
     last_number_ = std::max(last_number_, number);

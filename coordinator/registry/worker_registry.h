@@ -43,8 +43,10 @@
 // Capacity: at most Options::max_workers entries. A registration from a new
 // data_address when the registry is full evicts the LEFT or LOST entry seen
 // longest ago (Options::forget drops its saved copy); with none to evict it
-// is RESOURCE_EXHAUSTED. Restore keeps the max_workers records heard from
-// last and forgets the others.
+// is RESOURCE_EXHAUSTED. Restore keeps the max_workers restorable records
+// heard from last and forgets the others; a restored LEFT entry was last
+// seen at its stored heartbeat, the others (live when the coordinator
+// stopped) at the restore.
 //
 // NCCL unique ids (coordinator.proto DeviceInfo.nccl_unique_id): the
 // registry keeps each worker's current id apart from its v1::Worker, so List
@@ -186,7 +188,9 @@ class WorkerRegistry {
   // Call before serving. Entries whose id is not "w-<n>" with n in [1,
   // kMaxRestoredWorkerNumber], or whose incarnation is outside [0,
   // kMaxRestoredWorkerNumber], are skipped: the next id and the next
-  // incarnation add one to them.
+  // incarnation add one to them. Of records sharing a data address the one
+  // heard from last is restored and the others forgotten (an eviction whose
+  // delete failed). Skipped and forgotten records take none of the room.
   void Restore(const std::vector<v1::Worker>& workers);
   static constexpr int64_t kMaxRestoredWorkerNumber = int64_t{1} << 53;
 

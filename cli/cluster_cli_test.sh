@@ -188,15 +188,18 @@ expect_exit coordinator_is_http_port 78 "is an HTTP port" "--grpc-address" -- \
 expect_exit not_found_job 69 "NOT_FOUND" -- job no-such-job --json
 expect_exit not_found_cancel 69 "NOT_FOUND" -- cancel no-such-job
 expect_exit not_found_drain 69 "NOT_FOUND" -- drain no-such-worker
-# The coordinator quotes an unknown id: printed escaped, and a long one cut
-# (a 20 KB id once made the answer's trailers too large for the client).
-expect_exit not_found_escaped 69 "NOT_FOUND" 'no-\x1b[31m-job' -- job $'no-\e[31m-job'
+# The coordinator quotes an unknown id escaped (its \x1b), and the CLI
+# prints that message terminal-safe (its backslash doubled); an id over 128
+# bytes is refused before any lookup, quoted cut (a 20 KB id once made the
+# answer's trailers too large for the client).
+expect_exit not_found_escaped 69 "NOT_FOUND" 'no-\\x1b[31m-job' -- job $'no-\e[31m-job'
 if grep -q $'\e' "$ERR"; then
   fail not_found_escaped_raw "stderr has a raw ESC"
 else
   passed=$((passed + 1))
 fi
-expect_exit not_found_long_id 69 "NOT_FOUND" "more bytes]" -- job "$(printf 'x%.0s' {1..20000})"
+expect_exit long_id 67 "INVALID_ARGUMENT" "job id" "is 20000 bytes; the limit is 128" -- \
+  job "$(printf 'x%.0s' {1..20000})"
 sed 's/"nHead": 2/"nHead": 3/' "$TMP/job.json" >"$TMP/bad-heads.json"
 expect_exit invalid_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/bad-heads.json"
 echo '{"model": {"nLayer": "two"}' >"$TMP/malformed.json"

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo_input.h"
 #include "common/fixed_thread_pool.h"
 #include "common/http_framing.h"
 #include "common/http_gate.h"
@@ -45,6 +46,21 @@ void Apply(const HttpResponse& in, httplib::Response& out) {
   // Ranges are not served (a Range header is ignored); httplib would
   // advertise "bytes" on a HEAD otherwise.
   out.set_header("Accept-Ranges", "none");
+}
+
+// Whether a request's Origin ("scheme://host[:port]") names the server it
+// was sent to (its Host header, "host[:port]"), as a page served from here
+// would: http or https, compared without case. "null" (an opaque origin)
+// and anything else are not.
+bool IsSameOrigin(absl::string_view origin, absl::string_view host) {
+  if (host.empty()) return false;
+  for (absl::string_view scheme : {"http://", "https://"}) {
+    if (absl::StartsWithIgnoreCase(origin, scheme) &&
+        absl::EqualsIgnoreCase(origin.substr(scheme.size()), host)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The standard methods (RFC 9110 and PATCH); anything else is reported as
@@ -168,6 +184,13 @@ class GatedServer : public httplib::Server {
                       // header overflows a 2 MiB thread stack) and hand the
                       // handler none, and merge a form's fields into the query.
                       req.headers.erase("Content-Type");
+                      // Answers go uncompressed. httplib would compress any
+                      // text, JSON or SVG answer for "Accept-Encoding: br" at
+                      // Brotli's slowest setting (seconds of CPU for a large
+                      // plan's timeline, a fraction for every /metrics scrape,
+                      // which needs no token), holding one of the few handler
+                      // threads meanwhile.
+                      req.headers.erase("Accept-Encoding");
                     });
     return stream.TakeResponse();
   }
@@ -211,9 +234,23 @@ void HttpServer::InstallHooks() {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.bearer_token.empty() || options_.public_paths.count(req.path) > 0) {
+    if (options_.public_paths.count(req.path) > 0) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
+    // A browser names the page that made a request in Origin. No page is
+    // served here, so one from elsewhere is a web page acting on the API
+    // with the browser's reach: without a token (--insecure, on loopback)
+    // any site the user visits could submit, cancel and drain by a simple
+    // POST, which browsers send without asking first.
+    if (const std::string origin = req.get_header_value("Origin");
+        !origin.empty() && !IsSameOrigin(origin, req.get_header_value("Host"))) {
+      Apply(JsonError(403, "PERMISSION_DENIED",
+                      absl::StrCat("cross-origin request refused (Origin ", EchoInput(origin),
+                                   "); call the API from a client, not from a web page")),
+            res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (options_.bearer_token.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const std::string header = req.get_header_value("Authorization");
     if (ConstantTimeEquals(BearerToken(header), options_.bearer_token)) {
       return httplib::Server::HandlerResponse::Unhandled;

@@ -28,6 +28,13 @@
 // Compressed request bodies (Content-Encoding) are refused, never inflated;
 // Range headers are ignored (every answer is the whole body); a body reaches
 // its handler as sent, whatever its Content-Type (multipart not parsed).
+// Answers are never compressed (Accept-Encoding is ignored).
+//
+// Cross-origin requests: a request to any route but the public paths whose
+// Origin header names another server than its Host (a web page elsewhere
+// calling the API through the user's browser) gets 403
+// {"code":7,...}, token or not; clients that send no Origin (curl, the CLI,
+// Prometheus) are unaffected.
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -503,6 +504,64 @@ TEST(HttpServer, AnswerRequestBytes_ContentEncodingBehindABareLf_Returns400) {
       gzip.size(), "\r\n\r\n", gzip));
   EXPECT_EQ(HttpStatusOf(response), 400) << response;
   EXPECT_EQ(bodies, std::vector<std::string>{});
+}
+
+// "Accept-Encoding: br" made httplib compress the answer at Brotli's
+// slowest setting (seconds of CPU for a large SVG, and /metrics needs no
+// token): answers go uncompressed, whatever the client accepts.
+TEST(HttpServer, AcceptEncoding_Ignored_AnswerUncompressed) {
+  HttpServer server;
+  const std::string big(1 << 20, 'a');
+  server.Get("/big", [&](const HttpRequest&) {
+    HttpResponse response;
+    response.body = big;
+    response.content_type = "text/plain";
+    return response;
+  });
+  for (const char* encoding : {"br", "gzip", "gzip, deflate, br"}) {
+    SCOPED_TRACE(encoding);
+    const std::string response = server.AnswerRequestBytes(
+        absl::StrCat("GET /big HTTP/1.1\r\nHost: t\r\nAccept-Encoding: ", encoding, "\r\n\r\n"));
+    EXPECT_EQ(HttpStatusOf(response), 200);
+    EXPECT_FALSE(absl::StrContains(absl::AsciiStrToLower(response), "content-encoding"))
+        << response.substr(0, 300);
+    EXPECT_TRUE(absl::StrContains(response, big));
+  }
+}
+
+// A web page elsewhere calling the API through the user's browser (which
+// names the page in Origin) is refused before any handler, token or not:
+// without a token any site could otherwise POST a job to a loopback
+// coordinator. Same-origin and Origin-less requests pass; public paths too.
+TEST(HttpServer, CrossOriginRequest_Refused403_SameOriginAndNoOriginPass) {
+  HttpServer server;
+  int calls = 0;
+  server.Post("/v1/jobs", [&](const HttpRequest&) {
+    ++calls;
+    return JsonResponse(200, "{}");
+  });
+  server.Get("/metrics", [&](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  auto post = [&](const std::string& origin_line) {
+    return server.AnswerRequestBytes(
+        absl::StrCat("POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n", origin_line,
+                     "Content-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}"));
+  };
+  for (const char* bad :
+       {"Origin: http://evil.example\r\n", "Origin: null\r\n", "Origin: http://127.0.0.1:9999\r\n",
+        "Origin: http://127.0.0.1:8080.evil.example\r\n"}) {
+    SCOPED_TRACE(bad);
+    const std::string response = post(bad);
+    EXPECT_EQ(HttpStatusOf(response), 403) << response;
+    EXPECT_TRUE(absl::StrContains(response, "cross-origin request refused")) << response;
+  }
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(HttpStatusOf(post("")), 200);
+  EXPECT_EQ(HttpStatusOf(post("Origin: http://127.0.0.1:8080\r\n")), 200);
+  EXPECT_EQ(HttpStatusOf(post("Origin: HTTPS://127.0.0.1:8080\r\n")), 200);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(HttpStatusOf(server.AnswerRequestBytes("GET /metrics HTTP/1.1\r\nHost: t\r\n"
+                                                   "Origin: http://evil.example\r\n\r\n")),
+            200);
 }
 
 // httplib would answer each range with a copy of the body, in a

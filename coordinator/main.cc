@@ -347,6 +347,14 @@ absl::Status ConfigureTokens(Flags& flags) {
                    SecretFromFlags("user-token", flags.user_token, flags.user_token_file));
   RETURN_IF_ERROR(RefusePlaceholder("join token", flags.join_token));
   RETURN_IF_ERROR(RefusePlaceholder("user token", flags.user_token));
+  // The REST server compares the Authorization header after percent-
+  // decoding it (the HTTP library decodes header values), gRPC compares it
+  // as sent: a token with a '%' would work over one API and not the other.
+  if (absl::StrContains(flags.user_token, '%')) {
+    return absl::InvalidArgumentError(
+        "the user token contains '%', which HTTP percent-decodes in the Authorization header, "
+        "so REST calls would not match it; generate one without (e.g. openssl rand -hex 32)");
+  }
   if (flags.insecure) return absl::OkStatus();
   if (flags.join_token.empty()) {
     return absl::InvalidArgumentError(

@@ -44,6 +44,12 @@ check "placeholder user token: the message" \
 start "$T/real-join" "$T/lowercase"; code=$?
 check "lowercase placeholder: exit 2" test "$code" -eq 2
 
+# A '%' in the user token: REST percent-decodes the header, gRPC does not.
+printf '5d1e%%41c3a2f9064\n' > "$T/percent-user"
+start "$T/real-join" "$T/percent-user"; code=$?
+check "user token with a %: exit 2" test "$code" -eq 2
+check "user token with a %: the message" grep -qF "the user token contains '%'" "$T/err.txt"
+
 timeout 20 "$COORDINATOR" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 --insecure \
   --join-token=REPLACE-ME-join-token > /dev/null 2> "$T/err.txt"; code=$?
 check "placeholder with --insecure: exit 2" test "$code" -eq 2

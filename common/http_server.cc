@@ -7,6 +7,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <regex>
 #include <utility>
 
@@ -300,6 +301,25 @@ void HttpServer::InstallHooks() {
     return httplib::Server::HandlerResponse::Handled;
   };
   server_->set_error_handler(on_error);
+  // A handler that throws (std::bad_alloc copying a large plan, say): 500
+  // INTERNAL, the reason in this server's log only. Without this, httplib
+  // would answer 500 with the exception's text in an "EXCEPTION_WHAT"
+  // header, which the error handler then called a malformed request.
+  server_->set_exception_handler([](const httplib::Request& req, httplib::Response& res,
+                                    std::exception_ptr thrown) {
+    std::string what = "an exception that is not a std::exception";
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    PT_LOG(ERROR) << "HTTP handler for " << BoundedMethod(req.method) << " "
+                  << EchoInput(req.path, 256) << " threw: " << EchoInput(what, 1024);
+    res.headers.clear();
+    Apply(JsonError(500, "INTERNAL", "the server failed to answer this request; its log says why"),
+          res);
+  });
 }
 
 void HttpServer::Get(const std::string& pattern, Handler handler) {

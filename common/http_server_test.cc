@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -562,6 +563,20 @@ TEST(HttpServer, CrossOriginRequest_Refused403_SameOriginAndNoOriginPass) {
   EXPECT_EQ(HttpStatusOf(server.AnswerRequestBytes("GET /metrics HTTP/1.1\r\nHost: t\r\n"
                                                    "Origin: http://evil.example\r\n\r\n")),
             200);
+}
+
+// A handler that throws gets 500 INTERNAL with the usual error body; the
+// exception's text stays in the server's log, not in a response header.
+TEST(HttpServer, HandlerThrows_500Internal_NothingOfTheExceptionSent) {
+  HttpServer server;
+  server.Get("/boom", [](const HttpRequest&) -> HttpResponse {
+    throw std::runtime_error("secret detail at 0xdeadbeef");
+  });
+  const std::string response = server.AnswerRequestBytes("GET /boom HTTP/1.1\r\nHost: t\r\n\r\n");
+  EXPECT_EQ(HttpStatusOf(response), 500) << response;
+  EXPECT_TRUE(absl::StrContains(response, "\"code\":13")) << response;  // INTERNAL
+  EXPECT_FALSE(absl::StrContains(response, "secret detail")) << response;
+  EXPECT_FALSE(absl::StrContains(response, "EXCEPTION_WHAT")) << response;
 }
 
 // httplib would answer each range with a copy of the body, in a

@@ -354,8 +354,11 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
-  // Its workers are done: the job only waits for its weights file.
-  if (record->writing_weights) return;
+  // Its workers are done: the job only waits for its weights file. The
+  // worker is told to stop all the same: the hub keeps its RUN, which a new
+  // incarnation (a restarted process, a lapsed lease) would otherwise take
+  // up and run again, its reports counting as the stage's.
+  if (record->writing_weights) return StopWorkerLocked(*record, worker_id);
   if (record->job.state() == v1::JOB_STATE_PLANNING) {
     // Only the workers of the placement being planned are the job's now
     // (a boundary's left-out workers were stopped and released).
@@ -378,7 +381,7 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
       StageDone(*record, static_cast<size_t>(record->stage_of.at(worker_id)))) {
     PT_LOG(INFO) << "job " << job_id << ": " << worker_id << " went after its stage finished ("
                  << reason << "); the other stages go on";
-    return;
+    return StopWorkerLocked(*record, worker_id);  // as above: no rerun of its RUN
   }
   StartRecoveryLocked(*record, worker_id, reason, RecoveryKind::kWorkerLost, incarnation);
 }

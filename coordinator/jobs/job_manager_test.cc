@@ -548,6 +548,11 @@ TEST_F(JobManagerTest, WorkerLostAfterItsStageFinished_JobStillSucceeds) {
   registry_.MarkLost(w1, registry_.Get(w1).value().incarnation(), "scaled away");
   v1::Job job = jobs_.Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  // It is told to stop: its RUN, kept in the hub, would otherwise be what
+  // its next incarnation (a restarted process) takes up and runs again.
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
+  EXPECT_EQ(AddWorker(7001), w1);  // registered again, under its id
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
   Report(w2, id, 2, {1.0f, 1.0f}, true);
   job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();

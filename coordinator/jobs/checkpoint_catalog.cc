@@ -206,6 +206,7 @@ std::optional<v1::ResumeFrom> CheckpointCatalog::Drop(int64_t step) {
     if (it->step() != step) continue;
     v1::ResumeFrom dropped = std::move(*it);
     complete_.erase(it);
+    incomplete_.insert(step);  // removed at the end unless redone
     return dropped;
   }
   return std::nullopt;

@@ -87,7 +87,8 @@ class CheckpointCatalog {
   // only where its loss history reaches); null when none.
   const v1::ResumeFrom* LatestAtOrBefore(int64_t step) const;
   // Forgets the complete checkpoint of `step` (a stage could not load it):
-  // a resume then takes the one before. Returns what was dropped; nullopt
+  // a resume then takes the one before, and the step is incomplete again
+  // (TakeIncomplete) unless it is redone. Returns what was dropped; nullopt
   // when no complete checkpoint has that step.
   std::optional<v1::ResumeFrom> Drop(int64_t step);
   // Complete checkpoints beyond `keep`, oldest first, no longer in the

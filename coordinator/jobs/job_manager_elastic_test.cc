@@ -1122,6 +1122,10 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   const std::string w3 = AddWorker(7003);
   HeartbeatAllAndSchedule({w1, w3});
   ASSERT_EQ(AssignmentOf(w3).resume().step(), 10);
+  jobs_->FlushIo();
+  const std::string dir = OutputDir() + "/checkpoints/" + id;
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/step-00000010/manifest.json").c_str(), &st), 0);
   v1::ReportProgressRequest r;
   r.set_worker_id(w3);
   r.set_job_id(id);
@@ -1136,6 +1140,11 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   EXPECT_EQ(job.plan_history(2).start_step(), 5);
   EXPECT_TRUE(absl::StrContains(job.plan_history(2).reason(), "could not be loaded"));
   EXPECT_EQ(job.progress().checkpoint_step(), 5);
+  // Its manifest is gone, so nothing takes it for the newest complete
+  // checkpoint (init.from, checkpoint export): step 5 is.
+  jobs_->FlushIo();
+  EXPECT_NE(stat((dir + "/step-00000010/manifest.json").c_str(), &st), 0);
+  EXPECT_EQ(stat((dir + "/step-00000005/manifest.json").c_str(), &st), 0);
 }
 
 // The claim is taken only from a stage loading its plan's resume point:

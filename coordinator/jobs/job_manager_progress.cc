@@ -191,6 +191,17 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
     dropped = record.checkpoints->Drop(assigned->resume().step());
   }
   if (dropped.has_value()) {
+    // Its files go now, manifest first, as those of any step that cannot
+    // complete: kept, `init.from: <the job's directory>` and `checkpoint
+    // export` would take it for the newest complete checkpoint. Only files
+    // written before the removal runs (after the manifest's write, queued
+    // before it on io_); the redo writes the step again only after a
+    // re-plan and the steps before it.
+    if (!options_.output_dir.empty()) {
+      io_.Post([output_dir = options_.output_dir, id = record.job.id(), gone = *dropped] {
+        job_manager_internal::RemoveCheckpointDirs(output_dir, id, {gone}, absl::Now());
+      });
+    }
     record.job.mutable_progress()->set_checkpoint_step(
         record.checkpoints->Latest() != nullptr ? record.checkpoints->Latest()->step() : 0);
     StartRecoveryLocked(

@@ -1,6 +1,11 @@
 #include "worker/agent/job_runner.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +46,26 @@ bool IsPeerFailure(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded ||
          status.code() == absl::StatusCode::kAborted;
+}
+
+// Whether a failed resume load says the checkpoint itself is bad (a file
+// missing, short, corrupt, or another model's), which the coordinator may
+// answer by dropping it, not this worker's access to it: an I/O error
+// (UNAVAILABLE, which is a peer failure: the job recovers and tries the
+// same checkpoint again), too many open files, permissions. A good
+// checkpoint dropped for one worker's trouble cost the job every step since
+// the one before (with keep 1, the whole run).
+bool CheckpointItselfUnusable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:  // another model's
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // The coordinator's answer to a report of a job that has ended meanwhile
@@ -287,6 +312,22 @@ absl::StatusOr<std::unique_ptr<DeviceCollective>> JobRunner::JoinReplicaGroup() 
   }
   PT_LOG(INFO) << what << ": joined; its exact gradient sums run on the device";
   return collective;
+}
+
+absl::Status JobRunner::CheckCheckpointRootReachable() const {
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "the job resumes from a checkpoint, but this worker was started without "
+        "--checkpoint-root (the coordinator's --output-dir, shared)");
+  }
+  const int fd = open(options_.checkpoint_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::UnavailableError(absl::StrCat(
+        "cannot open --checkpoint-root ", options_.checkpoint_root, ": ", std::strerror(error)));
+  }
+  close(fd);
+  return absl::OkStatus();
 }
 
 absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity) {
@@ -674,11 +715,18 @@ absl::Status JobRunner::RunJob() {
     RETURN_IF_ERROR(LoadInitWeights(*runtime, job.train.model));
   }
   if (assignment_.has_resume()) {
+    // The root first: a volume this worker cannot reach says nothing of the
+    // checkpoint (UNAVAILABLE: the job recovers, and another plan may not
+    // need this worker).
+    if (const absl::Status root = CheckCheckpointRootReachable(); !root.ok()) {
+      if (!stop_.load()) ReportError(root);
+      return root;
+    }
     const absl::Time load_start = absl::Now();
     absl::Status loaded = LoadResume(*runtime, identity);
     resume_load_seconds_ = absl::ToDoubleSeconds(absl::Now() - load_start);
     if (!loaded.ok()) {
-      if (!stop_.load()) ReportError(loaded, /*checkpoint_unusable=*/true);
+      if (!stop_.load()) ReportError(loaded, CheckpointItselfUnusable(loaded));
       return loaded;
     }
   }

@@ -167,6 +167,10 @@ class JobRunner {
   void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
   // Loads Assignment.resume into `runtime` (see the file comment).
   absl::Status LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity);
+  // OK when options_.checkpoint_root opens as a directory; UNAVAILABLE
+  // (this worker's trouble, not the checkpoint's) or FAILED_PRECONDITION
+  // when none was given.
+  absl::Status CheckCheckpointRootReachable() const;
   // Loads Assignment.init_weights (spec.init.from, a safetensors file).
   absl::Status LoadInitWeights(StageRuntime& runtime, const GptConfig& model);
   void ReportCheckpoint(int64_t step, double seconds,

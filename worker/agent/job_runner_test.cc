@@ -738,6 +738,29 @@ TEST(CheckStartIterationTest, InRangeAndTheResumeStep) {
             "checkpoint's step");
 }
 
+// Only a checkpoint that is itself bad is reported unusable (which makes
+// the coordinator drop it): one missing its files is; one this worker
+// cannot reach because its --checkpoint-root does not open is not, and
+// counts as a peer failure (the job recovers and tries it again), so one
+// worker's volume trouble does not throw a good checkpoint away.
+TEST(JobRunnerTest, ResumeLoadFailure_UnusableOnlyWhenTheCheckpointIsBad) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.set_start_iteration(2);
+  a.mutable_resume()->set_step(2);
+  a.mutable_resume()->set_dir("ck/step-00000002");  // lists no unit files
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("resume-load-failures");
+  v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_TRUE(report.checkpoint_unusable()) << report.error();
+  EXPECT_TRUE(absl::StrContains(report.error(), "DATA_LOSS")) << report.error();
+
+  options.checkpoint_root += "/not-mounted";
+  report = FirstReportOfOneStage(a, options);
+  EXPECT_FALSE(report.checkpoint_unusable()) << report.error();
+  EXPECT_TRUE(report.peer_failure()) << report.error();
+  EXPECT_TRUE(absl::StrContains(report.error(), "cannot open --checkpoint-root")) << report.error();
+}
+
 // The steps come from the assignment's spec before ResolveJobSpec bounds
 // them: a start just below INT64_MAX was in range of steps INT64_MAX, and
 // the mailbox's window was opened there.

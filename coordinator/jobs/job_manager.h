@@ -76,7 +76,7 @@
 // after it are redone with the same data, so they repeat the lost ones'
 // losses bitwise. A stage that cannot load the checkpoint
 // (checkpoint_unusable, taken only from a stage loading its plan's resume
-// point, before it is ready) makes the job drop it and resume from the one
+// point, before its first iteration) makes the job drop it and resume from the one
 // before. kMaxRecoveriesWithoutProgress recoveries in a row without a
 // checkpoint beyond every earlier one fail the job. Workers a recovering job waits for are
 // not given to other jobs.

@@ -1172,6 +1172,9 @@ class CheckpointUnusableClaimTest : public JobManagerElasticTest {
       ready.set_plan_version(version);
       ready.set_ready(true);
       ASSERT_TRUE(jobs_->ReportProgress(ready).ok());
+      ready.set_worker_id(w2);
+      ASSERT_TRUE(jobs_->ReportProgress(ready).ok());
+      Step(id, 11);  // w1 has run an iteration of the plan
     }
     v1::ReportProgressRequest r;
     r.set_worker_id(w1);
@@ -1188,7 +1191,40 @@ class CheckpointUnusableClaimTest : public JobManagerElasticTest {
 };
 
 TEST_F(CheckpointUnusableClaimTest, InAPlanThatResumesFromNothing) { ClaimOutsideLoading(false); }
-TEST_F(CheckpointUnusableClaimTest, AfterTheStageWasReady) { ClaimOutsideLoading(true); }
+TEST_F(CheckpointUnusableClaimTest, AfterTheStageRanAnIteration) { ClaimOutsideLoading(true); }
+
+// A stage of a device or replica group passes the start barrier before it
+// loads its checkpoint (the group's join needs every member): its claim,
+// after it said it was ready but before any iteration, is taken. It was
+// refused as coming after ready, and a job that should have resumed from
+// the checkpoint before FAILED.
+TEST_F(CheckpointUnusableClaimTest, AfterReadyBeforeAnyIteration_Taken) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 10; ++step) {
+    Step(id, step);
+    if (step % 5 == 0) CheckpointAll(id, step);
+  }
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
+  HeartbeatAllAndSchedule({w1, w2});
+  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+  v1::ReportProgressRequest ready;
+  ready.set_worker_id(w1);
+  ready.set_job_id(id);
+  ready.set_plan_version(2);
+  ready.set_ready(true);
+  ASSERT_TRUE(jobs_->ReportProgress(ready).ok());
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(2);
+  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+  r.set_checkpoint_unusable(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_EQ(job.progress().checkpoint_step(), 5);
+}
 
 // A recovery that drops a checkpoint and then completes the same step
 // again has made no progress, so dropping and redoing step 10 (a peer

@@ -178,16 +178,18 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
   const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
                                           " [stages: ", absl::StrJoin(stages, ", "), "]");
   // A stage says its plan's resume point is unusable while it loads it,
-  // before it reports ready (JobRunner). Only then is the claim taken,
-  // and only that checkpoint dropped: said at any other time it is an
-  // error like any other, so that one worker cannot drop a job's
-  // checkpoints one after another.
+  // before its first iteration (JobRunner; a stage of a device or replica
+  // group passes the start barrier first, as the group's join needs every
+  // member). Only then is the claim taken, and only that checkpoint
+  // dropped: said at any other time it is an error like any other, so that
+  // one worker cannot drop a job's checkpoints one after another.
   const v1::Assignment* assigned = stage_index < static_cast<int>(record.assignments.size())
                                        ? &record.assignments[stage_index]
                                        : nullptr;
   std::optional<v1::ResumeFrom> dropped;
   if (r.checkpoint_unusable() && record.checkpoints != nullptr && assigned != nullptr &&
-      assigned->has_resume() && !record.stages[stage_index].ready) {
+      assigned->has_resume() && record.stages[stage_index].iterations_done == 0 &&
+      !record.stages[stage_index].finished) {
     dropped = record.checkpoints->Drop(assigned->resume().step());
   }
   if (dropped.has_value()) {

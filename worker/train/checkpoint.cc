@@ -43,6 +43,14 @@ std::vector<std::pair<std::string, std::string>> IdentityFields(const TrainConfi
           {"seed", absl::StrCat(c.seed)}};
 }
 
+// What gives a step its samples: iteration i draws batch_size sequences of
+// seq_len tokens (LocalTrainer::Step), so a run resumed with other values
+// continues at the same step with other data than the run it continues.
+// Checked when the file has them (files before they were written do not).
+std::vector<std::pair<std::string, std::string>> SampleFields(const TrainConfig& c) {
+  return {{"batch_size", absl::StrCat(c.batch_size)}, {"seq_len", absl::StrCat(c.seq_len)}};
+}
+
 // One moment tensor per parameter, named with `prefix` (on the trainer's
 // backend, like the moments themselves).
 std::vector<Parameter> MomentViews(LocalTrainer& trainer, const char* prefix, bool m) {
@@ -102,6 +110,7 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
                               {"eps", absl::StrCat(c.adam.eps)},
                               {"weight_decay", absl::StrCat(c.adam.weight_decay)}};
   for (const auto& [key, value] : IdentityFields(c)) meta[key] = value;
+  for (const auto& [key, value] : SampleFields(c)) meta[key] = value;
   return WriteSafetensors(path, tensors, meta);
 }
 
@@ -121,6 +130,14 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, ": checkpoint has ", key, "=", meta(key), " but this run has ", key, "=", mine,
           "; pass the checkpoint's value"));
+    }
+  }
+  for (const auto& [key, mine] : SampleFields(trainer->config())) {
+    if (contents.metadata.count(key) > 0 && meta(key) != mine) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": checkpoint has ", key, "=", meta(key).substr(0, 32), " but this run has ", key,
+          "=", mine,
+          "; pass the checkpoint's value (the steps after it draw their samples by it)"));
     }
   }
   // A flipped bit in the values would otherwise resume silently from

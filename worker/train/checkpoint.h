@@ -6,8 +6,9 @@
 //   format=pipetrain-checkpoint, version=2, data_sha256 (SHA-256 of the data
 //   buffer, lowercase hex), step (optimizer steps taken),
 //   data_cursor (next iteration of the data order), seed, the model shape
-//   (vocab_size, max_seq_len, n_layer, n_head, d_model) and the AdamW
-//   hyperparameters in force when it was written.
+//   (vocab_size, max_seq_len, n_layer, n_head, d_model), the sample
+//   geometry (batch_size, seq_len) and the AdamW hyperparameters in force
+//   when it was written.
 // Writes are atomic (temp file + rename).
 #ifndef PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
 #define PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
@@ -28,8 +29,10 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 // pipetrain checkpoint, its data_cursor is not its step (the sample order
 // continues at the step), or a tensor is missing, mis-shaped or not
 // finite (named);
-// FAILED_PRECONDITION when the checkpoint's model shape or seed differs
-// from the trainer's (both values named, so the user can fix the flags).
+// FAILED_PRECONDITION when the checkpoint's model shape, seed, batch_size
+// or seq_len differs from the trainer's (both values named, so the user can
+// fix the flags; files written before batch_size and seq_len were recorded
+// are not checked for them).
 absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer);
 
 }  // namespace pipetrain

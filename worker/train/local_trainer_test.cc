@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
@@ -138,6 +140,32 @@ TEST(LocalTrainerTest, Restore_MismatchedModel_IsFailedPreconditionNamingTheFiel
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(status.message(), path + ": checkpoint has n_layer=2 but this run has n_layer=3; "
                                      "pass the checkpoint's value");
+}
+
+// Iteration i draws batch_size sequences of seq_len tokens: a resume with
+// other values would continue at the step with other samples than the run
+// it continues, so it is refused as another seed is.
+TEST(LocalTrainerTest, Restore_OtherBatchOrSeqLen_IsFailedPreconditionNamingTheField) {
+  Dataset data = MakeDataset(16);
+  const TrainConfig c = SmallConfig();
+  auto trainer = LocalTrainer::Create(c, &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/geometry.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  TrainConfig bigger = c;
+  bigger.batch_size = c.batch_size * 2;
+  absl::Status status = RestoreCheckpoint(path, LocalTrainer::Create(bigger, &data)->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                absl::StrCat("checkpoint has batch_size=", c.batch_size,
+                                             " but this run has batch_size=", bigger.batch_size)))
+      << status;
+  TrainConfig shorter = c;
+  shorter.seq_len = c.seq_len / 2;
+  Dataset short_data = MakeDataset(shorter.seq_len);
+  status = RestoreCheckpoint(path, LocalTrainer::Create(shorter, &short_data)->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "seq_len")) << status;
+  EXPECT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(c, &data)->get()).ok());
 }
 
 TEST(LocalTrainerTest, Restore_PlainWeightsFile_IsRejectedWithAHint) {

@@ -98,6 +98,13 @@ void JobManager::ScheduleQueued() {
         state == v1::JOB_STATE_PLANNING) {
       return;
     }
+    // A recovering job still here waits for workers (too few for its
+    // minimum, or survivors to go idle): spares it could use are its own.
+    // Grown into another job, one by one, they left it waiting until its
+    // queue timeout failed it.
+    if (state == v1::JOB_STATE_RECOVERING && !SparesForLocked(*jobs_.at(id), reserved).empty()) {
+      return;
+    }
   }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);

@@ -457,9 +457,12 @@ class JobManager {
     // The worker that profiled the model for this job; empty when the
     // profile came from the cache (an earlier job's).
     std::string profiled_by;
-    // The worker profiling the model for this job while it is PROFILING
-    // (held from other jobs: HeldWorkersLocked).
+    // The worker profiling the model for this job (held from other jobs
+    // while profile_in_flight: HeldWorkersLocked), and whether its fetch
+    // has not returned yet, whatever the job's state since (a cancelled
+    // job's worker still measures until the fetch returns).
     std::string profiling_on;
+    bool profile_in_flight = false;
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).
     std::optional<ModelProfile> profile;

@@ -200,6 +200,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
       record.job.set_state(v1::JOB_STATE_PROFILING);
       record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
       record.profiling_on = workers[0].id();
+      record.profile_in_flight = true;
       TouchLocked(record);
       PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
       return false;
@@ -235,7 +236,14 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
     // the planner (or the store, for later restarts) sees it. With the job
     // gone there is no model to check it against, and nobody waiting.
     absl::StatusOr<v1::ModelProfile> profile = fetched;
+    if (record != nullptr) record->profile_in_flight = false;
     if (profile.ok() && record == nullptr) profile = absl::NotFoundError("job gone");
+    // A job that ended meanwhile released its hold on the worker only now,
+    // but another job may have run beside the measurement before this
+    // change, and nobody waits for it: not kept for later jobs.
+    if (profile.ok() && IsTerminal(record->job.state())) {
+      profile = absl::CancelledError("the job ended while its model was profiled");
+    }
     if (profile.ok()) {
       const ModelProfile sizes = ModelSizes(record->resolved.train.model, request);
       const absl::Status fit =

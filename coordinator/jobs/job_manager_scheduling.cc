@@ -185,7 +185,10 @@ std::set<std::string> JobManager::HeldWorkersLocked() const {
     if (record->job.state() == v1::JOB_STATE_RECOVERING) {
       held.insert(record->survivors.begin(), record->survivors.end());
     }
-    if (record->job.state() == v1::JOB_STATE_PROFILING && !record->profiling_on.empty()) {
+    // Until its fetch returns, even once the job ended: a job placed on it
+    // would train beside the measurement, skewing the profile (which is
+    // then not kept), and slow itself down.
+    if (record->profile_in_flight && !record->profiling_on.empty()) {
       held.insert(record->profiling_on);
     }
   }

@@ -1776,6 +1776,41 @@ TEST_F(JobManagerTest, WorkerProfilingAJob_NotTakenByAnEarlierQueuedJob) {
       << jobs_.Get(older).value().reason();
 }
 
+// A job cancelled while its model is profiled keeps the worker held until
+// the fetch returns (no other job trains beside the measurement), and the
+// profile is not cached for later jobs of the model.
+TEST_F(JobManagerTest, CancelledWhileProfiling_WorkerHeldUntilTheFetchReturns_NotCached) {
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest& r) -> absl::StatusOr<v1::ModelProfile> {
+    if (r.seq_len() == 4) release.WaitForNotification();  // the profiled job's model only
+    return FakeProfile();
+  });
+  const std::string w1 = AddWorker(7001);
+  // A job of another model, profiled and cached first.
+  const std::string primer = Submit(SmallSpec(1)).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  ASSERT_TRUE(jobs_.Cancel(primer).ok());
+  ASSERT_EQ(jobs_.profiles().size(), 1);
+  v1::JobSpec slow = SmallSpec(1);
+  slow.mutable_training()->set_seq_len(4);
+  const std::string profiled = Submit(slow).value().id();
+  ASSERT_EQ(jobs_.Get(profiled).value().reason(), "profiling the model on " + w1);
+  ASSERT_TRUE(jobs_.Cancel(profiled).ok());
+  const std::string next = Submit(SmallSpec(1)).value().id();  // the cached model
+  jobs_.ScheduleQueued();
+  background_.RunAll();
+  EXPECT_EQ(jobs_.Get(next).value().state(), v1::JOB_STATE_QUEUED)
+      << jobs_.Get(next).value().reason();
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(jobs_.profiles().size(), 1);  // the cancelled job's profile not kept
+  EXPECT_EQ(jobs_.Get(next).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_.Get(next).value().reason();
+}
+
 // A worker's profile is cached for every later job of the model on its
 // device kind, and stored: fields the coordinator does not know (up to the
 // 4 MiB reply) are not kept.

@@ -122,9 +122,9 @@ std::vector<v1::Job> JobManager::List() const {
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   v1::Job cancelled;
   auto saved = std::make_shared<absl::Status>();  // set on the io thread, read after FlushIo
-  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
@@ -163,9 +163,9 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanParts parts) const {
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   v1::Plan plan;
   MeasuredStepCopy measured;
-  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = jobs_.find(job_id);

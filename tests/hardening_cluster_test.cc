@@ -135,7 +135,11 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
     EXPECT_TRUE(accepted.ok()) << accepted.error_message();
     // Planned at once when two workers suffice (it then RUNs, or FAILs when
     // it does not fit their 256 MiB); cancelled so the next one finds them.
-    job = testing::GetJob(*stub, job.id());
+    // A worker may still be held by the previous job's profiling fetch
+    // (cancelling does not cut it short): the job is placed once it returns.
+    job = testing::AwaitJob(*stub, job.id(), kJobTimeout, [](const v1::Job& j) {
+      return j.state() != v1::JOB_STATE_QUEUED || !absl::StrContains(j.reason(), "but held for");
+    });
     if (job.state() != v1::JOB_STATE_QUEUED) ++planned;
     v1::CancelJobRequest cancel;
     cancel.set_id(job.id());

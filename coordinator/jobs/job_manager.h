@@ -740,9 +740,16 @@ class JobManager {
   void ReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The READY workers that are drained (placed never, listed READY).
   size_t DrainedReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "N ready", and the drained READY workers when there are any (for a
-  // waiting job's reason).
-  static std::string ReadyCount(size_t ready, size_t drained);
+  // "N ready", then the READY workers held for other jobs (HeldReadyLocked)
+  // and the drained ones, when there are any (for a waiting job's reason).
+  static std::string ReadyCount(size_t ready, size_t held, size_t drained);
+  // The READY, undrained workers `record` could run on that `reserved`
+  // holds for another job (a profiling fetch in flight, a recovery's
+  // survivors), leaving out those in `counted`: a waiting job says they
+  // exist, rather than "1 ready" beside a listing of 2 READY workers.
+  size_t HeldReadyLocked(const JobRecord& record, const std::set<std::string>& reserved,
+                         const std::vector<std::string>& counted) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // READY workers no job holds or waits for, not drained, ascending id.
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -713,11 +713,12 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
   const size_t ready = chosen.size();
+  const size_t held = HeldReadyLocked(record, *reserved, chosen);
   KeepWholeReplicas(record, &chosen);
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     const std::string waiting_for =
         absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (",
-                     ReadyCount(ready, DrainedReadyLocked()), ")");
+                     ReadyCount(ready, held, DrainedReadyLocked()), ")");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

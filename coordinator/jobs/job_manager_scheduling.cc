@@ -65,7 +65,7 @@ void JobManager::ScheduleQueued() {
       const bool cpu_only = record.resolved.tensor_mode == "3d";
       const std::string waiting = absl::StrCat(
           "waiting for ", need, cpu_only ? " READY CPU workers (" : " READY workers (",
-          ReadyCount(ready.size(), drained_ready()),
+          ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready), drained_ready()),
           cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU backend only)" : ")");
       const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
@@ -160,12 +160,30 @@ size_t JobManager::DrainedReadyLocked() const {
   return drained;
 }
 
-std::string JobManager::ReadyCount(size_t ready, size_t drained) {
-  // Drained workers stay READY (`pipetrain workers` lists them so) but are
-  // never placed: counted apart, a job waiting beside them says why.
-  return drained == 0 ? absl::StrCat(ready, " ready")
-                      : absl::StrCat(ready, " ready; ", drained,
-                                     " more READY but drained, taking no job until restarted");
+std::string JobManager::ReadyCount(size_t ready, size_t held, size_t drained) {
+  // Held and drained workers stay READY (`pipetrain workers` lists them so)
+  // but are not placed: counted apart, a job waiting beside them says why.
+  std::string count = absl::StrCat(ready, " ready");
+  if (held > 0) {
+    absl::StrAppend(&count, "; ", held,
+                    " more READY but held for another job's profiling or recovery");
+  }
+  if (drained > 0) {
+    absl::StrAppend(&count, "; ", drained,
+                    " more READY but drained, taking no job until restarted");
+  }
+  return count;
+}
+
+size_t JobManager::HeldReadyLocked(const JobRecord& record, const std::set<std::string>& reserved,
+                                   const std::vector<std::string>& counted) const {
+  size_t held = 0;
+  for (const std::string& w : ThatCanRunLocked(record, SpareWorkersLocked({}))) {
+    if (reserved.count(w) > 0 && std::find(counted.begin(), counted.end(), w) == counted.end()) {
+      ++held;
+    }
+  }
+  return held;
 }
 
 JobManager::JobRecord* JobManager::RecoveringJobOfLocked(const std::string& worker_id) {

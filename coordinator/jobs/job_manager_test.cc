@@ -1767,7 +1767,9 @@ TEST_F(JobManagerTest, WorkerProfilingAJob_NotTakenByAnEarlierQueuedJob) {
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   const v1::Job waiting = jobs_.Get(older).value();
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(waiting.reason(), "waiting for 3 READY workers (2 ready)");
+  EXPECT_EQ(waiting.reason(),
+            "waiting for 3 READY workers (2 ready; 1 more READY but held for another job's "
+            "profiling or recovery)");
   // Once the profile is in, the older job comes first, on all three.
   release.Notify();
   jobs_.AwaitProfiling();
@@ -1803,6 +1805,10 @@ TEST_F(JobManagerTest, CancelledWhileProfiling_WorkerHeldUntilTheFetchReturns_No
   background_.RunAll();
   EXPECT_EQ(jobs_.Get(next).value().state(), v1::JOB_STATE_QUEUED)
       << jobs_.Get(next).value().reason();
+  // The READY worker it waits for is counted, and why it is not taken.
+  EXPECT_EQ(jobs_.Get(next).value().reason(),
+            "waiting for 1 READY workers (0 ready; 1 more READY but held for another job's "
+            "profiling or recovery)");
   release.Notify();
   jobs_.AwaitProfiling();
   background_.RunAll();

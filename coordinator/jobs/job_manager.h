@@ -491,6 +491,12 @@ class JobManager {
     // Spare workers (id -> incarnation) a re-plan of this job was refused
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
+    // The workers (id -> incarnation) of the last re-plan (a boundary's or
+    // a recovery's) refused for memory without spares, and why: a recovery
+    // does not plan on them, or fewer of them, again (it would be refused
+    // again) but waits for another worker. Cleared when a plan is in.
+    std::map<std::string, int64_t> refused_for_memory;
+    std::string refused_for_memory_note;
     // Checkpoints expired from the catalog whose directories are not known
     // to be removed (store::StoredJob.expiring): each save lists them, and
     // after a save that succeeded, those it listed go (until then the
@@ -687,6 +693,15 @@ class JobManager {
   // false (nothing changed) when the plan took no spares.
   bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A re-plan (at a boundary, or a recovery's) on the job's own workers
+  // only was refused for memory (`refusal`): they cannot hold the model
+  // without the one drained or lost, but a worker may join (a restarted
+  // pod, a larger node). Records them (refused_for_memory) and the job
+  // recovers, waiting for another worker until spec.scheduling's
+  // queue_timeout, instead of failing at once. Returns false (nothing
+  // changed) for an initial placement, a plan with spares or another error.
+  bool WaitForRoomLocked(JobRecord& record, const PendingPlacement& pending,
+                         const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers held for jobs that are not running on them: recovering

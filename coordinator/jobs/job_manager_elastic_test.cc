@@ -84,9 +84,12 @@ class JobManagerElasticTest : public ::testing::Test {
                int64_t incarnation) { jobs_->OnWorkerLost(w, j, reason, incarnation); });
   }
 
-  std::string AddWorker(int port) {
+  // Registers a worker at 127.0.0.1:`port`, limited to `memory_limit`
+  // bytes for its stage (0: no limit).
+  std::string AddWorker(int port, int64_t memory_limit = 0) {
     v1::RegisterWorkerRequest request;
     request.set_data_address("127.0.0.1:" + std::to_string(port));
+    if (memory_limit > 0) request.mutable_device()->set_memory_limit_bytes(memory_limit);
     auto response = registry_.Register(request).value();
     incarnations_[response.worker_id()] = response.incarnation();
     return response.worker_id();
@@ -1972,6 +1975,94 @@ TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
   const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
   EXPECT_TRUE(absl::StrContains(last, "the plan with " + w3 + " was refused")) << last;
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+}
+
+// Workers that hold half of ElasticSpec(2, ...)'s model each but not all
+// of it (it needs 240768 bytes on one worker).
+constexpr int64_t kHalfModelMemory = 200000;
+
+// A worker whose job's model does not fit on the others is drained: the
+// boundary's re-plan without it is refused for memory. The job recovers
+// from the boundary's checkpoint waiting for another worker, without
+// planning on the same one again, and goes on once one registers, nothing
+// redone.
+TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNothingRedone) {
+  const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  for (int step = 1; step <= 3; ++step) Step(id, step);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  const int64_t boundary = Step(id, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
+                                                  " would need 240768 bytes"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for another READY worker")) << job.reason();
+  const int64_t version = job.plan_version();
+  // Not planned on w1 alone again, pass after pass.
+  for (int pass = 0; pass < 3; ++pass) HeartbeatAllAndSchedule({w1, w2});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_EQ(job.plan_version(), version);
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "waiting for another READY worker (1 ready; 1 more "
+                                "READY but drained"))
+      << job.reason();
+  // A worker joins: the job goes on from the boundary on w1 and it.
+  const std::string w3 = AddWorker(7003, kHalfModelMemory);
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.progress().step(), boundary);
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
+}
+
+// A worker lost from a job whose model the survivor cannot hold: the job
+// waits for a worker (a restarted process registering again, here) rather
+// than failing at once, and fails after spec.scheduling.queue_timeout
+// without one, saying why.
+TEST_F(JobManagerElasticTest, WorkerLost_SurvivorCannotHoldTheModel_WaitsForItsRestartOrTimesOut) {
+  const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit"))
+      << job.reason();
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  // w2's process restarts: a new incarnation, planned with w1.
+  ASSERT_EQ(AddWorker(7002, kHalfModelMemory), w2);
+  HeartbeatAllAndSchedule({w1, w2});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.progress().step(), 5);
+
+  // Lost again, and nothing joins within the queue timeout: FAILED.
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  clock_.Advance(absl::Seconds(61));
+  HeartbeatAllAndSchedule({w1});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "could not recover within "
+                                "spec.scheduling.queue_timeout: the plan on " +
+                                    w1 + " does not fit"))
+      << job.reason();
 }
 
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {

@@ -339,6 +339,7 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
   record->pending.reset();
   if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
   if (!output.status.ok() && RetryWithoutJoinersLocked(*record, pending, output.status)) return;
+  if (!output.status.ok() && WaitForRoomLocked(*record, pending, output.status)) return;
   if (!output.status.ok()) {
     return EndLocked(*record, v1::JOB_STATE_FAILED,
                      absl::StrCat(pending.failure_prefix, output.status.message()));
@@ -421,9 +422,39 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   return true;
 }
 
+bool JobManager::WaitForRoomLocked(JobRecord& record, const PendingPlacement& pending,
+                                   const absl::Status& refusal) {
+  if (refusal.code() != absl::StatusCode::kResourceExhausted ||
+      pending.origin == PlacementOrigin::kInitial || !pending.joiners.empty()) {
+    return false;
+  }
+  record.refused_for_memory.clear();
+  for (const v1::Worker& w : pending.infos) record.refused_for_memory[w.id()] = w.incarnation();
+  record.refused_for_memory_note =
+      absl::StrCat("the plan on ", absl::StrJoin(pending.workers, ", "), " does not fit (",
+                   refusal.message(), ")");
+  PT_LOG(WARNING) << "job " << record.job.id() << ": " << record.refused_for_memory_note
+                  << "; waiting for another worker";
+  registry_->Release(record.job.id());
+  if (pending.origin == PlacementOrigin::kBoundary) {
+    // Its stages stopped after the boundary's complete checkpoint: the
+    // recovery resumes there, redoing nothing.
+    StartRecoveryLocked(record, "", record.boundary_reason, RecoveryKind::kReplanRefused);
+    if (record.job.state() != v1::JOB_STATE_RECOVERING) return true;  // it ended instead
+  }
+  record.job.set_state(v1::JOB_STATE_RECOVERING);
+  record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ",
+                                     record.refused_for_memory_note,
+                                     "; waiting for another READY worker"));
+  TouchLocked(record);
+  return true;
+}
+
 void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pending,
                                        PlanningOutput output) {
   const std::string& id = record.job.id();
+  record.refused_for_memory.clear();
+  record.refused_for_memory_note.clear();
   if (output.chosen.has_value()) {
     record.resolved = *std::move(output.chosen);
     *record.job.mutable_spec() = record.resolved.spec;
@@ -718,6 +749,24 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     const std::string waiting_for =
         absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (",
+                     ReadyCount(ready, held, DrainedReadyLocked()), ")");
+    if (now - record.recovery_started > record.resolved.queue_timeout) {
+      return EndLocked(record, v1::JOB_STATE_FAILED,
+                       absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
+                                    waiting_for, "; after ", record.recovery_reason));
+    }
+    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
+    return;
+  }
+  // Only workers a plan was refused on for memory (or fewer of them): it
+  // would be refused again. Waits for another, as for too few workers.
+  if (!record.refused_for_memory.empty() &&
+      std::all_of(chosen.begin(), chosen.end(), [&](const std::string& w) {
+        auto it = record.refused_for_memory.find(w);
+        return it != record.refused_for_memory.end() && it->second == IncarnationOf(w);
+      })) {
+    const std::string waiting_for =
+        absl::StrCat(record.refused_for_memory_note, "; waiting for another READY worker (",
                      ReadyCount(ready, held, DrainedReadyLocked()), ")");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,

@@ -13,8 +13,8 @@ enum class RecoveryKind {
   kCheckpointUnusable,  // a stage could not load the checkpoint it was given
   kCheckpointFailed,    // the checkpoint of a drain's or join's step boundary failed
   kCoordinatorRestart,  // a restarted coordinator resumed the job from its store
-  kReplanRefused,       // a boundary's re-plan refused its joining workers, too
-                        // few are left without them
+  kReplanRefused,       // a boundary's re-plan refused for memory, or refused its
+                        // joining workers and too few are left without them
 };
 
 inline constexpr RecoveryKind kAllRecoveryKinds[] = {

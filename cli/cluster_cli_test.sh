@@ -315,6 +315,12 @@ cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
 expect_exit up_loss_log_is_data 2 "--loss-log $TMP/corpus.txt is --data $TMP/corpus.txt; writing it would destroy an input" -- \
   up --workers 2 --data "$TMP/corpus.txt" --loss-log "$TMP/corpus.txt" --out "$TMP/up-bad"
 ok up_loss_log_data_kept cmp -s "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
+# Nor a file up writes in --out: the weights (replaced by the losses after
+# they were written), the lock (a second run got in), a log.
+for own in weights.safetensors up.lock worker-0.log; do
+  expect_exit "up_loss_log_is_own_${own//[.-]/_}" 2 "--loss-log $TMP/up-bad/$own is one of the files the command writes in --out $TMP/up-bad ($own)" -- \
+    up --workers 2 --loss-log "$TMP/up-bad/$own" --out "$TMP/up-bad"
+done
 # --synthetic-bytes sizes generated text: with --data it was ignored.
 expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
   up --workers 2 --data "$TMP/corpus.txt" --synthetic-bytes 5000 --out "$TMP/up-bad"
@@ -447,6 +453,22 @@ ok up_worker_died_said_at_once await_said
 kill -TERM "$up_pid"
 wait "$up_pid"
 ok up_worker_died_nothing_left ended "$TMP/up-worker"
+
+# With --keep-running, up still watches its cluster after the job: a
+# coordinator that dies ends up (78), saying how, rather than "cluster
+# running" staying up beside a dead address and a zombie.
+"$BIN" up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --keep-running \
+  --out "$TMP/up-keep" >"$TMP/up-keep.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+running() { for _ in $(seq 1 1200); do grep -q "^cluster running: " "$1" && return 0; sleep 0.05; done; return 1; }
+ok up_keep_running_said running "$TMP/up-keep.out"
+pkill -KILL -f -- "--ports-file=$TMP/up-keep/coordinator[.]ports"
+wait "$up_pid"
+rc=$?
+ok up_keep_running_coordinator_died_exit_78 test "$rc" -eq 78  # 64 + UNAVAILABLE
+ok up_keep_running_coordinator_died_said_how grep -q "the coordinator ended: killed by signal 9 (SIGKILL); its log: $TMP/up-keep/coordinator.log" "$TMP/up-keep.out"
+ok up_keep_running_nothing_left ended "$TMP/up-keep"
 
 # up_stopped_by NAME SIGNAL CODE: up, once its workers are up, sent SIGNAL,
 # stops its cluster as on Ctrl-C, says so and exits CODE (128 + SIGNAL).

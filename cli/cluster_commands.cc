@@ -828,8 +828,16 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log, o.out);
-  // Written after the run: it must not be the corpus the run trains on.
+  // Written after the run: it must not be the corpus the run trains on,
+  // nor a file the run writes in --out (the weights, the lock).
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
+  if (valid.ok()) {
+    valid = CheckNotOwnedFile("--loss-log", o.loss_log, "--out", o.out, [](absl::string_view name) {
+      return LocalCluster::WritesFileNamed(name) || name == "weights.safetensors" ||
+             name == "checkpoints" || name == "timeline-predicted.svg" ||
+             name == "timeline-measured.svg";
+    });
+  }
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   // 3-D tensor parallelism has no CUDA path (stage_runtime.cc): the
@@ -938,9 +946,11 @@ int RunUp(const std::vector<std::string>& args) {
   }
   std::fprintf(stderr, "starting a coordinator and %d workers (logs in %s)\n", o.workers,
                o.out.c_str());
+  // Ctrl-C while it starts (the children no longer see it): no job, and
+  // no waiting out a process that hangs before it binds its ports.
+  cluster_options.stop = [] { return Interrupted(); };
   auto cluster = LocalCluster::Start(cluster_options);
-  if (!cluster.ok()) return Fail("up", cluster.status());
-  // Ctrl-C while it started (the children no longer see it): no job.
+  if (!cluster.ok() && !Interrupted()) return Fail("up", cluster.status());
   if (Interrupted()) {
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
     return InterruptedExitCode();
@@ -1008,7 +1018,11 @@ int RunUp(const std::vector<std::string>& args) {
   std::printf("%s", FormatJobOutcome(end).c_str());
   // A worker lost during the run: the job's reason says it "is gone", this
   // how it ended (e.g. killed for memory).
-  std::printf("%s", (*cluster)->DescribeEndedWorkers().c_str());
+  const std::string ended_workers = (*cluster)->DescribeEndedWorkers();
+  std::printf("%s", ended_workers.c_str());
+  for (absl::string_view line : absl::StrSplit(ended_workers, '\n', absl::SkipEmpty())) {
+    workers_shown.insert(std::string(line));  // said; --keep-running says only later ones
+  }
   // Whole or not at all, its errno named (an unchecked final flush lost a
   // full disk's error); a failure is reported after the run's report.
   absl::Status loss_log_written = absl::OkStatus();
@@ -1037,7 +1051,18 @@ int RunUp(const std::vector<std::string>& args) {
     std::printf("cluster running: --coordinator %s --token-file %s (Ctrl-C to stop)\n",
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     std::fflush(stdout);  // the summary too, when stdout is a file or a pipe
-    while (!Interrupted()) absl::SleepFor(absl::Milliseconds(200));
+    // Its processes still watched: a worker that ends is said (and
+    // reaped), and a coordinator that ends ends the run, saying how,
+    // rather than leaving "cluster running" up beside a dead address.
+    while (!Interrupted()) {
+      std::vector<std::string> news;
+      const absl::Status going_on = watch(false, &news);
+      for (const std::string& line : news) {
+        std::fprintf(stderr, "%s\n", TerminalSafe(line).c_str());
+      }
+      if (!going_on.ok()) return Fail("up", going_on);
+      absl::SleepFor(absl::Milliseconds(200));
+    }
     return InterruptedExitCode();  // 128 + the signal, as documented
   } else {
     std::printf("logs: %s\n", o.out.c_str());

@@ -16,6 +16,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -254,8 +255,9 @@ absl::Status LocalCluster::StartCoordinator(int grpc_port, int http_port) {
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
   ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, coordinator_log(), SpawnOptionsOf(options_)));
   coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
-  absl::Status ready =
-      WaitForFile(ports, options_.start_timeout, coordinator_.get(), coordinator_log());
+  absl::Status ready = WaitForFile(ports, options_.start_timeout, coordinator_.get(),
+                                   coordinator_log(), options_.stop);
+  if (absl::IsCancelled(ready)) return ready;
   if (!ready.ok()) {
     return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", ready.message(),
                                                "; see ", coordinator_log()));
@@ -297,7 +299,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     ASSIGN_OR_RETURN(Subprocess standby, Subprocess::Spawn(argv, cluster->standby_log(i), SpawnOptionsOf(options)));
     cluster->standbys_.push_back(std::move(standby));
     absl::Status ready = WaitForFile(ports, options.start_timeout, &cluster->standbys_.back(),
-                                     cluster->standby_log(i));
+                                     cluster->standby_log(i), options.stop);
+    if (absl::IsCancelled(ready)) return ready;
     if (!ready.ok()) {
       return absl::UnavailableError(absl::StrCat("standby coordinator ", i,
                                                  " did not start: ", ready.message(), "; see ",
@@ -333,7 +336,9 @@ absl::Status LocalCluster::SpawnWorker(int i) {
 
 absl::Status LocalCluster::AwaitWorker(int i) {
   const std::string ports = absl::StrCat(options_.dir, "/worker-", i, ".ports");
-  absl::Status up = WaitForFile(ports, options_.start_timeout, &workers_[i], worker_log(i));
+  absl::Status up =
+      WaitForFile(ports, options_.start_timeout, &workers_[i], worker_log(i), options_.stop);
+  if (absl::IsCancelled(up)) return up;
   if (!up.ok()) {
     return absl::UnavailableError(
         absl::StrCat("worker ", i, " did not start: ", up.message(), "; see ", worker_log(i)));
@@ -368,6 +373,13 @@ absl::StatusOr<int> LocalCluster::worker_metrics_port(int i) const {
 
 std::string LocalCluster::worker_log(int i) const {
   return absl::StrCat(options_.dir, "/worker-", i, ".log");
+}
+
+bool LocalCluster::WritesFileNamed(absl::string_view name) {
+  if (name == "up.lock" || name == "join.token" || name == "user.token") return true;
+  const bool process_file = absl::EndsWith(name, ".ports") || absl::EndsWith(name, ".log");
+  return process_file &&
+         (absl::StartsWith(name, "coordinator") || absl::StartsWith(name, "worker-"));
 }
 
 std::string LocalCluster::DescribeEndedWorkers() {

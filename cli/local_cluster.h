@@ -10,11 +10,13 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/ports_file.h"
 #include "common/subprocess.h"
@@ -48,6 +50,11 @@ struct LocalClusterOptions {
   // (SpawnOptions::own_process_group): a terminal's Ctrl-C reaches only
   // this process, which then stops the cluster in order (the destructor).
   bool own_process_groups = false;
+  // Asked while Start and AddWorker wait for a process to bind its ports:
+  // true (a signal came) ends the wait, and the call returns CANCELLED
+  // (Start stops what it started) instead of waiting out start_timeout
+  // for a process that hangs.
+  std::function<bool()> stop;
 };
 
 class LocalCluster {
@@ -57,6 +64,11 @@ class LocalCluster {
   // start is named with its log file; a ports file it wrote that does not
   // parse, with that file (ReadPort).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  // Whether the cluster (its processes included) writes a file named `name`
+  // in options.dir: up.lock, the token files, and each process's ports
+  // file and log (coordinator*.ports, coordinator*.log, worker-*.ports,
+  // worker-*.log).
+  static bool WritesFileNamed(absl::string_view name);
   ~LocalCluster();
 
   // The first coordinator's gRPC address, then the standbys', comma-separated.

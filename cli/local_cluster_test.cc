@@ -154,5 +154,18 @@ TEST(ClusterDirTest, Claim_HeldByAnotherRun_UnavailableUntilReleased) {
   EXPECT_TRUE(ClusterDir::Claim("--out", path).ok());
 }
 
+// The names Start and its processes write in the cluster's directory, and
+// others a user may put there (a loss log, say).
+TEST(LocalClusterTest, WritesFileNamed_ItsOwnFilesOnly) {
+  for (const char* own :
+       {"up.lock", "join.token", "user.token", "coordinator.ports", "coordinator.log",
+        "coordinator-2.log", "coordinator-standby-0.ports", "worker-0.log", "worker-12.ports"}) {
+    EXPECT_TRUE(LocalCluster::WritesFileNamed(own)) << own;
+  }
+  for (const char* other : {"losses.txt", "worker-0.txt", "my.log", "up.lock.bak", ""}) {
+    EXPECT_FALSE(LocalCluster::WritesFileNamed(other)) << other;
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

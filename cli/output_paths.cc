@@ -49,6 +49,33 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const char* dir_flag,
+                               const std::string& dir,
+                               const std::function<bool(absl::string_view)>& owned) {
+  if (path.empty() || dir.empty()) return absl::OkStatus();
+  const size_t slash = path.find_last_of('/');
+  const std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (!owned(name)) return absl::OkStatus();
+  struct stat parent_info, dir_info;
+  bool same = false;
+  if (stat(dir.c_str(), &dir_info) == 0) {
+    same = stat(parent.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
+           parent_info.st_ino == dir_info.st_ino;
+  } else {
+    const auto trimmed = [](std::string d) {
+      while (d.size() > 1 && d.back() == '/') d.pop_back();
+      return d;
+    };
+    same = trimmed(parent) == trimmed(dir);
+  }
+  if (!same) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", path, " is one of the files the command writes in ", dir_flag, " ",
+                   dir, " (", name, "); name another file"));
+}
+
 absl::Status CheckReplaceableFile(const char* flag, const std::string& path) {
   struct stat info;
   if (path.empty() || lstat(path.c_str(), &info) != 0) return absl::OkStatus();

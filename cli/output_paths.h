@@ -4,11 +4,13 @@
 #ifndef PIPETRAIN_CLI_OUTPUT_PATHS_H_
 #define PIPETRAIN_CLI_OUTPUT_PATHS_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace pipetrain {
 
@@ -41,6 +43,16 @@ absl::Status CheckDistinctOutputs(const std::vector<std::pair<const char*, std::
 // same inode: links and other spellings included).
 absl::Status CheckNotAnInput(const char* flag, const std::string& path,
                              const std::vector<std::pair<const char*, std::string>>& inputs);
+
+// INVALID_ARGUMENT "<flag> <path> is one of the files the command writes in
+// <dir_flag> <dir> (<name>); name another file" when `path` lies directly
+// in `dir` (the same directory by inode, or while `dir` does not exist yet,
+// by name) and `owned` accepts its file name: `up` writes its lock,
+// tokens, ports files, logs and results there, and one write would destroy
+// the other (a loss log renamed over the lock let a second run in).
+absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const char* dir_flag,
+                               const std::string& dir,
+                               const std::function<bool(absl::string_view)>& owned);
 
 // Removes `path` when it is a regular file (not through a symbolic link):
 // an output flag may name a device (/dev/null, /dev/stdout), which must

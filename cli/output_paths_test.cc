@@ -108,6 +108,32 @@ TEST(CheckNotAnInputTest, SameFileAsAnInput_Refused) {
   EXPECT_TRUE(CheckNotAnInput("--svg", TempDir() + "/new.svg", {{"--profile", input}}).ok());
 }
 
+// In the directory (by inode: other spellings and links to it included;
+// by name while it does not exist), a name the command writes itself is
+// refused; other names, and the same name elsewhere, pass.
+TEST(CheckNotOwnedFileTest, OwnNameInTheDirectory_Refused) {
+  const auto owned = [](absl::string_view name) { return name == "up.lock"; };
+  const std::string out = TempDir() + "/owned-out";
+  ASSERT_EQ(mkdir(out.c_str(), 0700), 0);
+  const absl::Status refused =
+      CheckNotOwnedFile("--loss-log", out + "/../owned-out/up.lock", "--out", out, owned);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "--loss-log " + out +
+                                   "/../owned-out/up.lock is one of the files the command writes "
+                                   "in --out " +
+                                   out + " (up.lock); name another file");
+  const std::string link = TempDir() + "/owned-link";
+  ASSERT_EQ(symlink(out.c_str(), link.c_str()), 0);
+  EXPECT_FALSE(CheckNotOwnedFile("--loss-log", link + "/up.lock", "--out", out, owned).ok());
+  EXPECT_TRUE(CheckNotOwnedFile("--loss-log", out + "/losses.txt", "--out", out, owned).ok());
+  EXPECT_TRUE(CheckNotOwnedFile("--loss-log", TempDir() + "/up.lock", "--out", out, owned).ok());
+  const std::string later = TempDir() + "/owned-later";
+  EXPECT_FALSE(
+      CheckNotOwnedFile("--loss-log", later + "/up.lock", "--out", later + "/", owned).ok());
+  EXPECT_TRUE(CheckNotOwnedFile("--loss-log", later + "/x.txt", "--out", later, owned).ok());
+  EXPECT_TRUE(CheckNotOwnedFile("--loss-log", "", "--out", later, owned).ok());
+}
+
 TEST(RemoveIfRegularTest, RegularRemoved_LinkAndDirectoryKept) {
   const std::string file = TempDir() + "/regular.txt", link = TempDir() + "/link.txt";
   const std::string dir = TempDir() + "/a-dir";

@@ -199,7 +199,7 @@ void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grac
 }
 
 absl::Status WaitForFile(const std::string& path, absl::Duration timeout, Subprocess* writer,
-                         const std::string& writer_log) {
+                         const std::string& writer_log, const std::function<bool()>& stop) {
   const absl::Time deadline = absl::Now() + timeout;
   auto written = [&path] {
     struct stat st;
@@ -217,6 +217,9 @@ absl::Status WaitForFile(const std::string& path, absl::Duration timeout, Subpro
         }
         return absl::FailedPreconditionError(why);
       }
+    }
+    if (stop && stop()) {
+      return absl::CancelledError(absl::StrCat("stopped while waiting for ", path));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

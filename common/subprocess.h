@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,9 +101,12 @@ void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grac
 // DEADLINE_EXCEEDED naming the path otherwise. With `writer` (the child that
 // should write it), stops as soon as that child has exited without writing
 // it: FAILED_PRECONDITION with its exit status and, when `writer_log` is
-// given, the last line of its log (usually the reason).
+// given, the last line of its log (usually the reason). With `stop`,
+// stops as soon as it returns true (a signal asked the caller to end):
+// CANCELLED.
 absl::Status WaitForFile(const std::string& path, absl::Duration timeout,
-                         Subprocess* writer = nullptr, const std::string& writer_log = "");
+                         Subprocess* writer = nullptr, const std::string& writer_log = "",
+                         const std::function<bool()>& stop = nullptr);
 
 }  // namespace pipetrain
 

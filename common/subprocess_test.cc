@@ -72,6 +72,22 @@ TEST(WaitForFileTest, WriterWritesTheFile_Ok) {
   EXPECT_TRUE(WaitForFile(path, absl::Seconds(60), &*child, TempPath("w.log")).ok());
 }
 
+// A stop request (a signal to the waiting process) ends the wait for a
+// writer that hangs: CANCELLED, not the whole timeout.
+TEST(WaitForFileTest, StopRequested_CancelledAtOnce) {
+  auto child = Subprocess::Spawn({"/bin/sh", "-c", "exec sleep 600"}, TempPath("hangs.log"));
+  ASSERT_TRUE(child.ok()) << child.status();
+  int asked = 0;
+  const absl::Time start = absl::Now();
+  absl::Status status = WaitForFile(TempPath("hangs.ports"), absl::Seconds(600), &*child,
+                                    TempPath("hangs.log"), [&asked] { return ++asked >= 3; });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_EQ(asked, 3);
+  EXPECT_TRUE(absl::StrContains(status.message(), "hangs.ports")) << status;
+  child->Terminate(absl::ZeroDuration());
+}
+
 TEST(WaitForFileTest, NoWriter_TimesOutNamingThePath) {
   absl::Status status = WaitForFile(TempPath("absent"), absl::Milliseconds(50));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;

@@ -1,8 +1,10 @@
 #include "coordinator/jobs/memory_budget.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +18,15 @@ namespace {
 struct Budget {
   double bytes = 0;
   std::string shared;
+  // A CPU worker with a limit of its own below its host's RAM: the RAM it
+  // draws from (as `shared` names it for the others), which its limit
+  // leaves the sharers less of.
+  std::string claims_from;
 };
+
+std::string HostRam(const v1::DeviceInfo& d) {
+  return absl::StrCat("host ", d.hostname(), "'s RAM");
+}
 
 Budget BudgetOf(const v1::Worker& w) {
   const v1::DeviceInfo& d = w.device();
@@ -31,7 +41,9 @@ Budget BudgetOf(const v1::Worker& w) {
   const int64_t limit = d.memory_limit_bytes() > 0 ? d.memory_limit_bytes() : d.memory_bytes();
   b.bytes = static_cast<double>(limit);
   if (!d.hostname().empty() && limit >= d.memory_bytes()) {
-    b.shared = absl::StrCat("host ", d.hostname(), "'s RAM");
+    b.shared = HostRam(d);
+  } else if (!d.hostname().empty()) {
+    b.claims_from = HostRam(d);
   }
   return b;
 }
@@ -41,18 +53,40 @@ Budget BudgetOf(const v1::Worker& w) {
 std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, std::string* shared) {
   std::vector<Budget> budgets;
   std::map<std::string, int> sharers;
+  // Per host: the limits of the plan's workers there that have their own,
+  // and how many: the RAM they may take is not there for the sharers.
+  std::map<std::string, std::pair<double, int>> claimed;
   for (const v1::Worker& w : workers) {
     budgets.push_back(BudgetOf(w));
-    if (!budgets.back().shared.empty()) ++sharers[budgets.back().shared];
+    const Budget& b = budgets.back();
+    if (!b.shared.empty()) ++sharers[b.shared];
+    if (!b.claims_from.empty()) {
+      claimed[b.claims_from].first += b.bytes;
+      ++claimed[b.claims_from].second;
+    }
   }
   std::vector<double> out;
   for (const Budget& b : budgets) {
-    out.push_back(b.shared.empty() ? b.bytes : b.bytes / sharers[b.shared]);
+    if (b.shared.empty() || b.bytes <= 0) {  // its own, or unreported: unlimited
+      out.push_back(b.bytes);
+      continue;
+    }
+    const double left = b.bytes - claimed[b.shared].first;
+    // At least a byte: 0 would read as unlimited, and nothing fits in it.
+    out.push_back(std::max(1.0, left / sharers[b.shared]));
   }
   if (shared != nullptr) {
     std::vector<std::string> parts;
     for (const auto& [what, count] : sharers) {
-      if (count > 1) parts.push_back(absl::StrCat(what, " shared by ", count, " workers"));
+      const int limited = claimed[what].second;
+      if (count > 1 || limited > 0) {
+        parts.push_back(absl::StrCat(
+            what, " shared by ", count, count == 1 ? " worker" : " workers",
+            limited > 0 ? absl::StrCat(" beside ", limited,
+                                       limited == 1 ? " worker with a limit of its own"
+                                                    : " workers with limits of their own")
+                        : ""));
+      }
     }
     *shared = absl::StrJoin(parts, ", ");
   }

@@ -32,7 +32,9 @@ namespace pipetrain {
 //  - CPU workers: memory_limit_bytes when reported, else memory_bytes. A
 //    limit below memory_bytes is the process's own and is not shared; at
 //    (or above) it, the host's RAM is, by the plan's CPU workers with the
-//    same hostname that rely on it.
+//    same hostname that rely on it, less the own limits of the plan's
+//    other workers on that host (at least 1 byte each: a budget of
+//    nothing, never unlimited).
 // Workers that report no hostname share nothing (nothing says where they
 // run). `shared` (may be null) gets what was divided, for messages, e.g.
 // "host vm's RAM shared by 4 workers"; empty when nothing was.

@@ -43,11 +43,26 @@ TEST(PlanMemoryBudgetsTest, CpuWorkersOnOneHost_ShareItsRam) {
 
 // A cgroup or --memory-limit below the RAM is the process's own: not
 // divided. A worker without one beside them shares the RAM with no one.
-TEST(PlanMemoryBudgetsTest, OwnLimitsBelowTheRam_NotShared) {
-  const std::vector<v1::Worker> w = {CpuWorker("node", 64 * kGiB, 8 * kGiB),
-                                     CpuWorker("node", 64 * kGiB, 8 * kGiB),
-                                     CpuWorker("node", 64 * kGiB, 0)};
-  EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{8.0 * kGiB, 8.0 * kGiB, 64.0 * kGiB}));
+// Workers with limits of their own below the host's RAM keep them; the
+// workers relying on the RAM share what those limits leave (the budgets
+// of one host never add up to more than it has).
+TEST(PlanMemoryBudgetsTest, OwnLimitsBelowTheRam_KeptAndTakenFromTheSharedRam) {
+  std::vector<v1::Worker> w = {CpuWorker("node", 64 * kGiB, 8 * kGiB),
+                               CpuWorker("node", 64 * kGiB, 8 * kGiB),
+                               CpuWorker("node", 64 * kGiB, 0)};
+  std::string shared;
+  EXPECT_EQ(PlanMemoryBudgets(w, &shared),
+            (std::vector<double>{8.0 * kGiB, 8.0 * kGiB, 48.0 * kGiB}));
+  EXPECT_EQ(shared, "host node's RAM shared by 1 worker beside 2 workers with limits of their own");
+  w.push_back(CpuWorker("node", 64 * kGiB, 0));
+  w.push_back(CpuWorker("other", 64 * kGiB, 0));
+  EXPECT_EQ(PlanMemoryBudgets(w),
+            (std::vector<double>{8.0 * kGiB, 8.0 * kGiB, 24.0 * kGiB, 24.0 * kGiB, 64.0 * kGiB}));
+  // Limits that take all of it leave the sharers a byte: nothing fits.
+  const std::vector<v1::Worker> full = {CpuWorker("node", 16 * kGiB, 10 * kGiB),
+                                        CpuWorker("node", 16 * kGiB, 10 * kGiB),
+                                        CpuWorker("node", 16 * kGiB, 0)};
+  EXPECT_EQ(PlanMemoryBudgets(full), (std::vector<double>{10.0 * kGiB, 10.0 * kGiB, 1.0}));
 }
 
 // Without a hostname nothing says where a worker runs: each keeps its own.

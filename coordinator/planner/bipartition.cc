@@ -91,6 +91,15 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
     return s;
   }
   if (auto s = CheckList(p.memory_bytes, P, true, "memory_bytes", "worker"); !s.ok()) return s;
+  // Below a byte, every plan's memory ratio is infinite: no plan to name
+  // in NoPlanFitsError's message.
+  for (size_t w = 0; w < p.memory_bytes.size(); ++w) {
+    if (p.memory_bytes[w] > 0 && p.memory_bytes[w] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", w, ": memory_bytes must be 0 (unlimited) or at least 1, got ",
+                       p.memory_bytes[w]));
+    }
+  }
   if (std::isnan(p.bandwidth)) {
     return absl::InvalidArgumentError("bandwidth is NaN; use <= 0 for unlimited");
   }
@@ -207,8 +216,10 @@ double BiPartitionCosts::Inbound(int /*worker*/, const Range& f, const Range& b)
 }
 
 double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) const {
+  // B \ F's stash once: the Recompute before each backward rebuilds it for
+  // that micro-batch only, and its backward frees it.
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) +
-         stash_count_[worker] * SumBoth(pstash_, f, b) +
+         stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) +
          std::max(LargestTransient(f), LargestTransient(b));
 }
 

@@ -40,13 +40,16 @@
 // infeasible (objective = +inf) when some worker with memory_bytes_i > 0 has
 //   memory_i = sum_{u in F_i ∪ B_i} weight_bytes[u] + 3·sum_{u in B_i} weight_bytes[u]
 //              + n_i · sum_{u in F_i ∩ B_i} stash_bytes[u]
+//              + sum_{u in B_i \ F_i} stash_bytes[u]
 //              + max_{u in F_i ∪ B_i} transient_bytes[u]
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
-// (the micro-batches whose stash worker i holds at once). The last term is
-// not the paper's: the most one pass of a unit allocates beyond its stash
-// (the head's [B·T, vocab] logit gradient is as large as its stash), once,
-// since a worker runs one unit at a time. It charges a forward-only unit
-// (F_i \ B_i) its forward-and-backward peak, which over-counts a little.
+// (the micro-batches whose stash worker i holds at once). The last two
+// terms are not the paper's. A recomputed unit (B_i \ F_i) holds its stash
+// for one micro-batch at a time: the compiler's Recompute comes right
+// before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
+// allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),
+// once, since a worker runs one unit at a time. It charges a forward-only unit (F_i \ B_i) its
+// forward-and-backward peak, which over-counts a little.
 //
 // Every term depends only on worker i's own (F_i, B_i), which is what makes a
 // DP over prefixes (workers used, forward end, backward end) exact. All

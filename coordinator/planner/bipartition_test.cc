@@ -375,11 +375,32 @@ TEST(BiPartitionCostsTest, Memory_WeightsOptimizerStateAndStashPerSchedule) {
   // gradient 3 * w(B) = 3000, stash of F ∩ B = unit 0 (3) times
   // n_0 = min(m = 4, P - 0 = 2) = 2 for 1F1B.
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 2 * 3);
-  // Worker 1 (n_1 = min(4, 1) = 1): units 1..4 (30000) + 3 * 30000 + stash of units 3, 4.
-  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24);
+  // Worker 1 (n_1 = min(4, 1) = 1): units 1..4 (30000) + 3 * 30000 + stash
+  // of units 3, 4, and once that of units 1, 2 (recomputed: B \ F).
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 12);
   p.schedule = BiPartitionSchedule::kGPipe;  // n_i = m = 4
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3);
-  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24 + 12);
+}
+
+// A worker that only recomputes and back-propagates a unit (its forward
+// runs elsewhere) holds that unit's stash for the micro-batch it runs the
+// backward of: counted once, whatever the schedule.
+TEST(BiPartitionCostsTest, Memory_CountsTheRecomputedStashOfBMinusFOnce) {
+  BiPartitionProblem p;
+  p.fwd = {1, 1};
+  p.bwd = {1, 1};
+  p.activation_bytes = {0, 0};
+  p.weight_bytes = {0, 0};
+  p.stash_bytes = {0, 100};
+  p.speeds = {1, 1};
+  p.micro_batches = 4;
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {2, 2}, {1, 2}), 100);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {1, 2}, {1, 2}), 100);      // n_1 = 1 in 1F1B
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 2}, {0, 2}), 2 * 100);  // n_0 = 2
+  p.schedule = BiPartitionSchedule::kGPipe;
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {2, 2}, {1, 2}), 100);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {1, 2}, {1, 2}), 4 * 100);
 }
 
 // The largest transient of F ∪ B counts once, whatever the schedule, and
@@ -388,7 +409,7 @@ TEST(BiPartitionCostsTest, Memory_AddsTheLargestTransientOfTheWorkersUnits) {
   BiPartitionProblem p = FiveUnits();
   p.transient_bytes = {50, 400, 30, 20, 10};
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 2 * 3 + 400);
-  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 400);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 12 + 400);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {3, 5}), 24000 + 72000 + 24 + 20);
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 0}), 1000 + 50);  // forward only
   p.schedule = BiPartitionSchedule::kGPipe;
@@ -499,6 +520,12 @@ TEST(BiPartitionTest, BadInput_IsInvalidArgument) {
          q->memory_bytes = {1, 2, 3};
        },
        "memory_bytes has 3 entries; want none or 2 (one per worker)"},
+      // Below a byte no plan's memory ratio is finite (NoPlanFitsError
+      // would name none).
+      {[](BiPartitionProblem* q) {
+         q->memory_bytes = {0, 5e-324};
+       },
+       "worker 1: memory_bytes must be 0 (unlimited) or at least 1, got 4.94066e-324"},
       {[](BiPartitionProblem* q) { q->latency_seconds = kInf; },
        "latency_seconds must be finite and >= 0"},
       {[](BiPartitionProblem* q) { q->bandwidth = NAN; },

@@ -1,22 +1,24 @@
 #include "coordinator/planner/planner.h"
 
 #include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/data_parallel_layout.h"
-#include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/data_plane_cost.h"
+#include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/host_sharing.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/selective_compression.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/tensor_cube_costs.h"
 #include "coordinator/planner/tensor_partitions.h"
-#include "kernels/compress/codec_spec.h"
 #include "coordinator/planner/timeline_render.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 
@@ -177,6 +179,15 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                               cluster.latency_seconds, wire_fraction, coding));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
+    }
+    // A micro-batch of `samples` runs gcd(K, samples) partitions
+    // (Unit::TensorParallelPartitions: a partition is whole samples):
+    // priced and recorded as the workers run them. Alg. 1 above chose
+    // among 1, 2 and 4 without this cut, which only binds for micro-batches
+    // of fewer than 4 samples (or 6, 10, ...).
+    const int samples = r.train.batch_size / r.train.micro_batches;
+    for (std::vector<int>* counts : {&partitions_forward, &partitions_backward}) {
+      for (int& k : *counts) k = std::gcd(k, samples);
     }
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
                                         computed, tensor, partitions_forward, partitions_backward,

@@ -4,6 +4,7 @@
 // waits do not.
 #include "coordinator/planner/planner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -121,13 +122,40 @@ TEST(PlanJobTensorPartitions, FixedCountSplitsOnlyBlockUnits) {
         if (!block) {
           EXPECT_EQ(k, 1) << profile.units[u].name << " with tensor_partitions " << fixed;
         } else if (fixed > 0) {
-          EXPECT_EQ(k, fixed) << profile.units[u].name;
-        } else {  // Alg. 1's choice: one of the counts a worker runs
-          EXPECT_TRUE(k == 1 || k == 2 || k == 4) << profile.units[u].name << ": " << k;
+          // Micro-batches of 2 samples: 4 partitions run as 2 (gcd).
+          EXPECT_EQ(k, std::min(fixed, 2)) << profile.units[u].name;
+        } else {  // Alg. 1's choice, cut to what a worker runs
+          EXPECT_TRUE(k == 1 || k == 2) << profile.units[u].name << ": " << k;
         }
       }
     }
     EXPECT_EQ(block_units, 4);  // 2 layers: attn and mlp each
+  }
+}
+
+// A micro-batch of one sample cannot be partitioned (the runtime runs
+// gcd(K, samples) partitions): the plan records 1 for every unit and
+// predicts what it predicts for tensor_partitions 1, not an overlap the
+// workers never get.
+TEST(PlanJobTensorPartitions, OneSampleMicroBatches_NotPartitioned) {
+  const auto plan_with = [](int partitions) {
+    v1::JobSpec spec = SmallSpec(1, 8);  // 8 samples in 8 micro-batches
+    spec.mutable_parallelism()->set_tensor(2);
+    spec.mutable_parallelism()->set_tensor_partitions(partitions);
+    const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+    const ModelProfile profile = AnalyticProfile(job.train.model, job.train.seq_len, 1, 1e10);
+    return PlanJob(job, "job", 1, profile, testing::TestCluster(2, 1e8, 1e-4, 16), "analytic");
+  };
+  absl::StatusOr<CompiledPlan> one = plan_with(1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  for (int partitions : {0, 2, 4}) {
+    absl::StatusOr<CompiledPlan> plan = plan_with(partitions);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (int k : plan->plan.tensor_partitions_forward()) EXPECT_EQ(k, 1) << partitions;
+    for (int k : plan->plan.tensor_partitions_backward()) EXPECT_EQ(k, 1) << partitions;
+    EXPECT_DOUBLE_EQ(plan->plan.predicted_iteration_seconds(),
+                     one->plan.predicted_iteration_seconds())
+        << partitions;
   }
 }
 

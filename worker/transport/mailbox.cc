@@ -11,12 +11,15 @@
 namespace pipetrain {
 
 Mailbox::Reservation::Reservation(Reservation&& other) noexcept
-    : mailbox_(std::exchange(other.mailbox_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : mailbox_(std::exchange(other.mailbox_, nullptr)),
+      ticket_(std::exchange(other.ticket_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 Mailbox::Reservation& Mailbox::Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
     Release();
     mailbox_ = std::exchange(other.mailbox_, nullptr);
+    ticket_ = std::exchange(other.ticket_, 0);
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
@@ -27,10 +30,30 @@ Mailbox::Reservation::~Reservation() { Release(); }
 void Mailbox::Reservation::Release() {
   if (mailbox_ == nullptr) return;
   AnnotatedMutexLock lock(&mailbox_->mu_);
-  mailbox_->reserved_ -= bytes_;
-  --mailbox_->reservations_;
+  mailbox_->EndReservationLocked(ticket_);
   mailbox_ = nullptr;
+  ticket_ = 0;
   bytes_ = 0;
+}
+
+void Mailbox::EndReservationLocked(int64_t ticket) {
+  auto it = live_reservations_.find(ticket);
+  if (it == live_reservations_.end()) return;  // revoked
+  reserved_ -= it->second.bytes;
+  --reservations_;
+  live_reservations_.erase(it);
+}
+
+void Mailbox::RevokeReservationsLocked(const std::function<bool(const std::string&)>& revoke) {
+  for (auto it = live_reservations_.begin(); it != live_reservations_.end();) {
+    if (!revoke(it->second.job_id)) {
+      ++it;
+      continue;
+    }
+    reserved_ -= it->second.bytes;
+    --reservations_;
+    it = live_reservations_.erase(it);
+  }
 }
 
 void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
@@ -40,7 +63,9 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
     open_job_ = job_id;
     current_iteration_ = first_iteration;
     aborted_jobs_.clear();
-    // What is left of earlier jobs (or plan versions) will never be taken.
+    // What is left of earlier jobs (or plan versions) will never be taken,
+    // nor will the tensors still being received for them.
+    RevokeReservationsLocked([&](const std::string& job) { return job != job_id; });
     for (auto it = refused_.begin(); it != refused_.end();) {
       it = it->first.second.job_id == job_id ? std::next(it) : refused_.erase(it);
     }
@@ -116,7 +141,9 @@ absl::StatusOr<Mailbox::Reservation> Mailbox::Reserve(const TensorAddress& addre
   if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
   reserved_ += wire_bytes;
   ++reservations_;
-  return Reservation(this, wire_bytes);
+  const int64_t ticket = next_ticket_++;
+  live_reservations_.emplace(ticket, LiveReservation{address.job_id, wire_bytes});
+  return Reservation(this, ticket, wire_bytes);
 }
 
 int64_t Mailbox::HoldBeyondWindow(const TensorAddress& address, WindowWake wake) {
@@ -170,9 +197,9 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTe
   AnnotatedMutexLock lock(&mu_);
   // The reserved bytes end here: stored as this tensor's below, or given
   // back if it is refused. Ended before AdmitLocked, so they are room for it.
-  reserved_ -= reservation.bytes_;
-  if (reservation.mailbox_ != nullptr) --reservations_;
+  if (reservation.mailbox_ != nullptr) EndReservationLocked(reservation.ticket_);
   reservation.mailbox_ = nullptr;
+  reservation.ticket_ = 0;
   reservation.bytes_ = 0;
   const int64_t wire_bytes = wire.wire_bytes();
   if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
@@ -235,6 +262,10 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   WireTensor wire = std::move(it->second);
   tensors_.erase(it);
   bytes_ -= wire.wire_bytes();
+  // A refusal noted for the same key (a malformed copy that came first)
+  // is moot once the tensor is taken: kept, it would count towards
+  // kMaxRefusalNotes for the rest of the job.
+  refused_.erase(key);
   return wire;
 }
 
@@ -249,6 +280,7 @@ void Mailbox::Shutdown() {
 }
 
 void Mailbox::DropJobLocked(const std::string& job_id) {
+  RevokeReservationsLocked([&](const std::string& job) { return job == job_id; });
   for (auto it = refused_.begin(); it != refused_.end();) {
     it = it->first.second.job_id == job_id ? refused_.erase(it) : std::next(it);
   }

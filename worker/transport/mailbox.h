@@ -87,15 +87,19 @@ class Mailbox {
 
   // Bytes Reserve set aside for one tensor being received: they count
   // against max_bytes until Put stores the tensor with it (they become the
-  // stored tensor's) or the Reservation is destroyed (they are given back),
-  // whichever comes first. Move-only; a default one reserves nothing. Must
+  // stored tensor's), the Reservation is destroyed (they are given back),
+  // or the mailbox revokes it, whichever comes first. OpenJob of another
+  // job and DropJob or AbortJob of its own revoke it: a tensor of a job
+  // that will never be taken must not keep room from the next job (a
+  // stream that stalls in the middle of one holds its Reservation for as
+  // long as it stays open). Move-only; a default one reserves nothing. Must
   // not outlive its Mailbox. Not thread-safe itself (one owner), but may be
   // destroyed on any thread, concurrently with calls on the mailbox.
   class Reservation {
    public:
     // (Members set here, not by default initializers, so that Put can
     // default its Reservation argument within Mailbox.)
-    Reservation() noexcept : mailbox_(nullptr), bytes_(0) {}
+    Reservation() noexcept : mailbox_(nullptr), ticket_(0), bytes_(0) {}
     Reservation(Reservation&& other) noexcept;
     Reservation& operator=(Reservation&& other) noexcept;
     ~Reservation();
@@ -104,10 +108,12 @@ class Mailbox {
 
    private:
     friend class Mailbox;
-    Reservation(Mailbox* mailbox, int64_t bytes) : mailbox_(mailbox), bytes_(bytes) {}
+    Reservation(Mailbox* mailbox, int64_t ticket, int64_t bytes)
+        : mailbox_(mailbox), ticket_(ticket), bytes_(bytes) {}
     void Release();
 
     Mailbox* mailbox_;  // null: reserves nothing.
+    int64_t ticket_;    // its key in Mailbox::live_reservations_ (gone once revoked)
     int64_t bytes_;
   };
 
@@ -211,6 +217,12 @@ class Mailbox {
   absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the Reservation `ticket`: its bytes no longer count. Nothing when
+  // it was revoked already.
+  void EndReservationLocked(int64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Revokes the live Reservations whose job `revoke(job_id)` selects.
+  void RevokeReservationsLocked(const std::function<bool(const std::string&)>& revoke)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the holds `release(address)` selects and returns their wakes,
   // to be run by RunWakes once mu_ is released.
   Wakes ReleaseHoldsLocked(const std::function<bool(const TensorAddress&)>& release)
@@ -222,10 +234,17 @@ class Mailbox {
   std::map<Key, WireTensor> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<Key, absl::Status> refused_ ABSL_GUARDED_BY(mu_);  // NoteRefused
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Of the Reservations alive; bytes_ + reserved_ <= max_bytes.
+  // Of the Reservations alive and not revoked; bytes_ + reserved_ <= max_bytes.
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
-  // The Reservations alive; tensors_.size() + reservations_ <= max_tensors.
+  // The Reservations alive and not revoked; tensors_.size() + reservations_
+  // <= max_tensors.
   int64_t reservations_ ABSL_GUARDED_BY(mu_) = 0;
+  // Those Reservations by ticket: their job and bytes.
+  struct LiveReservation {
+    std::string job_id;
+    int64_t bytes = 0;
+  };
+  std::map<int64_t, LiveReservation> live_reservations_ ABSL_GUARDED_BY(mu_);
   // The opened job and its current iteration (OpenJob, then Take).
   std::string open_job_ ABSL_GUARDED_BY(mu_);
   int64_t current_iteration_ ABSL_GUARDED_BY(mu_) = 0;

@@ -219,6 +219,13 @@ TEST(MailboxTest, NoteRefused_TakeFailsAtOnceWithTheReason) {
   ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), one).ok());
   mailbox.NoteRefused(0, Activation("j-1", 3), full);
   EXPECT_TRUE(mailbox.Take(0, Activation("j-1", 3), absl::ZeroDuration()).ok());
+  // A refused copy that came first, then the tensor: taken, and the note
+  // goes with it (a later Take of the key waits, as for any other).
+  mailbox.NoteRefused(0, Activation("j-1", 6), full);
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 6), one).ok());
+  EXPECT_TRUE(mailbox.Take(0, Activation("j-1", 6), absl::ZeroDuration()).ok());
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 6), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
   // Another job's, or after OpenJob of another: nothing.
   mailbox.NoteRefused(0, Activation("j-2", 4), full);
   mailbox.NoteRefused(0, Activation("j-1", 5), full);
@@ -324,8 +331,8 @@ TEST(MailboxTest, Put_WithReservationRefused_ReservationGivenBack) {
   mailbox.OpenJob("j-1", 7);
   absl::StatusOr<Mailbox::Reservation> reservation = mailbox.Reserve(Activation("j-1", 1), 4);
   ASSERT_TRUE(reservation.ok()) << reservation.status();
-  mailbox.AbortJob("j-1");  // Stopped while its tensor was being received.
-  EXPECT_EQ(mailbox.reserved(), 4);
+  mailbox.AbortJob("j-1");  // Stopped while its tensor was being received: revoked.
+  EXPECT_EQ(mailbox.reserved(), 0);
   absl::Status put = mailbox.Put(0, Activation("j-1", 1), WireTensor::Raw(Tensor::Zeros({1})),
                                  *std::move(reservation));
   EXPECT_EQ(put.code(), absl::StatusCode::kAborted) << put;
@@ -560,6 +567,34 @@ TEST(MailboxTest, OpenJob_RefusesOtherJobsAndDropsTheirTensors) {
   EXPECT_NE(old.message().find("this worker runs j-1/2"), std::string::npos) << old;
   EXPECT_EQ(mailbox.Admit(Activation("j-1/1", 2), 4).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(mailbox.Take(0, Activation("j-1/2", 1), absl::ZeroDuration()).ok());
+}
+
+// A tensor of the old job still being received (its stream stalled in the
+// middle of it) keeps no room from the next job: OpenJob revokes its
+// reservation, and giving it back later changes nothing.
+TEST(MailboxTest, OpenJob_RevokesOtherJobsReservations) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16, .max_tensors = 2});
+  mailbox.OpenJob("j-1", 7);
+  absl::StatusOr<Mailbox::Reservation> stalled = mailbox.Reserve(Activation("j-1", 1), 16);
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
+  absl::StatusOr<Mailbox::Reservation> mine = mailbox.Reserve(Activation("j-1", 2), 0);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 3), 1).code(), absl::StatusCode::kResourceExhausted);
+  mailbox.OpenJob("j-2", 7);
+  EXPECT_EQ(mailbox.reserved(), 0);
+  absl::StatusOr<Mailbox::Reservation> next = mailbox.Reserve(Activation("j-2", 1), 16);
+  ASSERT_TRUE(next.ok()) << next.status();
+  absl::StatusOr<Mailbox::Reservation> another = mailbox.Reserve(Activation("j-2", 2), 0);
+  ASSERT_TRUE(another.ok()) << another.status();  // the count was given back too
+  *stalled = Mailbox::Reservation();              // its stream ends at last
+  *mine = Mailbox::Reservation();
+  EXPECT_EQ(mailbox.reserved(), 16);  // only the new job's
+  EXPECT_EQ(mailbox.Admit(Activation("j-2", 3), 0).code(), absl::StatusCode::kResourceExhausted);
+  // The old job's tensor completing: refused, and nothing counted twice.
+  absl::StatusOr<Mailbox::Reservation> late = mailbox.Reserve(Activation("j-1", 9), 0);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  *next = Mailbox::Reservation();
+  EXPECT_EQ(mailbox.reserved(), 0);
 }
 
 TEST(MailboxTest, OpenJob_ClearsAbortMarks) {

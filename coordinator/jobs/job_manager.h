@@ -423,6 +423,11 @@ class JobManager {
     // survivors, or its workers not drained); a refused plan is tried again
     // without them (RetryWithoutJoinersLocked).
     std::vector<std::string> joiners;
+    // The joiners a refusal for memory dropped (id -> incarnation) before
+    // this plan, on the rest, was tried: if it is refused too, they are
+    // not unfit after all (the model needs more workers than the rest, not
+    // other ones), and a later worker is tried with them (WaitForRoomLocked).
+    std::map<std::string, int64_t> dropped_for_memory;
   };
   struct JobRecord {
     v1::Job job;
@@ -492,9 +497,10 @@ class JobManager {
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
     // The workers (id -> incarnation) of the last re-plan (a boundary's or
-    // a recovery's) refused for memory without spares, and why: a recovery
-    // does not plan on them, or fewer of them, again (it would be refused
-    // again) but waits for another worker. Cleared when a plan is in.
+    // a recovery's) refused for memory without spares, with the spares
+    // dropped before it, and why: a recovery does not plan on the same
+    // set again (it would be refused again) but waits for another worker.
+    // Cleared when a plan is in.
     std::map<std::string, int64_t> refused_for_memory;
     std::string refused_for_memory_note;
     // Checkpoints expired from the catalog whose directories are not known
@@ -696,10 +702,12 @@ class JobManager {
   // A re-plan (at a boundary, or a recovery's) on the job's own workers
   // only was refused for memory (`refusal`): they cannot hold the model
   // without the one drained or lost, but a worker may join (a restarted
-  // pod, a larger node). Records them (refused_for_memory) and the job
-  // recovers, waiting for another worker until spec.scheduling's
-  // queue_timeout, instead of failing at once. Returns false (nothing
-  // changed) for an initial placement, a plan with spares or another error.
+  // pod, a larger node). Records them and the spares dropped before
+  // (refused_for_memory) and the job recovers, waiting for another worker
+  // until spec.scheduling's queue_timeout, instead of failing at once.
+  // Returns false (nothing changed) for an initial placement, a plan with
+  // spares, one on as many workers of its own as the job may have (no
+  // worker could join them), or another error.
   bool WaitForRoomLocked(JobRecord& record, const PendingPlacement& pending,
                          const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.

@@ -2001,15 +2001,18 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
                                                   " would need 240768 bytes"))
       << job.reason();
-  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for another READY worker")) << job.reason();
-  const int64_t version = job.plan_version();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
   // Not planned on w1 alone again, pass after pass.
+  int plans = 0;
+  JobEvents events;
+  events.planned = [&](double, double) { ++plans; };
+  jobs_->SetEvents(events);
   for (int pass = 0; pass < 3; ++pass) HeartbeatAllAndSchedule({w1, w2});
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
-  EXPECT_EQ(job.plan_version(), version);
+  EXPECT_EQ(plans, 0);
   EXPECT_TRUE(absl::StrContains(job.reason(),
-                                "waiting for another READY worker (1 ready; 1 more "
+                                "waiting for more READY workers (1 ready; 1 more "
                                 "READY but drained"))
       << job.reason();
   // A worker joins: the job goes on from the boundary on w1 and it.
@@ -2027,6 +2030,36 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
 // waits for a worker (a restarted process registering again, here) rather
 // than failing at once, and fails after spec.scheduling.queue_timeout
 // without one, saying why.
+// Two of three workers lost, each holding a third of the model: the
+// survivor cannot hold it, nor can it with the first replacement (which is
+// then not marked unfit: the model needs more workers, not other ones);
+// with the second it goes on on all three.
+TEST_F(JobManagerElasticTest, TwoWorkersLost_ReplacementsRegisteringOneByOne_TriedTogether) {
+  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
+  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
+                    w3 = AddWorker(7003, kThird);
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_EQ(AddWorker(7002, kThird), w2);
+  HeartbeatAllAndSchedule({w1, w2});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
+  ASSERT_EQ(AddWorker(7003, kThird), w3);
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.progress().step(), 5);
+}
+
 TEST_F(JobManagerElasticTest, WorkerLost_SurvivorCannotHoldTheModel_WaitsForItsRestartOrTimesOut) {
   const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
   v1::JobSpec spec = ElasticSpec(2, 5);

@@ -385,6 +385,9 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
     if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) !=
         pending.joiners.end()) {
       record.unfit[w.id()] = w.incarnation();
+      if (refusal.code() == absl::StatusCode::kResourceExhausted) {
+        pending.dropped_for_memory[w.id()] = w.incarnation();
+      }
     }
   }
   const std::string note = absl::StrCat("the plan with ", absl::StrJoin(pending.joiners, ", "),
@@ -425,11 +428,19 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
 bool JobManager::WaitForRoomLocked(JobRecord& record, const PendingPlacement& pending,
                                    const absl::Status& refusal) {
   if (refusal.code() != absl::StatusCode::kResourceExhausted ||
-      pending.origin == PlacementOrigin::kInitial || !pending.joiners.empty()) {
+      pending.origin == PlacementOrigin::kInitial || !pending.joiners.empty() ||
+      static_cast<int>(pending.workers.size()) >= MaxJobWorkers(record)) {
     return false;
   }
   record.refused_for_memory.clear();
   for (const v1::Worker& w : pending.infos) record.refused_for_memory[w.id()] = w.incarnation();
+  // Spares dropped for memory before this plan: the model needs more
+  // workers than these, not other ones. Offered again, with a newcomer.
+  for (const auto& [id, incarnation] : pending.dropped_for_memory) {
+    record.refused_for_memory[id] = incarnation;
+    auto it = record.unfit.find(id);
+    if (it != record.unfit.end() && it->second == incarnation) record.unfit.erase(it);
+  }
   record.refused_for_memory_note =
       absl::StrCat("the plan on ", absl::StrJoin(pending.workers, ", "), " does not fit (",
                    refusal.message(), ")");
@@ -445,7 +456,7 @@ bool JobManager::WaitForRoomLocked(JobRecord& record, const PendingPlacement& pe
   record.job.set_state(v1::JOB_STATE_RECOVERING);
   record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ",
                                      record.refused_for_memory_note,
-                                     "; waiting for another READY worker"));
+                                     "; waiting for more READY workers"));
   TouchLocked(record);
   return true;
 }
@@ -731,11 +742,21 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                                        "; waiting to hear from the other workers"));
     return;
   }
-  // Survivors first (in stage order), then spare READY workers.
+  // Survivors first (in stage order), then spare READY workers: those no
+  // plan was refused with first (a plan with them is new), then the spares
+  // a refusal for memory dropped (they may yet fit beside a newcomer).
+  const auto refused_with = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = record.refused_for_memory.find(w);
+    return it != record.refused_for_memory.end() && it->second == IncarnationOf(w);
+  };
   std::vector<std::string> chosen = alive;
-  for (const std::string& w : SparesForLocked(record, *reserved)) {
-    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
-      chosen.push_back(w);
+  const std::vector<std::string> spares = SparesForLocked(record, *reserved);
+  for (const bool refused_pass : {false, true}) {
+    for (const std::string& w : spares) {
+      if (refused_with(w) == refused_pass &&
+          std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
+        chosen.push_back(w);
+      }
     }
   }
   if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
@@ -758,15 +779,14 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
     return;
   }
-  // Only workers a plan was refused on for memory (or fewer of them): it
-  // would be refused again. Waits for another, as for too few workers.
-  if (!record.refused_for_memory.empty() &&
-      std::all_of(chosen.begin(), chosen.end(), [&](const std::string& w) {
-        auto it = record.refused_for_memory.find(w);
-        return it != record.refused_for_memory.end() && it->second == IncarnationOf(w);
-      })) {
+  // The very workers a plan was refused on for memory (with the spares
+  // dropped before it): it would be refused again. Waits for another, as
+  // for too few workers. (Fewer of them may fit: workers sharing a host's
+  // RAM or a GPU each get more of it.)
+  if (!record.refused_for_memory.empty() && chosen.size() == record.refused_for_memory.size() &&
+      std::all_of(chosen.begin(), chosen.end(), refused_with)) {
     const std::string waiting_for =
-        absl::StrCat(record.refused_for_memory_note, "; waiting for another READY worker (",
+        absl::StrCat(record.refused_for_memory_note, "; waiting for more READY workers (",
                      ReadyCount(ready, held, DrainedReadyLocked()), ")");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,

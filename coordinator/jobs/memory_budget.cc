@@ -97,6 +97,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
   std::vector<Budget> budgets;
   for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
   std::map<std::string, int> chosen_sharers;
+  std::map<std::string, double> chosen_claims;  // own limits chosen, per host
   std::vector<bool> taken(workers.size(), false);
   std::vector<size_t> chosen;
   while (static_cast<int>(chosen.size()) < count && chosen.size() < workers.size()) {
@@ -106,12 +107,18 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
       if (taken[i]) continue;
       const Budget& b = budgets[i];
       const double whole = b.bytes > 0 ? b.bytes : std::numeric_limits<double>::infinity();
-      const double share = b.shared.empty() ? whole : whole / (chosen_sharers[b.shared] + 1);
+      const double share =
+          b.shared.empty() || b.bytes <= 0
+              ? whole
+              : std::max(1.0, (whole - chosen_claims[b.shared]) / (chosen_sharers[b.shared] + 1));
       if (share > best_bytes) best = i, best_bytes = share;
     }
     taken[best] = true;
     chosen.push_back(best);
     if (!budgets[best].shared.empty()) ++chosen_sharers[budgets[best].shared];
+    if (!budgets[best].claims_from.empty()) {
+      chosen_claims[budgets[best].claims_from] += budgets[best].bytes;
+    }
   }
   return chosen;
 }

@@ -10,7 +10,8 @@
 // Taken at its word, a plan of four CPU workers on one 24 GiB host may
 // give each 24 GiB, and the host runs out of memory once training starts
 // instead of the plan being refused. So those workers share it: each gets
-// the whole divided by how many of this plan's workers draw on it.
+// the whole, less the limits of the plan's workers on the host that have
+// their own, divided by how many of this plan's workers draw on it.
 //
 // Thread-safety: a pure function.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
@@ -44,8 +45,9 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
 // Which `count` of `workers` have the most memory for a plan: indices into
 // `workers`, chosen greedily, each next the worker whose budget would be
 // the largest beside those already chosen (a memory shared by k chosen
-// workers gives the next one a (k+1)-th of it, as PlanMemoryBudgets
-// divides it); ties go to the earlier worker, an unlimited budget (0)
+// workers gives the next one a (k+1)-th of what the chosen workers with
+// limits of their own on that host leave, as PlanMemoryBudgets divides
+// it); ties go to the earlier worker, an unlimited budget (0)
 // counts as the largest. Fewer indices when there are fewer workers.
 // A placement refused for memory is tried once more on these (JobManager).
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count);

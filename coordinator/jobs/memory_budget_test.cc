@@ -109,6 +109,16 @@ TEST(RoomiestWorkersTest, SpreadsOverHostsBeforeSharingOne) {
   EXPECT_TRUE(RoomiestWorkers(w, 0).empty());
 }
 
+// A worker with a limit of its own, once chosen, leaves the RAM its host's
+// sharers split smaller: the third worker is the other host's 20 GiB, not
+// a second sharer of node's (64 - 40) / 2 = 12 GiB.
+TEST(RoomiestWorkersTest, ChosenOwnLimitsLeaveTheSharersLess) {
+  const std::vector<v1::Worker> w = {
+      CpuWorker("node", 64 * kGiB, 40 * kGiB), CpuWorker("node", 64 * kGiB, 64 * kGiB),
+      CpuWorker("node", 64 * kGiB, 64 * kGiB), CpuWorker("other", 20 * kGiB, 20 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(w, 3), (std::vector<size_t>{1, 0, 3}));
+}
+
 // An unreported budget is unlimited, so it goes first; equal ones keep
 // their order.
 TEST(RoomiestWorkersTest, UnlimitedFirst_TiesInOrder) {

@@ -382,16 +382,47 @@ absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
   const std::vector<std::pair<int64_t, int64_t>> bounds = SegmentBounds(total, size());
   const auto [begin, end] = bounds[rank_];
   RETURN_IF_ERROR(CheckSegment(tag, segment, end - begin, total));
+  // In windows of whole messages (exchange_window_bytes): a member sends
+  // kExchangeWindowsAhead windows, then window w only once the root has
+  // granted it by taking its window w - kExchangeWindowsAhead, and the root
+  // takes the members' windows in turn. At most that many windows of each
+  // member wait at the root; sent whole, every other member's segment
+  // piled up in its mailbox while it read one (past --mailbox-limit for a
+  // large model's checkpoint). Segments of up to that many windows go as
+  // before: all sent at once, no grant.
+  const int64_t chunk = FloatsIn(options_.chunk_bytes);
+  const int64_t window =
+      std::max<int64_t>(1, FloatsIn(options_.exchange_window_bytes) / chunk) * chunk;
+  const auto windows_of = [window](int64_t len) { return (len + window - 1) / window; };
   if (rank_ != root) {
-    RETURN_IF_ERROR(SendRange(iteration, tag, root, segment.data(), 0, end - begin));
+    const int64_t len = end - begin;
+    for (int64_t w = 0; w < windows_of(len); ++w) {
+      if (w >= kExchangeWindowsAhead) {
+        ASSIGN_OR_RETURN(const Tensor grant, RecvChunk(iteration, tag, root, 1));
+      }
+      RETURN_IF_ERROR(SendRange(iteration, tag, root, segment.data(), w * window,
+                                std::min(len, (w + 1) * window), chunk));
+    }
     return Tensor();
   }
   Tensor all = Tensor::Uninitialized({total});  // every segment is copied in below
   std::memcpy(all.data() + begin, segment.data(), static_cast<size_t>(end - begin) * sizeof(float));
-  for (int m = 0; m < size(); ++m) {
-    if (m == root) continue;
-    RETURN_IF_ERROR(RecvRange(iteration, tag, m, all.data(), bounds[m].first, bounds[m].second,
-                              /*add=*/false));
+  int64_t most = 0;
+  for (const auto& [first, last] : bounds) most = std::max(most, windows_of(last - first));
+  for (int64_t w = 0; w < most; ++w) {
+    for (int m = 0; m < size(); ++m) {
+      const int64_t len = bounds[m].second - bounds[m].first;
+      if (m == root || w >= windows_of(len)) continue;
+      RETURN_IF_ERROR(RecvRange(iteration, tag, m, all.data(), bounds[m].first + w * window,
+                                bounds[m].first + std::min(len, (w + 1) * window),
+                                /*add=*/false, chunk));
+      if (w + kExchangeWindowsAhead < windows_of(len)) {
+        // A float, for the transport; not counted in sent_bytes (no data).
+        const absl::Status granted = transport_->SendOwned(
+            group_.members[m], Address(iteration, tag, send_seq_[m]++), Tensor::Zeros({1}));
+        if (!granted.ok()) return Annotate(granted, Describe(tag));
+      }
+    }
   }
   return all;
 }

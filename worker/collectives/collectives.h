@@ -122,6 +122,9 @@ class Collectives {
   // members get an empty Tensor. (N-1)/N of the data crosses into the root
   // and nothing else moves: for what only one member needs (a checkpoint's
   // unsplit tensors), where AllGather would give each member all of it.
+  // In windows, as recursive doubling's exchange (exchange_window_bytes):
+  // at most kExchangeWindowsAhead windows of each member wait at the root,
+  // which grants each further window with a one-float message.
   absl::StatusOr<Tensor> Gather(int64_t iteration, int tag, int root, const Tensor& segment,
                                 int64_t total);
   // data <- root's data (rank `root`), in place.

@@ -207,6 +207,7 @@ class InFlight {
     std::lock_guard<std::mutex> lock(mu_);
     waiting_[from] += bytes;
     most_[from] = std::max(most_[from], waiting_[from]);
+    Count();
   }
   void Taken(int from, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,10 +217,22 @@ class InFlight {
     std::lock_guard<std::mutex> lock(mu_);
     return most_[from];
   }
+  // The most bytes that waited at once, all senders together.
+  int64_t most_total() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_total_;
+  }
 
  private:
+  void Count() {
+    int64_t total = 0;
+    for (const auto& [from, bytes] : waiting_) total += bytes;
+    most_total_ = std::max(most_total_, total);
+  }
+
   std::mutex mu_;
   std::map<int, int64_t> waiting_, most_;
+  int64_t most_total_ = 0;
 };
 
 class CountingTransport : public Transport {
@@ -365,6 +378,49 @@ TEST(CollectivesTest, Gather_RootGetsWhatAllGatherGivesOthersNothing) {
     return c.Gather(7, 1, /*root=*/2, Tensor::Zeros({1}), 2).status();
   });
   for (const absl::Status& s : refused) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A gather of segments many windows long: the root gets every segment,
+// and at most 2 windows of each member wait for it at once (sent whole,
+// the other members' segments all piled up at the root while it read the
+// first). 64 KiB messages in 256 KiB windows; segments of 1 MiB and a bit
+// (5 windows, the last one short).
+TEST(CollectivesTest, Gather_InWindows_RootHoldsAtMostTwoWindowsPerMember) {
+  constexpr int kMembers = 4;
+  constexpr int64_t kNumel = kMembers * ((int64_t{1} << 18) + 100);
+  CollectiveOptions options;
+  options.chunk_bytes = int64_t{64} << 10;
+  options.exchange_window_bytes = int64_t{256} << 10;
+  const std::vector<float> input = Input(0, kNumel);
+  const auto bounds = Collectives::SegmentBounds(kNumel, kMembers);
+  InProcessFabric fabric(kMembers);
+  InFlight in_flight;
+  std::vector<std::unique_ptr<CountingTransport>> transports;
+  for (int r = 0; r < kMembers; ++r) {
+    transports.push_back(std::make_unique<CountingTransport>(fabric.Connect(r), &in_flight));
+  }
+  std::vector<std::vector<float>> got(kMembers);
+  std::vector<absl::Status> status(kMembers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kMembers; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r].get(), CollectiveGroup{{0, 1, 2, 3}, "j"}, options);
+      const Tensor segment = Tensor::FromVector(
+          {bounds[r].second - bounds[r].first},
+          std::vector<float>(input.begin() + bounds[r].first, input.begin() + bounds[r].second));
+      absl::StatusOr<Tensor> all =
+          c.Gather(/*iteration=*/5, /*tag=*/2, /*root=*/1, segment, kNumel);
+      status[r] = all.status();
+      if (all.ok() && all->numel() > 0) got[r] = all->ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kMembers; ++r)
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  EXPECT_EQ(got[1], input);
+  for (int r : {0, 2, 3}) EXPECT_TRUE(got[r].empty()) << r;
+  // 3 members x 2 windows, and the root's one-float grants.
+  EXPECT_LE(in_flight.most_total(), 3 * 2 * options.exchange_window_bytes + 64);
 }
 
 // AllReduceInMemberOrder over [a0, b0, a1, b1, ...] equals, bit for bit,

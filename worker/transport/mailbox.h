@@ -34,7 +34,10 @@
 // so a refused tensor is never buffered at all; Reserve also sets its bytes
 // aside until it is stored (Put) or given up (the Reservation destroyed), so
 // tensors being assembled on several streams at once cannot together pass
-// max_bytes.
+// max_bytes. A tensor of a job that is no longer open (OpenJob of another,
+// DropJob, AbortJob) no longer counts: its reservation is revoked, and its
+// buffer, if its stream stalls, is memory beyond the limit until the
+// stream ends.
 //
 // Held tensors and their wake-ups (HoldBeyondWindow):
 //

@@ -68,9 +68,14 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   // Starts step `iteration`'s collectives (tags from the base again), or
   // with `eval` those of the validation pass after step `iteration` (tags
   // of their own, so that they never meet the step's).
+  // A validation pass does not compress (compresses() is false until the
+  // next step's BeginIteration): its loss is the model's, comparable with
+  // train-local's and with the same job uncompressed, as the planner sends
+  // validation activations raw too.
   void BeginIteration(int64_t iteration, bool eval = false) {
     iteration_ = iteration;
     next_tag_ = kTensorParallelTagBase + (eval ? kEvalTagOffset : 0);
+    eval_ = eval;
   }
 
   int rank() const override { return collectives_->rank(); }
@@ -79,7 +84,7 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   absl::Status status() const override { return status_; }
   int StartAllReduceSum(Tensor& data) override;
   void WaitAllReduce(int ticket) override;
-  bool compresses() const override { return compression_.enabled(); }
+  bool compresses() const override { return compression_.enabled() && !eval_; }
   int StartTokenSparseSum(Tensor& data, std::vector<float> local_scores, int seq_len,
                           std::vector<uint8_t>* kept) override;
   int StartMaskedSum(Tensor& data, std::vector<uint8_t> kept) override;
@@ -146,6 +151,7 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   absl::Status status_;
   int64_t iteration_ = 0;
   int next_tag_ = kTensorParallelTagBase;
+  bool eval_ = false;  // a validation pass's (BeginIteration)
   int64_t all_reduces_ = 0;
   int64_t bytes_ = 0;
   int64_t wire_bytes_ = 0;

@@ -142,6 +142,52 @@ Tensor ZeroRows(const Tensor& t, const std::vector<float>& kept, bool zero_kept)
   return out;
 }
 
+// Each rank's forward of the unit in a validation pass (BeginIteration
+// with eval) under `spec`, and the bytes its token-sparse sums reduced.
+struct EvalRun {
+  Tensor y;
+  int64_t compressed_bytes = 0;
+};
+std::vector<EvalRun> EvalRanks(bool attention, const std::string& spec, const Tensor& x) {
+  InProcessFabric fabric(kRanks);
+  std::vector<EvalRun> runs(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> transport = fabric.Connect(r);
+      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+      CollectivesTensorParallelComm comm(
+          &collectives, CpuBackend(),
+          MakeTensorParallelCompression(spec, "tensor_compression").value());
+      comm.BeginIteration(3, /*eval=*/true);
+      std::unique_ptr<Unit> unit = MakeLayerUnit(attention, 32, &comm);
+      UnitContext scratch;
+      runs[r].y = unit->Forward(x, Batch(), &scratch);
+      runs[r].compressed_bytes = comm.compressed_bytes();
+      EXPECT_TRUE(comm.status().ok()) << comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+// A validation pass does not compress: its forward is bitwise the
+// uncompressed one's (the loss it reports is the model's), and no
+// token-sparse sum runs.
+TEST(HybridCompressionTest, ValidationPass_NotCompressed) {
+  const Tensor x = Random({4, 16, 32}, 21, 1.0f);
+  for (bool attention : {true, false}) {
+    const std::vector<EvalRun> none = EvalRanks(attention, "none", x);
+    const std::vector<EvalRun> compressed =
+        EvalRanks(attention, "token_topk:keep=0.5+piecewise:bits=3", x);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(compressed[r].compressed_bytes, 0) << "rank " << r;
+      EXPECT_EQ(compressed[r].y.ToVector(), none[r].y.ToVector())
+          << "rank " << r << (attention ? " attention" : " mlp");
+    }
+  }
+}
+
 class TokenSparseTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 // Keep 0.5 without quantization: the kept tokens' sums are exact (2 terms).

@@ -2,7 +2,8 @@
 // (3d-parallelism.txt §3.2, Figure 6): the numerics of worker/model's
 // AttentionUnit and MlpUnit (unsplit, tp = nullptr) with every linear layer
 // a 3-D linear (cube_linear.h) and the LayerNorm the 3-D LayerNorm
-// (cube_layernorm.h). A library only: not yet Units, not yet in jobs.
+// (cube_layernorm.h). Jobs run them as Units through
+// worker/model/cube_units.h (spec.parallelism.tensor_mode 3d).
 //
 // Activations. A block's input and output are X [M, d], M = B * T rows in
 // sample-major order (row b * T + t), held in the kActivation layout of the

@@ -18,8 +18,9 @@
 //   embed      wte by vocabulary rows; the partial embeddings are summed
 //              (exact: kernels/cpu/vocab_parallel.h).
 //   head       the tied wte by vocabulary rows; cross-entropy over the split
-//              vocabulary without gathering the logits (three all-reduces
-//              of per-row values in forward, one of dL/d(ln_f out) in
+//              vocabulary without gathering the logits (two all-reduces
+//              of per-row values in forward: the maxima, then the exp sums
+//              and target logits packed; one of dL/d(ln_f out) in
 //              backward).
 // The row-parallel layers add their bias on rank 0 only, before the sum.
 //

@@ -457,6 +457,11 @@ ok up_worker_died_nothing_left ended "$TMP/up-worker"
 # With --keep-running, up still watches its cluster after the job: a
 # coordinator that dies ends up (78), saying how, rather than "cluster
 # running" staying up beside a dead address and a zombie.
+# Its --out used before, by a run with more workers: their ports files
+# go, and the logs are this run's only.
+mkdir -m 0700 "$TMP/up-keep"
+echo '{"metrics_port": 1}' >"$TMP/up-keep/worker-5.ports"
+echo "a stale line of an earlier run" >"$TMP/up-keep/worker-0.log"
 "$BIN" up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --keep-running \
   --out "$TMP/up-keep" >"$TMP/up-keep.out" 2>&1 &
 up_pid=$!
@@ -469,6 +474,8 @@ rc=$?
 ok up_keep_running_coordinator_died_exit_78 test "$rc" -eq 78  # 64 + UNAVAILABLE
 ok up_keep_running_coordinator_died_said_how grep -q "the coordinator ended: killed by signal 9 (SIGKILL); its log: $TMP/up-keep/coordinator.log" "$TMP/up-keep.out"
 ok up_keep_running_nothing_left ended "$TMP/up-keep"
+ok up_reused_out_stale_ports_gone test ! -e "$TMP/up-keep/worker-5.ports"
+ok up_reused_out_log_fresh test "$(grep -c "a stale line" "$TMP/up-keep/worker-0.log")" -eq 0
 
 # up_stopped_by NAME SIGNAL CODE: up, once its workers are up, sent SIGNAL,
 # stops its cluster as on Ctrl-C, says so and exits CODE (128 + SIGNAL).

@@ -720,8 +720,11 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
                                                                  plan.timeline_svg(), "predicted"},
         {"timeline-measured.svg", plan.measured_timeline_svg(),
          absl::StrCat("measured (step ", plan.measured_step() + 1, ")")}}) {
-    if (svg.empty()) continue;
     const std::string path = absl::StrCat(dir, "/", name);
+    if (svg.empty()) {
+      RemoveIfRegular(path);  // an earlier run's, in a reused --out
+      continue;
+    }
     std::ofstream out(path, std::ios::binary);
     out << svg;
     out.close();

@@ -1,5 +1,6 @@
 #include "cli/local_cluster.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -156,6 +157,33 @@ SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
   return spawn;
 }
 
+// A directory used before (up's --out is the same for every run by
+// default) holds the earlier run's ports files and logs: ports files of
+// workers this run does not start (a Prometheus file_sd built from
+// worker-*.ports would scrape dead or reused ports) go, and logs are
+// emptied, so that "its log ends: ..." quotes this run.
+void RemoveEarlierRunsFiles(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(d)) names.emplace_back(e->d_name);
+  closedir(d);
+  for (const std::string& name : names) {
+    const bool process_file =
+        LocalCluster::WritesFileNamed(name) && name != "up.lock" && !absl::EndsWith(name, ".token");
+    if (!process_file) continue;
+    const std::string path = absl::StrCat(dir, "/", name);
+    struct stat info;
+    if (lstat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+    // Best effort: a log that cannot be emptied is appended to, as before.
+    if (absl::EndsWith(name, ".ports")) {
+      std::remove(path.c_str());
+    } else {
+      (void)truncate(path.c_str(), 0);
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std::string& path,
@@ -287,6 +315,7 @@ absl::Status LocalCluster::KillAndRestartCoordinator() {
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
+  RemoveEarlierRunsFiles(options.dir);
   RETURN_IF_ERROR(cluster->StartCoordinator(0, 0));
   ASSIGN_OR_RETURN(std::vector<std::string> tokens, TokenFlags(options, true));
   for (int i = 0; i < options.standby_coordinators; ++i) {

@@ -53,24 +53,35 @@ absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const 
                                const std::string& dir,
                                const std::function<bool(absl::string_view)>& owned) {
   if (path.empty() || dir.empty()) return absl::OkStatus();
-  const size_t slash = path.find_last_of('/');
-  const std::string parent =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  if (!owned(name)) return absl::OkStatus();
-  struct stat parent_info, dir_info;
-  bool same = false;
-  if (stat(dir.c_str(), &dir_info) == 0) {
-    same = stat(parent.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
-           parent_info.st_ino == dir_info.st_ino;
-  } else {
-    const auto trimmed = [](std::string d) {
-      while (d.size() > 1 && d.back() == '/') d.pop_back();
-      return d;
-    };
-    same = trimmed(parent) == trimmed(dir);
+  // The name `p` has in `dir` when it lies directly in it, else empty.
+  const auto owned_name = [&](const std::string& p) -> std::string {
+    const size_t slash = p.find_last_of('/');
+    const std::string parent =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
+    const std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
+    if (!owned(name)) return "";
+    struct stat parent_info, dir_info;
+    bool same = false;
+    if (stat(dir.c_str(), &dir_info) == 0) {
+      same = stat(parent.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
+             parent_info.st_ino == dir_info.st_ino;
+    } else {
+      const auto trimmed = [](std::string d) {
+        while (d.size() > 1 && d.back() == '/') d.pop_back();
+        return d;
+      };
+      same = trimmed(parent) == trimmed(dir);
+    }
+    return same ? name : "";
+  };
+  std::string name = owned_name(path);
+  // A symbolic link is written through (WriteFilesOrNone): its target too.
+  struct stat link;
+  if (name.empty() && lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char resolved[PATH_MAX];
+    if (realpath(path.c_str(), resolved) != nullptr) name = owned_name(resolved);
   }
-  if (!same) return absl::OkStatus();
+  if (name.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(flag, " ", path, " is one of the files the command writes in ", dir_flag, " ",
                    dir, " (", name, "); name another file"));

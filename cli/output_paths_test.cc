@@ -132,6 +132,11 @@ TEST(CheckNotOwnedFileTest, OwnNameInTheDirectory_Refused) {
       CheckNotOwnedFile("--loss-log", later + "/up.lock", "--out", later + "/", owned).ok());
   EXPECT_TRUE(CheckNotOwnedFile("--loss-log", later + "/x.txt", "--out", later, owned).ok());
   EXPECT_TRUE(CheckNotOwnedFile("--loss-log", "", "--out", later, owned).ok());
+  // A link to such a file (written through) is refused too.
+  std::ofstream(out + "/up.lock") << "";
+  const std::string to_lock = TempDir() + "/to-lock.txt";
+  ASSERT_EQ(symlink((out + "/up.lock").c_str(), to_lock.c_str()), 0);
+  EXPECT_FALSE(CheckNotOwnedFile("--loss-log", to_lock, "--out", out, owned).ok());
 }
 
 TEST(RemoveIfRegularTest, RegularRemoved_LinkAndDirectoryKept) {

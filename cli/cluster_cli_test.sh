@@ -243,6 +243,14 @@ ok submit_follow_interrupted_said_so grep -q "job $follow_id keeps running (pipe
   "$TMP/follow-int.err"
 expect_exit submit_follow_job_still_queued 0 '"JOB_STATE_QUEUED"' -- job "$follow_id" --json
 expect_exit submit_follow_job_cancelled 0 "$follow_id CANCELLED" -- cancel "$follow_id"
+# Its stdout's reader gone (`| true`): it stops following as on Ctrl-C,
+# exits 141 (128 + SIGPIPE) and names the job on stderr, which keeps running.
+"$BIN" "${CLI_PREFIX[@]}" submit --follow "$TMP/job.json" 2>"$TMP/follow-pipe.err" </dev/null | true
+rc=${PIPESTATUS[0]}
+ok submit_follow_reader_gone_exit_141 test "$rc" -eq 141
+ok submit_follow_reader_gone_said_so grep -q "keeps running (pipetrain cancel job-" "$TMP/follow-pipe.err"
+pipe_id=$(sed -nE 's/.*job (job-[^ ]+) keeps running.*/\1/p' "$TMP/follow-pipe.err" | head -1)
+[[ -n "$pipe_id" ]] && expect_exit submit_follow_reader_gone_job_cancelled 0 "$pipe_id CANCELLED" -- cancel "$pipe_id"
 
 # --timeout: a listener that accepts connections and never answers. The
 # call fails DEADLINE_EXCEEDED after the given deadline, not the default 10 s.

@@ -1159,7 +1159,12 @@ int RunSubmit(const std::vector<std::string>& args) {
   // Ctrl-C from here on stops the following (Follow), not the job. Set
   // before the id is printed, so that a caller who has seen the id knows
   // the handler is in place.
-  if (o.follow) std::signal(SIGINT, OnInterrupt);
+  // A closed stdout likewise (`submit --follow | true`): SIGPIPE's default
+  // ended the process before it said the job keeps running, or its id.
+  if (o.follow) {
+    std::signal(SIGINT, OnInterrupt);
+    std::signal(SIGPIPE, OnInterrupt);
+  }
   std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   if (!o.follow) return kExitOk;
   std::fflush(stdout);  // before the progress (stderr), when stdout is a pipe

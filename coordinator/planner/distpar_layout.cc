@@ -307,58 +307,56 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   if (absl::Status s = Validate(problem); !s.ok()) return s;
   const size_t layers = problem.layers.size();
   // suffix[i][a]: the least cost of layers i.. given layer i runs layout a,
-  // counting layer i's own terms and every link after it.
+  // counting layer i's own terms and every link after it; then[i][a]: the
+  // layout of layer i + 1 that reaches it (the earliest in MatmulLayout
+  // order on ties). Backtracking on these choices, rather than matching
+  // costs again going forward, cannot lose the optimum to rounding (or to
+  // inf - inf when beta times a link overflows).
   std::vector<std::array<double, kMatmulLayouts>> suffix(layers);
+  std::vector<std::array<int, kMatmulLayouts>> then(layers);
   auto own = [&](size_t i, int a) {
     double computation = 0;
     Link sync;
     LayerTerms(problem.layers[i], LayoutAt(a), problem.devices, &computation, &sync);
     return computation + problem.beta * sync.communication;
   };
+  int first_allowed = 0;
+  while (!Allowed(LayoutAt(first_allowed), problem.devices)) ++first_allowed;  // Validate: one is
   for (size_t i = layers; i-- > 0;) {
     for (int a = 0; a < kMatmulLayouts; ++a) {
       double best = std::numeric_limits<double>::infinity();
+      then[i][a] = first_allowed;
       if (!Allowed(LayoutAt(a), problem.devices)) {
         suffix[i][a] = best;
         continue;
       }
       if (i + 1 == layers) {
         best = problem.beta * PairLink(problem, i, LayoutAt(a), LayoutAt(a)).communication;
+        then[i][a] = a;
       } else {
         for (int b = 0; b < kMatmulLayouts; ++b) {
           if (!Allowed(LayoutAt(b), problem.devices)) continue;
           const double link = PairLink(problem, i, LayoutAt(a), LayoutAt(b)).communication;
-          best = std::min(best, problem.beta * link + suffix[i + 1][b]);
+          const double cost = problem.beta * link + suffix[i + 1][b];
+          if (cost < best) best = cost, then[i][a] = b;
         }
       }
       suffix[i][a] = own(i, a) + best;
     }
   }
-  // Forward, taking the first layout that reaches the optimum (ties: the
-  // earliest in MatmulLayout order).
-  std::vector<MatmulLayout> layouts;
+  // The first layer's layout, with the link from the input, then the
+  // choices recorded above.
+  int a = first_allowed;
   double target = std::numeric_limits<double>::infinity();
-  for (int a = 0; a < kMatmulLayouts; ++a) {
-    if (!Allowed(LayoutAt(a), problem.devices)) continue;
-    target = std::min(target,
-                      problem.beta * StartLink(problem, LayoutAt(a)).communication + suffix[0][a]);
+  for (int b = 0; b < kMatmulLayouts; ++b) {
+    if (!Allowed(LayoutAt(b), problem.devices)) continue;
+    const double cost = problem.beta * StartLink(problem, LayoutAt(b)).communication + suffix[0][b];
+    if (cost < target) target = cost, a = b;
   }
-  auto close = [](double x, double y) { return std::abs(x - y) <= 1e-9 * std::max(1.0, y); };
-  double remaining = target;
+  std::vector<MatmulLayout> layouts;
   for (size_t i = 0; i < layers; ++i) {
-    for (int a = 0; a < kMatmulLayouts; ++a) {
-      if (!Allowed(LayoutAt(a), problem.devices)) continue;
-      const double enter =
-          i == 0
-              ? problem.beta * StartLink(problem, LayoutAt(a)).communication
-              : problem.beta * PairLink(problem, i - 1, layouts.back(), LayoutAt(a)).communication;
-      if (close(enter + suffix[i][a], remaining)) {
-        layouts.push_back(LayoutAt(a));
-        remaining -= enter + own(i, a);
-        break;
-      }
-    }
-    PT_CHECK(layouts.size() == i + 1) << "layout search lost its optimum at layer " << i;
+    layouts.push_back(LayoutAt(a));
+    a = then[i][a];
   }
   return EvaluateLayouts(problem, layouts);
 }

@@ -66,6 +66,19 @@ TEST(DistParLayoutTest, ExtremeBetas_PickTheObviousSchemes) {
   EXPECT_EQ(priceless.communication, 0);
 }
 
+// A beta so large that beta x communication overflows to inf for every
+// layout of the first layer (the input split by rows must be converted):
+// a scheme still comes back (the search once matched costs going forward
+// and aborted on inf - inf), the cheapest where costs are finite.
+TEST(DistParLayoutTest, BetaOverflowingEveryChain_StillAScheme) {
+  LayoutProblem p = GptBlock(1024, 768, 2, 1e305);
+  p.input = Sbp::kSplitRows;
+  p.output = Sbp::kBroadcast;
+  const absl::StatusOr<LayoutScheme> scheme = SolveLayouts(p);
+  ASSERT_TRUE(scheme.ok()) << scheme.status();
+  EXPECT_EQ(scheme->layouts.size(), p.layers.size());
+}
+
 TEST(DistParLayoutTest, LargeWeightsFewTokens_SplitsEveryWeight) {
   // 16 tokens of a d = 2048 block on 4 devices: weights dwarf activations,
   // so data parallelism (all-reduce of dW) and replication (every device

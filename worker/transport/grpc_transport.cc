@@ -161,7 +161,9 @@ class FrameStream final : public StreamReactor {
             absl::StrCat("waited ", absl::FormatDuration(options_.queue_wait_timeout),
                          " for room in the queue to ", peer_name_, ": ", queued_bytes_,
                          " bytes are still unsent; that worker is not reading "
-                         "its stream: check its status and log"));
+                         "its stream: check its status and log (a worker holds a stream "
+                         "while the tensors on it are more than its run-ahead window "
+                         "of iterations ahead: it may be that much slower)"));
       }
       if (closing_) {
         return absl::AbortedError(absl::StrCat("transport to ", peer_name_, " shut down"));

@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -224,23 +225,6 @@ std::string ListJson(const std::string& key, const std::vector<Message>& items) 
   return out;
 }
 
-// Reads a paged list to its end: `page(token)` fetches the page at `token`
-// ("" the first) and returns its next_page_token ("" on the last page).
-// INTERNAL when the coordinator hands the same token back (the list would
-// never end).
-absl::Status ReadAllPages(
-    const std::function<absl::StatusOr<std::string>(const std::string&)>& page) {
-  std::string token;
-  do {
-    absl::StatusOr<std::string> next = page(token);
-    if (!next.ok()) return next.status();
-    if (!next->empty() && *next == token) {
-      return absl::InternalError("the coordinator returned the same page token twice");
-    }
-    token = *std::move(next);
-  } while (!token.empty());
-  return absl::OkStatus();
-}
 
 // The FlagSet of a command's options, described for completion.
 template <typename Options>
@@ -738,6 +722,23 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
 }
 
 }  // namespace
+
+absl::Status ReadAllPages(
+    const std::function<absl::StatusOr<std::string>(const std::string&)>& page) {
+  std::string token;
+  std::set<std::string> seen = {""};
+  do {
+    absl::StatusOr<std::string> next = page(token);
+    if (!next.ok()) return next.status();
+    if (!next->empty() && !seen.insert(*next).second) {
+      return absl::InternalError(absl::StrCat("the coordinator returned page token \"",
+                                              absl::CHexEscape(next->substr(0, 64)),
+                                              "\" again: the list would never end"));
+    }
+    token = *std::move(next);
+  } while (!token.empty());
+  return absl::OkStatus();
+}
 
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus) {

@@ -13,10 +13,12 @@
 #ifndef PIPETRAIN_CLI_CLUSTER_COMMANDS_H_
 #define PIPETRAIN_CLI_CLUSTER_COMMANDS_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/flag_set.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
@@ -38,6 +40,13 @@ int RunWorkers(const std::vector<std::string>& args);
 // cuda:each are checked elsewhere, the syntax by ValidateDeviceFlags).
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus);
+
+// Reads a paged list to its end: `page(token)` fetches the page at `token`
+// ("" the first) and returns its next_page_token ("" on the last page).
+// INTERNAL when the coordinator hands back a token it gave before (a
+// cycle: the list would never end, and memory would grow).
+absl::Status ReadAllPages(
+    const std::function<absl::StatusOr<std::string>(const std::string&)>& page);
 
 // The DOING column of `pipetrain workers`: the worker's current
 // instruction, after "drained; " for a drained worker (it gets no job

@@ -1,6 +1,10 @@
 // The checks `pipetrain up` makes before it starts anything.
 #include "cli/cluster_commands.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -8,6 +12,25 @@ namespace {
 
 // A binary without CUDA refuses cuda and cuda:N up front (the workers
 // would refuse them only once started), naming the flag and the remedy.
+// A coordinator cycling its page tokens (A, B, A, ...) ends the listing
+// with INTERNAL instead of reading forever; a list read to its end is OK.
+TEST(ReadAllPagesTest, CycleOfTokens_Internal) {
+  const std::vector<std::string> cycle = {"A", "B", "A", "B"};
+  size_t calls = 0;
+  const absl::Status status = ReadAllPages([&](const std::string&) -> absl::StatusOr<std::string> {
+    return cycle[std::min(calls++, cycle.size() - 1)];
+  });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_EQ(calls, 3u);
+  std::vector<std::string> asked;
+  const std::vector<std::string> pages = {"p1", "p2", ""};
+  EXPECT_TRUE(ReadAllPages([&](const std::string& token) -> absl::StatusOr<std::string> {
+                asked.push_back(token);
+                return pages[asked.size() - 1];
+              }).ok());
+  EXPECT_EQ(asked, (std::vector<std::string>{"", "p1", "p2"}));
+}
+
 TEST(CheckWorkerDeviceHereTest, CudaWithoutCudaBuild_FailedPreconditionNamingTheFlag) {
   for (const std::string device : {"cuda", "cuda:0", "cuda:3"}) {
     const absl::Status status = CheckWorkerDeviceHere(device, /*built_with_cuda=*/false, 0);

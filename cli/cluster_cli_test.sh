@@ -363,6 +363,8 @@ mkdir -p "$TMP/up-group" && chmod 0775 "$TMP/up-group"
 expect_exit up_out_parent_group_writable 2 "(uid $(id -u), mode 0775) lets another user rename it" -- \
   up --workers 1 --out "$TMP/up-group/run"
 ok up_out_parent_group_writable_untouched test ! -e "$TMP/up-group/run/up.lock"
+# Nothing left behind: not even the directory it made before the checks.
+ok up_out_refused_dir_removed test ! -e "$TMP/up-group/run"
 if [[ $(id -u) -eq 0 ]]; then  # only root can hand a directory to another user
   mkdir -p "$TMP/up-theirs" && chmod 755 "$TMP/up-theirs" && chown 4242 "$TMP/up-theirs"
   expect_exit up_out_another_users 2 "--out $TMP/up-theirs: owned by uid 4242, not by this user (uid 0)" -- \

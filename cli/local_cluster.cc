@@ -73,18 +73,30 @@ absl::Status ErrnoError(int error, const std::string& name, const std::string& p
 // Makes the missing parents of `path` (0755 less the umask, as `mkdir -p`),
 // then `path` itself with mode 0700. `*created`: whether `path` was made
 // here (false when it existed: the caller checks what it found).
-absl::Status MakePrivateDir(const std::string& name, const std::string& path, bool* created) {
+absl::Status MakePrivateDir(const std::string& name, const std::string& path,
+                            std::vector<std::string>* made) {
   for (size_t slash = path.find('/', 1); slash != std::string::npos;
        slash = path.find('/', slash + 1)) {
     const std::string parent = path.substr(0, slash);
     if (parent.back() == '/') continue;  // "a//b"
-    if (mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (mkdir(parent.c_str(), 0755) == 0) {
+      made->push_back(parent);
+    } else if (errno != EEXIST) {
       return ErrnoError(errno, name, path, absl::StrCat("cannot create its parent ", parent));
     }
   }
-  *created = mkdir(path.c_str(), 0700) == 0;
-  if (!*created && errno != EEXIST) return ErrnoError(errno, name, path, "cannot create it");
+  if (mkdir(path.c_str(), 0700) == 0) {
+    made->push_back(path);
+  } else if (errno != EEXIST) {
+    return ErrnoError(errno, name, path, "cannot create it");
+  }
   return absl::OkStatus();
+}
+
+// Removes the directories MakePrivateDir made, deepest first, when they
+// are still empty: a refused --out leaves nothing behind.
+void RemoveMadeDirs(const std::vector<std::string>& made) {
+  for (auto it = made.rbegin(); it != made.rend(); ++it) (void)rmdir(it->c_str());
 }
 
 // Refuses a directory that another user could have planted or can write in.
@@ -193,14 +205,26 @@ absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std:
   if (path.size() > 1 && path.back() == '/') {
     return Claim(name, path.substr(0, path.size() - 1), owner);
   }
-  bool created = false;
-  RETURN_IF_ERROR(MakePrivateDir(name, path, &created));
+  std::vector<std::string> made;
+  if (absl::Status status = MakePrivateDir(name, path, &made); !status.ok()) {
+    RemoveMadeDirs(made);
+    return status;
+  }
+  const bool created = !made.empty() && made.back() == path;
   // Every check is on what was opened, so that it cannot be swapped between
   // the check and the use; O_DIRECTORY follows a link (checked via lstat).
   struct stat link, dir_stat;
-  if (lstat(path.c_str(), &link) != 0) return ErrnoError(errno, name, path, "cannot stat it");
+  if (lstat(path.c_str(), &link) != 0) {
+    const absl::Status status = ErrnoError(errno, name, path, "cannot stat it");
+    RemoveMadeDirs(made);
+    return status;
+  }
   const int dir = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return ErrnoError(errno, name, path, "cannot open it as a directory");
+  if (dir < 0) {
+    const absl::Status status = ErrnoError(errno, name, path, "cannot open it as a directory");
+    RemoveMadeDirs(made);
+    return status;
+  }
   // Exactly 0700 when made here, whatever the umask or a default ACL did.
   absl::Status checked = created && fchmod(dir, 0700) != 0
                              ? ErrnoError(errno, name, path, "cannot chmod it 0700")
@@ -214,7 +238,10 @@ absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std:
       checked.ok() ? openat(dir, "up.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
   if (checked.ok() && lock < 0) checked = ErrnoError(errno, name, path, "cannot open up.lock");
   close(dir);
-  RETURN_IF_ERROR(checked);
+  if (!checked.ok()) {
+    RemoveMadeDirs(made);
+    return checked;
+  }
   if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     const long holder = LockHolder(lock);

@@ -294,8 +294,8 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
     const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
     int64_t payload_bytes, const AcceptedJob& job, const Admission& admit) {
   const Identity id{frame.source_stage(), AddressOf(frame)};
-  if (!partial_.has_value() && discarding_.has_value() && frame.offset() > 0 &&
-      *discarding_ == id) {
+  if (!partial_.has_value() && frame.offset() > 0 &&
+      std::find(discarding_.begin(), discarding_.end(), id) != discarding_.end()) {
     return std::nullopt;  // The rest of a tensor already rejected with an error.
   }
   absl::Status status = CheckRouting(frame, job);
@@ -314,8 +314,9 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
     }
   }
   if (!status.ok()) {
+    discarding_ = {id};
+    if (partial_.has_value() && !(partial_->id == id)) discarding_.push_back(partial_->id);
     partial_.reset();  // Gives back what was reserved for it.
-    discarding_ = id;
     return status;
   }
   if (!partial_.has_value()) StartTensor(frame, id, std::move(reservation));
@@ -344,7 +345,7 @@ void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& i
     p.payload.reserve(static_cast<size_t>(p.total_bytes));  // Checked against the limit.
   }
   partial_ = std::move(p);
-  discarding_.reset();
+  discarding_.clear();
 }
 
 // Requires a frame CheckRange accepted: it continues at `received`.

@@ -118,7 +118,9 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
 // unspecified or unknown; source stage outside [0, num_stages); a job other
 // than the accepted one. A rejection drops the incomplete tensor; the
 // remaining frames of the rejected tensor (same source and address,
-// offset > 0) are then dropped silently, so one bad tensor costs one error.
+// offset > 0) are then dropped silently, so one bad tensor costs one error
+// (and two interleaved tensors cost one: the interrupted one's rest is
+// dropped too).
 //
 // Not thread-safe: one stream's frames are handled one at a time.
 class FrameAssembler {
@@ -193,7 +195,10 @@ class FrameAssembler {
   int64_t max_tensor_bytes_;
   Allocator allocate_;
   std::optional<Partial> partial_;
-  std::optional<Identity> discarding_;
+  // The tensors whose remaining frames are dropped silently: the rejected
+  // one, and the incomplete one it interrupted (frames of two tensors
+  // interleaved: each would cost an error per frame otherwise).
+  std::vector<Identity> discarding_;
 };
 
 }  // namespace pipetrain

@@ -306,6 +306,30 @@ TEST(FrameCodecTest, Accept_OtherTensorWhileIncomplete_InvalidArgumentNamingBoth
   EXPECT_FALSE(assembler.in_progress());
 }
 
+// Two tensors' frames interleaved (P0, Y0, P1, Y1, ...): one error, at Y0;
+// the rest of both is dropped silently (each frame of both cost an
+// error), and a tensor sent whole after them is taken.
+TEST(FrameCodecTest, Accept_InterleavedTensors_OneErrorThenBothDropped) {
+  std::vector<v1::TensorFrame> p =
+      EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);
+  std::vector<v1::TensorFrame> y =
+      EncodeTensorFrames(0, Activation(2), WireTensor::Raw(Ramp({100})), 64);
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(p[0], kJob).ok());
+  EXPECT_TRUE(IsInvalid(assembler.Accept(y[0], kJob), "it arrived while ACTIVATION of unit 1"));
+  for (size_t i = 1; i < p.size(); ++i) {
+    for (const v1::TensorFrame* f : {&p[i], &y[i]}) {
+      absl::StatusOr<std::optional<ReceivedTensor>> dropped = assembler.Accept(*f, kJob);
+      ASSERT_TRUE(dropped.ok()) << "frame " << i << ": " << dropped.status();
+      EXPECT_FALSE(dropped->has_value());
+    }
+  }
+  absl::StatusOr<std::optional<ReceivedTensor>> good =
+      FeedAll(assembler, EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(good->has_value());
+}
+
 TEST(FrameCodecTest, Accept_OtherTensorMidStreamWhileIncomplete_InvalidArgument) {
   std::vector<v1::TensorFrame> first =
       EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);

@@ -190,8 +190,8 @@ void RemoveEarlierRunsFiles(const std::string& dir) {
     // Best effort: a log that cannot be emptied is appended to, as before.
     if (absl::EndsWith(name, ".ports")) {
       std::remove(path.c_str());
-    } else {
-      (void)truncate(path.c_str(), 0);
+    } else if (truncate(path.c_str(), 0) != 0) {
+      continue;  // appended to, then
     }
   }
 }

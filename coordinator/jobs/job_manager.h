@@ -972,6 +972,22 @@ class JobManager {
   // Deletes again, at most once a second, the pruned jobs whose delete
   // failed: else a restart would bring them back.
   void RetryDeletesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A complete checkpoint's manifest to write (WriteCheckpointManifest's
+  // arguments).
+  struct ManifestToWrite {
+    std::string output_dir, job_id;
+    v1::ModelSpec model;
+    uint64_t seed = 0;
+    v1::ResumeFrom complete;
+  };
+  // On io_: writes `m` while its job's catalog still holds the checkpoint
+  // (one expired meanwhile gets none); a failure (a full disk) is logged
+  // and noted in unwritten_manifests_, for RetryManifestsLocked: without
+  // its manifest a complete checkpoint cannot be exported or named by
+  // init.from.
+  void WriteManifestIfHeld(const ManifestToWrite& m) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes again, at most every 5 s, the manifests whose write failed.
+  void RetryManifestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes again from the store, at most once a second, the jobs Submit
   // left unsettled (on io_, off the lock), dropping each from submitting_
   // once its delete commits.
@@ -1021,6 +1037,10 @@ class JobManager {
   // RetryDeletesLocked not before next_delete_retry_.
   std::set<std::string> undeleted_ ABSL_GUARDED_BY(mu_);
   absl::Time next_delete_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Manifests whose write failed, written again by RetryManifestsLocked not
+  // before next_manifest_retry_.
+  std::vector<ManifestToWrite> unwritten_manifests_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_manifest_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired

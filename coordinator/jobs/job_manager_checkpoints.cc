@@ -129,24 +129,12 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
     record.expiring.push_back(std::move(expired));
   }
-  PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
-                         model = record.resolved.spec.model(), seed = record.resolved.train.seed,
-                         complete = *complete](const absl::Status& saved) {
-    // Not for a checkpoint already gone from the catalog (expired while
-    // saves waited: checkpoints completing faster than manifests are
-    // written, two fsyncs each, would otherwise queue a manifest each
-    // ahead of every later save and every cancel).
-    bool held = false;
-    {
-      AnnotatedMutexLock lock(&mu_);
-      JobRecord* record = FindLocked(id);
-      held = record != nullptr && record->checkpoints != nullptr &&
-             record->checkpoints->Holds(complete.step());
-    }
-    if (held) {
-      absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
-      if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
-    }
+  PersistLocked(record, [this,
+                         manifest = ManifestToWrite{options_.output_dir, record.job.id(),
+                                                    record.resolved.spec.model(),
+                                                    record.resolved.train.seed, *complete},
+                         id = record.job.id()](const absl::Status& saved) {
+    WriteManifestIfHeld(manifest);
     if (!saved.ok()) {
       PT_LOG(WARNING) << "job " << id
                       << ": expired checkpoints kept until a later save: the state that drops "
@@ -231,6 +219,39 @@ void JobManager::SweepStoppedJobsLocked() {
       if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
     });
   }
+}
+
+void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
+  // Not for a checkpoint already gone from the catalog (expired while
+  // saves waited: checkpoints completing faster than manifests are
+  // written, two fsyncs each, would otherwise queue a manifest each ahead
+  // of every later save and every cancel). On io_, in order with the
+  // removals of expired checkpoints, so the check stays true for the write.
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(m.job_id);
+    if (record == nullptr || record->checkpoints == nullptr ||
+        !record->checkpoints->Holds(m.complete.step())) {
+      return;
+    }
+  }
+  const absl::Status written =
+      WriteCheckpointManifest(m.output_dir, m.job_id, m.model, m.seed, m.complete);
+  if (written.ok()) return;
+  PT_LOG(WARNING) << "job " << m.job_id << ": " << written << "; trying again in 5 s";
+  AnnotatedMutexLock lock(&mu_);
+  if (unwritten_manifests_.empty()) next_manifest_retry_ = clock_->Now() + absl::Seconds(5);
+  unwritten_manifests_.push_back(m);
+}
+
+void JobManager::RetryManifestsLocked() {
+  const absl::Time now = clock_->Now();
+  if (unwritten_manifests_.empty() || now < next_manifest_retry_) return;
+  next_manifest_retry_ = now + absl::Seconds(5);
+  for (ManifestToWrite& m : unwritten_manifests_) {
+    io_.Post([this, m = std::move(m)] { WriteManifestIfHeld(m); });
+  }
+  unwritten_manifests_.clear();
 }
 
 }  // namespace pipetrain

@@ -599,6 +599,32 @@ TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestW
       0);
 }
 
+// A manifest whose write fails (here: a directory in its place, which
+// even root cannot rename over) is written again once the way is clear,
+// without another checkpoint: without it the checkpoint could not be
+// exported or named by init.from.
+TEST_F(JobManagerElasticTest, ManifestWriteFails_WrittenAgainLater) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("manifest-retry");  // job ids repeat across tests
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  const std::string manifest = OutputDir() + "/manifest-retry/step-00000005/manifest.json";
+  std::filesystem::create_directories(manifest + "/in-the-way");
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  ASSERT_TRUE(std::filesystem::is_directory(manifest));
+  std::filesystem::remove_all(manifest);
+  HeartbeatAllAndSchedule({w1, w2});  // within 5 s of the failure: not yet
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+  clock_.Advance(absl::Seconds(5));
+  HeartbeatAllAndSchedule({w1, w2});
+  jobs_->FlushIo();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
+}
+
 // A step one stage never reported (its write failed) cannot complete once
 // a later one has: its directory, with what the other stages wrote, goes.
 TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) {

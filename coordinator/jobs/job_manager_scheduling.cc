@@ -28,6 +28,7 @@ void JobManager::ScheduleQueued() {
   PruneLocked();
   RetryUnsavedLocked();
   RetryDeletesLocked();
+  RetryManifestsLocked();
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
   const absl::Time now = clock_->Now();

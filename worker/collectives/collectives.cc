@@ -109,9 +109,11 @@ absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const fl
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int from, int64_t len) {
-  absl::StatusOr<WireTensor> wire = transport_->RecvWire(
-      group_.members[from], Address(iteration, tag, recv_seq_[from]++), options_.timeout);
+absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int from, int64_t len,
+                                              absl::Duration timeout) {
+  absl::StatusOr<WireTensor> wire =
+      transport_->RecvWire(group_.members[from], Address(iteration, tag, recv_seq_[from]++),
+                           timeout > absl::ZeroDuration() ? timeout : options_.timeout);
   if (!wire.ok()) return Annotate(wire.status(), Describe(tag));
   // Checked before anything is decoded: these collectives send raw fp32
   // chunks, and an encoded payload declaring a larger shape would have the
@@ -398,7 +400,8 @@ absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
     const int64_t len = end - begin;
     for (int64_t w = 0; w < windows_of(len); ++w) {
       if (w >= kExchangeWindowsAhead) {
-        ASSIGN_OR_RETURN(const Tensor grant, RecvChunk(iteration, tag, root, 1));
+        ASSIGN_OR_RETURN(const Tensor grant,
+                         RecvChunk(iteration, tag, root, 1, options_.timeout * (size() - 1)));
       }
       RETURN_IF_ERROR(SendRange(iteration, tag, root, segment.data(), w * window,
                                 std::min(len, (w + 1) * window), chunk));

@@ -120,11 +120,13 @@ class Collectives {
   // Every member's `segment` (as AllGather's) sent to rank `root` only,
   // which gets them concatenated in rank order (`total` elements); the other
   // members get an empty Tensor. (N-1)/N of the data crosses into the root
-  // and nothing else moves: for what only one member needs (a checkpoint's
+  // and nothing else moves but the grants below: for what only one member needs (a checkpoint's
   // unsplit tensors), where AllGather would give each member all of it.
   // In windows, as recursive doubling's exchange (exchange_window_bytes):
   // at most kExchangeWindowsAhead windows of each member wait at the root,
-  // which grants each further window with a one-float message.
+  // which grants each further window with a one-float message. A member
+  // waits for a grant up to timeout x (N - 1): the root takes a window of
+  // every other member in between.
   absl::StatusOr<Tensor> Gather(int64_t iteration, int tag, int root, const Tensor& segment,
                                 int64_t total);
   // data <- root's data (rank `root`), in place.
@@ -249,9 +251,11 @@ class Collectives {
                          int64_t end, int64_t chunk = 0);
   absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
                          int64_t end, bool add, int64_t chunk = 0);
-  // One message of `len` values from member `from`; INTERNAL if it holds
-  // another count or lies on a device.
-  absl::StatusOr<Tensor> RecvChunk(int64_t iteration, int tag, int from, int64_t len);
+  // One message of `len` values from member `from`, waited for up to
+  // `timeout` (options.timeout when zero); INTERNAL if it holds another
+  // count or lies on a device.
+  absl::StatusOr<Tensor> RecvChunk(int64_t iteration, int tag, int from, int64_t len,
+                                   absl::Duration timeout = absl::ZeroDuration());
   // The ring's step for one chunk, values[begin, end): receives it from
   // `from`, adds (`add`) or copies it into `values`, and with `pass_on`
   // sends the result to `to` as SendRange would, in the received tensor

@@ -323,6 +323,12 @@ class FrameStreamReactor final : public StreamReactor {
       shared_->mailbox()->NoteRefused(
           header.source_stage(), MakeAddress(header.job_id(), header.iteration(), header.tensor()),
           status);
+      // And the incomplete tensor the frame interrupted (dropped with it):
+      // of the same stream, so of the same stage.
+      if (const auto dropped = assembler_.interrupted();
+          dropped.has_value() && dropped->first == source_stage_) {
+        shared_->mailbox()->NoteRefused(dropped->first, dropped->second, status);
+      }
     }
     ReplyLocked(frame_.header, status);
   }

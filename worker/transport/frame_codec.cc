@@ -315,7 +315,11 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
   }
   if (!status.ok()) {
     discarding_ = {id};
-    if (partial_.has_value() && !(partial_->id == id)) discarding_.push_back(partial_->id);
+    interrupted_.reset();
+    if (partial_.has_value() && !(partial_->id == id)) {
+      discarding_.push_back(partial_->id);
+      interrupted_ = std::make_pair(partial_->id.source_stage, partial_->id.address);
+    }
     partial_.reset();  // Gives back what was reserved for it.
     return status;
   }

@@ -21,6 +21,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -159,6 +160,10 @@ class FrameAssembler {
   // True between the first and the last frame of a tensor (and only then
   // does the assembler hold a reservation).
   bool in_progress() const { return partial_.has_value(); }
+  // After the last Accept rejected a frame: the incomplete tensor (its
+  // source stage and address) that frame interrupted and so dropped, whose
+  // receiver should hear of it as of the rejected one; empty otherwise.
+  std::optional<std::pair<int, TensorAddress>> interrupted() const { return interrupted_; }
 
  private:
   // Which tensor a frame belongs to.
@@ -199,6 +204,7 @@ class FrameAssembler {
   // one, and the incomplete one it interrupted (frames of two tensors
   // interleaved: each would cost an error per frame otherwise).
   std::vector<Identity> discarding_;
+  std::optional<std::pair<int, TensorAddress>> interrupted_;
 };
 
 }  // namespace pipetrain

@@ -317,6 +317,10 @@ TEST(FrameCodecTest, Accept_InterleavedTensors_OneErrorThenBothDropped) {
   FrameAssembler assembler;
   ASSERT_TRUE(assembler.Accept(p[0], kJob).ok());
   EXPECT_TRUE(IsInvalid(assembler.Accept(y[0], kJob), "it arrived while ACTIVATION of unit 1"));
+  // The dropped one is named, for its receiver to hear of it at once.
+  ASSERT_TRUE(assembler.interrupted().has_value());
+  EXPECT_EQ(assembler.interrupted()->first, 0);
+  EXPECT_EQ(assembler.interrupted()->second, Activation(1));
   for (size_t i = 1; i < p.size(); ++i) {
     for (const v1::TensorFrame* f : {&p[i], &y[i]}) {
       absl::StatusOr<std::optional<ReceivedTensor>> dropped = assembler.Accept(*f, kJob);

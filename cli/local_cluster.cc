@@ -71,8 +71,9 @@ absl::Status ErrnoError(int error, const std::string& name, const std::string& p
 }
 
 // Makes the missing parents of `path` (0755 less the umask, as `mkdir -p`),
-// then `path` itself with mode 0700. `*created`: whether `path` was made
-// here (false when it existed: the caller checks what it found).
+// then `path` itself with mode 0700. `made` gets each directory made here,
+// parents first (`path` last when it did not exist; the caller checks what
+// it found otherwise).
 absl::Status MakePrivateDir(const std::string& name, const std::string& path,
                             std::vector<std::string>* made) {
   for (size_t slash = path.find('/', 1); slash != std::string::npos;
@@ -181,14 +182,17 @@ void RemoveEarlierRunsFiles(const std::string& dir) {
   while (const dirent* e = readdir(d)) names.emplace_back(e->d_name);
   closedir(d);
   for (const std::string& name : names) {
+    // A run that fails before drawing its timelines must not show the
+    // earlier run's.
+    const bool timeline = name == "timeline-predicted.svg" || name == "timeline-measured.svg";
     const bool process_file =
         LocalCluster::WritesFileNamed(name) && name != "up.lock" && !absl::EndsWith(name, ".token");
-    if (!process_file) continue;
+    if (!process_file && !timeline) continue;
     const std::string path = absl::StrCat(dir, "/", name);
     struct stat info;
     if (lstat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
     // Best effort: a log that cannot be emptied is appended to, as before.
-    if (absl::EndsWith(name, ".ports")) {
+    if (absl::EndsWith(name, ".ports") || timeline) {
       std::remove(path.c_str());
     } else if (truncate(path.c_str(), 0) != 0) {
       continue;  // appended to, then

@@ -13,21 +13,34 @@
 #include "common/temp_file.h"
 
 namespace pipetrain {
+namespace {
+
+// The directory `path` lies in ("." for a bare name, "/" at the root), and
+// its name there.
+struct DirAndName {
+  std::string dir, name;
+};
+DirAndName SplitPath(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
+std::string WithoutTrailingSlashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+}  // namespace
 
 absl::Status CheckWritableParent(const char* flag, const std::string& path,
                                  const std::string& created_dir) {
   if (path.empty()) return absl::OkStatus();
-  const size_t slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const auto without_trailing_slashes = [](std::string d) {
-    while (d.size() > 1 && d.back() == '/') d.pop_back();
-    return d;
-  };
+  const std::string dir = SplitPath(path).dir;
   struct stat info;
   if (stat(dir.c_str(), &info) != 0) {
     if (errno == ENOENT && !created_dir.empty() &&
-        without_trailing_slashes(dir) == without_trailing_slashes(created_dir)) {
+        WithoutTrailingSlashes(dir) == WithoutTrailingSlashes(created_dir)) {
       return absl::OkStatus();  // the command creates it
     }
     return absl::InvalidArgumentError(
@@ -55,24 +68,17 @@ absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const 
   if (path.empty() || dir.empty()) return absl::OkStatus();
   // The name `p` has in `dir` when it lies directly in it, else empty.
   const auto owned_name = [&](const std::string& p) -> std::string {
-    const size_t slash = p.find_last_of('/');
-    const std::string parent =
-        slash == std::string::npos ? "." : (slash == 0 ? "/" : p.substr(0, slash));
-    const std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
-    if (!owned(name)) return "";
+    const DirAndName split = SplitPath(p);
+    if (!owned(split.name)) return "";
     struct stat parent_info, dir_info;
     bool same = false;
     if (stat(dir.c_str(), &dir_info) == 0) {
-      same = stat(parent.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
+      same = stat(split.dir.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
              parent_info.st_ino == dir_info.st_ino;
     } else {
-      const auto trimmed = [](std::string d) {
-        while (d.size() > 1 && d.back() == '/') d.pop_back();
-        return d;
-      };
-      same = trimmed(parent) == trimmed(dir);
+      same = WithoutTrailingSlashes(split.dir) == WithoutTrailingSlashes(dir);
     }
-    return same ? name : "";
+    return same ? split.name : "";
   };
   std::string name = owned_name(path);
   // A symbolic link is written through (WriteFilesOrNone): its target too.
@@ -103,12 +109,10 @@ namespace {
 std::string OutputIdentity(const std::string& path) {
   struct stat info;
   if (stat(path.c_str(), &info) == 0) return absl::StrCat("inode:", info.st_dev, ":", info.st_ino);
-  const size_t slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const DirAndName split = SplitPath(path);
   char real[PATH_MAX];
-  return absl::StrCat("new:", realpath(dir.c_str(), real) != nullptr ? real : dir, "/", name);
+  return absl::StrCat("new:", realpath(split.dir.c_str(), real) != nullptr ? real : split.dir, "/",
+                      split.name);
 }
 
 }  // namespace

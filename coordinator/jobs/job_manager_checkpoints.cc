@@ -129,14 +129,13 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
     record.expiring.push_back(std::move(expired));
   }
-  PersistLocked(record, [this,
-                         manifest = ManifestToWrite{options_.output_dir, record.job.id(),
-                                                    record.resolved.spec.model(),
-                                                    record.resolved.train.seed, *complete},
-                         id = record.job.id()](const absl::Status& saved) {
+  PersistLocked(record, [this, manifest = ManifestToWrite{options_.output_dir, record.job.id(),
+                                                          record.resolved.spec.model(),
+                                                          record.resolved.train.seed,
+                                                          *complete}](const absl::Status& saved) {
     WriteManifestIfHeld(manifest);
     if (!saved.ok()) {
-      PT_LOG(WARNING) << "job " << id
+      PT_LOG(WARNING) << "job " << manifest.job_id
                       << ": expired checkpoints kept until a later save: the state that drops "
                          "them was not saved";
     }

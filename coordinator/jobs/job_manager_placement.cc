@@ -764,30 +764,28 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   }
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
-  const size_t ready = chosen.size();
-  const size_t held = HeldReadyLocked(record, *reserved, chosen);
+  const std::vector<std::string> counted = chosen;
   KeepWholeReplicas(record, &chosen);
+  // Why it waits rather than plans; empty: it plans. The very workers a
+  // plan was refused on for memory (with the spares dropped before it)
+  // would be refused again, so it waits for another as for too few
+  // workers. (Fewer of them may fit: workers sharing a host's RAM or a GPU
+  // each get more of it.)
+  const auto count = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ReadyCount(counted.size(), HeldReadyLocked(record, *reserved, counted),
+                      DrainedReadyLocked());
+  };
+  std::string waiting_for;
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
-    const std::string waiting_for =
-        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (",
-                     ReadyCount(ready, held, DrainedReadyLocked()), ")");
-    if (now - record.recovery_started > record.resolved.queue_timeout) {
-      return EndLocked(record, v1::JOB_STATE_FAILED,
-                       absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
-                                    waiting_for, "; after ", record.recovery_reason));
-    }
-    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
-    return;
+    waiting_for =
+        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (", count(), ")");
+  } else if (!record.refused_for_memory.empty() &&
+             chosen.size() == record.refused_for_memory.size() &&
+             std::all_of(chosen.begin(), chosen.end(), refused_with)) {
+    waiting_for = absl::StrCat(record.refused_for_memory_note, "; waiting for more READY workers (",
+                               count(), ")");
   }
-  // The very workers a plan was refused on for memory (with the spares
-  // dropped before it): it would be refused again. Waits for another, as
-  // for too few workers. (Fewer of them may fit: workers sharing a host's
-  // RAM or a GPU each get more of it.)
-  if (!record.refused_for_memory.empty() && chosen.size() == record.refused_for_memory.size() &&
-      std::all_of(chosen.begin(), chosen.end(), refused_with)) {
-    const std::string waiting_for =
-        absl::StrCat(record.refused_for_memory_note, "; waiting for more READY workers (",
-                     ReadyCount(ready, held, DrainedReadyLocked()), ")");
+  if (!waiting_for.empty()) {
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

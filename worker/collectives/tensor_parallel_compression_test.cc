@@ -77,7 +77,7 @@ struct UnitRun {
   std::vector<float> kept;  // the kept rows' flags (ranks only)
   std::map<std::string, Tensor> grads;
   std::map<std::string, ParameterShard> shards;
-  int64_t wire_bytes = 0;
+  int64_t wire_bytes = 0, compressed_bytes = 0;
   double error_squared = 0, norm_squared = 0;
 };
 
@@ -98,9 +98,9 @@ UnitRun RunUnit(Unit& unit, const Tensor& x, const Tensor& dy) {
 }
 
 // The units of kRanks ranks compressing with `spec`, `partitions` AccTFM
-// partitions each.
+// partitions each; with `eval`, in a validation pass (BeginIteration's).
 std::vector<UnitRun> RunRanks(bool attention, int d_model, const std::string& spec, int partitions,
-                              const Tensor& x, const Tensor& dy) {
+                              const Tensor& x, const Tensor& dy, bool eval = false) {
   InProcessFabric fabric(kRanks);
   std::vector<UnitRun> runs(kRanks);
   std::vector<absl::Status> status(kRanks);
@@ -116,11 +116,12 @@ std::vector<UnitRun> RunRanks(bool attention, int d_model, const std::string& sp
         return;
       }
       CollectivesTensorParallelComm comm(&collectives, CpuBackend(), *std::move(compression));
-      comm.BeginIteration(0);
+      comm.BeginIteration(0, eval);
       std::unique_ptr<Unit> unit = MakeLayerUnit(attention, d_model, &comm);
       unit->set_tensor_parallel_partitions(partitions, partitions);
       runs[r] = RunUnit(*unit, x, dy);
       runs[r].wire_bytes = comm.wire_bytes();
+      runs[r].compressed_bytes = comm.compressed_bytes();
       runs[r].error_squared = comm.compression_error_squared();
       runs[r].norm_squared = comm.compressed_norm_squared();
       status[r] = comm.status();
@@ -142,44 +143,15 @@ Tensor ZeroRows(const Tensor& t, const std::vector<float>& kept, bool zero_kept)
   return out;
 }
 
-// Each rank's forward of the unit in a validation pass (BeginIteration
-// with eval) under `spec`, and the bytes its token-sparse sums reduced.
-struct EvalRun {
-  Tensor y;
-  int64_t compressed_bytes = 0;
-};
-std::vector<EvalRun> EvalRanks(bool attention, const std::string& spec, const Tensor& x) {
-  InProcessFabric fabric(kRanks);
-  std::vector<EvalRun> runs(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Transport> transport = fabric.Connect(r);
-      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
-      CollectivesTensorParallelComm comm(
-          &collectives, CpuBackend(),
-          MakeTensorParallelCompression(spec, "tensor_compression").value());
-      comm.BeginIteration(3, /*eval=*/true);
-      std::unique_ptr<Unit> unit = MakeLayerUnit(attention, 32, &comm);
-      UnitContext scratch;
-      runs[r].y = unit->Forward(x, Batch(), &scratch);
-      runs[r].compressed_bytes = comm.compressed_bytes();
-      EXPECT_TRUE(comm.status().ok()) << comm.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return runs;
-}
-
 // A validation pass does not compress: its forward is bitwise the
 // uncompressed one's (the loss it reports is the model's), and no
 // token-sparse sum runs.
 TEST(HybridCompressionTest, ValidationPass_NotCompressed) {
-  const Tensor x = Random({4, 16, 32}, 21, 1.0f);
+  const Tensor x = Random({4, 16, 32}, 21, 1.0f), dy = Random({4, 16, 32}, 22, 0.1f);
   for (bool attention : {true, false}) {
-    const std::vector<EvalRun> none = EvalRanks(attention, "none", x);
-    const std::vector<EvalRun> compressed =
-        EvalRanks(attention, "token_topk:keep=0.5+piecewise:bits=3", x);
+    const std::vector<UnitRun> none = RunRanks(attention, 32, "none", 1, x, dy, /*eval=*/true);
+    const std::vector<UnitRun> compressed =
+        RunRanks(attention, 32, "token_topk:keep=0.5+piecewise:bits=3", 1, x, dy, /*eval=*/true);
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(compressed[r].compressed_bytes, 0) << "rank " << r;
       EXPECT_EQ(compressed[r].y.ToVector(), none[r].y.ToVector())

@@ -1,7 +1,13 @@
 #include "common/host_port.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
@@ -34,6 +40,38 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
   split.host = std::string(host);
   split.port = port;
   return split;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (absl::EndsWith(host, ".")) host.remove_suffix(1);
+  if (host.empty()) return false;
+  if (absl::EqualsIgnoreCase(host, "localhost") || absl::EndsWithIgnoreCase(host, ".localhost")) {
+    return true;
+  }
+  const std::string text(host);  // inet_pton wants a NUL-terminated string
+  in_addr v4;
+  if (inet_pton(AF_INET, text.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+absl::string_view HostOfHostHeader(absl::string_view value) {
+  if (absl::StartsWith(value, "[")) {
+    const size_t close = value.find(']');
+    if (close == absl::string_view::npos) return value;
+    const absl::string_view rest = value.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return value;
+    return value.substr(1, close - 1);
+  }
+  const size_t colon = value.find(':');
+  if (colon == absl::string_view::npos) return value;
+  if (value.find(':', colon + 1) != absl::string_view::npos) return value;  // bare IPv6
+  return value.substr(0, colon);
 }
 
 }  // namespace pipetrain

@@ -24,6 +24,18 @@ struct HostPort {
 // (e.g. 127.0.0.1:8080, [::1]:0)", with `flag` naming where it came from.
 absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view flag);
 
+// Whether `host` (no brackets, no port) can only name this machine's
+// loopback interface: "localhost" or a name under ".localhost" (RFC 6761;
+// browsers resolve those themselves, never by DNS), an IPv4 address in
+// 127.0.0.0/8, "::1", or an IPv4-mapped 127.x address. Case-insensitive; a
+// trailing dot is allowed. Any other name may resolve elsewhere.
+bool IsLoopbackHost(absl::string_view host);
+
+// The host of an HTTP Host header value ("name", "name:port", "[v6]",
+// "[v6]:port"), without brackets or port; the value itself when it is
+// none of those (e.g. an unbracketed IPv6 address).
+absl::string_view HostOfHostHeader(absl::string_view value);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_HOST_PORT_H_

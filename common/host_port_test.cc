@@ -46,5 +46,33 @@ TEST(SplitHostPortTest, EmptyBracketedHost_InvalidArgument) {
             "--listen \"[]:80\" has an empty host (e.g. 127.0.0.1:8080, [::1]:0)");
 }
 
+// Names a DNS answer could point anywhere are not loopback, however they
+// look: only literal loopback addresses and the names browsers resolve to
+// loopback themselves count.
+TEST(IsLoopbackHostTest, LiteralLoopbackAndLocalhostOnly) {
+  for (const char* host :
+       {"localhost", "LOCALHOST", "localhost.", "app.localhost", "127.0.0.1", "127.255.3.4",
+        "127.0.1.1", "::1", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+  }
+  for (const char* host :
+       {"", ".", "localhost.evil.example", "evil.example", "127.0.0.1.evil.example", "128.0.0.1",
+        "10.0.0.1", "0.0.0.0", "::", "::2", "::ffff:10.0.0.1", "evil-localhost"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+  }
+}
+
+TEST(HostOfHostHeaderTest, PortAndBracketsRemoved) {
+  EXPECT_EQ(HostOfHostHeader("127.0.0.1:8080"), "127.0.0.1");
+  EXPECT_EQ(HostOfHostHeader("localhost"), "localhost");
+  EXPECT_EQ(HostOfHostHeader("[::1]:80"), "::1");
+  EXPECT_EQ(HostOfHostHeader("[::1]"), "::1");
+  EXPECT_EQ(HostOfHostHeader("::1"), "::1");
+  // Malformed: kept whole, so never taken for loopback by a prefix.
+  EXPECT_EQ(HostOfHostHeader("[::1]evil.example"), "[::1]evil.example");
+  EXPECT_EQ(HostOfHostHeader("[::1"), "[::1");
+  EXPECT_FALSE(IsLoopbackHost(HostOfHostHeader("[::1]evil.example")));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/echo_input.h"
 #include "common/fixed_thread_pool.h"
+#include "common/host_port.h"
 #include "common/http_framing.h"
 #include "common/http_gate.h"
 #include "common/logging.h"
@@ -216,9 +218,29 @@ struct HttpServer::RouteEntry {
 
 HttpServer::HttpServer() : HttpServer(Options{}) {}
 
+namespace {
+
+std::string MachineName() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+}  // namespace
+
 HttpServer::HttpServer(Options options)
-    : options_(std::move(options)), server_(std::make_unique<internal::GatedServer>()) {
+    : options_(std::move(options)),
+      server_(std::make_unique<internal::GatedServer>()),
+      machine_name_(MachineName()) {
   InstallHooks();
+}
+
+bool HttpServer::HostAllowed(const std::string& host_header) const {
+  if (!loopback_names_only_ || host_header.empty()) return true;  // HTTP/1.0 sends none
+  absl::string_view host = HostOfHostHeader(host_header);
+  if (IsLoopbackHost(host)) return true;
+  if (absl::EndsWith(host, ".")) host.remove_suffix(1);
+  return !machine_name_.empty() && absl::EqualsIgnoreCase(host, machine_name_);
 }
 
 HttpServer::~HttpServer() { Stop(); }
@@ -248,6 +270,16 @@ void HttpServer::InstallHooks() {
       Apply(JsonError(403, "PERMISSION_DENIED",
                       absl::StrCat("cross-origin request refused (Origin ", EchoInput(origin),
                                    "); call the API from a client, not from a web page")),
+            res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (const std::string host = req.get_header_value("Host"); !HostAllowed(host)) {
+      Apply(JsonError(403, "PERMISSION_DENIED",
+                      absl::StrCat("request for host ", EchoInput(host),
+                                   " refused: this server has no token and listens on loopback, "
+                                   "so it answers only requests addressed to localhost, "
+                                   "127.0.0.0/8, [::1] or this machine's name (a web page whose "
+                                   "name resolves to loopback must not reach it)")),
             res);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -359,6 +391,7 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
                                                "; is the port in use or the host not local?"));
   }
   server_->WidenBacklog();
+  loopback_names_only_ = options_.bearer_token.empty() && IsLoopbackHost(host);
   handlers_ = std::make_unique<FixedThreadPool>(options_.handler_threads);
   probes_ = std::make_unique<FixedThreadPool>(1);
   HttpGate::Options gate;

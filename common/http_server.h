@@ -36,6 +36,15 @@
 // {"code":7,...}, token or not; clients that send no Origin (curl, the CLI,
 // Prometheus) are unaffected.
 //
+// DNS rebinding: a server without a bearer token bound to a loopback
+// address (an --insecure coordinator on 127.0.0.1) answers the routes
+// (not the public paths) only for a Host header naming loopback
+// (IsLoopbackHost: localhost, 127.0.0.0/8, [::1]) or this machine's name;
+// others get 403 {"code":7,...}. A web page whose own name an attacker
+// points at 127.0.0.1 would otherwise be same-origin with the API, and
+// pass the Origin check. With a token it gains nothing (it has none), so a
+// server with one, or bound elsewhere, answers any Host.
+//
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
 // others get 401 {"code":16,"message":...,"details":[]}. Tokens travel in
@@ -231,6 +240,14 @@ class HttpServer {
   std::thread thread_;                         // httplib's accept loop
   std::atomic<bool> listen_returned_{false};
   std::atomic<bool> stopping_{false};  // Stop has begun: the accept loop's end is expected
+  // Set by Start when bound to a loopback address without a bearer token:
+  // requests must then address this machine by a loopback name (see above).
+  std::atomic<bool> loopback_names_only_{false};
+  // gethostname()'s answer (at construction), which on Debian resolves to
+  // 127.0.1.1; empty when it failed.
+  const std::string machine_name_;
+  // Whether a request with this Host header may reach the routes.
+  bool HostAllowed(const std::string& host_header) const;
   int port_ = 0;
   bool started_ = false;
 };

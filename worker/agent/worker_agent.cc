@@ -414,8 +414,14 @@ void WorkerAgent::HeartbeatLoop() {
         return;  // refused, or stopped while retrying
       }
       if (options_.on_registration_change) options_.on_registration_change(true);
+      // A stream of the old incarnation reopens as the new one. The watch
+      // loop may have opened the new one already (the registration woke
+      // it): cancelling that would end the stream the coordinator holds
+      // for the new incarnation, which it counts as the worker lost.
       AnnotatedMutexLock lock(&mu_);
-      if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
+      if (watch_context_ != nullptr && watch_opened_as_ != registrations_) {
+        watch_context_->TryCancel();
+      }
     } else if (!s.ok()) {
       PT_LOG(WARNING) << "heartbeat failed: " << s.error_message();
     } else {
@@ -453,6 +459,7 @@ void WorkerAgent::WatchLoop() {
       request.set_incarnation(incarnation_);
       watch_context_ = &context;
       opened_as = registrations_;
+      watch_opened_as_ = opened_as;
     }
     AddBearer(context, session_->Get());
     const CoordinatorStub coordinator = Stub();

@@ -190,6 +190,9 @@ class WorkerAgent {
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // registrations_ when the stream of watch_context_ opened: one opened as
+  // the newest registration is not cancelled "to reopen as the new one".
+  int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
   // The job of a runner being stopped (StopRunnerLocked), whose stop is
   // not done: heartbeats say so instead of "idle".

@@ -151,6 +151,10 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
+    if (request->incarnation() == 2) {
+      AnnotatedMutexLock lock(&mu_);
+      ++heartbeats_of_2_;
+    }
     if (request->incarnation() == 1) {
       // Forgotten only once the first stream has opened (and broken): the
       // test is about a stream that broke before the registration, and a
@@ -162,7 +166,8 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status WatchAssignments(grpc::ServerContext* context, const v1::WatchAssignmentsRequest*,
+  grpc::Status WatchAssignments(grpc::ServerContext* context,
+                                const v1::WatchAssignmentsRequest* request,
                                 grpc::ServerWriter<v1::Assignment>*) override {
     {
       AnnotatedMutexLock lock(&mu_);
@@ -173,6 +178,10 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
       AnnotatedMutexLock lock(&mu_);
       mu_.AwaitWithTimeout([] { return false; }, absl::Milliseconds(20));
     }
+    AnnotatedMutexLock lock(&mu_);
+    // The real coordinator marks the incarnation LOST when its stream is
+    // cancelled (AssignmentStream::OnCancel).
+    if (request->incarnation() == 2 && !agent_stopping_) ++cancelled_streams_of_2_;
     return grpc::Status::OK;
   }
   bool AwaitStreams(int n) {
@@ -180,11 +189,30 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
     return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_ >= n; },
                                 absl::Seconds(30));
   }
+  bool AwaitHeartbeatOfIncarnation2() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_of_2_ >= 1; },
+        absl::Seconds(30));
+  }
+  // Whether a stream of incarnation 2 ends cancelled within `wait`.
+  bool AwaitCancelledStreamOfIncarnation2(absl::Duration wait) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_streams_of_2_ > 0; }, wait);
+  }
+  void AgentStopping() {
+    AnnotatedMutexLock lock(&mu_);
+    agent_stopping_ = true;
+  }
 
  private:
   std::atomic<int> registrations_{0};
   AnnotatedMutex mu_;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeats_of_2_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_streams_of_2_ ABSL_GUARDED_BY(mu_) = 0;
+  bool agent_stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The assignment stream broke and the agent waits out a long backoff; it
@@ -202,6 +230,36 @@ TEST(WorkerAgentTest, StreamBrokeThenRegisteredAgain_StreamReopensWithoutWaiting
   WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   EXPECT_TRUE(coordinator.AwaitStreams(2));
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// The registration after a coordinator restart wakes the watch loop,
+// which opens the new incarnation's stream while the heartbeat loop is
+// still finishing that registration (here: before it goes on). The
+// heartbeat loop must not cancel that stream as if it were the old one:
+// the coordinator would count the new incarnation lost. (A negative check:
+// the stream's cancel would arrive within milliseconds; it is given 2 s.)
+TEST(WorkerAgentTest, RegisteredAgainWhileTheNewStreamOpens_TheNewStreamIsNotCancelled) {
+  RestartedCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Minutes(10);
+  options.backoff.max = absl::Minutes(10);
+  options.backoff.jitter = 0;
+  options.on_registration_change = [&](bool registered) {
+    if (registered) coordinator.AwaitStreams(2);  // the new stream is open
+  };
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitStreams(2));
+  // Heartbeats of the new incarnation come after the point where the old
+  // stream is cancelled.
+  ASSERT_TRUE(coordinator.AwaitHeartbeatOfIncarnation2());
+  EXPECT_FALSE(coordinator.AwaitCancelledStreamOfIncarnation2(absl::Seconds(2)));
+  coordinator.AgentStopping();
   agent.Stop();
   rig->Shutdown();
 }

@@ -525,6 +525,34 @@ TEST_F(ElectionTest, LeaseRevokedBehindLeadersBack_LeaderStepsDownAndOneLeads) {
   ASSERT_TRUE(WaitFor([&] { return a_->IsLeader() != b_->IsLeader(); }, kFailoverLimit));
 }
 
+// etcd unreachable (killed here; a partition alike): the leader's
+// renewals fail until its lease runs out by its own clock, and then it
+// steps down (on_change(false), on which the coordinator exits), as etcd
+// lets another lead. Before, only a lease etcd said was gone stepped down.
+TEST(ElectionAloneTest, EtcdUnreachable_LeaderStepsDownWhenItsLeaseRunsOut) {
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("unreachable");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  Changes changes;
+  LeaderElectionOptions options;
+  options.identity = "10.0.0.1:7070";
+  options.ttl = kTtl;
+  options.on_change = [&changes](bool is_leader) { changes.Record(is_leader); };
+  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
+      LeaderElection::Create((*etcd)->Options("/alone/"), std::move(options));
+  ASSERT_TRUE(election.ok()) << election.status();
+  ASSERT_EQ((*election)->Start(), absl::OkStatus());
+  ASSERT_TRUE(WaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
+  (*etcd)->Kill();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return changes.Seen() == std::vector<bool>({true, false});
+      },
+      3 * kTtl))
+      << "on_change calls: " << changes.Seen().size();
+  EXPECT_FALSE((*election)->IsLeader());
+  EXPECT_EQ((*election)->Leader(), "");  // not itself
+}
+
 // Holds one term forever, as an election that has not yet noticed its loss.
 class FrozenLeadership : public LeadershipView {
  public:

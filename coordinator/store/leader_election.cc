@@ -162,11 +162,16 @@ absl::Time LeaderElection::RpcDeadline() const {
 
 // Grants a lease when there is none (first round, or the last one expired).
 bool LeaderElection::EnsureLease() {
+  bool was_leader = false;
   {
     AnnotatedMutexLock lock(&mu_);
     if (!LeaseGoneLocked()) return true;
+    was_leader = is_leader_;
   }
-  if (IsLeader()) BecomeFollower("", "its lease expired");
+  // is_leader_, not IsLeader(): the latter is false already once the lease
+  // has run out by the clock, and the step-down (on_change(false): the
+  // coordinator exits) must still happen.
+  if (was_leader) BecomeFollower("", "its lease expired");
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(absl::ToInt64Seconds(options_.ttl));
   etcdserverpb::LeaseGrantResponse response;
@@ -203,8 +208,10 @@ bool LeaderElection::RenewIfDue() {
   const absl::Time sent = Steady();
   absl::Status status = client_->LeaseKeepAliveOnce(request, &response, deadline);
   bool gone = false;
+  bool was_leader = false;
   {
     AnnotatedMutexLock lock(&mu_);
+    was_leader = is_leader_;
     if (status.ok() && response.ttl() > 0) {
       last_renewal_ = sent;
       lease_expiry_ = sent + absl::Seconds(response.ttl());
@@ -216,7 +223,7 @@ bool LeaderElection::RenewIfDue() {
   if (!status.ok()) {
     PT_LOG(WARNING) << "election " << key_ << ": cannot renew lease: " << status;
   }
-  if (gone && IsLeader()) BecomeFollower("", "its lease is gone");
+  if (gone && was_leader) BecomeFollower("", "its lease is gone");  // see EnsureLease
   return !gone;
 }
 

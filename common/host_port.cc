@@ -42,6 +42,11 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
   return split;
 }
 
+std::string JoinHostPort(absl::string_view host, int port) {
+  if (absl::StrContains(host, ':')) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
 bool IsLoopbackHost(absl::string_view host) {
   if (absl::EndsWith(host, ".")) host.remove_suffix(1);
   if (host.empty()) return false;

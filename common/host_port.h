@@ -24,6 +24,10 @@ struct HostPort {
 // (e.g. 127.0.0.1:8080, [::1]:0)", with `flag` naming where it came from.
 absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view flag);
 
+// "host:port", with an IPv6 host (one holding ':') in brackets: the
+// inverse of SplitHostPort ("::" and 7070 give "[::]:7070").
+std::string JoinHostPort(absl::string_view host, int port);
+
 // Whether `host` (no brackets, no port) can only name this machine's
 // loopback interface: "localhost" or a name under ".localhost" (RFC 6761;
 // browsers resolve those themselves, never by DNS), an IPv4 address in

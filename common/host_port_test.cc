@@ -46,6 +46,18 @@ TEST(SplitHostPortTest, EmptyBracketedHost_InvalidArgument) {
             "--listen \"[]:80\" has an empty host (e.g. 127.0.0.1:8080, [::1]:0)");
 }
 
+// The HA coordinator rebinds its --grpc-address host on the port it held
+// as a follower: a wildcard stays a wildcard, IPv6 in brackets.
+TEST(JoinHostPortTest, InverseOfSplit) {
+  for (const char* address :
+       {"0.0.0.0:7070", "[::]:7070", "[::1]:0", "10.1.2.3:65535", "coordinator.example:80"}) {
+    absl::StatusOr<HostPort> split = SplitHostPort(address, "--listen");
+    ASSERT_TRUE(split.ok()) << address;
+    EXPECT_EQ(JoinHostPort(split->host, split->port), address);
+  }
+  EXPECT_EQ(JoinHostPort("::", 7071), "[::]:7071");
+}
+
 // Names a DNS answer could point anywhere are not loopback, however they
 // look: only literal loopback addresses and the names browsers resolve to
 // loopback themselves count.

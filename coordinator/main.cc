@@ -562,10 +562,10 @@ int Serve(const Config& config, const sigset_t& signals) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
       return 1;
     }
-    grpc_address = AddressWithPort(flags.grpc_address, *port);
-    if (absl::StartsWith(flags.grpc_address, "0.0.0.0:")) {
-      grpc_address = absl::StrCat("0.0.0.0:", *port);
-    }
+    // The real service listens where the follower did (a wildcard stays
+    // one: "[::]" had become 127.0.0.1, unreachable to remote workers).
+    grpc_address =
+        JoinHostPort(SplitHostPort(flags.grpc_address, "--grpc-address").value().host, *port);
     EtcdOptions etcd;
     etcd.endpoints = ParseCoordinatorAddresses("--etcd-endpoints", flags.etcd_endpoints).value();
     etcd.prefix = flags.etcd_prefix;

@@ -185,7 +185,6 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   request.set_node_name(options_.node_name);
   {
     AnnotatedMutexLock lock(&mu_);
-    request.set_drained(drained_);
     // 0 before the first registration: a new process.
     request.set_previous_incarnation(incarnation_);
   }
@@ -193,6 +192,9 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     {
       AnnotatedMutexLock lock(&mu_);
       if (stopping_) return absl::CancelledError("stopped before registering");
+      // Read at every attempt: a drain asked for while registering (a
+      // SIGTERM while the coordinator was unreachable) goes with the next.
+      request.set_drained(drained_);
     }
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -201,18 +203,26 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.ok()) {
-      AnnotatedMutexLock lock(&mu_);
-      worker_id_ = response.worker_id();
-      incarnation_ = response.incarnation();
-      session_->Set(response.session_token());
-      if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
-      heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
-      ++registrations_;  // wakes a watch loop waiting out its backoff
-      PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
-                   << "), data plane " << data_plane_->address();
+      bool drain_now = false;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        RecordRegistrationLocked(request, response);
+        // A drain asked for after this request left: ask for it now.
+        drain_now = drained_ && !request.drained();
+      }
+      if (drain_now) {
+        const absl::Status drained = RequestDrain();
+        if (!drained.ok()) PT_LOG(WARNING) << "cannot drain after registering: " << drained;
+      }
       return absl::OkStatus();
     }
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) return FromGrpc(s);
+    // The coordinator refuses the join token, or what this request says
+    // of the worker (a --node-name or device fact out of its bounds): the
+    // same request would be refused again.
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      return FromGrpc(s);
+    }
     const absl::Duration wait = backoff.Next();
     const std::string hint = CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
     PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
@@ -220,6 +230,19 @@ absl::Status WorkerAgent::RegisterWithRetry() {
                     << absl::FormatDuration(wait);
     if (!SleepUnlessStopped(wait)) return absl::CancelledError("stopped before registering");
   }
+}
+
+void WorkerAgent::RecordRegistrationLocked(const v1::RegisterWorkerRequest& request,
+                                           const v1::RegisterWorkerResponse& response) {
+  worker_id_ = response.worker_id();
+  incarnation_ = response.incarnation();
+  session_->Set(response.session_token());
+  if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
+  heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
+  ++registrations_;  // wakes a watch loop waiting out its backoff
+  PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
+               << "), data plane " << data_plane_->address()
+               << (request.drained() ? "; drained" : "");
 }
 
 absl::Status WorkerAgent::Start() {
@@ -269,7 +292,13 @@ absl::Status WorkerAgent::RequestDrain() {
     AnnotatedMutexLock lock(&mu_);
     // Idle too: a READY worker that is leaving must not be given a job (or
     // taken as a spare) while it serves on.
-    if (worker_id_.empty()) return absl::OkStatus();
+    if (worker_id_.empty()) {
+      // Not registered yet: the registration says drained
+      // (RegisterWithRetry reads drained_ at every attempt, and drains at
+      // once after one that left before this).
+      drained_ = true;
+      return absl::OkStatus();
+    }
     request.set_worker_id(worker_id_);
   }
   v1::Worker response;
@@ -406,7 +435,8 @@ void WorkerAgent::HeartbeatLoop() {
       StopRunner();
       const absl::Status registered = RegisterWithRetry();
       if (!registered.ok()) {
-        if (registered.code() == absl::StatusCode::kUnauthenticated) {
+        if (registered.code() == absl::StatusCode::kUnauthenticated ||
+            registered.code() == absl::StatusCode::kInvalidArgument) {
           PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered
                         << "; no more heartbeats";
           if (options_.on_registration_refused) options_.on_registration_refused(registered);

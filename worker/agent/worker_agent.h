@@ -7,8 +7,9 @@
 //    incarnation (NOT_FOUND / FAILED_PRECONDITION, or UNAUTHENTICATED: its
 //    session credential died with a coordinator restart) the agent stops
 //    its job and registers again; if that registration is refused
-//    (UNAUTHENTICATED: the join token is no longer accepted) nothing more
-//    can be done, and options.on_registration_refused says so;
+//    (UNAUTHENTICATED: the join token is no longer accepted;
+//    INVALID_ARGUMENT: what the worker says of itself is out of bounds)
+//    nothing more can be done, and options.on_registration_refused says so;
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks, at once when the agent registers again meanwhile: a restarted
 //    coordinator's jobs wait for it): RUN starts a JobRunner (replacing one of another job or plan
@@ -70,7 +71,8 @@ struct WorkerAgentOptions {
   // JobRunnerOptions::on_backend_failure for every job.
   std::function<void(const absl::Status&)> on_backend_failure;
   // Registering again after the coordinator dropped this worker was
-  // refused (UNAUTHENTICATED, with the coordinator's message): the agent
+  // refused (UNAUTHENTICATED or INVALID_ARGUMENT, with the coordinator's
+  // message): the agent
   // sends no more heartbeats, so the process should end (and its
   // supervisor restart it with a valid token). Called once, from the
   // heartbeat thread; may be null.
@@ -109,14 +111,17 @@ class WorkerAgent {
   ~WorkerAgent();  // Stop()
 
   // Blocks until registered; CANCELLED if Stop() came first; UNAUTHENTICATED
-  // at once when the coordinator rejects the join token (retrying cannot help).
+  // at once when the coordinator rejects the join token, INVALID_ARGUMENT
+  // when it refuses what the registration says (a --node-name over its
+  // bound, a device fact out of range): retrying cannot help either.
   absl::Status Start();
   void Stop();
   // Before a clean shutdown, as soon as it is decided: asks the coordinator
   // to drain this worker (DrainWorker), whether or not a job runs here, so
   // that no job is placed on it from now on, and a job it runs re-plans
   // without it at the next step boundary, redoing nothing. OK when not
-  // registered (nothing to drain) or drained; the coordinator's refusal
+  // registered (the registration, when it comes, says drained) or
+  // drained; the coordinator's refusal
   // otherwise (a job without checkpoints; the caller stops anyway, and the
   // job then recovers from its last checkpoint or fails).
   absl::Status RequestDrain();
@@ -133,6 +138,10 @@ class WorkerAgent {
  private:
   class GrpcLink;
   absl::Status RegisterWithRetry();
+  // Takes a successful registration's answer.
+  void RecordRegistrationLocked(const v1::RegisterWorkerRequest& request,
+                                const v1::RegisterWorkerResponse& response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `rpc(stub, context)` with the session credential and a deadline of
   // `timeout`, twice at most: right after a failover the first may reach a
   // follower, whose UNAVAILABLE names the leader (CoordinatorEndpoints

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/coordinator_endpoints.h"
@@ -265,15 +266,24 @@ TEST(WorkerAgentTest, RegisteredAgainWhileTheNewStreamOpens_TheNewStreamIsNotCan
 }
 
 // Answers a registration only once the test lets it (the agent is stopped
-// meanwhile), and counts heartbeats and deregistrations.
+// meanwhile), and counts heartbeats and deregistrations. With
+// `first_unavailable`, the first answer is UNAVAILABLE (an unreachable
+// coordinator) and later ones come at once. Records each registration's
+// `drained` and counts DrainWorker calls.
 class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
  public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+  explicit SlowRegistrationCoordinator(bool first_unavailable = false)
+      : first_unavailable_(first_unavailable) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
     AnnotatedMutexLock lock(&mu_);
+    drained_.push_back(request->drained());
     registering_ = true;
     mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answer_; },
                          absl::Seconds(30));
+    if (first_unavailable_ && drained_.size() == 1) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused");
+    }
     response->set_worker_id("w-1");
     response->set_incarnation(1);
     response->set_session_token("w-1.1.secret");
@@ -299,11 +309,25 @@ class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
     AnnotatedMutexLock lock(&mu_);
     answer_ = true;
   }
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override {
+    drains_.fetch_add(1);
+    response->set_id(request->worker_id());
+    return grpc::Status::OK;
+  }
   int heartbeats() const { return heartbeats_.load(); }
   int deregistrations() const { return deregistrations_.load(); }
+  int drains() const { return drains_.load(); }
+  std::vector<bool> drained() {
+    AnnotatedMutexLock lock(&mu_);
+    return drained_;
+  }
 
  private:
+  const bool first_unavailable_;
   AnnotatedMutex mu_;
+  std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> drains_{0};
   bool registering_ ABSL_GUARDED_BY(mu_) = false;
   bool answer_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> heartbeats_{0};
@@ -330,6 +354,105 @@ TEST(WorkerAgentTest, StoppedWhileRegistering_DeregistersAndStartsNothing) {
   EXPECT_EQ(coordinator.heartbeats(), 0);
   agent.Stop();  // again, as the destructor does: nothing more
   EXPECT_EQ(coordinator.deregistrations(), 1);
+  rig->Shutdown();
+}
+
+// A drain asked for (SIGTERM) while the registration is on its way: the
+// coordinator must still learn it, or it places a job on a worker that is
+// leaving. The registration already sent says not drained, so the agent
+// drains right after it.
+TEST(WorkerAgentTest, DrainAskedWhileRegistering_DrainedOnceRegistered) {
+  SlowRegistrationCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  absl::Status started;
+  std::thread starter([&] { started = agent.Start(); });
+  ASSERT_TRUE(coordinator.AwaitRegistering());
+  EXPECT_EQ(agent.RequestDrain(), absl::OkStatus());
+  coordinator.Answer();
+  starter.join();
+  ASSERT_EQ(started, absl::OkStatus());
+  EXPECT_EQ(coordinator.drained(), std::vector<bool>({false}));
+  EXPECT_EQ(coordinator.drains(), 1);
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// The coordinator unreachable at the first attempt, a drain asked for
+// before the next: that registration says drained (no DrainWorker needed).
+TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained) {
+  SlowRegistrationCoordinator coordinator(/*first_unavailable=*/true);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(10);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  absl::Status started;
+  std::thread starter([&] { started = agent.Start(); });
+  ASSERT_TRUE(coordinator.AwaitRegistering());
+  EXPECT_EQ(agent.RequestDrain(), absl::OkStatus());
+  coordinator.Answer();  // the first UNAVAILABLE, the retry at once
+  starter.join();
+  ASSERT_EQ(started, absl::OkStatus());
+  EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
+  EXPECT_EQ(coordinator.drains(), 0);
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// Refuses every registration for what it says (a --node-name over the
+// bound, say): the same request would be refused again.
+class BoundsRefusingCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override {
+    registrations_.fetch_add(1);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "RegisterWorkerRequest.node_name is 300 bytes, more than 253");
+  }
+  int registrations() const { return registrations_.load(); }
+
+ private:
+  std::atomic<int> registrations_{0};
+};
+
+// Start() says so at once (the worker exits 1 naming the field) instead of
+// retrying forever, never ready.
+TEST(WorkerAgentTest, RegistrationRefusedForItsContent_StartFailsAtOnce) {
+  BoundsRefusingCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(10);
+  options.backoff.max = absl::Milliseconds(10);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  AnnotatedMutex mu;  // a hand-off TSan sees
+  absl::Status started;
+  bool returned = false;
+  std::thread starter([&] {
+    absl::Status status = agent.Start();
+    AnnotatedMutexLock lock(&mu);
+    started = std::move(status);
+    returned = true;
+  });
+  bool in_time = false;
+  {
+    AnnotatedMutexLock lock(&mu);
+    in_time = mu.AwaitWithTimeout([&] { return returned; }, absl::Seconds(30));
+  }
+  // Stopped if it retries on (it would never return): CANCELLED then.
+  if (!in_time) agent.Stop();
+  starter.join();
+  AnnotatedMutexLock lock(&mu);
+  EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
+  EXPECT_TRUE(absl::StrContains(started.message(), "node_name")) << started;
+  EXPECT_EQ(coordinator.registrations(), 1);
+  agent.Stop();
   rig->Shutdown();
 }
 

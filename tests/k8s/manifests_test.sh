@@ -358,7 +358,7 @@ expect_lines "$T/run.txt" \
   "$C container \"coordinator\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
   "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
   "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
-  "$W container \"worker\": token on the command line: args[10] passes JOIN_TOKEN, which comes from a Secret" \
+  "$W container \"worker\": token on the command line: args[11] passes JOIN_TOKEN, which comes from a Secret" \
   "14 objects, 3 pod templates, 6 violations"
 
 # Two installs in one namespace: with their own instance label they share

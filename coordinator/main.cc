@@ -554,9 +554,11 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::string grpc_address = flags.grpc_address;
   ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following: another coordinator leads");
   if (!flags.etcd_endpoints.empty()) {
-    absl::StatusOr<int> port =
-        FollowUntilLeader(config, signals, health, &election, &follower_service, &follower_server,
-                          &follower_metrics.emplace(), &follower_http, &http_port);
+    absl::StatusOr<int> port = FollowUntilLeader(
+        config, signals, health, &election, &follower_service, &follower_server,
+        &follower_metrics.emplace(TlsCertificateExpiries(
+            {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}})),
+        &follower_http, &http_port);
     if (port.status().code() == absl::StatusCode::kCancelled) return 0;
     if (!port.ok()) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();

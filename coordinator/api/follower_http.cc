@@ -4,13 +4,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics/build_info_metric.h"
+#include "common/metrics/tls_expiry_metric.h"
 
 namespace pipetrain {
 
-FollowerMetrics::FollowerMetrics()
+FollowerMetrics::FollowerMetrics(const std::vector<TlsCertificateExpiry>& certificates)
     : registry_(std::make_shared<prometheus::Registry>()),
       exposition_({registry_.get(), &process_}) {
   AddBuildInfo(*registry_);
+  // A standby serves gRPC with its own certificate already: it must not
+  // expire unseen until the standby takes over.
+  AddTlsCertificateExpiry(*registry_, certificates);
 }
 
 void ServeFollowerHttp(HttpServer& server, const ServingHealth* health,

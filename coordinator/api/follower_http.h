@@ -4,9 +4,10 @@
 // server takes the port:
 //   /healthz  200: the process is alive (a liveness probe keeps it);
 //   /readyz   503 naming why (ServingHealth: it follows);
-//   /metrics  pipetrain_build_info and the process metrics, so a scrape
-//             sees the standby up (PipetrainCoordinatorDown stays quiet)
-//             and which build it runs;
+//   /metrics  pipetrain_build_info, the process metrics and the expiry of
+//             the TLS files it serves with, so a scrape sees the standby up
+//             (PipetrainCoordinatorDown stays quiet), which build it runs,
+//             and a certificate of its own expiring before it takes over;
 //   /v1/...   every REST path, GET or POST: 503 UNAVAILABLE naming the
 //             leader (after the user token, as on the leader).
 // Thread-safe once serving, as HttpServer's handlers must be.
@@ -16,19 +17,23 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/http_server.h"
 #include "common/metrics/collectable_list.h"
 #include "common/metrics/process_collector.h"
 #include "common/serving_health.h"
+#include "common/tls_credentials.h"
 #include "prometheus/registry.h"
 
 namespace pipetrain {
 
-// A follower's /metrics: pipetrain_build_info and the process metrics.
+// A follower's /metrics: pipetrain_build_info, the process metrics and
+// pipetrain_tls_certificate_expiry_timestamp_seconds for `certificates`
+// (none without TLS).
 class FollowerMetrics {
  public:
-  FollowerMetrics();
+  explicit FollowerMetrics(const std::vector<TlsCertificateExpiry>& certificates = {});
   const prometheus::Collectable* collectable() const { return &exposition_; }
 
  private:

@@ -34,6 +34,8 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
   EXPECT_EQ(HttpStatusOf(scraped), 200);
   EXPECT_TRUE(absl::StrContains(scraped, "pipetrain_build_info{")) << scraped;
   EXPECT_TRUE(absl::StrContains(scraped, "process_cpu_seconds_total")) << scraped;
+  // No TLS: no expiry series.
+  EXPECT_FALSE(absl::StrContains(scraped, "pipetrain_tls_certificate_expiry")) << scraped;
 
   EXPECT_EQ(HttpStatusOf(Get(server, "/v1/jobs")), 401);
   for (const std::string& path : {"/v1/jobs", "/v1/jobs/job-1/plan", "/v1/workers"}) {
@@ -48,6 +50,22 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
   leader.clear();  // between leaders
   EXPECT_TRUE(absl::StrContains(Get(server, "/v1/jobs", "secret"), "no leader is elected yet"));
   EXPECT_EQ(HttpStatusOf(Get(server, "/other", "secret")), 404);
+}
+
+// A standby serving TLS exports its certificate's expiry (alerted on weeks
+// before), as the leader does: it serves gRPC with it already.
+TEST(FollowerHttpTest, StandbyWithTls_ExportsItsCertificatesExpiry) {
+  FollowerMetrics metrics({{"tls-cert", absl::FromUnixSeconds(1900000000)}});
+  ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following");
+  HttpServer server;
+  ServeFollowerHttp(
+      server, &health, [] { return std::string(); }, &metrics);
+  const std::string scraped = Get(server, "/metrics");
+  EXPECT_TRUE(
+      absl::StrContains(scraped,
+                        "pipetrain_tls_certificate_expiry_timestamp_seconds{flag=\"tls-cert\"} "
+                        "1900000000"))
+      << scraped;
 }
 
 }  // namespace

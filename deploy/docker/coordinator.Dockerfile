@@ -11,7 +11,12 @@
 FROM debian:12 AS build
 WORKDIR /src
 COPY . .
-RUN scripts/setup.sh \
+# The commit the binaries report (--version, pipetrain_build_info): the
+# context has no .git, so it comes as a build argument (docs/operations.md
+# "Building the images"); "unknown" without one.
+ARG PIPETRAIN_COMMIT=
+RUN printf '%s\n' "$PIPETRAIN_COMMIT" > .build-commit \
+ && scripts/setup.sh \
  && bazel build --jobs=auto //coordinator:pipetrain-coordinator \
  && mkdir -p /out \
  && cp -L bazel-bin/coordinator/pipetrain-coordinator /out/

@@ -177,12 +177,19 @@ void JobRunner::Stop() {
 
 std::string JobRunner::current_instruction() const {
   AnnotatedMutexLock lock(&mu_);
-  if (runtime_ == nullptr) return finished_.load() ? "idle" : "starting";
+  if (runtime_ == nullptr) {
+    // Heartbeats carry this: a runner stuck reporting a failure to an
+    // unreachable coordinator, or closing its links, must not look as if
+    // it were starting.
+    if (finished_.load()) return "idle";
+    return ending_.load() ? "ending: closing the job's links and reporting its result" : "starting";
+  }
   return runtime_->current_instruction();
 }
 
 void JobRunner::Run() {
   absl::Status status = RunJob();
+  ending_.store(true);
   if (!status.ok() && !stop_.load() && !reported_) {
     if (JobAlreadyEnded(status)) {
       PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
@@ -696,6 +703,7 @@ absl::Status JobRunner::RunJob() {
   }
   absl::Cleanup detach = [&] {  // the runtime dies with this scope
     AnnotatedMutexLock lock(&mu_);
+    ending_.store(true);
     runtime_ = nullptr;
   };
   const v1::CheckpointSpec& checkpoints = job.spec.checkpoint();

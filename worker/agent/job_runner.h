@@ -149,6 +149,9 @@ class JobRunner {
   // step boundary).
   bool completed() const { return completed_.load(); }
   const v1::Assignment& assignment() const { return assignment_; }
+  // For heartbeats: "starting" until the stage runs, then its current
+  // instruction, "ending: ..." while the runner closes its links and
+  // reports (retrying for an unreachable coordinator), "idle" once done.
   std::string current_instruction() const;
 
  private:
@@ -213,6 +216,9 @@ class JobRunner {
   IterationObserver observer_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  // The stage's computation is over (done, failed or stopped): the runner
+  // tears down its links and reports, which may take a while.
+  std::atomic<bool> ending_{false};
   std::atomic<bool> completed_{false};  // every step ran and was reported
   CallCancel upload_cancel_;            // the weights upload's, cancelled by Stop()
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)

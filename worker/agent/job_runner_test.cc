@@ -488,6 +488,64 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
       << link.reports()[0].error();
 }
 
+// Holds a failure's report until released (an unreachable coordinator
+// being retried), and says when one arrived.
+class HeldErrorReportLink : public CoordinatorLink {
+ public:
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& r) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!r.error().empty()) {
+      error_arrived_ = true;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return released_; });
+    }
+    return v1::ReportProgressResponse();
+  }
+  absl::Status UploadWeights(const std::string&, const std::vector<Parameter*>&,
+                             CallCancel*) override {
+    return absl::OkStatus();
+  }
+  bool AwaitErrorReport() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(30), [&] { return error_arrived_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool error_arrived_ = false;
+  bool released_ = false;
+};
+
+// Heartbeats show what a runner does: one that failed and is reporting it
+// does not say "starting" (it did before, for up to a minute of retries).
+TEST(JobRunnerTest, ReportingAFailure_InstructionSaysEndingNotStarting) {
+  InProcessFabric fabric(2);
+  HeldErrorReportLink link;
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.mutable_spec()->mutable_model()->set_n_head(3);  // refused: a failure to report
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, JobRunnerOptions{"w", 1});
+  EXPECT_EQ(runner.current_instruction(), "starting");
+  runner.Start();
+  ASSERT_TRUE(link.AwaitErrorReport());
+  EXPECT_TRUE(absl::StartsWith(runner.current_instruction(), "ending:"))
+      << runner.current_instruction();
+  link.Release();
+  runner.Stop();
+  EXPECT_EQ(runner.current_instruction(), "idle");
+}
+
 // The production transport (GrpcTransport) needs this worker's address in
 // the peer list: an assignment without one fails the job with
 // INVALID_ARGUMENT before any transport is made, instead of reaching that

@@ -530,11 +530,16 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
   // evicted for it whose delete failed (only logged): forgotten now.
   std::vector<v1::Worker> usable;
   std::set<std::string> addresses;
+  std::set<int64_t> numbers;
   for (const v1::Worker& w : workers) {
     const int64_t number = WorkerIdNumber(w.id()).value_or(0);
+    // Only ids as Register spells them ("w-01" parses as 1 too), each
+    // once: two records on one entry would count it twice by state and
+    // leave an address mapped to an entry another address then owns.
     if (number <= 0 || number > kMaxRestoredWorkerNumber || w.incarnation() < 0 ||
         w.incarnation() > kMaxRestoredWorkerNumber || w.data_address().empty() ||
-        workers_.count(number) > 0) {
+        w.id() != absl::StrCat(kIdPrefix, number) || workers_.count(number) > 0 ||
+        !numbers.insert(number).second) {
       PT_LOG(WARNING) << "not restoring worker record \"" << EchoInput(w.id()) << "\"";
       continue;
     }

@@ -682,6 +682,34 @@ TEST(WorkerRegistryTest, Restore_NumbersThatWouldOverflowAreSkipped) {
   EXPECT_EQ(second->incarnation(), 1);
 }
 
+// Stored records that would share one entry ("w-01" parses as 1, and a
+// number given twice) are not restored past the first: each entry counts
+// once by state, and each address belongs to one entry.
+TEST(WorkerRegistryTest, Restore_OtherSpellingsAndRepeatedIds_OneEntryEach) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 3; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+  }
+  ASSERT_EQ(saved.size(), 3u);
+  saved[1].set_id("w-01");  // another address, the same number as w-1
+  saved[2].set_id("w-1");   // and the same id again
+  WorkerRegistry after(options);
+  after.Restore(saved);
+  EXPECT_EQ(after.List().size(), 1u);
+  EXPECT_EQ(after.CountByState()[v1::WORKER_STATE_LOST], 1);
+  EXPECT_EQ(after.Get("w-1")->data_address(), saved[0].data_address());
+  // The other addresses register as new workers, each its own.
+  const auto second = after.Register(Request(2));
+  const auto third = after.Register(Request(3));
+  ASSERT_TRUE(second.ok() && third.ok());
+  EXPECT_NE(second->worker_id(), third->worker_id());
+  EXPECT_NE(second->worker_id(), "w-1");
+  EXPECT_EQ(after.CountByState()[v1::WORKER_STATE_READY], 2);
+}
+
 // A worker that deregistered is LEFT after a restart, with its last
 // heartbeat; it was LOST, which the PipetrainWorkerLost alert counts, and
 // seemed to have been seen at the restart. Through the coordinator's store,

@@ -83,6 +83,13 @@ std::string DataPlaneJobId(const v1::Assignment& assignment) {
   return absl::StrCat(assignment.job_id(), "/", assignment.plan_version());
 }
 
+absl::Status CheckDataPlaneSecret(const v1::Assignment& a) {
+  if (!a.data_plane_secret().empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "the assignment carries no data-plane secret; not running it (is the coordinator older "
+      "than this worker?)");
+}
+
 absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
   // Each factor on its own first: a product of unbounded ones can wrap
   // (2^21 x 2^21 x 2^22 is 0 in int64) and then match any peer count.
@@ -535,6 +542,7 @@ absl::Status JobRunner::RunJob() {
   // Data and tensor parallelism: the transport numbers every worker of
   // the job (Assignment.replica, .tensor_rank); checked first, before
   // anything is sized from it or the corpus is loaded.
+  RETURN_IF_ERROR(CheckDataPlaneSecret(assignment_));
   RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
   RETURN_IF_ERROR(CheckStartIteration(assignment_, job.train.steps));
   std::string data_path = job.spec.data().path();

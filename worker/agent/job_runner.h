@@ -124,6 +124,13 @@ std::string DataPlaneJobId(const v1::Assignment& assignment);
 // job's error). Thread-safe.
 absl::Status CheckAssignmentLayout(const v1::Assignment& assignment);
 
+// OK when the assignment carries a data-plane secret; FAILED_PRECONDITION
+// otherwise (a coordinator older than this worker): without one the
+// stage's data plane would take frames from anyone. Checked, as the
+// layout, by the agent (which then opens nothing) and by the runner
+// (which reports it as the job's error). Thread-safe.
+absl::Status CheckDataPlaneSecret(const v1::Assignment& assignment);
+
 // OK when `steps` (the job's spec.training.steps) is in [1, kMaxSteps],
 // the assignment's start_iteration is in [0, steps) and, with a resume,
 // equals resume.step (plan.proto: the checkpoint holds that many steps).

@@ -227,6 +227,7 @@ v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule)
   a.set_action(v1::Assignment::ACTION_RUN);
   a.set_job_id("job-r");
   a.set_plan_version(1);
+  a.set_data_plane_secret("secret");  // as every coordinator sends
   v1::JobSpec* spec = a.mutable_spec();
   spec->mutable_model()->set_n_layer(1);
   spec->mutable_model()->set_n_head(2);

@@ -554,20 +554,13 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/" << a.num_stages()
                << " of replica " << a.replica() << "/" << std::max(1, a.replicas()) << " units ["
                << a.backward_units().begin() << ", " << a.backward_units().end() << ")";
-  if (a.data_plane_secret().empty()) {
-    // Without it this stage's data plane would take frames from anyone.
-    PT_LOG(ERROR) << "job " << a.job_id()
-                  << ": the assignment carries no data-plane secret; not running it (is the "
-                     "coordinator older than this worker?)";
-    AnnotatedMutexLock lock(&mu_);
-    last_job_id_ = a.job_id();
-    return;
-  }
   // The data plane and the mailbox are sized from the assignment: only
-  // once its bounds hold (unchecked, the product below could overflow). A
-  // runner is started either way: it fails at once with the same error and
-  // reports it to the coordinator as the job's.
-  absl::Status bounded = CheckAssignmentLayout(a);
+  // once its bounds hold (unchecked, the product below could overflow),
+  // and opened only with a secret (without, it would take frames from
+  // anyone). A runner is started either way: it fails at once with the
+  // same error and reports it to the coordinator as the job's.
+  absl::Status bounded = CheckDataPlaneSecret(a);
+  if (bounded.ok()) bounded = CheckAssignmentLayout(a);
   // spec.training.steps as the runner resolves it (ResolveJobSpec keeps it;
   // a spec it refuses fails the runner anyway).
   if (bounded.ok()) bounded = CheckStartIteration(a, a.spec().training().steps());

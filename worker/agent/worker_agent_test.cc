@@ -704,6 +704,21 @@ TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningT
             "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
 }
 
+// An assignment without a data-plane secret (an older coordinator): the
+// agent opens no data plane for it, and the job learns why from the
+// runner's report. Before, the agent stopped its runner and reported
+// nothing: the other stages blamed this one's start barrier, a
+// one-stage job waited forever.
+TEST(WorkerAgentTest, Handle_NoDataPlaneSecret_ReportedAsTheJobsError) {
+  v1::Assignment a = RunAssignment();
+  a.clear_data_plane_secret();
+  Mailbox mailbox;
+  const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->job_id(), "job-1");
+  EXPECT_TRUE(absl::StrContains(report->error(), "no data-plane secret")) << report->error();
+}
+
 // Heartbeats name the job of the last assignment taken, read with the
 // instruction (HeartbeatRequest.last_job_id): "" before any, then the
 // job's, so that the coordinator tells "idle after job-1" from an idle

@@ -35,7 +35,12 @@ void Orthonormalise(float* p, int64_t rows, int r) {
       }
     }
     const double after = ColumnNorm(p, rows, r, c);
-    const bool dependent = before == 0.0 || after <= kDependentColumn * before;
+    // Dependent on the earlier columns (relative to its own norm), or too
+    // small to scale to unit length in float: 1/after past FLT_MAX (a
+    // gradient of a few subnormal entries) would make the column Inf and
+    // NaN, and through Q the warm start of every later call.
+    const bool dependent = before == 0.0 || after <= kDependentColumn * before ||
+                           1.0 / after > std::numeric_limits<float>::max();
     const float scale = dependent ? 0.0f : static_cast<float>(1.0 / after);
     for (int64_t i = 0; i < rows; ++i) p[i * r + c] *= scale;
   }
@@ -92,6 +97,9 @@ class PowerSgdCodec : public Codec {
       Orthonormalise(p.data(), m.rows, rank_);
       Sgemm(true, false, cols, rank_, rows, 1.0f, x.data(), cols, p.data(), rank_, 0.0f,
             q.data(), rank_);
+      // Q = X^T P overflows float for entries near FLT_MAX: refused before
+      // it becomes the next call's start.
+      RETURN_IF_ERROR(CheckFinite(q, "powersgd (its factor Q = X^T P)"));
       if (state != nullptr) state->powersgd_q = q.Clone();
     }
     return WritePowerSgdPayload(x.shape(), rank_, p.data(), q.data());

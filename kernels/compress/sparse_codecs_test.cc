@@ -100,6 +100,11 @@ TEST(TopKCountTest, Rounding_CeilWithoutBinaryNoise) {
   EXPECT_EQ(TopKCount(0.01, 1), 1);
   EXPECT_EQ(TopKCount(1.0, 7), 7);
   EXPECT_EQ(TopKCount(0.5, 0), 0);
+  EXPECT_EQ(TopKCount(0.1, 30), 3);  // 0.1 * 30 is 3.0000000000000004
+  // Large counts: ceil(keep * n), not a whole element less (a slack
+  // relative to keep * n alone was 2 elements at 2e9).
+  EXPECT_EQ(TopKCount(1.0, 2'000'000'000), 2'000'000'000);
+  EXPECT_EQ(TopKCount(0.5, 4'000'000'001), 2'000'000'001);
 }
 
 // ---------------------------------------------------------------- token_topk
@@ -253,6 +258,22 @@ TEST(TokenTopKTest, Decode_InnerPayloadAnnouncingLargerShape_InvalidArgument) {
   EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(y.status().message(),
               HasSubstr("inner payload has shape [549755813888], expected [1, 4]"));
+}
+
+// Tokens of width 0: refused by the encoder and by the decoder, which
+// would otherwise allocate from a token count no size limit bounds.
+TEST(TokenTopKTest, TokensOfWidthZero_InvalidArgument) {
+  auto codec = TokenCodec(0.5);
+  const auto encoded = codec->Encode(Tensor::Zeros({8, 0}), nullptr);
+  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(encoded.status().message(), HasSubstr("tokens of width 0"));
+  std::string payload;
+  std::vector<bool> mask(1 << 16, false);
+  for (int i = 0; i < (1 << 15); ++i) mask[i] = true;
+  WriteTokenTopKPrefix({1 << 16, 0}, 0.5, 1 << 15, mask, &payload);
+  const auto decoded = codec->Decode(payload);
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("tokens of width 0"));
 }
 
 TEST(TokenTopKTest, Encode_EmptyTokens_RoundTrips) {
@@ -493,6 +514,41 @@ TEST(PowerSgdTest, Encode_NonFinite_InvalidArgument) {
   Tensor x = Tensor::Zeros({2, 2});
   x[2] = NAN;
   EXPECT_EQ(codec->Encode(x, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A gradient of a few subnormal entries: P's column is too small to scale
+// to unit length in float (1/|p| past FLT_MAX). It counts as dependent
+// (zero), not Inf/NaN: the payload decodes, and the warm start Q kept for
+// the next call stays finite, so later calls on the link still work.
+TEST(PowerSgdTest, Encode_TinyInput_FiniteFactorsAndWarmStart) {
+  auto codec = MakePowerSgdCodec(1).value();
+  CodecState state;
+  for (float tiny : {1e-40f, 2e-38f}) {
+    SCOPED_TRACE(tiny);
+    Tensor x = Tensor::Zeros({4, 4});
+    x[0] = tiny;
+    absl::StatusOr<std::string> payload = codec->Encode(x, &state);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    absl::StatusOr<Tensor> decoded = codec->Decode(*payload);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    for (float v : state.powersgd_q.ToVector()) EXPECT_TRUE(std::isfinite(v));
+  }
+  const Tensor normal = LowRank(4, 4, 1, 90);
+  EXPECT_LT(RelativeError(RoundTrip(*codec, normal, &state), normal), 1e-5);
+}
+
+// Entries near FLT_MAX overflow Q = X^T P: refused, the warm start kept.
+TEST(PowerSgdTest, Encode_FactorOverflow_RefusedStateKept) {
+  auto codec = MakePowerSgdCodec(1).value();
+  CodecState state;
+  const Tensor normal = LowRank(4, 4, 1, 91);
+  RoundTrip(*codec, normal, &state);
+  const std::vector<float> kept = state.powersgd_q.ToVector();
+  Tensor huge = Tensor::Zeros({4, 4});
+  for (int64_t i = 0; i < huge.numel(); ++i) huge[i] = 3e38f;
+  const absl::StatusOr<std::string> payload = codec->Encode(huge, &state);
+  EXPECT_EQ(payload.status().code(), absl::StatusCode::kInvalidArgument) << payload.status();
+  EXPECT_EQ(state.powersgd_q.ToVector(), kept);
 }
 
 TEST(PowerSgdTest, Decode_TruncatedCorruptedOrOtherRank_InvalidArgument) {

@@ -103,6 +103,9 @@ absl::Status PowerSgdEncodeCuda(const CublasHandle& handle, const float* m, int6
   // the stored M is the column-major M^T (ld cols), hence OP_T on it.
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_T, rank, n_cols, n_rows,
                                      &one, p, rank, m, n_cols, &zero, q, rank));
+  // As the CPU codec: Q overflows float for entries near FLT_MAX, refused
+  // rather than sent (or kept as a warm start) as Inf.
+  RETURN_IF_ERROR(CheckFiniteCuda(q, cols * rank, "powersgd (its factor Q = X^T P)", stream));
   // Done when the stream is (the header's contract; q0 may go back to the
   // cache before that, stream_scratch.h).
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));

@@ -1,6 +1,8 @@
 // Device side of powersgd.h: the start-Q column fix-up and the one-block
 // modified Gram-Schmidt. The GEMMs and the Philox start matrix are host code
 // in powersgd.cc.
+#include <cfloat>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/powersgd.h"
@@ -61,7 +63,10 @@ __global__ void __launch_bounds__(kOrthoThreads) OrthonormaliseKernel(float* p, 
       }
     }
     const double after = sqrt(ColumnDot(p, rows, r, c, c, scratch));
-    const bool dependent = before == 0.0 || after <= kDependentColumn * before;
+    // As powersgd_codec.cc: a column too small to scale to unit length in
+    // float (1/after past FLT_MAX) counts as dependent, not Inf/NaN.
+    const bool dependent =
+        before == 0.0 || after <= kDependentColumn * before || 1.0 / after > FLT_MAX;
     const float scale = dependent ? 0.0f : static_cast<float>(1.0 / after);
     for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) p[i * r + c] *= scale;
     __syncthreads();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/payload.h"  // CheckFinite
 #include "kernels/compress/powersgd_codec.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/low_rank.h"
@@ -32,10 +33,14 @@ absl::Status PowerSgdAllReduce(Collectives& collectives, int64_t iteration, int 
   Tensor p = Tensor::Zeros({rows, r});
   Sgemm(false, false, nr, r, nc, 1.0f, matrix.data(), nc, q0.data(), r, 0.0f, p.data(), r);
   RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, p));
+  // The sums are the same on every member, so every member refuses alike,
+  // before a non-finite factor reaches the weights or the warm start.
+  RETURN_IF_ERROR(CheckFinite(p, "PowerSGD all-reduce (the summed P = M Q)"));
   PowerSgdOrthonormalise(p.data(), rows, r);
   Tensor q = Tensor::Zeros({cols, r});
   Sgemm(true, false, nc, r, nr, 1.0f, matrix.data(), nc, p.data(), r, 0.0f, q.data(), r);
   RETURN_IF_ERROR(collectives.AllReduce(iteration, tag + 1, q));
+  RETURN_IF_ERROR(CheckFinite(q, "PowerSGD all-reduce (the summed Q = M^T P)"));
   // The sum's approximation P^ Q'^T. Not an sgemm: P^ and Q' are the same
   // on every member, and so must be what each adds to its weights, on any
   // CPU and --threads (low_rank.h).

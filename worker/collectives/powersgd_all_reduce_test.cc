@@ -42,6 +42,21 @@ double Norm(const std::vector<double>& x) {
   return std::sqrt(s);
 }
 
+// A sum of a few subnormal entries: finite results and warm start on
+// every member (P's column counts as zero rather than Inf/NaN), so the
+// next call on the same state still reduces a normal gradient.
+TEST(PowerSgdAllReduceTest, TinySum_FiniteResultAndWarmStart) {
+  constexpr int n = 2, rows = 4, cols = 4;
+  RunGroup(n, [&](int r, Collectives& c) {
+    Tensor m = Tensor::Zeros({rows * cols});
+    m.data()[0] = 1e-40f;
+    PowerSgdAllReduceState state;
+    ASSERT_TRUE(PowerSgdAllReduce(c, 1, 0, /*rank=*/1, rows, cols, false, m, &state).ok());
+    for (float v : m.ToVector()) EXPECT_TRUE(std::isfinite(v));
+    for (float v : state.q.ToVector()) EXPECT_TRUE(std::isfinite(v));
+  });
+}
+
 // Members hold u v_i^T with one u: the sum is rank 1, and rank 1 PowerSGD
 // reproduces it (to fp32 precision) on every member, bitwise alike.
 TEST(PowerSgdAllReduceTest, RankOneSum_ReproducedOnEveryMemberAlike) {

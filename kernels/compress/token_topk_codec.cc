@@ -19,10 +19,19 @@ int64_t TokenCount(const Shape& shape) {
 }
 
 absl::Status CheckRank(const Shape& shape) {
-  if (shape.size() >= 2) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("token_topk: tensor ", ShapeToString(shape),
-                   " has rank < 2; tokens are all but the last dimension, so it needs [.., T, d]"));
+  if (shape.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: tensor ", ShapeToString(shape),
+        " has rank < 2; tokens are all but the last dimension, so it needs [.., T, d]"));
+  }
+  // Tokens of no values: a payload's token count would then be bounded by
+  // nothing its receiver checks (the tensor's size is 0), and the kept
+  // tokens' indices cost 64 bytes per mask byte to decode.
+  if (shape.back() == 0 && TokenCount(shape) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("token_topk: tensor ", ShapeToString(shape),
+                                                   " has tokens of width 0; nothing to select"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -167,8 +167,12 @@ class Collectives {
   // over all its segments, or chunks).
   // `coding_error` (may be null) gets, element by element, this member's
   // contribution minus what the codec let through of it (x -
-  // decode(encode(x)), segment by segment as sent): the residual error
-  // feedback adds to the next contribution. Its shape is data's. A `data`
+  // decode(encode(x)), segment by segment as sent), plus, with three or
+  // more members, on the segment this member sums, what the second
+  // encoding dropped of the sum (sum - decode(encode(sum))): the residual
+  // error feedback adds to the next contribution. Over all members the
+  // coding errors add up to the sum of the contributions minus the result,
+  // so no feedback is lost. Its shape is data's. A `data`
   // of no values sends nothing: OK, zero stats and an empty coding_error.
   struct EncodedStats {
     int64_t sent_bytes = 0;

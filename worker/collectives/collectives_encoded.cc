@@ -201,6 +201,13 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     ASSIGN_OR_RETURN(const Tensor mine, Annotated(codec.Decode(payload), Describe(tag)));
     std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),
                 static_cast<size_t>(length) * sizeof(float));
+    if (coding_error != nullptr) {
+      // What the second encoding dropped of the sum goes into the summing
+      // member's feedback (one member's only): the members' coding errors
+      // then add up to exactly what the result lacks of the sum.
+      float* error = coding_error->data() + chunk_range(rank_, c).first * width;
+      for (int64_t i = 0; i < length; ++i) error[i] += summed.data()[i] - mine.data()[i];
+    }
   }
   // The other members' summed chunks.
   for (int k = 1; k < n; ++k) {

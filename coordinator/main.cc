@@ -528,6 +528,13 @@ void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& hea
   }
 }
 
+// When each TLS file this coordinator serves with expires, for the expiry
+// gauge: the leader's, and a standby's (it serves gRPC with them already).
+std::vector<TlsCertificateExpiry> ServedCertificates(const Flags& flags) {
+  return TlsCertificateExpiries(
+      {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}});
+}
+
 // Wires the managers and servers, serves until a signal, shuts down.
 int Serve(const Config& config, const sigset_t& signals) {
   const Flags& flags = config.flags;
@@ -556,9 +563,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   if (!flags.etcd_endpoints.empty()) {
     absl::StatusOr<int> port = FollowUntilLeader(
         config, signals, health, &election, &follower_service, &follower_server,
-        &follower_metrics.emplace(TlsCertificateExpiries(
-            {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}})),
-        &follower_http, &http_port);
+        &follower_metrics.emplace(ServedCertificates(flags)), &follower_http, &http_port);
     if (port.status().code() == absl::StatusCode::kCancelled) return 0;
     if (!port.ok()) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
@@ -628,8 +633,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all));
   // Before Restore, which reports the jobs it resumes as recoveries.
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
-  metrics.AddTlsCertificates(TlsCertificateExpiries(
-      {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}}));
+  metrics.AddTlsCertificates(ServedCertificates(flags));
   jobs.SetEvents(metrics.Events());
   if (absl::Status restored = jobs.Restore(); !restored.ok()) {
     PT_LOG(ERROR) << store_flag << ": " << restored;

@@ -128,11 +128,14 @@ void LayerTerms(const MatmulLayer& l, MatmulLayout layout, int n, double* comput
                dx = LocalElements(r.dx, l.m, l.k, n), dw = LocalElements(r.dw, l.k, l.n, n);
   if (layout == MatmulLayout::kCube) {
     // Alg. 1 and 2: three products on operands gathered to 1/p^2 of each
-    // tensor, each gathering two operands and reduce-scattering the third.
+    // tensor. The forward gathers X and W and reduce-scatters Y; the
+    // backward gathers dY, X and W once for both of its products and
+    // reduce-scatters dX and dW (as worker/cube/cube_linear.h runs it:
+    // Alg. 2 read literally gathers dY twice, one |Y| more than is sent).
     const int p = CubeSide(n);
-    const double sizes = Elements(l.m, l.k) + Elements(l.k, l.n) + Elements(l.m, l.n);
-    *computation = n * 3 * sizes / p / p;
-    const double sent = 3 * (p - 1) * sizes;
+    const double mk = Elements(l.m, l.k), kn = Elements(l.k, l.n), mn = Elements(l.m, l.n);
+    *computation = n * 3 * (mk + kn + mn) / p / p;
+    const double sent = (p - 1) * ((mk + kn + mn) + (mn + 2 * mk + 2 * kn));
     sync->communication += sent;
     sync->conversions.push_back({absl::StrCat(l.name, " (3-D products, forward and backward)"),
                                  Sbp::kCube, Sbp::kCube, "all-gather + reduce-scatter", sent});

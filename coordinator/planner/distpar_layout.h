@@ -26,7 +26,8 @@
 // 1/n of a tensor (A_ijl, B_lji). A cube matmul all-gathers its X and W
 // blocks along two axes of the cube (groups of p), multiplies, and
 // reduce-scatters Y along the third (Alg. 1): (p-1)(|X| + |W| + |Y|)
-// elements sent in all; its backward runs two such products (Alg. 2).
+// elements sent in all; its backward runs two such products (Alg. 2) on
+// one gathered dY: (p-1)(|dY| + 2|X| + 2|W|).
 // The output stays in blocks for the next cube layer (the direction swap
 // after each block's first linear layer is internal), and GELU, attention
 // and the 3-D LayerNorm work on blocks, so C passes every joiner.

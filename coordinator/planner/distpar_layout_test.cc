@@ -100,15 +100,17 @@ TEST(DistParLayoutTest, ManyTokensSmallWeights_ChoosesDataParallel) {
 }
 
 // 3-D (3d-parallelism.txt Alg. 1-2): on p^3 devices a cube matmul sends
-// (p-1)(|X| + |W| + |Y|) per product, three products per layer, and its
-// blocks pass from layer to layer without conversions.
+// (p-1)(|X| + |W| + |Y|) forward and (p-1)(|Y| + 2|X| + 2|W|) backward
+// (dY gathered once for both backward products, as CubeLinearBackward
+// does), and its blocks pass from layer to layer without conversions.
 TEST(DistParLayoutTest, CubeEverywhere_OnlyTheProductsCommunicate) {
   const LayoutProblem p = GptBlock(512, 256, 8, 1.0);
   ASSERT_EQ(CubeSide(8), 2);
   const LayoutScheme s = EvaluateLayouts(p, {L::kCube, L::kCube, L::kCube, L::kCube});
   double expected = 0;
   for (const MatmulLayer& l : p.layers) {
-    expected += 3 * (2 - 1) * (double(l.m) * l.k + double(l.k) * l.n + double(l.m) * l.n);
+    const double x = double(l.m) * l.k, w = double(l.k) * l.n, y = double(l.m) * l.n;
+    expected += (2 - 1) * ((x + w + y) + (y + 2 * x + 2 * w));
   }
   // The block's input arrives replicated (B -> C is a local slice) and
   // its output is gathered (C -> B, (n-1)|Y|), its input gradient too.

@@ -42,6 +42,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view rest = in.Rest();
   const absl::string_view payload(rest.data(), rest.size());
   if (!WithinFuzzDecodeLimit(payload)) return 0;
-  (void)codec.Decode(payload);
+  DecodeAndCheckShape(codec, payload);
   return 0;
 }

@@ -26,6 +26,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view rest = input.substr(newline + 1);
   const absl::string_view payload(rest.data(), rest.size());
   if (!WithinFuzzDecodeLimit(payload)) return 0;
-  (void)(*codec)->Decode(payload);
+  DecodeAndCheckShape(**codec, payload);
   return 0;
 }

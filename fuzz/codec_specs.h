@@ -11,7 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec.h"
 #include "kernels/compress/payload.h"
 
 namespace pipetrain {
@@ -26,6 +28,22 @@ inline constexpr int64_t kFuzzMaxDecodedElements = int64_t{1} << 24;
 inline bool WithinFuzzDecodeLimit(absl::string_view payload) {
   const absl::StatusOr<Shape> shape = PeekPayloadShape(payload);
   return !shape.ok() || NumElements(*shape) <= kFuzzMaxDecodedElements;
+}
+
+// Codec::Decode of `payload`, and the contract receivers rely on checked:
+// a payload that decodes yields exactly the shape its header announces
+// (DecodeWireTensorWith bounds what it accepts by PeekPayloadShape before
+// decoding, so a decoder that produced another shape would get past that
+// bound). A broken contract is a crash, for the fuzzer to report.
+inline void DecodeAndCheckShape(const Codec& codec, absl::string_view payload) {
+  const absl::StatusOr<Tensor> decoded = codec.Decode(payload);
+  if (!decoded.ok()) return;
+  const absl::StatusOr<Shape> announced = PeekPayloadShape(payload);
+  PT_CHECK(announced.ok()) << codec.name() << " decoded a payload whose header does not read: "
+                           << announced.status();
+  PT_CHECK(decoded->shape() == *announced)
+      << codec.name() << " decoded " << ShapeToString(decoded->shape())
+      << " from a payload announcing " << ShapeToString(*announced);
 }
 
 inline constexpr const char* kFuzzCodecSpecs[] = {

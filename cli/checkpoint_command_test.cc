@@ -290,6 +290,21 @@ TEST_F(CheckpointExportTest, LocateCheckpoint_LinkedStepDir_NotFollowed) {
   EXPECT_EQ(at->dir, StepDirName(5));
 }
 
+// A manifest.json that is a symbolic link is not read, whatever it points
+// to: the coordinator resolving spec.init.from would otherwise parse (and
+// quote in its errors) a file from outside the directory it checked.
+TEST_F(CheckpointExportTest, LinkedManifest_NotFollowed) {
+  WriteCheckpoint(MakeSnapshot(5));
+  const std::string manifest = StepPath(5) + "/manifest.json";
+  const std::string elsewhere = absl::StrCat(root_, "/elsewhere.json");
+  ASSERT_EQ(rename(manifest.c_str(), elsewhere.c_str()), 0);
+  ASSERT_TRUE(ReadCheckpointManifest(elsewhere).ok());  // a valid manifest
+  ASSERT_EQ(symlink(elsewhere.c_str(), manifest.c_str()), 0);
+  const absl::StatusOr<CheckpointManifest> read = ReadCheckpointManifest(manifest);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("is a symbolic link"), std::string::npos) << read.status();
+}
+
 TEST_F(CheckpointExportTest, RunCheckpoint_JobDir_ExportsNewestStepWithManifest) {
   WriteCheckpoint(MakeSnapshot(5));
   const StageSnapshot newest = MakeSnapshot(10);

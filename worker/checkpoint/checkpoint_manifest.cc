@@ -229,7 +229,14 @@ absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(std::string_view text
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
-  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  // O_NOFOLLOW: the coordinator never writes the manifest as a link, and one
+  // that is could lead out of the directory the caller resolved and
+  // checked (an --output-dir's), as a linked step-* or unit file could.
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW));
+  if (fd.get() < 0 && errno == ELOOP) {
+    return absl::DataLossError(
+        absl::StrCat(path, " is a symbolic link: a checkpoint's manifest is a file, never a link"));
+  }
   if (fd.get() < 0 && errno == ENOENT) {
     return absl::NotFoundError(absl::StrCat(
         path,

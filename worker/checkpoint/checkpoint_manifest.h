@@ -63,8 +63,8 @@ absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(std::string_view text
                                                            const std::string& path);
 
 // Reads the manifest at `path` and parses it. NOT_FOUND naming `path` when
-// it does not exist; DATA_LOSS when it is not a regular file or is larger
-// than kMaxCheckpointManifestBytes; other errno failures as
+// it does not exist; DATA_LOSS when it is a symbolic link (not followed),
+// not a regular file, or larger than kMaxCheckpointManifestBytes; other errno failures as
 // absl::ErrnoToStatus; then as ParseCheckpointManifest.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path);
 

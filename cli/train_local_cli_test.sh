@@ -134,6 +134,15 @@ write_header "$TMP/truncated.bin" "$MAGIC" "$V1" '\350\003\000\000' 100
 expect_exit header_truncated 1 "truncated: header says 1000 tokens, file holds 100" -- \
   train-local "${TINY_MODEL[@]}" --data "$TMP/truncated.bin" --format uint16-header
 
+# A file past a third of this process's memory (a sparse 4 TiB one) is
+# refused before its buffer is allocated, not a crash on a failed
+# allocation or a kill by the kernel.
+truncate -s 4T "$TMP/huge.bin"
+expect_exit huge_file 1 "$TMP/huge.bin: 4398046511104 bytes exceeds the limit of" \
+  "a third of this process's memory limit" -- \
+  train-local "${TINY_MODEL[@]}" --data "$TMP/huge.bin" --format uint16
+rm -f "$TMP/huge.bin"
+
 { for ((i = 0; i < 100; i++)); do printf '\001\000'; done; printf '\001'; } >"$TMP/odd.bin"
 expect_exit raw_odd_size 1 "odd size of 201 bytes" -- \
   train-local "${TINY_MODEL[@]}" --data "$TMP/odd.bin" --format uint16

@@ -246,9 +246,20 @@ absl::Status Resolve(Options& o) {
 
 absl::StatusOr<Dataset> LoadData(const Options& o) {
   ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(o.format));
-  const CorpusSpec corpus{o.data, format, o.train.model.vocab_size, o.synthetic_bytes,
-                          o.train.seed};
-  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
+  CorpusSpec corpus{o.data, format, o.train.model.vocab_size, o.synthetic_bytes, o.train.seed};
+  // A file (or generated text) past a third of what this process may use is
+  // refused before its buffer is allocated, as a worker refuses it: text
+  // peaks at 3x its size while it is tokenized, and a failed allocation
+  // would end the process with no word on why (or the kernel would kill it).
+  const int64_t memory = ProcessMemoryLimit();
+  corpus.max_bytes = memory / 3;
+  absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
+  if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(loaded.status().message(), " (a third of this process's memory limit of ",
+                     memory, " bytes: RAM, or its cgroup's limit)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
   std::fprintf(stderr, "data: %s\n", DescribeCorpus(corpus, tokens.size()).c_str());
   absl::StatusOr<Dataset> dataset =
       Dataset::Create(std::move(tokens), o.train.seq_len, o.val_fraction);

@@ -298,6 +298,13 @@ fi
 # and says so.
 expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \
   "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt"
+# Another learning rate may be asked for on resume, and the run says that
+# the steps from there are not the checkpoint's run's (--checkpoint is
+# dropped: c.ckpt stays the 5-step run's).
+expect_exit resume_other_lr 0 "warning: this run's updates differ from the checkpoint's run" \
+  "--lr 0.0001 (the checkpoint's run had 0.0003)" -- \
+  train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
+  --steps 6 --lr 1e-4 --resume "$TMP/c.ckpt"
 
 # A micro-batch whose logits would pass 2^31 elements (the kernels index
 # with int) is refused naming the flag.

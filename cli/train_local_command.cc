@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/exit_codes.h"
 #include "cli/flag_names.h"
 #include "cli/output_paths.h"
@@ -367,9 +368,16 @@ absl::Status Run(Options& o) {
                  trainer->model().parameters().size());
   }
   if (!o.resume.empty()) {
-    RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get()));
+    std::vector<std::string> changes;
+    RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get(), &changes));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
                  static_cast<long long>(trainer->step()));
+    if (!changes.empty()) {
+      std::fprintf(stderr,
+                   "warning: this run's updates differ from the checkpoint's run: %s; the steps "
+                   "from here are not the uninterrupted run's\n",
+                   absl::StrJoin(changes, ", ").c_str());
+    }
     if (trainer->step() >= o.train.steps) {
       std::fprintf(stderr,
                    "nothing to train: the checkpoint is at step %lld, and --steps %lld counts "

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "worker/model/weights_io.h"
+#include "worker/train/train_config.h"
 
 namespace pipetrain {
 namespace {
@@ -49,6 +50,35 @@ std::vector<std::pair<std::string, std::string>> IdentityFields(const TrainConfi
 // Checked when the file has them (files before they were written do not).
 std::vector<std::pair<std::string, std::string>> SampleFields(const TrainConfig& c) {
   return {{"batch_size", absl::StrCat(c.batch_size)}, {"seq_len", absl::StrCat(c.seq_len)}};
+}
+
+// What sets the size of each update (the learning-rate curve, AdamW's
+// hyperparameters, clipping), keyed by the flag that sets it: a resume
+// may change them (to fine-tune, to stretch a run), but then the steps
+// after it are not the uninterrupted run's, which RestoreCheckpoint says.
+// `steps` places the cosine curve, so it counts only under that schedule.
+struct UpdateField {
+  const char* key;
+  const char* flag;
+  std::string value;
+};
+std::vector<UpdateField> UpdateFields(const TrainConfig& c) {
+  const bool cosine = c.lr_schedule == LrSchedule::kCosine;
+  std::vector<UpdateField> fields = {
+      {"lr", "--lr", absl::StrCat(c.adam.lr)},
+      {"beta1", "--beta1", absl::StrCat(c.adam.beta1)},
+      {"beta2", "--beta2", absl::StrCat(c.adam.beta2)},
+      {"eps", "--eps", absl::StrCat(c.adam.eps)},
+      {"weight_decay", "--weight-decay", absl::StrCat(c.adam.weight_decay)},
+      {"decay", "--decay", c.decay == DecayPolicy::kAll ? "all" : "matrices"},
+      {"grad_clip", "--grad-clip", absl::StrCat(c.grad_clip)},
+      {"lr_schedule", "--lr-schedule", cosine ? "cosine" : "constant"},
+      {"warmup_steps", "--warmup-steps", absl::StrCat(c.warmup_steps)}};
+  if (cosine) {
+    fields.push_back({"min_lr", "--min-lr", absl::StrCat(c.min_lr)});
+    fields.push_back({"steps", "--steps", absl::StrCat(c.steps)});
+  }
+  return fields;
 }
 
 // One moment tensor per parameter, named with `prefix` (on the trainer's
@@ -103,18 +133,15 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
                               {"version", kVersion},
                               {kDataSha256, DataSha256(tensors)},
                               {"step", absl::StrCat(trainer.step())},
-                              {"data_cursor", absl::StrCat(trainer.step())},
-                              {"lr", absl::StrCat(c.adam.lr)},
-                              {"beta1", absl::StrCat(c.adam.beta1)},
-                              {"beta2", absl::StrCat(c.adam.beta2)},
-                              {"eps", absl::StrCat(c.adam.eps)},
-                              {"weight_decay", absl::StrCat(c.adam.weight_decay)}};
+                              {"data_cursor", absl::StrCat(trainer.step())}};
+  for (const UpdateField& field : UpdateFields(c)) meta[field.key] = field.value;
   for (const auto& [key, value] : IdentityFields(c)) meta[key] = value;
   for (const auto& [key, value] : SampleFields(c)) meta[key] = value;
   return WriteSafetensors(path, tensors, meta);
 }
 
-absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
+absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
+                               std::vector<std::string>* update_changes) {
   ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
   auto meta = [&](const std::string& key) {
     auto it = contents.metadata.find(key);
@@ -180,6 +207,19 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
   }
   RETURN_IF_ERROR(backend->status());
   trainer->optimizer().set_steps_taken(step);
+  if (update_changes != nullptr) {
+    update_changes->clear();
+    // A field the file lacks (written before it was recorded; min_lr and
+    // steps under a constant schedule) is not compared. The file's value is
+    // cut: the metadata is the file's, not ours.
+    for (const UpdateField& field : UpdateFields(trainer->config())) {
+      const auto it = contents.metadata.find(field.key);
+      if (it == contents.metadata.end() || it->second == field.value) continue;
+      update_changes->push_back(absl::StrCat(field.flag, " ", field.value,
+                                             " (the checkpoint's run had ",
+                                             it->second.substr(0, 32), ")"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -7,13 +7,16 @@
 //   buffer, lowercase hex), step (optimizer steps taken),
 //   data_cursor (next iteration of the data order), seed, the model shape
 //   (vocab_size, max_seq_len, n_layer, n_head, d_model), the sample
-//   geometry (batch_size, seq_len) and the AdamW hyperparameters in force
-//   when it was written.
+//   geometry (batch_size, seq_len), and what sized its updates when it was
+//   written: the AdamW hyperparameters (lr, beta1, beta2, eps,
+//   weight_decay, decay), grad_clip, lr_schedule and warmup_steps, and
+//   under the cosine schedule min_lr and steps.
 // Writes are atomic (temp file + rename).
 #ifndef PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
 #define PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/train/local_trainer.h"
@@ -33,7 +36,13 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 // or seq_len differs from the trainer's (both values named, so the user can
 // fix the flags; files written before batch_size and seq_len were recorded
 // are not checked for them).
-absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer);
+// Restored, `update_changes` (may be null) lists each setting that sizes
+// the updates and differs from the checkpoint's, as "<flag> <this run's>
+// (the checkpoint's run had <its>)": allowed, but the steps after the
+// resume then differ from the uninterrupted run's (fields a file lacks
+// are not compared).
+absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
+                               std::vector<std::string>* update_changes = nullptr);
 
 }  // namespace pipetrain
 

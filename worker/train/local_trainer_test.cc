@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
@@ -166,6 +167,48 @@ TEST(LocalTrainerTest, Restore_OtherBatchOrSeqLen_IsFailedPreconditionNamingTheF
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "seq_len")) << status;
   EXPECT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(c, &data)->get()).ok());
+}
+
+// What sizes the updates may change on resume, but the resume says which
+// setting differs: the steps after it are not the uninterrupted run's.
+// Under a constant schedule --steps does not shape the curve and is not
+// listed; under the cosine it does.
+TEST(LocalTrainerTest, Restore_OtherUpdateSettings_ListedWithBothValues) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  c.steps = 10;
+  auto trainer = LocalTrainer::Create(c, &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/updates.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  std::vector<std::string> changes = {"stale"};
+  TrainConfig longer = c;
+  longer.steps = 20;
+  ASSERT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(longer, &data)->get(), &changes).ok());
+  EXPECT_TRUE(changes.empty()) << absl::StrJoin(changes, "; ");
+
+  TrainConfig other = c;
+  other.adam.lr = 5e-4f;
+  other.lr_schedule = LrSchedule::kCosine;
+  other.warmup_steps = 2;
+  ASSERT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(other, &data)->get(), &changes).ok());
+  EXPECT_EQ(changes,
+            (std::vector<std::string>{"--lr 0.0005 (the checkpoint's run had 0.001)",
+                                      "--lr-schedule cosine (the checkpoint's run had constant)",
+                                      "--warmup-steps 2 (the checkpoint's run had 0)"}));
+
+  TrainConfig cosine = c;
+  cosine.lr_schedule = LrSchedule::kCosine;
+  auto cosine_trainer = LocalTrainer::Create(cosine, &data).value();
+  RunSteps(*cosine_trainer, 2);
+  ASSERT_TRUE(SaveCheckpoint(path, *cosine_trainer).ok());
+  TrainConfig stretched = cosine;
+  stretched.steps = 20;
+  ASSERT_TRUE(
+      RestoreCheckpoint(path, LocalTrainer::Create(stretched, &data)->get(), &changes).ok());
+  EXPECT_EQ(changes, std::vector<std::string>{"--steps 20 (the checkpoint's run had 10)"});
+  ASSERT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(cosine, &data)->get(), &changes).ok());
+  EXPECT_TRUE(changes.empty()) << absl::StrJoin(changes, "; ");
 }
 
 TEST(LocalTrainerTest, Restore_PlainWeightsFile_IsRejectedWithAHint) {

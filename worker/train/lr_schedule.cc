@@ -1,5 +1,6 @@
 #include "worker/train/lr_schedule.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,11 @@ float LearningRate(const TrainConfig& config, int64_t step) {
   }
   if (config.lr_schedule == LrSchedule::kConstant) return config.adam.lr;
   const int64_t span = config.steps - config.warmup_steps;
-  const double p = span > 0 ? double(step - config.warmup_steps) / double(span) : 1.0;
+  // Past the last step (a run resumed with more --steps than the curve was
+  // laid for is the caller's business; this one holds at the floor rather
+  // than climbing back up the cosine).
+  const double p =
+      span > 0 ? std::min(1.0, double(step - config.warmup_steps) / double(span)) : 1.0;
   const double min_lr = config.min_lr;
   return static_cast<float>(min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * p)));
 }

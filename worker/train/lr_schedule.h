@@ -6,7 +6,8 @@
 //   constant  afterwards:           lr
 //   cosine    afterwards:           min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2,
 //             p = (step - warmup_steps) / (steps - warmup_steps), from 0 at the
-//             first step after warm-up towards 1 at the last
+//             first step after warm-up towards 1 at the last (and held at
+//             1, min_lr, for any step past `steps`)
 //
 // `step` is the number of updates already applied (0 for the first).
 // Computed in double and rounded once to float.

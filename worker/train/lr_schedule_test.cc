@@ -40,6 +40,15 @@ TEST(LrScheduleTest, CosineFromLrToMinLr) {
   for (int64_t s = 21; s < 100; ++s) EXPECT_LE(LearningRate(c, s), LearningRate(c, s - 1));
 }
 
+// Past the last step the cosine holds at its floor: cos(pi p) for p > 1
+// would climb back towards lr (at p = 2, step 180, all the way).
+TEST(LrScheduleTest, CosinePastTheLastStep_HoldsAtMinLr) {
+  const TrainConfig c = Config(LrSchedule::kCosine, 20);
+  EXPECT_FLOAT_EQ(LearningRate(c, 100), 1e-4f);  // p = 1
+  EXPECT_FLOAT_EQ(LearningRate(c, 140), 1e-4f);
+  EXPECT_FLOAT_EQ(LearningRate(c, 180), 1e-4f);
+}
+
 TEST(LrScheduleTest, Parse) {
   LrSchedule s;
   EXPECT_TRUE(ParseLrSchedule("f", "cosine", &s).ok());

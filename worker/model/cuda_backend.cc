@@ -773,20 +773,23 @@ absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
   });
 }
 
-// The link's Q stays on this device in state->powersgd_q, updated in place
-// (the encode reads the warm start before it writes the new Q); a Q of
-// another shape or place (a fresh state) means a cold start, as the CPU
-// codec's StartQ.
+// The link's Q stays on this device in state->powersgd_q; a Q of another
+// shape or place (a fresh state) means a cold start, as the CPU codec's
+// StartQ. The new Q is written beside the warm start, never over it, and
+// replaces it only once the encode succeeded: a refused encode (a Q that
+// overflows float) keeps the link's state, as the CPU codec does, instead
+// of leaving an Inf warm start that every later encode would carry.
 absl::StatusOr<std::string> CudaBackendImpl::EncodePowerSgd(const Tensor& t, int rank,
                                                             CodecState* state) {
   const PowerSgdMatrix m = PowerSgdMatrixOf(t.shape());
   const Shape q_shape{m.cols, rank};
   const bool warm =
       state != nullptr && state->powersgd_q.on_device() && state->powersgd_q.shape() == q_shape;
-  Tensor q = warm ? state->powersgd_q : Allocate(q_shape, /*zero=*/false);
+  const float* q_warm = warm ? state->powersgd_q.data() : nullptr;
+  Tensor q = Allocate(q_shape, /*zero=*/false);
   ASSIGN_OR_RETURN(std::string payload, RunFallible([&]() -> absl::StatusOr<std::string> {
-                     return PowerSgdEncodePayloadCuda(cublas_, t.data(), t.shape(), rank,
-                                                      warm ? q.data() : nullptr, q.data());
+                     return PowerSgdEncodePayloadCuda(cublas_, t.data(), t.shape(), rank, q_warm,
+                                                      q.data());
                    }));
   if (state != nullptr) state->powersgd_q = std::move(q);
   return payload;

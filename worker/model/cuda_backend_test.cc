@@ -526,6 +526,22 @@ TEST_F(CudaBackendTest, DeviceCodecs_PowerSgdWarmStarted_DecodesAsTheCpuCodec) {
   EXPECT_EQ(rejected.status(), cpu->Encode(Tensor::FromVector(shape, bad), nullptr).status());
   EXPECT_EQ(Host(b, device_state.powersgd_q), q_before);
   EXPECT_TRUE(b->status().ok()) << b->status();
+  // Finite values whose factor Q overflows float: refused after Q was
+  // computed, which wrote it over the warm start while the two shared
+  // storage; the state must still be the last good Q, and the link must
+  // still encode.
+  const Tensor huge = Tensor::Filled(shape, 3e38f);
+  rejected = b->EncodeOnDevice(b->Upload(huge), spec, {}, &device_state);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
+  EXPECT_EQ(cpu->Encode(huge, &cpu_state).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Host(b, device_state.powersgd_q), q_before);
+  EXPECT_TRUE(b->status().ok()) << b->status();
+  const Tensor after = Normal(shape, 41);
+  const std::string want = cpu->Encode(after, &cpu_state).value();
+  absl::StatusOr<std::string> got = b->EncodeOnDevice(b->Upload(after), spec, {}, &device_state);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(close("M^ after", cpu->Decode(*got).value().ToVector(),
+                    cpu->Decode(want).value().ToVector()));
 }
 
 // An empty tensor is not decoded on the device: it goes to the host. The

@@ -47,4 +47,18 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
   return info;
 }
 
+absl::Status CheckKernelsRunOn(const CudaDeviceInfo& device) {
+  if (device.compute_major > kKernelsComputeMajor ||
+      (device.compute_major == kKernelsComputeMajor &&
+       device.compute_minor >= kKernelsComputeMinor)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("CUDA device ", device.index, " (", device.name, ") has compute capability ",
+                   device.compute_major, ".", device.compute_minor, "; this build's kernels need ",
+                   kKernelsComputeMajor, ".", kKernelsComputeMinor,
+                   " or later (tools/cuda/cuda.bzl builds them for sm_", kKernelsComputeMajor,
+                   kKernelsComputeMinor, "): use --device cpu, or build for this GPU"));
+}
+
 }  // namespace pipetrain

@@ -38,6 +38,18 @@ absl::StatusOr<int> CudaDeviceCount();
 // INTERNAL if CUDA fails.
 absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index);
 
+// The compute capability this build's kernels run on: tools/cuda/cuda.bzl
+// compiles them for sm_90 with compute_90 PTX, which the driver can JIT for
+// later GPUs but not for earlier ones. Keep the two in step.
+inline constexpr int kKernelsComputeMajor = 9;
+inline constexpr int kKernelsComputeMinor = 0;
+
+// OK when `device` can run this build's kernels; FAILED_PRECONDITION
+// naming the GPU, its compute capability and the build's otherwise, so a
+// backend refuses the GPU at once instead of failing its first kernel
+// launch mid-step (cudaErrorNoKernelImageForDevice).
+absl::Status CheckKernelsRunOn(const CudaDeviceInfo& device);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_DEVICE_H_

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <iostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -25,6 +27,30 @@ TEST(CudaDeviceCountTest, CudaDeviceCount_CalledTwice_SameCount) {
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(*first, *second);
+}
+
+// The build's kernels are sm_90 code with compute_90 PTX: a later GPU
+// JITs the PTX, an earlier one has no image, and is refused up front.
+TEST(CheckKernelsRunOnTest, ComputeCapability_RefusedBelowTheBuildsOnly) {
+  CudaDeviceInfo device;
+  device.index = 1;
+  device.name = "NVIDIA A100-SXM4-80GB";
+  for (const auto& [major, minor] :
+       std::vector<std::pair<int, int>>{{9, 0}, {9, 9}, {10, 0}, {12, 0}}) {
+    device.compute_major = major;
+    device.compute_minor = minor;
+    EXPECT_TRUE(CheckKernelsRunOn(device).ok()) << major << "." << minor;
+  }
+  device.compute_major = 8;
+  device.compute_minor = 9;
+  const absl::Status refused = CheckKernelsRunOn(device);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("CUDA device 1 (NVIDIA A100-SXM4-80GB) has compute "
+                                   "capability 8.9; this build's kernels need 9.0 or later"),
+            std::string::npos)
+      << refused;
+  device.compute_major = 0;  // what an unfilled info says
+  EXPECT_FALSE(CheckKernelsRunOn(device).ok());
 }
 
 TEST(GetCudaDeviceInfoTest, GetCudaDeviceInfo_NegativeIndex_InvalidArgument) {

@@ -40,6 +40,8 @@ NVCC_FLAGS = [
     "-O3",
     "-Xcompiler",
     "-fPIC",
+    # kernels/cuda/device.h's kKernelsComputeMajor/Minor name this target:
+    # CheckKernelsRunOn refuses GPUs below it. Change both together.
     "-gencode",
     "arch=compute_90,code=sm_90",
     "-gencode",

@@ -934,6 +934,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode 
                                                            AttentionImpl attention) {
   absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(device);
   if (!info.ok()) return info.status();
+  RETURN_IF_ERROR(CheckKernelsRunOn(*info));
   const absl::StatusOr<FlashKernel> flash_kernel = FlashKernelFromEnvironment();
   if (!flash_kernel.ok()) return flash_kernel.status();
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));

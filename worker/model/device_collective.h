@@ -40,7 +40,9 @@ class DeviceCollective {
   // Queues, behind the backend's work so far, the sum over the members of
   // `tensors` (each on this member's device), written back into them: one
   // collective for the list (NCCL reduces it as one flat buffer). Until
-  // AwaitSums the caller's device work must neither write nor read them.
+  // AwaitSums the caller's device work must neither write nor read them;
+  // the caller may drop its handles (the implementation keeps the storage
+  // until the sum is done).
   // INVALID_ARGUMENT for a null tensor or, where the implementation can
   // tell, element counts that differ between members (NCCL cannot: the
   // replicas' programs agree by construction). Library and device errors

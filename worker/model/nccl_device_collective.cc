@@ -22,6 +22,11 @@ namespace {
 // the flat block it used (empty for an in-place sum) and the event after it.
 struct Pending {
   Tensor flat;
+  // Handles on the caller's tensors: the sum writes into them (in place
+  // for one, copied back out of `flat` for more) after AllReduceSum has
+  // returned, so their storage must not go back to the allocator's cache,
+  // and be handed to compute work, before the sum is done.
+  std::vector<Tensor> summed;
   CudaEvent done;
 };
 
@@ -86,11 +91,15 @@ class NcclDeviceCollective final : public DeviceCollective {
     if (queued.ok()) queued = Copy(tensors, buffer, /*into_flat=*/false);
     absl::StatusOr<CudaEvent> done = queued.ok() ? CudaEvent::Create() : queued;
     if (done.ok()) queued = done->Record(stream_.get());
+    std::vector<Tensor> summed;
+    summed.reserve(tensors.size());
+    for (const Tensor* t : tensors) summed.push_back(*t);
     if (!done.ok() || !queued.ok()) {
       kept_until_teardown_.push_back(flat);
+      for (Tensor& t : summed) kept_until_teardown_.push_back(std::move(t));
       return done.ok() ? queued : done.status();
     }
-    pending_.push_back({std::move(flat), *std::move(done)});
+    pending_.push_back({std::move(flat), std::move(summed), *std::move(done)});
     return absl::OkStatus();
   }
 
@@ -149,7 +158,7 @@ class NcclDeviceCollective final : public DeviceCollective {
   NcclComm comm_;
   CudaStream stream_;
   std::vector<Pending> pending_;             // the job thread's
-  std::vector<Tensor> kept_until_teardown_;  // blocks a failed sum may still use
+  std::vector<Tensor> kept_until_teardown_;  // blocks and tensors a failed sum may still use
 };
 
 }  // namespace

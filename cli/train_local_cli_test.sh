@@ -27,7 +27,7 @@ echo "a little text to train on" >"$TMP/tiny-corpus.txt"
 expect_exit synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
   train-local --data "$TMP/tiny-corpus.txt" --synthetic-bytes 5000
 expect_exit steps_negative 2 "steps: must be >= 0, got -1" -- train-local --steps -1
-expect_exit lr_zero 2 "lr: must be > 0, got 0" -- train-local --lr 0
+expect_exit lr_zero 2 "lr: must be > 0 and finite, got 0" -- train-local --lr 0
 expect_exit lr_nan 2 "--lr: cannot parse 'nan'" -- train-local --lr nan
 expect_exit steps_fraction 2 "--steps: cannot parse '1.5'" -- train-local --steps 1.5
 expect_exit beta1_one 2 "beta1: must be in [0, 1), got 1" -- train-local --beta1 1
@@ -305,6 +305,10 @@ expect_exit resume_other_lr 0 "warning: this run's updates differ from the check
   "--lr 0.0001 (the checkpoint's run had 0.0003)" -- \
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
   --steps 6 --lr 1e-4 --resume "$TMP/c.ckpt"
+
+# --grad-clip has the job spec's bound (spec.training.grad_clip).
+expect_exit grad_clip_over_limit 2 "--grad-clip 1e+07 is over the limit of 1e+06" -- \
+  train-local --grad-clip 1e7
 
 # A micro-batch whose logits would pass 2^31 elements (the kernels index
 # with int) is refused naming the flag.

@@ -129,6 +129,10 @@ absl::Status CheckBounds(const Options& o) {
           absl::StrCat(b.flag, " ", b.value, " is over the limit of ", b.limit));
     }
   }
+  if (t.grad_clip > kMaxGradClip) {  // NaN and negatives: ValidateTrainConfig
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad-clip ", t.grad_clip, " is over the limit of ", kMaxGradClip));
+  }
   if (int64_t{t.batch_size} * t.seq_len > kMaxTokensPerStep) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch x --seq-len is ", int64_t{t.batch_size} * t.seq_len,

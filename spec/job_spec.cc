@@ -246,7 +246,7 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   if (!training->has_warmup_steps()) training->set_warmup_steps(0);
   if (!training->has_min_lr()) training->set_min_lr(0);
   if (!(std::isfinite(training->grad_clip()) && training->grad_clip() >= 0 &&
-        training->grad_clip() <= 1e6)) {
+        training->grad_clip() <= kMaxGradClip)) {
     return Invalid("spec.training.grad_clip",
                    absl::StrCat("must be in [0, 1e6], got ", Exact(training->grad_clip())));
   }

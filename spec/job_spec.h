@@ -57,6 +57,7 @@ inline constexpr int kMaxBatchSize = 65536;      // training.batch_size
 inline constexpr int kMaxMicroBatches = 4096;    // training.micro_batches
 inline constexpr int64_t kMaxSteps = 100000000;  // training.steps, training.eval_interval
 inline constexpr int kMaxEvalWindows = 65536;    // training.eval_windows
+inline constexpr double kMaxGradClip = 1e6;      // training.grad_clip
 inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes
 inline constexpr int kMaxStages = 1024;            // parallelism.stages (and <= units)
 inline constexpr int kMaxTensorParallel = 64;      // parallelism.tensor

@@ -68,16 +68,23 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
                                 "use more micro-batches or a shorter seq_len"));
   }
   if (c.steps < 0) return Invalid("steps", absl::StrCat("must be >= 0, got ", c.steps));
-  if (!(c.adam.lr > 0)) return Invalid("lr", absl::StrCat("must be > 0, got ", c.adam.lr));
+  // Finite too, as the job spec and the flags require: an infinite rate
+  // or epsilon turns the first update into NaN weights.
+  if (!(c.adam.lr > 0) || !std::isfinite(c.adam.lr)) {
+    return Invalid("lr", absl::StrCat("must be > 0 and finite, got ", c.adam.lr));
+  }
   if (!(c.adam.beta1 >= 0 && c.adam.beta1 < 1)) {
     return Invalid("beta1", absl::StrCat("must be in [0, 1), got ", c.adam.beta1));
   }
   if (!(c.adam.beta2 >= 0 && c.adam.beta2 < 1)) {
     return Invalid("beta2", absl::StrCat("must be in [0, 1), got ", c.adam.beta2));
   }
-  if (!(c.adam.eps > 0)) return Invalid("eps", absl::StrCat("must be > 0, got ", c.adam.eps));
-  if (!(c.adam.weight_decay >= 0)) {
-    return Invalid("weight_decay", absl::StrCat("must be >= 0, got ", c.adam.weight_decay));
+  if (!(c.adam.eps > 0) || !std::isfinite(c.adam.eps)) {
+    return Invalid("eps", absl::StrCat("must be > 0 and finite, got ", c.adam.eps));
+  }
+  if (!(c.adam.weight_decay >= 0) || !std::isfinite(c.adam.weight_decay)) {
+    return Invalid("weight_decay",
+                   absl::StrCat("must be >= 0 and finite, got ", c.adam.weight_decay));
   }
   if (c.eval_interval < 0) {
     return Invalid("eval_interval", absl::StrCat("must be >= 0, got ", c.eval_interval));

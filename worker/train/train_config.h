@@ -41,8 +41,9 @@ struct TrainConfig {
 // INVALID_ARGUMENT naming the offending field and value: model shape (see
 // ValidateGptConfig), seq_len < 1 or > max_seq_len, batch_size < 1,
 // micro_batches < 1 or not dividing batch_size, a parameter (d_model) or a
-// micro-batch's tensor (micro_batches) of kMaxTensorElements or more, steps < 0, lr <= 0,
-// betas outside [0, 1), eps <= 0, weight_decay < 0, eval_interval < 0,
+// micro-batch's tensor (micro_batches) of more than kMaxTensorElements,
+// steps < 0, lr <= 0 or not finite, betas outside [0, 1), eps <= 0 or not
+// finite, weight_decay < 0 or not finite, eval_interval < 0,
 // eval_windows < 1, threads < 1, grad_clip < 0 or not finite,
 // warmup_steps outside [0, steps], min_lr outside [0, lr].
 absl::Status ValidateTrainConfig(const TrainConfig& config);

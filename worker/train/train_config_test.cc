@@ -1,6 +1,9 @@
 #include "worker/train/train_config.h"
 
+#include <limits>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -40,6 +43,28 @@ TEST(ValidateTrainConfigTest, TensorsOf2To31ValuesOrMore_InvalidArgumentNamingTh
   c.model.d_model = 16384;  // 4 d^2 = 2^30
   c.model.n_head = 16;
   EXPECT_TRUE(ValidateTrainConfig(c).ok()) << ValidateTrainConfig(c);
+}
+
+// The job spec and the flags refuse infinite optimizer settings; the one
+// validation routine both rely on did not (an infinite lr passed).
+TEST(ValidateTrainConfigTest, InfiniteOptimizerSettings_InvalidArgumentNamingTheField) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const struct {
+    const char* field;
+    void (*set)(TrainConfig&, float);
+  } cases[] = {
+      {"lr", [](TrainConfig& c, float v) { c.adam.lr = c.min_lr = v; }},
+      {"eps", [](TrainConfig& c, float v) { c.adam.eps = v; }},
+      {"weight_decay", [](TrainConfig& c, float v) { c.adam.weight_decay = v; }},
+      {"grad_clip", [](TrainConfig& c, float v) { c.grad_clip = v; }},
+  };
+  for (const auto& k : cases) {
+    TrainConfig c = Small();
+    k.set(c, inf);
+    const absl::Status s = ValidateTrainConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.field;
+    EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat(k.field, ":"))) << s;
+  }
 }
 
 TEST(CheckWeightsFitMemoryTest, SixteenBytesAParameterAgainstTheLimit) {

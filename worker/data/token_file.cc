@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include "common/confined_path.h"
 #include "common/echo_input.h"
 #include "common/status_macros.h"
+#include "common/temp_file.h"
 
 namespace pipetrain {
 namespace {
@@ -183,33 +183,22 @@ absl::Status CheckVocab(const std::string& path, const std::vector<uint16_t>& to
   return absl::OkStatus();
 }
 
-// fwrite's buffer argument must not be null, even for zero bytes.
-bool WriteAll(std::string_view bytes, std::FILE* file) {
-  return bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
-}
-
+// `head` then `body` as `path`, atomically: into a fresh temporary beside
+// it, created exclusively (a file or link planted under the name is not
+// written through), synced, then renamed over `path`; a failure removes
+// the temporary.
 absl::Status WriteFileAtomically(const std::string& path, std::string_view head,
                                  std::string_view body) {
-  // pid + a process-wide counter keep concurrent writers (processes or
-  // threads) off each other's temporary file.
-  static std::atomic<uint64_t> next_temp_id{0};
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid(), ".", next_temp_id++);
-  std::FILE* file = std::fopen(temp.c_str(), "wb");
-  if (file == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create ", temp));
-  }
-  bool ok = WriteAll(head, file) && WriteAll(body, file);
-  int write_errno = errno;
-  if (std::fclose(file) != 0 && ok) {
-    ok = false;
-    write_errno = errno;
-  }
-  if (!ok) {
-    std::remove(temp.c_str());
-    return absl::ErrnoToStatus(write_errno, absl::StrCat(path, ": write to ", temp, " failed"));
+  const std::string temp = TempPathFor(path);
+  std::string bytes;
+  bytes.reserve(head.size() + body.size());
+  bytes.append(head).append(body);
+  if (absl::Status written = WriteNewFileAt(AT_FDCWD, temp, bytes, 0666, /*sync=*/true);
+      !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat(path, ": ", written.message()));
   }
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    int rename_errno = errno;
+    const int rename_errno = errno;
     std::remove(temp.c_str());
     return absl::ErrnoToStatus(rename_errno, absl::StrCat(path, ": rename from ", temp));
   }

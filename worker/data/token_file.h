@@ -90,8 +90,10 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& path,
                                                      int vocab_size);
 
 // Writes `tokens` as little-endian uint16, preceded by the llm.c header when
-// `with_header`. Atomic: writes `path`.tmp.<pid>.<n> and renames it over `path`,
-// so readers never see a partial file.
+// `with_header`. Atomic: writes a fresh temporary beside `path` (TempPathFor;
+// created exclusively, so nothing planted under its name is written
+// through), syncs it and renames it over `path`, so readers never see a
+// partial file.
 // Errors: INVALID_ARGUMENT when with_header and tokens.size() > INT32_MAX;
 // NOT_FOUND when the directory does not exist; another errno-derived code
 // (e.g. PERMISSION_DENIED) for other I/O failures. Messages start with `path`.

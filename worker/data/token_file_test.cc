@@ -369,6 +369,31 @@ TEST(TokenFileTest, WriteUint16TokenFile_Overwrite_ReplacesAndLeavesNoTempFile) 
   EXPECT_EQ(names, (std::vector<std::string>{"tokens.bin"}));
 }
 
+// The temporary is created exclusively under an unpredictable name: links
+// planted under "<path>.tmp.<pid>.<n>", the names it used to take in
+// turn, are not written through (the file they point to keeps its bytes).
+TEST(TokenFileTest, WriteBytesFile_PlantedTemporaryLinks_NotWrittenThrough) {
+  const std::string dir = TempPath("planted");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  const std::string victim = dir + "/victim";
+  ASSERT_TRUE(WriteBytesFile(victim, "keep").ok());
+  const std::string path = dir + "/out.bin";
+  for (int n = 0; n < 100; ++n) {
+    const std::string planted = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(n);
+    ASSERT_EQ(symlink(victim.c_str(), planted.c_str()), 0) << planted;
+  }
+  ASSERT_TRUE(WriteBytesFile(path, "xy").ok());
+  auto kept = LoadTokenFile(victim, DataFormat::kText, 256);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, (std::vector<uint16_t>{'k', 'e', 'e', 'p'}));
+  auto written = LoadTokenFile(path, DataFormat::kText, 256);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, (std::vector<uint16_t>{'x', 'y'}));
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
 TEST(TokenFileTest, WriteUint16TokenFile_MissingDirectory_NotFoundNamingPath) {
   const std::string path = TempPath("no_such_dir/tokens.bin");
   absl::Status status = WriteUint16TokenFile(path, {1}, true);

@@ -6,8 +6,9 @@
 // registry of two workers and a job of two stages, planned and running at
 // once (analytic profile: no fetcher, so no worker is dialled), on a fake
 // clock. Planning runs when the input says (BackgroundQueue), so operations
-// also land while the job is PLANNING. (The job asks for no weights file:
-// there is no output directory to write it to.)
+// also land while the job is PLANNING. The job asks for its weights as
+// weights.safetensors under a scratch --output-dir (emptied before each
+// input, removed at exit), so uploads reach the file writer.
 //
 // Input: operations until it ends (at most kMaxOperations), each a byte
 // choosing one (its low 3 bits) and what it needs:
@@ -27,11 +28,20 @@
 //     next operation 7 without it
 //
 // Checks beyond the sanitizers: the job can always be read back (Get), and
-// a job that ended stays ended, whatever its workers send.
+// a job that ended stays ended, whatever its workers send. At the end (the
+// background work run): a job that failed or was cancelled left nothing in
+// the output directory (its temporary removed, no file renamed in), and
+// one that succeeded left exactly its weights file.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -47,7 +57,44 @@ namespace {
 
 constexpr int kMaxOperations = 32;
 
-pipetrain::v1::JobSpec TwoStageSpec() { return pipetrain::SmallJobSpec(2); }
+constexpr char kWeightsName[] = "weights.safetensors";
+
+pipetrain::v1::JobSpec TwoStageSpec() {
+  pipetrain::v1::JobSpec spec = pipetrain::SmallJobSpec(2);
+  spec.mutable_output()->set_weights_path(kWeightsName);
+  return spec;
+}
+
+// The names in `dir` (not . and ..).
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  std::unique_ptr<DIR, int (*)(DIR*)> listing(opendir(dir.c_str()), closedir);
+  PT_CHECK(listing != nullptr) << "cannot list " << dir;
+  while (const dirent* entry = readdir(listing.get())) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  return names;
+}
+
+void Empty(const std::string& dir) {
+  for (const std::string& name : Entries(dir)) unlink((dir + "/" + name).c_str());
+}
+
+// The scratch --output-dir, created once and removed at exit.
+const std::string& OutputDir() {
+  static const std::string* dir = [] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/jobs-fuzz.XXXXXX";
+    PT_CHECK(mkdtemp(pattern.data()) != nullptr) << "cannot create " << pattern;
+    std::atexit([] {  // leave /tmp as found
+      Empty(OutputDir());
+      rmdir(OutputDir().c_str());
+    });
+    return new std::string(pattern);
+  }();
+  return *dir;
+}
 
 bool Ended(pipetrain::v1::JobState state) {
   return state == pipetrain::v1::JOB_STATE_SUCCEEDED || state == pipetrain::v1::JOB_STATE_FAILED ||
@@ -63,12 +110,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   }();
   (void)quiet;
+  const std::string& output_dir = OutputDir();
+  Empty(output_dir);
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
   BackgroundQueue background;  // outlives jobs
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.background_runner = background.Runner()});
+  JobManager jobs(
+      &registry, &hub, &clock,
+      JobManagerOptions{.output_dir = output_dir, .background_runner = background.Runner()});
   for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
     v1::RegisterWorkerRequest request;
     request.set_data_address(address);
@@ -145,6 +195,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (ended && !Ended(after->state())) __builtin_trap();  // an ended job came back
     ended = Ended(after->state());
     job = *std::move(after);
+  }
+  background.RunAll();  // a weights sync in flight ends, committed or not
+  absl::StatusOr<v1::Job> last = jobs.Get(job_id);
+  if (!last.ok()) __builtin_trap();
+  const std::vector<std::string> left = Entries(output_dir);
+  if (last->state() == v1::JOB_STATE_SUCCEEDED) {
+    if (left != std::vector<std::string>{kWeightsName}) __builtin_trap();
+  } else if (Ended(last->state()) && !left.empty()) {
+    __builtin_trap();  // a failed or cancelled job's upload left a file
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
 namespace {
@@ -222,13 +223,7 @@ std::string SbpName(Sbp sbp) {
   return "?";
 }
 
-int CubeSide(int devices) {
-  // In 64 bits: p^3 of an int p past 1290 overflows int.
-  for (int64_t p = 2; p * p * p <= devices; ++p) {
-    if (p * p * p == devices) return static_cast<int>(p);
-  }
-  return 0;
-}
+int CubeSide(int devices) { return CubeEdge(devices); }
 
 std::string MatmulLayoutName(MatmulLayout layout) {
   switch (layout) {

@@ -116,8 +116,10 @@ absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel
 }
 
 int CubeEdge(int tensor_parallel) {
-  for (int p = 2; p * p * p <= tensor_parallel; ++p) {
-    if (p * p * p == tensor_parallel) return p;
+  // In 64 bits: p^3 of an int p past 1290 overflows int (the loop reaches
+  // p = 1291 for any T above 1290^3).
+  for (int64_t p = 2; p * p * p <= tensor_parallel; ++p) {
+    if (p * p * p == tensor_parallel) return static_cast<int>(p);
   }
   return 0;
 }

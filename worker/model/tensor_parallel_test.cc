@@ -26,6 +26,21 @@ ParameterShard Shard(ParameterShard::Split split, int rank, int ranks, Shape ful
   return s;
 }
 
+// The search for p tries p^3 in 64 bits: for T above 1290^3 it reaches
+// p = 1291, whose cube overflows int (UBSan reported it; the loop could
+// also run on past the last int).
+TEST(TensorParallelTest, CubeEdge_CubesOnly_UpToTheLargestInt) {
+  EXPECT_EQ(CubeEdge(8), 2);
+  EXPECT_EQ(CubeEdge(27), 3);
+  EXPECT_EQ(CubeEdge(1), 0);  // p >= 2
+  EXPECT_EQ(CubeEdge(0), 0);
+  EXPECT_EQ(CubeEdge(-8), 0);
+  EXPECT_EQ(CubeEdge(16), 0);
+  EXPECT_EQ(CubeEdge(1290 * 1290 * 1290), 1290);
+  EXPECT_EQ(CubeEdge(1290 * 1290 * 1290 + 1), 0);
+  EXPECT_EQ(CubeEdge(2147483647), 0);
+}
+
 TEST(TensorParallelTest, ColumnsInThreeBlocks_EachRankGetsItsPieceOfEveryBlock) {
   // c_attn-like: 2 rows, 12 columns = q | k | v of 4 columns each; rank 1
   // of 2 holds columns 2-3, 6-7 and 10-11.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/data_plane_cost.h"
 #include "coordinator/planner/host_sharing.h"
@@ -88,6 +89,8 @@ Solved SolveLayout(const ModelProfile& measured, const ClusterSpec& given, int d
   const int p = n / d;
   out.candidate.data_parallel = d;
   out.candidate.stages = p;
+  out.candidate.status = CheckReplicaDevices(given, d, p, 1);
+  if (!out.candidate.status.ok()) return out;
   // As a job is planned (planner.cc): a stage position's replicas compute
   // in lockstep, stretched where their threads outnumber a host's cores,
   // and so is the data plane's work on the links (host_sharing.h,
@@ -166,12 +169,36 @@ void MergeIntoSlowest(const WorkerSpec& w, const char* separator, WorkerSpec* in
   if (w.memory_bytes > 0 && (into->memory_bytes == 0 || w.memory_bytes < into->memory_bytes)) {
     into->memory_bytes = w.memory_bytes;
   }
-  // A collective runs at its last member's pace: one GPU among them, which
-  // all-reduces at the step, keeps the others from overlapping.
+  // Replicas never mix GPUs and CPUs (CheckReplicaDevices): a merged
+  // position is a GPU one when any of its workers is (the cluster files
+  // of `pipetrain plan` are checked alike).
   into->gpu = into->gpu || w.gpu;
 }
 
 }  // namespace
+
+absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor) {
+  PT_CHECK(int64_t{replicas} * stages * tensor == static_cast<int64_t>(cluster.workers.size()))
+      << replicas << " x " << stages << " x " << tensor << " for " << cluster.workers.size();
+  for (int s = 0; s < stages; ++s) {
+    for (int t = 0; t < tensor; ++t) {
+      const WorkerSpec& first = cluster.workers[static_cast<size_t>(s) * tensor + t];
+      for (int r = 1; r < replicas; ++r) {
+        const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
+        if (w.gpu == first.gpu) continue;
+        const WorkerSpec& gpu = first.gpu ? first : w;
+        const WorkerSpec& cpu = first.gpu ? w : first;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the data-parallel replicas of stage ", s, tensor > 1 ? absl::StrCat(" rank ", t) : "",
+            " would run on GPU worker ", gpu.name, " and CPU worker ", cpu.name,
+            ": replicas must hold bitwise the same weights after every step, and a GPU rounds "
+            "its optimizer step differently from a CPU; give a data-parallel job workers of one "
+            "kind, or its replicas' workers the same kind at each stage"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel) {
   if (data_parallel <= 1) return cluster;
@@ -281,7 +308,8 @@ absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
     Solved s = SolveLayout(profile, cluster, d, options);
     const absl::StatusCode code = s.candidate.status.code();
     if (code != absl::StatusCode::kOk && code != absl::StatusCode::kResourceExhausted &&
-        code != absl::StatusCode::kInvalidArgument) {
+        code != absl::StatusCode::kInvalidArgument &&
+        code != absl::StatusCode::kFailedPrecondition) {  // replicas mixing GPUs and CPUs
       return s.candidate.status;  // not a property of the layout
     }
     candidates.push_back(s.candidate);

@@ -58,8 +58,9 @@ struct LayoutCandidate {
   int data_parallel = 1;  // D
   int stages = 1;         // P = N / D
   // OK, or why this layout has no plan (SolvePlan's status: typically
-  // RESOURCE_EXHAUSTED, a stage over its memory; only "auto" lists such
-  // layouts, an explicit D returns the error instead).
+  // RESOURCE_EXHAUSTED, a stage over its memory, or FAILED_PRECONDITION,
+  // replicas on GPUs and CPUs both; only "auto" lists such layouts, an
+  // explicit D returns the error instead).
   absl::Status status;
   DistParCost distpar;                // valid when status is OK
   double step_seconds = 0;            // simulated step (iteration) time; valid when OK
@@ -120,6 +121,16 @@ absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
 // (memory 0 means unlimited: it is the minimum only when every one is 0),
 // and the cluster's bandwidth and latency. D = 1 returns `cluster` as is.
 ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
+
+// OK when every data-parallel group of `cluster` (laid out as `replicas`
+// x `stages` x `tensor` workers, tensor rank innermost: the group of stage
+// s and rank t is workers (r * stages + s) * tensor + t over r) runs on
+// GPUs only or on CPUs only (WorkerSpec::gpu); FAILED_PRECONDITION naming
+// the first group that mixes them otherwise. Replicas must hold bitwise the
+// same weights after every step (the coordinator compares them at the
+// end), and a GPU's optimizer step and gradient norm round differently
+// from a CPU's. Requires the sizes to multiply to the cluster's size.
+absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor);
 
 // Tensor parallelism: one entry per group of `tensor_parallel` consecutive
 // workers (a stage's tensor ranks), named by their names joined with "+",

@@ -231,6 +231,50 @@ TEST(PlanDataParallelTest, BadInput_InvalidArgumentNamingTheField) {
   }
 }
 
+// Replicas must end every step with bitwise the same weights, which a GPU
+// and a CPU do not compute: a data-parallel group of both kinds is refused
+// naming them, at any stage and tensor rank (tensor rank innermost).
+TEST(CheckReplicaDevicesTest, MixedGroup_FailedPreconditionNamingBoth) {
+  ClusterSpec cluster = Identical(4, 0, 0);
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 2, 2, 1).ok());
+  cluster.workers[0].gpu = cluster.workers[2].gpu = true;  // stage 0's replicas
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 2, 2, 1).ok());
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 1, 4, 1).ok());  // no replicas
+  cluster.workers[2].gpu = false;
+  cluster.workers[3].gpu = true;  // [G, C, C, G]: both stages mix
+  const absl::Status mixed = CheckReplicaDevices(cluster, 2, 2, 1);
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kFailedPrecondition) << mixed;
+  EXPECT_THAT(std::string(mixed.message()),
+              HasSubstr("the data-parallel replicas of stage 0 would run on GPU worker w0 and "
+                        "CPU worker w2"));
+  // 2 replicas x 1 stage x 2 ranks: rank 1's group is workers 1 and 3.
+  cluster.workers[0].gpu = cluster.workers[2].gpu = false;
+  cluster.workers[1].gpu = true;
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 2, 1, 2).ok());
+  cluster.workers[3].gpu = false;
+  EXPECT_THAT(std::string(CheckReplicaDevices(cluster, 2, 1, 2).message()),
+              HasSubstr("stage 0 rank 1 would run on GPU worker w1 and CPU worker w3"));
+}
+
+// `pipetrain plan --data auto` skips such layouts: [G, G, C, C] as 2 x 2
+// mixes each stage's replicas, so one replica of 4 stages is chosen.
+TEST(PlanDataParallelTest, Auto_SkipsLayoutsWhoseReplicasMixGpusAndCpus) {
+  LayoutOptions options;
+  options.data_parallel = kAutoDataParallel;
+  options.micro_batches = 4;
+  options.plan.solver = "uniform";
+  ModelProfile profile;
+  for (int u = 0; u < 4; ++u) profile.units.push_back({absl::StrCat("u", u), 1, 2, 0, 40, 0});
+  ClusterSpec cluster = Identical(4, 1e6, 1e-3);
+  cluster.workers[0].gpu = cluster.workers[1].gpu = true;
+  const DataParallelLayout layout = PlanDataParallel(profile, cluster, options).value();
+  for (const LayoutCandidate& c : layout.candidates) {
+    if (c.data_parallel == 1) EXPECT_TRUE(c.status.ok()) << c.status;
+    if (c.data_parallel > 1) EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(layout.candidates[layout.chosen].data_parallel, 1);
+}
+
 TEST(PlanDataParallelTest, AutoNothingFits_ResourceExhaustedListsEachLayout) {
   LayoutOptions options;
   options.data_parallel = kAutoDataParallel;

@@ -113,6 +113,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                                    replicas, " replicas of ", r.stages,
                                                    " stages of ", tensor, " tensor ranks"));
   }
+  RETURN_IF_ERROR(CheckReplicaDevices(cluster, replicas, r.stages, tensor));
   if (r.train.micro_batches % replicas != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.training.micro_batches: ", r.train.micro_batches, " not divisible by ",

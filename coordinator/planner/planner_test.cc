@@ -303,5 +303,23 @@ TEST(PlanJobCompression, DataParallelQuantizerCpuTimeFromTheProfile) {
   EXPECT_GE(shared, unmeasured + coded_bytes * 1e-6 * 0.999);
 }
 
+// A stage whose replicas would run on a GPU and a CPU is refused before
+// any solving: they could not keep bitwise the same weights (the runtime
+// also cut their all-reduces differently and deadlocked).
+TEST(PlanJobDataParallel, ReplicasOnAGpuAndACpu_FailedPrecondition) {
+  v1::JobSpec spec = SmallSpec(1, 4);
+  spec.mutable_parallelism()->set_data(2);
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  ClusterSpec cluster = testing::TestCluster(2, 1e9, 1e-5, 0);
+  ASSERT_TRUE(PlanJob(job, "job", 1, profile, cluster, "analytic").ok());
+  cluster.workers[1].gpu = true;
+  const absl::StatusOr<CompiledPlan> mixed = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition) << mixed.status();
+  cluster.workers[0].gpu = true;
+  EXPECT_TRUE(PlanJob(job, "job", 1, profile, cluster, "analytic").ok());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -325,6 +325,14 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
         absl::StrCat("ReportProgressRequest.iteration: ", r.iteration(),
                      " is outside the job's [0, ", record.resolved.train.steps, ")"));
   }
+  // A stage finishes with the job's last step (JobRunner: it + 1 == steps):
+  // "finished" at any other would end the job early, its weights taken from
+  // a model trained part of the way.
+  if (r.finished() && r.iteration() + 1 != record.resolved.train.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.finished: at iteration ", r.iteration(),
+                     "; a stage finishes with the job's last, ", record.resolved.train.steps - 1));
+  }
   for (const auto& [field, seconds] :
        {std::pair<const char*, double>{"busy_seconds", r.busy_seconds()},
         std::pair<const char*, double>{"idle_seconds", r.idle_seconds()},

@@ -513,6 +513,29 @@ TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_ASSIGNED);
 }
 
+// "finished" comes with the job's last step: earlier, a faulty worker's
+// report would have ended a 3-step job as SUCCEEDED after one step. It is
+// refused, nothing of it applied.
+TEST_F(JobManagerTest, Progress_FinishedBeforeTheLastStep_InvalidArgument) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  const absl::StatusOr<v1::ReportProgressResponse> early =
+      jobs_.ReportProgress(IterationReport(w1, id, 0, {2.0f, 2.0f}, /*finished=*/true));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kInvalidArgument) << early.status();
+  EXPECT_NE(early.status().message().find(
+                "finished: at iteration 0; a stage finishes with the job's last, 2"),
+            std::string::npos)
+      << early.status();
+  background_.RunAll();
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.progress().step(), 0);
+  Report(w1, id, 0, {2.0f, 2.0f}, false);
+  Report(w1, id, 1, {2.0f, 2.0f}, false);
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();

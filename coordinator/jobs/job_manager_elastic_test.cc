@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/proto_time.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/small_spec_testing.h"
@@ -2476,6 +2477,27 @@ TEST_F(JobManagerElasticTest, Restore_SharedCheckpointDir_SweptOnlyByTheLastToEn
   ASSERT_TRUE(jobs_->Cancel(other).ok());
   jobs_->FlushIo();
   EXPECT_FALSE(std::filesystem::exists(step));
+}
+
+// A job a restart fails after a long outage ends then, not when it was
+// last saved: its update_time is the restart's, so it is kept for the
+// ended-job retention from there. With the stored time it was pruned by
+// the first scheduling pass, and its reason was never seen.
+TEST_F(JobManagerElasticTest, Restore_JobFailedAfterALongOutage_KeptForTheRetention) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  const std::string id = Submit(ElasticSpec(1, 0)).value().id();
+  Step(id, 1);
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  clock_.Advance(absl::Hours(25));  // past the default retention of 24 h
+  ASSERT_TRUE(jobs_->Restore().ok());
+  Schedule();
+  const absl::StatusOr<v1::Job> job = jobs_->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job->reason(), "no checkpoints")) << job->reason();
+  EXPECT_EQ(FromProtoTimestamp(job->update_time()), clock_.Now());
 }
 
 // A job a restart fails (here: it ran without checkpoints) is saved as

@@ -343,7 +343,11 @@ absl::Status JobManager::Restore() {
     if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
       // Ended now, whatever failed it (a spec, plan, counters or profile
       // that no longer fit, or no checkpoints): counted once, as it is
-      // saved FAILED and a later restart finds it ended.
+      // saved FAILED and a later restart finds it ended. Its update_time
+      // says when it ended (the retention of ended jobs counts from it):
+      // the stored one, from before a long outage, would have it pruned
+      // at the first scheduling pass, its reason never seen.
+      TouchLocked(*record);
       if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       RemoveAbandonedWeightsOf(*record);
       // So do its checkpoints' leftovers, once every job is restored (the

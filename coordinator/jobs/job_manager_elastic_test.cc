@@ -1141,6 +1141,24 @@ TEST_F(JobManagerElasticTest, TensorRankLost_WaitingReasonCountsTheSurvivor) {
       << job.reason();
 }
 
+// A drain that would leave a tensor-parallel job fewer than its minimum
+// is refused naming the product the minimum is (min_workers 1 x data 1 x
+// tensor 2 = 2): the message named data alone, a number the user could
+// not reproduce from it.
+TEST_F(JobManagerElasticTest, Drain_BelowATensorJobsMinimum_NamesTheTensorFactor) {
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_parallelism()->set_tensor(2);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const absl::Status refused = jobs_->Drain(w2).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "fewer than its 2 workers (spec.elastic.min_workers x "
+                                "spec.parallelism.data x spec.parallelism.tensor)"))
+      << refused;
+}
+
 TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

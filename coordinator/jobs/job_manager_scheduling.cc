@@ -423,7 +423,9 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",
           record->auto_layout_workers > 0 ? "the fewest with a layout of spec.parallelism.workers"
-                                          : "spec.elastic.min_workers x spec.parallelism.data",
+          : TensorRanks(*record) > 1
+              ? "spec.elastic.min_workers x spec.parallelism.data x spec.parallelism.tensor"
+              : "spec.elastic.min_workers x spec.parallelism.data",
           "); add a worker first"));
     }
   }

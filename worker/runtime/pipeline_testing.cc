@@ -163,7 +163,8 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   // A failed runtime wakes the others instead of letting them time out.
   auto shut_down = [&] {
     fabric.Shutdown();
-    for (auto& [position, hub] : replica_hubs) hub->Abort();
+    hub.Abort();  // the device links' receives too
+    for (auto& [position, replica_hub] : replica_hubs) replica_hub->Abort();
   };
   auto backend_at = [&](int g) {
     Backend* b = backend_of != nullptr ? backend_of(stage_of(g)) : nullptr;

@@ -146,17 +146,23 @@ absl::StatusOr<Tensor> TakeFrom(std::map<int, Tensor>& m, int key, const std::st
 }
 
 // A LINK_PATH_DEVICE instruction needs the device group's channel and
-// carries a raw tensor made on the device (UNIT_WEIGHTS are packed on the
-// host); the coordinator marks no others (coordinator/planner/device_links.h).
+// carries a raw activation or activation gradient made on the device, as
+// the coordinator marks them (coordinator/planner/device_links.h,
+// MayUseDevice): UNIT_WEIGHTS are packed on the host, and the tied
+// embedding's gradient is added into in place after its send (AddTied),
+// which a device send still reading it must not see.
 absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
   const bool device = (in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE) ||
                       (in.has_recv() && in.recv().path() == v1::LINK_PATH_DEVICE);
   if (!device) return absl::OkStatus();
   const v1::TensorKind kind = in.has_send() ? in.send().tensor().kind() : in.recv().tensor().kind();
+  const bool activation =
+      kind == v1::TENSOR_KIND_ACTIVATION || kind == v1::TENSOR_KIND_ACTIVATION_GRAD;
   const char* wrong = !have_channel ? "the worker joined no device group"
                       : in.has_send() && !in.send().codec().empty() ? "it is compressed"
                       : kind == v1::TENSOR_KIND_UNIT_WEIGHTS ? "UNIT_WEIGHTS are packed on the host"
-                                                             : nullptr;
+                      : !activation ? "only activations and their gradients take it"
+                                    : nullptr;
   if (wrong == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("\"", DescribeInstruction(in), "\" cannot take the device path: ", wrong));

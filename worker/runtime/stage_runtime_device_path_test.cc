@@ -225,7 +225,9 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   for (const auto& [program, why] :
        {std::pair<v1::Program, std::string>{OneSend(v1::TENSOR_KIND_ACTIVATION, "fp16"),
                                             "it is compressed"},
-        {OneSend(v1::TENSOR_KIND_UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"}}) {
+        {OneSend(v1::TENSOR_KIND_UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"},
+        {OneSend(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, ""),
+         "only activations and their gradients take it"}}) {
     StageSetup setup = TwoStageSetup(program);
     setup.device_channel = &channel;
     auto runtime = StageRuntime::Create(setup, &data, transport.get());

@@ -56,12 +56,10 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
-    if (!profiling.empty()) {
-      record.job.set_reason(
-          absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
-      continue;
-    }
     const int need = JobWorkers(record.resolved);
+    // Short of workers past its queue timeout: failed, whether or not
+    // another job is being profiled meanwhile (a profile takes up to a
+    // few minutes, and would not give this one more workers).
     if (static_cast<int>(ready.size()) < need) {
       const bool cpu_only = record.resolved.tensor_mode == "3d";
       const std::string waiting = absl::StrCat(
@@ -76,8 +74,15 @@ void JobManager::ScheduleQueued() {
                                "; add workers or ask for fewer stages"));
         continue;
       }
-      record.job.set_reason(waiting);
-      continue;  // later jobs that fit the READY workers go first (backfill)
+      if (profiling.empty()) {
+        record.job.set_reason(waiting);
+        continue;  // later jobs that fit the READY workers go first (backfill)
+      }
+    }
+    if (!profiling.empty()) {
+      record.job.set_reason(
+          absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
+      continue;
     }
     if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
     ready.resize(need);

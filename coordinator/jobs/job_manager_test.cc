@@ -1897,6 +1897,38 @@ TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
   EXPECT_EQ(jobs_.Get(second).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// A queued job short of workers fails at its queue timeout even while
+// another job is profiled: the profile would not give it more workers
+// (it waited out the whole profile, up to three 10-minute attempts).
+TEST_F(JobManagerTest, QueuedShortOfWorkersBehindAProfilingJob_FailsAtItsQueueTimeout) {
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    release.WaitForNotification();
+    return FakeProfile();
+  });
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string first = Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(first).value().state(), v1::JOB_STATE_PROFILING);
+  v1::JobSpec big = SmallSpec(3);
+  big.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  const std::string second = Submit(big).value().id();
+  Schedule();
+  EXPECT_EQ(jobs_.Get(second).value().state(), v1::JOB_STATE_QUEUED);
+  clock_.Advance(absl::Seconds(61));
+  Schedule();
+  const v1::Job failed = jobs_.Get(second).value();
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "not placed within spec.scheduling.queue_timeout"))
+      << failed.reason();
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  Schedule();
+  EXPECT_EQ(jobs_.Get(first).value().state(), v1::JOB_STATE_RUNNING);
+}
+
 // An auto layout that searches T with tensor_partitions 0 may choose
 // stages of 2 ranks, whose AccTFM Alg. 1 needs the units timed on halves
 // of a micro-batch: the profile asks for them before any T is chosen

@@ -1474,13 +1474,14 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     default:
       return Internal("send of an unknown tensor kind");
   }
-  std::vector<float> scores;  // token importance for token_topk, if recorded
+  // Token importance for token_topk, if recorded: copied, not taken, since
+  // a Bi-Partition plan may send one activation twice (the next stage's
+  // forward input and another stage's recompute input), and both must be
+  // ranked alike, as the papers prescribe. Cleared with the iteration.
+  std::vector<float> scores;
   if (key.kind() == v1::TENSOR_KIND_ACTIVATION) {
     auto it = token_scores_.find({key.micro_batch(), key.unit()});
-    if (it != token_scores_.end()) {
-      scores = std::move(it->second);
-      token_scores_.erase(it);
-    }
+    if (it != token_scores_.end()) scores = it->second;
   }
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
   const std::pair<int, std::string> link{s.peer_stage(), EnumShortName(key.kind())};

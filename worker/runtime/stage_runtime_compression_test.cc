@@ -320,5 +320,79 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   EXPECT_EQ(sent->payload, by_attention);
 }
 
+// A Bi-Partition plan may send one activation twice: forward {[0,2),
+// [2,4), [4,6)} with backward {[0,1), [1,2), [2,6)} has worker 0 send
+// unit 1's output to worker 1 (its forward input) and to worker 2 (the
+// input its backward recomputes from). Both must be ranked by the
+// attention scores: the second send found them taken by the first and
+// ranked by L2 norm, so worker 2 recomputed from another input than the
+// forward used.
+TEST(StageRuntimeCompression, TokenTopKActivationSentTwice_BothRankedByAttention) {
+  TrainConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.d_model = 32;
+  c.model.max_seq_len = 16;
+  c.seq_len = 16;
+  c.batch_size = 4;
+  c.micro_batches = 2;
+  c.seed = 7;
+  const std::string text = GenerateEnglishText(5, 50000);
+  const Dataset data =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.1).value();
+  const std::vector<Range> forward = {{0, 2}, {2, 4}, {4, 6}};
+  const std::vector<Range> backward = {{0, 1}, {1, 2}, {2, 6}};
+  auto programs =
+      CompileBiPartitionPrograms(forward, backward, 6, c.micro_batches, Schedule::kOneFOneB)
+          .value();
+  v1::CompressionSpec compression;
+  compression.set_forward("token_topk:keep=0.5");
+  compression.set_backward("none");
+  MarkCompression(compression, &programs);
+
+  InProcessFabric fabric(3);
+  auto recording = std::make_unique<RecordingTransport>(fabric.Connect(0));
+  RecordingTransport* recorder = recording.get();
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.push_back(std::move(recording));
+  transports.push_back(fabric.Connect(1));
+  transports.push_back(fabric.Connect(2));
+  std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  for (int s = 0; s < 3; ++s) {
+    StageSetup setup{
+        "job-tk2",        c, s, 3, ToUnitRange(forward[s]), ToUnitRange(backward[s]), programs[s],
+        absl::Seconds(30)};
+    runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
+  }
+  const std::vector<absl::Status> errors = RunFirstIteration(runtimes, fabric);
+  for (const absl::Status& e : errors) ASSERT_TRUE(e.ok()) << e;
+
+  // Unit 1's output for micro-batch 0, as sent to each peer.
+  std::vector<std::string> payloads;
+  for (const auto& [address, wire] : recorder->sent()) {
+    if (address.kind == v1::TENSOR_KIND_ACTIVATION && address.micro_batch == 0 &&
+        address.unit == 1) {
+      ASSERT_EQ(wire.codec, "token_topk:keep=0.5");
+      payloads.push_back(wire.payload);
+    }
+  }
+  ASSERT_EQ(payloads.size(), 2u) << "unit 1's output goes to workers 1 and 2";
+  EXPECT_EQ(payloads[0], payloads[1]);
+
+  // And it is the attention's ranking, not the norms'.
+  auto embed = MakeUnit(c.model, 0), attn = MakeUnit(c.model, 1);
+  InitializeParameters(embed.get(), c.seed);
+  InitializeParameters(attn.get(), c.seed);
+  attn->KeepTokenImportance();
+  const TokenBatch batch = data.TrainBatch(c.seed, 0, 0, c.batch_size / c.micro_batches);
+  UnitContext embed_ctx, attn_ctx;
+  const Tensor x = attn->Forward(embed->Forward(Tensor(), batch, &embed_ctx), batch, &attn_ctx);
+  auto codec = MakeCodec("token_topk:keep=0.5").value();
+  const auto* token_topk = dynamic_cast<const TokenTopKCodec*>(codec.get());
+  ASSERT_NE(token_topk, nullptr);
+  EXPECT_EQ(payloads[1],
+            token_topk->EncodeWithScores(x, attn->TokenImportance(attn_ctx), nullptr).value());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -279,8 +279,9 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   registry_->Release(record.job.id());
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
-  SweepCheckpointDirsLocked(record, absl::Now());
+  std::function<void()> sweep = CheckpointSweepLocked(record, absl::Now());
   PersistLocked(record).IgnoreError();  // logged
+  if (sweep) io_.Post(std::move(sweep));  // after the save, on the same queue
   if (events_.ended) events_.ended(state);
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);

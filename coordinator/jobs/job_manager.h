@@ -476,7 +476,7 @@ class JobManager {
     // spec.checkpoint (null without).
     std::unique_ptr<CheckpointCatalog> checkpoints;
     // Ended, its checkpoint directory's leftovers being removed on io_
-    // (sweeps queued or awaited, see SweepCheckpointDirsLocked): the
+    // (sweeps queued or awaited, see CheckpointSweepLocked): the
     // directory stays this job's (CheckpointDirUserLocked) until that is
     // done, so a new job's files are never among them.
     int checkpoint_sweeps_pending = 0;
@@ -797,11 +797,14 @@ class JobManager {
   void EndLocked(JobRecord& record, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // For a job that has just ended (EndLocked; Restore, for the jobs it
-  // fails): on io_, removes the files of the checkpoints it never
-  // completed and the other step directories without a manifest in its
-  // checkpoint directory, written before `ended` (the definition says
-  // which are kept and why).
-  void SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended)
+  // fails): takes its incomplete checkpoints off its record, and returns
+  // the task (for io_; null when there is none) that removes their files
+  // and the other step directories without a manifest in its checkpoint
+  // directory, written before `ended` (the definition says which are kept
+  // and why). Callers post it after the job's final save, so that the end
+  // is durable before any removal (a crash during a long one would
+  // otherwise lose it) and a cancel does not wait for the files.
+  std::function<void()> CheckpointSweepLocked(JobRecord& record, absl::Time ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether stage `g` has done all its part: every step, and its weights
   // upload where it uploads them.

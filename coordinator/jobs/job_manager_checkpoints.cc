@@ -151,7 +151,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   return absl::OkStatus();
 }
 
-void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) {
+std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl::Time ended) {
   // Steps that never completed (the one being written when the job was
   // cancelled or failed, those a recovery stopped short of) can no longer:
   // their files go. So do the other step directories without a manifest,
@@ -184,14 +184,15 @@ void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) 
       record.late_sweep_since = clock_->Now();
       record.late_sweep_by = record.late_sweep_since + kLateSweepWait;
     }
-    io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
-              known = std::move(known), incomplete = std::move(incomplete), ended] {
+    return [this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
+            known = std::move(known), incomplete = std::move(incomplete), ended] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
       if (!shared) RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, known, ended);
       AnnotatedMutexLock lock(&mu_);
       if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
-    });
+    };
   }
+  return nullptr;
 }
 
 void JobManager::SweepStoppedJobsLocked() {

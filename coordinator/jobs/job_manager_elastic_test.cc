@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "coordinator/planner/profile.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
+#include "coordinator/store/store.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 
@@ -64,6 +66,30 @@ std::vector<std::string> WorkerIdsOf(const v1::Job& job) {
   return {job.worker_ids().begin(), job.worker_ids().end()};
 }
 
+// A store that shows each commit to `on_commit` (on the committing
+// thread) before handing it on: what was on disk when a record was saved.
+class ObservingStore : public Store {
+ public:
+  explicit ObservingStore(Store* inner) : inner_(inner) {}
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (on_commit) on_commit(writes);
+    return inner_->Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return inner_->Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return inner_->Scan(prefix);
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+
+  std::function<void(const std::vector<StoreWrite>&)> on_commit;
+
+ private:
+  Store* inner_;
+};
+
 class JobManagerElasticTest : public ::testing::Test {
  protected:
   JobManagerElasticTest()
@@ -75,7 +101,7 @@ class JobManagerElasticTest : public ::testing::Test {
     jobs_.reset();
     JobManagerOptions options{.output_dir = OutputDir()};
     if (with_state) {
-      state_ = std::make_unique<CoordinatorState>(&store_);
+      state_ = std::make_unique<CoordinatorState>(&observing_);
       options.state = state_.get();
     }
     options.background_runner = background_.Runner();
@@ -293,6 +319,7 @@ class JobManagerElasticTest : public ::testing::Test {
   BackgroundQueue background_;  // outlives jobs_
   bool hold_plans_ = false;  // Step and Checkpoint leave the jobs PLANNING
   MemoryStore store_;
+  ObservingStore observing_{&store_};
   std::unique_ptr<CoordinatorState> state_;
   std::unique_ptr<JobManager> jobs_;
   std::map<std::string, int64_t> incarnations_;
@@ -643,6 +670,40 @@ TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) 
   EXPECT_FALSE(std::filesystem::exists(step5));
   EXPECT_TRUE(std::filesystem::exists(
       absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000010/manifest.json")));
+}
+
+// A job's end is saved before its incomplete checkpoints' files go (on
+// the same queue): a crash during a long removal would otherwise lose the
+// end (a SUCCEEDED job came back to train again), and a cancel waited
+// for the removal before its state was durable.
+TEST_F(JobManagerElasticTest, JobEnded_SavedBeforeItsCheckpointFilesGo) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  const std::string step10 = absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000010");
+  std::filesystem::create_directories(step10);
+  std::ofstream(step10 + "/unit-0000.safetensors") << "stage 0's files";
+  ASSERT_TRUE(Checkpoint(id, 0, 10).ok());  // stage 1's never come
+  jobs_->FlushIo();
+  bool saved = false, files_there_then = false;
+  observing_.on_commit = [&](const std::vector<StoreWrite>& writes) {
+    for (const StoreWrite& w : writes) {
+      if (!saved && w.kind == StoreWrite::Kind::kPut && w.key == "jobs/" + id) {
+        saved = true;
+        files_there_then = std::filesystem::exists(step10);
+      }
+    }
+  };
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  jobs_->FlushIo();
+  observing_.on_commit = nullptr;
+  EXPECT_TRUE(saved);
+  EXPECT_TRUE(files_there_then) << "the incomplete step was removed before the end was saved";
+  EXPECT_FALSE(std::filesystem::exists(step10));
 }
 
 // A job that ends while a checkpoint is half written: that step can never

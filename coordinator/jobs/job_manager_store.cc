@@ -407,10 +407,11 @@ absl::Status JobManager::Restore() {
     io_.Post([this, id, doomed] { RemoveExpiring(id, doomed, /*save_after=*/true); });
   }
   for (const std::string& id : failed_by_restart) {
-    SweepCheckpointDirsLocked(*jobs_[id], absl::Now());
+    std::function<void()> sweep = CheckpointSweepLocked(*jobs_[id], absl::Now());
     // Else the store says RUNNING, and every restart fails it again (its
     // "ended" counted each time).
     PersistLocked(*jobs_[id]).IgnoreError();  // logged
+    if (sweep) io_.Post(std::move(sweep));
   }
   PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "
                << profiles.size() << " profiles from " << options_.state->Describe();

@@ -148,15 +148,16 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
     return it == contents.metadata.end() ? std::string() : it->second;
   };
   if (meta("format") != kFormat || (meta("version") != "1" && meta("version") != kVersion)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a pipetrain checkpoint (format '", meta("format"), "', version '",
-        meta("version"), "'); to start from plain weights use --init-from"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a pipetrain checkpoint (format '", meta("format").substr(0, 32),
+                     "', version '", meta("version").substr(0, 32),
+                     "'); to start from plain weights use --init-from"));
   }
   for (const auto& [key, mine] : IdentityFields(trainer->config())) {
     if (meta(key) != mine) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": checkpoint has ", key, "=", meta(key), " but this run has ", key, "=", mine,
-          "; pass the checkpoint's value"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": checkpoint has ", key, "=", meta(key).substr(0, 32),
+                       " but this run has ", key, "=", mine, "; pass the checkpoint's value"));
     }
   }
   for (const auto& [key, mine] : SampleFields(trainer->config())) {
@@ -182,7 +183,8 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
   // A run has at most kMaxSteps steps (spec/job_spec.h); a larger count,
   // which SaveCheckpoint never writes, would overflow AdamW's step count.
   if (!absl::SimpleAtoi(meta("step"), &step) || step < 0 || step > kMaxSteps) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", meta("step"), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad step '", meta("step").substr(0, 32), "'"));
   }
   // The sample order continues at iteration `step` (LocalTrainer::Step
   // draws iteration step()); a file whose cursor says otherwise was not

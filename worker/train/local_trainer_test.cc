@@ -242,6 +242,25 @@ TEST(LocalTrainerTest, Restore_DataCursorOtherThanStep_IsInvalidArgument) {
   EXPECT_EQ(resumed->step(), 0);
 }
 
+// The file's metadata is the file's, not ours: a refusal quotes at most 32
+// bytes of a value, however long (a header may hold 16 MiB of it).
+TEST(LocalTrainerTest, Restore_HugeMetadataValues_QuotedCut) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/huge_meta.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  const SafetensorsContents saved = ReadSafetensors(path).value();
+  for (const char* key : {"format", "n_layer", "step"}) {
+    SafetensorsContents contents = saved;
+    contents.metadata[key] = std::string(100000, 'x');
+    ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+    const absl::Status status =
+        RestoreCheckpoint(path, LocalTrainer::Create(SmallConfig(), &data)->get());
+    EXPECT_FALSE(status.ok()) << key;
+    EXPECT_LT(status.message().size(), path.size() + 200) << key << ": " << status.message();
+  }
+}
+
 // A step past any run's length (kMaxSteps) was not written by
 // SaveCheckpoint; INT64_MAX would overflow AdamW's step count at the first
 // step after the restore.

@@ -677,12 +677,7 @@ TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) 
 // end (a SUCCEEDED job came back to train again), and a cancel waited
 // for the removal before its state was durable.
 TEST_F(JobManagerElasticTest, JobEnded_SavedBeforeItsCheckpointFilesGo) {
-  Reset(/*with_state=*/true);
-  AddWorker(7001);
-  AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
+  const std::string id = CheckpointedJobInStore();
   for (int step = 6; step <= 10; ++step) Step(id, step);
   const std::string step10 = absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000010");
   std::filesystem::create_directories(step10);

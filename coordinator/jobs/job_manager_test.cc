@@ -183,6 +183,17 @@ class JobManagerTest : public ::testing::Test {
     ASSERT_TRUE(jobs_.FinishWeights(worker, job).ok());
   }
 
+  // Answers every profile request with FakeProfile() once `release` is
+  // notified: the job profiled meanwhile stays PROFILING.
+  void HoldProfilesUntil(absl::Notification* release) {
+    jobs_.SetProfileFetcher(
+        [release](const std::string&, const std::string&,
+                  const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+          release->WaitForNotification();
+          return FakeProfile();
+        });
+  }
+
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_.ScheduleQueued();
@@ -1874,11 +1885,7 @@ TEST_F(JobManagerTest, ProfileReplyUnknownFields_NotCached) {
 // profiling).
 TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
   absl::Notification release;
-  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
-                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    release.WaitForNotification();
-    return FakeProfile();
-  });
+  HoldProfilesUntil(&release);
   AddWorker(7001);
   AddWorker(7002);
   AddWorker(7003);
@@ -1902,11 +1909,7 @@ TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
 // (it waited out the whole profile, up to three 10-minute attempts).
 TEST_F(JobManagerTest, QueuedShortOfWorkersBehindAProfilingJob_FailsAtItsQueueTimeout) {
   absl::Notification release;
-  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
-                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    release.WaitForNotification();
-    return FakeProfile();
-  });
+  HoldProfilesUntil(&release);
   AddWorker(7001);
   AddWorker(7002);
   const std::string first = Submit(SmallSpec(2)).value().id();

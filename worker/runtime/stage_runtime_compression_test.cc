@@ -256,7 +256,9 @@ TEST(StageRuntimeCompression, ReplicaDeviceCollective_OnlyForExactAllReduce) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums) {
+// The model and text of the token top-k tests: 2 layers, micro-batches of
+// 2 sequences of 16 tokens.
+TrainConfig TokenTopKConfig() {
   TrainConfig c;
   c.model.n_layer = 2;
   c.model.n_head = 2;
@@ -266,9 +268,42 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   c.batch_size = 4;
   c.micro_batches = 2;
   c.seed = 7;
+  return c;
+}
+
+Dataset TokenTopKDataset() {
   const std::string text = GenerateEnglishText(5, 50000);
-  const Dataset data =
-      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.1).value();
+  return Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.1).value();
+}
+
+// attn_0's (unit 1's) output for micro-batch 0 of the first step, computed
+// by hand as stage 0 computes it (same Philox initialisation, same batch),
+// and coded by token_topk:keep=0.5 with its tokens ranked by the
+// attention's column sums, and by their L2 norms.
+struct AttentionOutputCoded {
+  std::string by_attention, by_norm;
+};
+AttentionOutputCoded CodeAttentionOutputByHand(const TrainConfig& c, const Dataset& data) {
+  auto embed = MakeUnit(c.model, 0), attn = MakeUnit(c.model, 1);
+  InitializeParameters(embed.get(), c.seed);
+  InitializeParameters(attn.get(), c.seed);
+  attn->KeepTokenImportance();  // as the runtime does for a token_topk send
+  const TokenBatch batch = data.TrainBatch(c.seed, 0, 0, c.batch_size / c.micro_batches);
+  UnitContext embed_ctx, attn_ctx;
+  const Tensor x = attn->Forward(embed->Forward(Tensor(), batch, &embed_ctx), batch, &attn_ctx);
+  auto codec = MakeCodec("token_topk:keep=0.5").value();
+  const auto* token_topk = dynamic_cast<const TokenTopKCodec*>(codec.get());
+  if (token_topk == nullptr) {
+    ADD_FAILURE() << "token_topk:keep=0.5 is not a TokenTopKCodec";
+    return {};
+  }
+  return {token_topk->EncodeWithScores(x, attn->TokenImportance(attn_ctx), nullptr).value(),
+          token_topk->Encode(x, nullptr).value()};
+}
+
+TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums) {
+  const TrainConfig c = TokenTopKConfig();
+  const Dataset data = TokenTopKDataset();
   // Stage 0 runs embed and attn_0 (unit 1): its output is an attention output.
   const std::vector<Range> ranges = {{0, 2}, {2, 6}};
   auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
@@ -301,23 +336,11 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   ASSERT_NE(sent, nullptr);
   ASSERT_EQ(sent->codec, "token_topk:keep=0.5");
 
-  // The same forward pass by hand: same Philox initialisation, same batch.
-  auto embed = MakeUnit(c.model, 0), attn = MakeUnit(c.model, 1);
-  InitializeParameters(embed.get(), c.seed);
-  InitializeParameters(attn.get(), c.seed);
-  attn->KeepTokenImportance();  // as the runtime does for a token_topk send
-  const TokenBatch batch = data.TrainBatch(c.seed, 0, 0, c.batch_size / c.micro_batches);
-  UnitContext embed_ctx, attn_ctx;
-  const Tensor x = attn->Forward(embed->Forward(Tensor(), batch, &embed_ctx), batch, &attn_ctx);
-  const std::vector<float> column_sums = attn->TokenImportance(attn_ctx);
-  auto codec = MakeCodec("token_topk:keep=0.5").value();
-  const auto* token_topk = dynamic_cast<const TokenTopKCodec*>(codec.get());
-  ASSERT_NE(token_topk, nullptr);
-  const std::string by_attention = token_topk->EncodeWithScores(x, column_sums, nullptr).value();
-  const std::string by_norm = token_topk->Encode(x, nullptr).value();
+  const AttentionOutputCoded by_hand = CodeAttentionOutputByHand(c, data);
   // The test can tell the two apart only if they select different tokens.
-  ASSERT_NE(by_attention, by_norm) << "column sums and L2 norms pick the same tokens here";
-  EXPECT_EQ(sent->payload, by_attention);
+  ASSERT_NE(by_hand.by_attention, by_hand.by_norm)
+      << "column sums and L2 norms pick the same tokens here";
+  EXPECT_EQ(sent->payload, by_hand.by_attention);
 }
 
 // A Bi-Partition plan may send one activation twice: forward {[0,2),
@@ -328,18 +351,8 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
 // ranked by L2 norm, so worker 2 recomputed from another input than the
 // forward used.
 TEST(StageRuntimeCompression, TokenTopKActivationSentTwice_BothRankedByAttention) {
-  TrainConfig c;
-  c.model.n_layer = 2;
-  c.model.n_head = 2;
-  c.model.d_model = 32;
-  c.model.max_seq_len = 16;
-  c.seq_len = 16;
-  c.batch_size = 4;
-  c.micro_batches = 2;
-  c.seed = 7;
-  const std::string text = GenerateEnglishText(5, 50000);
-  const Dataset data =
-      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.1).value();
+  const TrainConfig c = TokenTopKConfig();
+  const Dataset data = TokenTopKDataset();
   const std::vector<Range> forward = {{0, 2}, {2, 4}, {4, 6}};
   const std::vector<Range> backward = {{0, 1}, {1, 2}, {2, 6}};
   auto programs =
@@ -380,18 +393,7 @@ TEST(StageRuntimeCompression, TokenTopKActivationSentTwice_BothRankedByAttention
   EXPECT_EQ(payloads[0], payloads[1]);
 
   // And it is the attention's ranking, not the norms'.
-  auto embed = MakeUnit(c.model, 0), attn = MakeUnit(c.model, 1);
-  InitializeParameters(embed.get(), c.seed);
-  InitializeParameters(attn.get(), c.seed);
-  attn->KeepTokenImportance();
-  const TokenBatch batch = data.TrainBatch(c.seed, 0, 0, c.batch_size / c.micro_batches);
-  UnitContext embed_ctx, attn_ctx;
-  const Tensor x = attn->Forward(embed->Forward(Tensor(), batch, &embed_ctx), batch, &attn_ctx);
-  auto codec = MakeCodec("token_topk:keep=0.5").value();
-  const auto* token_topk = dynamic_cast<const TokenTopKCodec*>(codec.get());
-  ASSERT_NE(token_topk, nullptr);
-  EXPECT_EQ(payloads[1],
-            token_topk->EncodeWithScores(x, attn->TokenImportance(attn_ctx), nullptr).value());
+  EXPECT_EQ(payloads[1], CodeAttentionOutputByHand(c, data).by_attention);
 }
 
 }  // namespace

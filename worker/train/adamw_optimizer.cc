@@ -4,6 +4,10 @@
 
 namespace pipetrain {
 
+const char* DecayPolicyName(DecayPolicy policy) {
+  return policy == DecayPolicy::kAll ? "all" : "matrices";
+}
+
 absl::Status ParseDecayPolicy(const std::string& text, DecayPolicy* out) {
   if (text == "matrices") {
     *out = DecayPolicy::kMatricesOnly;

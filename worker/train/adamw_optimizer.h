@@ -23,6 +23,8 @@ enum class DecayPolicy { kMatricesOnly, kAll };
 
 // "matrices" | "all"; INVALID_ARGUMENT otherwise.
 absl::Status ParseDecayPolicy(const std::string& text, DecayPolicy* out);
+// The name ParseDecayPolicy takes for `policy`.
+const char* DecayPolicyName(DecayPolicy policy);
 
 struct AdamWMoments {
   Tensor m;

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "worker/model/weights_io.h"
+#include "worker/train/lr_schedule.h"
 #include "worker/train/train_config.h"
 
 namespace pipetrain {
@@ -70,9 +71,9 @@ std::vector<UpdateField> UpdateFields(const TrainConfig& c) {
       {"beta2", "--beta2", absl::StrCat(c.adam.beta2)},
       {"eps", "--eps", absl::StrCat(c.adam.eps)},
       {"weight_decay", "--weight-decay", absl::StrCat(c.adam.weight_decay)},
-      {"decay", "--decay", c.decay == DecayPolicy::kAll ? "all" : "matrices"},
+      {"decay", "--decay", DecayPolicyName(c.decay)},
       {"grad_clip", "--grad-clip", absl::StrCat(c.grad_clip)},
-      {"lr_schedule", "--lr-schedule", cosine ? "cosine" : "constant"},
+      {"lr_schedule", "--lr-schedule", LrScheduleName(c.lr_schedule)},
       {"warmup_steps", "--warmup-steps", absl::StrCat(c.warmup_steps)}};
   if (cosine) {
     fields.push_back({"min_lr", "--min-lr", absl::StrCat(c.min_lr)});

@@ -23,6 +23,10 @@ float LearningRate(const TrainConfig& config, int64_t step) {
   return static_cast<float>(min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * p)));
 }
 
+const char* LrScheduleName(LrSchedule schedule) {
+  return schedule == LrSchedule::kCosine ? "cosine" : "constant";
+}
+
 absl::Status ParseLrSchedule(const std::string& field, const std::string& text, LrSchedule* out) {
   if (text == "constant") {
     *out = LrSchedule::kConstant;

@@ -26,6 +26,8 @@ float LearningRate(const TrainConfig& config, int64_t step);
 
 // "constant" | "cosine"; INVALID_ARGUMENT naming `field` otherwise.
 absl::Status ParseLrSchedule(const std::string& field, const std::string& text, LrSchedule* out);
+// The name ParseLrSchedule takes for `schedule`.
+const char* LrScheduleName(LrSchedule schedule);
 
 }  // namespace pipetrain
 

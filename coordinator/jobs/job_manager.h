@@ -105,6 +105,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -733,6 +734,14 @@ class JobManager {
   std::vector<std::string> SparesForLocked(const JobRecord& record,
                                            const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first of `pending`'s workers that is no longer as it was planned
+  // (ASSIGNED to `job_id`, the same incarnation), and why; nullopt when
+  // all are. A loss the registry has not told OnWorkerLost about yet.
+  std::optional<std::pair<std::string, std::string>> LostSinceAssignedLocked(
+      const PendingPlacement& pending, const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The incarnation `infos` hold for `worker_id`; 0 when it is not there.
+  static int64_t IncarnationIn(const std::vector<v1::Worker>& infos, const std::string& worker_id);
   // `worker` (its `incarnation`) was lost while the job was PLANNING; see
   // PlacementOrigin.
   void AbandonPlacementLocked(JobRecord& record, const std::string& worker,

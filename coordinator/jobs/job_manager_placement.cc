@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
 #include "common/secrets.h"
@@ -335,6 +336,16 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
       record->placement != placement || !record->pending.has_value()) {
     return;
   }
+  // A worker lost since it was assigned whose loss has not reached
+  // OnWorkerLost yet: the registry tells its listener after leaving its
+  // own lock, and this may run in between. Committed, the job would be
+  // RUNNING on a worker that is gone, and that loss (arriving next) would
+  // fail a job without checkpoints that a loss while planning re-queues.
+  if (std::optional<std::pair<std::string, std::string>> gone =
+          LostSinceAssignedLocked(*record->pending, job_id)) {
+    return AbandonPlacementLocked(*record, gone->first, gone->second,
+                                  IncarnationIn(record->pending->infos, gone->first));
+  }
   PendingPlacement pending = *std::move(record->pending);
   record->pending.reset();
   if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
@@ -345,6 +356,29 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
                      absl::StrCat(pending.failure_prefix, output.status.message()));
   }
   CommitPlacementLocked(*record, std::move(pending), std::move(output));
+}
+
+std::optional<std::pair<std::string, std::string>> JobManager::LostSinceAssignedLocked(
+    const PendingPlacement& pending, const std::string& job_id) const {
+  for (const v1::Worker& planned : pending.infos) {
+    const absl::StatusOr<v1::Worker> now = registry_->Get(planned.id());
+    if (!now.ok()) return std::make_pair(planned.id(), std::string("it is no longer registered"));
+    if (now->incarnation() != planned.incarnation()) {
+      return std::make_pair(planned.id(), std::string("it registered again"));
+    }
+    if (now->state() != v1::WORKER_STATE_ASSIGNED || now->job_id() != job_id) {
+      return std::make_pair(planned.id(), absl::StrCat("it is ", EnumShortName(now->state())));
+    }
+  }
+  return std::nullopt;
+}
+
+int64_t JobManager::IncarnationIn(const std::vector<v1::Worker>& infos,
+                                  const std::string& worker_id) {
+  for (const v1::Worker& w : infos) {
+    if (w.id() == worker_id) return w.incarnation();
+  }
+  return 0;
 }
 
 bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlacement& pending,

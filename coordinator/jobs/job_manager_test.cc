@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -2358,6 +2359,36 @@ TEST_F(JobManagerTest, WorkerLostWhilePlanning_FirstPlanRequeuedAndPlacedOnTheOt
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.plan_version(), 1);
+}
+
+// The registry tells its listener of a loss after leaving its own lock:
+// a plan that comes in between finds the worker LOST and goes back to
+// QUEUED as a loss while planning would, instead of running on it and
+// failing (no checkpoints) when the loss arrives.
+TEST_F(JobManagerTest, WorkerLostJustBeforeThePlanIsIn_RequeuedNotFailed) {
+  std::vector<std::tuple<std::string, std::string, std::string, int64_t>> held;
+  registry_.SetLossListener(
+      [&held](const std::string& w, const std::string& j, const std::string& reason,
+              int64_t incarnation) { held.emplace_back(w, j, reason, incarnation); });
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();  // planning waits
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_PLANNING);
+  registry_.MarkLost(w2, registry_.Get(w2).value().incarnation(), "pod deleted");
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(background_.RunAll(), 1);  // the plan is in before the loss
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.reason();
+  EXPECT_EQ(job.reason(), absl::StrCat("a worker was lost while the job was being planned (",
+                                       "it is LOST); waiting to be planned again"));
+  EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
+  for (const auto& [w, j, reason, incarnation] : held)
+    jobs_.OnWorkerLost(w, j, reason, incarnation);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  Schedule();
+  job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
 }
 
 // Cancelled while it is planned: the plan is dropped when it is in, no

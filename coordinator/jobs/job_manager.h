@@ -514,9 +514,9 @@ class JobManager {
     // the same one again is a retry, not another failure.
     std::string last_checkpoint_error;
     int recoveries_without_progress = 0;
-    // The furthest step any complete checkpoint reached (since this
-    // coordinator took the job: restored from its latest); only a
-    // checkpoint beyond it resets recoveries_without_progress.
+    // The furthest step any complete checkpoint reached (stored, so a
+    // restart does not lower it to the latest); only a checkpoint beyond
+    // it resets recoveries_without_progress.
     int64_t furthest_checkpoint_step = 0;
     // After a re-plan, until the first step completes on it (for the
     // recovery time): when the loss was detected, and the two phases.

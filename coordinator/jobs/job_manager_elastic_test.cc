@@ -1372,6 +1372,49 @@ TEST_F(CheckpointUnusableClaimTest, DroppedCheckpointRedone_IsNoProgress) {
   EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();
 }
 
+// The furthest checkpoint is stored: after a restart, redoing a dropped
+// checkpoint's step is still no progress (restored from the latest
+// checkpoint alone, step 10 redone would have reset the count).
+TEST_F(JobManagerElasticTest, Restore_DroppedCheckpointRedone_StillNoProgress) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 10; ++step) {
+    Step(id, step);
+    if (step % 5 == 0) CheckpointAll(id, step);
+  }
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
+  HeartbeatAllAndSchedule({w1, w2});
+  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+  // Loading step 10 fails: it is dropped, and the job resumes from 5.
+  v1::ReportProgressRequest r = PeerFailure(id, w1, 2);
+  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+  r.set_peer_failure(false);
+  r.set_checkpoint_unusable(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
+  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);
+  AddWorker(7002);
+  Schedule();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);  // 10 again, no further than before the restart
+  jobs_->FlushIo();
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 10);
+  const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].furthest_checkpoint_step(), 10);
+  EXPECT_GT(stored[0].recoveries_without_progress(), 0);
+}
+
 TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

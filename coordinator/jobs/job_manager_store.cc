@@ -44,6 +44,7 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   stored.set_profile_source(record.profile_source);
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
+  stored.set_furthest_checkpoint_step(record.furthest_checkpoint_step);
   stored.set_request_spec_sha256(record.request_spec_sha256);
   if (record.init_checkpoint.has_value())
     *stored.mutable_init_checkpoint() = *record.init_checkpoint;
@@ -288,8 +289,12 @@ absl::Status JobManager::Restore() {
       if (!checkpoints_mismatch.empty()) {
         fail_unfit("checkpoints do not fit the job", checkpoints_mismatch);
       }
+      // A stored step past the job's end is not one it reached.
+      record->furthest_checkpoint_step =
+          std::clamp<int64_t>(s.furthest_checkpoint_step(), 0, record->resolved.train.steps);
       if (record->checkpoints->Latest() != nullptr) {
-        record->furthest_checkpoint_step = record->checkpoints->Latest()->step();
+        record->furthest_checkpoint_step =
+            std::max(record->furthest_checkpoint_step, record->checkpoints->Latest()->step());
       }
       // Expired ones whose removal a crash may have cut short: removed once
       // every job is restored (below), if they name this job's own step

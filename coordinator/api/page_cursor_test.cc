@@ -38,8 +38,12 @@ TEST(PageCursorTest, MalformedTokens_InvalidArgumentNamingPageToken) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_NE(parsed.status().message().find("page_token: "), absl::string_view::npos);
   }
-  EXPECT_FALSE(ParsePageToken("jobs", "not base64!").ok());
-  EXPECT_FALSE(ParsePageToken("jobs", std::string(kMaxPageTokenBytes + 1, 'A')).ok());
+  for (const std::string& token :
+       {std::string("not base64!"), std::string(kMaxPageTokenBytes + 1, 'A')}) {
+    const absl::Status status = ParsePageToken("jobs", token).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("page_token: "), absl::string_view::npos) << status;
+  }
 }
 
 // The last item listed is still there: the page starts after it, however

@@ -1131,6 +1131,7 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) 
   ASSERT_GT(stored[0].checkpoints_size(), 0);
   const v1::ResumeFrom& newest = stored[0].checkpoints(stored[0].checkpoints_size() - 1);
   EXPECT_EQ(newest.step(), 26);
+  ASSERT_GT(newest.units_size(), 0);
   for (const v1::UnitFile& f : newest.units()) EXPECT_EQ(f.sha256(), redone);
 }
 
@@ -2515,9 +2516,13 @@ TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointLeftByAStop_RemovedUnless
     jobs_->FlushIo();  // that save
     EXPECT_EQ(std::filesystem::exists(path), shared);
     const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+    int found = 0;
     for (const store::StoredJob& s : stored) {
-      if (s.job().id() == id) EXPECT_EQ(s.expiring_size(), 0);
+      if (s.job().id() != id) continue;
+      ++found;
+      EXPECT_EQ(s.expiring_size(), 0);
     }
+    EXPECT_EQ(found, 1);
     // Free the directories for the next round.
     for (const v1::Job& job : jobs_->List()) (void)jobs_->Cancel(job.id());
     jobs_->FlushIo();

@@ -675,6 +675,7 @@ TEST_F(JobManagerTest, Progress_StageTimesSumEachWorkersReports) {
   EXPECT_DOUBLE_EQ(job.progress().stage_times(1).idle_seconds(), 0.375);
   // The plan predicts each stage's share of its simulated step.
   const v1::Plan plan = jobs_.GetPlan(id).value();
+  ASSERT_EQ(plan.stages_size(), 2);
   for (const v1::PlanStage& s : plan.stages()) {
     EXPECT_GT(s.predicted_busy_seconds(), 0);
     EXPECT_GE(s.predicted_idle_seconds(), 0);
@@ -2329,7 +2330,8 @@ TEST_F(JobManagerTest, Ended_EventOncePerJobWithItsState) {
   const std::string w1 = AddWorker(7001);
   const std::string cancelled = Submit(SmallSpec(1)).value().id();
   ASSERT_TRUE(jobs_.Cancel(cancelled).ok());
-  EXPECT_FALSE(jobs_.Cancel(cancelled).ok());  // ended already: no second event
+  // Ended already: refused, and no second event.
+  EXPECT_EQ(jobs_.Cancel(cancelled).status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string diverged = Submit(SmallSpec(1)).value().id();
   Report(w1, diverged, 0, {std::numeric_limits<float>::quiet_NaN()}, false);
   EXPECT_EQ(ended, (std::vector<v1::JobState>{v1::JOB_STATE_CANCELLED, v1::JOB_STATE_FAILED}));

@@ -1,5 +1,6 @@
 #include "coordinator/planner/data_parallel_layout.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -268,10 +269,14 @@ TEST(PlanDataParallelTest, Auto_SkipsLayoutsWhoseReplicasMixGpusAndCpus) {
   ClusterSpec cluster = Identical(4, 1e6, 1e-3);
   cluster.workers[0].gpu = cluster.workers[1].gpu = true;
   const DataParallelLayout layout = PlanDataParallel(profile, cluster, options).value();
+  std::vector<int> tried;
   for (const LayoutCandidate& c : layout.candidates) {
+    tried.push_back(c.data_parallel);
     if (c.data_parallel == 1) EXPECT_TRUE(c.status.ok()) << c.status;
     if (c.data_parallel > 1) EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
   }
+  std::sort(tried.begin(), tried.end());
+  EXPECT_EQ(tried, (std::vector<int>{1, 2, 4}));  // every replica count was tried
   EXPECT_EQ(layout.candidates[layout.chosen].data_parallel, 1);
 }
 

@@ -151,6 +151,12 @@ TEST(PlanJobTensorPartitions, OneSampleMicroBatches_NotPartitioned) {
   for (int partitions : {0, 2, 4}) {
     absl::StatusOr<CompiledPlan> plan = plan_with(partitions);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    // One count per unit, like the plan without partitions.
+    ASSERT_GT(one->plan.tensor_partitions_forward_size(), 0);
+    ASSERT_EQ(plan->plan.tensor_partitions_forward_size(),
+              one->plan.tensor_partitions_forward_size());
+    ASSERT_EQ(plan->plan.tensor_partitions_backward_size(),
+              one->plan.tensor_partitions_forward_size());
     for (int k : plan->plan.tensor_partitions_forward()) EXPECT_EQ(k, 1) << partitions;
     for (int k : plan->plan.tensor_partitions_backward()) EXPECT_EQ(k, 1) << partitions;
     EXPECT_DOUBLE_EQ(plan->plan.predicted_iteration_seconds(),

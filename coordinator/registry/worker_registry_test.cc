@@ -1146,6 +1146,7 @@ TEST(WorkerRegistryTest, StalenessLoop_ClockAdvanced_MarksLostAndNotifies) {
 
 TEST(WorkerRegistryTest, StalenessLoop_StartStopRepeated_NoOpsAndRestarts) {
   FakeClock clock;
+  LossRecorder recorder;  // outlives the registry, whose loop calls it
   WorkerRegistry registry(MakeOptions(&clock));
   registry.Stop();  // not running: no-op
   registry.StartStalenessLoop();
@@ -1153,6 +1154,13 @@ TEST(WorkerRegistryTest, StalenessLoop_StartStopRepeated_NoOpsAndRestarts) {
   registry.Stop();
   registry.Stop();
   registry.StartStalenessLoop();
+  // The restarted loop works: it finds a silent worker lost.
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  clock.Advance(absl::Seconds(6));
+  ASSERT_TRUE(recorder.WaitFor(1, absl::Seconds(10)));
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_LOST);
   // The destructor stops the restarted loop.
 }
 

@@ -531,6 +531,7 @@ TEST(PowerSgdTest, Encode_TinyInput_FiniteFactorsAndWarmStart) {
     ASSERT_TRUE(payload.ok()) << payload.status();
     absl::StatusOr<Tensor> decoded = codec->Decode(*payload);
     ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ASSERT_EQ(state.powersgd_q.shape(), (Shape{4, 1}));  // the warm start was kept
     for (float v : state.powersgd_q.ToVector()) EXPECT_TRUE(std::isfinite(v));
   }
   const Tensor normal = LowRank(4, 4, 1, 90);

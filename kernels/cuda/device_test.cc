@@ -50,7 +50,7 @@ TEST(CheckKernelsRunOnTest, ComputeCapability_RefusedBelowTheBuildsOnly) {
             std::string::npos)
       << refused;
   device.compute_major = 0;  // what an unfilled info says
-  EXPECT_FALSE(CheckKernelsRunOn(device).ok());
+  EXPECT_EQ(CheckKernelsRunOn(device).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(GetCudaDeviceInfoTest, GetCudaDeviceInfo_NegativeIndex_InvalidArgument) {

@@ -1202,6 +1202,13 @@ TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
     while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
   }
   EXPECT_EQ(calls.load(), 0);
+  // It did end well: no stage reported an error, and both finished.
+  int finished = 0;
+  for (const auto& r : link.reports()) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    finished += r.finished();
+  }
+  EXPECT_EQ(finished, 2);
 }
 
 // --- Device groups: the CPU posing as GPUs, channels of an in-process hub.

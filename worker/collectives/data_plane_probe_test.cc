@@ -66,7 +66,9 @@ TEST(ProbeDataPlaneTest, UnreachableSelfIsAnError) {
       DataPlaneServer::Start("127.0.0.1:0", &mailbox);
   ASSERT_TRUE(server.ok()) << server.status();
   // Port 1 on loopback: nothing listens there.
-  EXPECT_FALSE(ProbeDataPlane(server->get(), &mailbox, "127.0.0.1:1").ok());
+  const absl::Status probed = ProbeDataPlane(server->get(), &mailbox, "127.0.0.1:1").status();
+  EXPECT_EQ(probed.code(), absl::StatusCode::kUnavailable) << probed;
+  EXPECT_NE(probed.message().find("127.0.0.1:1"), absl::string_view::npos) << probed;
   EXPECT_EQ(mailbox.size(), 0u);
 }
 

@@ -258,6 +258,10 @@ TEST(LocalTrainerTest, Restore_HugeMetadataValues_QuotedCut) {
         RestoreCheckpoint(path, LocalTrainer::Create(SmallConfig(), &data)->get());
     EXPECT_FALSE(status.ok()) << key;
     EXPECT_LT(status.message().size(), path.size() + 200) << key << ": " << status.message();
+    // It names the key and quotes the value's first 32 bytes, no more.
+    EXPECT_NE(status.message().find(key), absl::string_view::npos) << status;
+    EXPECT_NE(status.message().find(std::string(32, 'x')), absl::string_view::npos) << status;
+    EXPECT_EQ(status.message().find(std::string(33, 'x')), absl::string_view::npos) << status;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "worker/transport/tensor_pool.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -59,13 +60,16 @@ TEST(TensorPoolTest, TensorsOutliveThePoolHandle_AndMoveBetweenThreads) {
   // Dropped on other threads after the last pool handle is gone: each
   // returns its memory to the pool, which the last one frees.
   std::vector<std::thread> threads;
+  std::atomic<int> intact{0};
   for (Tensor& t : tensors) {
-    threads.emplace_back([t = std::move(t)]() mutable {
+    threads.emplace_back([t = std::move(t), &intact]() mutable {
       t.Fill(2.0f);
+      if (t.ToVector() == std::vector<float>(kMiB / 4, 2.0f)) ++intact;
       t = Tensor();
     });
   }
   for (std::thread& th : threads) th.join();
+  EXPECT_EQ(intact.load(), 8);  // each its own memory, whole
 }
 
 }  // namespace

@@ -62,7 +62,9 @@ TEST(TempFileTest, WriteNewFile_CreatesOnly_NeverThroughWhatIsThere) {
   std::ofstream(target) << "theirs";
   const std::string link = dir + "/link";
   ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
-  EXPECT_FALSE(WriteNewFile(link, "mine", 0600).ok());
+  const absl::Status through = WriteNewFile(link, "mine", 0600);
+  EXPECT_EQ(through.code(), absl::StatusCode::kAlreadyExists) << through;
+  EXPECT_TRUE(absl::StrContains(through.message(), link)) << through;
   EXPECT_EQ(Read(target), "theirs");
 }
 
@@ -82,7 +84,9 @@ TEST(TempFileTest, WriteNewFileAt_InTheOpenDirectory_NeverThroughALink) {
   EXPECT_EQ(Read(dir + "/synced"), "one\n");
   std::ofstream(dir + "/target") << "theirs";
   ASSERT_EQ(symlinkat("target", fd, "link"), 0);
-  EXPECT_FALSE(WriteNewFileAt(fd, "link", "mine", 0600, true).ok());
+  const absl::Status through = WriteNewFileAt(fd, "link", "mine", 0600, true);
+  EXPECT_EQ(through.code(), absl::StatusCode::kAlreadyExists) << through;
+  EXPECT_TRUE(absl::StrContains(through.message(), "link")) << through;
   EXPECT_EQ(Read(dir + "/target"), "theirs");
   close(fd);
 }

@@ -44,7 +44,9 @@ TEST(ReadFlagFile, EndlessOrOverTheLimit_InvalidArgument) {
   EXPECT_EQ(read.status().message(), "--tls-ca: /dev/zero is over 4194304 bytes; give a PEM file");
   const std::string limit(kMaxPemFileBytes, 'x');
   EXPECT_EQ(ReadFlagFile("tls-ca", WriteFile("limit.pem", limit)).value().size(), kMaxPemFileBytes);
-  EXPECT_FALSE(ReadFlagFile("tls-ca", WriteFile("over.pem", limit + "x")).ok());
+  const absl::Status over = ReadFlagFile("tls-ca", WriteFile("over.pem", limit + "x")).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "is over 4194304 bytes")) << over;
 }
 
 TEST(ReadFlagFile, Missing_NotFoundNamingFlagAndPath) {

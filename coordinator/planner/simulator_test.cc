@@ -146,6 +146,7 @@ TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
             SimulateIteration(programs, UniformCosts(2 * p, 0.5, 1, 1e6, p)).value();
         // Stage fwd 1 s, bwd 2 s: (m + P - 1) slots of 3 s, m of them busy.
         EXPECT_EQ(r.iteration_seconds, 3.0 * (m + p - 1));
+        ASSERT_EQ(r.busy_seconds.size(), static_cast<size_t>(p));
         for (double busy : r.busy_seconds) EXPECT_EQ(busy, 3.0 * m);
         EXPECT_DOUBLE_EQ(r.bubble_fraction, (p - 1.0) / (m + p - 1.0));
       }

@@ -502,6 +502,9 @@ TEST_F(ElectionTest, LeaderDestroyedWithoutResign_FollowerTakesOverOnceLeaseExpi
   std::cout << "failover after the leader stopped renewing (ttl " << absl::FormatDuration(kTtl)
             << "): " << absl::FormatDuration(took) << "\n";
   RecordProperty("failover_after_stop_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
+  // Not before the lease ran out: renewed at most ttl/3 before the stop,
+  // it had at least 2/3 of the TTL left (half, with a margin for clocks).
+  EXPECT_GE(took, kTtl / 2);
   EXPECT_EQ((*follower_)->Leader(), follower_id_);
 }
 

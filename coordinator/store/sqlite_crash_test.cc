@@ -187,21 +187,33 @@ TEST(SqliteCrashTest, Sigkill_DuringTheFirstOpen_TheNextOpenStartsEmpty) {
   }
   // Over the Open's duration and a little beyond, at least 1 us apart.
   const int64_t open_us = std::max<int64_t>(absl::ToInt64Microseconds(absl::Now() - start), 40);
+  // Kills that came before the child's Open returned (it writes a byte to
+  // a pipe then): at least one must, or nothing here tested a cut Open.
+  int before_open_returned = 0;
   for (int i = 0; i < kKills; ++i) {
     const std::string dir = NewTempDir("first") + "/state";
+    int opened[2];
+    ASSERT_EQ(pipe(opened), 0);
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      close(opened[0]);
       absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
       if (!store.ok()) ChildFail(store.status().ToString());
+      if (write(opened[1], "o", 1) != 1) ChildFail("cannot write to the pipe");
       pause();  // Killed here if the kill came after the Open.
       _exit(0);
     }
+    close(opened[1]);
     usleep(static_cast<useconds_t>(open_us * 5 / 4 * i / kKills));
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int wstatus = 0;
     ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(wstatus)) << "the child failed: see its message above";
+    char byte = 0;
+    // The child is gone: the read returns at once, 0 when it never wrote.
+    if (read(opened[0], &byte, 1) != 1) ++before_open_returned;
+    close(opened[0]);
     absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
     ASSERT_TRUE(store.ok()) << "killed after " << open_us * 5 / 4 * i / kKills << " of " << open_us
                             << " us: " << store.status();
@@ -212,6 +224,8 @@ TEST(SqliteCrashTest, Sigkill_DuringTheFirstOpen_TheNextOpenStartsEmpty) {
     struct stat st;
     EXPECT_NE(stat((dir + "/coordinator.db.new").c_str(), &st), 0) << "left behind";
   }
+  std::printf("%d of %d kills came before the Open returned\n", before_open_returned, kKills);
+  EXPECT_GT(before_open_returned, 0);
 }
 
 }  // namespace

@@ -92,6 +92,7 @@ TEST(ProfileUnitsTest, SmallModel_ReportsEveryUnitInPipelineOrder) {
 TEST(ProfileUnitsTest, SmallModel_TimesArePositive) {
   auto profile = ProfileUnits(SmallRequest());
   ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(profile->units_size(), 6);  // embed, 2 x (attn, mlp), head
   for (const v1::UnitProfile& u : profile->units()) {
     EXPECT_GT(u.fwd_seconds(), 0) << u.name();
     EXPECT_GT(u.bwd_seconds(), 0) << u.name();

@@ -565,6 +565,10 @@ class JobManager {
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
     std::string boundary_reason;
+    // The spares a growth boundary was asked for: held for the job while
+    // stop_at is pending (HeldWorkersLocked), so no job placed meanwhile
+    // takes them and the boundary stops every stage for nothing.
+    std::vector<std::string> boundary_joiners;
     // While PLANNING: the placement being planned, and its number (a
     // planning task whose number is not the job's current one, or that
     // finds the job no longer PLANNING, was overtaken and is dropped).
@@ -714,9 +718,10 @@ class JobManager {
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers held for jobs that are not running on them: recovering
-  // jobs' survivors (they wait for them) and the workers profiling a
-  // model (a job's plan measured there while it trained another job's would
-  // be skewed for every later job of the model). Not spares to any job.
+  // jobs' survivors (they wait for them), the spares a running job's
+  // pending boundary is to add, and the workers profiling a model (a
+  // job's plan measured there while it trained another job's would be
+  // skewed for every later job of the model). Not spares to any job.
   std::set<std::string> HeldWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D

@@ -1971,6 +1971,39 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
   EXPECT_EQ(registry_.Get(w4).value().state(), v1::WORKER_STATE_READY);
 }
 
+// The spare a job asked a boundary for is held for it until the boundary:
+// a job submitted meanwhile waits, rather than taking it and leaving the
+// boundary to stop every stage for a plan on the same workers (whose
+// history would still say the spare joined).
+TEST_F(JobManagerElasticTest, SpareWorker_HeldForTheBoundaryThatAsksForIt) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  Step(id, 1);
+  const std::string w3 = AddWorker(7003);
+  Schedule();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2);
+  const std::string later = Submit(ElasticSpec(1, 5)).value().id();
+  v1::Job waiting = jobs_->Get(later).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
+  EXPECT_TRUE(absl::StrContains(waiting.reason(), "held")) << waiting.reason();
+  EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w2, w3}));
+  // Once the boundary took it, a new worker is the waiting job's.
+  const std::string w4 = AddWorker(7004);
+  Schedule();
+  waiting = jobs_->Get(later).value();
+  ASSERT_EQ(waiting.state(), v1::JOB_STATE_RUNNING) << waiting.reason();
+  EXPECT_EQ(waiting.worker_ids(0), w4);
+}
+
 // A recovering job waiting for workers (fewer than its minimum) gets the
 // spares that come; running jobs do not grow into them meanwhile. Before,
 // the first spare grew a running job, the recovering job still had too

@@ -131,6 +131,7 @@ void JobManager::ScheduleQueued() {
     const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
       for (const std::string& w : joining) reserved.insert(w);
+      record.boundary_joiners = joining;
     }
   }
 }
@@ -215,6 +216,9 @@ std::set<std::string> JobManager::HeldWorkersLocked() const {
     if (record->profile_in_flight && !record->profiling_on.empty()) {
       held.insert(record->profiling_on);
     }
+    if (record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at > 0) {
+      held.insert(record->boundary_joiners.begin(), record->boundary_joiners.end());
+    }
   }
   return held;
 }
@@ -290,6 +294,7 @@ bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& rea
   if (step >= record.resolved.train.steps) return false;  // it ends sooner than that
   record.stop_at = step;
   record.boundary_reason = reason;
+  record.boundary_joiners.clear();  // a growth boundary names them after
   record.checkpoints->AllowStep(step);
   PT_LOG(INFO) << "job " << record.job.id() << ": re-planning after step " << step << " (" << reason
                << ")";

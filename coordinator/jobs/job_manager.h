@@ -254,6 +254,9 @@ struct JobManagerOptions {
   // background thread, a task at a time, in order. Tests set it to
   // interleave events with that work.
   std::function<void(std::function<void()> task)> background_runner;
+  // Tests: called off the job manager's lock just before a job's weights
+  // file is created (by the upload that creates it).
+  std::function<void()> before_weights_file_created;
 };
 class JobManager {
  public:
@@ -430,6 +433,20 @@ class JobManager {
     // other ones), and a later worker is tried with them (WaitForRoomLocked).
     std::map<std::string, int64_t> dropped_for_memory;
   };
+  // A job's weights file, created off the lock by the first upload that
+  // needs it (it reserves the whole model's bytes: posix_fallocate, which
+  // a file system without it emulates by writing every block, seconds for
+  // GPT-2 on NFS); other uploads wait for it here, not on the manager.
+  struct WeightsFileCreation {
+    // Set under the manager's lock, before any upload waits; read-only after.
+    std::string output_dir, name, job_id;
+    std::vector<SafetensorsTensorSpec> tensors;  // the model's unit order
+    std::map<std::string, size_t> index;         // tensor name -> index
+    AnnotatedMutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::shared_ptr<SafetensorsFileWriter> file ABSL_GUARDED_BY(mu);
+  };
   struct JobRecord {
     v1::Job job;
     ResolvedJobSpec resolved;
@@ -455,6 +472,10 @@ class JobManager {
     // Shared with the uploads writing into it outside the lock.
     std::shared_ptr<SafetensorsFileWriter> weights_file;
     std::map<std::string, size_t> weights_index;
+    // The weights file being created (null before the first chunk, and
+    // once dropped): an upload that finds another one here is the job's
+    // no longer.
+    std::shared_ptr<WeightsFileCreation> weights_creation;
     std::map<std::string, CoveredRanges> weights_covered;
     std::string profile_error;  // why the measured profile could not be had
     // Profiles that failed because their worker left (drained, stopped or
@@ -922,10 +943,16 @@ class JobManager {
   // job's sweeps would delete it.
   absl::Status CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved,
                                        const InitSource& init) const;
-  // Creates record.weights_file: spec.output.weights_path under the output
-  // directory (confined, directories created), every tensor the upload
-  // carries (weight_owner) in the model's unit order.
-  absl::Status OpenWeightsFileLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What record's weights file will hold: spec.output.weights_path under
+  // the output directory, every tensor the upload carries (weight_owner)
+  // in the model's unit order.
+  std::shared_ptr<WeightsFileCreation> NewWeightsFileCreationLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the file of `creation` (confined, directories created) once,
+  // whichever upload calls first; the others wait for it. Off mu_. The
+  // file, or why it could not be created.
+  absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> CreateWeightsFile(
+      WeightsFileCreation& creation) const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the job's weights file (its temporary is removed) and progress.
   static void DropWeightsFile(JobRecord& record);
   // Sends `worker` a STOP of the job, unless it is another job's by now.
@@ -938,7 +965,9 @@ class JobManager {
   // Removes the temporaries of the job's weights path that coordinators
   // left when they died during its upload, logging each (safetensors.h:
   // RemoveAbandonedTemporaries); for a job that failed or was cancelled.
-  void RemoveAbandonedWeightsOf(const JobRecord& record) const;
+  // On the io_ queue: a directory listing on a slow file system must not
+  // hold up the manager.
+  void RemoveAbandonedWeightsOf(const JobRecord& record);
   // The final weights were synced off the lock (`synced`): renames `file`
   // in under the lock and the job SUCCEEDS (or FAILS saying why), unless it
   // ended meanwhile (cancelled): then nothing is renamed, and `file`'s

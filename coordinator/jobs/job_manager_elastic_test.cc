@@ -2883,6 +2883,7 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_DeadUploadRemovedRes
   jobs_->SetEvents(events);
   ASSERT_TRUE(jobs_->Restore().ok());
   EXPECT_EQ(jobs_->Get(failed).value().state(), v1::JOB_STATE_FAILED);
+  jobs_->FlushIo();  // removed on the io queue
   EXPECT_EQ(access(stale.c_str(), F_OK), -1) << stale << " left behind";
   EXPECT_EQ(jobs_->Get(resumed).value().state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(recoveries, std::vector<std::string>{"coordinator_restart"});

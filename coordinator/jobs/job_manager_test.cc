@@ -1208,6 +1208,7 @@ TEST_F(JobManagerTest, Weights_DeadCoordinatorsTemporary_RemovedByTheNextUploadO
   ASSERT_EQ(FilesIn(dir),
             (std::vector<std::string>{"final.safetensors.tmp.1.0", "other.safetensors.tmp.1.0"}));
   ASSERT_TRUE(jobs_.Cancel(cancelled).ok());
+  jobs_.FlushIo();  // removed on the io queue
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"other.safetensors.tmp.1.0"});
 
   std::ofstream(dir + "/" + stale) << "half a file";
@@ -2411,6 +2412,49 @@ TEST_F(JobManagerTest, CancelWhilePlanning_PlanDroppedWorkersFree) {
 // leave a consistent state, whatever the interleaving: each RUNNING job's
 // workers are assigned to it and were sent its plan; every other worker's
 // current assignment runs nothing, or runs a RUNNING job that lists it.
+// The weights file reserves the whole model's bytes when the first chunk
+// comes, which a file system without fallocate emulates block by block:
+// created off the manager's lock, other calls (reports, heartbeats' drain
+// checks, other jobs) go on meanwhile.
+TEST(JobManagerWeightsFileTest, CreatedOffTheLock_OtherCallsGoOnMeanwhile) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
+  AssignmentHub hub;
+  JobManager* manager = nullptr;
+  int created = 0;
+  JobManagerOptions options{.output_dir = OutputDir()};
+  options.before_weights_file_created = [&manager, &created] {
+    ++created;
+    absl::Notification answered;
+    std::thread other([&] {
+      manager->CountByState();
+      answered.Notify();
+    });
+    // Under the lock, the other call would wait for this one to return.
+    EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    other.join();
+  };
+  JobManager jobs(&registry, &hub, &clock, options);
+  manager = &jobs;
+  v1::RegisterWorkerRequest request;
+  request.set_data_address("127.0.0.1:7001");
+  const std::string w1 = registry.Register(request).value().worker_id();
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("off-lock/final.safetensors");
+  const std::string id = jobs.Submit(spec).value().id();
+  jobs.AwaitBackgroundWork();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  for (const ParameterShape& p : UnitParameterShapes(model, 0)) {
+    ASSERT_TRUE(jobs.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
+  }
+  EXPECT_EQ(created, 1);  // once, by the first chunk
+  const std::vector<std::string> files = FilesIn(OutputDir() + "/off-lock");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+}
+
 TEST(JobManagerBackgroundTest, CancelsAndLossesWhilePlanning_StateStaysConsistent) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});

@@ -56,6 +56,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     }
   }
   std::shared_ptr<SafetensorsFileWriter> file;
+  std::shared_ptr<WeightsFileCreation> creation;
   size_t index = 0;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -98,12 +99,35 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
           absl::StrCat("chunks of ", c.tensor_name(), " arrive scattered over more than ",
                        kMaxWeightsRuns, " separate ranges; send a tensor's chunks in order"));
     }
-    absl::Status opened =
-        record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
-    if (!opened.ok()) {
+    if (record->weights_file != nullptr) {
+      file = record->weights_file;
+      index = record->weights_index.at(c.tensor_name());
+    } else {
+      if (record->weights_creation == nullptr) {
+        record->weights_creation = NewWeightsFileCreationLocked(*record);
+      }
+      creation = record->weights_creation;
+    }
+  }
+  if (creation != nullptr) {
+    // Off the lock: reserving the file's bytes may take long (see
+    // WeightsFileCreation), and reports, heartbeats' drain checks and
+    // every other job's calls take that lock.
+    absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> created = CreateWeightsFile(*creation);
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(c.job_id());
+    // The job moved on meanwhile (ended, re-planned): nothing to record,
+    // and the file (unused) goes with `creation`.
+    if (record == nullptr || record->weights_creation != creation) return created.status();
+    if (!created.ok()) {
+      const absl::Status failed = created.status();
       EndLocked(*record, v1::JOB_STATE_FAILED,
-                absl::StrCat("cannot write the final weights: ", opened.message()));
-      return opened;
+                absl::StrCat("cannot write the final weights: ", failed.message()));
+      return failed;
+    }
+    if (record->weights_file == nullptr) {
+      record->weights_file = *created;
+      record->weights_index = creation->index;
     }
     file = record->weights_file;
     index = record->weights_index.at(c.tensor_name());
@@ -184,50 +208,73 @@ absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::
   return absl::OkStatus();
 }
 
-absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
-  const std::string& name = record.resolved.spec.output().weights_path();
-  // Walked again now (links may have appeared since submit); missing
-  // directories under the output directory are created.
-  ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(options_.output_dir, kOutputDirFlag,
-                                                             "spec.output.weights_path", name,
-                                                             /*create_dirs=*/true));
-  std::vector<SafetensorsTensorSpec> tensors;
-  std::map<std::string, size_t> index;
+std::shared_ptr<JobManager::WeightsFileCreation> JobManager::NewWeightsFileCreationLocked(
+    const JobRecord& record) const {
+  auto creation = std::make_shared<WeightsFileCreation>();
+  creation->output_dir = options_.output_dir;
+  creation->name = record.resolved.spec.output().weights_path();
+  creation->job_id = record.job.id();
   const GptConfig& model = record.resolved.train.model;
   for (int u = 0; u < NumUnits(model); ++u) {
     for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      if (record.weight_owner.count(p.name) == 0 || index.count(p.name) > 0) continue;
-      index[p.name] = tensors.size();
-      tensors.push_back({p.name, p.shape});
+      if (record.weight_owner.count(p.name) == 0 || creation->index.count(p.name) > 0) continue;
+      creation->index[p.name] = creation->tensors.size();
+      creation->tensors.push_back({p.name, p.shape});
     }
   }
-  RemoveAbandonedWeightTemporaries(parent.dir.get(), parent.name, record.job.id());
+  return creation;
+}
+
+absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> JobManager::CreateWeightsFile(
+    WeightsFileCreation& creation) const {
+  AnnotatedMutexLock lock(&creation.mu);
+  if (creation.done) {
+    if (!creation.status.ok()) return creation.status;
+    return creation.file;
+  }
+  creation.done = true;
+  if (options_.before_weights_file_created) options_.before_weights_file_created();
+  const std::string& name = creation.name;
+  // Walked again now (links may have appeared since submit); missing
+  // directories under the output directory are created.
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(creation.output_dir, kOutputDirFlag, "spec.output.weights_path", name,
+                         /*create_dirs=*/true);
+  if (!parent.ok()) {
+    creation.status = parent.status();
+    return creation.status;
+  }
+  RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, creation.job_id);
   absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
-      SafetensorsFileWriter::Create(parent.dir.get(), parent.name, std::move(tensors), 0600);
+      SafetensorsFileWriter::Create(parent->dir.get(), parent->name, creation.tensors, 0600);
   if (!writer.ok()) {
     // The writer names the file alone; say where it is (a full disk is
     // the output directory's).
-    return absl::Status(writer.status().code(),
-                        absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag,
-                                     " ", options_.output_dir, ": ", writer.status().message()));
+    creation.status =
+        absl::Status(writer.status().code(),
+                     absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag, " ",
+                                  creation.output_dir, ": ", writer.status().message()));
+    return creation.status;
   }
-  record.weights_file = *std::move(writer);
-  record.weights_index = std::move(index);
-  return absl::OkStatus();
+  creation.file = *std::move(writer);
+  return creation.file;
 }
 
-void JobManager::RemoveAbandonedWeightsOf(const JobRecord& record) const {
+void JobManager::RemoveAbandonedWeightsOf(const JobRecord& record) {
   const std::string& weights = record.resolved.spec.output().weights_path();
   if (weights.empty() || options_.output_dir.empty()) return;
-  absl::StatusOr<ConfinedParent> parent =
-      OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
-                         /*create_dirs=*/false);
-  if (parent.ok() && parent->dir.get() >= 0) {
-    RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
-  }
+  io_.Post([output_dir = options_.output_dir, weights, job_id = record.job.id()] {
+    absl::StatusOr<ConfinedParent> parent =
+        OpenConfinedParent(output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
+                           /*create_dirs=*/false);
+    if (parent.ok() && parent->dir.get() >= 0) {
+      RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, job_id);
+    }
+  });
 }
 
 void JobManager::DropWeightsFile(JobRecord& record) {
+  record.weights_creation.reset();
   record.weights_file.reset();
   record.weights_index.clear();
   record.weights_covered.clear();

@@ -123,7 +123,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   std::vector<Loss> losses;
   LossListener listener;
   v1::RegisterWorkerResponse response;
-  absl::Status saved;
+  std::future<absl::Status> saving;
   {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Entry * found, EntryForAddressLocked(request.data_address()));
@@ -136,12 +136,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
                                      "; the worker process restarted; check its log for why"),
                         old.incarnation()});
     }
-    StartIncarnationLocked(entry, request);
+    StartIncarnationLocked(entry, request);  // JOINING: placed nowhere yet
     listener = listener_;
-    if (options_.persist) saved = options_.persist(entry.worker);
-    // Unsaved, the caller is told to retry and gets no session: the new
-    // incarnation must not be placed meanwhile (nobody holds it).
-    if (!saved.ok()) SetStateLocked(entry, v1::WORKER_STATE_LOST);
+    v1::Worker ready = entry.worker;
+    ready.set_state(v1::WORKER_STATE_READY);
+    saving = SaveLocked(ready);
     response.set_worker_id(entry.worker.id());
     response.set_incarnation(entry.worker.incarnation());
     response.set_session_token(SessionTokenOf(entry));
@@ -150,6 +149,20 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   // superseded in memory all the same (its process restarted), and no later
   // registration would report the loss (the entry is no longer ASSIGNED).
   Notify(listener, losses);
+  // Off the lock: heartbeats go on while the store takes its time.
+  const absl::Status saved = saving.get();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    Entry* entry = FindLocked(response.worker_id());
+    // Unchanged since (not registered again, not lost to its lease while
+    // the save took long): READY once saved. Unsaved, the caller is told to
+    // retry and gets no session: the new incarnation must not be placed
+    // (nobody holds it).
+    if (entry != nullptr && entry->worker.incarnation() == response.incarnation() &&
+        entry->worker.state() == v1::WORKER_STATE_JOINING) {
+      SetStateLocked(*entry, saved.ok() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_LOST);
+    }
+  }
   if (!saved.ok()) {
     return absl::UnavailableError(
         absl::StrCat("could not record the registration durably; retry: ", saved.message()));
@@ -184,7 +197,7 @@ bool WorkerRegistry::EvictOneLocked() {
   if (oldest == workers_.end()) return false;
   --counts_[oldest->second.worker.state()];
   number_by_address_.erase(oldest->second.worker.data_address());
-  if (options_.forget) options_.forget(oldest->second.worker.id());
+  ForgetLocked(oldest->second.worker.id());
   workers_.erase(oldest);
   return true;
 }
@@ -265,9 +278,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   entry.stopping = false;  // a new process runs nothing yet
   entry.released_job.clear();
   TouchLocked(entry, clock_->Now());
-  SetStateLocked(entry, v1::WORKER_STATE_JOINING);
-  // Start-up profiling will happen in JOINING; until then, straight on.
-  SetStateLocked(entry, v1::WORKER_STATE_READY);
+  SetStateLocked(entry, v1::WORKER_STATE_JOINING);  // READY once saved (Register)
 }
 
 // ------------------------------------------------------ Heartbeat, Deregister
@@ -333,13 +344,9 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t in
     SetStateLocked(*entry, v1::WORKER_STATE_LEFT);
     // Saved so that a restarted coordinator lists it LEFT, not LOST (which
     // the PipetrainWorkerLost alert counts). Not an error if it cannot be:
-    // the worker leaves all the same, and would only be listed LOST.
-    if (options_.persist) {
-      const absl::Status saved = options_.persist(entry->worker);
-      if (!saved.ok()) {
-        PT_LOG(WARNING) << Describe(entry->worker) << " left; could not save that: " << saved;
-      }
-    }
+    // the worker leaves all the same, and would only be listed LOST (the
+    // store thread logs it).
+    SaveLocked(entry->worker);
     listener = listener_;
   }
   Notify(listener, losses);
@@ -517,7 +524,16 @@ void WorkerRegistry::Release(const std::string& job_id) {
 // ------------------------------------------------------------------- Leases
 
 void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
-  AnnotatedMutexLock lock(&mu_);
+  std::future<absl::Status> forgotten;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    RestoreLocked(all);
+    forgotten = StoreWorkDoneLocked();
+  }
+  forgotten.wait();  // the records it dropped are gone from the store too
+}
+
+void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
   const absl::Time now = clock_->Now();
   // Those heard from last, as many as the registry keeps: a store older
   // than the cap (or written under a larger one) does not grow it.
@@ -547,7 +563,7 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
         !addresses.insert(w.data_address()).second) {
       PT_LOG(WARNING) << "not restoring worker record \"" << EchoInput(w.id())
                       << "\": a newer one has its data address; forgetting it";
-      if (options_.forget) options_.forget(w.id());
+      ForgetLocked(w.id());
       continue;
     }
     usable.push_back(w);
@@ -559,7 +575,7 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
     PT_LOG(WARNING) << "restoring the " << room << " workers heard from last of " << usable.size()
                     << " saved (the registry's limit); forgetting the others";
     for (size_t i = room; i < usable.size(); ++i) {
-      if (options_.forget) options_.forget(usable[i].id());
+      ForgetLocked(usable[i].id());
     }
     usable.resize(room);
   }
@@ -594,15 +610,45 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
 }
 
 absl::Status WorkerRegistry::MarkDrained(const std::string& worker_id, int64_t incarnation) {
-  AnnotatedMutexLock lock(&mu_);
-  Entry* entry = FindLocked(worker_id);
-  if (entry == nullptr || entry->worker.incarnation() != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " incarnation ",
-                                                      incarnation, " is no longer registered"));
+  std::future<absl::Status> saving;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    Entry* entry = FindLocked(worker_id);
+    if (entry == nullptr || entry->worker.incarnation() != incarnation) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " incarnation ",
+                                                        incarnation, " is no longer registered"));
+    }
+    entry->worker.set_drained(true);
+    saving = SaveLocked(entry->worker);
   }
-  entry->worker.set_drained(true);
-  if (!options_.persist) return absl::OkStatus();
-  return options_.persist(entry->worker);
+  return saving.get();  // off the lock
+}
+
+std::future<absl::Status> WorkerRegistry::SaveLocked(const v1::Worker& worker) {
+  if (!options_.persist) return StoreWorkDoneLocked();
+  auto saved = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = saved->get_future();
+  store_queue_.Post([this, worker, saved] {
+    const absl::Status status = options_.persist(worker);
+    if (!status.ok()) {
+      PT_LOG(WARNING) << "could not save " << Describe(worker) << " ("
+                      << EnumShortName(worker.state()) << "): " << status;
+    }
+    saved->set_value(status);
+  });
+  return result;
+}
+
+std::future<absl::Status> WorkerRegistry::StoreWorkDoneLocked() {
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = done->get_future();
+  store_queue_.Post([done] { done->set_value(absl::OkStatus()); });
+  return result;
+}
+
+void WorkerRegistry::ForgetLocked(const std::string& worker_id) {
+  if (!options_.forget) return;
+  store_queue_.Post([this, worker_id] { options_.forget(worker_id); });
 }
 
 void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,

@@ -67,6 +67,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <string>
@@ -80,6 +81,7 @@
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/serial_executor.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
@@ -105,17 +107,21 @@ class WorkerRegistry {
     Clock* clock = nullptr;
     // Most entries kept (every state); see "Capacity" above. >= 1.
     int max_workers = 4096;
-    // Durable state (coordinator/store/coordinator_state.h): called with the
-    // worker, under the registry's lock, whenever a registration creates a
-    // worker or an incarnation, and when a worker deregisters (LEFT);
+    // Durable state (coordinator/store/coordinator_state.h): called with a
+    // copy of the worker whenever a registration creates a worker or an
+    // incarnation, a worker is drained, and when it deregisters (LEFT);
     // Register fails (UNAVAILABLE, nothing acknowledged) when it does, while
     // Deregister only logs it. Empty: nothing is kept.
+    // persist and forget run on the registry's own store thread, in the
+    // order of the changes they save, never under the registry's lock: a
+    // slow store (an etcd election) must not hold up heartbeats, or every
+    // worker's lease would run out behind it.
     std::function<absl::Status(const v1::Worker&)> persist;
-    // Called with a worker's id, under the registry's lock, when the
-    // registry drops its record: evicted for a new one (see "Capacity"),
-    // or one of more than max_workers records given to Restore. The
-    // durable copy goes too, so the store holds no more than the registry
-    // (pods come back with new addresses). Empty: nothing to drop.
+    // Called with a worker's id when the registry drops its record:
+    // evicted for a new one (see "Capacity"), or one of more than
+    // max_workers records given to Restore. The durable copy goes too, so
+    // the store holds no more than the registry (pods come back with new
+    // addresses). Empty: nothing to drop.
     std::function<void(const std::string& worker_id)> forget;
   };
 
@@ -150,7 +156,8 @@ class WorkerRegistry {
   // Admits a worker. The first registration of a data_address gets the next
   // id ("w-1", "w-2", ...) and incarnation 1; a later one with the same
   // data_address keeps the id, gets incarnation + 1 and replaces the device
-  // facts and addresses. The new incarnation is READY, with a fresh lease,
+  // facts and addresses. The new incarnation is JOINING (placed nowhere)
+  // while it is saved, then READY, with a fresh lease,
   // and Worker.drained as the request says (a drained process registering
   // again; the job manager gives it no job). If
   // the superseded incarnation was ASSIGNED, the loss listener fires for its
@@ -359,6 +366,16 @@ class WorkerRegistry {
   void TouchLocked(Entry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Notify(const LossListener& listener, const std::vector<Loss>& losses);
   void RunStalenessLoop();
+  // Queues options_.persist(worker) on store_queue_ (posted under mu_, so
+  // saves run in the order of the changes); its result once it ran. OK at
+  // once without persist.
+  std::future<absl::Status> SaveLocked(const v1::Worker& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues options_.forget(worker_id) likewise.
+  void ForgetLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ready (OK) once the store work queued so far has run: a caller that
+  // waits for it, off the lock, returns with its saves and forgets done.
+  std::future<absl::Status> StoreWorkDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreLocked(const std::vector<v1::Worker>& all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   Clock* const clock_;
@@ -376,6 +393,10 @@ class WorkerRegistry {
   // Serialises StartStalenessLoop and Stop; never held by the loop thread.
   AnnotatedMutex loop_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::thread loop_ ABSL_GUARDED_BY(loop_mu_);
+
+  // Where persist and forget run (see Options::persist). Last: destroyed
+  // first, running what is queued while the rest still exists.
+  SerialExecutor store_queue_;
 };
 
 }  // namespace pipetrain

@@ -5,12 +5,15 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/proto_time.h"
 #include "coordinator/store/coordinator_state.h"
@@ -452,6 +455,40 @@ TEST(WorkerRegistryTest, Register_SupersedesAssignedButPersistFails_LossStillRep
   EXPECT_TRUE(registry.Register(Request(1)).ok());
   EXPECT_EQ(recorder.losses().size(), 1);  // reported once
   EXPECT_EQ(registry.ReadyWorkers(), std::vector<std::string>{"w-1"});
+}
+
+// A registration is saved off the registry's lock: while the store takes
+// its time (an etcd election), other workers' heartbeats go on, or every
+// lease would run out behind the save. The incarnation being saved is
+// JOINING (placed nowhere) until the save is in.
+TEST(WorkerRegistryTest, Register_SlowSave_HeartbeatsGoOnMeanwhile) {
+  FakeClock clock;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  WorkerRegistry* registry = nullptr;
+  std::optional<std::thread> beating;
+  bool beat_during_save = false;
+  v1::WorkerState state_during_save = v1::WORKER_STATE_UNSPECIFIED;
+  options.persist = [&](const v1::Worker& w) {
+    if (w.id() != "w-2") return absl::OkStatus();
+    auto beat = std::make_shared<absl::Notification>();
+    beating.emplace([registry, beat] {
+      EXPECT_TRUE(registry->Heartbeat(Beat("w-1", 1, "idle")).ok());
+      beat->Notify();
+    });
+    // Under the lock, the heartbeat would wait for this save to return.
+    beat_during_save = beat->WaitForNotificationWithTimeout(absl::Seconds(30));
+    if (beat_during_save) state_during_save = StateOf(*registry, "w-2");
+    return absl::OkStatus();
+  };
+  WorkerRegistry built(options);
+  registry = &built;
+  ASSERT_TRUE(built.Register(Request(1)).ok());
+  ASSERT_TRUE(built.Register(Request(2)).ok());
+  beating->join();
+  EXPECT_TRUE(beat_during_save);
+  EXPECT_EQ(state_during_save, v1::WORKER_STATE_JOINING);
+  EXPECT_EQ(StateOf(built, "w-2"), v1::WORKER_STATE_READY);
+  EXPECT_EQ(built.ReadyWorkers(), (std::vector<std::string>{"w-1", "w-2"}));
 }
 
 TEST(WorkerRegistryTest, Register_SupersedesReady_NoListener) {

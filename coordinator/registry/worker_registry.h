@@ -24,8 +24,10 @@
 // - Register from any state (a worker with the same data_address that comes
 //   back after a restart, a loss or Deregister) keeps the worker's id, starts
 //   a new, larger incarnation and goes to JOINING again.
-// - JOINING is reserved for start-up profiling; today Register moves the
-//   worker on to READY before it returns, so nobody observes JOINING.
+// - JOINING: a new incarnation while its registration is saved (off the
+//   lock, see Options::persist); Register moves it on to READY (or LOST,
+//   unsaved) before it returns, so its worker never observes JOINING,
+//   though a listing meanwhile may.
 // - A worker leaves a job (loss listener fires) when, while ASSIGNED, it is
 //   marked LOST, it deregisters, or a new incarnation supersedes it.
 //

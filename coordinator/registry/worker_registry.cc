@@ -629,12 +629,15 @@ std::future<absl::Status> WorkerRegistry::SaveLocked(const v1::Worker& worker) {
   auto saved = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = saved->get_future();
   store_queue_.Post([this, worker, saved] {
-    const absl::Status status = options_.persist(worker);
+    absl::Status status = options_.persist(worker);
     if (!status.ok()) {
       PT_LOG(WARNING) << "could not save " << Describe(worker) << " ("
                       << EnumShortName(worker.state()) << "): " << status;
     }
-    saved->set_value(status);
+    // Moved: this thread keeps no reference to the status's message once
+    // the waiter may have it (its count is in Debian's uninstrumented
+    // Abseil, where TSan cannot see the two threads agree).
+    saved->set_value(std::move(status));
   });
   return result;
 }

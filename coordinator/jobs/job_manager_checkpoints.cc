@@ -177,8 +177,11 @@ std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl:
     // a second sweep removes them once the workers have stopped
     // (SweepStoppedJobsLocked). The soak test left a step directory for
     // most cancelled jobs before it.
-    record.checkpoint_sweeps_pending = shared ? 1 : 2;
-    if (!shared) {
+    // A job that never ran (ended while queued) has no stages to wait for:
+    // nothing was written after its end, and nothing would end the wait.
+    const bool late_sweep = !shared && record.job.worker_ids_size() > 0;
+    record.checkpoint_sweeps_pending = late_sweep ? 2 : 1;
+    if (late_sweep) {
       record.late_sweep_workers.assign(record.job.worker_ids().begin(),
                                        record.job.worker_ids().end());
       record.late_sweep_since = clock_->Now();

@@ -345,6 +345,26 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   EXPECT_TRUE(Submit(spec).ok());
 }
 
+// A job that ends before it ran (cancelled while queued, or its queue
+// timeout) wrote nothing: its directory is free once the first sweep is
+// done. It waited for a second sweep after its workers stopped, and with
+// no workers that never came: the directory stayed reserved until a
+// restart.
+TEST_F(JobManagerElasticTest, CheckpointDirOfAJobThatNeverRan_FreeOnceItEnds) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("never/ran");
+  const std::string queued = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(jobs_->Cancel(queued).ok());
+  jobs_->FlushIo();
+  AwaitEndSweeps();
+  clock_.Advance(absl::Minutes(5));  // past every wait for stopping workers
+  Schedule();
+  jobs_->FlushIo();
+  const absl::StatusOr<v1::Job> again = Submit(spec);
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 // An ended job's directory may be taken again, but not while it holds a
 // complete checkpoint of a step the new job would write: the new job's
 // step-N files would replace the old checkpoint's one by one (its manifest

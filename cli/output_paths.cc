@@ -1,5 +1,6 @@
 #include "cli/output_paths.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -100,6 +101,24 @@ absl::Status CheckReplaceableFile(const char* flag, const std::string& path) {
   return absl::InvalidArgumentError(
       absl::StrCat(flag, " ", path,
                    " is not a regular file (a device, FIFO, socket or directory); name a file"));
+}
+
+absl::Status CheckFifoHasReader(const char* flag, const std::string& path) {
+  struct stat info;
+  if (path.empty() || stat(path.c_str(), &info) != 0 || !S_ISFIFO(info.st_mode)) {
+    return absl::OkStatus();
+  }
+  // Non-blocking, a FIFO's write end opens only with a reader (ENXIO
+  // without one), where a blocking open would wait for it.
+  const int fd = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    close(fd);
+    return absl::OkStatus();
+  }
+  if (errno != ENXIO) return absl::OkStatus();  // the open later says what fails
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", path,
+                   " is a FIFO with no reader; start its reader first, or name a regular file"));
 }
 
 namespace {

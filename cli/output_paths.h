@@ -32,6 +32,12 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
 // rename would put a file in place of /dev/null, say.
 absl::Status CheckReplaceableFile(const char* flag, const std::string& path);
 
+// For an output appended to as the command goes (--log): OK unless `path`
+// is a FIFO that nobody reads; then INVALID_ARGUMENT "<flag> <path> is a
+// FIFO with no reader; ...", as opening it would wait for a reader without
+// end (and past SIGINT). A FIFO with a reader, `--log >(tee x)` say, passes.
+absl::Status CheckFifoHasReader(const char* flag, const std::string& path);
+
 // INVALID_ARGUMENT "<flag> <path> is also <flag2>; each output needs its own
 // file" when two non-empty `outputs` name one file: the same existing file
 // (links included), or, for files yet to be made, the same name in the same

@@ -1,6 +1,7 @@
 #include "cli/output_paths.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,6 +171,26 @@ TEST(CheckReplaceableFileTest, AbsentRegularOrLink_Ok_FifoAndDevice_Refused) {
             "--save " + fifo +
                 " is not a regular file (a device, FIFO, socket or directory); name a file");
   EXPECT_FALSE(CheckReplaceableFile("--out", "/dev/null").ok());
+}
+
+// A FIFO nobody reads would hang the open of --log (past SIGINT); one
+// with a reader is a log's consumer (`--log >(tee x)`), as are files and
+// devices.
+TEST(CheckFifoHasReaderTest, ReaderlessFifo_Refused_ReadFifoFileAndDevice_Ok) {
+  const std::string fifo = TempDir() + "/log.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Status refused = CheckFifoHasReader("--log", fifo);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(), "--log " + fifo +
+                                   " is a FIFO with no reader; start its reader first, or name a "
+                                   "regular file");
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  EXPECT_TRUE(CheckFifoHasReader("--log", fifo).ok());
+  close(reader);
+  EXPECT_TRUE(CheckFifoHasReader("--log", "").ok());
+  EXPECT_TRUE(CheckFifoHasReader("--log", TempDir() + "/absent.log").ok());
+  EXPECT_TRUE(CheckFifoHasReader("--log", "/dev/null").ok());
 }
 
 TEST(CheckDistinctOutputsTest, SameFileByNameOrLink_Refused_DistinctOk) {

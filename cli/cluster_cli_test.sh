@@ -313,6 +313,8 @@ expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or d
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
 expect_exit up_data_directory 2 "--data $TMP is a directory; name a token or text file" -- \
   up --workers 2 --data "$TMP" --out "$TMP/up-bad"
+expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device or FIFO); name a token or text file" -- \
+  up --workers 2 --data /dev/zero --out "$TMP/up-bad"
 # --loss-log is written when the job ends: a path that cannot be is refused
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \

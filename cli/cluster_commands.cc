@@ -823,11 +823,14 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok() && !o.data.empty() && access(o.data.c_str(), R_OK) != 0) {
     valid = absl::NotFoundError(absl::StrCat("--data ", o.data, ": ", std::strerror(errno)));
   }
-  // A directory passes access() and would fail only in the started workers.
+  // A directory, device or FIFO passes access(), and the coordinator
+  // takes only regular files: refused there, after the cluster started.
   if (struct stat info;
-      valid.ok() && !o.data.empty() && stat(o.data.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+      valid.ok() && !o.data.empty() && stat(o.data.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
     valid = absl::InvalidArgumentError(absl::StrCat(
-        "--data ", o.data, " is a directory; name a token or text file (docs/formats.md)"));
+        "--data ", o.data,
+        S_ISDIR(info.st_mode) ? " is a directory" : " is not a regular file (a device or FIFO)",
+        "; name a token or text file (docs/formats.md)"));
   }
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.

@@ -78,6 +78,11 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path) {
 }
 
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path) {
+  // A directory opens as a stream that reads nothing: it would be "empty".
+  if (struct stat st; stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " is a directory; name the file holding the token"));
+  }
   WarnIfReadableByOthers(flag, path);
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -70,7 +70,7 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path);
 // `flag` names where the path came from, for messages; a file every user
 // may read is used, with WarnIfReadableByOthers's warning.
 // Errors: NOT_FOUND (cannot read; the message names flag and path, and says
-// nothing about the contents), INVALID_ARGUMENT (empty, longer than
+// nothing about the contents), INVALID_ARGUMENT (a directory, empty, longer than
 // kMaxSecretBytes, or containing whitespace or control characters inside).
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
 

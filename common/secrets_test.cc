@@ -83,6 +83,15 @@ TEST(ReadSecretFileTest, Missing_NotFoundNamingFlag) {
   EXPECT_NE(s.status().message().find("--join-token-file"), std::string::npos);
 }
 
+// A directory is not an empty token file, and gets no warning about its mode.
+TEST(ReadSecretFileTest, Directory_InvalidArgumentSayingSo) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR"));
+  absl::StatusOr<std::string> s = ReadSecretFile("--token-file", dir);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(),
+            "--token-file: " + dir + " is a directory; name the file holding the token");
+}
+
 TEST(ReadSecretFileTest, EmptyOrSpacedOrHuge_InvalidArgumentWithoutTheSecret) {
   EXPECT_EQ(ReadSecretFile("f", WriteTemp("b", "\n")).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -124,6 +124,12 @@ int HexValue(char c) {
 
 bool IsControl(int u) { return (u < 0x20 && u != '\t') || u == 0x7f; }
 
+// RFC 9110 5.6.2: the characters of a token (a header field's name).
+bool IsTokenChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+         absl::string_view("!#$%&'*+-.^_`|~").find(c) != absl::string_view::npos;
+}
+
 // Whether `value` holds a control character other than tab, as sent or as
 // httplib's decoding of header values makes it ("%00", "%u0000").
 bool HoldsControl(absl::string_view value) {
@@ -202,6 +208,17 @@ HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head)
     }
     const size_t colon = lines[i].find(':');
     if (colon == absl::string_view::npos) continue;  // the blank lines at the end
+    // A field name is a token: "Host : evil" (whitespace before the colon,
+    // RFC 9112 5.1) or a folded line would be one header here and another,
+    // or none, to the parser behind (a second Host, an Authorization
+    // unseen).
+    if (const absl::string_view name = lines[i].substr(0, colon);
+        name.empty() || !std::all_of(name.begin(), name.end(), IsTokenChar)) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    absl::StrCat("header field name \"", absl::CHexEscape(name.substr(0, 64)),
+                                 "\" is not a token (no whitespace before the colon; RFC 9112 "
+                                 "5.1)"));
+    }
     // Spaces and tabs around a value and the line's CR are not part of it
     // (httplib trims the same); anything else is, \v and \f included.
     absl::string_view value = lines[i].substr(colon + 1);

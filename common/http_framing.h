@@ -47,7 +47,9 @@
 //                           Content-Length not a decimal number, or given
 //                           twice with different values; a header line
 //                           over 8192 bytes with its line end (httplib's
-//                           limit, which it answers with a bare 400)
+//                           limit, which it answers with a bare 400); a
+//                           header name that is not a token ("Host : x",
+//                           a folded line: RFC 9112 5.1)
 #ifndef PIPETRAIN_COMMON_HTTP_FRAMING_H_
 #define PIPETRAIN_COMMON_HTTP_FRAMING_H_
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -334,6 +335,23 @@ TEST(HttpRequestFramer, Update_AuthorizationOrHostTwice_Rejected400) {
   }
   HttpRequestFramer other(kLimits);
   EXPECT_EQ(other.Update("GET / HTTP/1.1\r\nHost: a\r\nAccept: x\r\nAccept: y\r\n\r\n"),
+            Progress::kComplete);
+}
+
+// "Host : evil" is not a second Host to a parser that keeps the space in
+// the name (or drops the line): a name is a token, nothing else, or 400.
+TEST(HttpRequestFramer, Update_WhitespaceInAHeaderName_Rejected400) {
+  for (const char* line :
+       {"Host : evil", "Authorization\t: Bearer x", " Folded: x", ": x", "Content-Length : 5"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update(absl::StrCat("GET / HTTP/1.1\r\nHost: t\r\n", line, "\r\n\r\n")),
+              Progress::kRejected)
+        << line;
+    EXPECT_EQ(framer.rejection().status, 400) << line;
+    EXPECT_TRUE(absl::StrContains(framer.rejection().message, "is not a token")) << line;
+  }
+  HttpRequestFramer fine(kLimits);
+  EXPECT_EQ(fine.Update("GET / HTTP/1.1\r\nHost: t\r\nX-Odd_Name.1~: v\r\n\r\n"),
             Progress::kComplete);
 }
 

@@ -272,8 +272,11 @@ TEST(PlanDataParallelTest, Auto_SkipsLayoutsWhoseReplicasMixGpusAndCpus) {
   std::vector<int> tried;
   for (const LayoutCandidate& c : layout.candidates) {
     tried.push_back(c.data_parallel);
-    if (c.data_parallel == 1) EXPECT_TRUE(c.status.ok()) << c.status;
-    if (c.data_parallel > 1) EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition);
+    if (c.data_parallel == 1) {
+      EXPECT_TRUE(c.status.ok()) << c.status;
+    } else {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition) << c.data_parallel;
+    }
   }
   std::sort(tried.begin(), tried.end());
   EXPECT_EQ(tried, (std::vector<int>{1, 2, 4}));  // every replica count was tried

@@ -161,6 +161,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     if (entry != nullptr && entry->worker.incarnation() == response.incarnation() &&
         entry->worker.state() == v1::WORKER_STATE_JOINING) {
       SetStateLocked(*entry, saved.ok() ? v1::WORKER_STATE_READY : v1::WORKER_STATE_LOST);
+      TouchLocked(*entry, clock_->Now());  // its lease starts as it is told of it
     }
   }
   if (!saved.ok()) {
@@ -685,7 +686,13 @@ int WorkerRegistry::CheckLeases() {
     for (auto& [number, entry] : workers_) {
       const v1::Worker& worker = entry.worker;
       const absl::Duration silent = now - entry.last_seen;
-      if (!IsLive(worker.state()) || silent <= options_.lease) continue;
+      // JOINING: its registration is being saved, and it heartbeats only
+      // once Register returns (a save longer than the lease would
+      // otherwise lose every registration it made).
+      if (!IsLive(worker.state()) || worker.state() == v1::WORKER_STATE_JOINING ||
+          silent <= options_.lease) {
+        continue;
+      }
       if (worker.state() == v1::WORKER_STATE_ASSIGNED) {
         losses.push_back(
             {worker.id(), worker.job_id(),

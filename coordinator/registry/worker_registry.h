@@ -31,8 +31,9 @@
 // - A worker leaves a job (loss listener fires) when, while ASSIGNED, it is
 //   marked LOST, it deregisters, or a new incarnation supersedes it.
 //
-// Leases: a live worker (JOINING, READY, ASSIGNED) is LOST once strictly more
-// than `lease` has passed since its last heartbeat or registration. At exactly
+// Leases: a READY or ASSIGNED worker is LOST once strictly more than `lease`
+// has passed since its last heartbeat or the end of its registration
+// (JOINING has none: it cannot heartbeat before Register returns). At exactly
 // `lease` it is still live, so a heartbeat that arrives on the deadline counts.
 //
 // Session credentials (coordinator.proto RegisterWorkerResponse.

@@ -491,6 +491,29 @@ TEST(WorkerRegistryTest, Register_SlowSave_HeartbeatsGoOnMeanwhile) {
   EXPECT_EQ(built.ReadyWorkers(), (std::vector<std::string>{"w-1", "w-2"}));
 }
 
+// A save longer than the lease does not lose the registration: JOINING has
+// no lease (it cannot heartbeat before Register returns), and the lease
+// starts when the save is in.
+TEST(WorkerRegistryTest, Register_SaveLongerThanTheLease_ReadyWithAFreshLease) {
+  FakeClock clock;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  WorkerRegistry* registry = nullptr;
+  int lost_during_save = -1;
+  options.persist = [&](const v1::Worker&) {
+    clock.Advance(absl::Seconds(60));  // the lease is 5 s
+    lost_during_save = registry->CheckLeases();
+    return absl::OkStatus();
+  };
+  WorkerRegistry built(options);
+  registry = &built;
+  ASSERT_TRUE(built.Register(Request(1)).ok());
+  EXPECT_EQ(lost_during_save, 0);
+  EXPECT_EQ(StateOf(built, "w-1"), v1::WORKER_STATE_READY);
+  clock.Advance(absl::Seconds(4));
+  EXPECT_EQ(built.CheckLeases(), 0);  // 4 s since the save, not 64
+  EXPECT_EQ(StateOf(built, "w-1"), v1::WORKER_STATE_READY);
+}
+
 TEST(WorkerRegistryTest, Register_SupersedesReady_NoListener) {
   FakeClock clock;
   LossRecorder recorder;

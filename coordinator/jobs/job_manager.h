@@ -458,6 +458,10 @@ class JobManager {
     std::set<int> tied_embedding_stages;  // stages holding wte.weight
     std::vector<StageProgress> stages;
     absl::Time last_step_time;
+    // Whether a step of the current plan has completed: the first one's
+    // time includes the workers' start (the corpus loaded, peers
+    // connected, a checkpoint read), and is not throughput.
+    bool stepped_on_plan = false;
     // The workers' traces (ReportProgressRequest.trace, by stage index) of
     // the latest step every worker of the plan traced, and of the traced
     // step being reported; a new plan starts them afresh.

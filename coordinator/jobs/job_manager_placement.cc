@@ -652,6 +652,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.job.set_plan_version(record.plan.version());
   record.job.set_reason("");
   record.last_step_time = clock_->Now();
+  record.stepped_on_plan = false;
   TouchLocked(record);
   PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "

@@ -275,9 +275,12 @@ bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgres
   // after it (training throughput, not evaluation).
   const double seconds = absl::ToDoubleSeconds(now - record.last_step_time) - r.eval_seconds();
   const TrainConfig& t = record.resolved.train;
-  // The first step of a resumed plan includes loading: not throughput.
+  // The first step of a plan includes its start (and a resumed plan's,
+  // loading the checkpoint): not throughput.
   const bool first_after_recovery = record.recovering_since.has_value();
-  if (seconds > 0 && !first_after_recovery) {
+  const bool first_of_plan = !record.stepped_on_plan;
+  record.stepped_on_plan = true;
+  if (seconds > 0 && !first_after_recovery && !first_of_plan) {
     p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
   }
   record.last_step_time = now;

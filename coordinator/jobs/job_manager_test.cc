@@ -548,6 +548,19 @@ TEST_F(JobManagerTest, Progress_FinishedBeforeTheLastStep_InvalidArgument) {
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// The first step of a plan includes the workers' start (the corpus read,
+// peers connected): tokens per second come from the steps after it.
+TEST_F(JobManagerTest, Progress_FirstStepOfAPlan_NotThroughput) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  clock_.Advance(absl::Seconds(30));  // starting up
+  Report(w1, id, 0, {2.0f, 2.0f}, false);
+  EXPECT_EQ(jobs_.Get(id).value().progress().tokens_per_second(), 0);
+  clock_.Advance(absl::Seconds(2));
+  Report(w1, id, 1, {2.0f, 2.0f}, false);
+  EXPECT_EQ(jobs_.Get(id).value().progress().tokens_per_second(), 4 * 8 / 2.0);
+}
+
 TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();
@@ -893,6 +906,7 @@ TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsRepo
   for (const auto& in : a2.eval_program().instructions()) recvs += in.has_recv();
   EXPECT_EQ(sends, 2);
   EXPECT_EQ(recvs, 2);
+  Report(w2, id, 0, {2.0f}, false);  // the plan's first step: its start, not throughput
   v1::ReportProgressRequest r;
   r.set_worker_id(w2);
   r.set_job_id(id);

@@ -234,6 +234,15 @@ class JobManagerElasticTest : public ::testing::Test {
     }
   }
 
+  // Steps 1 to `last` of job `id`, every stage checkpointing each step
+  // that is a multiple of 5 (ElasticSpec(_, 5)'s interval).
+  void StepCheckpointingEvery5(const std::string& id, int64_t last) {
+    for (int64_t step = 1; step <= last; ++step) {
+      Step(id, step);
+      if (step % 5 == 0) CheckpointAll(id, step);
+    }
+  }
+
   // The unit files a complete checkpoint's manifest lists, under the output
   // directory's `step_dir`, each of the size it records (the workers would
   // have written them; these tests report checkpoints without them).
@@ -377,10 +386,7 @@ TEST_F(JobManagerElasticTest, EndedJobsDirWithLaterCompleteCheckpoints_Refused) 
   a.mutable_checkpoint()->set_dir("reuse/a");
   a.mutable_checkpoint()->set_keep(2);
   const std::string first = Submit(a).value().id();
-  for (int step = 1; step <= 10; ++step) {
-    Step(first, step);
-    if (step % 5 == 0) CheckpointAll(first, step);
-  }
+  StepCheckpointingEvery5(first, 10);
   ASSERT_EQ(jobs_->Get(first).value().progress().checkpoint_step(), 10);
   ASSERT_TRUE(jobs_->Cancel(first).ok());
   AwaitEndSweeps();
@@ -1239,10 +1245,7 @@ TEST_F(JobManagerElasticTest, Drain_BelowATensorJobsMinimum_NamesTheTensorFactor
 TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 10; ++step) {
-    Step(id, step);
-    if (step % 5 == 0) CheckpointAll(id, step);
-  }
+  StepCheckpointingEvery5(id, 10);
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const std::string w3 = AddWorker(7003);
   HeartbeatAllAndSchedule({w1, w3});
@@ -1280,10 +1283,7 @@ class CheckpointUnusableClaimTest : public JobManagerElasticTest {
   void ClaimOutsideLoading(bool resumed) {
     const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
     const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-    for (int step = 1; step <= 10; ++step) {
-      Step(id, step);
-      if (step % 5 == 0) CheckpointAll(id, step);
-    }
+    StepCheckpointingEvery5(id, 10);
     int64_t version = 1;
     if (resumed) {  // a plan that resumes from step 10; w1 is ready in it
       ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
@@ -1326,10 +1326,7 @@ TEST_F(CheckpointUnusableClaimTest, AfterTheStageRanAnIteration) { ClaimOutsideL
 TEST_F(CheckpointUnusableClaimTest, AfterReadyBeforeAnyIteration_Taken) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 10; ++step) {
-    Step(id, step);
-    if (step % 5 == 0) CheckpointAll(id, step);
-  }
+  StepCheckpointingEvery5(id, 10);
   ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
   HeartbeatAllAndSchedule({w1, w2});
   ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
@@ -1357,10 +1354,7 @@ TEST_F(CheckpointUnusableClaimTest, AfterReadyBeforeAnyIteration_Taken) {
 TEST_F(CheckpointUnusableClaimTest, DroppedCheckpointRedone_IsNoProgress) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 10; ++step) {
-    Step(id, step);
-    if (step % 5 == 0) CheckpointAll(id, step);
-  }
+  StepCheckpointingEvery5(id, 10);
   // Recovery `n` (1-based): a peer failure, or the resume point unusable.
   auto recover = [&](int n, bool unusable) {
     const v1::Job job = jobs_->Get(id).value();
@@ -1400,10 +1394,7 @@ TEST_F(JobManagerElasticTest, Restore_DroppedCheckpointRedone_StillNoProgress) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 10; ++step) {
-    Step(id, step);
-    if (step % 5 == 0) CheckpointAll(id, step);
-  }
+  StepCheckpointingEvery5(id, 10);
   ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
   HeartbeatAllAndSchedule({w1, w2});
   ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);

@@ -197,6 +197,29 @@ absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int s
       }
     }
   }
+  // A stage's tensor ranks share its replicated parameters (LayerNorm, the
+  // row-parallel biases, wpe; worker/model/tensor_parallel.h), which each
+  // rank computes and steps itself: a GPU rank and a CPU rank would round
+  // them apart, and their activations with them.
+  for (int r = 0; r < replicas; ++r) {
+    for (int s = 0; s < stages; ++s) {
+      const size_t group = (static_cast<size_t>(r) * stages + s) * tensor;
+      const WorkerSpec& first = cluster.workers[group];
+      for (int t = 1; t < tensor; ++t) {
+        const WorkerSpec& w = cluster.workers[group + t];
+        if (w.gpu == first.gpu) continue;
+        const WorkerSpec& gpu = first.gpu ? first : w;
+        const WorkerSpec& cpu = first.gpu ? w : first;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the tensor-parallel ranks of stage ", s,
+            replicas > 1 ? absl::StrCat(" replica ", r) : "", " would run on GPU worker ", gpu.name,
+            " and CPU worker ", cpu.name,
+            ": the ranks step their replicated LayerNorm and bias weights each, which must stay "
+            "bitwise the same, and a GPU rounds them differently from a CPU; give a "
+            "tensor-parallel job workers of one kind, or each stage's ranks the same kind"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

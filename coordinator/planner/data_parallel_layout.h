@@ -126,10 +126,13 @@ ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
 // x `stages` x `tensor` workers, tensor rank innermost: the group of stage
 // s and rank t is workers (r * stages + s) * tensor + t over r) runs on
 // GPUs only or on CPUs only (WorkerSpec::gpu); FAILED_PRECONDITION naming
-// the first group that mixes them otherwise. Replicas must hold bitwise the
+// the first group that mixes them otherwise; and likewise when a tensor
+// group (the `tensor` consecutive ranks of one replica's stage) mixes them,
+// checked after the data-parallel groups. Replicas must hold bitwise the
 // same weights after every step (the coordinator compares them at the
-// end), and a GPU's optimizer step and gradient norm round differently
-// from a CPU's. Requires the sizes to multiply to the cluster's size.
+// end), tensor ranks bitwise the same replicated parameters, and a GPU's
+// optimizer step and gradient norm round differently from a CPU's.
+// Requires the sizes to multiply to the cluster's size.
 absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor);
 
 // Tensor parallelism: one entry per group of `tensor_parallel` consecutive

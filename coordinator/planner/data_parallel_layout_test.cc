@@ -248,13 +248,37 @@ TEST(CheckReplicaDevicesTest, MixedGroup_FailedPreconditionNamingBoth) {
   EXPECT_THAT(std::string(mixed.message()),
               HasSubstr("the data-parallel replicas of stage 0 would run on GPU worker w0 and "
                         "CPU worker w2"));
-  // 2 replicas x 1 stage x 2 ranks: rank 1's group is workers 1 and 3.
-  cluster.workers[0].gpu = cluster.workers[2].gpu = false;
+  // 2 replicas x 1 stage x 2 ranks: rank 1's group is workers 1 and 3
+  // ([C, G, C, C]; its tensor ranks mix too, named after the replicas).
+  cluster.workers[0].gpu = cluster.workers[2].gpu = cluster.workers[3].gpu = false;
   cluster.workers[1].gpu = true;
-  EXPECT_TRUE(CheckReplicaDevices(cluster, 2, 1, 2).ok());
-  cluster.workers[3].gpu = false;
   EXPECT_THAT(std::string(CheckReplicaDevices(cluster, 2, 1, 2).message()),
               HasSubstr("stage 0 rank 1 would run on GPU worker w1 and CPU worker w3"));
+}
+
+// A stage's tensor ranks each step its replicated parameters, so they are
+// of one kind too: refused naming both, at any replica, with no replicas at
+// all, and checked after the data-parallel groups.
+TEST(CheckReplicaDevicesTest, MixedTensorGroup_FailedPreconditionNamingBoth) {
+  ClusterSpec cluster = Identical(4, 0, 0);
+  cluster.workers[2].gpu = cluster.workers[3].gpu = true;   // [C, C, G, G]
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 1, 2, 2).ok());  // each stage's ranks agree
+  const absl::Status stage1 = CheckReplicaDevices(cluster, 1, 1, 4);
+  EXPECT_EQ(stage1.code(), absl::StatusCode::kFailedPrecondition) << stage1;
+  EXPECT_THAT(std::string(stage1.message()),
+              HasSubstr("the tensor-parallel ranks of stage 0 would run on GPU worker w2 and CPU "
+                        "worker w0"));
+  // 2 replicas x 2 stages x 1 rank would mix replicas instead: that is named.
+  EXPECT_THAT(std::string(CheckReplicaDevices(cluster, 2, 2, 1).message()),
+              HasSubstr("the data-parallel replicas of stage 0"));
+  // [C, G, C, G] as 2 x 1 x 2: replicas agree, each replica's ranks mix.
+  cluster.workers[1].gpu = true;
+  cluster.workers[2].gpu = false;
+  const absl::Status replica = CheckReplicaDevices(cluster, 2, 1, 2);
+  EXPECT_EQ(replica.code(), absl::StatusCode::kFailedPrecondition) << replica;
+  EXPECT_THAT(std::string(replica.message()),
+              HasSubstr("the tensor-parallel ranks of stage 0 replica 0 would run on GPU worker "
+                        "w1 and CPU worker w0"));
 }
 
 // `pipetrain plan --data auto` skips such layouts: [G, G, C, C] as 2 x 2

@@ -59,10 +59,10 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 // `eval_programs` have one entry per stage of a replica, the plan's stages list every replica's
 // workers; `profile` describes the job's model at its micro-batch size (measured or
 // AnalyticProfile) and `profile_source` says which. Errors as SolvePlan (INVALID_ARGUMENT,
-// RESOURCE_EXHAUSTED when nothing fits); FAILED_PRECONDITION when a stage's replicas would
-// run on GPU and CPU workers both (CheckReplicaDevices). The cluster's links are planned with the
-// data plane's measured cost per message added (data_plane_cost.h), stretched where lockstep ranks
-// oversubscribe a host's cores.
+// RESOURCE_EXHAUSTED when nothing fits); FAILED_PRECONDITION when a stage's replicas or its
+// tensor ranks would run on GPU and CPU workers both (CheckReplicaDevices). The cluster's links are
+// planned with the data plane's measured cost per message added (data_plane_cost.h), stretched
+// where lockstep ranks oversubscribe a host's cores.
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,

@@ -19,23 +19,6 @@ constexpr char kDataDir[] = "kv/";
 // means something is wrong.
 constexpr int kScanAttempts = 3;
 
-// Every write checked before etcd is contacted (as MemoryStore does).
-absl::Status CheckWrites(const std::vector<StoreWrite>& writes) {
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const StoreWrite& w = writes[i];
-    absl::Status key = CheckStoreKey(w.key);
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": ", key.message()));
-    }
-    if (w.kind == StoreWrite::Kind::kPut && w.value.size() > kMaxValueBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": value of key ", w.key, " is ",
-                                                     w.value.size(), " bytes; the limit is ",
-                                                     kMaxValueBytes));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // A half-open range [begin, end) of etcd keys.
 using KeyRange = std::pair<std::string, std::string>;
 
@@ -146,7 +129,7 @@ EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, const LeadershipView* l
       data_prefix_(client_->options().prefix + kDataDir) {}
 
 absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
-  RETURN_IF_ERROR(CheckWrites(writes));
+  RETURN_IF_ERROR(CheckStoreWrites(writes));
   if (writes.empty() && leadership_ == nullptr) return absl::OkStatus();
   std::vector<StoreWrite> scoped = writes;
   for (StoreWrite& w : scoped) w.key = DataKey(w.key);

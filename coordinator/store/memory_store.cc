@@ -1,32 +1,11 @@
 #include "coordinator/store/memory_store.h"
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 
 namespace pipetrain {
-namespace {
-
-// Every write checked before any is applied, so a batch is all or nothing.
-absl::Status CheckWrites(const std::vector<StoreWrite>& writes) {
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const StoreWrite& w = writes[i];
-    absl::Status key = CheckStoreKey(w.key);
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": ", key.message()));
-    }
-    if (w.kind == StoreWrite::Kind::kPut && w.value.size() > kMaxValueBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": value of key ", w.key, " is ",
-                                                     w.value.size(), " bytes; the limit is ",
-                                                     kMaxValueBytes));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status MemoryStore::Commit(const std::vector<StoreWrite>& writes) {
-  absl::Status valid = CheckWrites(writes);
+  absl::Status valid = CheckStoreWrites(writes);
   if (!valid.ok()) return valid;
   AnnotatedMutexLock lock(&mu_);
   for (const StoreWrite& w : writes) {

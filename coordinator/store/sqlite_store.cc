@@ -111,23 +111,6 @@ std::optional<std::string> PrefixSuccessor(std::string prefix) {
   return prefix;
 }
 
-// Every write checked before the database is touched (as MemoryStore does).
-absl::Status CheckWrites(const std::vector<StoreWrite>& writes) {
-  for (size_t i = 0; i < writes.size(); ++i) {
-    const StoreWrite& w = writes[i];
-    absl::Status key = CheckStoreKey(w.key);
-    if (!key.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": ", key.message()));
-    }
-    if (w.kind == StoreWrite::Kind::kPut && w.value.size() > kMaxValueBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": value of key ", w.key, " is ",
-                                                     w.value.size(), " bytes; the limit is ",
-                                                     kMaxValueBytes));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------
 // Opening.
 
@@ -432,7 +415,7 @@ SqliteStore::~SqliteStore() {
 }
 
 absl::Status SqliteStore::Commit(const std::vector<StoreWrite>& writes) {
-  RETURN_IF_ERROR(CheckWrites(writes));
+  RETURN_IF_ERROR(CheckStoreWrites(writes));
   if (writes.empty()) return absl::OkStatus();
   AnnotatedMutexLock lock(&mu_);
   {

@@ -39,4 +39,20 @@ absl::Status CheckStoreKey(const std::string& key) {
   return absl::OkStatus();
 }
 
+absl::Status CheckStoreWrites(const std::vector<StoreWrite>& writes) {
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const StoreWrite& w = writes[i];
+    absl::Status key = CheckStoreKey(w.key);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": ", key.message()));
+    }
+    if (w.kind == StoreWrite::Kind::kPut && w.value.size() > kMaxValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": value of key ", w.key, " is ",
+                                                     w.value.size(), " bytes; the limit is ",
+                                                     kMaxValueBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pipetrain

@@ -70,6 +70,12 @@ class Store {
 // OK, or INVALID_ARGUMENT naming what is wrong with `key` (see above).
 absl::Status CheckStoreKey(const std::string& key);
 
+// OK when every write's key passes CheckStoreKey and every put's value is
+// at most kMaxValueBytes; INVALID_ARGUMENT naming the first bad write (its
+// index) otherwise. Every Store checks a batch so before applying any of it,
+// which keeps a Commit all or nothing.
+absl::Status CheckStoreWrites(const std::vector<StoreWrite>& writes);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_STORE_STORE_H_

@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/proto_time.h"
 #include "coordinator/jobs/background_queue_testing.h"
@@ -92,9 +93,14 @@ class ObservingStore : public Store {
 
 class JobManagerElasticTest : public ::testing::Test {
  protected:
-  JobManagerElasticTest()
-      : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}) {
-    Reset(/*with_state=*/false);
+  JobManagerElasticTest() : registry_(RegistryOptions()) { Reset(/*with_state=*/false); }
+
+  WorkerRegistry::Options RegistryOptions() {
+    WorkerRegistry::Options options{"", absl::Seconds(1), absl::Seconds(5), &clock_};
+    options.persist = [this](const v1::Worker& worker) {
+      return on_persist_ ? on_persist_(worker) : absl::OkStatus();
+    };
+    return options;
   }
 
   void Reset(bool with_state) {
@@ -323,6 +329,9 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  // What saving a worker's record does (on the registry's store thread);
+  // unset: saved at once.
+  std::function<absl::Status(const v1::Worker&)> on_persist_;
   WorkerRegistry registry_;
   AssignmentHub hub_;
   BackgroundQueue background_;  // outlives jobs_
@@ -2318,6 +2327,48 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
+}
+
+// A survivor that registers again after a coordinator restart is JOINING
+// while its registration is saved: the job waits for it rather than resume
+// on the workers already READY (and take it back at a boundary after a
+// plan without it, as a job on a slow store did after every restart).
+TEST_F(JobManagerElasticTest, Restore_SurvivorWhoseRegistrationIsBeingSaved_WaitedFor) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  StepCheckpointingEvery5(id, 6);
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
+  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);
+  absl::Notification saving, release;
+  on_persist_ = [&](const v1::Worker& worker) {
+    if (worker.id() == w2) {
+      saving.Notify();
+      release.WaitForNotification();
+    }
+    return absl::OkStatus();
+  };
+  std::thread registering([&] { AddWorker(7002); });
+  saving.WaitForNotification();
+  ASSERT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_JOINING);
+  Schedule();
+  v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting to hear from the other workers"))
+      << job.reason();
+  release.Notify();
+  registering.join();
+  on_persist_ = nullptr;
+  Schedule();
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(job.plan_history_size(), 2);
 }
 
 // A recovered job, even across a coordinator restart, trains on the tokens

@@ -765,7 +765,11 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       continue;
     }
     if (gone) continue;
-    if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
+    // JOINING: a new incarnation whose registration is being saved (READY,
+    // or LOST if the save fails, within the store's time): left out now,
+    // it would only join at a later boundary, after a plan without it.
+    if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started ||
+        worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
     } else if (worker->state() == v1::WORKER_STATE_READY) {
       alive.push_back(w);

@@ -918,6 +918,7 @@ absl::Status JobRunner::RunJob() {
     if (!reported.ok()) return reported.status();
     if (last) {
       completed_.store(true);
+      if (options_.on_completed) options_.on_completed();
       break;
     }
     // A checkpoint of the weights after this step, written in the

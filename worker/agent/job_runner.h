@@ -83,6 +83,12 @@ struct JobRunnerOptions {
   // them, so no later job can run on this worker: the worker process should
   // stop and be restarted (worker/main.cc exits with code 4).
   std::function<void(const absl::Status&)> on_backend_failure;
+  // Called once, on the runner's thread, right after completed() turned
+  // true (the last step reported), holding none of the runner's locks. An
+  // owner that waits on its own lock for completed() takes that lock here:
+  // an absl::Mutex condition is re-checked only when the mutex is
+  // released, and nothing else would release it when the job completes.
+  std::function<void()> on_completed;
   // The worker's --data-root list: spec.data.path is read only from inside
   // these (common/confined_path.h ResolveUnderRoots). Empty: no data file
   // can be read (generated corpora still work).

@@ -1181,6 +1181,49 @@ TEST(JobRunnerTest, WeightsUpload_SentAgainAfterUnavailable_OtherErrorsNot) {
   }
 }
 
+// on_completed runs once, after the last step's report and with
+// completed() already true: an owner waiting for completed() under its own
+// lock (WorkerAgent::AwaitDrained) is woken by it. A job that stops or
+// fails never calls it.
+TEST(JobRunnerTest, Completed_HookCalledOnceAfterTheLastReport) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  std::atomic<int> calls{0};
+  std::atomic<size_t> reports_seen{0};
+  JobRunnerOptions options{"w", 1};
+  JobRunner* observed = nullptr;
+  std::atomic<bool> completed_when_called{false};
+  options.on_completed = [&] {
+    completed_when_called.store(observed->completed());
+    reports_seen.store(link.reports().size());
+    ++calls;
+  };
+  JobRunner runner(OneStageAssignment(3), &fabric.mailbox(0), FabricTransports(fabric), &link,
+                   options);
+  observed = &runner;
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));
+  runner.Stop();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_TRUE(completed_when_called.load());
+  ASSERT_EQ(link.reports().size(), 3u);
+  EXPECT_TRUE(link.reports().back().finished());
+  EXPECT_EQ(reports_seen.load(), 3u);  // the last report was taken first
+
+  // Stopped before its end: never called.
+  InProcessFabric second_fabric(2);
+  FakeLink second_link(2);
+  int stopped_calls = 0;
+  JobRunnerOptions stopped{"w0", 1};
+  stopped.on_completed = [&] { ++stopped_calls; };
+  JobRunner waiting(Assignment(0, 2, false, Schedule::kGPipe), &second_fabric.mailbox(0),
+                    FabricTransports(second_fabric), &second_link, stopped);
+  waiting.Start();  // stage 1 never starts: it waits at the barrier
+  waiting.Stop();
+  EXPECT_FALSE(waiting.completed());
+  EXPECT_EQ(stopped_calls, 0);
+}
+
 // A job that ends well leaves the hook alone.
 TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
   InProcessFabric fabric(2);

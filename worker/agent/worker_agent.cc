@@ -591,6 +591,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner_options.recv_timeout = options_.recv_timeout;
   runner_options.backend = options_.backend;
   runner_options.on_backend_failure = options_.on_backend_failure;
+  // Wakes AwaitDrained, whose condition reads completed(): released, mu_
+  // has it re-checked (the runner ends before the agent: StopRunner).
+  runner_options.on_completed = [this] { AnnotatedMutexLock wake(&mu_); };
   runner_options.data_roots = options_.data_roots;
   runner_options.checkpoint_root = options_.checkpoint_root;
   runner_options.checkpoint_hold = options_.checkpoint_hold;

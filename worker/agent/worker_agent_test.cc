@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/coordinator_endpoints.h"
+#include "coordinator/planner/schedule_compiler.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
 #include "worker/transport/mailbox.h"
@@ -603,31 +604,53 @@ TEST(WorkerAgentTest, DrainAndDeregisterAfterAFailover_FollowTheNamedLeader) {
 
 // Registers the worker, accepts its heartbeats, sends `assignment` on the
 // first assignment stream (later ones end at once) and records the
-// progress reports.
+// progress reports, answering the start barrier's at once.
 class ScriptedCoordinator final : public v1::CoordinatorService::Service {
  public:
-  explicit ScriptedCoordinator(v1::Assignment assignment) : assignment_(std::move(assignment)) {}
+  explicit ScriptedCoordinator(v1::Assignment assignment, double heartbeat_interval_seconds = 1)
+      : assignment_(std::move(assignment)),
+        heartbeat_interval_seconds_(heartbeat_interval_seconds) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
     response->set_worker_id("w-1");
     response->set_incarnation(1);
     response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(1);
+    response->set_heartbeat_interval_seconds(heartbeat_interval_seconds_);
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
     return grpc::Status::OK;
   }
-  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
+  // The first stream stays open until Close or the agent cancels it, as a
+  // coordinator's does (an ended stream makes the agent reconnect, and
+  // every reconnect passes through its lock).
+  grpc::Status WatchAssignments(grpc::ServerContext* context, const v1::WatchAssignmentsRequest*,
                                 grpc::ServerWriter<v1::Assignment>* writer) override {
-    if (watches_.fetch_add(1) == 0) writer->Write(assignment_);
+    if (watches_.fetch_add(1) != 0) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no more assignments");
+    }
+    writer->Write(assignment_);
+    AnnotatedMutexLock lock(&mu_);
+    // Cancellation is not a mutex condition: checked every 20 ms.
+    while (!closing_ && !context->IsCancelled()) {
+      mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_; },
+                           absl::Milliseconds(20));
+    }
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no more assignments");
   }
   grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* request,
-                              v1::ReportProgressResponse*) override {
+                              v1::ReportProgressResponse* response) override {
     AnnotatedMutexLock lock(&mu_);
     reports_.push_back(*request);
+    response->set_all_ready(request->ready());  // a one-stage job's barrier
+    if (request->finished() && hold_finished_) {
+      finished_arrived_ = true;
+      // Bounded: Close releases it before the server shuts down.
+      mu_.AwaitWithTimeout([this]()
+                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return release_finished_; },
+                           absl::Seconds(60));
+    }
     return grpc::Status::OK;
   }
   // Waits (bounded) for the first report.
@@ -640,12 +663,40 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
     }
     return reports_.front();
   }
+  // The job's last report (finished) is answered only after
+  // ReleaseFinishedReport; AwaitFinishedReport waits (bounded) for it.
+  void HoldFinishedReport() {
+    AnnotatedMutexLock lock(&mu_);
+    hold_finished_ = true;
+  }
+  bool AwaitFinishedReport() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_arrived_; },
+        absl::Seconds(30));
+  }
+  void ReleaseFinishedReport() {
+    AnnotatedMutexLock lock(&mu_);
+    release_finished_ = true;
+  }
+  // Ends the open assignment stream and any held report (before the
+  // server shuts down).
+  void Close() {
+    AnnotatedMutexLock lock(&mu_);
+    closing_ = true;
+    release_finished_ = true;
+  }
 
  private:
   const v1::Assignment assignment_;
+  const double heartbeat_interval_seconds_;
   std::atomic<int> watches_{0};
   AnnotatedMutex mu_;
   std::vector<v1::ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_arrived_ ABSL_GUARDED_BY(mu_) = false;
+  bool release_finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // A RUN of a one-layer job "job-1" plan 1 (stage 0 of 2, no peers listed).
@@ -681,9 +732,53 @@ std::optional<v1::ReportProgressRequest> FirstReportFromAgent(const v1::Assignme
   WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   EXPECT_TRUE(agent.Start().ok());
   std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
+  coordinator.Close();
   agent.Stop();
   rig->Shutdown();
   return report;
+}
+
+// A drain (SIGTERM) waiting while the job's last step is reported: the
+// wait ends as the job completes. Before, the runner's completion released
+// nothing the wait was on, so it slept until the next heartbeat (up to 60 s
+// here; with a coordinator unreachable, the RPC timeout) and, past its
+// timeout, said the job had not let the worker go though it had ended.
+TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbeat) {
+  v1::Assignment a = RunAssignment();
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
+  coordinator.HoldFinishedReport();
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitFinishedReport());
+  // The runner is in its last report: not completed, so the drain waits
+  // (when this thread releases the report before the drain has looked,
+  // the drain finds the job completed and the test shows nothing).
+  absl::Status drained = absl::UnknownError("not returned");
+  absl::Duration waited;
+  std::thread draining([&] {
+    const absl::Time start = absl::Now();
+    drained = agent.AwaitDrained(absl::Seconds(30));
+    waited = absl::Now() - start;
+  });
+  coordinator.ReleaseFinishedReport();
+  draining.join();
+  EXPECT_TRUE(drained.ok()) << drained;
+  // Not a speed bound: unwoken, the wait lasts its whole 30 s (the next
+  // heartbeat is 60 s away) and only then finds the job completed.
+  EXPECT_LT(waited, absl::Seconds(15)) << "the job's completion did not end the wait";
+  coordinator.Close();
+  agent.Stop();
+  rig->Shutdown();
 }
 
 // An assignment whose layout factors multiply to 2^64, which wraps to 0
@@ -743,6 +838,7 @@ TEST(WorkerAgentTest, InstructionAndLastJob_NamesTheJobOfTheLastAssignmentTaken)
     absl::SleepFor(absl::Milliseconds(2));
   }
   EXPECT_EQ(agent.InstructionAndLastJob().second, "job-1");
+  coordinator.Close();
   agent.Stop();
   rig->Shutdown();
 }

@@ -1233,6 +1233,34 @@ TEST_F(JobManagerElasticTest, TensorRankLost_WaitingReasonCountsTheSurvivor) {
       << job.reason();
 }
 
+// Two of three workers lost one after the other: the recovery names the
+// first, and the second, gone as well, is named with it, both while the job
+// waits and in the plan it resumes with (the reason named only the first
+// loss, though the worker list showed both LOST).
+TEST_F(JobManagerElasticTest, SecondWorkerLostWhileRecovering_ReasonNamesBoth) {
+  v1::JobSpec spec = ElasticSpec(3, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = Submit(spec).value().id();
+  StepCheckpointingEvery5(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "worker " + w2)) << job.reason();
+  EXPECT_TRUE(absl::StrContains(
+      job.reason(), "waiting for 2 READY workers (1 ready); " + w3 + " (LOST) is gone too"))
+      << job.reason();
+  const std::string w4 = AddWorker(7004);
+  HeartbeatAllAndSchedule({w1, w4});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w4}));
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w3 + " (LOST) is gone too"))
+      << job.plan_history(1).reason();
+}
+
 // A drain that would leave a tensor-parallel job fewer than its minimum
 // is refused naming the product the minimum is (min_workers 1 x data 1 x
 // tensor 2 = 2): the message named data alone, a number the user could

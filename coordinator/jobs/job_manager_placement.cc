@@ -754,6 +754,9 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // Every former worker must be accounted for: alive (a heartbeat since the
   // loss) or gone. A dead one left READY would be planned again and fail.
   std::vector<std::string> alive;
+  // Former workers gone as well as the one the recovery names (two lost
+  // together, or one lost while the job was recovering): said with it.
+  std::vector<std::string> gone_too;
   bool waiting = false;
   for (const std::string& w : record.survivors) {
     if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
@@ -764,7 +767,11 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       waiting = true;  // after a restart: it may still register again
       continue;
     }
-    if (gone) continue;
+    if (gone) {
+      gone_too.push_back(absl::StrCat(
+          w, " (", !worker.ok() ? "no longer registered" : EnumShortName(worker->state()), ")"));
+      continue;
+    }
     // JOINING: a new incarnation whose registration is being saved (READY,
     // or LOST if the save fails, within the store's time): left out now,
     // it would only join at a later boundary, after a plan without it.
@@ -824,7 +831,12 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     waiting_for = absl::StrCat(record.refused_for_memory_note, "; waiting for more READY workers (",
                                count(), ")");
   }
+  const std::string also_gone =
+      gone_too.empty() ? ""
+                       : absl::StrCat("; ", absl::StrJoin(gone_too, ", "),
+                                      gone_too.size() == 1 ? " is" : " are", " gone too");
   if (!waiting_for.empty()) {
+    waiting_for += also_gone;
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
@@ -845,7 +857,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   pending.redone = std::max<int64_t>(0, p.step() - pending.resume_step);
   pending.planning_start = now;
   pending.reason = absl::StrCat(
-      record.recovery_reason, "; resumed from ",
+      record.recovery_reason, also_gone, "; resumed from ",
       resume != nullptr
           ? absl::StrCat("checkpoint step ", pending.resume_step)
           : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));

@@ -1808,6 +1808,34 @@ TEST_F(JobManagerElasticTest, Drain_LostOrLeftWorker_RefusedSayingSo) {
   EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
 }
 
+// A JOINING worker's registration may yet fail to save, and the process
+// then registers again as an incarnation the drain would not cover, while
+// the drain had answered OK: refused as retryable until it is READY.
+TEST_F(JobManagerElasticTest, Drain_JoiningWorker_RefusedUntilItsRegistrationIsSaved) {
+  absl::Notification saving, release;
+  on_persist_ = [&](const v1::Worker&) {
+    saving.Notify();
+    release.WaitForNotification();
+    return absl::OkStatus();
+  };
+  std::string w1;
+  std::thread registering([&] { w1 = AddWorker(7001); });
+  saving.WaitForNotification();
+  ASSERT_EQ(registry_.List().size(), 1u);
+  const std::string id = registry_.List()[0].id();
+  ASSERT_EQ(registry_.Get(id).value().state(), v1::WORKER_STATE_JOINING);
+  const absl::Status refused = jobs_->Drain(id).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "is JOINING")) << refused;
+  release.Notify();
+  registering.join();
+  on_persist_ = nullptr;
+  ASSERT_EQ(w1, id);
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w1).value()));
+  ASSERT_TRUE(jobs_->Drain(w1).ok());
+  EXPECT_TRUE(jobs_->IsDrained(registry_.Get(w1).value()));
+}
+
 // Draining an auto layout's worker: allowed while the rest still has a
 // layout. With 2 tensor ranks per stage, one worker left has none (refused,
 // saying so); searching T, one worker is a layout (1 x 1 x 1).

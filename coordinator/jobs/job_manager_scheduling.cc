@@ -395,6 +395,15 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
         ": out of service already; a process that registers again under this id is a new "
         "incarnation, which this drain would not cover (drain it once it is READY)"));
   }
+  // JOINING: its registration is being saved, and a failed save makes it
+  // LOST, after which the process registers again as a new incarnation
+  // the drain would not cover. Refused: the operator retries in a moment.
+  if (worker.state() == v1::WORKER_STATE_JOINING) {
+    return absl::UnavailableError(
+        absl::StrCat(worker_id,
+                     " is JOINING: its registration is still being recorded; drain it again in a "
+                     "moment, once it is READY"));
+  }
   // A recovering job released its workers: its survivors have no job in
   // the registry, and were drained without the check below.
   JobRecord* record =

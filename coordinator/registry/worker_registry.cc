@@ -278,6 +278,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.clear_current_instruction();
   entry.stopping = false;  // a new process runs nothing yet
   entry.released_job.clear();
+  entry.restored_unheard = false;
   TouchLocked(entry, clock_->Now());
   SetStateLocked(entry, v1::WORKER_STATE_JOINING);  // READY once saved (Register)
 }
@@ -494,7 +495,9 @@ absl::Status WorkerRegistry::CheckAssignableLocked(
 bool WorkerRegistry::StoppedSince(const std::string& worker_id, absl::Time since) const {
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(worker_id);
-  return entry == nullptr || !IsLive(entry->worker.state()) || entry->last_idle >= since;
+  if (entry == nullptr) return true;
+  if (entry->restored_unheard) return false;
+  return !IsLive(entry->worker.state()) || entry->last_idle >= since;
 }
 
 void WorkerRegistry::Release(const std::string& job_id) {
@@ -607,6 +610,7 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     entry.session_secret = RandomToken();
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
     SetStateLocked(entry, left ? v1::WORKER_STATE_LEFT : v1::WORKER_STATE_LOST);
+    entry.restored_unheard = !left;
   }
 }
 

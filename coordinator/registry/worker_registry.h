@@ -282,7 +282,9 @@ class WorkerRegistry {
   // ended at `since` (by the injected clock): it reported idle (no job
   // runner, so none of its files open) in a heartbeat received at or after
   // `since` that named the job it was released from last, or it is LOST,
-  // LEFT or unknown.
+  // LEFT or unknown; not one restored LOST (live when the old coordinator
+  // stopped) that has not registered again since, which may still run a
+  // stage of a job that ended before the restart.
   bool StoppedSince(const std::string& worker_id, absl::Time since) const;
 
   // The staleness check: every live worker silent for longer than `lease`
@@ -336,6 +338,9 @@ class WorkerRegistry {
     std::string released_job;
     // The last heartbeat that reported the worker idle (running no job).
     absl::Time last_idle = absl::InfinitePast();
+    // Restored LOST and not heard from since: the process may still be
+    // running a job of the old coordinator's (StoppedSince).
+    bool restored_unheard = false;
   };
   struct Loss {
     std::string worker_id;

@@ -1006,6 +1006,37 @@ TEST(WorkerRegistryTest, StoppedSince_IdleHeartbeatAfterTheInstantOrGone) {
   EXPECT_TRUE(registry.StoppedSince("w-9", ended));
 }
 
+// A worker restored LOST was live when the old coordinator stopped: its
+// process may still be writing for a job that ended just before. It counts
+// as stopped only once it registered again and said it is idle (the late
+// checkpoint sweep ran at once on a restored coordinator); a restored LEFT
+// one has stopped.
+TEST(WorkerRegistryTest, StoppedSince_RestoredLost_NotUntilItRegistersAgainAndIsIdle) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 2; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+    ASSERT_TRUE(before.Deregister("w-2", 1).ok());
+  }
+  ASSERT_EQ(saved.size(), 3u);  // w-1, w-2, then w-2 LEFT: as a store keeps them
+  saved.erase(saved.begin() + 1);
+  WorkerRegistry after(options);
+  after.Restore(saved);
+  ASSERT_EQ(after.Get("w-1")->state(), v1::WORKER_STATE_LOST);
+  ASSERT_EQ(after.Get("w-2")->state(), v1::WORKER_STATE_LEFT);
+  const absl::Time ended = clock.Now();
+  clock.Advance(absl::Seconds(1));
+  EXPECT_FALSE(after.StoppedSince("w-1", ended));
+  EXPECT_TRUE(after.StoppedSince("w-2", ended));
+  const auto again = after.Register(Request(1));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(after.StoppedSince("w-1", ended));  // registered, not yet idle
+  ASSERT_TRUE(after.Heartbeat(Beat("w-1", again->incarnation(), "idle")).ok());
+  EXPECT_TRUE(after.StoppedSince("w-1", ended));
+}
+
 // ------------------------------------------------------------------ Queries
 
 TEST(WorkerRegistryTest, CountByState_MixedStates_EveryStateCounted) {

@@ -1020,6 +1020,36 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::ACTION_STOP);
 }
 
+// An explicit compressed stage that a re-plan onto fewer stages no longer
+// has is dropped (job.proto); the plan's reason says so rather than let the
+// job train on with less compression than asked without a word.
+TEST_F(JobManagerElasticTest, CompressedStageBeyondTheReplan_NamedInThePlansReason) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
+  spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignmentOf(w[1]).data_parallel_powersgd_rank(), 2);  // stage 1
+  for (int64_t s = 1; s <= 5; ++s) StepEveryWorker(id, s, 2);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  ASSERT_TRUE(Checkpoint(id, 1, 5).ok());
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(AssignmentOf(w[0]).num_stages(), 1);
+  EXPECT_EQ(AssignmentOf(w[0]).data_parallel_powersgd_rank(), 0);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
+                                "spec.compression.dataParallel.stages 1 is beyond this plan's 1 "
+                                "stage: compressed now: none"))
+      << job.plan_history(1).reason();
+  EXPECT_FALSE(absl::StrContains(job.plan_history(0).reason(), "beyond"));
+}
+
 // A writer's checkpoint report from the stopped plan (its writer finished
 // after the loss) does not complete a checkpoint during the recovery: with
 // keep 1 it would expire the one the re-plan resumes from.

@@ -319,6 +319,23 @@ JobManager::PlanningOutput JobManager::PlanPlacement(const PlanningInput& in) {
     return out;
   }
   out.compiled = *std::move(planned);
+  // An explicit list of compressed stages naming stages this plan lacks (a
+  // re-plan onto fewer): those indices are dropped (job.proto), and so the
+  // units they held are summed exactly now; said, or the job would train
+  // on with less compression than asked without a word.
+  std::vector<int> beyond;
+  for (int s : resolved.spec.compression().data_parallel().stages()) {
+    if (s >= resolved.stages) beyond.push_back(s);
+  }
+  if (!beyond.empty() && replicas > 1) {
+    const auto& kept = out.compiled.plan.data_parallel_compressed_stages();
+    absl::StrAppend(&out.placed_reason, "; spec.compression.dataParallel.stages ",
+                    absl::StrJoin(beyond, ", "), beyond.size() == 1 ? " is" : " are",
+                    " beyond this plan's ", resolved.stages,
+                    resolved.stages == 1 ? " stage" : " stages", ": compressed now: ",
+                    kept.empty() ? "none" : absl::StrCat("stages ", absl::StrJoin(kept, ", ")),
+                    " (the rest sum exactly, their saved error feedback added once)");
+  }
   return out;
 }
 

@@ -201,6 +201,13 @@ void JobRunner::Run() {
     if (JobAlreadyEnded(status)) {
       PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
                    << "stage finished (" << status.message() << "); stopping";
+    } else if (session_refused_.load()) {
+      // After every coordinator restart: not this stage's failure, and not
+      // one the coordinator would take (the job re-plans once the worker
+      // has registered again).
+      PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the coordinator no longer accepts "
+                      << "this worker's session (" << status.message()
+                      << "); stopping this stage, not reporting it";
     } else {
       ReportError(status);
     }
@@ -469,6 +476,7 @@ absl::Status JobRunner::RetryWhileOutcomeUnknown(const std::string& what,
   const absl::Time give_up = absl::Now() + options_.report_retry_for;
   while (true) {
     const absl::Status status = attempt();
+    if (status.code() == absl::StatusCode::kUnauthenticated) session_refused_.store(true);
     if (status.ok() || !OutcomeUnknown(status) || absl::Now() + backoff > give_up || stop_.load()) {
       return status;
     }

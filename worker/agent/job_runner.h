@@ -233,6 +233,10 @@ class JobRunner {
   // tears down its links and reports, which may take a while.
   std::atomic<bool> ending_{false};
   std::atomic<bool> completed_{false};  // every step ran and was reported
+  // The coordinator refused this worker's session (UNAUTHENTICATED: it
+  // restarted, or a newer incarnation registered): an error report would be
+  // refused alike, and the agent registers again, so the stage stops quietly.
+  std::atomic<bool> session_refused_{false};
   CallCancel upload_cancel_;            // the weights upload's, cancelled by Stop()
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
   const std::string data_plane_job_;

@@ -1224,6 +1224,24 @@ TEST(JobRunnerTest, Completed_HookCalledOnceAfterTheLastReport) {
   EXPECT_EQ(stopped_calls, 0);
 }
 
+// A coordinator that no longer takes this worker's session (it restarted:
+// UNAUTHENTICATED) would refuse an error report as well: the stage stops
+// without one (it logged two ERROR lines on every worker after every
+// restart, though the job then re-planned as it should).
+TEST(JobRunnerTest, SessionRefused_StopsWithoutAnErrorReport) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailIterationReports(100, absl::StatusCode::kUnauthenticated);
+  JobRunner runner(OneStageAssignment(3), &fabric.mailbox(0), FabricTransports(fabric), &link,
+                   JobRunnerOptions{"w", 1});
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));
+  runner.Stop();
+  EXPECT_FALSE(runner.completed());
+  EXPECT_EQ(link.failed(), 1);  // the first iteration's report, not retried
+  EXPECT_TRUE(link.reports().empty()) << link.reports()[0].error();
+}
+
 // A job that ends well leaves the hook alone.
 TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
   InProcessFabric fabric(2);

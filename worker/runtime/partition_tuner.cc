@@ -1,5 +1,8 @@
 #include "worker/runtime/partition_tuner.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -12,18 +15,25 @@ std::string PartitionCandidate::ToString() const {
 }
 
 PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units,
-                               int steps_per_candidate)
+                               int samples, int steps_per_candidate)
     : steps_(steps_per_candidate) {
-  PT_CHECK(steps_ >= 1 && planned.forward.size() == block_units.size() &&
+  PT_CHECK(steps_ >= 1 && samples >= 1 && planned.forward.size() == block_units.size() &&
            planned.backward.size() == block_units.size())
       << "PartitionTuner: bad arguments";
-  candidates_.push_back(std::move(planned));
+  // As the units run them (Unit::TensorParallelPartitions).
+  const auto as_run = [samples](PartitionCandidate c) {
+    for (int& k : c.forward) k = std::gcd(std::max(1, k), samples);
+    for (int& k : c.backward) k = std::gcd(std::max(1, k), samples);
+    return c;
+  };
+  candidates_.push_back(as_run(std::move(planned)));
   for (int k : {1, 2, 4}) {
     PartitionCandidate uniform;
     for (bool block : block_units) {
       uniform.forward.push_back(block ? k : 1);
       uniform.backward.push_back(block ? k : 1);
     }
+    uniform = as_run(std::move(uniform));
     bool seen = false;
     for (const PartitionCandidate& c : candidates_) seen = seen || c == uniform;
     if (!seen) candidates_.push_back(std::move(uniform));

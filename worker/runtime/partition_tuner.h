@@ -45,11 +45,15 @@ struct PartitionCandidate {
 class PartitionTuner {
  public:
   // `planned`: the plan's choice; `block_units[u]`: whether unit u is an
-  // attention or MLP unit (the others always get 1). The candidates are
-  // the plan's and uniform 1, 2 and 4 over the block units, duplicates
-  // dropped. Requires steps_per_candidate >= 1 and planned vectors of
+  // attention or MLP unit (the others always get 1); `samples`: the
+  // samples of a micro-batch. The candidates are the plan's and uniform 1,
+  // 2 and 4 over the block units, each count held as it runs, cut to
+  // gcd(count, samples) (Unit::TensorParallelPartitions), duplicates
+  // dropped: uniform 4 on 2 samples runs as uniform 2, measured once, and
+  // a count that never runs is never reported. Requires
+  // steps_per_candidate >= 1, samples >= 1 and planned vectors of
   // block_units' size.
-  PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units,
+  PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units, int samples,
                  int steps_per_candidate);
 
   const std::vector<PartitionCandidate>& candidates() const { return candidates_; }

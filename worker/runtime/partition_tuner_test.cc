@@ -9,19 +9,41 @@ namespace {
 const std::vector<bool> kBlocks = {false, true, true, false};
 
 TEST(PartitionTuner, Candidates_PlanFirstThenUniformWithoutDuplicates) {
-  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 2);
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
   ASSERT_EQ(tuner.candidates().size(), 4u);
   EXPECT_EQ(tuner.candidates()[0].forward, (std::vector<int>{1, 2, 4, 1}));
   EXPECT_EQ(tuner.candidates()[1].forward, (std::vector<int>{1, 1, 1, 1}));
   EXPECT_EQ(tuner.candidates()[3].backward, (std::vector<int>{1, 4, 4, 1}));
   EXPECT_EQ(tuner.tuning_iterations(), 9);
   // A plan that is uniform 2 already: three candidates.
-  PartitionTuner same({{1, 2, 2, 1}, {1, 2, 2, 1}}, kBlocks, 1);
+  PartitionTuner same({{1, 2, 2, 1}, {1, 2, 2, 1}}, kBlocks, 8, 1);
   EXPECT_EQ(same.candidates().size(), 3u);
 }
 
+// Counts run cut to a divisor of the micro-batch's samples: on 2 samples
+// uniform 4 runs as uniform 2, so it is one candidate (measured once), and
+// the plan's 4s are held as the 2s they run as (what the tuner reports is
+// what ran: it reported and exported 4 that no unit had run).
+TEST(PartitionTuner, Candidates_HeldAsTheyRunOnTheSamples) {
+  PartitionTuner two({{1, 4, 2, 1}, {1, 4, 1, 1}}, kBlocks, 2, 1);
+  ASSERT_EQ(two.candidates().size(), 3u);
+  EXPECT_EQ(two.candidates()[0].forward, (std::vector<int>{1, 2, 2, 1}));
+  EXPECT_EQ(two.candidates()[0].backward, (std::vector<int>{1, 2, 1, 1}));
+  EXPECT_EQ(two.candidates()[1].forward, (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(two.candidates()[2].forward, (std::vector<int>{1, 2, 2, 1}));
+  EXPECT_EQ(two.candidates()[2].backward, (std::vector<int>{1, 2, 2, 1}));
+  EXPECT_EQ(two.tuning_iterations(), 4);
+  // One sample: every count runs as 1, a single candidate.
+  PartitionTuner one({{1, 4, 2, 1}, {1, 4, 1, 1}}, kBlocks, 1, 1);
+  ASSERT_EQ(one.candidates().size(), 1u);
+  EXPECT_EQ(one.candidates()[0].forward, (std::vector<int>{1, 1, 1, 1}));
+  // 6 samples: 4 runs as 2.
+  PartitionTuner six({{1, 2, 2, 1}, {1, 2, 2, 1}}, kBlocks, 6, 1);
+  EXPECT_EQ(six.candidates().size(), 2u);  // the plan (uniform 2) and uniform 1
+}
+
 TEST(PartitionTuner, Schedule_WarmUpThenEachCandidateThenTheFastest) {
-  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 2);
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
   // Iteration 0 (warm-up) and 1-2 run the plan, 3-4 uniform 1, 5-6
   // uniform 2, 7-8 uniform 4.
   EXPECT_EQ(&tuner.CandidateFor(0), &tuner.candidates()[0]);
@@ -47,7 +69,7 @@ TEST(PartitionTuner, Schedule_WarmUpThenEachCandidateThenTheFastest) {
 }
 
 TEST(PartitionTuner, Decide_TiesGoToThePlan) {
-  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 1);
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 1);
   EXPECT_EQ(tuner.Decide({1.0, 1.0, 2.0, 1.0}), 0);
 }
 

@@ -501,7 +501,8 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
     }
     tuner_ = std::make_unique<PartitionTuner>(
         PartitionCandidate{setup.tensor_partitions_forward, setup.tensor_partitions_backward},
-        block_units, setup.tensor_partition_tune_steps);
+        block_units, setup.train.batch_size / setup.train.micro_batches,
+        setup.tensor_partition_tune_steps);
   }
   // 3-D: a cube unit hands its next unit its block only when both run in
   // this stage's forward and backward ranges (so the forward, the

@@ -553,6 +553,11 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     return Invalid(kTuneField,
                    absl::StrCat("must be 0..16, got ", p->tensor_partitions_tune_steps()));
   }
+  if (cube && p->tensor_partitions_tune_steps() > 0) {
+    return Invalid(kTuneField,
+                   "must be 0 with spec.parallelism.tensor_mode 3d (AccTFM's partitions are not "
+                   "built for the cube)");
+  }
   if (p->tensor_partitions_tune_steps() > 0 && (k != 0 || p->tensor() == 1)) {
     return Invalid(kTuneField,
                    "needs spec.parallelism.tensor_partitions 0 (Alg. 1 per layer) and "

@@ -923,6 +923,13 @@ TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {
                  "spec.parallelism.tensor_partitions: must be 1 with "
                  "spec.parallelism.tensor_mode 3d");
   spec.mutable_parallelism()->set_tensor_partitions(1);
+  // Tuning needs partitions 0: said as the cube's rule, not as "needs
+  // tensor_partitions 0", which the cube refuses in turn.
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(3);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_partitions_tune_steps: must be 0 with "
+                 "spec.parallelism.tensor_mode 3d");
+  spec.mutable_parallelism()->clear_tensor_partitions_tune_steps();
   spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
   ExpectRejected(spec,
                  "spec.parallelism.tensor_compression: must be none with "

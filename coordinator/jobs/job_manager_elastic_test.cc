@@ -295,6 +295,18 @@ class JobManagerElasticTest : public ::testing::Test {
     return id;
   }
 
+  // A new coordinator on the same state (saved first): the jobs restored,
+  // and `workers` LOST, as a restored registry holds them until they
+  // register again.
+  void RestartCoordinator(const std::vector<std::string>& workers) {
+    jobs_->FlushIo();
+    Reset(/*with_state=*/true);
+    ASSERT_TRUE(jobs_->Restore().ok());
+    for (const std::string& w : workers) {
+      registry_.MarkLost(w, incarnations_[w], "coordinator restarted");
+    }
+  }
+
   // The survivors answer (heartbeat), then the job is scheduled.
   void HeartbeatAllAndSchedule(const std::vector<std::string>& workers) {
     clock_.Advance(absl::Milliseconds(10));
@@ -1472,11 +1484,7 @@ TEST_F(JobManagerElasticTest, Restore_DroppedCheckpointRedone_StillNoProgress) {
   r.set_checkpoint_unusable(true);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
-  jobs_->FlushIo();
-  Reset(/*with_state=*/true);
-  ASSERT_TRUE(jobs_->Restore().ok());
-  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
-  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  RestartCoordinator({w1, w2});
   clock_.Advance(absl::Milliseconds(10));
   AddWorker(7001);
   AddWorker(7002);
@@ -2424,11 +2432,7 @@ TEST_F(JobManagerElasticTest, Restore_SurvivorWhoseRegistrationIsBeingSaved_Wait
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   StepCheckpointingEvery5(id, 6);
-  jobs_->FlushIo();
-  Reset(/*with_state=*/true);
-  ASSERT_TRUE(jobs_->Restore().ok());
-  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
-  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  RestartCoordinator({w1, w2});
   clock_.Advance(absl::Milliseconds(10));
   AddWorker(7001);
   absl::Notification saving, release;
@@ -2479,12 +2483,8 @@ TEST_F(JobManagerElasticTest, DataDigest_KeptAcrossARestartAndCheckedByTheNextPl
   ready(w2, digest);
   for (int step = 1; step <= 5; ++step) Step(id, step);
   CheckpointAll(id, 5);
-  jobs_->FlushIo();
-  Reset(/*with_state=*/true);
-  ASSERT_TRUE(jobs_->Restore().ok());
+  RestartCoordinator({w1, w2});
   EXPECT_EQ(jobs_->Get(id).value().data_sha256(), digest);
-  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
-  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
   clock_.Advance(absl::Milliseconds(10));
   AddWorker(7001);
   AddWorker(7002);

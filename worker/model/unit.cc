@@ -1,7 +1,6 @@
 #include "worker/model/unit.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "common/logging.h"
 #include "common/philox.h"
@@ -10,6 +9,7 @@
 #include "worker/model/embed_unit.h"
 #include "worker/model/head_unit.h"
 #include "worker/model/mlp_unit.h"
+#include "worker/model/partition_count.h"
 
 namespace pipetrain {
 
@@ -40,7 +40,7 @@ void Unit::set_tensor_parallel_partitions(int forward, int backward) {
 
 int Unit::TensorParallelPartitions(int samples, bool forward) const {
   if (tp_size() < 2 || samples < 1) return 1;  // nothing to overlap
-  return std::gcd(forward ? partitions_forward_ : partitions_backward_, samples);
+  return PartitionsRun(forward ? partitions_forward_ : partitions_backward_, samples);
 }
 
 Tensor Unit::KeptRowsTensor(const std::vector<std::vector<uint8_t>>& parts) {

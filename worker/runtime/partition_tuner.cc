@@ -1,11 +1,9 @@
 #include "worker/runtime/partition_tuner.h"
 
-#include <algorithm>
-#include <numeric>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "worker/model/partition_count.h"
 
 namespace pipetrain {
 
@@ -22,8 +20,8 @@ PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<boo
       << "PartitionTuner: bad arguments";
   // As the units run them (Unit::TensorParallelPartitions).
   const auto as_run = [samples](PartitionCandidate c) {
-    for (int& k : c.forward) k = std::gcd(std::max(1, k), samples);
-    for (int& k : c.backward) k = std::gcd(std::max(1, k), samples);
+    for (int& k : c.forward) k = PartitionsRun(k, samples);
+    for (int& k : c.backward) k = PartitionsRun(k, samples);
     return c;
   };
   candidates_.push_back(as_run(std::move(planned)));

@@ -887,15 +887,28 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   const std::vector<LayoutDegrees> layouts = AutoLayoutDegrees(sized, p.workers());
   if (layouts.empty()) {
     const std::string groups = tensor == 1 ? "workers" : "groups";
+    // With T searched, why each T that divides the workers split no model:
+    // the field to change is in its reason (a cube's p^3 rule among them).
+    std::vector<std::string> unsplit;
+    for (int t = 2; searches_tensor && t <= std::min(p.workers(), kMaxTensorParallel); ++t) {
+      if (p.workers() % t != 0 || (p.tensor_mode() == "3d" && CubeEdge(t) == 0)) continue;
+      const absl::Status split = TensorSplitStatus(sized, t);
+      if (!split.ok()) unsplit.push_back(absl::StrCat("T ", t, ": ", split.message()));
+    }
+    const bool cube = p.tensor_mode() == "3d";
     return Invalid(
         "spec.parallelism.workers",
         searches_tensor
-            ? absl::StrCat("no layout of ", p.workers(),
-                           " workers: the tensor ranks T must divide the workers and split the "
-                           "model (spec.parallelism.tensor), and the replicas D both the "
-                           "workers / T and spec.training.micro_batches ",
-                           micro_batches, ", with workers / (D x T) stages at most the model's ",
-                           units, " units")
+            ? absl::StrCat(
+                  "no layout of ", p.workers(), " workers: the tensor ranks T must ",
+                  cube ? "be a cube p^3 (8, 27, ...) that divides" : "divide",
+                  " the workers and split the model (spec.parallelism.tensor",
+                  cube ? ", tensor_mode 3d" : "",
+                  "), and the replicas D both the workers / T and "
+                  "spec.training.micro_batches ",
+                  micro_batches, ", with workers / (D x T) stages at most the model's ", units,
+                  " units",
+                  unsplit.empty() ? "" : absl::StrCat(" (", absl::StrJoin(unsplit, "; "), ")"))
             : absl::StrCat(
                   "no layout of ", p.workers(), " workers",
                   tensor > 1 ? absl::StrCat(" in groups of ", tensor, " tensor ranks") : "",

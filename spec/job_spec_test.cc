@@ -708,6 +708,27 @@ TEST(ResolveJobSpec, TensorAuto_TensorFieldsGoToTheLayoutsWithTensorRanks) {
   ExpectRejected(TensorAutoSpec(7, 2),
                  "spec.parallelism.workers: no layout of 7 workers: the "
                  "tensor ranks T must divide the workers");
+  // The message says why each T dividing the workers split no model.
+  const std::string seven = std::string(ResolveJobSpec(TensorAutoSpec(7, 2)).status().message());
+  EXPECT_TRUE(
+      absl::EndsWith(seven, " units (T 7: tensor parallelism of 7 does not divide model.n_head 4)"))
+      << seven;
+  // The cube's rule is stated, and its one candidate's reason given.
+  spec = TensorAutoSpec(7, 2);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  ExpectRejected(spec,
+                 "spec.parallelism.workers: no layout of 7 workers: the tensor ranks T must be a "
+                 "cube p^3 (8, 27, ...) that divides the workers and split the model "
+                 "(spec.parallelism.tensor, tensor_mode 3d), and the replicas D");
+  spec = TensorAutoSpec(8, 2);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_model()->set_vocab_size(258);
+  const std::string eight = std::string(ResolveJobSpec(spec).status().message());
+  EXPECT_TRUE(
+      absl::EndsWith(eight,
+                     " units (T 8: 3-D tensor parallelism on a 2x2x2 cube needs p^3 = 8 to divide "
+                     "model.vocab_size 258)"))
+      << eight;
 }
 
 TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {

@@ -590,10 +590,15 @@ class JobManager {
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
     std::string boundary_reason;
-    // The spares a growth boundary was asked for: held for the job while
-    // stop_at is pending (HeldWorkersLocked), so no job placed meanwhile
-    // takes them and the boundary stops every stage for nothing.
+    // The spares a growth boundary was asked for (its reason names them).
     std::vector<std::string> boundary_joiners;
+    // The spares held for the job while stop_at is pending
+    // (HeldWorkersLocked): the growth boundary's joiners, and those a drain
+    // was allowed on the strength of (HoldBoundarySparesLocked). Without the
+    // hold, a job placed meanwhile, or a drain of the spare itself, would
+    // take them and the boundary stops every stage for nothing, or leaves
+    // the job waiting for a worker until its queue timeout.
+    std::vector<std::string> boundary_held;
     // While PLANNING: the placement being planned, and its number (a
     // planning task whose number is not the job's current one, or that
     // finds the job no longer PLANNING, was overtaken and is dropped).
@@ -742,6 +747,20 @@ class JobManager {
                          const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running job whose pending boundary holds `worker_id` as a spare
+  // (boundary_held), if any.
+  JobRecord* BoundaryHolderOfLocked(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The spares `record` may count on: SparesForLocked of the workers held
+  // for no other job (its own boundary's holds are its own), those it holds
+  // first.
+  std::vector<std::string> OwnSparesLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a RUNNING job with a pending boundary: holds (boundary_held) as
+  // many spares as its undrained workers need to make MinJobWorkers usable
+  // at the boundary, those held already first, and keeps holding its
+  // growth joiners. What a drain counted on stays there for the re-plan.
+  void HoldBoundarySparesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers held for jobs that are not running on them: recovering
   // jobs' survivors (they wait for them), the spares a running job's
   // pending boundary is to add, and the workers profiling a model (a
@@ -807,7 +826,7 @@ class JobManager {
   static std::string ReadyCount(size_t ready, size_t held, size_t drained);
   // The READY, undrained workers `record` could run on that `reserved`
   // holds for another job (a profiling fetch in flight, a recovery's
-  // survivors), leaving out those in `counted`: a waiting job says they
+  // survivors, a boundary's spares), leaving out those in `counted`: a waiting job says they
   // exist, rather than "1 ready" beside a listing of 2 READY workers.
   size_t HeldReadyLocked(const JobRecord& record, const std::set<std::string>& reserved,
                          const std::vector<std::string>& counted) const

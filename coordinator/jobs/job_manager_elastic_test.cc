@@ -1782,6 +1782,114 @@ TEST_F(JobManagerElasticTest, Drain_SecondWorkerOfTheJob_CountsTheFirstDrainAsGo
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// A drain allowed because a spare can take the worker's place holds that
+// spare until the boundary. Before, nothing held it: a drain of the spare
+// itself, or a job submitted meanwhile, took it, and the boundary left the
+// job RECOVERING "waiting for 2 READY workers" until its queue timeout.
+TEST_F(JobManagerElasticTest, Drain_TheSpareItCountedOn_HeldForTheBoundary) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  spec.mutable_elastic()->set_max_workers(2);  // the spare is no growth
+  const std::string id = Submit(spec).value().id();
+  Step(id, 1);
+  const std::string w3 = AddWorker(7003);
+  Schedule();
+  ASSERT_TRUE(jobs_->Drain(w1).ok());
+  const absl::Status refused = jobs_->Drain(w3).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 2 workers")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "spare held for the job's re-planning"))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "(" + w1 + " drained)")) << refused;
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w3).value()));
+  // A job submitted meanwhile waits for another worker, and takes it.
+  const std::string later = Submit(ElasticSpec(1, 5)).value().id();
+  v1::Job waiting = jobs_->Get(later).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
+  EXPECT_TRUE(absl::StrContains(waiting.reason(), "held")) << waiting.reason();
+  const std::string w4 = AddWorker(7004);
+  Schedule();
+  waiting = jobs_->Get(later).value();
+  ASSERT_EQ(waiting.state(), v1::JOB_STATE_RUNNING) << waiting.reason();
+  EXPECT_EQ(WorkerIdsOf(waiting), std::vector<std::string>{w4});
+  // Another spare comes: the held one may go now, the newcomer held instead.
+  const std::string w5 = AddWorker(7005);
+  ASSERT_TRUE(jobs_->Drain(w3).ok());
+  const absl::Status newcomer = jobs_->Drain(w5).status();
+  EXPECT_EQ(newcomer.code(), absl::StatusCode::kFailedPrecondition) << newcomer;
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2);
+  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w2, w5}));
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  const std::string reason = job.plan_history(1).reason();
+  EXPECT_TRUE(absl::StrContains(reason, w1 + " drained; " + w5 + " joined; re-planned at step"))
+      << reason;
+  EXPECT_FALSE(absl::StrContains(reason, "same workers")) << reason;
+  // Once the boundary is past, nothing is held: the drained spare's
+  // replacement is the job's own worker now, and w3 stays drained.
+  EXPECT_TRUE(jobs_->IsDrained(registry_.Get(w3).value()));
+}
+
+// A growth boundary's joiner drained before the boundary: the job re-plans
+// on its own workers (its stages stopped there already), and the history
+// says what happened rather than "w-3 joined".
+TEST_F(JobManagerElasticTest, SpareWorker_DrainedBeforeItsBoundary_HistorySaysSo) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  Step(id, 1);
+  const std::string w3 = AddWorker(7003);
+  Schedule();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2);
+  ASSERT_TRUE(jobs_->Drain(w3).ok()) << "a joiner the job does not need may go";
+  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
+  const std::string reason = job.plan_history(1).reason();
+  EXPECT_TRUE(absl::StrContains(reason, w3 + " joined; " + w3 +
+                                            " drained before the boundary; "
+                                            "re-planned at step " +
+                                            std::to_string(boundary) + " on the same workers"))
+      << reason;
+}
+
+// A loss while a drain's boundary is pending: the recovery overtakes the
+// boundary and leaves the drained worker out too, and its reason names the
+// drain as well as the loss. A drain while it recovers is named as well.
+TEST_F(JobManagerElasticTest, Drain_ThenALoss_TheRecoveryNamesBoth) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  StepCheckpointingEvery5(id, 5);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), w3)) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "overtaking the re-planning due after step"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "(" + w2 + " drained)")) << job.reason();
+  const std::string w4 = AddWorker(7004);
+  ASSERT_TRUE(jobs_->Drain(w1).ok()) << "w4 can take its place";
+  job = jobs_->Get(id).value();
+  EXPECT_TRUE(absl::EndsWith(job.reason(), "; " + w1 + " drained")) << job.reason();
+  HeartbeatAllAndSchedule({w1, w2, w4});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), std::vector<std::string>{w4});
+  const std::string reason = job.plan_history(job.plan_history_size() - 1).reason();
+  EXPECT_TRUE(absl::StrContains(reason, w2 + " drained")) << reason;
+  EXPECT_TRUE(absl::StrContains(reason, w1 + " drained")) << reason;
+}
+
 // A drain is answered once the state store has it (the registry saves it
 // with the incarnation it covers). A failed save answers UNAVAILABLE, the
 // drain applied all the same; asking again saves it again.

@@ -694,6 +694,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
       record.boundary_reason += absl::StrCat("; ", w, " drained");
     }
   }
+  HoldBoundarySparesLocked(record);
 }
 
 void JobManager::AbandonPlacementLocked(JobRecord& record, const std::string& worker,
@@ -743,12 +744,20 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
                                   " recoveries without a new checkpoint; last: ", reason));
   }
   ++record.recoveries_without_progress;
+  // A boundary still pending (a drain, a join) is overtaken: the recovery
+  // re-plans without the drained workers as well, and says why they went.
+  const std::string why = record.stop_at > 0 && !record.boundary_reason.empty()
+                              ? absl::StrCat(reason, "; overtaking the re-planning due after step ",
+                                             record.stop_at, " (", record.boundary_reason, ")")
+                              : reason;
   record.stop_at = 0;
+  record.boundary_joiners.clear();
+  record.boundary_held.clear();
   record.pending.reset();
   record.job.set_state(v1::JOB_STATE_RECOVERING);
-  record.job.set_reason(absl::StrCat("recovering: ", reason));
+  record.job.set_reason(absl::StrCat("recovering: ", why));
   record.recovery_started = clock_->Now();
-  record.recovery_reason = reason;
+  record.recovery_reason = why;
   record.recovering_since.reset();
   record.lost.clear();
   if (!lost.empty()) record.lost[lost] = gone;
@@ -764,7 +773,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   TouchLocked(record);
   PersistLocked(record).IgnoreError();  // logged
   if (events_.recovery_started) events_.recovery_started(kind);
-  PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << reason;
+  PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << why;
 }
 
 void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved) {

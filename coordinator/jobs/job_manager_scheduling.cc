@@ -132,6 +132,7 @@ void JobManager::ScheduleQueued() {
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
       for (const std::string& w : joining) reserved.insert(w);
       record.boundary_joiners = joining;
+      record.boundary_held = joining;
     }
   }
 }
@@ -173,7 +174,7 @@ std::string JobManager::ReadyCount(size_t ready, size_t held, size_t drained) {
   std::string count = absl::StrCat(ready, " ready");
   if (held > 0) {
     absl::StrAppend(&count, "; ", held,
-                    " more READY but held for another job's profiling or recovery");
+                    " more READY but held for another job's profiling, recovery or step boundary");
   }
   if (drained > 0) {
     absl::StrAppend(&count, "; ", drained,
@@ -217,10 +218,61 @@ std::set<std::string> JobManager::HeldWorkersLocked() const {
       held.insert(record->profiling_on);
     }
     if (record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at > 0) {
-      held.insert(record->boundary_joiners.begin(), record->boundary_joiners.end());
+      held.insert(record->boundary_held.begin(), record->boundary_held.end());
     }
   }
   return held;
+}
+
+JobManager::JobRecord* JobManager::BoundaryHolderOfLocked(const std::string& worker_id) {
+  for (const auto& [id, record] : jobs_) {
+    if (record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at > 0 &&
+        std::count(record->boundary_held.begin(), record->boundary_held.end(), worker_id) > 0) {
+      return record.get();
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) const {
+  std::set<std::string> reserved = HeldWorkersLocked();
+  // Its own holds count only while its boundary is pending: after it, the
+  // list is stale and those workers may be another job's.
+  const bool holding = record.job.state() == v1::JOB_STATE_RUNNING && record.stop_at > 0;
+  if (holding) {
+    for (const std::string& w : record.boundary_held) reserved.erase(w);
+  }
+  std::vector<std::string> spares = SparesForLocked(record, reserved);
+  if (holding) {
+    std::stable_partition(spares.begin(), spares.end(), [&](const std::string& w) {
+      return std::count(record.boundary_held.begin(), record.boundary_held.end(), w) > 0;
+    });
+  }
+  return spares;
+}
+
+void JobManager::HoldBoundarySparesLocked(JobRecord& record) {
+  if (record.job.state() != v1::JOB_STATE_RUNNING || record.stop_at == 0) return;
+  const int staying =
+      static_cast<int>(std::count_if(record.job.worker_ids().begin(), record.job.worker_ids().end(),
+                                     [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                       return !IsDrainedLocked(w);
+                                     }));
+  const std::vector<std::string> spares = OwnSparesLocked(record);
+  size_t need = 0;
+  while (need < spares.size() &&
+         UsableWorkers(record, staying + static_cast<int>(need)) < MinJobWorkers(record)) {
+    ++need;
+  }
+  // Too few even with every spare: the boundary's re-plan waits for
+  // workers as a recovery does; those there are held all the same.
+  std::vector<std::string> held;
+  for (const std::string& w : spares) {
+    const bool joiner =
+        std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), w) > 0;
+    if (joiner || held.size() < need) held.push_back(w);
+  }
+  record.boundary_held = std::move(held);
 }
 
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
@@ -295,6 +347,7 @@ bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& rea
   record.stop_at = step;
   record.boundary_reason = reason;
   record.boundary_joiners.clear();  // a growth boundary names them after
+  record.boundary_held.clear();
   record.checkpoints->AllowStep(step);
   PT_LOG(INFO) << "job " << record.job.id() << ": re-planning after step " << step << " (" << reason
                << ")";
@@ -313,9 +366,8 @@ void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
 }
 
 void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
-  const std::string reason = record.boundary_reason;
   const int64_t step = record.stop_at;
-  record.stop_at = 0;
+  record.stop_at = 0;  // its own holds are spares to it again
   std::vector<std::string> chosen;
   for (const std::string& w : record.job.worker_ids()) {
     if (!IsDrainedLocked(w)) chosen.push_back(w);
@@ -330,6 +382,36 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     chosen.push_back(w);
   }
   KeepWholeReplicas(record, &chosen);
+  // A growth boundary whose joiner was drained or lost before it: the
+  // reason says so, rather than naming a join that did not happen.
+  for (const std::string& w : record.boundary_joiners) {
+    if (std::find(chosen.begin(), chosen.end(), w) != chosen.end()) continue;
+    const absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    if (IsDrainedLocked(w)) {
+      absl::StrAppend(&record.boundary_reason, "; ", w, " drained before the boundary");
+    } else if (!info.ok() || info->state() != v1::WORKER_STATE_READY) {
+      absl::StrAppend(&record.boundary_reason, "; ", w, " lost before the boundary");
+    }
+  }
+  // Spares it takes that no join named (in a drained worker's place, or a
+  // lost joiner's): named too.
+  std::vector<std::string> unnamed;
+  for (size_t i = own; i < chosen.size(); ++i) {
+    if (std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), chosen[i]) ==
+        0) {
+      unnamed.push_back(chosen[i]);
+    }
+  }
+  if (!unnamed.empty() && static_cast<int>(chosen.size()) >= MinJobWorkers(record)) {
+    absl::StrAppend(&record.boundary_reason, "; ", absl::StrJoin(unnamed, ", "), " joined");
+  }
+  record.boundary_joiners.clear();
+  record.boundary_held.clear();
+  std::vector<std::string> sorted_old = old, sorted_chosen = chosen;
+  std::sort(sorted_old.begin(), sorted_old.end());
+  std::sort(sorted_chosen.begin(), sorted_chosen.end());
+  const std::string reason = record.boundary_reason;
+  const std::string same = sorted_old == sorted_chosen ? " on the same workers" : "";
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     // A spare went away meanwhile: wait for workers as a recovery does.
     return StartRecoveryLocked(record, "", reason, RecoveryKind::kWorkerLost);
@@ -345,7 +427,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   PendingPlacement pending;
   pending.origin = PlacementOrigin::kBoundary;
   pending.resume = *record.checkpoints->Latest();
-  pending.reason = absl::StrCat(reason, "; re-planned at step ", step);
+  pending.reason = absl::StrCat(reason, "; re-planned at step ", step, same);
   pending.failure_prefix = absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ");
   if (chosen.size() > own) pending.joiners.assign(chosen.begin() + own, chosen.end());
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
@@ -405,9 +487,15 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
                      "moment, once it is READY"));
   }
   // A recovering job released its workers: its survivors have no job in
-  // the registry, and were drained without the check below.
+  // the registry, and were drained without the check below. So has a spare
+  // held for a running job's boundary, which a drain may have counted on.
   JobRecord* record =
       worker.job_id().empty() ? RecoveringJobOfLocked(worker_id) : FindLocked(worker.job_id());
+  bool held_spare = false;
+  if (record == nullptr) {
+    record = BoundaryHolderOfLocked(worker_id);
+    held_spare = record != nullptr;
+  }
   if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
     if (record->checkpoints == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -415,9 +503,6 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           ", which has no checkpoints (spec.checkpoint) to re-plan from; cancel the job or "
           "let it finish first"));
     }
-    // Survivors of recovering jobs, this one's among them (READY, released),
-    // and profiling workers are not its spares.
-    const std::set<std::string> reserved = HeldWorkersLocked();
     // Being planned, the job's workers are the placement's; recovering,
     // its survivors not lost. Those drained already leave at the same
     // boundary: not counted as staying.
@@ -431,13 +516,16 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
     } else {
       workers.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
     }
-    const int staying = static_cast<int>(
-        std::count_if(workers.begin(), workers.end(),
-                      [&](const std::string& w)
-                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !IsDrainedLocked(w); }));
-    const int left = staying - 1 + static_cast<int>(SparesForLocked(*record, reserved).size());
+    const auto stays = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return w != worker_id && !IsDrainedLocked(w);
+    };
+    // Survivors of recovering jobs, this one's among them (READY, released),
+    // profiling workers and other jobs' boundary spares are not its spares.
+    const std::vector<std::string> spares = OwnSparesLocked(*record);
+    const int left = static_cast<int>(std::count_if(workers.begin(), workers.end(), stays) +
+                                      std::count_if(spares.begin(), spares.end(), stays));
     // As many as the re-plan could use (whole stages, a count with a layout).
-    if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {
+    if (UsableWorkers(*record, left) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",
@@ -445,7 +533,11 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           : TensorRanks(*record) > 1
               ? "spec.elastic.min_workers x spec.parallelism.data x spec.parallelism.tensor"
               : "spec.elastic.min_workers x spec.parallelism.data",
-          "); add a worker first"));
+          ")",
+          held_spare ? absl::StrCat(": it is the spare held for the job's re-planning after step ",
+                                    record->stop_at, " (", record->boundary_reason, ")")
+                     : "",
+          "; add a worker first"));
     }
   }
   // Idempotent: asked again, nothing more happens (the boundary's reason
@@ -456,10 +548,21 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
   }
   drained_[worker_id] = worker.incarnation();
   PT_LOG(INFO) << "draining " << worker_id;
-  if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at == 0) {
-    RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
+  if (held_spare) {
+    // Not the job's worker: its boundary stays, with another spare held in
+    // its place if the job needs one.
+    HoldBoundarySparesLocked(*record);
   } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING) {
-    record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
+    if (record->stop_at == 0) {
+      RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
+    } else {
+      record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
+    }
+    HoldBoundarySparesLocked(*record);
+  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RECOVERING) {
+    // Its re-plan leaves the worker out; the plan's reason says why.
+    absl::StrAppend(&record->recovery_reason, "; ", worker_id, " drained");
+    record->job.set_reason(absl::StrCat("recovering: ", record->recovery_reason));
   }
   worker.set_drained(true);
   return worker;

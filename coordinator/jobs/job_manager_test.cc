@@ -1820,7 +1820,7 @@ TEST_F(JobManagerTest, WorkerProfilingAJob_NotTakenByAnEarlierQueuedJob) {
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(waiting.reason(),
             "waiting for 3 READY workers (2 ready; 1 more READY but held for another job's "
-            "profiling or recovery)");
+            "profiling, recovery or step boundary)");
   // Once the profile is in, the older job comes first, on all three.
   release.Notify();
   jobs_.AwaitProfiling();
@@ -1859,7 +1859,7 @@ TEST_F(JobManagerTest, CancelledWhileProfiling_WorkerHeldUntilTheFetchReturns_No
   // The READY worker it waits for is counted, and why it is not taken.
   EXPECT_EQ(jobs_.Get(next).value().reason(),
             "waiting for 1 READY workers (0 ready; 1 more READY but held for another job's "
-            "profiling or recovery)");
+            "profiling, recovery or step boundary)");
   release.Notify();
   jobs_.AwaitProfiling();
   background_.RunAll();

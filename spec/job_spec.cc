@@ -890,10 +890,10 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
     // With T searched, why each T that divides the workers split no model:
     // the field to change is in its reason (a cube's p^3 rule among them).
     std::vector<std::string> unsplit;
-    for (int t = 2; searches_tensor && t <= std::min(p.workers(), kMaxTensorParallel); ++t) {
-      if (p.workers() % t != 0 || (p.tensor_mode() == "3d" && CubeEdge(t) == 0)) continue;
-      const absl::Status split = TensorSplitStatus(sized, t);
-      if (!split.ok()) unsplit.push_back(absl::StrCat("T ", t, ": ", split.message()));
+    if (searches_tensor) {
+      for (const auto& [t, why] : UnsplitTensorRanks(sized, p.workers())) {
+        unsplit.push_back(absl::StrCat("T ", t, ": ", why));
+      }
     }
     const bool cube = p.tensor_mode() == "3d";
     return Invalid(
@@ -996,6 +996,19 @@ absl::Status TensorSplitStatus(const v1::JobSpec& spec, int tensor_parallel) {
   return spec.parallelism().tensor_mode() == "3d"
              ? ValidateCubeTensorParallel(config, tensor_parallel, samples)
              : ValidateTensorParallel(config, tensor_parallel);
+}
+
+std::vector<std::pair<int, std::string>> UnsplitTensorRanks(const v1::JobSpec& spec, int workers) {
+  // Other counts are no candidates by number alone: saying why their
+  // split fails would be noise.
+  const bool cube = spec.parallelism().tensor_mode() == "3d";
+  std::vector<std::pair<int, std::string>> unsplit;
+  for (int t = 2; t <= std::min(workers, kMaxTensorParallel); ++t) {
+    if (workers % t != 0 || (cube && CubeEdge(t) == 0)) continue;
+    const absl::Status split = TensorSplitStatus(spec, t);
+    if (!split.ok()) unsplit.emplace_back(t, std::string(split.message()));
+  }
+  return unsplit;
 }
 
 std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int workers) {

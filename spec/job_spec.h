@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -255,6 +256,14 @@ std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int worker
 // INVALID_ARGUMENT saying what does not divide. `spec`'s model and
 // training sizes must be resolved.
 absl::Status TensorSplitStatus(const v1::JobSpec& spec, int tensor_parallel);
+
+// Why an auto layout of `workers` workers that searches T (tensor 0) has no
+// candidate at the counts it could take by number: every T in
+// 2..min(workers, kMaxTensorParallel) that divides the workers (and under
+// tensor_mode 3d is a cube p^3) but does not split `spec`'s model, with
+// TensorSplitStatus's message, ascending T. `spec`'s model and training
+// sizes must be resolved.
+std::vector<std::pair<int, std::string>> UnsplitTensorRanks(const v1::JobSpec& spec, int workers);
 
 // `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
 // `workers` workers: data 0, stages unset, workers set, the elastic bounds

@@ -618,6 +618,31 @@ TEST(AutoLayoutDegrees, TheSpecsTOrEveryTThatSplitsTheModelThenEveryD) {
   EXPECT_EQ(LayoutsOf(spec, 16), (std::vector<L>{{1, 2, 8}}));
 }
 
+// What AutoLayoutDegrees leaves out by the model, and why: the T that
+// divide the workers (cubes only, in 3d) but split no model, ascending.
+TEST(UnsplitTensorRanks, TheTThatDivideTheWorkersButSplitNoModel) {
+  const v1::JobSpec spec = ResolveJobSpec(TensorAutoSpec(16, 2)).value().spec;
+  const std::vector<std::pair<int, std::string>> unsplit = UnsplitTensorRanks(spec, 16);
+  ASSERT_EQ(unsplit.size(), 2u);  // 2 and 4 split the 4 heads
+  EXPECT_EQ(unsplit[0].first, 8);
+  EXPECT_EQ(unsplit[1].first, 16);
+  EXPECT_TRUE(absl::StrContains(unsplit[0].second, "model.n_head 4")) << unsplit[0].second;
+  EXPECT_TRUE(UnsplitTensorRanks(spec, 4).empty());
+  // 3 workers: T 3 divides them and splits no 4 heads.
+  EXPECT_EQ(UnsplitTensorRanks(ResolveJobSpec(TensorAutoSpec(3, 1)).value().spec, 3).size(), 1u);
+  // The cube: only p^3 counts are asked (8 of 16 workers; 2, 4, 16 are no
+  // cubes), and 8 needs p^3 to divide a vocabulary of 258.
+  v1::JobSpec cube = TensorAutoSpec(16, 1);
+  cube.mutable_parallelism()->set_tensor_mode("3d");
+  v1::JobSpec resolved = ResolveJobSpec(cube).value().spec;
+  EXPECT_TRUE(UnsplitTensorRanks(resolved, 16).empty());
+  resolved.mutable_model()->set_vocab_size(258);  // ResolveJobSpec refuses it: no T left
+  const std::vector<std::pair<int, std::string>> cubes = UnsplitTensorRanks(resolved, 16);
+  ASSERT_EQ(cubes.size(), 1u);
+  EXPECT_EQ(cubes[0].first, 8);
+  EXPECT_TRUE(absl::StrContains(cubes[0].second, "vocab_size 258")) << cubes[0].second;
+}
+
 // Tensor 0 with data 0: T is searched as well; the spec stays auto in
 // both, and each layout names its T.
 TEST(ResolveJobSpec, TensorAuto_KeptAutoAndEachLayoutNamesItsT) {

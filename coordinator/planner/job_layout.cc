@@ -1,12 +1,10 @@
 #include "coordinator/planner/job_layout.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
 namespace {
@@ -69,13 +67,9 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
   }
   best.trials = std::move(trials);
   best.searched_tensor = searched_tensor;
-  // The cube takes p^3 ranks only: other counts are no candidates there.
-  const bool cube = auto_spec.tensor_mode == "3d";
-  for (int t = 2; searched_tensor && t <= std::min(workers, kMaxTensorParallel); ++t) {
-    if (workers % t != 0 || (cube && CubeEdge(t) == 0)) continue;
-    const absl::Status splits = TensorSplitStatus(auto_spec.spec, t);
-    if (!splits.ok()) {
-      best.tensor_not_tried.push_back(absl::StrCat("T ", t, " (", splits.message(), ")"));
+  if (searched_tensor) {
+    for (const auto& [t, why] : UnsplitTensorRanks(auto_spec.spec, workers)) {
+      best.tensor_not_tried.push_back(absl::StrCat("T ", t, " (", why, ")"));
     }
   }
   return best;

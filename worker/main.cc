@@ -370,7 +370,6 @@ int Run(const std::vector<std::string>& args) {
     if (!emulated_link.has_value()) return transport;
     return std::unique_ptr<Transport>(new ShapedTransport(std::move(transport), *emulated_link));
   };
-  options.on_idle = [&metrics] { metrics.EndRun(); };
   WorkerAgent agent(options, server->get(), &mailbox, make_transport,
                     [&metrics](const IterationResult& r) { metrics.Observe(r); });
   // Start() blocks until registered; run it aside so a signal can stop it.

@@ -527,32 +527,23 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   // clears the job whose runner it stopped.
   AnnotatedMutexLock change(&runner_change_mu_);
   {
-    bool idle = false;
-    {
-      AnnotatedMutexLock lock(&mu_);
-      if (runner_ && runner_->assignment().job_id() == a.job_id() &&
-          runner_->assignment().plan_version() == a.plan_version() &&
-          a.action() == v1::Assignment::ACTION_RUN) {
-        return;  // already running this plan (a re-sent assignment)
-      }
-      if (a.action() == v1::Assignment::ACTION_STOP &&
-          (!runner_ || runner_->assignment().job_id() != a.job_id())) {
-        // Nothing of that job runs here (it ended before this worker took
-        // its RUN): idle after it all the same.
-        if (!runner_) last_job_id_ = a.job_id();
-        idle = !runner_;
-        if (!idle) return;  // another job's stage runs on
-      }
+    AnnotatedMutexLock lock(&mu_);
+    if (runner_ && runner_->assignment().job_id() == a.job_id() &&
+        runner_->assignment().plan_version() == a.plan_version() &&
+        a.action() == v1::Assignment::ACTION_RUN) {
+      return;  // already running this plan (a re-sent assignment)
     }
-    if (idle) {
-      if (options_.on_idle) options_.on_idle();
+    if (a.action() == v1::Assignment::ACTION_STOP &&
+        (!runner_ || runner_->assignment().job_id() != a.job_id())) {
+      // Nothing of that job runs here (it ended before this worker took
+      // its RUN): idle after it all the same.
+      if (!runner_) last_job_id_ = a.job_id();
       return;
     }
   }
   StopRunnerLocked();
   if (a.action() != v1::Assignment::ACTION_RUN) {
     PT_LOG(INFO) << "stopped job " << a.job_id();
-    if (options_.on_idle) options_.on_idle();
     // A job that stops us may be recovering: it re-plans once it has heard
     // from each of its workers, so say at once that this one is alive.
     AnnotatedMutexLock lock(&mu_);

@@ -81,12 +81,6 @@ struct WorkerAgentOptions {
   // registers again), and with true once it is registered again, from the
   // heartbeat thread; may be null. The worker's readiness follows it.
   std::function<void(bool registered)> on_registration_change;
-  // Called once a STOP leaves this worker without a job (its runner
-  // stopped, or none ran), from the assignment thread; may be null. The
-  // metrics drop the stopped run's gauges, so that an idle worker (a
-  // drained one, say) does not export its last job's loss and coding
-  // error. Must not call into the agent.
-  std::function<void()> on_idle;
   // --memory-limit: caps DeviceInfo.memory_limit_bytes (what the
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.

@@ -16,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/annotated_mutex.h"
 #include "common/coordinator_endpoints.h"
 #include "coordinator/planner/schedule_compiler.h"
@@ -813,27 +812,6 @@ TEST(WorkerAgentTest, Handle_NoDataPlaneSecret_ReportedAsTheJobsError) {
   ASSERT_TRUE(report.has_value());
   EXPECT_EQ(report->job_id(), "job-1");
   EXPECT_TRUE(absl::StrContains(report->error(), "no data-plane secret")) << report->error();
-}
-
-// A STOP that leaves the worker without a job calls on_idle (the metrics
-// then drop that job's gauges): an idle worker, a drained one say, kept
-// exporting its last job's tensor-parallel coding error, which the
-// dashboard averaged into a job that no longer compressed.
-TEST(WorkerAgentTest, StopWithNoJobLeft_CallsOnIdle) {
-  v1::Assignment stop = RunAssignment();
-  stop.set_action(v1::Assignment::ACTION_STOP);
-  ScriptedCoordinator coordinator(stop);
-  Mailbox mailbox;
-  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
-  ASSERT_TRUE(rig.ok()) << rig.status();
-  absl::Notification idle;
-  rig->options.on_idle = [&idle] { idle.Notify(); };
-  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
-  ASSERT_TRUE(agent.Start().ok());
-  EXPECT_TRUE(idle.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  coordinator.Close();
-  agent.Stop();
-  rig->Shutdown();
 }
 
 // Heartbeats name the job of the last assignment taken, read with the

@@ -162,13 +162,6 @@ prometheus::Gauge& WorkerMetrics::RunGauge(prometheus::Family<prometheus::Gauge>
   return gauge;
 }
 
-void WorkerMetrics::EndRun() {
-  absl::MutexLock lock(&mu_);
-  StartRunLocked("");  // no run: the next iteration's is another
-  tensor_parallel_error_.Set(0);
-  loss_.Set(0);
-}
-
 void WorkerMetrics::Observe(const IterationResult& r) {
   absl::MutexLock lock(&mu_);
   StartRunLocked(r.run);

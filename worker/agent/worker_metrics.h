@@ -51,8 +51,7 @@
 // link series appear with their peers. The gauges keyed by a plan's peers
 // or units (link_compression_error, tensor_parallel_partitions) are
 // dropped when an iteration of another run (job or plan version) comes,
-// or the worker goes idle (EndRun), so they never show a finished job's
-// links or units.
+// so they never show a finished job's links or units.
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
@@ -87,10 +86,6 @@ class WorkerMetrics {
 
   WorkerMetrics();
   void Observe(const IterationResult& result);
-  // The worker has no job (WorkerAgentOptions::on_idle): the run-keyed
-  // gauges go, and the last-iteration gauges (loss, tensor-parallel coding
-  // error) read 0, as after an iteration without them.
-  void EndRun();
   // What /metrics serves: the registry and the process metrics.
   const prometheus::Collectable* registry() const { return &exposition_; }
   // pipetrain_tls_certificate_expiry_timestamp_seconds (tls_expiry_metric.h).

@@ -75,38 +75,5 @@ TEST(WorkerMetricsTest, RunKeyedGauges_DroppedWhenAnotherRunStarts) {
   EXPECT_EQ(partitions(), 2.0);
 }
 
-// An idle worker (EndRun: a STOP left it without a job) exports none of
-// its last run's gauges: a drained worker kept its coding error after its
-// job re-planned to one tensor rank.
-TEST(WorkerMetricsTest, EndRun_DropsTheLastRunsGauges) {
-  WorkerMetrics metrics;
-  IterationResult r;
-  r.run = "job-1/1";
-  r.micro_batch_losses = {2.0f};
-  IterationResult::CollectiveStats tp;
-  tp.count = 1;
-  tp.compressed_norm_squared = 4;
-  tp.compression_error_squared = 1;
-  r.collectives["tensor_parallel"] = tp;
-  r.tensor_partitions["attn_0"] = {2, 4};
-  metrics.Observe(r);
-  metrics.EndRun();
-  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), "pipetrain_stage_loss"), 0.0);
-  EXPECT_EQ(
-      testing::SeriesValue(*metrics.registry(), "pipetrain_tensor_parallel_compression_error"),
-      0.0);
-  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), "pipetrain_tensor_parallel_partitions",
-                                 {{"unit", "attn_0"}, {"pass", "forward"}}),
-            std::nullopt);
-  // The same run again (its plan resumed here) shows them again.
-  metrics.Observe(r);
-  EXPECT_EQ(
-      testing::SeriesValue(*metrics.registry(), "pipetrain_tensor_parallel_compression_error"),
-      0.5);
-  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), "pipetrain_tensor_parallel_partitions",
-                                 {{"unit", "attn_0"}, {"pass", "forward"}}),
-            2.0);
-}
-
 }  // namespace
 }  // namespace pipetrain

@@ -5,18 +5,28 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
 
 std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_kind) {
+  // Escaped, a 256-byte device name may grow 4x, past the store's key
+  // limit: a long kind keeps its start and a digest of the whole (stable
+  // across restarts, as stored keys must be).
+  std::string kind = absl::CEscape(device_kind);
+  if (kind.size() > kMaxProfileKindBytes) {
+    kind = absl::StrCat(kind.substr(0, kMaxProfileKindBytes - 20), " #",
+                        HmacSha256Hex("pipetrain profile key", device_kind).substr(0, 16));
+  }
   const v1::ModelSpec& m = r.model();
   std::string partitions;  // AccTFM's partition timings, when asked for
   for (int k : r.partitions()) absl::StrAppend(&partitions, partitions.empty() ? " K" : ",", k);
   return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V", m.vocab_size(),
                       " P", m.max_seq_len(), " T", r.seq_len(), " B", r.micro_batch_size(),
-                      partitions, " @ ", device_kind);
+                      partitions, " @ ", kind);
 }
 
 ModelProfile FromProto(const v1::ModelProfile& p, const ModelProfile* model_sizes) {

@@ -7,6 +7,7 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_PROFILE_CACHE_H_
 #define PIPETRAIN_COORDINATOR_JOBS_PROFILE_CACHE_H_
 
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,7 +23,14 @@
 
 namespace pipetrain {
 
-// The cache key of a profile request on a device kind.
+// The cache key of a profile request on a device kind: printable ASCII, as
+// the state store's keys must be (Store), whatever device name a worker
+// reported: the kind is C-escaped (a plain name stays as it is), and one
+// longer than kMaxProfileKindBytes escaped is cut, with a digest of the
+// whole, to stay within the store's key limit. A key with a UTF-8 or
+// control byte was refused by the store, so such workers' profiles were
+// measured again for every job.
+inline constexpr size_t kMaxProfileKindBytes = 300;
 std::string ProfileKey(const v1::ProfileRequest& request, const std::string& device_kind);
 
 // The planner's view of a measured profile. A unit whose transient_bytes

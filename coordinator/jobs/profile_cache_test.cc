@@ -31,6 +31,29 @@ TEST(ProfileKeyTest, PartitionsAskedFor_PartOfTheKey) {
       << ProfileKey(with, "cpu:x");
 }
 
+// The state store takes printable ASCII keys only: a device name with a
+// UTF-8 or control byte is escaped in the key, which stays distinct; a
+// plain one is kept as it is (the keys stored before stay valid).
+TEST(ProfileKeyTest, DeviceKindEscapedToPrintableAscii) {
+  const std::string odd = ProfileKey(Request(), "cuda:H100 \xc2\xae\x1b[31m");
+  for (const char c : odd) {
+    EXPECT_TRUE(c >= 0x20 && c <= 0x7e) << "byte " << int(static_cast<unsigned char>(c));
+  }
+  EXPECT_NE(odd, ProfileKey(Request(), "cuda:H100 "));
+  EXPECT_NE(odd.find("@ cuda:H100 \\302\\256\\033[31m"), std::string::npos) << odd;
+  EXPECT_NE(ProfileKey(Request(), "cpu:AMD EPYC 7B13").find(" @ cpu:AMD EPYC 7B13"),
+            std::string::npos);
+  // The longest name a worker may report (256 bytes), every byte escaped
+  // 4x: cut to the store's key limit, two such names still apart.
+  const std::string longest(256, '\xff');
+  std::string other = longest;
+  other.back() = '\xfe';
+  const std::string key = ProfileKey(Request(), longest);
+  EXPECT_LE(key.size() + std::string("profiles/").size(), 512u) << key;  // Store's kMaxKeyBytes
+  EXPECT_NE(key, ProfileKey(Request(), other));
+  EXPECT_EQ(key, ProfileKey(Request(), longest));
+}
+
 // Over its capacity the cache drops the least recently used profile (a
 // Get counts as a use), and says which, for the store to drop too.
 TEST(ProfileCacheTest, OverCapacity_EvictsTheLeastRecentlyUsed) {

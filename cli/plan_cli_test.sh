@@ -39,6 +39,16 @@ check tensor_four_layers 'len(j["layers"]) == 4 and j["devices"] == 4'
 check tensor_weights_split 'all(l["layout"] in ("column", "row") for l in j["layers"])'
 check tensor_no_worse_than_megatron 'j["cost"] <= j["fixed_scheme_costs"]["megatron"]'
 expect_exit tensor_cube_text 0 'vs cube' -- --tensor 8
+# 1001 tokens: 8 devices split no rows, so the all-data and all-cube
+# schemes are not possible (cost null), and none is chosen.
+expect_exit tensor_indivisible_text 0 'vs data       (data,data,data,data): not possible' \
+  -- --tensor 8 --seq-len 1001
+expect_exit tensor_indivisible 0 '"layout"' -- --tensor 8 --seq-len 1001 --json
+check tensor_indivisible_null 'j["fixed_scheme_costs"]["data"] is None and j["fixed_scheme_costs"]["cube"] is None'
+check tensor_indivisible_chosen 'all(l["layout"] not in ("data", "cube") for l in j["layers"])'
+# --heads counts with --tensor: 12 heads on 8 devices reach the attention
+# core gathered, 16 by columns.
+expect_exit tensor_heads 0 'S(1) -> B  all-gather' -- --tensor 8 --heads 12 --distpar-beta 1
 expect_exit tensor_too_small 2 '--tensor must be a group of >= 2 devices' -- --tensor 1
 expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --tensor 2147483647
 expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps -10 is outside [0, ' \

@@ -548,8 +548,8 @@ absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
           "calibrate beta); give both, or leave it out");
     }
     return RejectIgnored(flags, "--tensor (one block's layout)",
-                         {"profile", "layers", "heads", "vocab", "attention", "write-profile",
-                          "cluster", "workers", "latency-us", "memory-gib", "solver", "objective",
+                         {"profile", "layers", "vocab", "attention", "write-profile", "cluster",
+                          "workers", "latency-us", "memory-gib", "solver", "objective",
                           "micro-batches", "schedule", "data", "svg", "trace"});
   }
   if (f.solver == "acctfm") {
@@ -658,7 +658,7 @@ int RunPlan(const std::vector<std::string>& args) {
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
     absl::StatusOr<std::string> report =
         TensorLayoutReport({f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len,
-                            f.d_model, f.gflops, f.bandwidth_gbps},
+                            f.d_model, f.gflops, f.bandwidth_gbps, f.micro_batch_size, f.heads},
                            f.json);
     if (!report.ok()) {
       std::fprintf(stderr, "pipetrain plan: %s\n", std::string(report.status().message()).c_str());

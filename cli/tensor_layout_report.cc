@@ -21,6 +21,14 @@ std::string Joined(const std::vector<MatmulLayout>& layouts) {
   return absl::StrJoin(names, ",");
 }
 
+// Whether every layer of `problem` may run its layout of `layouts`.
+bool SchemeFits(const LayoutProblem& problem, const std::vector<MatmulLayout>& layouts) {
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (!LayoutFits(problem, i, layouts[i])) return false;
+  }
+  return true;
+}
+
 // Fixed schemes to compare against, each the same layout on every layer but
 // Megatron's (columns for qkv and fc, rows for the projections).
 std::vector<std::pair<std::string, std::vector<MatmulLayout>>> FixedSchemes(int devices) {
@@ -56,6 +64,8 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
   problem.layers = GptBlockLayers(request.tokens, request.d_model);
   problem.devices = request.devices;
   problem.beta = request.beta;
+  problem.samples = request.samples;
+  problem.heads = request.heads;
   std::string beta_source;  // how a calibrated beta was derived
   if (!(request.beta >= 0) && request.beta != kCalibratedBeta) {
     return absl::InvalidArgumentError(
@@ -108,8 +118,11 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
     out["communication"] = best->communication;
     out["cost"] = best->cost;
     ordered_json fixed = ordered_json::object();
+    // A scheme whose splits do not divide has no cost: null.
     for (const auto& [name, layouts] : FixedSchemes(request.devices)) {
-      fixed[name] = EvaluateLayouts(problem, layouts).cost;
+      fixed[name] = SchemeFits(problem, layouts)
+                        ? ordered_json(EvaluateLayouts(problem, layouts).cost)
+                        : ordered_json(nullptr);
     }
     out["fixed_scheme_costs"] = fixed;
     return out.dump(2) + "\n";
@@ -136,6 +149,11 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
   absl::StrAppendFormat(&text, "cost: computation %.4g + %g x communication %.4g = %.4g\n",
                         best->computation, used.beta, best->communication, best->cost);
   for (const auto& [name, layouts] : FixedSchemes(request.devices)) {
+    if (!SchemeFits(problem, layouts)) {
+      absl::StrAppendFormat(&text, "  vs %-10s (%s): not possible (a split does not divide)\n",
+                            name, Joined(layouts));
+      continue;
+    }
     const LayoutScheme fixed = EvaluateLayouts(problem, layouts);
     absl::StrAppendFormat(&text, "  vs %-10s (%s): %.4g (%+.1f%%)\n", name, Joined(layouts),
                           fixed.cost, 100.0 * (fixed.cost / best->cost - 1));

@@ -28,6 +28,10 @@ struct TensorLayoutRequest {
   int64_t d_model = 768;
   double gflops = 100;        // the devices' GEMM rate, for a calibrated beta
   double bandwidth_gbps = 0;  // the link's, in Gbit/s; 0: not given
+  // The sequences of the tokens and the attention heads, for the splits
+  // that must keep them whole (LayoutProblem); 0: not constrained.
+  int64_t samples = 0;
+  int64_t heads = 0;
 };
 
 // The report as text (json = false) or JSON. INVALID_ARGUMENT naming the

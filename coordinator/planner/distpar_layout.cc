@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -41,6 +42,30 @@ LayoutRow RowOf(MatmulLayout layout) {
 }
 
 bool Split(Sbp p) { return p == Sbp::kSplitRows || p == Sbp::kSplitColumns; }
+
+// Whether a [rows, cols] tensor can take property `s` on the problem's
+// devices, in equal shares; `attention`: it is what the attention core
+// works on, which needs whole sequences and heads (the header's
+// LayoutProblem). samples and heads of 0 divide by anything.
+bool TensorFits(const LayoutProblem& p, Sbp s, int64_t rows, int64_t cols, bool attention) {
+  const int64_t n = p.devices;
+  switch (s) {
+    case Sbp::kBroadcast:
+    case Sbp::kPartial:
+      return true;
+    case Sbp::kSplitRows:
+      return rows % n == 0 && (!attention || p.samples % n == 0);
+    case Sbp::kSplitColumns:
+      return cols % n == 0 && (!attention || p.heads % n == 0);
+    case Sbp::kCube: {
+      // Blocks of [rows / p^2, cols / p] (worker/cube/cube_linear.h).
+      const int64_t side = CubeSide(p.devices);
+      return side > 0 && rows % (side * side) == 0 && cols % side == 0 &&
+             (!attention || (p.samples % (side * side) == 0 && p.heads % side == 0));
+    }
+  }
+  return false;
+}
 
 // Elements of a rows x cols tensor one device holds under `p`.
 double LocalElements(Sbp p, int64_t rows, int64_t cols, int n) {
@@ -93,9 +118,10 @@ void Add(Link& link, const std::string& where, Sbp from, Sbp to, double elements
   link.conversions.push_back({where, from, to, collective, sent});
 }
 
-Link BestLink(Joiner joiner, Sbp from, double from_elements, Sbp to, double to_elements,
-              Sbp grad_from, Sbp grad_to, int n, const std::string& forward_where,
-              const std::string& backward_where) {
+// `fits`: the properties the joined tensor may take (TensorFits).
+Link BestLink(Joiner joiner, const std::function<bool(Sbp)>& fits, Sbp from, double from_elements,
+              Sbp to, double to_elements, Sbp grad_from, Sbp grad_to, int n,
+              const std::string& forward_where, const std::string& backward_where) {
   Link best;
   best.communication = std::numeric_limits<double>::infinity();
   // B first: of equal costs, one all-reduce beats a reduce-scatter plus an
@@ -103,9 +129,9 @@ Link BestLink(Joiner joiner, Sbp from, double from_elements, Sbp to, double to_e
   constexpr std::array<Sbp, 5> kOrder = {Sbp::kBroadcast, Sbp::kSplitRows, Sbp::kSplitColumns,
                                          Sbp::kCube, Sbp::kPartial};
   for (Sbp p : kOrder) {
-    if (!Accepts(joiner, p)) continue;
+    if (!Accepts(joiner, p) || !fits(p)) continue;  // B always fits: a link exists
     for (Sbp q : kOrder) {
-      if (!BackwardAccepts(p, q)) continue;
+      if (!BackwardAccepts(p, q) || !fits(q)) continue;
       Link link;
       Add(link, forward_where, from, p, from_elements, n);
       Add(link, forward_where, p, to, to_elements, n);
@@ -157,8 +183,13 @@ Link PairLink(const LayoutProblem& p, size_t i, MatmulLayout a, MatmulLayout b) 
   const Sbp grad_from = last ? p.output : RowOf(b).dx;
   const double to_elements =
       last ? Elements(l.m, l.n) : Elements(p.layers[i + 1].m, p.layers[i + 1].k);
-  return BestLink(l.after, ra.y, Elements(l.m, l.n), to, to_elements, grad_from, ra.dy, p.devices,
-                  absl::StrCat("after ", l.name, " (forward)"),
+  // Whole sequences and heads matter only where the attention core
+  // computes: a layer's own X and Y split anywhere the devices divide (a
+  // slice or a gather joins them to the core).
+  const bool attention = l.after == Joiner::kAttention;
+  const auto fits = [&](Sbp s) { return TensorFits(p, s, l.m, l.n, attention); };
+  return BestLink(l.after, fits, ra.y, Elements(l.m, l.n), to, to_elements, grad_from, ra.dy,
+                  p.devices, absl::StrCat("after ", l.name, " (forward)"),
                   absl::StrCat("into ", l.name, " (backward)"));
 }
 
@@ -195,15 +226,25 @@ absl::Status Validate(const LayoutProblem& p) {
     return absl::InvalidArgumentError(
         "layout search: the chain's input and output cannot be partial sums (P)");
   }
+  if (p.samples < 0 || p.heads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("layout search: samples ", p.samples,
+                                                   " and heads ", p.heads, " must be >= 0"));
+  }
+  const MatmulLayer& first = p.layers.front();
+  const MatmulLayer& last = p.layers.back();
+  if (!TensorFits(p, p.input, first.m, first.k, false) ||
+      !TensorFits(p, p.output, last.m, last.n, false)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout search: the chain's input ", SbpName(p.input), " or output ", SbpName(p.output),
+        " splits a dimension that ", p.devices, " devices do not divide"));
+  }
   return absl::OkStatus();
 }
 
 MatmulLayout LayoutAt(int index) { return static_cast<MatmulLayout>(index); }
 
-// Whether `layout` may run on `devices` (the cube needs p^3 of them).
-bool Allowed(MatmulLayout layout, int devices) {
-  return layout != MatmulLayout::kCube || CubeSide(devices) > 0;
-}
+// Always fits (nothing split): the fallback where every cost overflows.
+constexpr int kReplicateIndex = static_cast<int>(MatmulLayout::kReplicate);
 
 }  // namespace
 
@@ -224,6 +265,20 @@ std::string SbpName(Sbp sbp) {
 }
 
 int CubeSide(int devices) { return CubeEdge(devices); }
+
+bool LayoutFits(const LayoutProblem& problem, size_t index, MatmulLayout layout) {
+  const MatmulLayer& l = problem.layers[index];
+  if (layout == MatmulLayout::kCube) {
+    // W in blocks of [k / p, n / p^2] (worker/cube/cube_linear.h).
+    const int64_t side = CubeSide(problem.devices);
+    return side > 0 && l.k % side == 0 && l.n % (side * side) == 0 &&
+           TensorFits(problem, Sbp::kCube, l.m, l.k, false) &&
+           TensorFits(problem, Sbp::kCube, l.m, l.n, false);
+  }
+  const LayoutRow r = RowOf(layout);
+  return TensorFits(problem, r.x, l.m, l.k, false) && TensorFits(problem, r.w, l.k, l.n, false) &&
+         TensorFits(problem, r.y, l.m, l.n, false);
+}
 
 std::string MatmulLayoutName(MatmulLayout layout) {
   switch (layout) {
@@ -278,8 +333,10 @@ LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts) {
   PT_CHECK(Validate(problem).ok()) << Validate(problem);
   PT_CHECK(layouts.size() == problem.layers.size()) << layouts.size();
-  for (MatmulLayout l : layouts) {
-    PT_CHECK(Allowed(l, problem.devices)) << "cube layout on " << problem.devices << " devices";
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    PT_CHECK(LayoutFits(problem, i, layouts[i]))
+        << MatmulLayoutName(layouts[i]) << " layout of " << problem.layers[i].name << " on "
+        << problem.devices << " devices: a split does not divide";
   }
   LayoutScheme scheme;
   scheme.layouts = layouts;
@@ -318,13 +375,11 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
     LayerTerms(problem.layers[i], LayoutAt(a), problem.devices, &computation, &sync);
     return computation + problem.beta * sync.communication;
   };
-  int first_allowed = 0;
-  while (!Allowed(LayoutAt(first_allowed), problem.devices)) ++first_allowed;  // Validate: one is
   for (size_t i = layers; i-- > 0;) {
     for (int a = 0; a < kMatmulLayouts; ++a) {
       double best = std::numeric_limits<double>::infinity();
-      then[i][a] = first_allowed;
-      if (!Allowed(LayoutAt(a), problem.devices)) {
+      then[i][a] = kReplicateIndex;
+      if (!LayoutFits(problem, i, LayoutAt(a))) {
         suffix[i][a] = best;
         continue;
       }
@@ -333,7 +388,7 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
         then[i][a] = a;
       } else {
         for (int b = 0; b < kMatmulLayouts; ++b) {
-          if (!Allowed(LayoutAt(b), problem.devices)) continue;
+          if (!LayoutFits(problem, i + 1, LayoutAt(b))) continue;
           const double link = PairLink(problem, i, LayoutAt(a), LayoutAt(b)).communication;
           const double cost = problem.beta * link + suffix[i + 1][b];
           if (cost < best) best = cost, then[i][a] = b;
@@ -344,10 +399,10 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   }
   // The first layer's layout, with the link from the input, then the
   // choices recorded above.
-  int a = first_allowed;
+  int a = kReplicateIndex;
   double target = std::numeric_limits<double>::infinity();
   for (int b = 0; b < kMatmulLayouts; ++b) {
-    if (!Allowed(LayoutAt(b), problem.devices)) continue;
+    if (!LayoutFits(problem, 0, LayoutAt(b))) continue;
     const double cost = problem.beta * StartLink(problem, LayoutAt(b)).communication + suffix[0][b];
     if (cost < target) target = cost, a = b;
   }
@@ -371,9 +426,9 @@ absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem
   while (true) {
     std::vector<MatmulLayout> layouts;
     bool allowed = true;
-    for (int d : digits) {
-      layouts.push_back(LayoutAt(d));
-      allowed = allowed && Allowed(LayoutAt(d), problem.devices);
+    for (size_t i = 0; i < digits.size(); ++i) {
+      layouts.push_back(LayoutAt(digits[i]));
+      allowed = allowed && LayoutFits(problem, i, layouts.back());
     }
     if (allowed) {
       LayoutScheme scheme = EvaluateLayouts(problem, layouts);

@@ -65,6 +65,11 @@
 // to time. Not yet: a job that runs the chosen layouts (jobs run one
 // layout for every block: 1-D column-row or the 3-D cube).
 //
+// Shares are equal (a job's ranks cut a dimension so): a property that
+// splits a dimension the devices do not divide is not an option, nor is a
+// layout whose operands would need one (Fits below). Replication always
+// is, so every chain has a scheme.
+//
 // All functions are pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
@@ -112,6 +117,15 @@ struct LayoutProblem {
   std::vector<MatmulLayer> layers;
   int devices = 2;    // n, the tensor-parallel group; >= 2
   double beta = 1.0;  // weight of communication; >= 0
+  // The sequences the layers' m rows hold and the attention heads, when
+  // known (0: not constrained). The attention core computes on whole
+  // sequences and heads: the property it works on may be S(0) only when
+  // the devices divide the sequences, S(1) when they divide the heads,
+  // and C when p^2 divides the sequences and p the heads (as
+  // worker/model/tensor_parallel.h's ValidateCubeTensorParallel asks). The
+  // layers themselves split rows and columns anywhere the devices divide.
+  int64_t samples = 0;
+  int64_t heads = 0;
   // The first layer's input arrives as, and the last layer's output (and
   // the first layer's input gradient) must leave as:
   Sbp input = Sbp::kBroadcast;
@@ -136,15 +150,26 @@ struct LayoutScheme {
 };
 
 // The scheme of least cost, by dynamic programming over the chain (exact:
-// the cost is a sum of per-layer terms and terms of adjacent pairs). Ties go
+// the cost is a sum of per-layer terms and terms of adjacent pairs), among
+// the layouts and conversions whose splits divide (LayoutFits). Ties go
 // to the lexicographically smallest layouts (in MatmulLayout order).
 // INVALID_ARGUMENT for no layers, a non-positive dimension, devices < 2,
-// beta < 0 or not finite, or an input/output property of P.
+// beta < 0 or not finite, negative samples or heads, or an input/output
+// property of P or one whose split does not divide the first layer's
+// input or the last layer's output.
 absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem);
+
+// Whether layer `index` of `problem` may run `layout`: its operands' splits
+// divide (data: the rows; column: W's and Y's columns; row: the inner
+// dimension; cube: p^3 devices with p^2 | rows and n, p | k; replicate:
+// always). Sequences and heads constrain only the property the attention
+// core works on, between layers. `problem` must be valid.
+bool LayoutFits(const LayoutProblem& problem, size_t index, MatmulLayout layout);
 
 // The cost of a given assignment (the same model), for tests and for
 // comparing fixed schemes (e.g. Megatron's column-row). Requires a valid
-// problem and one layout per layer (checked).
+// problem and one layout per layer, each fitting it (checked: test with
+// LayoutFits first).
 LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts);
 

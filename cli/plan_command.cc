@@ -417,7 +417,9 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   flags.String("profile", &f.profile, "model profile JSON (docs/formats.md)");
   flags.Int("layers", &f.layers, "without --profile: plan a GPT-2 of this many layers from FLOPs");
   flags.Int("d-model", &f.d_model, "analytic profile: embedding width");
-  flags.Int("heads", &f.heads, "analytic profile: attention heads");
+  flags.Int("heads", &f.heads,
+            "analytic profile: attention heads (with --tensor: the heads the attention core keeps "
+            "whole)");
   flags.Int("vocab", &f.vocab, "analytic profile: vocabulary size");
   flags.Int("seq-len", &f.seq_len, "analytic profile: tokens per sequence");
   flags.Int("micro-batch-size", &f.micro_batch_size, "analytic profile: sequences per micro-batch");

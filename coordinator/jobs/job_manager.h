@@ -751,6 +751,17 @@ class JobManager {
   // (boundary_held), if any.
   JobRecord* BoundaryHolderOfLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The recovering job (with checkpoints) that can re-plan with the spare
+  // `worker_id` but not without it, if any: a drain of that spare would
+  // leave it waiting until its queue timeout.
+  JobRecord* RecoveryCountingOnLocked(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many workers `record` could re-plan on once `without` is gone
+  // ("": as it is): its own (a placement's, a recovery's survivors not
+  // lost, or its plan's) not drained, and the spares it may count on
+  // (OwnSparesLocked).
+  int WorkersLeftLocked(const JobRecord& record, const std::string& without) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The spares `record` may count on: SparesForLocked of the workers held
   // for no other job (its own boundary's holds are its own), those it holds
   // first.

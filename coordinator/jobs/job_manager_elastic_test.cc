@@ -1890,6 +1890,35 @@ TEST_F(JobManagerElasticTest, Drain_ThenALoss_TheRecoveryNamesBoth) {
   EXPECT_TRUE(absl::StrContains(reason, w1 + " drained")) << reason;
 }
 
+// A recovering job that can re-plan only with a spare: draining that spare
+// is refused until another worker could take its place. Before, the drain
+// went through and the recovery waited "for 2 READY workers" until its
+// queue timeout failed the job.
+TEST_F(JobManagerElasticTest, Drain_TheSpareARecoveryNeeds_RefusedUntilAnotherComes) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  spec.mutable_elastic()->set_max_workers(2);
+  const std::string id = Submit(spec).value().id();
+  StepCheckpointingEvery5(id, 5);
+  const std::string w3 = AddWorker(7003);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  const absl::Status refused = jobs_->Drain(w3).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "would leave job " + id)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "a spare the recovering job needs")) << refused;
+  const std::string w4 = AddWorker(7004);
+  ASSERT_TRUE(jobs_->Drain(w3).ok()) << "w4 can take its place";
+  HeartbeatAllAndSchedule({w1, w3, w4});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w4}));
+  // A spare no job needs drains as before.
+  const std::string w5 = AddWorker(7005);
+  EXPECT_TRUE(jobs_->Drain(w5).ok());
+}
+
 // A drain is answered once the state store has it (the registry saves it
 // with the incarnation it covers). A failed save answers UNAVAILABLE, the
 // drain applied all the same; asking again saves it again.

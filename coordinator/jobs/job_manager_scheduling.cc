@@ -275,6 +275,42 @@ void JobManager::HoldBoundarySparesLocked(JobRecord& record) {
   record.boundary_held = std::move(held);
 }
 
+JobManager::JobRecord* JobManager::RecoveryCountingOnLocked(const std::string& worker_id) {
+  for (const auto& [id, record] : jobs_) {
+    if (record->job.state() != v1::JOB_STATE_RECOVERING || record->checkpoints == nullptr) continue;
+    const int min = MinJobWorkers(*record);
+    if (UsableWorkers(*record, WorkersLeftLocked(*record, "")) >= min &&
+        UsableWorkers(*record, WorkersLeftLocked(*record, worker_id)) < min) {
+      return record.get();
+    }
+  }
+  return nullptr;
+}
+
+int JobManager::WorkersLeftLocked(const JobRecord& record, const std::string& without) const {
+  // Being planned, the job's workers are the placement's; recovering,
+  // its survivors not lost. Those drained already leave at the same
+  // boundary: not counted as staying.
+  std::vector<std::string> workers;
+  if (record.pending.has_value()) {
+    workers = record.pending->workers;
+  } else if (record.job.state() == v1::JOB_STATE_RECOVERING) {
+    for (const std::string& w : record.survivors) {
+      if (!IsLostLocked(record, w)) workers.push_back(w);
+    }
+  } else {
+    workers.assign(record.job.worker_ids().begin(), record.job.worker_ids().end());
+  }
+  const auto stays = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return w != without && !IsDrainedLocked(w);
+  };
+  // Survivors of recovering jobs, this one's among them (READY, released),
+  // profiling workers and other jobs' boundary spares are not its spares.
+  const std::vector<std::string> spares = OwnSparesLocked(record);
+  return static_cast<int>(std::count_if(workers.begin(), workers.end(), stays) +
+                          std::count_if(spares.begin(), spares.end(), stays));
+}
+
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
   if (record.resolved.tensor_mode != "3d") return true;
   absl::StatusOr<v1::Worker> info = registry_->Get(worker);
@@ -491,10 +527,14 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
   // held for a running job's boundary, which a drain may have counted on.
   JobRecord* record =
       worker.job_id().empty() ? RecoveringJobOfLocked(worker_id) : FindLocked(worker.job_id());
-  bool held_spare = false;
+  bool held_spare = false, counted_spare = false;
   if (record == nullptr) {
     record = BoundaryHolderOfLocked(worker_id);
     held_spare = record != nullptr;
+  }
+  if (record == nullptr) {
+    record = RecoveryCountingOnLocked(worker_id);
+    counted_spare = record != nullptr;
   }
   if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
     if (record->checkpoints == nullptr) {
@@ -503,29 +543,8 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           ", which has no checkpoints (spec.checkpoint) to re-plan from; cancel the job or "
           "let it finish first"));
     }
-    // Being planned, the job's workers are the placement's; recovering,
-    // its survivors not lost. Those drained already leave at the same
-    // boundary: not counted as staying.
-    std::vector<std::string> workers;
-    if (record->pending.has_value()) {
-      workers = record->pending->workers;
-    } else if (record->job.state() == v1::JOB_STATE_RECOVERING) {
-      for (const std::string& w : record->survivors) {
-        if (!IsLostLocked(*record, w)) workers.push_back(w);
-      }
-    } else {
-      workers.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
-    }
-    const auto stays = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return w != worker_id && !IsDrainedLocked(w);
-    };
-    // Survivors of recovering jobs, this one's among them (READY, released),
-    // profiling workers and other jobs' boundary spares are not its spares.
-    const std::vector<std::string> spares = OwnSparesLocked(*record);
-    const int left = static_cast<int>(std::count_if(workers.begin(), workers.end(), stays) +
-                                      std::count_if(spares.begin(), spares.end(), stays));
     // As many as the re-plan could use (whole stages, a count with a layout).
-    if (UsableWorkers(*record, left) < MinJobWorkers(*record)) {
+    if (UsableWorkers(*record, WorkersLeftLocked(*record, worker_id)) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",
@@ -536,7 +555,8 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           ")",
           held_spare ? absl::StrCat(": it is the spare held for the job's re-planning after step ",
                                     record->stop_at, " (", record->boundary_reason, ")")
-                     : "",
+          : counted_spare ? ": it is a spare the recovering job needs to re-plan"
+                          : "",
           "; add a worker first"));
     }
   }

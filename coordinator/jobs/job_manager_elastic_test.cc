@@ -332,6 +332,26 @@ class JobManagerElasticTest : public ::testing::Test {
     jobs_->ScheduleQueued();
     background_.RunAll();
   }
+  // A 2-stage job (spec.elastic.max_workers 3) on two new workers that ran
+  // step 1, then a spare (port 7003) its step-2 report asks a growth
+  // boundary for: `boundary` is that step (0: none asked for).
+  struct Growing {
+    std::string id, w1, w2, spare;
+    int64_t boundary = 0;
+  };
+  Growing StartGrowing() {
+    Growing g;
+    g.w1 = AddWorker(7001);
+    g.w2 = AddWorker(7002);
+    v1::JobSpec spec = ElasticSpec(2, 5);
+    spec.mutable_elastic()->set_max_workers(3);
+    g.id = Submit(spec).value().id();
+    Step(g.id, 1);
+    g.spare = AddWorker(7003);
+    Schedule();
+    g.boundary = Step(g.id, 2).stop_after_step();
+    return g;
+  }
   // Submits, and plans what that placed: the job as it is then.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
     absl::StatusOr<v1::Job> job = jobs_->Submit(spec);
@@ -1839,14 +1859,7 @@ TEST_F(JobManagerElasticTest, Drain_TheSpareItCountedOn_HeldForTheBoundary) {
 // on its own workers (its stages stopped there already), and the history
 // says what happened rather than "w-3 joined".
 TEST_F(JobManagerElasticTest, SpareWorker_DrainedBeforeItsBoundary_HistorySaysSo) {
-  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_elastic()->set_max_workers(3);
-  const std::string id = Submit(spec).value().id();
-  Step(id, 1);
-  const std::string w3 = AddWorker(7003);
-  Schedule();
-  const int64_t boundary = Step(id, 2).stop_after_step();
+  const auto [id, w1, w2, w3, boundary] = StartGrowing();
   ASSERT_GT(boundary, 2);
   ASSERT_TRUE(jobs_->Drain(w3).ok()) << "a joiner the job does not need may go";
   for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
@@ -2227,14 +2240,7 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
 // boundary to stop every stage for a plan on the same workers (whose
 // history would still say the spare joined).
 TEST_F(JobManagerElasticTest, SpareWorker_HeldForTheBoundaryThatAsksForIt) {
-  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_elastic()->set_max_workers(3);
-  const std::string id = Submit(spec).value().id();
-  Step(id, 1);
-  const std::string w3 = AddWorker(7003);
-  Schedule();
-  const int64_t boundary = Step(id, 2).stop_after_step();
+  const auto [id, w1, w2, w3, boundary] = StartGrowing();
   ASSERT_GT(boundary, 2);
   const std::string later = Submit(ElasticSpec(1, 5)).value().id();
   v1::Job waiting = jobs_->Get(later).value();

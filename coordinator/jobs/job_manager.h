@@ -592,9 +592,10 @@ class JobManager {
     std::string boundary_reason;
     // The spares a growth boundary was asked for (its reason names them).
     std::vector<std::string> boundary_joiners;
-    // The spares held for the job while stop_at is pending
-    // (HeldWorkersLocked): the growth boundary's joiners, and those a drain
-    // was allowed on the strength of (HoldBoundarySparesLocked). Without the
+    // The spares held for the job while stop_at, or a placement, is pending
+    // (HoldsSparesLocked, HeldWorkersLocked): the growth boundary's
+    // joiners, and those a drain was allowed on the strength of
+    // (HoldBoundarySparesLocked). A new placement starts with none. Without the
     // hold, a job placed meanwhile, or a drain of the spare itself, would
     // take them and the boundary stops every stage for nothing, or leaves
     // the job waiting for a worker until its queue timeout.
@@ -747,8 +748,11 @@ class JobManager {
                          const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The running job whose pending boundary holds `worker_id` as a spare
-  // (boundary_held), if any.
+  // Whether the record's boundary_held holds: RUNNING with a boundary
+  // pending, or PLANNING.
+  static bool HoldsSparesLocked(const JobRecord& record);
+  // The job whose pending boundary or placement holds `worker_id` as a
+  // spare (boundary_held), if any.
   JobRecord* BoundaryHolderOfLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job (with checkpoints) that can re-plan with the spare
@@ -767,10 +771,11 @@ class JobManager {
   // first.
   std::vector<std::string> OwnSparesLocked(const JobRecord& record) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // For a RUNNING job with a pending boundary: holds (boundary_held) as
-  // many spares as its undrained workers need to make MinJobWorkers usable
-  // at the boundary, those held already first, and keeps holding its
-  // growth joiners. What a drain counted on stays there for the re-plan.
+  // For a RUNNING job with a pending boundary, or one being planned: holds
+  // (boundary_held) as many spares as its undrained workers (the
+  // placement's, while planned) need to make MinJobWorkers usable at the
+  // boundary, those held already first, and keeps holding its growth
+  // joiners. What a drain counted on stays there for the re-plan.
   void HoldBoundarySparesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The workers held for jobs that are not running on them: recovering
   // jobs' survivors (they wait for them), the spares a running job's

@@ -3110,6 +3110,35 @@ TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheJobStartsThenLeavesItAtABoun
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
 }
 
+// A drain while the job is being planned counts a spare too, which is
+// held until the plan is in and its boundary re-plans: a job submitted
+// meanwhile, or a drain of that spare, does not take it. Before, the other
+// job took it and the boundary left the first waiting for a worker.
+TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheSpareItCountedOnIsHeld) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  spec.mutable_elastic()->set_max_workers(2);
+  const std::string id = jobs_->Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_PLANNING);
+  ASSERT_TRUE(jobs_->Drain(w2).ok()) << "w3 can take its place";
+  const absl::Status refused = jobs_->Drain(w3).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "held for the job, being planned")) << refused;
+  const std::string later = jobs_->Submit(ElasticSpec(1, 5)).value().id();
+  EXPECT_EQ(jobs_->Get(later).value().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(background_.RunAll(), 1);  // the first job's plan only
+  const int64_t boundary = Step(id, 1).stop_after_step();
+  ASSERT_GT(boundary, 1);
+  for (int64_t step = 2; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  EXPECT_EQ(jobs_->Get(later).value().state(), v1::JOB_STATE_QUEUED);
+}
+
 // A worker lost while the final weights are being uploaded: the job
 // recovers (the redone steps end with a fresh upload), and the partial
 // file goes at once rather than at the next plan.

@@ -171,6 +171,8 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
                                               const std::vector<std::string>& workers,
                                               PendingPlacement pending) {
   const std::string& id = record.job.id();
+  // Spares held for an earlier placement or boundary are not this one's.
+  record.boundary_held.clear();
   // No checkpoint of its own yet: where spec.init.from starts it.
   if (!pending.resume.has_value() && record.init_checkpoint.has_value()) {
     pending.resume = record.init_checkpoint;

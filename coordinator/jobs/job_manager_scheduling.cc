@@ -217,16 +217,21 @@ std::set<std::string> JobManager::HeldWorkersLocked() const {
     if (record->profile_in_flight && !record->profiling_on.empty()) {
       held.insert(record->profiling_on);
     }
-    if (record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at > 0) {
+    if (HoldsSparesLocked(*record)) {
       held.insert(record->boundary_held.begin(), record->boundary_held.end());
     }
   }
   return held;
 }
 
+bool JobManager::HoldsSparesLocked(const JobRecord& record) {
+  return (record.job.state() == v1::JOB_STATE_RUNNING && record.stop_at > 0) ||
+         (record.job.state() == v1::JOB_STATE_PLANNING && record.pending.has_value());
+}
+
 JobManager::JobRecord* JobManager::BoundaryHolderOfLocked(const std::string& worker_id) {
   for (const auto& [id, record] : jobs_) {
-    if (record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at > 0 &&
+    if (HoldsSparesLocked(*record) &&
         std::count(record->boundary_held.begin(), record->boundary_held.end(), worker_id) > 0) {
       return record.get();
     }
@@ -236,9 +241,9 @@ JobManager::JobRecord* JobManager::BoundaryHolderOfLocked(const std::string& wor
 
 std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) const {
   std::set<std::string> reserved = HeldWorkersLocked();
-  // Its own holds count only while its boundary is pending: after it, the
-  // list is stale and those workers may be another job's.
-  const bool holding = record.job.state() == v1::JOB_STATE_RUNNING && record.stop_at > 0;
+  // Its own holds count only while its boundary or placement is pending:
+  // after it, the list is stale and those workers may be another job's.
+  const bool holding = HoldsSparesLocked(record);
   if (holding) {
     for (const std::string& w : record.boundary_held) reserved.erase(w);
   }
@@ -252,12 +257,16 @@ std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) co
 }
 
 void JobManager::HoldBoundarySparesLocked(JobRecord& record) {
-  if (record.job.state() != v1::JOB_STATE_RUNNING || record.stop_at == 0) return;
-  const int staying =
-      static_cast<int>(std::count_if(record.job.worker_ids().begin(), record.job.worker_ids().end(),
-                                     [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                       return !IsDrainedLocked(w);
-                                     }));
+  if (!HoldsSparesLocked(record)) return;
+  // Being planned, the placement's workers are its own until its boundary.
+  const std::vector<std::string> own =
+      record.pending.has_value() ? record.pending->workers
+                                 : std::vector<std::string>(record.job.worker_ids().begin(),
+                                                            record.job.worker_ids().end());
+  const int staying = static_cast<int>(std::count_if(
+      own.begin(), own.end(), [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !IsDrainedLocked(w);
+      }));
   const std::vector<std::string> spares = OwnSparesLocked(record);
   size_t need = 0;
   while (need < spares.size() &&
@@ -553,8 +562,11 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
               ? "spec.elastic.min_workers x spec.parallelism.data x spec.parallelism.tensor"
               : "spec.elastic.min_workers x spec.parallelism.data",
           ")",
-          held_spare ? absl::StrCat(": it is the spare held for the job's re-planning after step ",
-                                    record->stop_at, " (", record->boundary_reason, ")")
+          held_spare && record->stop_at == 0
+              ? ": it is a spare held for the job, being planned, to take a drained worker's place"
+          : held_spare
+              ? absl::StrCat(": it is the spare held for the job's re-planning after step ",
+                             record->stop_at, " (", record->boundary_reason, ")")
           : counted_spare ? ": it is a spare the recovering job needs to re-plan"
                           : "",
           "; add a worker first"));
@@ -578,6 +590,10 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
     } else {
       record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
     }
+    HoldBoundarySparesLocked(*record);
+  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_PLANNING) {
+    // The plan, once in, asks a boundary without the worker
+    // (CommitPlacementLocked); the spares it counts on are held till then.
     HoldBoundarySparesLocked(*record);
   } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RECOVERING) {
     // Its re-plan leaves the worker out; the plan's reason says why.

@@ -760,6 +760,10 @@ class JobManager {
   // leave it waiting until its queue timeout.
   JobRecord* RecoveryCountingOnLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's own workers, drained ones included: a placement's while it
+  // is planned, a recovery's survivors not lost, else its plan's.
+  std::vector<std::string> OwnWorkersLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many workers `record` could re-plan on once `without` is gone
   // ("": as it is): its own (a placement's, a recovery's survivors not
   // lost, or its plan's) not drained, and the spares it may count on

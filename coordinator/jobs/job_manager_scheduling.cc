@@ -258,11 +258,7 @@ std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) co
 
 void JobManager::HoldBoundarySparesLocked(JobRecord& record) {
   if (!HoldsSparesLocked(record)) return;
-  // Being planned, the placement's workers are its own until its boundary.
-  const std::vector<std::string> own =
-      record.pending.has_value() ? record.pending->workers
-                                 : std::vector<std::string>(record.job.worker_ids().begin(),
-                                                            record.job.worker_ids().end());
+  const std::vector<std::string> own = OwnWorkersLocked(record);
   const int staying = static_cast<int>(std::count_if(
       own.begin(), own.end(), [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !IsDrainedLocked(w);
@@ -296,10 +292,9 @@ JobManager::JobRecord* JobManager::RecoveryCountingOnLocked(const std::string& w
   return nullptr;
 }
 
-int JobManager::WorkersLeftLocked(const JobRecord& record, const std::string& without) const {
+std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record) const {
   // Being planned, the job's workers are the placement's; recovering,
-  // its survivors not lost. Those drained already leave at the same
-  // boundary: not counted as staying.
+  // its survivors not lost.
   std::vector<std::string> workers;
   if (record.pending.has_value()) {
     workers = record.pending->workers;
@@ -310,6 +305,13 @@ int JobManager::WorkersLeftLocked(const JobRecord& record, const std::string& wi
   } else {
     workers.assign(record.job.worker_ids().begin(), record.job.worker_ids().end());
   }
+  return workers;
+}
+
+int JobManager::WorkersLeftLocked(const JobRecord& record, const std::string& without) const {
+  const std::vector<std::string> workers = OwnWorkersLocked(record);
+  // Those drained already leave at the same boundary: not counted as
+  // staying.
   const auto stays = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return w != without && !IsDrainedLocked(w);
   };
@@ -580,26 +582,23 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
   }
   drained_[worker_id] = worker.incarnation();
   PT_LOG(INFO) << "draining " << worker_id;
-  if (held_spare) {
-    // Not the job's worker: its boundary stays, with another spare held in
-    // its place if the job needs one.
-    HoldBoundarySparesLocked(*record);
-  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING) {
+  // A held spare is not the job's worker: its boundary stays as it is. A
+  // job being planned asks its boundary once the plan is in
+  // (CommitPlacementLocked).
+  if (record != nullptr && !held_spare && record->job.state() == v1::JOB_STATE_RUNNING) {
     if (record->stop_at == 0) {
       RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
     } else {
       record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
     }
-    HoldBoundarySparesLocked(*record);
-  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_PLANNING) {
-    // The plan, once in, asks a boundary without the worker
-    // (CommitPlacementLocked); the spares it counts on are held till then.
-    HoldBoundarySparesLocked(*record);
   } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RECOVERING) {
     // Its re-plan leaves the worker out; the plan's reason says why.
     absl::StrAppend(&record->recovery_reason, "; ", worker_id, " drained");
     record->job.set_reason(absl::StrCat("recovering: ", record->recovery_reason));
   }
+  // The spares the job now counts on (another in a held spare's place)
+  // are held until its boundary; nothing for a recovering job.
+  if (record != nullptr) HoldBoundarySparesLocked(*record);
   worker.set_drained(true);
   return worker;
 }

@@ -21,14 +21,6 @@ std::string Joined(const std::vector<MatmulLayout>& layouts) {
   return absl::StrJoin(names, ",");
 }
 
-// Whether every layer of `problem` may run its layout of `layouts`.
-bool SchemeFits(const LayoutProblem& problem, const std::vector<MatmulLayout>& layouts) {
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    if (!LayoutFits(problem, i, layouts[i])) return false;
-  }
-  return true;
-}
-
 // Fixed schemes to compare against, each the same layout on every layer but
 // Megatron's (columns for qkv and fc, rows for the projections).
 std::vector<std::pair<std::string, std::vector<MatmulLayout>>> FixedSchemes(int devices) {

@@ -329,6 +329,14 @@ std::vector<MatmulLayer> GptBlockLayers(int64_t tokens, int64_t d_model) {
   };
 }
 
+bool SchemeFits(const LayoutProblem& problem, const std::vector<MatmulLayout>& layouts) {
+  if (layouts.size() != problem.layers.size()) return false;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (!LayoutFits(problem, i, layouts[i])) return false;
+  }
+  return true;
+}
+
 LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts) {
   PT_CHECK(Validate(problem).ok()) << Validate(problem);
@@ -425,12 +433,8 @@ absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem
   best.cost = std::numeric_limits<double>::infinity();
   while (true) {
     std::vector<MatmulLayout> layouts;
-    bool allowed = true;
-    for (size_t i = 0; i < digits.size(); ++i) {
-      layouts.push_back(LayoutAt(digits[i]));
-      allowed = allowed && LayoutFits(problem, i, layouts.back());
-    }
-    if (allowed) {
+    for (int d : digits) layouts.push_back(LayoutAt(d));
+    if (SchemeFits(problem, layouts)) {
       LayoutScheme scheme = EvaluateLayouts(problem, layouts);
       if (scheme.cost < best.cost) best = std::move(scheme);
     }

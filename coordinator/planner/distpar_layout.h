@@ -165,11 +165,13 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem);
 // always). Sequences and heads constrain only the property the attention
 // core works on, between layers. `problem` must be valid.
 bool LayoutFits(const LayoutProblem& problem, size_t index, MatmulLayout layout);
+// Whether `layouts` has one layout per layer, each fitting its layer.
+bool SchemeFits(const LayoutProblem& problem, const std::vector<MatmulLayout>& layouts);
 
 // The cost of a given assignment (the same model), for tests and for
 // comparing fixed schemes (e.g. Megatron's column-row). Requires a valid
 // problem and one layout per layer, each fitting it (checked: test with
-// LayoutFits first).
+// SchemeFits first).
 LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts);
 

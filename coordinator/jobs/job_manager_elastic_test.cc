@@ -332,6 +332,13 @@ class JobManagerElasticTest : public ::testing::Test {
     jobs_->ScheduleQueued();
     background_.RunAll();
   }
+  // Steps `from` to `boundary` of job `id`, and every writer's checkpoint
+  // of `boundary`, which the job re-plans after: the job as it is then.
+  v1::Job PassBoundary(const std::string& id, int64_t from, int64_t boundary) {
+    for (int64_t step = from; step <= boundary; ++step) Step(id, step);
+    CheckpointAll(id, boundary);
+    return jobs_->Get(id).value();
+  }
   // A 2-stage job (spec.elastic.max_workers 3) on two new workers that ran
   // step 1, then a spare (port 7003) its step-2 report asks a growth
   // boundary for: `boundary` is that step (0: none asked for).
@@ -1203,9 +1210,7 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) 
   const int64_t boundary = Step(id, 14).stop_after_step();
   ASSERT_GT(boundary, 14);
   ASSERT_LT(boundary, 26);
-  for (int64_t step = 15; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  job = jobs_->Get(id).value();
+  job = PassBoundary(id, 15, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.worker_ids_size(), 3) << "the boundary re-planned";
   EXPECT_EQ(job.progress().checkpoint_step(), boundary);
@@ -1744,9 +1749,7 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   }
   const int64_t boundary = Step(id, 4).stop_after_step();
   ASSERT_GT(boundary, 4);
-  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 5, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
@@ -1840,9 +1843,7 @@ TEST_F(JobManagerElasticTest, Drain_TheSpareItCountedOn_HeldForTheBoundary) {
   EXPECT_EQ(newcomer.code(), absl::StatusCode::kFailedPrecondition) << newcomer;
   const int64_t boundary = Step(id, 2).stop_after_step();
   ASSERT_GT(boundary, 2);
-  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 3, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w2, w5}));
   EXPECT_EQ(job.progress().recoveries(), 0);
@@ -1862,9 +1863,7 @@ TEST_F(JobManagerElasticTest, SpareWorker_DrainedBeforeItsBoundary_HistorySaysSo
   const auto [id, w1, w2, w3, boundary] = StartGrowing();
   ASSERT_GT(boundary, 2);
   ASSERT_TRUE(jobs_->Drain(w3).ok()) << "a joiner the job does not need may go";
-  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 3, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
   const std::string reason = job.plan_history(1).reason();
@@ -2224,9 +2223,7 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
   Schedule();
   const int64_t boundary = Step(id, 2).stop_after_step();
   ASSERT_GT(boundary, 2);
-  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 3, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 3);  // max_workers
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w3 + " joined"))
@@ -2247,9 +2244,7 @@ TEST_F(JobManagerElasticTest, SpareWorker_HeldForTheBoundaryThatAsksForIt) {
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
   EXPECT_TRUE(absl::StrContains(waiting.reason(), "held")) << waiting.reason();
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
-  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 3, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w1, w2, w3}));
@@ -2353,9 +2348,7 @@ TEST_F(JobManagerElasticTest, JoiningWorkerTooSmall_JobGoesOnWithoutItAndIsNotAs
   Schedule();
   const int64_t boundary = Step(id, 2).stop_after_step();
   ASSERT_GT(boundary, 2);
-  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  v1::Job job = jobs_->Get(id).value();
+  v1::Job job = PassBoundary(id, 3, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 1);
   EXPECT_EQ(job.worker_ids(0), w1);
@@ -2429,9 +2422,7 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   ASSERT_TRUE(jobs_->Drain(w2).ok());
   const int64_t boundary = Step(id, 4).stop_after_step();
   ASSERT_GT(boundary, 4);
-  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  v1::Job job = jobs_->Get(id).value();
+  v1::Job job = PassBoundary(id, 5, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
                                                   " would need 240768 bytes"))
@@ -3130,9 +3121,7 @@ TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheSpareItCountedOnIsHeld) {
   EXPECT_EQ(background_.RunAll(), 1);  // the first job's plan only
   const int64_t boundary = Step(id, 1).stop_after_step();
   ASSERT_GT(boundary, 1);
-  for (int64_t step = 2; step <= boundary; ++step) Step(id, step);
-  CheckpointAll(id, boundary);
-  const v1::Job job = jobs_->Get(id).value();
+  const v1::Job job = PassBoundary(id, 2, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.progress().recoveries(), 0);

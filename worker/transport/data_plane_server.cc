@@ -36,9 +36,17 @@ grpc::ByteBuffer Serialized(const v1::FrameError& error) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// What the streams share: where tensors go, which job is accepted, and how
-// many reactors are still alive (Shutdown waits for none). Reactors hold it
-// by shared_ptr, so the last one to finish may outlive the server object.
+class FrameStreamReactor;
+
+// What the streams share: where tensors go, which job is accepted, the
+// streams alive (so that a job change can end the old job's) and how many
+// reactors are still alive (Shutdown waits for none). Reactors hold it by
+// shared_ptr, so the last one to finish may outlive the server object.
+//
+// Lock order: a reactor's mutex, then mu_ (a frame's check reads job()).
+// So mu_ is never held while a reactor is called: SetJob pins the
+// reactors it ends instead, and a pinned reactor's OnDone leaves
+// its deletion to the last unpin.
 class StreamShared {
  public:
   explicit StreamShared(Mailbox* mailbox) : mailbox_(mailbox), pool_(TensorPool::Create()) {}
@@ -51,27 +59,37 @@ class StreamShared {
   // Received raw tensors' memory, recycled across streams (tensor_pool.h).
   const std::shared_ptr<TensorPool>& pool() const { return pool_; }
 
-  void SetJob(AcceptedJob job) {
-    auto shared = std::make_shared<const AcceptedJob>(std::move(job));
-    AnnotatedMutexLock lock(&mu_);
-    job_ = std::move(shared);
-  }
+  // Accepts `job` from now on, and ends every stream of another job (see
+  // DataPlaneServer::SetJob).
+  void SetJob(AcceptedJob job);
   // Shared and immutable, so a frame's check costs no copy of its strings.
   std::shared_ptr<const AcceptedJob> job() const {
     AnnotatedMutexLock lock(&mu_);
     return job_;
   }
 
-  // Takes one of the kMaxStreamsPerSourceStage slots of (job, stage) for
-  // a new stream and counts its reactor; false (nothing taken) when all
-  // are held.
-  bool TryStartStream(const std::string& job_id, int stage) {
+  // Admits `reactor`, a new stream proven as `stage` of `job_id`: takes
+  // one of the kMaxStreamsPerSourceStage slots of (job, stage), counts the
+  // reactor and registers it, so that a later job change ends it. Refused
+  // (nothing taken) with RESOURCE_EXHAUSTED when all slots are held, or
+  // FAILED_PRECONDITION when the accepted job changed since the stream's
+  // proof was checked (a SetJob in between could not have ended it).
+  absl::Status AdmitStream(FrameStreamReactor* reactor, const std::string& job_id, int stage) {
     AnnotatedMutexLock lock(&mu_);
+    if (job_->job_id != job_id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " ended on this worker as its stream opened"));
+    }
     int& open = open_streams_[{job_id, stage}];
-    if (open >= kMaxStreamsPerSourceStage) return false;
+    if (open >= kMaxStreamsPerSourceStage) {
+      return absl::ResourceExhaustedError(absl::StrCat("stage ", stage, " of job ", job_id, " has ",
+                                                       kMaxStreamsPerSourceStage,
+                                                       " streams open here, the most allowed"));
+    }
     ++open;
     ++live_reactors_;
-    return true;
+    streams_[reactor] = LiveStream{job_id};
+    return absl::OkStatus();
   }
   // Gives the slot back: called before the stream's Finish, so a sender
   // that saw its stream end can open the next one at once.
@@ -81,6 +99,20 @@ class StreamShared {
     PT_CHECK(it != open_streams_.end() && it->second > 0);
     if (--it->second == 0) open_streams_.erase(it);
   }
+  // The reactor's OnDone: true when the caller deletes it now; false when
+  // a pin holds it, and the last Unpin deletes it.
+  bool StreamDone(FrameStreamReactor* reactor) {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = streams_.find(reactor);
+    PT_CHECK(it != streams_.end());
+    if (it->second.pins > 0) {
+      it->second.done = true;
+      return false;
+    }
+    streams_.erase(it);
+    return true;
+  }
+  // After a reactor's deletion.
   void ReactorDone() {
     AnnotatedMutexLock lock(&mu_);
     --live_reactors_;
@@ -100,6 +132,14 @@ class StreamShared {
   std::shared_ptr<const AcceptedJob> job_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const AcceptedJob>();
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
+  // The admitted reactors not yet deleted, with their job; `pins`: calls of
+  // EndStreamsOfOtherJobs under way on it; `done`: its OnDone ran.
+  struct LiveStream {
+    std::string job_id;
+    int pins = 0;
+    bool done = false;
+  };
+  std::map<FrameStreamReactor*, LiveStream> streams_ ABSL_GUARDED_BY(mu_);
   // Streams open (not yet finished) per (job, source stage).
   std::map<std::pair<std::string, int>, int> open_streams_ ABSL_GUARDED_BY(mu_);
 };
@@ -123,15 +163,23 @@ class StreamShared {
 //     |
 //     +--- error replies written ---> Finish ---> OnDone: delete this
 //
+// Ending early (EndForJobChange, when the server accepts another job): the
+// stream finishes as soon as no frame is held and no reply is being
+// written, with a read still in flight if the peer sends nothing (a
+// stalled stream must not keep its half-assembled tensor); what arrives
+// after is dropped unread.
+//
 // Lifetime: the wake the mailbox keeps for a held frame captures `this`. It
 // cannot outlive the reactor, because Finish (so OnDone) needs hold_ == 0,
-// and a hold ends only in its wake (Unhold) or when CancelHold returns true
-// (then the wake never runs). The wake runs without the mailbox's lock
-// (Mailbox::HoldBeyondWindow), so the lock order stays mu_ -> mailbox.
+// a hold ends only in its wake (Unhold) or when CancelHold returns true
+// (then the wake never runs), and no hold starts once Finish is due. The
+// wake runs without the mailbox's lock (Mailbox::HoldBeyondWindow), so the
+// lock order stays mu_ -> mailbox.
 class FrameStreamReactor final : public StreamReactor {
  public:
-  // A stream proven to come from `source_stage` of `job_id`, whose slot
-  // StreamShared::TryStartStream gave.
+  // A stream proven to come from `source_stage` of `job_id`. Starts
+  // nothing until Start, which follows StreamShared::AdmitStream; a
+  // reactor that was refused there is deleted unstarted.
   FrameStreamReactor(std::shared_ptr<StreamShared> shared, std::string peer, std::string job_id,
                      int source_stage)
       : shared_(std::move(shared)),
@@ -139,8 +187,36 @@ class FrameStreamReactor final : public StreamReactor {
         job_id_(std::move(job_id)),
         source_stage_(source_stage),
         assembler_(kDefaultMaxTensorBytes,
-                   [pool = shared_->pool()](const Shape& shape) { return pool->Take(shape); }) {
-    StartRead(&incoming_);
+                   [pool = shared_->pool()](const Shape& shape) { return pool->Take(shape); }) {}
+
+  void Start() { StartRead(&incoming_); }
+
+  const std::string& job_id() const { return job_id_; }
+
+  // The server accepts another job now (`now`: its id, empty for none):
+  // this stream's frames can only be refused, so it ends, FAILED_PRECONDITION,
+  // and its half-assembled tensor (allocated at its first frame, up to
+  // kDefaultMaxTensorBytes, its mailbox reservation revoked with the job)
+  // goes with it, however long its peer stays silent. Called by
+  // StreamShared, which keeps `this` alive meanwhile.
+  void EndForJobChange(const std::string& now) {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (ending_ || finished_) return;
+      ending_ = true;
+      finish_status_ = grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("job ", job_id_, " is over on this worker",
+                       now.empty() ? " (it runs no job now)" : " (it runs another job now)",
+                       "; stream ended"));
+      if (hold_ != 0 && shared_->mailbox()->CancelHold(hold_)) hold_ = 0;
+      // Replies not yet written go: the stream ends (the one being written
+      // stays until its OnWriteDone).
+      outbox_.resize(writing_ ? 1 : 0);
+      next = NextLocked(/*read=*/false);
+    }
+    Run(next);
   }
 
   void OnReadDone(bool ok) override {
@@ -148,11 +224,11 @@ class FrameStreamReactor final : public StreamReactor {
     {
       AnnotatedMutexLock lock(&mu_);
       bool read = false;
-      if (ok) {
-        read = ParseLocked() ? HandleOrHoldLocked() : true;
-      } else {
+      if (!ok) {
         reads_done_ = true;  // The peer closed its side, or the call was cancelled.
-      }
+      } else if (!ending_) {
+        read = ParseLocked() ? HandleOrHoldLocked() : true;
+      }  // Ending: the frame is dropped unread, and no read follows.
       next = NextLocked(read);
     }
     Run(next);
@@ -195,6 +271,7 @@ class FrameStreamReactor final : public StreamReactor {
       AnnotatedMutexLock lock(&mu_);  // Orders every earlier reaction before the delete.
       PT_CHECK(hold_ == 0) << "a stream finished while the mailbox held its frame";
     }
+    if (!shared->StreamDone(this)) return;  // A job change still holds it.
     delete this;
     shared->ReactorDone();
   }
@@ -204,6 +281,7 @@ class FrameStreamReactor final : public StreamReactor {
     const grpc::ByteBuffer* write = nullptr;
     bool read = false;
     bool finish = false;
+    grpc::Status status;  // With finish.
   };
 
   // Splits incoming_ into frame_ (header and payload views into slices_);
@@ -234,7 +312,9 @@ class FrameStreamReactor final : public StreamReactor {
   // Queues an error reply for `frame` (bounded, see kMaxQueuedFrameErrors).
   void ReplyLocked(const v1::TensorFrame& frame, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (outbox_.size() >= static_cast<size_t>(kMaxQueuedFrameErrors) || write_failed_) return;
+    if (outbox_.size() >= static_cast<size_t>(kMaxQueuedFrameErrors) || write_failed_ || ending_) {
+      return;
+    }
     outbox_.push_back(Serialized(MakeFrameError(frame, status)));
   }
 
@@ -249,6 +329,8 @@ class FrameStreamReactor final : public StreamReactor {
       bool read = false;
       if (cancelled_) {
         reads_done_ = true;  // The held frame goes: nobody would read a reply.
+      } else if (ending_) {
+        // The held frame goes with its job; NextLocked finishes.
       } else {
         read = HandleOrHoldLocked();
       }
@@ -334,30 +416,32 @@ class FrameStreamReactor final : public StreamReactor {
   }
 
   // Decides the next gRPC operations (`read`: start the next read); marks
-  // them started. Finish waits until reads are done, nothing is held and
-  // every error reply is written.
+  // them started. Finish waits until reads are done (or the stream is
+  // ending), nothing is held and every error reply is written.
   Next NextLocked(bool read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Next next;
-    next.read = read;
-    if (writing_) return next;
+    next.read = read && !ending_;
+    if (writing_ || finished_) return next;
     if (!outbox_.empty()) {
       writing_ = true;
       next.write = &outbox_.front();  // deque::push_back keeps it in place.
-    } else if (reads_done_ && hold_ == 0 && !finished_) {
+    } else if ((reads_done_ || ending_) && hold_ == 0) {
       finished_ = true;
       next.finish = true;
+      next.status = finish_status_;
     }
     return next;
   }
 
-  // A read and Finish never go together (Finish needs reads done), so
-  // nothing can delete `this` before the last operation here is started.
+  // A read and Finish never go together (Finish needs reads done, or the
+  // stream ending, which starts no read), so nothing can delete `this`
+  // before the last operation here is started.
   void Run(const Next& next) {
     if (next.write != nullptr) StartWrite(next.write);
     if (next.read) StartRead(&incoming_);
     if (next.finish) {
       shared_->ReleaseStreamSlot(job_id_, source_stage_);
-      Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
+      Finish(next.status);  // Last: OnDone may follow at once.
     }
   }
 
@@ -379,6 +463,8 @@ class FrameStreamReactor final : public StreamReactor {
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran.
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;     // EndForJobChange ran.
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);  // OK unless ending_
   // The mailbox's ticket for the held frame_; 0 when none is held.
   int64_t hold_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -401,6 +487,38 @@ std::string MetadataValue(const grpc::CallbackServerContext& context, const char
   return std::string(value.data(), std::min<size_t>(value.size(), 256));
 }
 
+void StreamShared::SetJob(AcceptedJob job) {
+  const std::string now = job.job_id;
+  auto shared = std::make_shared<const AcceptedJob>(std::move(job));
+  std::vector<FrameStreamReactor*> ending;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    job_ = std::move(shared);
+    for (auto& [reactor, stream] : streams_) {
+      if (stream.job_id == now || stream.done) continue;
+      ++stream.pins;
+      ending.push_back(reactor);
+    }
+  }
+  for (FrameStreamReactor* reactor : ending) reactor->EndForJobChange(now);
+  for (FrameStreamReactor* reactor : ending) {
+    bool delete_now = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      auto it = streams_.find(reactor);
+      PT_CHECK(it != streams_.end() && it->second.pins > 0);
+      if (--it->second.pins == 0 && it->second.done) {
+        streams_.erase(it);
+        delete_now = true;
+      }
+    }
+    if (delete_now) {  // Its OnDone ran while pinned and left this to us.
+      delete reactor;
+      ReactorDone();
+    }
+  }
+}
+
 }  // namespace
 
 class DataPlaneServer::Service final
@@ -421,17 +539,18 @@ class DataPlaneServer::Service final
       }
       return new RefusedStream(stage.status());
     }
-    if (!shared_->TryStartStream(job.job_id, *stage)) {
-      const absl::Status full = absl::ResourceExhaustedError(
-          absl::StrCat("stage ", *stage, " of job ", job.job_id, " has ", kMaxStreamsPerSourceStage,
-                       " streams open here, the most allowed"));
+    auto reactor =
+        std::make_unique<FrameStreamReactor>(shared_, context->peer(), job.job_id, *stage);
+    const absl::Status admitted = shared_->AdmitStream(reactor.get(), job.job_id, *stage);
+    if (!admitted.ok()) {
       if (int64_t dropped = 0; shared_->refused_streams_log().Allow(&dropped)) {
-        PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": " << full
-                        << LogRateLimiter::Dropped(dropped);
+        PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": "
+                        << admitted << LogRateLimiter::Dropped(dropped);
       }
-      return new RefusedStream(full);
+      return new RefusedStream(admitted);
     }
-    return new FrameStreamReactor(shared_, context->peer(), job.job_id, *stage);
+    reactor->Start();
+    return reactor.release();  // OnDone deletes it.
   }
 
   StreamShared& shared() { return *shared_; }

@@ -9,7 +9,8 @@
 // incomplete tensor is dropped. Nothing a peer sends can crash the server.
 //
 // The server accepts frames of one job at a time, set by the worker as its
-// assignment changes; until SetJob every stream is refused. A stream must
+// assignment changes; until SetJob every stream is refused, and a job
+// change ends the streams of the job before (SetJob). A stream must
 // prove when it opens that it comes from a stage of that job
 // (data_plane_auth.h): otherwise it ends at once, UNAUTHENTICATED (or
 // FAILED_PRECONDITION for another job), before any frame is read. A proven
@@ -96,10 +97,17 @@ class DataPlaneServer {
 
   // From now on accept streams of `job_id` from stages [0, num_stages) that
   // prove `secret` (empty: no proof needed; in-process tests only) and
-  // refuse every other job. Frames already assembled stay in the mailbox
+  // refuse every other job. The open streams of any other job end,
+  // FAILED_PRECONDITION ("job ... is over on this worker"), once no frame
+  // of theirs is held and no reply is being written, and a tensor they
+  // were assembling is freed: without, a peer of an ended job that stops
+  // sending mid-tensor would keep up to kMaxStreamsPerSourceStage such
+  // buffers per stage, outside the mailbox's limit, for as long as it
+  // keeps its connection. Frames already assembled stay in the mailbox
   // (the worker drops them with Mailbox::DropJob). Thread-safe.
   void SetJob(const std::string& job_id, int num_stages, const std::string& secret);
-  // Reject every frame (the worker has no assignment). Thread-safe.
+  // Reject every frame and end every stream, as SetJob of another job
+  // (the worker has no assignment). Thread-safe.
   void ClearJob();
 
   // The bound port, and "host:port" with the host of the listen address

@@ -1,6 +1,7 @@
 // DataPlaneServer against a raw gRPC client on loopback: a stream whose
 // sender runs beyond the mailbox's run-ahead window is held (backpressure),
-// not refused, and every way a hold can end; the byte limit still refuses.
+// not refused, and every way a hold can end; the byte limit still refuses;
+// a job change ends the old job's streams.
 // Every wait is on a condition (Mailbox::AwaitHeld, a Take, a stream read).
 #include "worker/transport/data_plane_server.h"
 
@@ -24,6 +25,9 @@ constexpr char kJob[] = "j-1";
 constexpr char kSecret[] = "5ecre7-of-j-1";
 // The receiving stage is at this iteration; run-ahead 2 ends its window at 9.
 constexpr int64_t kStageIteration = 7;
+// For streams the server must end: a regression shows as their deadline,
+// within the test's timeout.
+constexpr absl::Duration kEndPatience = absl::Seconds(20);
 
 using FrameStream = grpc::ClientReaderWriter<v1::TensorFrame, v1::FrameError>;
 
@@ -58,8 +62,9 @@ class DataPlaneServerTest : public ::testing::Test {
   }
 
   // A stream proven as `stage` of the job.
-  std::unique_ptr<FrameStream> Open(grpc::ClientContext& context, int stage = 0) {
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+  std::unique_ptr<FrameStream> Open(grpc::ClientContext& context, int stage = 0,
+                                    absl::Duration patience = kPatience) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + patience));
     context.AddMetadata(kJobMetadataKey, kJob);
     context.AddMetadata(kStageMetadataKey, std::to_string(stage));
     context.AddMetadata(kProofMetadataKey, StreamProof(kSecret, kJob, stage));
@@ -222,6 +227,101 @@ TEST_F(DataPlaneServerTest, Stream_NextPlanOpenedWhileHeld_FrameRefusedAsOtherJo
   EXPECT_EQ(mailbox_->held(), 0u);
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Sends only the first frame of `wire` (cut into frames of 64 bytes): a
+// peer that stops mid-tensor, leaving the server assembling it.
+void WriteFirstFrame(FrameStream& stream, const TensorAddress& address, const WireTensor& wire) {
+  const std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(/*source_stage=*/0, address, wire, /*max_frame_bytes=*/64);
+  ASSERT_GT(frames.size(), 1u);
+  ASSERT_TRUE(stream.Write(frames[0]));
+}
+
+// The stream's end, as its sender sees it (without closing its side, as a
+// stalled peer would not). Replies come first: a frame that the server
+// handled after the job changed was refused as the old job's.
+void ExpectEndedAsOver(FrameStream& stream, const std::string& job) {
+  v1::FrameError refused;
+  while (stream.Read(&refused)) {
+    EXPECT_NE(refused.error().find("job \"" + job + "\""), std::string::npos) << refused.error();
+  }
+  const grpc::Status status = stream.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("job " + job + " is over on this worker"),
+            std::string::npos)
+      << status.error_message();
+}
+
+// A peer of an ended job that stops sending in the middle of a tensor: the
+// server ends its streams when it moves on, so the half-assembled tensors
+// (outside the mailbox's limit once their job is gone) are freed now, not
+// when the peer closes its connection. Every stream of the job goes, the
+// slots of the stage with them; the new job's streams are served.
+TEST_F(DataPlaneServerTest, SetJob_AnotherJob_EndsStalledStreamsOfTheOld) {
+  StartServer();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<FrameStream>> streams;
+  for (int i = 0; i < kMaxStreamsPerSourceStage; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(Open(*contexts.back(), 0, kEndPatience));
+    // Taken: the server runs this stream's reactor.
+    const WireTensor sent = Values(4, static_cast<float>(i));
+    Write(*streams.back(), At(kStageIteration, i), sent);
+    ExpectTaken(At(kStageIteration, i), sent);
+    WriteFirstFrame(*streams.back(), At(kStageIteration, 100 + i), Values(256, 1.f));
+  }
+
+  server_->SetJob("j-1/2", 2, "5ecre7-of-j-1/2");
+  for (auto& stream : streams) ExpectEndedAsOver(*stream, kJob);
+
+  // The next job's streams come through.
+  mailbox_->OpenJob("j-1/2", 0);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+  context.AddMetadata(kJobMetadataKey, "j-1/2");
+  context.AddMetadata(kStageMetadataKey, "0");
+  context.AddMetadata(kProofMetadataKey, StreamProof("5ecre7-of-j-1/2", "j-1/2", 0));
+  std::unique_ptr<FrameStream> next = stub_->Stream(&context);
+  const TensorAddress address{"j-1/2", 0, v1::TENSOR_KIND_ACTIVATION, 0, 1};
+  const WireTensor probe = Values(4, 9.f);
+  Write(*next, address, probe);
+  ExpectTaken(address, probe);
+  ASSERT_TRUE(next->WritesDone());
+  EXPECT_TRUE(next->Finish().ok());
+}
+
+// A held stream (its sender beyond the window) ends too, its hold given
+// back; a stream of the job that stays is untouched; ClearJob ends it.
+TEST_F(DataPlaneServerTest, SetJob_HeldStreamOfTheOldJobEnds_ClearJobEndsTheRest) {
+  StartServer();
+  grpc::ClientContext held_context;
+  std::unique_ptr<FrameStream> held = Open(held_context, 0, kEndPatience);
+  Write(*held, At(kStageIteration + 3, 1), Values(4, 1.f));
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+
+  server_->SetJob(kJob, 2, kSecret);  // The same job again: nothing ends.
+  const WireTensor sent = Values(4, 2.f);
+  grpc::ClientContext same_context;
+  std::unique_ptr<FrameStream> same = Open(same_context, 0, kEndPatience);
+  Write(*same, At(kStageIteration, 2), sent);
+  ExpectTaken(At(kStageIteration, 2), sent);
+  EXPECT_EQ(mailbox_->held(), 1u);
+
+  server_->SetJob("j-2", 2, "5ecre7-of-j-2");
+  ExpectEndedAsOver(*held, kJob);
+  EXPECT_EQ(mailbox_->held(), 0u);
+  ExpectEndedAsOver(*same, kJob);
+
+  server_->SetJob(kJob, 2, kSecret);
+  grpc::ClientContext last_context;
+  std::unique_ptr<FrameStream> last = Open(last_context, 0, kEndPatience);
+  const WireTensor admitted = Values(4, 3.f);
+  Write(*last, At(kStageIteration, 3), admitted);
+  ExpectTaken(At(kStageIteration, 3), admitted);
+  WriteFirstFrame(*last, At(kStageIteration, 4), Values(256, 4.f));
+  server_->ClearJob();
+  ExpectEndedAsOver(*last, kJob);
 }
 
 // The byte limit is not a window: a tensor over it is refused at once, and

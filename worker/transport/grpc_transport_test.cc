@@ -339,25 +339,43 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
                   Pattern({8}, 0));  // the stream is open
   // A backslash in the receiver's text reaches the job's report once: the
-  // CLI escapes what it prints, and escaping here too doubled it.
-  servers_[1]->SetJob("j\\2", 2, kJobSecret);
+  // CLI escapes what it prints, and escaping here too doubled it. (The
+  // mailbox refuses the tensor; the data plane still accepts the job, so
+  // the stream stays.)
+  mailboxes_[1]->OpenJob("j\\2", 0);
   ASSERT_TRUE(
       transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
   const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kInternal);
-  EXPECT_TRUE(Contains(reported, "wrong job \"j-1\"; this worker runs job \"j\\2\"")) << reported;
+  EXPECT_TRUE(Contains(reported, "tensor for job j-1 but this worker runs j\\2; refused"))
+      << reported;
 
   absl::Status next =
       transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
   EXPECT_EQ(next.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(Contains(next, "stage 1 (" + addresses_[1] +
                                  ") rejected a tensor sent earlier: "
-                                 "INVALID_ARGUMENT: frame of ACTIVATION of unit 1, micro-batch 0"))
+                                 "FAILED_PRECONDITION: tensor for job j-1 but this worker runs"))
       << next;
-  EXPECT_TRUE(Contains(next, "wrong job \"j-1\"")) << next;
 
   // Reported once; the stream stayed open.
-  servers_[1]->SetJob("j-1", 2, kJobSecret);
+  mailboxes_[1]->OpenJob("j-1", 7);
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
+}
+
+// The receiver moves on to another job (its next plan): the data plane ends
+// the old job's stream at once, and the sender's next Send says so instead
+// of its frames being refused one by one.
+TEST_F(GrpcTransportTest, Send_PeerMovedToAnotherJob_StreamEndsAndNextSendSaysWhy) {
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
+                  Pattern({8}, 0));  // the stream is open
+  servers_[1]->SetJob("j-1/2", 2, kJobSecret);
+  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(reported, "the peer ended the stream")) << reported;
+
+  absl::Status next =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
+  EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
+  EXPECT_TRUE(Contains(next, "job j-1 is over on this worker (it runs another job now)")) << next;
 }
 
 TEST_F(GrpcTransportTest, Recv_NeverSent_DeadlineExceededNamingPeerAndTensor) {

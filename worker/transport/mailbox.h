@@ -37,7 +37,8 @@
 // max_bytes. A tensor of a job that is no longer open (OpenJob of another,
 // DropJob, AbortJob) no longer counts: its reservation is revoked, and its
 // buffer, if its stream stalls, is memory beyond the limit until the
-// stream ends.
+// stream ends (the data plane ends the streams of a job it no longer
+// accepts: DataPlaneServer::SetJob).
 //
 // Held tensors and their wake-ups (HoldBeyondWindow):
 //

@@ -384,22 +384,27 @@ absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
   const std::vector<std::pair<int64_t, int64_t>> bounds = SegmentBounds(total, size());
   const auto [begin, end] = bounds[rank_];
   RETURN_IF_ERROR(CheckSegment(tag, segment, end - begin, total));
-  // In windows of whole messages (exchange_window_bytes): a member sends
-  // kExchangeWindowsAhead windows, then window w only once the root has
-  // granted it by taking its window w - kExchangeWindowsAhead, and the root
-  // takes the members' windows in turn. At most that many windows of each
-  // member wait at the root; sent whole, every other member's segment
-  // piled up in its mailbox while it read one (past --mailbox-limit for a
-  // large model's checkpoint). Segments of up to that many windows go as
-  // before: all sent at once, no grant.
+  // In windows of whole messages (exchange_window_bytes), which the root
+  // takes in turn (window 0 of every member, then window 1, ...), sending
+  // a member a grant (one float) for each window before it may send it,
+  // kExchangeWindowsAhead grants ahead of what it has taken: at most that
+  // many windows wait at the root at once, whatever the number of members
+  // (granting each member its own windows ahead let 2 x (N - 1) wait,
+  // past --mailbox-limit for a wide group). A gather whose other segments
+  // together fit in that many windows goes without grants: all sent at
+  // once. Every member decides alike (from total and the group).
   const int64_t chunk = FloatsIn(options_.chunk_bytes);
   const int64_t window =
       std::max<int64_t>(1, FloatsIn(options_.exchange_window_bytes) / chunk) * chunk;
   const auto windows_of = [window](int64_t len) { return (len + window - 1) / window; };
+  const int64_t root_len = bounds[root].second - bounds[root].first;
+  const bool granted = total - root_len > kExchangeWindowsAhead * window;
   if (rank_ != root) {
     const int64_t len = end - begin;
     for (int64_t w = 0; w < windows_of(len); ++w) {
-      if (w >= kExchangeWindowsAhead) {
+      if (granted) {
+        // The root takes a window of every other member between two of
+        // this member's.
         ASSIGN_OR_RETURN(const Tensor grant,
                          RecvChunk(iteration, tag, root, 1, options_.timeout * (size() - 1)));
       }
@@ -410,22 +415,35 @@ absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
   }
   Tensor all = Tensor::Uninitialized({total});  // every segment is copied in below
   std::memcpy(all.data() + begin, segment.data(), static_cast<size_t>(end - begin) * sizeof(float));
+  // The windows in the order the root takes them: (member, window).
+  std::vector<std::pair<int, int64_t>> order;
   int64_t most = 0;
   for (const auto& [first, last] : bounds) most = std::max(most, windows_of(last - first));
   for (int64_t w = 0; w < most; ++w) {
     for (int m = 0; m < size(); ++m) {
-      const int64_t len = bounds[m].second - bounds[m].first;
-      if (m == root || w >= windows_of(len)) continue;
-      RETURN_IF_ERROR(RecvRange(iteration, tag, m, all.data(), bounds[m].first + w * window,
-                                bounds[m].first + std::min(len, (w + 1) * window),
-                                /*add=*/false, chunk));
-      if (w + kExchangeWindowsAhead < windows_of(len)) {
-        // A float, for the transport; not counted in sent_bytes (no data).
-        const absl::Status granted = transport_->SendOwned(
-            group_.members[m], Address(iteration, tag, send_seq_[m]++), Tensor::Zeros({1}));
-        if (!granted.ok()) return Annotate(granted, Describe(tag));
-      }
+      if (m != root && w < windows_of(bounds[m].second - bounds[m].first)) order.push_back({m, w});
     }
+  }
+  size_t grants_sent = 0;
+  // Grants the windows of `order` before index `upto`.
+  const auto grant_before = [&](size_t upto) -> absl::Status {
+    if (!granted) return absl::OkStatus();
+    for (; grants_sent < std::min(upto, order.size()); ++grants_sent) {
+      const int m = order[grants_sent].first;
+      // A float, for the transport; not counted in sent_bytes (no data).
+      const absl::Status sent = transport_->SendOwned(
+          group_.members[m], Address(iteration, tag, send_seq_[m]++), Tensor::Zeros({1}));
+      if (!sent.ok()) return Annotate(sent, Describe(tag));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(grant_before(kExchangeWindowsAhead));
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto [m, w] = order[i];
+    const int64_t first = bounds[m].first, len = bounds[m].second - first;
+    RETURN_IF_ERROR(RecvRange(iteration, tag, m, all.data(), first + w * window,
+                              first + std::min(len, (w + 1) * window), /*add=*/false, chunk));
+    RETURN_IF_ERROR(grant_before(i + 1 + kExchangeWindowsAhead));
   }
   return all;
 }

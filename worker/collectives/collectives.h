@@ -123,8 +123,12 @@ class Collectives {
   // and nothing else moves but the grants below: for what only one member needs (a checkpoint's
   // unsplit tensors), where AllGather would give each member all of it.
   // In windows, as recursive doubling's exchange (exchange_window_bytes):
-  // at most kExchangeWindowsAhead windows of each member wait at the root,
-  // which grants each further window with a one-float message. A member
+  // at most kExchangeWindowsAhead windows wait at the root at once, all
+  // members together, so a wide group's gather stays within the root's
+  // --mailbox-limit. Unless the other members' segments fit in that many
+  // windows (then all are sent at once), the root grants every window with
+  // a one-float message before it is sent, that many ahead of the one it
+  // takes, taking window 0 of every member, then window 1, ... A member
   // waits for a grant up to timeout x (N - 1): the root takes a window of
   // every other member in between.
   absl::StatusOr<Tensor> Gather(int64_t iteration, int tag, int root, const Tensor& segment,

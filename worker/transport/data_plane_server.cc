@@ -133,7 +133,7 @@ class StreamShared {
       std::make_shared<const AcceptedJob>();
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
   // The admitted reactors not yet deleted, with their job; `pins`: calls of
-  // EndStreamsOfOtherJobs under way on it; `done`: its OnDone ran.
+  // SetJob under way on it; `done`: its OnDone ran.
   struct LiveStream {
     std::string job_id;
     int pins = 0;
@@ -421,11 +421,12 @@ class FrameStreamReactor final : public StreamReactor {
   Next NextLocked(bool read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Next next;
     next.read = read && !ending_;
+    if (next.read) ++reads_starting_;
     if (writing_ || finished_) return next;
     if (!outbox_.empty()) {
       writing_ = true;
       next.write = &outbox_.front();  // deque::push_back keeps it in place.
-    } else if ((reads_done_ || ending_) && hold_ == 0) {
+    } else if ((reads_done_ || ending_) && hold_ == 0 && reads_starting_ == 0) {
       finished_ = true;
       next.finish = true;
       next.status = finish_status_;
@@ -433,12 +434,26 @@ class FrameStreamReactor final : public StreamReactor {
     return next;
   }
 
-  // A read and Finish never go together (Finish needs reads done, or the
-  // stream ending, which starts no read), so nothing can delete `this`
-  // before the last operation here is started.
+  // A read and Finish never go together, so nothing can delete `this`
+  // before the last operation here is started: Finish needs reads done,
+  // or the stream ending, and no read decided (reads_starting_) but not
+  // yet started. A read decided just before EndForJobChange (on a
+  // reaction's or a wake's thread) is started first, and the Finish that
+  // EndForJobChange had to leave follows it here; the started read keeps
+  // OnDone away until then.
   void Run(const Next& next) {
     if (next.write != nullptr) StartWrite(next.write);
-    if (next.read) StartRead(&incoming_);
+    if (next.read) {
+      StartRead(&incoming_);
+      Next after;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        --reads_starting_;
+        after = NextLocked(/*read=*/false);
+      }
+      Run(after);  // Never a read: at most the Finish of an ending stream.
+      return;
+    }
     if (next.finish) {
       shared_->ReleaseStreamSlot(job_id_, source_stage_);
       Finish(next.status);  // Last: OnDone may follow at once.
@@ -464,6 +479,8 @@ class FrameStreamReactor final : public StreamReactor {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran.
   bool ending_ ABSL_GUARDED_BY(mu_) = false;     // EndForJobChange ran.
+  // Reads NextLocked decided that Run has not started yet.
+  int reads_starting_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);  // OK unless ending_
   // The mailbox's ticket for the held frame_; 0 when none is held.
   int64_t hold_ ABSL_GUARDED_BY(mu_) = 0;

@@ -90,6 +90,27 @@ class DataPlaneServerTest : public ::testing::Test {
     EXPECT_EQ(got->tensor.ToVector(), sent.tensor.ToVector()) << address.DebugString();
   }
 
+  // The streams of stage 0, every one it may hold open at once.
+  struct AdmittedStreams {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;  // Outlive their streams.
+    std::vector<std::unique_ptr<FrameStream>> streams;
+  };
+
+  // Opens kMaxStreamsPerSourceStage streams of stage 0, each delivering
+  // tensor i of kStageIteration: taken, so the server runs its reactor and
+  // the stream holds its slot.
+  AdmittedStreams OpenAdmittedStreams(absl::Duration patience = kPatience) {
+    AdmittedStreams admitted;
+    for (int i = 0; i < kMaxStreamsPerSourceStage; ++i) {
+      admitted.contexts.push_back(std::make_unique<grpc::ClientContext>());
+      admitted.streams.push_back(Open(*admitted.contexts.back(), 0, patience));
+      const WireTensor sent = Values(4, static_cast<float>(i));
+      Write(*admitted.streams.back(), At(kStageIteration, i), sent);
+      ExpectTaken(At(kStageIteration, i), sent);
+    }
+    return admitted;
+  }
+
   // The stream's next FrameError.
   static std::string NextError(FrameStream& stream) {
     v1::FrameError error;
@@ -260,16 +281,10 @@ void ExpectEndedAsOver(FrameStream& stream, const std::string& job) {
 // slots of the stage with them; the new job's streams are served.
 TEST_F(DataPlaneServerTest, SetJob_AnotherJob_EndsStalledStreamsOfTheOld) {
   StartServer();
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<FrameStream>> streams;
-  for (int i = 0; i < kMaxStreamsPerSourceStage; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    streams.push_back(Open(*contexts.back(), 0, kEndPatience));
-    // Taken: the server runs this stream's reactor.
-    const WireTensor sent = Values(4, static_cast<float>(i));
-    Write(*streams.back(), At(kStageIteration, i), sent);
-    ExpectTaken(At(kStageIteration, i), sent);
-    WriteFirstFrame(*streams.back(), At(kStageIteration, 100 + i), Values(256, 1.f));
+  AdmittedStreams admitted = OpenAdmittedStreams(kEndPatience);
+  std::vector<std::unique_ptr<FrameStream>>& streams = admitted.streams;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    WriteFirstFrame(*streams[i], At(kStageIteration, 100 + static_cast<int>(i)), Values(256, 1.f));
   }
 
   server_->SetJob("j-1/2", 2, "5ecre7-of-j-1/2");
@@ -369,16 +384,8 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
 // gives its slot back before its sender sees it end.
 TEST_F(DataPlaneServerTest, Stream_PastTheStreamsOfAStage_ResourceExhaustedUntilOneEnds) {
   StartServer();
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<FrameStream>> streams;
-  for (int i = 0; i < kMaxStreamsPerSourceStage; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    streams.push_back(Open(*contexts.back()));
-    // Taken: the server runs this stream's reactor, so holds its slot.
-    const WireTensor sent = Values(4, static_cast<float>(i));
-    Write(*streams.back(), At(kStageIteration, i), sent);
-    ExpectTaken(At(kStageIteration, i), sent);
-  }
+  AdmittedStreams admitted = OpenAdmittedStreams();
+  std::vector<std::unique_ptr<FrameStream>>& streams = admitted.streams;
   {
     grpc::ClientContext context;
     std::unique_ptr<FrameStream> refused = Open(context);

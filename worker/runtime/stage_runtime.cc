@@ -129,11 +129,12 @@ absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
 }
 
 // `status` (if an error) prefixed with the send it belongs to.
-absl::Status NameSend(const absl::Status& status, const v1::Instruction::Send& s,
+// `peer`: StageRuntime::StageName of the send's peer.
+absl::Status NameSend(const absl::Status& status, const std::string& peer,
                       const TensorAddress& address) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(), " to stage ",
-                                                  s.peer_stage(), ": ", status.message()));
+  return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(), " to ", peer,
+                                                  ": ", status.message()));
 }
 
 // Takes map[key] out of `m`; INTERNAL naming `what` when absent.
@@ -586,7 +587,7 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
     absl::StrAppend(&measured, c == 0 ? "" : "; ", tuner_->candidates()[c].ToString(), ": ",
                     absl::SixDigits(summed[c]), " s");
   }
-  PT_LOG(INFO) << "stage " << setup_.stage << ": tensor partitions measured over "
+  PT_LOG(INFO) << OwnStageName() << ": tensor partitions measured over "
                << setup_.tensor_partition_tune_steps << " steps each (compute seconds summed over "
                << setup_.tensor_parallel << " ranks): " << measured << "; keeping "
                << tuner_->candidates()[chosen].ToString();
@@ -1110,7 +1111,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
       return WithFailedSends(
           WithFailedSends(
               absl::Status(status.code(),
-                           absl::StrCat("stage ", setup_.stage, ", iteration ", iteration, ", '",
+                           absl::StrCat(OwnStageName(), ", iteration ", iteration, ", '",
                                         DescribeInstruction(in), "': ", status.message())),
               sends),
           all_reduces);
@@ -1119,8 +1120,8 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   }
   absl::Status sent = DrainSends(&result);
   if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage, ", iteration ", iteration,
-                                                  ": ", sent.message()));
+    return absl::Status(
+        sent.code(), absl::StrCat(OwnStageName(), ", iteration ", iteration, ": ", sent.message()));
   }
   if (tp_comm_) {
     // The units' all-reduces over this stage's tensor ranks.
@@ -1151,8 +1152,8 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   if (tuner_) {
     absl::Status tuned = TunePartitions(iteration, &result);
     if (!tuned.ok()) {
-      return absl::Status(tuned.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
-                                                     iteration, ": ", tuned.message()));
+      return absl::Status(tuned.code(), absl::StrCat(OwnStageName(), ", iteration ", iteration,
+                                                     ": ", tuned.message()));
     }
   }
   for (const auto& [mb, loss] : losses_) {
@@ -1166,8 +1167,8 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   if (setup_.replicas > 1 && runs_head_forward) {
     absl::Status gathered = GatherReplicaLosses(iteration, &result);
     if (!gathered.ok()) {
-      return absl::Status(gathered.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
-                                                        iteration, ": ", gathered.message()));
+      return absl::Status(gathered.code(), absl::StrCat(OwnStageName(), ", iteration ", iteration,
+                                                        ": ", gathered.message()));
     }
   }
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
@@ -1338,13 +1339,23 @@ absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
   return absl::OkStatus();
 }
 
+std::string StageRuntime::StageName(int stage) const {
+  std::string name = absl::StrCat("stage ", GlobalStage(stage));
+  if (setup_.replicas == 1 && setup_.tensor_parallel == 1) return name;
+  std::string layout = setup_.replicas > 1
+                           ? absl::StrCat("replica ", setup_.replica, "'s stage ", stage)
+                           : absl::StrCat("stage ", stage);
+  if (setup_.tensor_parallel > 1) absl::StrAppend(&layout, ", tensor rank ", setup_.tensor_rank);
+  return absl::StrCat(name, " (", layout, ")");
+}
+
 absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };  // as RunIteration
   const auto& instructions = setup_.eval_program.instructions();
   if (instructions.empty()) return std::optional<float>();
   if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stage ", setup_.stage, ": validation needs a dataset with a validation split"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(OwnStageName(), ": validation needs a dataset with a validation split"));
   }
   eval_windows_ = std::min<int64_t>(setup_.train.eval_windows, dataset_->num_val_windows());
   eval_activations_.clear();
@@ -1370,16 +1381,15 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     if (!status.ok()) {
       return WithFailedSends(
           absl::Status(status.code(),
-                       absl::StrCat("stage ", setup_.stage, ", validation after step ", after_step,
-                                    ", '", DescribeInstruction(in), "': ", status.message())),
+                       absl::StrCat(OwnStageName(), ", validation after step ", after_step, ", '",
+                                    DescribeInstruction(in), "': ", status.message())),
           DrainSends(nullptr));
     }
   }
   absl::Status sent = DrainSends(nullptr);
   if (!sent.ok()) {
-    return absl::Status(sent.code(),
-                        absl::StrCat("stage ", setup_.stage, ", validation after step ", after_step,
-                                     ": ", sent.message()));
+    return absl::Status(sent.code(), absl::StrCat(OwnStageName(), ", validation after step ",
+                                                  after_step, ": ", sent.message()));
   }
   if (!eval_has_loss_) return std::optional<float>();
   return std::optional<float>(static_cast<float>(eval_weighted_loss_ / eval_windows_));
@@ -1489,8 +1499,8 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   if (s.path() == v1::LINK_PATH_DEVICE) {
     // Device to device, in program order (the peer receives in the same
     // order): queued here, behind the work that made the tensor.
-    RETURN_IF_ERROR(
-        NameSend(setup_.device_channel->Send(GlobalStage(s.peer_stage()), tensor), s, address));
+    RETURN_IF_ERROR(NameSend(setup_.device_channel->Send(GlobalStage(s.peer_stage()), tensor),
+                             StageName(s.peer_stage()), address));
     CountDeviceTransfer(tensor, &device_sent_stats_[link]);
     return absl::OkStatus();
   }
@@ -1507,12 +1517,12 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       return sends_.Enqueue(
           [this, &s, link, wire = std::move(wire), seconds, address]() -> absl::Status {
             CountTransfer(wire, seconds, &sent_stats_[link]);
-            return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire), s,
-                            address);
+            return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire),
+                            StageName(s.peer_stage()), address);
           });
     }
     if (payload.status().code() != absl::StatusCode::kUnimplemented) {
-      return NameSend(payload.status(), s, address);
+      return NameSend(payload.status(), StageName(s.peer_stage()), address);
     }
   }
   // The wire carries host tensors: the copy starts now (behind the work that
@@ -1527,7 +1537,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
           host = Tensor();  // A raw wire's handle is then the copy's only one: no second copy.
           return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
         }();
-        return NameSend(status, s, address);
+        return NameSend(status, StageName(s.peer_stage()), address);
       });
 }
 
@@ -1564,7 +1574,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     expected = {EvalCount(key.micro_batch()), setup_.train.seq_len, m.d_model};
   }
   if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
-  const std::string what = absl::StrCat(address.DebugString(), " from stage ", r.peer_stage());
+  const std::string what = absl::StrCat(address.DebugString(), " from ", StageName(r.peer_stage()));
   LinkStats& link = result->received[{r.peer_stage(), EnumShortName(key.kind())}];
   if (r.path() == v1::LINK_PATH_DEVICE) {
     absl::StatusOr<Tensor> t = setup_.device_channel->Recv(GlobalStage(r.peer_stage()), expected);

@@ -462,6 +462,15 @@ class StageRuntime {
     return (replica * setup_.num_stages + stage) * setup_.tensor_parallel + setup_.tensor_rank;
   }
   int GlobalStage(int stage) const { return GlobalWorker(setup_.replica, stage); }
+  // How messages name this replica's stage `stage` (at this tensor rank):
+  // by the transport's number, which the transport's own errors and the
+  // coordinator's "[stages: N=worker, ...]" list use too, with the
+  // replica's stage and the tensor rank after it when they differ from it:
+  // "stage 1" without data or tensor parallelism, else e.g. "stage 4
+  // (replica 1's stage 1)" or "stage 11 (replica 1's stage 2, tensor rank
+  // 1)". So one message never numbers stages two ways.
+  std::string StageName(int stage) const;
+  std::string OwnStageName() const { return StageName(setup_.stage); }
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;

@@ -146,8 +146,8 @@ TEST(StageRuntimeBackendErrorTest, BackendErrorWithAllReducesQueued_DrainsAndNam
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
   EXPECT_TRUE(absl::StrContains(result.status().message(),
-                                "stage 0, iteration 0, 'backward [0, 6) mb 1': an illegal memory "
-                                "access; also failed: "))
+                                "stage 0 (replica 0's stage 0), iteration 0, 'backward [0, 6) "
+                                "mb 1': an illegal memory access; also failed: "))
       << result.status();
   EXPECT_TRUE(absl::StrContains(result.status().message(), "replica 1 is gone")) << result.status();
 }

@@ -18,7 +18,8 @@ namespace {
 // Refuses every send with UNAVAILABLE and counts the calls; receives nothing.
 class RefusingTransport : public Transport {
  public:
-  int stage() const override { return 0; }
+  explicit RefusingTransport(int stage = 0) : stage_(stage) {}
+  int stage() const override { return stage_; }
   absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor&) override {
     AnnotatedMutexLock lock(&mu_);
     ++sends_;
@@ -33,6 +34,7 @@ class RefusingTransport : public Transport {
   }
 
  private:
+  const int stage_;
   mutable AnnotatedMutex mu_;
   int sends_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -91,6 +93,36 @@ TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSends
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "micro-batch 0, iteration 1")) << status;
   EXPECT_EQ(transport.sends(), 2);
+}
+
+// With data parallelism the transport numbers stages across replicas
+// (replica 1's stage 0 is its stage 2): the message numbers every stage as
+// the transport does, so its own reason ("stage 3 is gone") and the
+// coordinator's list of which worker runs each stage read alike, with the
+// replica's own numbering beside it.
+TEST(StageRuntimeSendTest, RefusedSend_OfASecondReplica_NamesStagesAsTheTransportDoes) {
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  v1::Program program;
+  *program.add_instructions() = ForwardOf(0);
+  *program.add_instructions() = SendOf(0);
+  v1::UnitRange units;
+  units.set_begin(0);
+  units.set_end(2);
+  StageSetup setup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
+  setup.replica = 1;
+  setup.replicas = 2;
+  RefusingTransport transport(/*stage=*/2);
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+
+  const absl::Status status = (*runtime)->RunIteration(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), "stage 2 (replica 1's stage 0), iteration 0"))
+      << status;
+  EXPECT_TRUE(
+      absl::StrContains(status.message(), "to stage 3 (replica 1's stage 1): stage 3 is gone"))
+      << status;
 }
 
 }  // namespace

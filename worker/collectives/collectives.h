@@ -130,7 +130,9 @@ class Collectives {
   // a one-float message before it is sent, that many ahead of the one it
   // takes, taking window 0 of every member, then window 1, ... A member
   // waits for a grant up to timeout x (N - 1): the root takes a window of
-  // every other member in between.
+  // every other member in between. So with grants even a member whose own
+  // segment is small waits for the root to reach this Gather: a root that
+  // comes later than that fails the members with DEADLINE_EXCEEDED.
   absl::StatusOr<Tensor> Gather(int64_t iteration, int tag, int root, const Tensor& segment,
                                 int64_t total);
   // data <- root's data (rank `root`), in place.

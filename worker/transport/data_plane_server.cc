@@ -189,7 +189,17 @@ class FrameStreamReactor final : public StreamReactor {
         assembler_(kDefaultMaxTensorBytes,
                    [pool = shared_->pool()](const Shape& shape) { return pool->Take(shape); }) {}
 
-  void Start() { StartRead(&incoming_); }
+  // The first read, unless a job change ended the stream since its
+  // admission (Finish is then its only operation): counted as every read
+  // is (NextLocked), so no read can follow an ending stream's Finish.
+  void Start() {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      next = NextLocked(/*read=*/true);
+    }
+    Run(next);
+  }
 
   const std::string& job_id() const { return job_id_; }
 
@@ -211,6 +221,10 @@ class FrameStreamReactor final : public StreamReactor {
                        now.empty() ? " (it runs no job now)" : " (it runs another job now)",
                        "; stream ended"));
       if (hold_ != 0 && shared_->mailbox()->CancelHold(hold_)) hold_ = 0;
+      // The tensor being assembled goes now, not at OnDone: a peer that
+      // reads no replies can leave the reply being written unfinished, and
+      // so this stream's Finish, for as long as it likes.
+      assembler_.Abandon();
       // Replies not yet written go: the stream ends (the one being written
       // stays until its OnWriteDone).
       outbox_.resize(writing_ ? 1 : 0);

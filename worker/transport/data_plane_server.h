@@ -31,7 +31,8 @@
 // thread whose Mailbox::Take moved the window, and reading resumes. A hold
 // also ends when the mailbox opens a job, drops or aborts the frame's job,
 // or shuts down (the frame is then handled, so refused if it must be), or
-// when the stream is cancelled (the frame is dropped and the stream ends).
+// when the stream is cancelled or the server moves to another job (SetJob,
+// ClearJob: the frame is dropped and the stream ends).
 //
 // Per stream: frames are processed in the read reaction that delivered them
 // (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits

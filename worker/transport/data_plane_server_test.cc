@@ -288,6 +288,9 @@ TEST_F(DataPlaneServerTest, SetJob_AnotherJob_EndsStalledStreamsOfTheOld) {
   }
 
   server_->SetJob("j-1/2", 2, "5ecre7-of-j-1/2");
+  // The half-assembled tensors went within SetJob, not when (or whether)
+  // the peers let their streams finish.
+  EXPECT_EQ(mailbox_->reserved(), 0);
   for (auto& stream : streams) ExpectEndedAsOver(*stream, kJob);
 
   // The next job's streams come through.

@@ -160,6 +160,13 @@ class FrameAssembler {
   // True between the first and the last frame of a tensor (and only then
   // does the assembler hold a reservation).
   bool in_progress() const { return partial_.has_value(); }
+  // Drops the incomplete tensor, if any, and gives back its reservation
+  // now, for a stream that ends without reading further (a job change).
+  // Later frames of the tensor are rejected (offset past 0 of no tensor).
+  void Abandon() {
+    partial_.reset();
+    interrupted_.reset();
+  }
   // After the last Accept rejected a frame: the incomplete tensor (its
   // source stage and address) that frame interrupted and so dropped, whose
   // receiver should hear of it as of the rejected one; empty otherwise.

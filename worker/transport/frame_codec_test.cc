@@ -606,6 +606,23 @@ TEST(FrameCodecTest, Accept_PartialAbandoned_ReservationGivenBack) {
   EXPECT_EQ(mailbox.bytes(), 0);
 }
 
+// Abandon (a stream ending on a job change) frees the incomplete tensor at
+// once, its stream still open; what follows of it is refused.
+TEST(FrameCodecTest, Abandon_PartialTensor_ReservationGivenBackAtOnce) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 600});
+  const std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({4, 25})), 64);  // 400 bytes
+  FrameAssembler stream;
+  ASSERT_TRUE(stream.Accept(frames[0], kJob, ReserveIn(mailbox)).ok());
+  EXPECT_EQ(mailbox.reserved(), 400);
+  stream.Abandon();
+  EXPECT_FALSE(stream.in_progress());
+  EXPECT_EQ(mailbox.reserved(), 0);
+  EXPECT_EQ(stream.Accept(frames[1], kJob, ReserveIn(mailbox)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mailbox.reserved(), 0);
+}
+
 TEST(FrameCodecTest, CheckSendable_GoodRawAndEncoded_Ok) {
   EXPECT_TRUE(CheckSendable(WireTensor::Raw(Ramp({3})), "t").ok());
   EXPECT_TRUE(CheckSendable(Encoded("piecewise:bits=3", {3}), "t").ok());

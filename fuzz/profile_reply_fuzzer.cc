@@ -164,6 +164,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const std::string key = ProfileKey(request, DeviceKind(device));
   const std::optional<v1::ModelProfile> cached = jobs.profiles().Get(key);
+  // The profile is stored on the manager's io queue, off its lock: read
+  // the store once that is done (without, this raced the store's write).
+  jobs.FlushIo();
   absl::StatusOr<std::map<std::string, v1::ModelProfile>> saved = state.LoadProfiles();
   if (!saved.ok()) __builtin_trap();
   // The reply's known fields: unknown ones are not kept (job_manager_profiling.cc).

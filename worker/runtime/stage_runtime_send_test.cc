@@ -56,19 +56,23 @@ v1::Instruction SendOf(int mb) {
   return in;
 }
 
-TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSendsDropped) {
-  const TrainConfig c = testing::SmallConfig();
-  const Dataset data = testing::MakeDataset();
+// Stage 0 of 2 over units 0-1 (embed, attn_0) of the 2-layer model,
+// running the forward pass and the send of micro-batches 0 .. count - 1.
+StageSetup ForwardAndSendStage(const TrainConfig& c, int count) {
   v1::Program program;
-  *program.add_instructions() = ForwardOf(0);
-  *program.add_instructions() = SendOf(0);
-  *program.add_instructions() = ForwardOf(1);
-  *program.add_instructions() = SendOf(1);
+  for (int mb = 0; mb < count; ++mb) {
+    *program.add_instructions() = ForwardOf(mb);
+    *program.add_instructions() = SendOf(mb);
+  }
   v1::UnitRange units;
   units.set_begin(0);
   units.set_end(2);
-  // Units 0-1 (embed, attn_0) of the 2-layer model.
-  StageSetup setup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
+  return StageSetup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
+}
+
+TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSendsDropped) {
+  const Dataset data = testing::MakeDataset();
+  const StageSetup setup = ForwardAndSendStage(testing::SmallConfig(), 2);
   RefusingTransport transport;
   auto runtime = StageRuntime::Create(setup, &data, &transport);
   ASSERT_TRUE(runtime.ok()) << runtime.status();
@@ -101,15 +105,8 @@ TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSends
 // coordinator's list of which worker runs each stage read alike, with the
 // replica's own numbering beside it.
 TEST(StageRuntimeSendTest, RefusedSend_OfASecondReplica_NamesStagesAsTheTransportDoes) {
-  const TrainConfig c = testing::SmallConfig();
   const Dataset data = testing::MakeDataset();
-  v1::Program program;
-  *program.add_instructions() = ForwardOf(0);
-  *program.add_instructions() = SendOf(0);
-  v1::UnitRange units;
-  units.set_begin(0);
-  units.set_end(2);
-  StageSetup setup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
+  StageSetup setup = ForwardAndSendStage(testing::SmallConfig(), 1);
   setup.replica = 1;
   setup.replicas = 2;
   RefusingTransport transport(/*stage=*/2);

@@ -128,15 +128,6 @@ absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
                       absl::StrCat(failed.message(), "; also failed: ", sends.message()));
 }
 
-// `status` (if an error) prefixed with the send it belongs to.
-// `peer`: StageRuntime::StageName of the send's peer.
-absl::Status NameSend(const absl::Status& status, const std::string& peer,
-                      const TensorAddress& address) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(), " to ", peer,
-                                                  ": ", status.message()));
-}
-
 // Takes map[key] out of `m`; INTERNAL naming `what` when absent.
 absl::StatusOr<Tensor> TakeFrom(std::map<int, Tensor>& m, int key, const std::string& what) {
   auto it = m.find(key);
@@ -1349,6 +1340,13 @@ std::string StageRuntime::StageName(int stage) const {
   return absl::StrCat(name, " (", layout, ")");
 }
 
+absl::Status StageRuntime::NameSend(const absl::Status& status, int peer_stage,
+                                    const TensorAddress& address) const {
+  if (status.ok()) return status;  // Named only when failed: sends are many.
+  return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(), " to ",
+                                                  StageName(peer_stage), ": ", status.message()));
+}
+
 absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };  // as RunIteration
   const auto& instructions = setup_.eval_program.instructions();
@@ -1500,7 +1498,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     // Device to device, in program order (the peer receives in the same
     // order): queued here, behind the work that made the tensor.
     RETURN_IF_ERROR(NameSend(setup_.device_channel->Send(GlobalStage(s.peer_stage()), tensor),
-                             StageName(s.peer_stage()), address));
+                             s.peer_stage(), address));
     CountDeviceTransfer(tensor, &device_sent_stats_[link]);
     return absl::OkStatus();
   }
@@ -1518,11 +1516,11 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
           [this, &s, link, wire = std::move(wire), seconds, address]() -> absl::Status {
             CountTransfer(wire, seconds, &sent_stats_[link]);
             return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire),
-                            StageName(s.peer_stage()), address);
+                            s.peer_stage(), address);
           });
     }
     if (payload.status().code() != absl::StatusCode::kUnimplemented) {
-      return NameSend(payload.status(), StageName(s.peer_stage()), address);
+      return NameSend(payload.status(), s.peer_stage(), address);
     }
   }
   // The wire carries host tensors: the copy starts now (behind the work that
@@ -1537,7 +1535,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
           host = Tensor();  // A raw wire's handle is then the copy's only one: no second copy.
           return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
         }();
-        return NameSend(status, StageName(s.peer_stage()), address);
+        return NameSend(status, s.peer_stage(), address);
       });
 }
 

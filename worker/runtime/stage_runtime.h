@@ -471,6 +471,10 @@ class StageRuntime {
   // 1)". So one message never numbers stages two ways.
   std::string StageName(int stage) const;
   std::string OwnStageName() const { return StageName(setup_.stage); }
+  // `status` (if an error) prefixed with the send it belongs to, its peer
+  // (this replica's stage `peer_stage`) named by StageName.
+  absl::Status NameSend(const absl::Status& status, int peer_stage,
+                        const TensorAddress& address) const;
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;

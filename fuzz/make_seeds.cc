@@ -477,7 +477,8 @@ void UnitCheckpointSeeds(const std::string& dir) {
   constexpr int64_t kStep = 3;
   // Every unit with its moments; the attention unit also with two
   // replicas' error feedback and PowerSGD warm starts (whole and per
-  // rank), the MLP unit with a pipeline link's warm start.
+  // rank), the MLP unit with a pipeline link's warm start and the
+  // partition counts its stage measured.
   std::vector<UnitState> units;
   for (int u = 0; u < NumUnits(identity.model); ++u) {
     UnitState state;
@@ -499,6 +500,9 @@ void UnitCheckpointSeeds(const std::string& dir) {
   attn.warm_q_ranks.push_back({attn.values[4].name, Ramp({2, 8, 2})});  // c_proj.weight
   units[2].link_warm_q.push_back(
       LinkWarmStart{0, 1, v1::TENSOR_KIND_ACTIVATION_GRAD, 2, Ramp({8, 2})});
+  // The MLP unit is also a stage's first backward unit that measured its
+  // AccTFM partition counts (units 1-3 forward, 2-4 backward, T 2, 4 samples).
+  units[2].tuned_partitions = TunedPartitions{2, 4, 1, 3, 2, 4, {1, 2, 4, 1}, {1, 1, 2, 1}};
   // A checkpoint before the first optimizer step: weights only.
   UnitState fresh = units[0];
   fresh.m.clear();

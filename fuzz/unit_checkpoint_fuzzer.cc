@@ -24,7 +24,9 @@
 //  - a unit file that loads holds exactly the unit's parameters, in order,
 //    with their shapes (and moments of the same, when asked for after a
 //    step), error feedback of every replica in 1..1024 of the parameters'
-//    shapes, warm starts within the bounds unit_checkpoint.h documents, and
+//    shapes, warm starts and measured partition counts within the bounds
+//    unit_checkpoint.h documents (the counts parse back from their own
+//    text), and
 //    every tensor's buffer holds the elements its shape declares (each is
 //    read, so ASan sees a short one);
 //  - a manifest that loads has one well-formed entry per unit of a model
@@ -130,7 +132,8 @@ void CheckUnit(const UnitState& state, int unit, bool with_moments, int64_t step
     CheckParameters(state.m, params);
     CheckParameters(state.v, params);
   } else if (!state.m.empty() || !state.v.empty() || !state.feedback.empty() ||
-             !state.warm_q.empty() || !state.warm_q_ranks.empty() || !state.link_warm_q.empty()) {
+             !state.warm_q.empty() || !state.warm_q_ranks.empty() || !state.link_warm_q.empty() ||
+             state.tuned_partitions.has_value()) {
     __builtin_trap();  // nothing but the weights was asked for
   }
   if (state.feedback.size() > static_cast<size_t>(kMaxFeedbackReplicas)) __builtin_trap();
@@ -168,6 +171,25 @@ void CheckUnit(const UnitState& state, int unit, bool with_moments, int64_t step
       __builtin_trap();
     }
     CheckTensor(link.q);
+  }
+  if (state.tuned_partitions.has_value()) {  // as ParseTunedPartitions bounds it
+    const TunedPartitions& t = *state.tuned_partitions;
+    const int units = NumUnits(model);
+    if (t.tensor_parallel < 2 || t.tensor_parallel > 1024 || t.samples < 1 ||
+        t.samples > (1 << 20) || t.forward_begin < 0 || t.forward_begin > t.forward_end ||
+        t.forward_end > units || t.backward_begin < 0 || t.backward_begin > t.backward_end ||
+        t.backward_end > units || static_cast<int>(t.forward.size()) != units ||
+        static_cast<int>(t.backward.size()) != units) {
+      __builtin_trap();
+    }
+    for (int u = 0; u < units; ++u) {
+      for (int k : {t.forward[u], t.backward[u]}) {
+        if (k != 1 && k != 2 && k != 4) __builtin_trap();
+      }
+    }
+    // What was read is what its writer would write back.
+    absl::StatusOr<TunedPartitions> again = ParseTunedPartitions(FormatTunedPartitions(t), model);
+    if (!again.ok() || !(*again == t)) __builtin_trap();
   }
 }
 

@@ -33,6 +33,12 @@ constexpr char kWarmQRanks[] = "powersgd.q.ranks.";
 // bounds every parallelism degree of a spec).
 constexpr int64_t kMaxWarmQRanks = 1024;
 constexpr char kFeedbackReplicas[] = "feedback_replicas";
+constexpr char kTunedPartitions[] = "tuned_partitions";
+// Bounds of a recorded tuning's layout: tensor ranks (kMaxStages, the
+// bound of spec.parallelism.tensor) and samples of a micro-batch (a
+// micro-batch never holds more than the spec's batch bound).
+constexpr int64_t kMaxTunedRanks = 1024;
+constexpr int64_t kMaxTunedSamples = int64_t{1} << 20;
 constexpr char kLinkWarmQ[] = "link.q.";  // + "<replica>.<peer>.<kind>.<unit>"
 // The most peer stages a link may name (kMaxStages) and the largest rank of
 // a link's PowerSGD (kernels/compress/powersgd_codec.h).
@@ -188,6 +194,62 @@ absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
 
 }  // namespace
 
+std::string FormatTunedPartitions(const TunedPartitions& tuned) {
+  std::string out =
+      absl::StrCat(tuned.tensor_parallel, " ", tuned.samples, " ", tuned.forward_begin, " ",
+                   tuned.forward_end, " ", tuned.backward_begin, " ", tuned.backward_end);
+  for (size_t u = 0; u < tuned.forward.size() && u < tuned.backward.size(); ++u) {
+    absl::StrAppend(&out, " ", tuned.forward[u], "/", tuned.backward[u]);
+  }
+  return out;
+}
+
+absl::StatusOr<TunedPartitions> ParseTunedPartitions(absl::string_view text,
+                                                     const GptConfig& model) {
+  const int units = NumUnits(model);
+  const std::vector<absl::string_view> fields = absl::StrSplit(text, ' ');
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(kTunedPartitions, " \"", text.substr(0, 64),
+                                                   text.size() > 64 ? "..." : "", "\": ", why));
+  };
+  if (fields.size() != static_cast<size_t>(6 + units)) {
+    return bad(absl::StrCat("want 6 numbers and ", units, " forward/backward pairs"));
+  }
+  // Canonical decimals only, as FormatTunedPartitions writes them.
+  auto number = [](absl::string_view field, int64_t lo, int64_t hi, int* out) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(field, &n) || field != absl::StrCat(n) || n < lo || n > hi) return false;
+    *out = static_cast<int>(n);
+    return true;
+  };
+  TunedPartitions tuned;
+  if (!number(fields[0], 2, kMaxTunedRanks, &tuned.tensor_parallel) ||
+      !number(fields[1], 1, kMaxTunedSamples, &tuned.samples)) {
+    return bad(absl::StrCat("tensor ranks 2..", kMaxTunedRanks, " and samples 1..",
+                            kMaxTunedSamples, " first"));
+  }
+  int* bounds[] = {&tuned.forward_begin, &tuned.forward_end, &tuned.backward_begin,
+                   &tuned.backward_end};
+  for (int i = 0; i < 4; ++i) {
+    if (!number(fields[2 + i], 0, units, bounds[i])) return bad("a unit range outside the model");
+  }
+  if (tuned.forward_begin > tuned.forward_end || tuned.backward_begin > tuned.backward_end) {
+    return bad("a unit range that ends before it begins");
+  }
+  for (int u = 0; u < units; ++u) {
+    const std::vector<absl::string_view> pair = absl::StrSplit(fields[6 + u], '/');
+    int forward = 0, backward = 0;
+    const auto is_count = [](int k) { return k == 1 || k == 2 || k == 4; };
+    if (pair.size() != 2 || !number(pair[0], 1, 4, &forward) || !number(pair[1], 1, 4, &backward) ||
+        !is_count(forward) || !is_count(backward)) {
+      return bad(absl::StrCat("unit ", u, "'s counts are not <forward>/<backward> in {1, 2, 4}"));
+    }
+    tuned.forward.push_back(forward);
+    tuned.backward.push_back(backward);
+  }
+  return tuned;
+}
+
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
 std::string UnitFileName(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
@@ -227,6 +289,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     }
     for (const LinkWarmStart& link : unit.link_warm_q) {
       tensors.push_back({LinkWarmQName(link), link.q});
+    }
+    if (unit.tuned_partitions.has_value()) {
+      metadata[kTunedPartitions] = FormatTunedPartitions(*unit.tuned_partitions);
     }
     RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
@@ -389,6 +454,13 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
                        ParseLinkWarmStart(absl::string_view(t.name).substr(strlen(kLinkWarmQ)),
                                           t.tensor, identity.model, path));
       state.link_warm_q.push_back(std::move(link));
+    }
+    if (const std::string tuned = Get(meta, kTunedPartitions); !tuned.empty()) {
+      absl::StatusOr<TunedPartitions> parsed_tuning = ParseTunedPartitions(tuned, identity.model);
+      if (!parsed_tuning.ok()) {
+        return absl::DataLossError(absl::StrCat(path, ": ", parsed_tuning.status().message()));
+      }
+      state.tuned_partitions = *std::move(parsed_tuning);
     }
   }
   return state;

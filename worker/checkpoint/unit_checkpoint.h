@@ -24,6 +24,11 @@
 // file of its first backward unit: "link.q.<replica>.<peer>.<kind>.<unit>",
 // [cols, rank], replica r's Q of its sends to stage <peer> of tensor kind
 // <kind> (v1::TensorKind's number) of unit <unit> (LinkCompressor's key).
+// A tensor-parallel stage that measured its AccTFM partition counts
+// (worker/runtime/partition_tuner.h) records its choice in that file's
+// metadata too, as tuned_partitions (TunedPartitions, FormatTunedPartitions),
+// so that the stage resumed on the same layout runs the same counts instead
+// of measuring again.
 // Because a file holds one unit whatever the plan was, a checkpoint loads
 // under any other plan: a re-plan needs no resharding.
 //
@@ -40,10 +45,12 @@
 #define PIPETRAIN_WORKER_CHECKPOINT_UNIT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/safetensors.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/model/gpt_config.h"
@@ -60,6 +67,35 @@ struct LinkWarmStart {
   int unit = 0;
   Tensor q;  // [cols, rank] on the host
 };
+
+// A stage's measured choice of AccTFM partition counts (PartitionTuner)
+// and the layout it was measured for: the stage's tensor ranks, the
+// samples of a micro-batch and its forward and backward unit ranges
+// [begin, end). forward[u] / backward[u]: the counts of every unit u of
+// the model (model order; 1, 2 or 4).
+struct TunedPartitions {
+  int tensor_parallel = 0;
+  int samples = 0;
+  int forward_begin = 0, forward_end = 0, backward_begin = 0, backward_end = 0;
+  std::vector<int> forward, backward;
+  bool operator==(const TunedPartitions& o) const {
+    return tensor_parallel == o.tensor_parallel && samples == o.samples &&
+           forward_begin == o.forward_begin && forward_end == o.forward_end &&
+           backward_begin == o.backward_begin && backward_end == o.backward_end &&
+           forward == o.forward && backward == o.backward;
+  }
+};
+
+// The metadata value: "<T> <samples> <forward begin> <forward end>
+// <backward begin> <backward end> <f0>/<b0> <f1>/<b1> ...", one pair per
+// unit of the model.
+std::string FormatTunedPartitions(const TunedPartitions& tuned);
+// Its inverse, for `model`: INVALID_ARGUMENT unless the text is exactly
+// that form (canonical decimals), T in 2..1024, samples in 1..2^20, each
+// range within the model's units with begin <= end, and one pair of
+// counts in {1, 2, 4} for every unit of the model.
+absl::StatusOr<TunedPartitions> ParseTunedPartitions(absl::string_view text,
+                                                     const GptConfig& model);
 
 // One unit's state on the host.
 struct UnitState {
@@ -82,6 +118,10 @@ struct UnitState {
   // The pipeline links' PowerSGD warm starts of the stage that wrote this
   // unit as its first backward one, every replica's; empty otherwise.
   std::vector<LinkWarmStart> link_warm_q;
+  // The AccTFM partition counts the stage that wrote this unit as its
+  // first backward one measured and kept; absent otherwise (it did not
+  // tune, or had not decided by the checkpoint's step).
+  std::optional<TunedPartitions> tuned_partitions;
 };
 
 // The most replicas a checkpoint's feedback may name (kMaxStages, the
@@ -141,7 +181,8 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // and at most 1024 columns of rank, per-rank ones of 2..1024 ranks and at
 // most the parameter's columns of rows, a link's warm start named with a
 // replica below kMaxFeedbackReplicas, a peer below 1024, a known tensor
-// kind and a unit of the model, [1..d_model, 1..65536], else DATA_LOSS).
+// kind and a unit of the model, [1..d_model, 1..65536], and measured
+// partition counts as ParseTunedPartitions takes them, else DATA_LOSS).
 // Every message names the file. `*optimizer_steps` (may be null) gets the
 // file's optimizer step count.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,

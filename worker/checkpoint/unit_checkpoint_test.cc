@@ -271,6 +271,74 @@ TEST_F(UnitCheckpointTest, LinkWarmStartNotSpeltCanonically_IsDataLoss) {
   EXPECT_NE(read.status().message().find("link.q.0.+1.1.1"), std::string::npos) << read.status();
 }
 
+// A stage's measured AccTFM partition counts (StageRuntime::Snapshot puts
+// them with its first backward unit) come back as written, and only with
+// the unit's moments (a forward unit loads weights alone).
+TEST_F(UnitCheckpointTest, RoundTripsTunedPartitions) {
+  UnitState state = MakeUnit(1, 1, true);
+  state.tuned_partitions = TunedPartitions{2, 4, 0, 2, 1, 3, {1, 2, 4, 1}, {1, 1, 2, 1}};
+  const v1::ResumeFrom from = Write({state, MakeUnit(2, 2, true)}, "tuned");
+  ASSERT_EQ(from.units_size(), 2);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->tuned_partitions.has_value());
+  EXPECT_TRUE(*read->tuned_partitions == *state.tuned_partitions)
+      << FormatTunedPartitions(*read->tuned_partitions);
+  read = ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->tuned_partitions.has_value());
+  read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/false, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->tuned_partitions.has_value());
+}
+
+// Recorded counts outside their bounds: DATA_LOSS naming the file and
+// what is wrong.
+TEST_F(UnitCheckpointTest, TunedPartitionsOutOfBounds_IsDataLoss) {
+  struct Case {
+    std::string what;
+    TunedPartitions tuned;
+    std::string expected;
+  };
+  const std::vector<int> ones = {1, 1, 1, 1};
+  const std::vector<Case> cases = {
+      {"one rank", {1, 4, 0, 2, 1, 3, ones, ones}, "tensor ranks 2..1024"},
+      {"ranks", {1025, 4, 0, 2, 1, 3, ones, ones}, "tensor ranks 2..1024"},
+      {"samples", {2, 0, 0, 2, 1, 3, ones, ones}, "samples 1..1048576"},
+      {"range end", {2, 4, 0, 5, 1, 3, ones, ones}, "a unit range outside the model"},
+      {"reversed", {2, 4, 0, 2, 3, 1, ones, ones}, "ends before it begins"},
+      {"count 3", {2, 4, 0, 2, 1, 3, {1, 3, 1, 1}, ones}, "unit 1's counts"},
+      {"count 8", {2, 4, 0, 2, 1, 3, ones, {1, 1, 8, 1}}, "unit 2's counts"},
+      {"units", {2, 4, 0, 2, 1, 3, {1, 1, 1}, {1, 1, 1}}, "4 forward/backward pairs"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    UnitState state = MakeUnit(1, 1, true);
+    state.tuned_partitions = c.tuned;
+    ExpectRefused(state, "bad-tuned-" + std::to_string(&c - cases.data()), c.expected);
+  }
+}
+
+// Only the writer's canonical spelling parses: a sign, a leading zero, a
+// second space or a missing count are refused.
+TEST(TunedPartitionsTest, OnlyCanonicalTextParses) {
+  const GptConfig model = TinyModel();  // 4 units
+  const std::string good = "2 4 0 2 1 3 1/1 2/1 4/2 1/1";
+  absl::StatusOr<TunedPartitions> parsed = ParseTunedPartitions(good, model);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(FormatTunedPartitions(*parsed), good);
+  for (const std::string bad :
+       {"+2 4 0 2 1 3 1/1 2/1 4/2 1/1", "2 04 0 2 1 3 1/1 2/1 4/2 1/1",
+        "2 4 0 2 1 3  1/1 2/1 4/2 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1", "2 4 0 2 1 3 1/1 2/1 4/2",
+        "2 4 0 2 1 3 1/1 2/1 4/2 1/1 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1/1/1", ""}) {
+    SCOPED_TRACE(bad);
+    const absl::Status status = ParseTunedPartitions(bad, model).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("tuned_partitions \""), std::string::npos) << status;
+  }
+}
+
 // A unit file replaced by a FIFO is refused at once (DATA_LOSS, not a
 // file), not opened until a writer comes: that wedged the worker, which
 // stayed READY and hung the next job placed on it.

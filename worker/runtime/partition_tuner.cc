@@ -69,4 +69,19 @@ int PartitionTuner::Decide(const std::vector<double>& group_totals) {
   return best;
 }
 
+void PartitionTuner::Adopt(const PartitionCandidate& choice) {
+  PT_CHECK(choice.forward.size() == candidates_[0].forward.size() &&
+           choice.backward.size() == candidates_[0].backward.size())
+      << "PartitionTuner::Adopt: wrong size";
+  for (size_t c = 0; c < candidates_.size(); ++c) {
+    if (candidates_[c] == choice) {
+      chosen_ = static_cast<int>(c);
+      return;
+    }
+  }
+  candidates_.push_back(choice);
+  totals_.push_back(0.0);
+  chosen_ = static_cast<int>(candidates_.size()) - 1;
+}
+
 }  // namespace pipetrain

@@ -69,6 +69,10 @@ class PartitionTuner {
   // Keeps the candidate with the smallest `group_totals` (one per
   // candidate), ties to the earlier; returns its index. Decided from then.
   int Decide(const std::vector<double>& group_totals);
+  // Keeps `choice` without measuring (a resumed stage's checkpointed
+  // choice, measured before on the same layout): decided from now on.
+  // Requires vectors of the planned size.
+  void Adopt(const PartitionCandidate& choice);
   bool decided() const { return chosen_ >= 0; }
   int chosen() const { return chosen_; }
   // Iterations the tuning takes (1 + candidates x steps).

@@ -73,5 +73,25 @@ TEST(PartitionTuner, Decide_TiesGoToThePlan) {
   EXPECT_EQ(tuner.Decide({1.0, 1.0, 2.0, 1.0}), 0);
 }
 
+// A resumed stage's checkpointed choice: kept at once, from the first
+// iteration, with nothing measured or decided after.
+TEST(PartitionTuner, Adopt_KeepsTheChoiceWithoutMeasuring) {
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
+  tuner.Adopt({{1, 2, 2, 1}, {1, 2, 2, 1}});  // uniform 2, a candidate
+  EXPECT_TRUE(tuner.decided());
+  EXPECT_EQ(tuner.chosen(), 2);
+  for (int64_t i : {0, 1, 5, 100}) {
+    EXPECT_EQ(tuner.CandidateFor(i).forward, (std::vector<int>{1, 2, 2, 1}));
+    EXPECT_FALSE(tuner.DecidesAfter(i));
+    tuner.Record(i, 1.0);
+  }
+  EXPECT_EQ(tuner.totals(), std::vector<double>(4, 0.0));
+  // Counts no candidate has (the plan changed since it was measured): kept too.
+  PartitionTuner other({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
+  other.Adopt({{1, 4, 1, 1}, {1, 1, 2, 1}});
+  EXPECT_EQ(other.CandidateFor(0).backward, (std::vector<int>{1, 1, 2, 1}));
+  EXPECT_EQ(other.candidates().size(), other.totals().size());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -301,6 +301,8 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
       out.collective_bytes[purpose] += bytes;
     }
     for (const auto& [phase, seconds] : phase_seconds[g]) out.phase_seconds[phase] += seconds;
+    out.last_partitions.push_back(results[g].empty() ? std::map<std::string, std::pair<int, int>>()
+                                                     : results[g].back().tensor_partitions);
   }
   for (int g = 0; g < total; ++g) {
     if (!snapshots[g].has_value()) continue;

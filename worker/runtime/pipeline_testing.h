@@ -65,6 +65,10 @@ struct RunOutput {
   // the program it ran, by runtime.
   std::vector<v1::StepTrace> traces;
   std::vector<v1::Program> programs;
+  // By runtime ((replica * stages + stage) * T + tensor rank): the AccTFM
+  // partition counts of its last iteration (IterationResult
+  // ::tensor_partitions; empty without partition tuning).
+  std::vector<std::map<std::string, std::pair<int, int>>> last_partitions;
 };
 
 // Expects `pipe` to equal `local` as data_parallel_testing.h defines it:

@@ -56,6 +56,9 @@ constexpr int kEmbeddingSyncTag = (1 << 22) + 1;
 // their pipeline links' PowerSGD warm starts.
 constexpr int kFeedbackCheckpointTag = (1 << 22) + 2;
 constexpr int kLinkWarmStartCheckpointTag = (1 << 22) + 3;
+// The replicas' sum of their partition tunings (after each one's tensor
+// ranks summed theirs under kTensorParallelTuneTag).
+constexpr int kReplicaTuneTag = (1 << 22) + 4;
 
 // Whether `program` sends a tensor through PowerSGD (a codec spec naming
 // it, alone or after token_topk): its links keep warm starts across steps.
@@ -571,6 +574,15 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
   Tensor totals = Tensor::Zeros({static_cast<int64_t>(mine.size())});
   for (size_t c = 0; c < mine.size(); ++c) totals.data()[c] = static_cast<float>(mine[c]);
   RETURN_IF_ERROR(tp_collectives_->AllReduce(iteration, kTensorParallelTuneTag, totals));
+  // And over the replicas (each the same tensor rank of its group): every
+  // replica keeps the same counts too, so a checkpoint, which replica 0
+  // writes, records the choice of all (TunedChoice).
+  if (setup_.replicas > 1) {
+    Collectives replicas(transport_, ReplicaGroup(),
+                         CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+    RETURN_IF_ERROR(replicas.status());
+    RETURN_IF_ERROR(replicas.AllReduce(iteration, kReplicaTuneTag, totals));
+  }
   const std::vector<float> summed = totals.ToVector();
   const int chosen = tuner_->Decide(std::vector<double>(summed.begin(), summed.end()));
   std::string measured;
@@ -580,9 +592,47 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
   }
   PT_LOG(INFO) << OwnStageName() << ": tensor partitions measured over "
                << setup_.tensor_partition_tune_steps << " steps each (compute seconds summed over "
-               << setup_.tensor_parallel << " ranks): " << measured << "; keeping "
-               << tuner_->candidates()[chosen].ToString();
+               << setup_.tensor_parallel * setup_.replicas << " ranks): " << measured
+               << "; keeping " << tuner_->candidates()[chosen].ToString();
   return absl::OkStatus();
+}
+
+TunedPartitions StageRuntime::TuningLayout() const {
+  TunedPartitions layout;
+  layout.tensor_parallel = setup_.tensor_parallel;
+  layout.samples = setup_.train.batch_size / setup_.train.micro_batches;
+  layout.forward_begin = setup_.forward.begin();
+  layout.forward_end = setup_.forward.end();
+  layout.backward_begin = setup_.backward.begin();
+  layout.backward_end = setup_.backward.end();
+  return layout;
+}
+
+std::optional<TunedPartitions> StageRuntime::TunedChoice() const {
+  if (!tuner_ || !tuner_->decided()) return std::nullopt;
+  TunedPartitions choice = TuningLayout();
+  const PartitionCandidate& kept = tuner_->candidates()[tuner_->chosen()];
+  choice.forward = kept.forward;
+  choice.backward = kept.backward;
+  return choice;
+}
+
+void StageRuntime::AdoptTunedChoice(const TunedPartitions& recorded) {
+  if (!tuner_ || tuner_->decided()) return;
+  TunedPartitions layout = TuningLayout();
+  layout.forward = recorded.forward;
+  layout.backward = recorded.backward;
+  if (!(recorded == layout) || static_cast<int>(recorded.forward.size()) != num_units_) {
+    PT_LOG(INFO) << OwnStageName() << ": measuring tensor partitions again: the checkpoint's ("
+                 << FormatTunedPartitions(recorded)
+                 << ") were measured for another layout than this one ("
+                 << FormatTunedPartitions(TuningLayout())
+                 << "; tensor ranks, samples per micro-batch, forward and backward units)";
+    return;
+  }
+  tuner_->Adopt(PartitionCandidate{recorded.forward, recorded.backward});
+  PT_LOG(INFO) << OwnStageName() << ": tensor partitions as measured before the checkpoint: "
+               << tuner_->candidates()[tuner_->chosen()].ToString();
 }
 
 std::vector<Parameter*> StageRuntime::parameters() const {
@@ -716,7 +766,10 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
       if (keeps) state.warm_q_ranks.push_back({p->name, std::move(ranks_q)});
     }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
-    if (u == setup_.backward.begin()) state.link_warm_q = std::move(links);
+    if (u == setup_.backward.begin()) {
+      state.link_warm_q = std::move(links);
+      state.tuned_partitions = TunedChoice();
+    }
     if (keeps) snapshot.units.push_back(std::move(state));
   }
   RETURN_IF_ERROR(setup_.backend->status());
@@ -967,6 +1020,13 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     const LinkCompressor::LinkKey key{link->peer, link->kind, link->unit};
     encoder_.SetWarmStart(key, link->q.Clone());
     device_encoder_.SetWarmStart(key, link->q.Clone());
+  }
+  // The choice this stage measured before, in its first backward unit's
+  // state: every tensor rank and replica reads the same one.
+  auto first = by_unit.find(setup_.backward.begin());
+  if (IsBackwardUnit(setup_.backward.begin()) && first != by_unit.end() &&
+      first->second->tuned_partitions.has_value()) {
+    AdoptTunedChoice(*first->second->tuned_partitions);
   }
   return setup_.backend->status();
 }

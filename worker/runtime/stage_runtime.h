@@ -310,7 +310,9 @@ class StageRuntime {
   // replicated tensors, so their warm starts agree; a 3-D cube's ranks send
   // blocks of their own, whose warm starts are not kept: Restore gives
   // them rank 0's). A stage with no backward unit has no file to keep them
-  // in. Errors: the collective's, or the backend's.
+  // in. A stage whose tuner has kept its AccTFM partition counts records
+  // them there too (UnitState::tuned_partitions; every replica and tensor
+  // rank keeps the same). Errors: the collective's, or the backend's.
   absl::StatusOr<StageSnapshot> Snapshot(int64_t step);
   // Whether every replica of this stage must call Snapshot, not only
   // replica 0: it has replicas and compresses their all-reduce, or sends
@@ -331,7 +333,12 @@ class StageRuntime {
   // warm starts in the backward units' states (UnitState::link_warm_q) of
   // the checkpoint's replica r mod its replicas go to this replica r's
   // links of the same key (peer stage, tensor kind, unit), where a link's
-  // first send takes one whose shape fits.
+  // first send takes one whose shape fits. A stage that tunes its
+  // partitions keeps the counts recorded in its first backward unit's
+  // state instead of measuring again when they were measured on this
+  // layout (tensor ranks, samples per micro-batch, forward and backward
+  // ranges), so it goes on as the run that never stopped; on another it
+  // measures again (a log line says why).
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   // The instruction running, or kBetweenSteps before the first iteration
@@ -425,6 +432,14 @@ class StageRuntime {
   // This stage's copies in every replica (at this tensor rank), in replica
   // order: the group of the data-parallel collectives.
   CollectiveGroup ReplicaGroup() const;
+  // AccTFM partition tuning in checkpoints: this stage's layout as a
+  // TunedPartitions without counts; the tuner's kept choice with it
+  // (nullopt before it decided, or without a tuner); and, at Restore,
+  // keeping a recorded choice when it was measured on this very layout
+  // (else the stage measures again, saying why).
+  TunedPartitions TuningLayout() const;
+  std::optional<TunedPartitions> TunedChoice() const;
+  void AdoptTunedChoice(const TunedPartitions& recorded);
   // The backward units' parameters (each once) that have error feedback
   // (dp_feedback_), in parameters() order: the same on every replica.
   std::vector<const Parameter*> FeedbackParameters() const;

@@ -34,9 +34,10 @@ constexpr char kWarmQRanks[] = "powersgd.q.ranks.";
 constexpr int64_t kMaxWarmQRanks = 1024;
 constexpr char kFeedbackReplicas[] = "feedback_replicas";
 constexpr char kTunedPartitions[] = "tuned_partitions";
-// Bounds of a recorded tuning's layout: tensor ranks (kMaxStages, the
-// bound of spec.parallelism.tensor) and samples of a micro-batch (a
-// micro-batch never holds more than the spec's batch bound).
+// Bounds of a recorded tuning's layout: tensor ranks (above the spec's
+// kMaxTensorParallel, 64, so that the format need not change with it: a
+// record of another T than the resuming stage's is never taken) and
+// samples of a micro-batch (no spec's batch comes near).
 constexpr int64_t kMaxTunedRanks = 1024;
 constexpr int64_t kMaxTunedSamples = int64_t{1} << 20;
 constexpr char kLinkWarmQ[] = "link.q.";  // + "<replica>.<peer>.<kind>.<unit>"
@@ -207,11 +208,17 @@ std::string FormatTunedPartitions(const TunedPartitions& tuned) {
 absl::StatusOr<TunedPartitions> ParseTunedPartitions(absl::string_view text,
                                                      const GptConfig& model) {
   const int units = NumUnits(model);
-  const std::vector<absl::string_view> fields = absl::StrSplit(text, ' ');
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(kTunedPartitions, " \"", text.substr(0, 64),
                                                    text.size() > 64 ? "..." : "", "\": ", why));
   };
+  // The longest text FormatTunedPartitions writes for this model (6
+  // numbers of at most 7 digits, then "4/4" per unit, space-separated),
+  // checked before splitting: a header of megabytes of spaces would
+  // otherwise become as many pieces.
+  const size_t longest = 6 * 8 + static_cast<size_t>(units) * 4;
+  if (text.size() > longest) return bad(absl::StrCat("longer than ", longest, " bytes"));
+  const std::vector<absl::string_view> fields = absl::StrSplit(text, ' ');
   if (fields.size() != static_cast<size_t>(6 + units)) {
     return bad(absl::StrCat("want 6 numbers and ", units, " forward/backward pairs"));
   }

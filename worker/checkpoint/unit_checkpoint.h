@@ -91,9 +91,10 @@ struct TunedPartitions {
 // unit of the model.
 std::string FormatTunedPartitions(const TunedPartitions& tuned);
 // Its inverse, for `model`: INVALID_ARGUMENT unless the text is exactly
-// that form (canonical decimals), T in 2..1024, samples in 1..2^20, each
-// range within the model's units with begin <= end, and one pair of
-// counts in {1, 2, 4} for every unit of the model.
+// that form (canonical decimals, at most 48 + 4 x units bytes), T in
+// 2..1024, samples in 1..2^20, each range within the model's units with
+// begin <= end, and one pair of counts in {1, 2, 4} for every unit of
+// the model.
 absl::StatusOr<TunedPartitions> ParseTunedPartitions(absl::string_view text,
                                                      const GptConfig& model);
 
@@ -120,7 +121,9 @@ struct UnitState {
   std::vector<LinkWarmStart> link_warm_q;
   // The AccTFM partition counts the stage that wrote this unit as its
   // first backward one measured and kept; absent otherwise (it did not
-  // tune, or had not decided by the checkpoint's step).
+  // tune, or had not decided by the checkpoint's step), and not read
+  // where the moments are not (ReadUnitCheckpoint without with_moments,
+  // or a checkpoint before the first optimizer step).
   std::optional<TunedPartitions> tuned_partitions;
 };
 

@@ -321,18 +321,21 @@ TEST_F(UnitCheckpointTest, TunedPartitionsOutOfBounds_IsDataLoss) {
 }
 
 // Only the writer's canonical spelling parses: a sign, a leading zero, a
-// second space or a missing count are refused.
+// second space, a missing or extra count, or more text than the writer
+// could write are refused.
 TEST(TunedPartitionsTest, OnlyCanonicalTextParses) {
   const GptConfig model = TinyModel();  // 4 units
   const std::string good = "2 4 0 2 1 3 1/1 2/1 4/2 1/1";
   absl::StatusOr<TunedPartitions> parsed = ParseTunedPartitions(good, model);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(FormatTunedPartitions(*parsed), good);
-  for (const std::string bad :
-       {"+2 4 0 2 1 3 1/1 2/1 4/2 1/1", "2 04 0 2 1 3 1/1 2/1 4/2 1/1",
-        "2 4 0 2 1 3  1/1 2/1 4/2 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1", "2 4 0 2 1 3 1/1 2/1 4/2",
-        "2 4 0 2 1 3 1/1 2/1 4/2 1/1 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1/1/1", ""}) {
-    SCOPED_TRACE(bad);
+  for (const std::string& bad : std::vector<std::string>{
+           "+2 4 0 2 1 3 1/1 2/1 4/2 1/1", "2 04 0 2 1 3 1/1 2/1 4/2 1/1",
+           "2 4 0 2 1 3  1/1 2/1 4/2 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1", "2 4 0 2 1 3 1/1 2/1 4/2",
+           "2 4 0 2 1 3 1/1 2/1 4/2 1/1 1/1", "2 4 0 2 1 3 1/1 2/1 4/2 1/1/1", "",
+           // Megabytes of spaces: refused by length before it is split.
+           good + std::string(1 << 20, ' ')}) {
+    SCOPED_TRACE(bad.substr(0, 40));
     const absl::Status status = ParseTunedPartitions(bad, model).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(status.message().find("tuned_partitions \""), std::string::npos) << status;

@@ -7,6 +7,9 @@
 // differently, so they round differently (the ring all-reduce's chunks
 // fall elsewhere): measuring again would leave the run that never stopped,
 // which is checked too, so the test can fail.
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -14,6 +17,7 @@
 
 #include "coordinator/planner/partition.h"
 #include "gtest/gtest.h"
+#include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/runtime/pipeline_testing.h"
 
 namespace pipetrain {
@@ -36,6 +40,34 @@ struct Layout {
 };
 
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
+
+// `checkpoint` written as stages write it (WriteStageCheckpoint, under
+// TEST_TMPDIR) and read back as a resuming worker reads it
+// (ReadUnitCheckpoint, with moments for every unit: each is some stage's
+// backward unit).
+PipelineCheckpoint ThroughFiles(const PipelineCheckpoint& checkpoint, const GptConfig& model,
+                                const std::string& name) {
+  const std::string root = std::getenv("TEST_TMPDIR");
+  const CheckpointIdentity identity{"job-tuned", model, 1};
+  StageSnapshot snapshot{checkpoint.step, checkpoint.optimizer_steps, {}};
+  for (const auto& [unit, state] : checkpoint.units) snapshot.units.push_back(state);
+  const std::string dir = "ckpt-" + name;
+  absl::StatusOr<std::vector<v1::UnitFile>> files =
+      WriteStageCheckpoint(root, dir, snapshot, identity);
+  EXPECT_TRUE(files.ok()) << files.status();
+  PipelineCheckpoint out{checkpoint.step, checkpoint.optimizer_steps, {}};
+  if (!files.ok()) return out;
+  v1::ResumeFrom from;
+  from.set_step(checkpoint.step);
+  from.set_dir(dir + "/" + StepDirName(checkpoint.step));
+  for (const v1::UnitFile& file : *files) {
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root, from, file, identity, /*with_moments=*/true, nullptr);
+    EXPECT_TRUE(read.ok()) << read.status();
+    if (read.ok()) out.units[file.unit()] = *std::move(read);
+  }
+  return out;
+}
 
 class PartitionCheckpointTest : public ::testing::TestWithParam<Layout> {};
 
@@ -98,9 +130,18 @@ TEST_P(PartitionCheckpointTest, KeptCountsRecorded_ResumesBitwise) {
     }
   }
 
+  // Resumed from the files a worker would write and read.
+  const PipelineCheckpoint on_disk = ThroughFiles(whole.checkpoint, c.model, layout.name);
+  for (int s = 0; s < stages; ++s) {
+    const Range& backward = layout.backward[s];
+    if (backward.begin == backward.end) continue;
+    ASSERT_TRUE(on_disk.units.at(backward.begin).tuned_partitions ==
+                whole.checkpoint.units.at(backward.begin).tuned_partitions)
+        << "stage " << s;
+  }
   PipelineExtras resume = extras;
   resume.snapshot_after = 0;
-  resume.resume = &whole.checkpoint;
+  resume.resume = &on_disk;
   testing::ExpectResumedMatches(c,
                                 RunPipeline(c, data, layout.forward, layout.backward,
                                             Schedule::kOneFOneB, nullptr, nullptr, resume),
@@ -117,17 +158,32 @@ TEST_P(PartitionCheckpointTest, KeptCountsRecorded_ResumesBitwise) {
                                                Schedule::kOneFOneB, nullptr, nullptr, resume);
   EXPECT_NE(measured_again.weights, whole.weights);
 
-  // A record measured on another layout (here: other samples per
-  // micro-batch) is not taken: the stages measure again.
-  PipelineCheckpoint other_layout = whole.checkpoint;
-  for (auto& [unit, state] : other_layout.units) {
-    if (state.tuned_partitions.has_value()) state.tuned_partitions->samples = 4;
+  // A record measured on another layout (other samples per micro-batch,
+  // tensor ranks or units), or holding counts the units would not run as
+  // they are (4 on 2 samples), is not taken: the stages measure again.
+  const std::vector<std::pair<std::string, std::function<void(TunedPartitions&)>>> others = {
+      {"samples", [](TunedPartitions& t) { t.samples = 4; }},
+      {"tensor ranks", [](TunedPartitions& t) { t.tensor_parallel *= 2; }},
+      {"units", [](TunedPartitions& t) { ++t.forward_begin; }},
+      {"not as run", [](TunedPartitions& t) { t.forward[1] = 4; }},
+  };
+  for (const auto& [what, change] : others) {
+    SCOPED_TRACE(what);
+    PipelineCheckpoint other = whole.checkpoint;
+    for (auto& [unit, state] : other.units) {
+      if (state.tuned_partitions.has_value()) change(*state.tuned_partitions);
+    }
+    resume.resume = &other;
+    const RunOutput again = RunPipeline(c, data, layout.forward, layout.backward,
+                                        Schedule::kOneFOneB, nullptr, nullptr, resume);
+    EXPECT_NE(again.weights, whole.weights);
+    // Every count reported is one that ran: at most 2 on 2 samples.
+    for (const auto& ran : again.last_partitions) {
+      for (const auto& [unit, counts] : ran) {
+        EXPECT_LE(std::max(counts.first, counts.second), 2) << unit;
+      }
+    }
   }
-  resume.resume = &other_layout;
-  EXPECT_NE(RunPipeline(c, data, layout.forward, layout.backward, Schedule::kOneFOneB, nullptr,
-                        nullptr, resume)
-                .weights,
-            whole.weights);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -9,7 +9,7 @@
 // its plan can lose to a uniform k by a few per cent (docs/benchmarks.md).
 // The tuner runs the plan's choice and the uniform sizes 1, 2 and 4 for a
 // few steps each, as autotuners do, and keeps the one this stage's tensor
-// ranks measured fastest.
+// ranks (and replicas) measured fastest.
 //
 // Schedule, over the runtime's own iteration count i (0, 1, ...; every
 // rank of a group runs the same iterations, so they agree): i = 0 runs
@@ -17,9 +17,11 @@
 // 1 .. C x steps run candidate (i - 1) / steps each, recording the stage's
 // compute seconds (its forward, backward and recompute instructions, which
 // include the all-reduce time the units wait for); after the last of them
-// the group sums every rank's totals (the caller's all-reduce, so all
-// ranks see the same sums) and Decide keeps the smallest, ties to the
-// earlier candidate (the plan's first). Later iterations run the choice.
+// the caller sums every rank's totals (StageRuntime: over the tensor
+// ranks, then over the replicas, so all of the stage's ranks see the same
+// sums) and Decide keeps the smallest, ties to the earlier candidate (the
+// plan's first). Later iterations run the choice. A resumed stage may
+// Adopt the choice a checkpoint recorded instead (no iteration measures).
 //
 // Candidates differ only in how a micro-batch is cut; the losses stay
 // within rounding of each other (tensor_parallel_equivalence_test).

@@ -28,6 +28,7 @@
 #include "httplib.h"
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
+#include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/data/corpus.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/weights_io.h"
@@ -483,6 +484,57 @@ TEST_F(ElasticClusterTest, TensorRankKilled_ResumesFromGatheredShardsBitwise) {
                                                 padded_run.progress().loss_history().end()),
                              LocalLossesFrom(padded, job.weights_path()),
                              "losses from the weights, vocabulary padded");
+}
+
+// AccTFM partitions tuned by measurement (tensorPartitions 0) on one stage
+// of 2 tensor ranks, with a spare: once a checkpoint holds the stage's
+// choice, its rank 1 is killed and the spare takes its place on the same
+// layout. Both ranks then run the counts the checkpoint recorded instead
+// of measuring again (each worker's log says so, and the spare's never
+// mentions a measurement), and the newest checkpoint still records them.
+TEST_F(ElasticClusterTest, TunedTensorRankKilled_RecordedPartitionCountsKept) {
+  Start("tuned", 3);
+  v1::JobSpec spec = ElasticSpec(1, "uniform", "tuned.safetensors");
+  spec.mutable_parallelism()->set_tensor(2);
+  spec.mutable_parallelism()->set_tensor_partitions(0);  // Alg. 1, then measured
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  // The choice comes after at most 1 + 3 candidates x 2 steps: the
+  // checkpoint of step 10 holds it.
+  const v1::Job checkpointed = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const auto& j) {
+    return testing::Ended(j) || j.progress().checkpoint_step() >= 10;
+  });
+  ASSERT_EQ(checkpointed.state(), v1::JOB_STATE_RUNNING) << checkpointed.reason();
+  ASSERT_FALSE(KillAtStep(id, 0, 1).empty());
+  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.progress().recoveries(), 1);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_GE(job.plan_history(1).start_step(), 10);
+
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  auto file = ReadSafetensors(CheckpointFile("tuned", id, job.progress().checkpoint_step(), 0));
+  ASSERT_TRUE(file.ok()) << file.status();
+  const auto record = file->metadata.find("tuned_partitions");
+  ASSERT_NE(record, file->metadata.end());
+  absl::StatusOr<TunedPartitions> tuned = ParseTunedPartitions(record->second, model);
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_EQ(tuned->tensor_parallel, 2);
+  EXPECT_EQ(tuned->samples, 2);
+  EXPECT_EQ(tuned->backward_end, NumUnits(model));
+
+  const std::set<std::string> before(job.plan_history(0).worker_ids().begin(),
+                                     job.plan_history(0).worker_ids().end());
+  for (const std::string& worker : job.plan_history(1).worker_ids()) {
+    SCOPED_TRACE(worker);
+    const int process = ProcessOf(*stub_, worker);
+    ASSERT_GE(process, 0);
+    std::ifstream in(cluster_->worker_log(process));
+    const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(absl::StrContains(log, "tensor partitions as measured before the checkpoint"));
+    if (before.count(worker) == 0) {
+      EXPECT_FALSE(absl::StrContains(log, "tensor partitions measured over"));
+    }
+  }
 }
 
 TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {

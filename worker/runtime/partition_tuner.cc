@@ -14,7 +14,7 @@ std::string PartitionCandidate::ToString() const {
 
 PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units,
                                int samples, int steps_per_candidate)
-    : steps_(steps_per_candidate) {
+    : samples_(samples), steps_(steps_per_candidate) {
   PT_CHECK(steps_ >= 1 && samples >= 1 && planned.forward.size() == block_units.size() &&
            planned.backward.size() == block_units.size())
       << "PartitionTuner: bad arguments";
@@ -69,19 +69,26 @@ int PartitionTuner::Decide(const std::vector<double>& group_totals) {
   return best;
 }
 
-void PartitionTuner::Adopt(const PartitionCandidate& choice) {
-  PT_CHECK(choice.forward.size() == candidates_[0].forward.size() &&
-           choice.backward.size() == candidates_[0].backward.size())
-      << "PartitionTuner::Adopt: wrong size";
+bool PartitionTuner::Adopt(const PartitionCandidate& choice) {
+  if (choice.forward.size() != candidates_[0].forward.size() ||
+      choice.backward.size() != candidates_[0].backward.size()) {
+    return false;
+  }
+  for (const std::vector<int>* counts : {&choice.forward, &choice.backward}) {
+    for (int k : *counts) {
+      if (PartitionsRun(k, samples_) != k) return false;
+    }
+  }
   for (size_t c = 0; c < candidates_.size(); ++c) {
     if (candidates_[c] == choice) {
       chosen_ = static_cast<int>(c);
-      return;
+      return true;
     }
   }
   candidates_.push_back(choice);
   totals_.push_back(0.0);
   chosen_ = static_cast<int>(candidates_.size()) - 1;
+  return true;
 }
 
 }  // namespace pipetrain

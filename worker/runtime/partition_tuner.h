@@ -72,9 +72,12 @@ class PartitionTuner {
   // candidate), ties to the earlier; returns its index. Decided from then.
   int Decide(const std::vector<double>& group_totals);
   // Keeps `choice` without measuring (a resumed stage's checkpointed
-  // choice, measured before on the same layout): decided from now on.
-  // Requires vectors of the planned size.
-  void Adopt(const PartitionCandidate& choice);
+  // choice, measured before on the same layout) and returns true: decided
+  // from now on. False, and nothing changes, unless it has the planned
+  // vectors' sizes and holds every count as the units run it on these
+  // samples (PartitionsRun), as every candidate is: a count the units
+  // would cut is not what was measured.
+  bool Adopt(const PartitionCandidate& choice);
   bool decided() const { return chosen_ >= 0; }
   int chosen() const { return chosen_; }
   // Iterations the tuning takes (1 + candidates x steps).
@@ -82,6 +85,7 @@ class PartitionTuner {
 
  private:
   std::vector<PartitionCandidate> candidates_;
+  int samples_;
   int steps_;
   std::vector<double> totals_;
   int chosen_ = -1;

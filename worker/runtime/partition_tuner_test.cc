@@ -77,7 +77,7 @@ TEST(PartitionTuner, Decide_TiesGoToThePlan) {
 // iteration, with nothing measured or decided after.
 TEST(PartitionTuner, Adopt_KeepsTheChoiceWithoutMeasuring) {
   PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
-  tuner.Adopt({{1, 2, 2, 1}, {1, 2, 2, 1}});  // uniform 2, a candidate
+  EXPECT_TRUE(tuner.Adopt({{1, 2, 2, 1}, {1, 2, 2, 1}}));  // uniform 2, a candidate
   EXPECT_TRUE(tuner.decided());
   EXPECT_EQ(tuner.chosen(), 2);
   for (int64_t i : {0, 1, 5, 100}) {
@@ -88,9 +88,22 @@ TEST(PartitionTuner, Adopt_KeepsTheChoiceWithoutMeasuring) {
   EXPECT_EQ(tuner.totals(), std::vector<double>(4, 0.0));
   // Counts no candidate has (the plan changed since it was measured): kept too.
   PartitionTuner other({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 8, 2);
-  other.Adopt({{1, 4, 1, 1}, {1, 1, 2, 1}});
+  EXPECT_TRUE(other.Adopt({{1, 4, 1, 1}, {1, 1, 2, 1}}));
   EXPECT_EQ(other.CandidateFor(0).backward, (std::vector<int>{1, 1, 2, 1}));
   EXPECT_EQ(other.candidates().size(), other.totals().size());
+}
+
+// A choice of another size, or with a count the units would cut (4 on 2
+// samples runs as 2, so it is not what was measured), is refused and
+// changes nothing: the stage measures.
+TEST(PartitionTuner, Adopt_RefusesWhatCouldNotHaveRun) {
+  PartitionTuner tuner({{1, 2, 2, 1}, {1, 2, 1, 1}}, kBlocks, 2, 1);
+  EXPECT_FALSE(tuner.Adopt({{1, 4, 1, 1}, {1, 1, 1, 1}}));
+  EXPECT_FALSE(tuner.Adopt({{1, 1, 1}, {1, 1, 1}}));
+  EXPECT_FALSE(tuner.Adopt({{1, 1, 1, 1}, {1, 1, 1}}));
+  EXPECT_FALSE(tuner.decided());
+  EXPECT_EQ(tuner.candidates().size(), 3u);
+  EXPECT_EQ(tuner.CandidateFor(2).forward, (std::vector<int>{1, 1, 1, 1}));
 }
 
 }  // namespace

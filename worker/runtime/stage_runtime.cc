@@ -19,7 +19,6 @@
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/collectives/collectives.h"
-#include "worker/model/partition_count.h"
 #include "worker/model/tensor_parallel.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/grad_clip.h"
@@ -620,26 +619,19 @@ std::optional<TunedPartitions> StageRuntime::TunedChoice() const {
 
 void StageRuntime::AdoptTunedChoice(const TunedPartitions& recorded) {
   if (!tuner_ || tuner_->decided()) return;
+  // The layouts compared, not the counts: the tuner judges those.
   TunedPartitions layout = TuningLayout();
   layout.forward = recorded.forward;
   layout.backward = recorded.backward;
-  // Counts as the units run them (a file may hold others: cut to a
-  // divisor of the samples, they would not be what was measured).
-  bool as_run = static_cast<int>(recorded.forward.size()) == num_units_ &&
-                static_cast<int>(recorded.backward.size()) == num_units_;
-  for (size_t u = 0; as_run && u < recorded.forward.size(); ++u) {
-    as_run = PartitionsRun(recorded.forward[u], layout.samples) == recorded.forward[u] &&
-             PartitionsRun(recorded.backward[u], layout.samples) == recorded.backward[u];
-  }
-  if (!(recorded == layout) || !as_run) {
+  if (!(recorded == layout) ||
+      !tuner_->Adopt(PartitionCandidate{recorded.forward, recorded.backward})) {
     PT_LOG(INFO) << OwnStageName() << ": measuring tensor partitions again: the checkpoint's ("
-                 << FormatTunedPartitions(recorded)
-                 << ") were measured for another layout than this one ("
+                 << FormatTunedPartitions(recorded) << ") do not fit this stage ("
                  << FormatTunedPartitions(TuningLayout())
-                 << "; tensor ranks, samples per micro-batch, forward and backward units)";
+                 << "; tensor ranks, samples per micro-batch, forward and backward units, then "
+                    "one count per unit as it runs)";
     return;
   }
-  tuner_->Adopt(PartitionCandidate{recorded.forward, recorded.backward});
   PT_LOG(INFO) << OwnStageName() << ": tensor partitions as measured before the checkpoint: "
                << tuner_->candidates()[tuner_->chosen()].ToString();
 }

@@ -580,17 +580,6 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     if (compression->enabled()) {
       return Invalid(kCompressionField, "needs tensor parallelism (spec.parallelism.tensor > 1)");
     }
-    return absl::OkStatus();
-  }
-  for (const auto& [field, codec] :
-       {std::pair<const char*, const std::string*>{"spec.compression.forward",
-                                                   &spec->compression().forward()},
-        {"spec.compression.backward", &spec->compression().backward()}}) {
-    // 1-D ranks sum their heads' token scores first
-    // (AttentionUnit::TokenImportance); the cube's attention computes none.
-    if (cube && absl::StrContains(*codec, "token_topk")) {
-      return Invalid(field, "token_topk is not built with spec.parallelism.tensor_mode 3d");
-    }
   }
   return absl::OkStatus();
 }

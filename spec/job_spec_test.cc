@@ -981,10 +981,14 @@ TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {
                  "spec.parallelism.tensor_compression: must be none with "
                  "spec.parallelism.tensor_mode 3d");
   spec.mutable_parallelism()->set_tensor_compression("none");
+  // Token top-k on the stages' links: the cube's attention scores the
+  // tokens as the 1-D ranks' does (CubeBlockUnit::TokenImportance).
   spec.mutable_compression()->set_forward("token_topk:keep=0.5");
-  ExpectRejected(spec,
-                 "spec.compression.forward: token_topk is not built with "
-                 "spec.parallelism.tensor_mode 3d");
+  spec.mutable_compression()->set_backward("token_topk:keep=0.5");
+  absl::StatusOr<ResolvedJobSpec> links = ResolveJobSpec(spec);
+  ASSERT_TRUE(links.ok()) << links.status();
+  EXPECT_EQ(links->spec.compression().forward(), "token_topk:keep=0.5");
+  EXPECT_EQ(links->spec.parallelism().tensor_mode(), "3d");
   // D x P x T above the workers' bound names the tensor field.
   spec = MinimalSpec();
   spec.mutable_parallelism()->set_tensor(64);

@@ -6,11 +6,7 @@
 #include "kernels/cpu/layernorm.h"
 
 namespace pipetrain {
-namespace {
 
-// An (acctfm.txt §4.3.1) of `samples` samples from host probs [samples, H,
-// T, T] (rows are queries): per sample and key token t, the sum over heads
-// and queries of probs[., h, q, t], in double.
 std::vector<float> AttentionColumnSums(const float* p, int64_t samples, int64_t H, int64_t T) {
   std::vector<double> sums(samples * T, 0.0);
   for (int64_t b = 0; b < samples; ++b) {
@@ -23,8 +19,6 @@ std::vector<float> AttentionColumnSums(const float* p, int64_t samples, int64_t 
   }
   return std::vector<float>(sums.begin(), sums.end());
 }
-
-}  // namespace
 
 AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backend,
                              TensorParallelComm* tp)

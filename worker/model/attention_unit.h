@@ -13,6 +13,9 @@
 #ifndef PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 
+#include <cstdint>
+#include <vector>
+
 #include "worker/model/unit.h"
 
 namespace pipetrain {
@@ -40,6 +43,13 @@ class AttentionUnit : public Unit {
   Parameter *ln_w_, *ln_b_, *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;
   bool keep_probabilities_ = false;  // KeepTokenImportance
 };
+
+// An (acctfm.txt §4.3.1) of `samples` samples from host probabilities
+// [samples, H, T, T] (rows are queries): per sample and key token t, the
+// sum over the H heads and the T queries of probs[., h, q, t], summed in
+// double and rounded once. Shared with the 3-D layout's attention
+// (cube_units.h), whose ranks each hold some samples' and heads' part.
+std::vector<float> AttentionColumnSums(const float* probs, int64_t samples, int64_t H, int64_t T);
 
 }  // namespace pipetrain
 

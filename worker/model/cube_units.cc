@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "worker/cube/cube_blocks.h"
 #include "worker/cube/cube_layout.h"
+#include "worker/model/attention_unit.h"
 #include "worker/model/embed_unit.h"
 #include "worker/model/head_unit.h"
 
@@ -165,7 +166,8 @@ Tensor CubeBlockUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
                 ToTensor(c.hidden),
                 ToTensor(c.act),
                 ToTensor(c.probs),
-                Tensor::Filled({1}, input_full ? 1.0f : 0.0f)};
+                Tensor::Filled({1}, input_full ? 1.0f : 0.0f),
+                Tensor::Filled({1}, static_cast<float>(B))};
   return output_full_ ? GatherFull(y, B, T) : y;
 }
 
@@ -197,6 +199,36 @@ Tensor CubeBlockUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
   }
   const bool input_full = s[kInputFull].data()[0] != 0.0f;
   return input_full ? GatherFull(dx, B, T) : dx;
+}
+
+std::vector<float> CubeBlockUnit::TokenImportance(const UnitContext& ctx) const {
+  if (kind() != UnitKind::kAttention || !group_->status().ok()) return {};
+  const auto& s = ctx.saved;
+  PT_CHECK(s.size() == kNumSlots) << name() << ": a context of " << s.size() << " tensors";
+  const int p = group_->p();
+  // x's block is [padded B / p^2, T, d / p] in either case of the input.
+  const int64_t samples = s[kX].shape()[0], T = s[kX].shape()[1];
+  const int64_t heads = config_.n_head / p;
+  const int64_t batch = static_cast<int64_t>(s[kBatch].data()[0]);
+  PT_CHECK(s[kProbs].numel() == samples * heads * T * T)
+      << name() << ": " << s[kProbs].numel() << " probabilities for " << samples << " samples, "
+      << heads << " heads, " << T << " tokens";
+  // cube_blocks.h: the attention runs on c_attn's output, in the
+  // activation layout of direction_.Swapped(): its rows (samples) are
+  // block coord[weight] * p + coord[output] of p^2, its columns (heads)
+  // block coord[input] of p.
+  std::vector<float> sums = AttentionColumnSums(s[kProbs].data(), samples, heads, T);
+  CubeComm& comm = group_->comm();
+  absl::Status status = comm.AllReduce(direction_.input, absl::MakeSpan(sums));
+  // Row blocks w * p + o: those of one w are adjacent, in o order.
+  std::vector<float> of_w(static_cast<size_t>(p) * sums.size());
+  if (status.ok()) status = comm.AllGather(direction_.output, sums, absl::MakeSpan(of_w));
+  std::vector<float> all(static_cast<size_t>(p) * of_w.size());
+  if (status.ok()) status = comm.AllGather(direction_.weight, of_w, absl::MakeSpan(all));
+  group_->Record(status);
+  if (!status.ok()) return {};
+  all.resize(static_cast<size_t>(batch * T));  // without the padding samples
+  return all;
 }
 
 std::unique_ptr<Unit> MakeCubeTensorParallelUnit(const GptConfig& config, int index,

@@ -83,10 +83,25 @@ class CubeBlockUnit : public Unit {
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 
+  // Attention: the whole layer's An for the B x T tokens of the micro-batch
+  // (AttentionUnit::TokenImportance's scores, within rounding), the same
+  // bits on every rank of the cube, so token top-k keeps the same tokens
+  // on all of them. Each rank holds the probabilities of B / p^2 samples
+  // and n_head / p heads: it sums its heads' columns (AttentionColumnSums),
+  // the p ranks holding the other heads of those samples add theirs (an
+  // all-reduce), and two all-gathers collect the samples. A collective:
+  // every rank calls it for the same unit and micro-batch. MLP: {} (the
+  // codec ranks tokens by norm). Also {} once the group has failed.
+  std::vector<float> TokenImportance(const UnitContext& ctx) const override;
+  // The cube's attention always keeps its probabilities (its backward
+  // reads them): nothing to ask.
+  void KeepTokenImportance() override {}
+
  private:
-  // CubeBlockContext's vectors, then whether the input was full (a [1]
-  // tensor holding 1 or 0).
-  enum Slot { kX, kLnOut, kMean, kRstd, kHidden, kAct, kProbs, kInputFull, kNumSlots };
+  // CubeBlockContext's vectors, whether the input was full (a [1] tensor
+  // holding 1 or 0), and the micro-batch's samples before padding (a [1]
+  // tensor; exact, samples are below 2^24).
+  enum Slot { kX, kLnOut, kMean, kRstd, kHidden, kAct, kProbs, kInputFull, kBatch, kNumSlots };
 
   // The six parameters' values, for the cube_blocks.h calls.
   CubeBlockParams Params();

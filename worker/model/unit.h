@@ -113,9 +113,10 @@ class Unit {
   // output (acctfm §4.3.1), one score per token in [B, T] order, from the
   // context Forward just wrote; empty when the unit has none (then the
   // codec ranks tokens by L2 norm). AttentionUnit: the column sums An of
-  // the attention matrix, summed over heads; with 1-D tensor parallelism
-  // over all the group's heads, a collective every rank calls for the same
-  // unit and micro-batch (so all ranks keep the same tokens).
+  // the attention matrix, summed over heads; with tensor parallelism (1-D,
+  // or the cube's CubeBlockUnit) over all the group's heads and samples, a
+  // collective every rank calls for the same unit and micro-batch (so all
+  // ranks keep the same tokens).
   virtual std::vector<float> TokenImportance(const UnitContext& ctx) const { return {}; }
 
   // Asks every later Forward to keep what TokenImportance reads

@@ -90,6 +90,32 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CubeEquivalenceTest,
                                   std::get<1>(info.param);
                          });
 
+// Optimus-CC's token top-k on the stages' links with the 3-D layout: the
+// cube's attention scores the tokens by the whole layer's An
+// (CubeBlockUnit::TokenImportance, held to the unsplit layer's in
+// worker/model's cube_units_test), the same bits on all 8 ranks, so all
+// keep the same tokens and send their next-stage peers the same tensor
+// (RunPipeline checks that every rank reports the same losses and that
+// every weight copy agrees), and the job trains as the same compression
+// without tensor parallelism, within the tolerances above. Stage 0 ends
+// with attn_1, whose input is mlp_0's block (cube_units.h).
+TEST(CubeLinkCompressionTest, TokenTopKRanksByTheCubesScores) {
+  const TrainConfig c = CubeConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> two = {{0, 4}, {4, NumUnits(c.model)}};
+  testing::PipelineExtras extras;
+  extras.forward_codec = "token_topk:keep=0.5";
+  extras.backward_codec = "token_topk:keep=0.5";
+  const RunOutput lossy =
+      RunPipeline(c, data, two, two, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  EXPECT_NE(lossy.losses, RunLocal(c, data).losses) << "the links were not compressed";
+  extras.tensor_parallel = 8;
+  extras.tensor_mode = "3d";
+  ExpectMatchesLocal(c,
+                     RunPipeline(c, data, two, two, Schedule::kOneFOneB, nullptr, nullptr, extras),
+                     lossy, "token top-k links, cube of 8");
+}
+
 // Checkpoints of cube stages: Snapshot gathers the cube blocks (c_attn's
 // column permutation undone) and their moments into the unsplit tensors.
 // Resumed on the cube the run goes on bitwise; on a 1-D layout it matches

@@ -60,6 +60,25 @@ constexpr int kLinkWarmStartCheckpointTag = (1 << 22) + 3;
 // ranks summed theirs under kTensorParallelTuneTag).
 constexpr int kReplicaTuneTag = (1 << 22) + 4;
 
+// The options of this runtime's collectives: the default message sizes
+// (the ring's chunks, recursive doubling for small tensors) and the job's
+// receive timeout.
+CollectiveOptions GroupOptions(absl::Duration timeout) {
+  CollectiveOptions options;
+  options.timeout = timeout;
+  return options;
+}
+
+// The same with recursive doubling off (small_bytes 0): an all-reduce of
+// any size then sums in the ring's order (the fused embedding sync's must
+// equal the unfused path's bitwise). Gathers and broadcasts run alike
+// either way.
+CollectiveOptions RingSumOptions(absl::Duration timeout) {
+  CollectiveOptions options = GroupOptions(timeout);
+  options.small_bytes = 0;
+  return options;
+}
+
 // Whether `program` sends a tensor through PowerSGD (a codec spec naming
 // it, alone or after token_topk): its links keep warm starts across steps.
 bool SendsThroughPowerSgd(const v1::Program& program) {
@@ -457,16 +476,15 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
                         t);
     }
     tp_collectives_ = std::make_unique<Collectives>(
-        transport, CollectiveGroup{members, setup.job_id},
-        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup.recv_timeout});
+        transport, CollectiveGroup{members, setup.job_id}, GroupOptions(setup.recv_timeout));
     // Checked by Create.
     tp_comm_ = std::make_unique<CollectivesTensorParallelComm>(
         tp_collectives_.get(), setup.backend,
         MakeTensorParallelCompression(setup.tensor_compression, "").value());
     if (setup.tensor_mode == "3d") {
-      cube_comm_ = std::make_unique<CollectivesCubeComm>(
-          transport, CubeEdge(setup.tensor_parallel), members, setup.job_id,
-          CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup.recv_timeout});
+      cube_comm_ =
+          std::make_unique<CollectivesCubeComm>(transport, CubeEdge(setup.tensor_parallel), members,
+                                                setup.job_id, GroupOptions(setup.recv_timeout));
       cube_group_ = std::make_unique<CubeUnitGroup>(cube_comm_.get());
       cube_group_->Record(cube_comm_->status());
     }
@@ -578,8 +596,7 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
   // replica keeps the same counts too, so a checkpoint, which replica 0
   // writes, records the choice of all (TunedChoice).
   if (setup_.replicas > 1) {
-    Collectives replicas(transport_, ReplicaGroup(),
-                         CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+    Collectives replicas(transport_, ReplicaGroup(), RingSumOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(replicas.status());
     RETURN_IF_ERROR(replicas.AllReduce(iteration, kReplicaTuneTag, totals));
   }
@@ -821,9 +838,7 @@ absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t 
   for (const auto& [key, q] : mine) parts.push_back(&q);
   const Tensor flat = Concatenated(parts);
   const int64_t numel = flat.numel();
-  Collectives collectives(
-      transport_, ReplicaGroup(),
-      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  Collectives collectives(transport_, ReplicaGroup(), GroupOptions(setup_.recv_timeout));
   RETURN_IF_ERROR(collectives.status());
   ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kLinkWarmStartCheckpointTag, /*root=*/0,
                                                   flat, numel * setup_.replicas));
@@ -864,9 +879,7 @@ absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
   for (const Parameter* p : held) residuals.push_back(&dp_feedback_.at(p->name).residual);
   Tensor mine = Concatenated(residuals);
   const int64_t numel = mine.numel();
-  Collectives collectives(
-      transport_, ReplicaGroup(),
-      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  Collectives collectives(transport_, ReplicaGroup(), GroupOptions(setup_.recv_timeout));
   RETURN_IF_ERROR(collectives.status());
   std::vector<Tensor> by_replica;
   if (setup_.replicas > setup_.max_feedback_replicas) {
@@ -1729,8 +1742,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
         absl::StrCat(result->micro_batch_losses.size(), " losses for ", share, " micro-batches"));
   }
   // Replica order: the gather is in the step's micro-batch order.
-  Collectives collectives(transport_, ReplicaGroup(),
-                          CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+  Collectives collectives(transport_, ReplicaGroup(), RingSumOptions(setup_.recv_timeout));
   RETURN_IF_ERROR(collectives.status());
   const auto start = Clock::now();
   ASSIGN_OR_RETURN(Tensor all,
@@ -1783,9 +1795,7 @@ absl::Status StageRuntime::FlushBucket() {
   const int tag = kOverlapTagBase + overlap_tags_used_;
   overlap_tags_used_ += GroupTags(params);
   return all_reduces_.Enqueue([this, params, stats, replicas, iteration, tag]() -> absl::Status {
-    Collectives collectives(
-        transport_, replicas,
-        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+    Collectives collectives(transport_, replicas, GroupOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(collectives.status());
     // The bucket's residuals are this thread's alone: the interpreter
     // touches none of them before it drains.
@@ -1946,9 +1956,7 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   RETURN_IF_ERROR(FlushBucket());  // the last, partly filled bucket
   RETURN_IF_ERROR(all_reduces_.Drain());
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
-  Collectives collectives(
-      transport_, ReplicaGroup(),
-      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  Collectives collectives(transport_, ReplicaGroup(), GroupOptions(setup_.recv_timeout));
   RETURN_IF_ERROR(collectives.status());
   Parameter* tied = TiedHolder();
   std::set<const Parameter*> overlapped;
@@ -2046,7 +2054,7 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     std::vector<int> members;  // the transport's numbers of this replica's stages
     for (int stage : group) members.push_back(GlobalStage(stage));
     Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
-                            CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+                            RingSumOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(collectives.status());
     all.clear();
     for (int root = 0; root < static_cast<int>(group.size()); ++root) {
@@ -2121,7 +2129,7 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
       members.push_back(GlobalWorker(r, add.head_stage()));
     }
     Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
-                            CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+                            RingSumOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(collectives.status());
     Tensor g = OnHost(holder->grad);
     const auto start = Clock::now();

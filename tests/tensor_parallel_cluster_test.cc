@@ -305,11 +305,12 @@ TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
   compression.mutable_parallelism()->set_tensor_compression("elem_topk:keep=0.1");
   cases.push_back({"element top-k on the all-reduce", compression,
                    "spec.parallelism.tensor_compression: ", "elem_topk"});
-  v1::JobSpec topk = Spec(8, 1, "1f1b", "");
-  topk.mutable_training()->set_micro_batches(2);  // 4 samples each
-  topk.mutable_parallelism()->set_tensor_mode("3d");
-  topk.mutable_compression()->set_forward("token_topk:keep=0.5");
-  cases.push_back({"token top-k on the cube", topk, "spec.compression.forward: ", "3d"});
+  v1::JobSpec cube_compression = Spec(8, 1, "1f1b", "");
+  cube_compression.mutable_training()->set_micro_batches(2);  // 4 samples each
+  cube_compression.mutable_parallelism()->set_tensor_mode("3d");
+  cube_compression.mutable_parallelism()->set_tensor_compression("token_topk:keep=0.5");
+  cases.push_back({"hybrid compression on the cube", cube_compression,
+                   "spec.parallelism.tensor_compression: ", "3d"});
   v1::JobSpec not_cube = Spec(4, 1, "1f1b", "");
   not_cube.mutable_parallelism()->set_tensor_mode("3d");
   cases.push_back({"3d on 4 ranks", not_cube, "spec.parallelism.tensor: ", "p^3 workers"});

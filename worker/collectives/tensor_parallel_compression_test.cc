@@ -11,8 +11,10 @@
 // weights' gradients are the whole unit's for the upstream gradient with
 // the dropped tokens' rows zeroed (their outputs were constants), to 1e-4
 // of their scale as in tensor_parallel_model_test.
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -338,6 +340,86 @@ TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
     EXPECT_NE(status[r].message().find("token scores summed over the group: row 2 is nan"),
               std::string::npos)
         << status[r];
+  }
+}
+
+// attn_0 then mlp_0 on kRanks ranks compressing with `spec`, 2 AccTFM
+// partitions each, streamed across the two units (Unit::set_stream_output:
+// the attention's sums resolved by the MLP's forward, the MLP's by the
+// attention's backward) or each waiting for its own. Rank 0's results; the
+// ranks' agreement is the tests' above.
+struct ChainRun {
+  Tensor y, dx;
+  std::vector<float> attn_kept, mlp_kept;
+  std::map<std::string, Tensor> grads;
+};
+
+ChainRun RunChainOnRanks(const std::string& spec, bool stream, const Tensor& x, const Tensor& dy) {
+  const int d = x.shape().back();
+  InProcessFabric fabric(kRanks);
+  std::vector<ChainRun> runs(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> transport = fabric.Connect(r);
+      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+      CollectivesTensorParallelComm comm(
+          &collectives, CpuBackend(), MakeTensorParallelCompression(spec, "compression").value());
+      comm.BeginIteration(0);
+      std::unique_ptr<Unit> attn = MakeLayerUnit(true, d, &comm);
+      std::unique_ptr<Unit> mlp = MakeLayerUnit(false, d, &comm);
+      for (Unit* u : {attn.get(), mlp.get()}) u->set_tensor_parallel_partitions(2, 2);
+      UnitContext attn_ctx, mlp_ctx;
+      ChainRun& run = runs[r];
+      attn->set_stream_output(stream);
+      const Tensor h = attn->Forward(x, Batch(), &attn_ctx);
+      if (stream) attn->PassPendingTo(mlp.get());
+      run.y = mlp->Forward(h, Batch(), &mlp_ctx);
+      mlp->set_stream_output(stream);
+      const Tensor dh = mlp->Backward(dy, Batch(), mlp_ctx);
+      if (stream) mlp->PassPendingTo(attn.get());
+      run.dx = attn->Backward(dh, Batch(), attn_ctx);
+      run.attn_kept = attn_ctx.saved.back().ToVector();
+      run.mlp_kept = mlp_ctx.saved.back().ToVector();
+      for (Unit* u : {attn.get(), mlp.get()}) {
+        for (Parameter* p : u->parameters()) run.grads[p->name] = p->grad.Clone();
+      }
+      status[r] = comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return runs[0];
+}
+
+// AccTFM's pipeline across units under its hybrid compression, over the
+// real group: the same outputs, kept rows and input and weight gradients,
+// bitwise, as waiting in each unit; the LayerNorms' gradients within
+// rounding (the streamed backward adds them one partition at a time).
+TEST(HybridCompressionTest, StreamedAcrossUnits_SameAsWaitingInEachUnit) {
+  const int d = 32;
+  const Tensor x = Random({4, 16, d}, 5, 1.0f), dy = Random({4, 16, d}, 6, 0.1f);
+  for (const std::string spec : {"token_topk:keep=0.5", "token_topk:keep=0.5+piecewise:bits=3"}) {
+    SCOPED_TRACE(spec);
+    const ChainRun waited = RunChainOnRanks(spec, false, x, dy);
+    const ChainRun streamed = RunChainOnRanks(spec, true, x, dy);
+    ASSERT_EQ(waited.attn_kept.size(), 64u);
+    ASSERT_EQ(waited.mlp_kept.size(), 64u);
+    EXPECT_EQ(std::count(waited.attn_kept.begin(), waited.attn_kept.end(), 1.0f),
+              4 * TopKCount(0.5, 16));
+    EXPECT_EQ(streamed.attn_kept, waited.attn_kept);
+    EXPECT_EQ(streamed.mlp_kept, waited.mlp_kept);
+    EXPECT_EQ(streamed.y.ToVector(), waited.y.ToVector());
+    EXPECT_EQ(streamed.dx.ToVector(), waited.dx.ToVector());
+    for (const auto& [name, grad] : waited.grads) {
+      if (name.find("ln_") == std::string::npos) {
+        EXPECT_EQ(streamed.grads.at(name).ToVector(), grad.ToVector()) << name;
+      } else {
+        testing::ExpectScaledClose(streamed.grads.at(name).ToVector(), grad.ToVector(), 1e-5,
+                                   name + " gradient");
+      }
+    }
   }
 }
 

@@ -62,8 +62,10 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
                                                           1, T, dl, H, /*probabilities=*/false)});
   const int64_t saved_per_part = backend()->AttentionSavedFloats(b, T, dl, H, probabilities);
   Tensor y = backend()->Empty({B, T, d});
-  std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
-  const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
+  // Compressing: each row's kept flag, written as each partition's sum is
+  // waited for (Unit::StartTensorParallelTokenSparseSum).
+  Tensor kept = compress ? Tensor::Zeros({n}) : Tensor();
+  const bool stream = TakeStreamOutput();  // AccTFM across units (unit.h)
   // Without a tensor-parallel group the residual joins c_proj's GEMM
   // (Backend::LinearForwardResidual); a group adds it once the parts are
   // summed, and so does compression (its token-sparse sum zeroes the
@@ -93,11 +95,11 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
     if (compress) {
       // This rank's An of the partition's samples; the group sums them.
       const Tensor p = backend()->Download(saved.Slice(int64_t{j} * b, int64_t{j + 1} * b));
-      StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, &kept[j]);
+      StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, kept, r);
     } else {
       StartTensorParallelSum(part);
-      if (stream) AddPendingResidualRows(x, y, r, rows, d);  // the residual, once summed
     }
+    if (stream) AddPendingResidualRows(x, y, r, rows, d);  // the residual, once summed
   }
   ResolveAllInput();
   if (!stream) {
@@ -105,7 +107,7 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
     if (!residual_in_proj) backend()->Add(y.data(), x.data(), y.numel(), y.data());
   }
   ctx->saved = {x, ln_out, mean, rstd, qkv, saved, att};
-  if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
+  if (compress) ctx->saved.push_back(kept);
   return y;
 }
 
@@ -122,10 +124,7 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
   // Partitions as in Forward; the weight gradients add up over them.
   const int k = TensorParallelPartitions(B, /*forward=*/false);
   const int b = B / k, rows = b * T;
-  // Compressed: the forward's dropped tokens had output 0, so their
-  // gradient stops here (the residual still carries dy).
   const bool compress = TensorParallelCompresses() && s.size() > kKept;
-  const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
   const bool stream = TakeStreamOutput();
   // As Forward chose (a [B, H, T, T] tensor holds the probabilities).
   const bool probabilities = s[kProbs].shape().size() == 4;
@@ -134,10 +133,16 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
     ResolveInputRows(r, r + rows);  // dy's rows
+    // Compressed: the forward's dropped tokens had output 0, so their
+    // gradient stops here (the residual still carries dy). Per partition,
+    // once its rows of a streamed dy are final.
+    const Tensor dy_kept = compress ? ZeroDroppedRows(dy.Slice(int64_t{j} * b, int64_t{j + 1} * b),
+                                                      KeptRows(s[kKept], r, r + rows))
+                                    : Tensor();
     // dy is the same on every rank, so is the replicated bias's gradient.
     backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(),
-                              dy_kept.data() + r * d, rows, dl, d, datt.data() + r * dl,
-                              proj_w_->grad.data(), proj_b_->grad.data());
+                              compress ? dy_kept.data() : dy.data() + r * d, rows, dl, d,
+                              datt.data() + r * dl, proj_w_->grad.data(), proj_b_->grad.data());
     backend()->AttentionBackward(s[kQkv].data() + r * 3 * dl, s[kAttOut].data() + r * dl,
                                  s[kProbs].data() + j * saved_per_part, probabilities,
                                  datt.data() + r * dl, b, T, dl, H, dqkv.data() + r * 3 * dl,
@@ -152,12 +157,12 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
       StartTensorParallelMaskedSum(part, KeptRows(s[kKept], r, r + rows));
     } else {
       StartTensorParallelSum(part);
-      if (stream) {
-        // Once these rows of dL/d(ln output) are summed: the LayerNorm's
-        // backward over them and the residual.
-        AddPendingLayerNormBackwardRows(s[kX], s[kLnMean], s[kLnRstd], dln, dx, dy, ln_w_, ln_b_, r,
-                                        rows, d);
-      }
+    }
+    if (stream) {
+      // Once these rows of dL/d(ln output) are summed: the LayerNorm's
+      // backward over them and the residual.
+      AddPendingLayerNormBackwardRows(s[kX], s[kLnMean], s[kLnRstd], dln, dx, dy, ln_w_, ln_b_, r,
+                                      rows, d);
     }
   }
   ResolveAllInput();

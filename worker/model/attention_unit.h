@@ -36,8 +36,8 @@ class AttentionUnit : public Unit {
 
  private:
   // Slots of UnitContext::saved.
-  // kKept (the kept rows, Unit::KeptRowsTensor) only when the group
-  // compresses.
+  // kKept (each row's kept flag, Unit::StartTensorParallelTokenSparseSum)
+  // only when the group compresses.
   enum Slot { kX, kLnOut, kLnMean, kLnRstd, kQkv, kProbs, kAttOut, kNumSlots, kKept = kNumSlots };
   GptConfig config_;
   Parameter *ln_w_, *ln_b_, *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;

@@ -36,8 +36,10 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
   const int k = TensorParallelPartitions(B, /*forward=*/true);
   const int rows = B / k * T;
   const bool compress = TensorParallelCompresses();
-  std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
-  const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
+  // Compressing: each row's kept flag, written as each partition's sum is
+  // waited for (Unit::StartTensorParallelTokenSparseSum).
+  Tensor kept = compress ? Tensor::Zeros({n}) : Tensor();
+  const bool stream = TakeStreamOutput();  // AccTFM across units (unit.h)
   // Without a tensor-parallel group the residual joins c_proj's GEMM
   // (Backend::LinearForwardResidual); a group adds it once the parts are
   // summed, and so does compression (its token-sparse sum zeroes the
@@ -67,11 +69,11 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
       // The MLP has no attention matrix to rank tokens by (and its layer's
       // attention may run on another stage): it ranks them by the squared
       // norms of the ranks' partial outputs, summed over the group.
-      StartTensorParallelTokenSparseSum(part, RowSquaredNorms(part), T, &kept[j]);
+      StartTensorParallelTokenSparseSum(part, RowSquaredNorms(part), T, kept, r);
     } else {
       StartTensorParallelSum(part);
-      if (stream) AddPendingResidualRows(x, y, r, rows, d);  // the residual, once summed
     }
+    if (stream) AddPendingResidualRows(x, y, r, rows, d);  // the residual, once summed
   }
   ResolveAllInput();
   if (!stream) {
@@ -79,7 +81,7 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
     if (!residual_in_proj) backend()->Add(y.data(), x.data(), y.numel(), y.data());
   }
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
-  if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
+  if (compress) ctx->saved.push_back(kept);
   return y;
 }
 
@@ -93,17 +95,21 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   // Partitions as in Forward; the weight gradients add up over them.
   const int k = TensorParallelPartitions(B, /*forward=*/false);
   const int rows = B / k * T;
-  // Compressed: as in AttentionUnit::Backward.
   const bool compress = TensorParallelCompresses() && s.size() > kKept;
-  const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
   const bool stream = TakeStreamOutput();
   Tensor dx = backend()->Empty({B, T, d});
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
     ResolveInputRows(r, r + rows);  // dy's rows
+    // Compressed: the dropped tokens' gradient stops here, as in
+    // AttentionUnit::Backward.
+    const Tensor dy_kept =
+        compress ? ZeroDroppedRows(dy.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k)),
+                                   KeptRows(s[kKept], r, r + rows))
+                 : Tensor();
     backend()->LinearBackward(s[kGeluOut].data() + r * h, proj_w_->value.data(),
-                              dy_kept.data() + r * d, rows, h, d, dact.data() + r * h,
-                              proj_w_->grad.data(), proj_b_->grad.data());
+                              compress ? dy_kept.data() : dy.data() + r * d, rows, h, d,
+                              dact.data() + r * h, proj_w_->grad.data(), proj_b_->grad.data());
     // GELU backward in place: dact becomes dL/d(fc output).
     backend()->GeluBackward(s[kFcOut].data() + r * h, dact.data() + r * h, int64_t{rows} * h,
                             dact.data() + r * h);
@@ -116,12 +122,12 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
       StartTensorParallelMaskedSum(part, KeptRows(s[kKept], r, r + rows));
     } else {
       StartTensorParallelSum(part);
-      if (stream) {
-        // Once these rows of dL/d(ln output) are summed: the LayerNorm's
-        // backward over them and the residual.
-        AddPendingLayerNormBackwardRows(s[kX], s[kLnMean], s[kLnRstd], dln, dx, dy, ln_w_, ln_b_, r,
-                                        rows, d);
-      }
+    }
+    if (stream) {
+      // Once these rows of dL/d(ln output) are summed: the LayerNorm's
+      // backward over them and the residual.
+      AddPendingLayerNormBackwardRows(s[kX], s[kLnMean], s[kLnRstd], dln, dx, dy, ln_w_, ln_b_, r,
+                                      rows, d);
     }
   }
   ResolveAllInput();

@@ -25,8 +25,8 @@ class MlpUnit : public Unit {
   bool streams_tensor_parallel() const override { return true; }
 
  private:
-  // kKept (the kept rows, Unit::KeptRowsTensor) only when the group
-  // compresses.
+  // kKept (each row's kept flag, Unit::StartTensorParallelTokenSparseSum)
+  // only when the group compresses.
   enum Slot { kX, kLnOut, kLnMean, kLnRstd, kFcOut, kGeluOut, kNumSlots, kKept = kNumSlots };
   GptConfig config_;
   Parameter *ln_w_, *ln_b_, *fc_w_, *fc_b_, *proj_w_, *proj_b_;

@@ -43,11 +43,27 @@ int Unit::TensorParallelPartitions(int samples, bool forward) const {
   return PartitionsRun(forward ? partitions_forward_ : partitions_backward_, samples);
 }
 
-Tensor Unit::KeptRowsTensor(const std::vector<std::vector<uint8_t>>& parts) {
-  std::vector<float> flags;
-  for (const std::vector<uint8_t>& part : parts)
-    flags.insert(flags.end(), part.begin(), part.end());
-  return Tensor::FromVector({static_cast<int64_t>(flags.size())}, flags);
+void Unit::WaitTensorParallelSums() {
+  for (Ticket& ticket : tickets_) {
+    tp_->WaitAllReduce(ticket.id);
+    if (ticket.on_done) ticket.on_done();
+  }
+  tickets_.clear();
+}
+
+void Unit::StartTensorParallelTokenSparseSum(Tensor& data, std::vector<float> local_scores,
+                                             int seq_len, Tensor mask, int64_t row) {
+  // The group writes the flags when the sum is waited for, which may be
+  // after this pass returns (streamed): they live with the ticket.
+  auto flags = std::make_shared<std::vector<uint8_t>>();
+  const int ticket = tp_->StartTokenSparseSum(data, std::move(local_scores), seq_len, flags.get());
+  tickets_.push_back({ticket, [flags, mask, row]() mutable {
+                        if (row + static_cast<int64_t>(flags->size()) > mask.numel()) return;
+                        for (size_t r = 0; r < flags->size(); ++r) {
+                          mask.data()[row + static_cast<int64_t>(r)] =
+                              (*flags)[r] != 0 ? 1.0f : 0.0f;
+                        }
+                      }});
 }
 
 std::vector<uint8_t> Unit::KeptRows(const Tensor& mask, int64_t begin, int64_t end) {
@@ -87,16 +103,23 @@ std::vector<float> Unit::RowSquaredNorms(const Tensor& x) const {
 }
 
 bool Unit::TakeStreamOutput() {
-  const bool stream = stream_output_ && tp_ != nullptr && tp_->size() > 1 && !tp_->compresses() &&
-                      streams_tensor_parallel();
+  const bool stream =
+      stream_output_ && tp_ != nullptr && tp_->size() > 1 && streams_tensor_parallel();
   stream_output_ = false;
   return stream;
 }
 
 void Unit::AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()> finish) {
   PT_CHECK(!tickets_.empty()) << name_ << ": pending rows without an all-reduce";
-  pending_out_.push_back({begin, end, tickets_.back(), tp_, std::move(finish), false});
+  Ticket ticket = std::move(tickets_.back());
   tickets_.pop_back();
+  if (ticket.on_done) {
+    finish = [on_done = std::move(ticket.on_done), then = std::move(finish)]() mutable {
+      on_done();
+      then();
+    };
+  }
+  pending_out_.push_back({begin, end, ticket.id, tp_, std::move(finish), false});
 }
 
 void Unit::AddPendingResidualRows(Tensor x, Tensor y, int64_t row, int64_t rows, int64_t width) {

@@ -152,28 +152,26 @@ class Unit {
   // Starts the all-reduce of `data` (TensorParallelComm::StartAllReduceSum)
   // and remembers its ticket; WaitTensorParallelSums waits for all of them.
   void StartTensorParallelSum(Tensor& data) {
-    if (tp_ != nullptr) tickets_.push_back(tp_->StartAllReduceSum(data));
+    if (tp_ != nullptr) tickets_.push_back({tp_->StartAllReduceSum(data), nullptr});
   }
-  void WaitTensorParallelSums() {
-    for (int ticket : tickets_) tp_->WaitAllReduce(ticket);
-    tickets_.clear();
-  }
+  void WaitTensorParallelSums();
 
   // AccTFM's hybrid compression (acctfm.txt §4.3): whether the group
   // compresses its sums, and the two sparse sums of TensorParallelComm,
   // remembered like StartTensorParallelSum's (WaitTensorParallelSums).
-  // `kept` must stay alive until then. Only with a group.
+  // Only with a group. The token-sparse sum of a pass's rows [row, row +
+  // rows of data) writes their kept flags to the same rows of `mask` (the
+  // pass's rows as a host tensor of 1 / 0, kept in the unit's context) once
+  // it is waited for: by WaitTensorParallelSums, or, streamed, by the unit
+  // that resolves those rows (so `mask` is complete once the pass's output
+  // is). A failed sum leaves its rows 0 (the group's status() says why).
   bool TensorParallelCompresses() const { return tp_ != nullptr && tp_->compresses(); }
   void StartTensorParallelTokenSparseSum(Tensor& data, std::vector<float> local_scores, int seq_len,
-                                         std::vector<uint8_t>* kept) {
-    tickets_.push_back(tp_->StartTokenSparseSum(data, std::move(local_scores), seq_len, kept));
-  }
+                                         Tensor mask, int64_t row);
   void StartTensorParallelMaskedSum(Tensor& data, std::vector<uint8_t> kept) {
-    tickets_.push_back(tp_->StartMaskedSum(data, std::move(kept)));
+    tickets_.push_back({tp_->StartMaskedSum(data, std::move(kept)), nullptr});
   }
-  // The kept flags of rows [begin, end) of a pass, kept in a unit's context
-  // as a host tensor of 0 / 1 (`mask`, from KeptRowsTensor).
-  static Tensor KeptRowsTensor(const std::vector<std::vector<uint8_t>>& parts);
+  // The kept flags of rows [begin, end) of a pass from its `mask`.
   static std::vector<uint8_t> KeptRows(const Tensor& mask, int64_t begin, int64_t end);
   // A copy of backend tensor `x` (rows of its last dimension) whose rows
   // not kept are 0: a dropped token's output was 0 in forward, so its
@@ -185,11 +183,12 @@ class Unit {
 
   // Streaming (see set_stream_output). Whether this call streams (and
   // clears the flag for the next one): only with a group of two ranks or
-  // more that does not compress.
+  // more, compressing or not.
   bool TakeStreamOutput();
   // Registers rows [begin, end) of this call's output as pending on the
-  // last all-reduce started (StartTensorParallelSum), finished by `finish`
-  // once it is waited for; the caller then returns without
+  // last sum started (StartTensorParallelSum or a sparse one), finished by
+  // `finish` once it is waited for (after what the sum itself does then,
+  // such as writing its kept flags); the caller then returns without
   // WaitTensorParallelSums (the tickets move to the pending rows).
   void AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()> finish);
   // The two kinds of pending rows the residual blocks (attention, MLP)
@@ -214,7 +213,13 @@ class Unit {
   Backend* backend_;
   TensorParallelComm* tp_;
   int partitions_forward_ = 1, partitions_backward_ = 1;
-  std::vector<int> tickets_;  // started and not yet waited for
+  // A sum started and not yet waited for, and what to do once it is
+  // (empty: nothing).
+  struct Ticket {
+    int id = 0;
+    std::function<void()> on_done;
+  };
+  std::vector<Ticket> tickets_;
   bool stream_output_ = false;
   struct PendingRows {
     int64_t begin = 0, end = 0;

@@ -24,6 +24,7 @@
 #include "common/philox.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/elem_topk_codec.h"
+#include "worker/collectives/tensor_parallel_chain_testing.h"
 #include "worker/collectives/tensor_parallel_comm.h"
 #include "worker/model/attention_unit.h"
 #include "worker/model/cpu_backend.h"
@@ -343,56 +344,6 @@ TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
   }
 }
 
-// attn_0 then mlp_0 on kRanks ranks compressing with `spec`, 2 AccTFM
-// partitions each, streamed across the two units (Unit::set_stream_output:
-// the attention's sums resolved by the MLP's forward, the MLP's by the
-// attention's backward) or each waiting for its own. Rank 0's results; the
-// ranks' agreement is the tests' above.
-struct ChainRun {
-  Tensor y, dx;
-  std::vector<float> attn_kept, mlp_kept;
-  std::map<std::string, Tensor> grads;
-};
-
-ChainRun RunChainOnRanks(const std::string& spec, bool stream, const Tensor& x, const Tensor& dy) {
-  const int d = x.shape().back();
-  InProcessFabric fabric(kRanks);
-  std::vector<ChainRun> runs(kRanks);
-  std::vector<absl::Status> status(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Transport> transport = fabric.Connect(r);
-      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
-      CollectivesTensorParallelComm comm(
-          &collectives, CpuBackend(), MakeTensorParallelCompression(spec, "compression").value());
-      comm.BeginIteration(0);
-      std::unique_ptr<Unit> attn = MakeLayerUnit(true, d, &comm);
-      std::unique_ptr<Unit> mlp = MakeLayerUnit(false, d, &comm);
-      for (Unit* u : {attn.get(), mlp.get()}) u->set_tensor_parallel_partitions(2, 2);
-      UnitContext attn_ctx, mlp_ctx;
-      ChainRun& run = runs[r];
-      attn->set_stream_output(stream);
-      const Tensor h = attn->Forward(x, Batch(), &attn_ctx);
-      if (stream) attn->PassPendingTo(mlp.get());
-      run.y = mlp->Forward(h, Batch(), &mlp_ctx);
-      mlp->set_stream_output(stream);
-      const Tensor dh = mlp->Backward(dy, Batch(), mlp_ctx);
-      if (stream) mlp->PassPendingTo(attn.get());
-      run.dx = attn->Backward(dh, Batch(), attn_ctx);
-      run.attn_kept = attn_ctx.saved.back().ToVector();
-      run.mlp_kept = mlp_ctx.saved.back().ToVector();
-      for (Unit* u : {attn.get(), mlp.get()}) {
-        for (Parameter* p : u->parameters()) run.grads[p->name] = p->grad.Clone();
-      }
-      status[r] = comm.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-  return runs[0];
-}
-
 // AccTFM's pipeline across units under its hybrid compression, over the
 // real group: the same outputs, kept rows and input and weight gradients,
 // bitwise, as waiting in each unit; the LayerNorms' gradients within
@@ -402,8 +353,14 @@ TEST(HybridCompressionTest, StreamedAcrossUnits_SameAsWaitingInEachUnit) {
   const Tensor x = Random({4, 16, d}, 5, 1.0f), dy = Random({4, 16, d}, 6, 0.1f);
   for (const std::string spec : {"token_topk:keep=0.5", "token_topk:keep=0.5+piecewise:bits=3"}) {
     SCOPED_TRACE(spec);
-    const ChainRun waited = RunChainOnRanks(spec, false, x, dy);
-    const ChainRun streamed = RunChainOnRanks(spec, true, x, dy);
+    auto run = [&](bool stream) {
+      std::vector<testing::TensorParallelChainRun> ranks =
+          testing::RunTensorParallelChain(Config(d), kSeed, kRanks, spec, /*partitions=*/2, stream,
+                                          x, dy, Batch(), [](int) { return CpuBackend(); });
+      for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(ranks[r].status.ok()) << ranks[r].status;
+      return ranks[0];
+    };
+    const testing::TensorParallelChainRun waited = run(false), streamed = run(true);
     ASSERT_EQ(waited.attn_kept.size(), 64u);
     ASSERT_EQ(waited.mlp_kept.size(), 64u);
     EXPECT_EQ(std::count(waited.attn_kept.begin(), waited.attn_kept.end(), 1.0f),

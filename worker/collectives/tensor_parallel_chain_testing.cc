@@ -58,6 +58,7 @@ std::vector<TensorParallelChainRun> RunTensorParallelChain(
         for (Parameter* p : u->parameters()) run.grads[p->name] = backend->Download(p->grad);
       }
       run.status = comm.status();
+      if (run.status.ok()) run.status = backend->status();
     });
   }
   for (std::thread& t : threads) t.join();

@@ -28,11 +28,12 @@ struct TensorParallelChainRun {
   Tensor y, dx;                            // the MLP's output, the attention's input gradient
   std::vector<float> attn_kept, mlp_kept;  // compressing: each row's kept flag
   std::map<std::string, Tensor> grads;     // both units' parameters' gradients (shards)
-  absl::Status status;                     // the rank's comm's
+  absl::Status status;                     // the rank's comm's, then its backend's
 };
 
 // attn_0 then mlp_0 of `config` (seed `seed`) on `ranks` ranks, rank r
-// computing on backend_of(r) (each its own: a backend serves one thread),
+// computing on backend_of(r) (a CUDA backend serves one thread, so each
+// rank its own; the CPU backend may be shared),
 // each unit in `partitions` AccTFM partitions both ways, the group
 // compressing with `compression` ("none": exact); forward of x ([B, T,
 // d_model], host) and backward of dy (host) once. Every rank's results.

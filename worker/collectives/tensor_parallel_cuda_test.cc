@@ -77,7 +77,8 @@ testing::TensorParallelChainRun OnCuda(const std::string& spec, bool stream, con
     EXPECT_TRUE(runs[r].status.ok()) << "rank " << r << ": " << runs[r].status;
     EXPECT_EQ(runs[r].y.ToVector(), runs[0].y.ToVector()) << "rank " << r << "'s output";
     EXPECT_EQ(runs[r].dx.ToVector(), runs[0].dx.ToVector()) << "rank " << r << "'s dx";
-    EXPECT_EQ(runs[r].attn_kept, runs[0].attn_kept) << "rank " << r << "'s kept rows";
+    EXPECT_EQ(runs[r].attn_kept, runs[0].attn_kept) << "rank " << r << "'s attention kept rows";
+    EXPECT_EQ(runs[r].mlp_kept, runs[0].mlp_kept) << "rank " << r << "'s MLP kept rows";
   }
   return runs[0];
 }

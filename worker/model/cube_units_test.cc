@@ -67,8 +67,9 @@ std::vector<std::vector<float>> CubeScores(int index, const Tensor& x, const Tok
   return scores;
 }
 
-// Batches of 4 samples (one sample per row block) and 3 (padded to 4, as a
-// validation pass's last micro-batch is): the unsplit layer's An within
+// Batches of 4 samples (one sample per row block) and 3 (padded to 4, as
+// any batch p^2 does not divide is; jobs score only training micro-batches,
+// which p^2 divides, but the unit takes any): the unsplit layer's An within
 // float rounding (each rank sums its heads in double, the cube then adds
 // p partial sums in float), bitwise the same on every rank.
 TEST(CubeBlockUnitTest, AttentionTokenImportance_TheWholeLayersOnEveryRank) {

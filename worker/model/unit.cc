@@ -58,7 +58,9 @@ void Unit::StartTensorParallelTokenSparseSum(Tensor& data, std::vector<float> lo
   auto flags = std::make_shared<std::vector<uint8_t>>();
   const int ticket = tp_->StartTokenSparseSum(data, std::move(local_scores), seq_len, flags.get());
   tickets_.push_back({ticket, [flags, mask, row]() mutable {
-                        if (row + static_cast<int64_t>(flags->size()) > mask.numel()) return;
+                        PT_CHECK(row + static_cast<int64_t>(flags->size()) <= mask.numel())
+                            << "kept flags of rows " << row << " + " << flags->size()
+                            << " for a mask of " << mask.numel();
                         for (size_t r = 0; r < flags->size(); ++r) {
                           mask.data()[row + static_cast<int64_t>(r)] =
                               (*flags)[r] != 0 ? 1.0f : 0.0f;

@@ -103,8 +103,9 @@ class Unit {
   // batch.targets. Overwrites *ctx with what Backward needs.
   virtual Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) = 0;
 
-  // Backward pass given dy = dL/dy for Forward's output (for head: a [1]
-  // tensor holding dL/dloss, e.g. 1/micro_batches). Accumulates parameter
+  // Backward pass given dy = dL/dy for Forward's output, shaped as it (for
+  // head: a [1] tensor holding dL/dloss, e.g. 1/micro_batches; attention
+  // and MLP units slice it by samples). Accumulates parameter
   // gradients and returns dL/dx [B, T, d_model] (embed returns a null
   // tensor). ctx must come from Forward or Recompute on the same x and batch.
   virtual Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) = 0;

@@ -12,6 +12,25 @@
 namespace pipetrain {
 namespace testing {
 
+GptConfig TensorParallelChainConfig(int d_model) {
+  GptConfig c;
+  c.vocab_size = 64;
+  c.max_seq_len = 16;
+  c.n_layer = 1;
+  c.n_head = 4;
+  c.d_model = d_model;
+  return c;
+}
+
+TokenBatch TensorParallelChainBatch() {
+  TokenBatch b;
+  b.batch = 4;
+  b.seq_len = 16;
+  b.inputs.assign(b.batch * b.seq_len, 0);
+  b.targets.assign(b.batch * b.seq_len, 0);
+  return b;
+}
+
 std::vector<TensorParallelChainRun> RunTensorParallelChain(
     const GptConfig& config, uint64_t seed, int ranks, const std::string& compression,
     int partitions, bool stream, const Tensor& x, const Tensor& dy, const TokenBatch& batch,

@@ -31,6 +31,13 @@ struct TensorParallelChainRun {
   absl::Status status;                     // the rank's comm's, then its backend's
 };
 
+// The tests' model: one layer, 4 heads, vocabulary 64, sequences of 16,
+// d_model `d_model` (4 heads and 2 ranks split it when it is a multiple
+// of 8); and their batch: 4 samples of 16 tokens (inputs and targets 0,
+// which the attention and MLP units do not read).
+GptConfig TensorParallelChainConfig(int d_model);
+TokenBatch TensorParallelChainBatch();
+
 // attn_0 then mlp_0 of `config` (seed `seed`) on `ranks` ranks, rank r
 // computing on backend_of(r) (a CUDA backend serves one thread, so each
 // rank its own; the CPU backend may be shared),

@@ -38,24 +38,8 @@ namespace {
 constexpr uint64_t kSeed = 77;
 constexpr int kRanks = 2;
 
-GptConfig Config(int d_model) {
-  GptConfig c;
-  c.vocab_size = 64;
-  c.max_seq_len = 16;
-  c.n_layer = 1;
-  c.n_head = 4;
-  c.d_model = d_model;
-  return c;
-}
-
-TokenBatch Batch() {
-  TokenBatch b;
-  b.batch = 4;
-  b.seq_len = 16;
-  b.inputs.assign(b.batch * b.seq_len, 0);
-  b.targets.assign(b.batch * b.seq_len, 0);
-  return b;
-}
+GptConfig Config(int d_model) { return testing::TensorParallelChainConfig(d_model); }
+TokenBatch Batch() { return testing::TensorParallelChainBatch(); }
 
 Tensor Random(const Shape& shape, uint64_t stream, float stddev) {
   Tensor t = Tensor::Zeros(shape);

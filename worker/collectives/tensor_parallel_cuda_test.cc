@@ -32,24 +32,8 @@ namespace {
 constexpr uint64_t kSeed = 77;
 constexpr int kRanks = 2;
 
-GptConfig Config() {
-  GptConfig c;
-  c.vocab_size = 64;
-  c.max_seq_len = 16;
-  c.n_layer = 1;
-  c.n_head = 4;
-  c.d_model = 32;
-  return c;
-}
-
-TokenBatch Batch() {
-  TokenBatch b;
-  b.batch = 4;
-  b.seq_len = 16;
-  b.inputs.assign(b.batch * b.seq_len, 0);
-  b.targets.assign(b.batch * b.seq_len, 0);
-  return b;
-}
+GptConfig Config() { return testing::TensorParallelChainConfig(32); }
+TokenBatch Batch() { return testing::TensorParallelChainBatch(); }
 
 Tensor Random(uint64_t stream, float stddev) {
   Tensor t = Tensor::Zeros({4, 16, 32});

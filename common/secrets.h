@@ -4,7 +4,7 @@
 //   std::string token = RandomToken();            // 256 bits from the OS
 //   ASSIGN_OR_RETURN(std::string t, ReadSecretFile("--user-token-file", path));
 //   if (!ConstantTimeEquals(presented, token)) ...
-//   std::string proof = HmacSha256Hex(job_secret, "pipetrain-dataplane-v1|job-1|2");
+//   std::string proof = HmacSha256Hex(link_key, "pipetrain-dataplane-v2|job-1/1|2");
 //
 // Secrets are never logged: error messages name the flag or file, never the
 // value. All functions are thread-safe.

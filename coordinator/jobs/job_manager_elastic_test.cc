@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/data_plane_keys.h"
 #include "common/proto_time.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
@@ -964,6 +965,7 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   const std::string w3 = AddWorker(7003);  // a spare
   for (int step = 1; step <= 7; ++step) Step(id, step);
   CheckpointAll(id, 5);
+  const v1::Assignment first_plan = AssignmentOf(w1);
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
@@ -988,7 +990,23 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   ASSERT_TRUE(a.has_resume());
   EXPECT_EQ(a.resume().step(), 5);
   EXPECT_EQ(a.resume().units_size(), kUnits);
-  EXPECT_NE(a.data_plane_secret(), AssignmentOf(w1).data_plane_secret().empty() ? "" : "x");
+  // Each worker has its own data-plane keys for the new plan
+  // (data_plane_keys.h): its link key to the other is the one the other
+  // derives from its receive key, and nothing is left of the old plan's.
+  const v1::Assignment survivor = AssignmentOf(w1);
+  ASSERT_EQ(a.data_plane_send_keys_size(), 2);
+  ASSERT_EQ(survivor.data_plane_send_keys_size(), 2);
+  const std::string data_job = DataPlaneJobId(id, 2);
+  for (const auto& [from, to] : {std::pair{&a, &survivor}, std::pair{&survivor, &a}}) {
+    EXPECT_EQ(from->data_plane_send_keys(to->stage()),
+              DataPlaneLinkKey(to->data_plane_receive_key(), data_job, from->stage()));
+  }
+  EXPECT_NE(a.data_plane_receive_key(), survivor.data_plane_receive_key());
+  EXPECT_EQ(first_plan.plan_version(), 1);
+  EXPECT_NE(first_plan.data_plane_receive_key(), survivor.data_plane_receive_key());
+  for (const std::string& old_key : first_plan.data_plane_send_keys()) {
+    for (const std::string& key : survivor.data_plane_send_keys()) EXPECT_NE(key, old_key);
+  }
   // The old plan's reports are stale now.
   v1::ReportProgressRequest old;
   old.set_worker_id(w1);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data_plane_keys.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
@@ -603,8 +604,10 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.job.clear_worker_ids();
   record.job.mutable_progress()->clear_stage_times();
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
-  // Only this plan's workers learn it: their streams prove it to each other.
-  const std::string data_plane_secret = RandomToken();
+  // Each worker gets its own keys (data_plane_keys.h), derived from a plan
+  // secret no worker is sent: it can prove only its own streams.
+  const std::vector<DataPlaneKeys> data_plane_keys = DeriveDataPlaneKeys(
+      RandomToken(), DataPlaneJobId(id, record.plan.version()), static_cast<int>(workers.size()));
   // What the plan gave each worker, as PlanMemoryBudgets shared it out.
   const std::vector<double> budgets = PlanMemoryBudgets(infos);
   for (size_t g = 0; g < workers.size(); ++g) {
@@ -627,7 +630,8 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
       a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
       a.set_data_parallel_quantizer(record.plan.data_parallel_quantizer());
     }
-    a.set_data_plane_secret(data_plane_secret);
+    a.set_data_plane_receive_key(data_plane_keys[g].receive_key);
+    for (const std::string& key : data_plane_keys[g].send_keys) a.add_data_plane_send_keys(key);
     a.set_start_iteration(start_step);
     a.set_data_sha256(record.job.data_sha256());
     // Its corpus lives in the host's RAM, whatever its device's memory.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
+#include "common/data_plane_keys.h"
 #include "common/logging.h"
 #include "common/rpc_status.h"
 #include "common/safetensors.h"
@@ -30,14 +31,13 @@
 #include "worker/train/divergence.h"
 
 namespace pipetrain {
-namespace {
 
-// This worker's index among the job's (replica, stage, tensor rank
-// innermost): its transport's stage and its device group member.
 int GlobalWorkerIndex(const v1::Assignment& a) {
   return (a.replica() * a.num_stages() + a.stage()) * std::max(1, a.tensor_parallel()) +
          a.tensor_rank();
 }
+
+namespace {
 
 // Errors of the data plane: a peer that went away or stopped answering. A
 // job with checkpoints recovers from them (the peer is probably gone);
@@ -80,14 +80,28 @@ bool JobAlreadyEnded(const absl::Status& status) {
 }  // namespace
 
 std::string DataPlaneJobId(const v1::Assignment& assignment) {
-  return absl::StrCat(assignment.job_id(), "/", assignment.plan_version());
+  return DataPlaneJobId(assignment.job_id(), assignment.plan_version());
 }
 
-absl::Status CheckDataPlaneSecret(const v1::Assignment& a) {
-  if (!a.data_plane_secret().empty()) return absl::OkStatus();
+absl::Status CheckDataPlaneKeys(const v1::Assignment& a) {
+  // Bounded by CheckAssignmentLayout (which the callers run first).
+  const int workers = std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
+  if (a.data_plane_receive_key().empty() && a.data_plane_send_keys_size() == 0) {
+    return absl::FailedPreconditionError(
+        "the assignment carries no data-plane keys; not running it (is the coordinator older "
+        "than this worker?)");
+  }
+  bool sized = a.data_plane_receive_key().size() == kDataPlaneKeyBytes &&
+               a.data_plane_send_keys_size() == workers;
+  for (const std::string& key : a.data_plane_send_keys()) {
+    sized = sized && key.size() == kDataPlaneKeyBytes;
+  }
+  if (sized) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      "the assignment carries no data-plane secret; not running it (is the coordinator older "
-      "than this worker?)");
+      absl::StrCat("the assignment's data-plane keys are malformed (want a ", kDataPlaneKeyBytes,
+                   "-byte receive key and one send key of that size per worker, ", workers,
+                   "; got a receive key of ", a.data_plane_receive_key().size(), " bytes and ",
+                   a.data_plane_send_keys_size(), " send keys); not running it"));
 }
 
 absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
@@ -550,8 +564,8 @@ absl::Status JobRunner::RunJob() {
   // Data and tensor parallelism: the transport numbers every worker of
   // the job (Assignment.replica, .tensor_rank); checked first, before
   // anything is sized from it or the corpus is loaded.
-  RETURN_IF_ERROR(CheckDataPlaneSecret(assignment_));
   RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
+  RETURN_IF_ERROR(CheckDataPlaneKeys(assignment_));
   RETURN_IF_ERROR(CheckStartIteration(assignment_, job.train.steps));
   std::string data_path = job.spec.data().path();
   if (!data_path.empty()) {
@@ -620,9 +634,11 @@ absl::Status JobRunner::RunJob() {
   const bool speaks = replica_zero && assignment_.tensor_rank() == 0;
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport =
-      make_transport_(GlobalWorkerIndex(assignment_), peers,
-                      JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  std::unique_ptr<Transport> transport = make_transport_(
+      GlobalWorkerIndex(assignment_), peers,
+      JobCredential{
+          data_plane_job_,
+          {assignment_.data_plane_send_keys().begin(), assignment_.data_plane_send_keys().end()}});
   {
     // Stop() aborts its sends: one to a stalled or vanished peer would
     // otherwise hold this worker (and the next plan's assignment) for the

@@ -116,7 +116,14 @@ struct JobRunnerOptions {
 // The job's name on the data plane for one plan version ("job-1/2"): a
 // re-planned job is another data-plane job, so no frame of the old plan
 // can reach the new one (Mailbox::OpenJob).
+// (common/data_plane_keys.h DataPlaneJobId).
 std::string DataPlaneJobId(const v1::Assignment& assignment);
+
+// This worker's index among the job's workers (replica, stage, tensor rank
+// innermost; plan.proto's peer_addresses order): its transport's stage,
+// its device group member and its data-plane key index. Requires a layout
+// CheckAssignmentLayout accepted.
+int GlobalWorkerIndex(const v1::Assignment& assignment);
 
 // OK when the assignment's layout is one a worker can run: num_stages in
 // 1..kMaxStages, replicas in 0..kMaxStages and tensor_parallel in
@@ -130,12 +137,15 @@ std::string DataPlaneJobId(const v1::Assignment& assignment);
 // job's error). Thread-safe.
 absl::Status CheckAssignmentLayout(const v1::Assignment& assignment);
 
-// OK when the assignment carries a data-plane secret; FAILED_PRECONDITION
-// otherwise (a coordinator older than this worker): without one the
-// stage's data plane would take frames from anyone. Checked, as the
-// layout, by the agent (which then opens nothing) and by the runner
-// (which reports it as the job's error). Thread-safe.
-absl::Status CheckDataPlaneSecret(const v1::Assignment& assignment);
+// OK when the assignment carries this worker's data-plane keys
+// (plan.proto: a receive key and one send key per worker, each
+// kDataPlaneKeyBytes); FAILED_PRECONDITION otherwise, "no data-plane
+// keys" when it has none (a coordinator older than this worker): without
+// them the stage's data plane would take frames from anyone. Requires a
+// layout CheckAssignmentLayout accepted. Checked, after the layout, by the
+// agent (which then opens nothing) and by the runner (which reports it as
+// the job's error). Thread-safe.
+absl::Status CheckDataPlaneKeys(const v1::Assignment& assignment);
 
 // OK when `steps` (the job's spec.training.steps) is in [1, kMaxSteps],
 // the assignment's start_iteration is in [0, steps) and, with a resume,

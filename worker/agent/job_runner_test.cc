@@ -22,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_plane_keys.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
@@ -214,12 +215,18 @@ bool AwaitFinished(const JobRunner& runner) {
 }
 
 // Lists a data-plane address per worker of `a` (replicas x stages x tensor
-// ranks), as the coordinator does; the in-process fabric ignores them.
+// ranks) and gives `a` its data-plane keys, as the coordinator does; the
+// in-process fabric ignores both.
 void SetPeers(v1::Assignment* a) {
   a->clear_peer_addresses();
   const int workers =
       std::max(1, a->replicas()) * a->num_stages() * std::max(1, a->tensor_parallel());
   for (int w = 0; w < workers; ++w) a->add_peer_addresses(absl::StrCat("in-process:", w));
+  const DataPlaneKeys keys =
+      DeriveDataPlaneKeys("secret", DataPlaneJobId(*a), workers)[GlobalWorkerIndex(*a)];
+  a->set_data_plane_receive_key(keys.receive_key);
+  a->clear_data_plane_send_keys();
+  for (const std::string& key : keys.send_keys) a->add_data_plane_send_keys(key);
 }
 
 v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule) {
@@ -227,7 +234,6 @@ v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule)
   a.set_action(v1::Assignment::ACTION_RUN);
   a.set_job_id("job-r");
   a.set_plan_version(1);
-  a.set_data_plane_secret("secret");  // as every coordinator sends
   v1::JobSpec* spec = a.mutable_spec();
   spec->mutable_model()->set_n_layer(1);
   spec->mutable_model()->set_n_head(2);

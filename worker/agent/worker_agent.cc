@@ -559,8 +559,8 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   // and opened only with a secret (without, it would take frames from
   // anyone). A runner is started either way: it fails at once with the
   // same error and reports it to the coordinator as the job's.
-  absl::Status bounded = CheckDataPlaneSecret(a);
-  if (bounded.ok()) bounded = CheckAssignmentLayout(a);
+  absl::Status bounded = CheckAssignmentLayout(a);
+  if (bounded.ok()) bounded = CheckDataPlaneKeys(a);
   // spec.training.steps as the runner resolves it (ResolveJobSpec keeps it;
   // a spec it refuses fails the runner anyway).
   if (bounded.ok()) bounded = CheckStartIteration(a, a.spec().training().steps());
@@ -571,7 +571,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     data_plane_->SetJob(
         DataPlaneJobId(a),
         a.num_stages() * std::max(1, a.replicas()) * std::max(1, a.tensor_parallel()),
-        a.data_plane_secret());
+        a.data_plane_receive_key());
     mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   } else {
     PT_LOG(ERROR) << "job " << a.job_id() << ": " << bounded << "; not opening its data plane";

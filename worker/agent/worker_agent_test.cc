@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/coordinator_endpoints.h"
+#include "common/data_plane_keys.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
@@ -699,13 +700,24 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
   bool release_finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A RUN of a one-layer job "job-1" plan 1 (stage 0 of 2, no peers listed).
+// Gives `a` data-plane keys for its layout (one CheckAssignmentLayout
+// accepts), as a coordinator does.
+void SetKeys(v1::Assignment& a) {
+  a.clear_data_plane_send_keys();
+  const int workers = std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
+  const DataPlaneKeys keys =
+      DeriveDataPlaneKeys("secret", DataPlaneJobId(a), workers)[GlobalWorkerIndex(a)];
+  a.set_data_plane_receive_key(keys.receive_key);
+  for (const std::string& key : keys.send_keys) a.add_data_plane_send_keys(key);
+}
+
+// A RUN of a one-layer job "job-1" plan 1 (stage 0 of 2, no peers listed,
+// so no keys either: tests that run it list them with SetKeys).
 v1::Assignment RunAssignment() {
   v1::Assignment a;
   a.set_action(v1::Assignment::ACTION_RUN);
   a.set_job_id("job-1");
   a.set_plan_version(1);
-  a.set_data_plane_secret("secret");
   v1::JobSpec* spec = a.mutable_spec();
   spec->mutable_model()->set_n_layer(1);
   spec->mutable_model()->set_n_head(2);
@@ -748,6 +760,7 @@ TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbea
   a.mutable_spec()->mutable_parallelism()->set_stages(1);
   a.set_num_stages(1);
   a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
+  SetKeys(a);
   a.mutable_backward_units()->set_begin(0);
   a.mutable_backward_units()->set_end(4);
   *a.mutable_forward_units() = a.backward_units();
@@ -799,19 +812,46 @@ TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningT
             "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
 }
 
-// An assignment without a data-plane secret (an older coordinator): the
-// agent opens no data plane for it, and the job learns why from the
-// runner's report. Before, the agent stopped its runner and reported
-// nothing: the other stages blamed this one's start barrier, a
-// one-stage job waited forever.
-TEST(WorkerAgentTest, Handle_NoDataPlaneSecret_ReportedAsTheJobsError) {
+// An assignment without data-plane keys (an older coordinator): the agent
+// opens no data plane for it, and the job learns why from the runner's
+// report. Before, the agent stopped its runner and reported nothing: the
+// other stages blamed this one's start barrier, a one-stage job waited
+// forever.
+TEST(WorkerAgentTest, Handle_NoDataPlaneKeys_ReportedAsTheJobsError) {
   v1::Assignment a = RunAssignment();
-  a.clear_data_plane_secret();
+  a.add_peer_addresses("127.0.0.1:1");
+  a.add_peer_addresses("127.0.0.1:2");
   Mailbox mailbox;
   const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
   ASSERT_TRUE(report.has_value());
   EXPECT_EQ(report->job_id(), "job-1");
-  EXPECT_TRUE(absl::StrContains(report->error(), "no data-plane secret")) << report->error();
+  EXPECT_TRUE(absl::StrContains(report->error(), "no data-plane keys")) << report->error();
+}
+
+// Keys of the wrong count or size (a peer list the keys do not cover would
+// send unproven streams; a short key is no key): refused the same way.
+TEST(WorkerAgentTest, Handle_MalformedDataPlaneKeys_ReportedAsTheJobsError) {
+  v1::Assignment base = RunAssignment();
+  base.add_peer_addresses("127.0.0.1:1");
+  base.add_peer_addresses("127.0.0.1:2");
+  SetKeys(base);
+  ASSERT_TRUE(CheckDataPlaneKeys(base).ok());
+  v1::Assignment one_short = base;
+  one_short.mutable_data_plane_send_keys()->RemoveLast();
+  v1::Assignment short_key = base;
+  short_key.set_data_plane_send_keys(1, "abc");
+  v1::Assignment no_receive_key = base;
+  no_receive_key.clear_data_plane_receive_key();
+  for (const v1::Assignment& a : {one_short, short_key, no_receive_key}) {
+    EXPECT_EQ(CheckDataPlaneKeys(a).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  Mailbox mailbox;
+  const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(one_short, mailbox);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->error(),
+            "FAILED_PRECONDITION: the assignment's data-plane keys are malformed (want a 64-byte "
+            "receive key and one send key of that size per worker, 2; got a receive key of 64 "
+            "bytes and 1 send keys); not running it");
 }
 
 // Heartbeats name the job of the last assignment taken, read with the
@@ -851,6 +891,7 @@ TEST(WorkerAgentTest, Handle_StartIterationPastTheSteps_ReportedWithoutOpeningTh
   v1::Assignment a = RunAssignment();
   a.add_peer_addresses("127.0.0.1:1");
   a.add_peer_addresses("127.0.0.1:2");
+  SetKeys(a);
   a.set_start_iteration(std::numeric_limits<int64_t>::max());
   Mailbox mailbox;
   const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
@@ -873,6 +914,7 @@ TEST(WorkerAgentTest, Handle_UnboundedSteps_ReportedWithoutOpeningTheMailbox) {
   v1::Assignment a = RunAssignment();
   a.add_peer_addresses("127.0.0.1:1");
   a.add_peer_addresses("127.0.0.1:2");
+  SetKeys(a);
   a.mutable_spec()->mutable_training()->set_steps(std::numeric_limits<int64_t>::max());
   a.set_start_iteration(std::numeric_limits<int64_t>::max() - 1);
   Mailbox mailbox;

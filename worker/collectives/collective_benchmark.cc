@@ -94,7 +94,7 @@ struct Member {
   void Connect(int rank, const std::vector<std::string>& addresses,
                const std::optional<LinkModel>& link) {
     GrpcTransportOptions options;
-    options.credential = {"bench", ""};  // the servers hold no secret
+    options.credential = {"bench", {}};  // the servers hold no keys
     transport.reset(new GrpcTransport(rank, addresses, &mailbox, std::move(options)));
     if (link.has_value()) transport.reset(new ShapedTransport(std::move(transport), *link));
   }

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data_plane_keys.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
@@ -81,19 +84,25 @@ absl::StatusOr<DataPlaneCost> FitDataPlaneCost(int64_t small_bytes, double small
 
 absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* mailbox,
                                              const std::string& self_address) {
-  // A job nobody else can prove (the secret never leaves this process).
-  const JobCredential credential{absl::StrCat("data-plane-probe-", RandomHex(8)), RandomToken()};
-  server->SetJob(credential.job_id, 2, credential.secret);
-  GrpcTransportOptions options;
-  options.credential = credential;
-  options.connect_timeout = absl::Seconds(5);
+  // A job nobody else can prove (its secret never leaves this process).
+  // Both members send to this one server, which checks them as member 0:
+  // each is given its link key to member 0 for both of its peers.
+  const std::string job_id = absl::StrCat("data-plane-probe-", RandomHex(8));
+  const std::vector<DataPlaneKeys> keys = DeriveDataPlaneKeys(RandomToken(), job_id, 2);
+  server->SetJob(job_id, 2, keys[0].receive_key);
+  GrpcTransportOptions options0, options1;
+  options0.credential = {job_id, {keys[0].send_keys[0], keys[0].send_keys[0]}};
+  options1.credential = {job_id, {keys[1].send_keys[0], keys[1].send_keys[0]}};
+  for (GrpcTransportOptions* options : {&options0, &options1}) {
+    options->connect_timeout = absl::Seconds(5);
+  }
   CollectiveOptions exchange;
   exchange.timeout = absl::Seconds(10);
   absl::StatusOr<DataPlaneCost> cost = [&]() -> absl::StatusOr<DataPlaneCost> {
-    GrpcTransport t0(0, {self_address, self_address}, mailbox, options);
-    GrpcTransport t1(1, {self_address, self_address}, mailbox, options);
-    Collectives first(&t0, {{0, 1}, credential.job_id}, exchange);
-    Collectives second(&t1, {{0, 1}, credential.job_id}, exchange);
+    GrpcTransport t0(0, {self_address, self_address}, mailbox, options0);
+    GrpcTransport t1(1, {self_address, self_address}, mailbox, options1);
+    Collectives first(&t0, {{0, 1}, job_id}, exchange);
+    Collectives second(&t1, {{0, 1}, job_id}, exchange);
     RETURN_IF_ERROR(first.status());
     RETURN_IF_ERROR(second.status());
     int64_t iteration = 0;
@@ -117,7 +126,7 @@ absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* m
     return FitDataPlaneCost(kDataPlaneProbeSmallBytes, small, kDataPlaneProbeLargeBytes, large);
   }();
   server->ClearJob();
-  mailbox->DropJob(credential.job_id);
+  mailbox->DropJob(job_id);
   return cost;
 }
 

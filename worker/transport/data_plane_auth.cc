@@ -3,16 +3,17 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/data_plane_keys.h"
 #include "common/secrets.h"
 
 namespace pipetrain {
 
-std::string StreamProof(absl::string_view secret, absl::string_view job_id, int source_stage) {
-  return HmacSha256Hex(secret, absl::StrCat("pipetrain-dataplane-v1|", job_id, "|", source_stage));
+std::string StreamProof(absl::string_view link_key, absl::string_view job_id, int source) {
+  return HmacSha256Hex(link_key, absl::StrCat("pipetrain-dataplane-v2|", job_id, "|", source));
 }
 
 absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
-                                     absl::string_view secret, absl::string_view sent_job,
+                                     absl::string_view receive_key, absl::string_view sent_job,
                                      absl::string_view sent_stage, absl::string_view sent_proof) {
   if (sent_job.empty()) {
     return absl::UnauthenticatedError(absl::StrCat("data-plane stream without credentials (",
@@ -39,10 +40,12 @@ absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
     return absl::UnauthenticatedError(
         absl::StrCat("data-plane stream without a valid ", kStageMetadataKey));
   }
-  if (!secret.empty() && !ConstantTimeEquals(sent_proof, StreamProof(secret, job_id, stage))) {
+  if (!receive_key.empty() &&
+      !ConstantTimeEquals(
+          sent_proof, StreamProof(DataPlaneLinkKey(receive_key, job_id, stage), job_id, stage))) {
     return absl::UnauthenticatedError(
         absl::StrCat("data-plane stream claiming stage ", stage, " of job ", job_id,
-                     " without its proof; only the job's workers may send it frames"));
+                     " without its proof; only that worker of the job may send as it"));
   }
   return stage;
 }

@@ -561,7 +561,7 @@ class DataPlaneServer::Service final
     const std::shared_ptr<const AcceptedJob> accepted = shared_->job();
     const AcceptedJob& job = *accepted;
     absl::StatusOr<int> stage = VerifyStreamOpen(
-        job.job_id, job.num_stages, job.secret, MetadataValue(*context, kJobMetadataKey),
+        job.job_id, job.num_stages, job.receive_key, MetadataValue(*context, kJobMetadataKey),
         MetadataValue(*context, kStageMetadataKey), MetadataValue(*context, kProofMetadataKey));
     if (!stage.ok()) {
       if (int64_t dropped = 0; shared_->refused_streams_log().Allow(&dropped)) {
@@ -642,8 +642,9 @@ DataPlaneServer::DataPlaneServer(std::unique_ptr<Service> service,
 
 DataPlaneServer::~DataPlaneServer() { Shutdown(); }
 
-void DataPlaneServer::SetJob(const std::string& job_id, int num_stages, const std::string& secret) {
-  service_->shared().SetJob(AcceptedJob{job_id, num_stages, secret});
+void DataPlaneServer::SetJob(const std::string& job_id, int num_stages,
+                             const std::string& receive_key) {
+  service_->shared().SetJob(AcceptedJob{job_id, num_stages, receive_key});
 }
 
 void DataPlaneServer::ClearJob() { service_->shared().SetJob(AcceptedJob{}); }

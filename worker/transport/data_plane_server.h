@@ -46,7 +46,7 @@
 // Streams per sender: a sending stage keeps one stream here (two while a
 // broken one is replaced); at most kMaxStreamsPerSourceStage proven streams
 // of one (job, stage) are open at once, a further one ends at once with
-// RESOURCE_EXHAUSTED, so a peer holding the job's secret cannot make the
+// RESOURCE_EXHAUSTED, so a peer holding a stage's keys cannot make the
 // server hold more than that many frames (8 MiB each) for it. A slot is
 // given back as its stream finishes. The server pings idle connections
 // (kDataPlaneKeepalive), so one to a peer that vanished without closing
@@ -96,8 +96,10 @@ class DataPlaneServer {
   DataPlaneServer(const DataPlaneServer&) = delete;
   DataPlaneServer& operator=(const DataPlaneServer&) = delete;
 
-  // From now on accept streams of `job_id` from stages [0, num_stages) that
-  // prove `secret` (empty: no proof needed; in-process tests only) and
+  // From now on accept streams of `job_id` from its workers [0, num_stages)
+  // that prove themselves to this worker, whose receive key for the job is
+  // `receive_key` (data_plane_auth.h; empty: no proof needed, in-process
+  // tests only), and
   // refuse every other job. The open streams of any other job end,
   // FAILED_PRECONDITION ("job ... is over on this worker"), once no frame
   // of theirs is held and no reply is being written, and a tensor they
@@ -106,7 +108,7 @@ class DataPlaneServer {
   // buffers per stage, outside the mailbox's limit, for as long as it
   // keeps its connection. Frames already assembled stay in the mailbox
   // (the worker drops them with Mailbox::DropJob). Thread-safe.
-  void SetJob(const std::string& job_id, int num_stages, const std::string& secret);
+  void SetJob(const std::string& job_id, int num_stages, const std::string& receive_key);
   // Reject every frame and end every stream, as SetJob of another job
   // (the worker has no assignment). Thread-safe.
   void ClearJob();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/data_plane_keys.h"
 #include "gtest/gtest.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
@@ -22,7 +23,16 @@ namespace {
 
 constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
 constexpr char kJob[] = "j-1";
-constexpr char kSecret[] = "5ecre7-of-j-1";
+constexpr char kSecret[] = "5ecre7-of-j-1";  // the plan secret the keys derive from
+// The server plays this worker of the job's two.
+constexpr int kSelf = 1;
+
+std::string ReceiveKey(const std::string& job) { return DataPlaneReceiveKey(kSecret, job, kSelf); }
+
+// What worker `stage` of `job` proves its streams to the server with.
+std::string ProofFrom(const std::string& job, int stage) {
+  return StreamProof(DataPlaneLinkKey(ReceiveKey(job), job, stage), job, stage);
+}
 // The receiving stage is at this iteration; run-ahead 2 ends its window at 9.
 constexpr int64_t kStageIteration = 7;
 // For streams the server must end: a regression shows as their deadline,
@@ -51,7 +61,7 @@ class DataPlaneServerTest : public ::testing::Test {
         DataPlaneServer::Start("127.0.0.1:0", mailbox_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    server_->SetJob(kJob, 2, kSecret);
+    server_->SetJob(kJob, 2, ReceiveKey(kJob));
     stub_ = v1::DataPlaneService::NewStub(
         grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   }
@@ -67,7 +77,7 @@ class DataPlaneServerTest : public ::testing::Test {
     context.set_deadline(absl::ToChronoTime(absl::Now() + patience));
     context.AddMetadata(kJobMetadataKey, kJob);
     context.AddMetadata(kStageMetadataKey, std::to_string(stage));
-    context.AddMetadata(kProofMetadataKey, StreamProof(kSecret, kJob, stage));
+    context.AddMetadata(kProofMetadataKey, ProofFrom(kJob, stage));
     return stub_->Stream(&context);
   }
 
@@ -287,7 +297,7 @@ TEST_F(DataPlaneServerTest, SetJob_AnotherJob_EndsStalledStreamsOfTheOld) {
     WriteFirstFrame(*streams[i], At(kStageIteration, 100 + static_cast<int>(i)), Values(256, 1.f));
   }
 
-  server_->SetJob("j-1/2", 2, "5ecre7-of-j-1/2");
+  server_->SetJob("j-1/2", 2, ReceiveKey("j-1/2"));
   // The half-assembled tensors went within SetJob, not when (or whether)
   // the peers let their streams finish.
   EXPECT_EQ(mailbox_->reserved(), 0);
@@ -299,7 +309,7 @@ TEST_F(DataPlaneServerTest, SetJob_AnotherJob_EndsStalledStreamsOfTheOld) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
   context.AddMetadata(kJobMetadataKey, "j-1/2");
   context.AddMetadata(kStageMetadataKey, "0");
-  context.AddMetadata(kProofMetadataKey, StreamProof("5ecre7-of-j-1/2", "j-1/2", 0));
+  context.AddMetadata(kProofMetadataKey, ProofFrom("j-1/2", 0));
   std::unique_ptr<FrameStream> next = stub_->Stream(&context);
   const TensorAddress address{"j-1/2", 0, v1::TENSOR_KIND_ACTIVATION, 0, 1};
   const WireTensor probe = Values(4, 9.f);
@@ -318,7 +328,7 @@ TEST_F(DataPlaneServerTest, SetJob_HeldStreamOfTheOldJobEnds_ClearJobEndsTheRest
   Write(*held, At(kStageIteration + 3, 1), Values(4, 1.f));
   ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
 
-  server_->SetJob(kJob, 2, kSecret);  // The same job again: nothing ends.
+  server_->SetJob(kJob, 2, ReceiveKey(kJob));  // The same job again: nothing ends.
   const WireTensor sent = Values(4, 2.f);
   grpc::ClientContext same_context;
   std::unique_ptr<FrameStream> same = Open(same_context, 0, kEndPatience);
@@ -326,12 +336,12 @@ TEST_F(DataPlaneServerTest, SetJob_HeldStreamOfTheOldJobEnds_ClearJobEndsTheRest
   ExpectTaken(At(kStageIteration, 2), sent);
   EXPECT_EQ(mailbox_->held(), 1u);
 
-  server_->SetJob("j-2", 2, "5ecre7-of-j-2");
+  server_->SetJob("j-2", 2, ReceiveKey("j-2"));
   ExpectEndedAsOver(*held, kJob);
   EXPECT_EQ(mailbox_->held(), 0u);
   ExpectEndedAsOver(*same, kJob);
 
-  server_->SetJob(kJob, 2, kSecret);
+  server_->SetJob(kJob, 2, ReceiveKey(kJob));
   grpc::ClientContext last_context;
   std::unique_ptr<FrameStream> last = Open(last_context, 0, kEndPatience);
   const WireTensor admitted = Values(4, 3.f);

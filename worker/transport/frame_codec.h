@@ -82,9 +82,9 @@ absl::Status CheckSendable(const WireTensor& wire, const std::string& what);
 struct AcceptedJob {
   std::string job_id;
   int num_stages = 0;
-  // The job's data-plane secret (data_plane_auth.h); the receiver's stream
-  // check uses it, the assembler does not.
-  std::string secret;
+  // This worker's data-plane receive key (data_plane_auth.h); the
+  // receiver's stream check uses it, the assembler does not.
+  std::string receive_key;
 };
 
 struct ReceivedTensor {

@@ -101,13 +101,13 @@ std::vector<grpc::ByteBuffer> EncodeFrameBuffers(int source_stage, const TensorA
 // gRPC operations are never started while mu_ is held.
 class FrameStream final : public StreamReactor {
  public:
-  // Starts the call on `stub`'s channel.
-  // Starts the call on `stub`'s channel, proving it comes from
-  // `source_stage` of the credential's job (data_plane_auth.h).
+  // Starts the call on `stub`'s channel, proving to `peer_stage` that it
+  // comes from `source_stage` of the credential's job (data_plane_auth.h).
   // `room_waits` counts Enqueues waiting for room; it must outlive the
   // stream.
   static std::shared_ptr<FrameStream> Start(FrameStub* stub, std::string peer_name,
                                             const GrpcTransportOptions& options, int source_stage,
+                                            int peer_stage,
                                             std::function<void(const absl::Status&)> on_error,
                                             RoomWaits* room_waits) {
     std::shared_ptr<FrameStream> stream(
@@ -116,9 +116,12 @@ class FrameStream final : public StreamReactor {
     if (!credential.job_id.empty()) {
       stream->context_.AddMetadata(kJobMetadataKey, credential.job_id);
       stream->context_.AddMetadata(kStageMetadataKey, absl::StrCat(source_stage));
-      if (!credential.secret.empty()) {
+      // Without a key for this peer the stream goes unproven, and a
+      // receiver with keys refuses it (UNAUTHENTICATED, with the reason).
+      if (peer_stage >= 0 && peer_stage < static_cast<int>(credential.send_keys.size())) {
         stream->context_.AddMetadata(
-            kProofMetadataKey, StreamProof(credential.secret, credential.job_id, source_stage));
+            kProofMetadataKey,
+            StreamProof(credential.send_keys[peer_stage], credential.job_id, source_stage));
       }
     }
     stub->PrepareBidiStreamingCall(&stream->context_, StreamMethod(), grpc::StubOptions(),
@@ -506,8 +509,8 @@ class GrpcTransport::PeerLink {
     auto on_error = [peer, callback = options_.on_peer_error](const absl::Status& error) {
       if (callback) callback(peer, error);
     };
-    std::shared_ptr<FrameStream> stream =
-        FrameStream::Start(stub_.get(), name_, options_, source_stage_, on_error, room_waits_);
+    std::shared_ptr<FrameStream> stream = FrameStream::Start(
+        stub_.get(), name_, options_, source_stage_, peer_stage_, on_error, room_waits_);
     {
       AnnotatedMutexLock lock(&mu_);
       if (!shut_down_) {

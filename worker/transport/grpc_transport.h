@@ -56,9 +56,9 @@ namespace pipetrain {
 inline constexpr absl::Duration kConnectAbortSlice = absl::Milliseconds(50);
 
 struct GrpcTransportOptions {
-  // Proves each stream to its receiver (data_plane_auth.h): the job and its
-  // secret. An empty job_id sends no proof (only a receiver without a
-  // secret, in tests, accepts that).
+  // Proves each stream to its receiver (data_plane_auth.h): the job and this
+  // worker's link keys. An empty job_id or send_keys sends no proof (only a
+  // receiver without a receive key, in tests, accepts that).
   JobCredential credential;
   // Payload per frame; 1 <= max_frame_bytes <= kMaxFramePayloadBytes.
   int64_t max_frame_bytes = kMaxFramePayloadBytes;

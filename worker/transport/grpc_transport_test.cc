@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/annotated_mutex.h"
+#include "common/data_plane_keys.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
@@ -22,13 +23,19 @@ namespace pipetrain {
 namespace {
 
 constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
-constexpr char kJobSecret[] = "5ecre7-of-j-1";
+constexpr char kPlanSecret[] = "5ecre7-of-j-1";
 
-// What a sender of stage 0 of job j-1 sends when it opens a stream.
-void ProveStage0(grpc::ClientContext& context, const std::string& secret = kJobSecret) {
+// Worker `worker`'s keys for `job` of two workers, as a coordinator gives them.
+DataPlaneKeys KeysOf(const std::string& job, int worker) {
+  return DeriveDataPlaneKeys(kPlanSecret, job, 2)[worker];
+}
+
+// What a sender of stage 0 of job j-1 sends when it opens a stream to stage 1.
+void ProveStage0(grpc::ClientContext& context,
+                 const std::string& link_key = KeysOf("j-1", 0).send_keys[1]) {
   context.AddMetadata(kJobMetadataKey, "j-1");
   context.AddMetadata(kStageMetadataKey, "0");
-  context.AddMetadata(kProofMetadataKey, StreamProof(secret, "j-1", 0));
+  context.AddMetadata(kProofMetadataKey, StreamProof(link_key, "j-1", 0));
 }
 
 TensorAddress Address(v1::TensorKind kind, int micro_batch, int unit,
@@ -99,10 +106,10 @@ class GrpcTransportTest : public ::testing::Test {
           DataPlaneServer::Start("127.0.0.1:0", mailboxes_[s].get());
       ASSERT_TRUE(server.ok()) << server.status();
       servers_[s] = *std::move(server);
-      servers_[s]->SetJob("j-1", 2, kJobSecret);
+      servers_[s]->SetJob("j-1", 2, KeysOf("j-1", s).receive_key);
       addresses_.push_back(servers_[s]->address());
     }
-    for (int s = 0; s < 2; ++s) transports_[s] = MakeTransport(s, Options());
+    for (int s = 0; s < 2; ++s) transports_[s] = MakeTransport(s, Options(s));
   }
 
   void TearDown() override {
@@ -111,9 +118,10 @@ class GrpcTransportTest : public ::testing::Test {
     for (auto& m : mailboxes_) m->Shutdown();
   }
 
-  GrpcTransportOptions Options() {
+  // A sender's options: stage `self`'s keys of job j-1.
+  GrpcTransportOptions Options(int self = 0) {
     GrpcTransportOptions options;
-    options.credential = {"j-1", kJobSecret};
+    options.credential = {"j-1", KeysOf("j-1", self).send_keys};
     options.connect_timeout = kPatience;
     options.on_peer_error = [this](int, const absl::Status& error) { peer_errors_.Add(error); };
     return options;
@@ -368,7 +376,7 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
 TEST_F(GrpcTransportTest, Send_PeerMovedToAnotherJob_StreamEndsAndNextSendSaysWhy) {
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
                   Pattern({8}, 0));  // the stream is open
-  servers_[1]->SetJob("j-1/2", 2, kJobSecret);
+  servers_[1]->SetJob("j-1/2", 2, KeysOf("j-1/2", 1).receive_key);
   const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(reported, "the peer ended the stream")) << reported;
 
@@ -426,7 +434,7 @@ TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
       DataPlaneServer::Start("127.0.0.1:" + std::to_string(port), mailboxes_[1].get());
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   servers_[1] = *std::move(restarted);
-  servers_[1]->SetJob("j-1", 2, kJobSecret);
+  servers_[1]->SetJob("j-1", 2, KeysOf("j-1", 1).receive_key);
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
@@ -532,7 +540,7 @@ TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) 
     if (how == "other job") {
       context.AddMetadata(kJobMetadataKey, "j-9");
       context.AddMetadata(kStageMetadataKey, "0");
-      context.AddMetadata(kProofMetadataKey, StreamProof(kJobSecret, "j-9", 0));
+      context.AddMetadata(kProofMetadataKey, StreamProof(KeysOf("j-9", 0).send_keys[1], "j-9", 0));
     }
     auto stream = stub->Stream(&context);
     stream->Write(injected);  // may or may not be taken before the refusal

@@ -557,6 +557,43 @@ TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) 
                   Pattern({2, 2}, 1));  // the real tensor
 }
 
+// A worker of the job sending as another one (worker 2 of 3 claiming to
+// be worker 0, towards worker 1): its keys prove only its own streams, so
+// worker 1 refuses the stream and files nothing, while worker 0's own keys
+// get the same tensor through. (With one secret per plan, worker 2 could
+// prove any stage.)
+TEST_F(GrpcTransportTest, Send_AsAnotherWorkerOfTheJob_RefusedWhileItsOwnKeysPass) {
+  const std::vector<DataPlaneKeys> keys = DeriveDataPlaneKeys(kPlanSecret, "j-3", 3);
+  servers_[1]->SetJob("j-3", 3, keys[1].receive_key);
+  mailboxes_[1]->OpenJob("j-3", 0);
+  const std::vector<std::string> peers = {addresses_[0], addresses_[1], addresses_[0]};
+  const TensorAddress address = Address(v1::TENSOR_KIND_ACTIVATION, 0, 1, "j-3");
+  const Tensor tensor = Pattern({8}, 4);
+
+  GrpcTransportOptions impostor_options = Options();
+  impostor_options.credential = {"j-3", keys[2].send_keys};
+  GrpcTransport impostor(0, peers, mailboxes_[0].get(), impostor_options);
+  // Queued before the refusal comes back, or refused at once: either way
+  // the stream ends and nothing is filed. (The sender learns only that the
+  // peer ended it; the reason, UNAUTHENTICATED "... claiming stage 0 of job
+  // j-3 without its proof", is in the receiver's log: gRPC gives it to the
+  // sender's OnDone, after the break was reported.)
+  impostor.Send(1, address, tensor).IgnoreError();
+  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(reported, "the peer ended the stream")) << reported;
+  EXPECT_EQ(mailboxes_[1]->size(), 0u);
+  impostor.Shutdown();
+
+  GrpcTransportOptions own_options = Options();
+  own_options.credential = {"j-3", keys[0].send_keys};
+  GrpcTransport sender(0, peers, mailboxes_[0].get(), own_options);
+  ASSERT_TRUE(sender.Send(1, address, tensor).ok());
+  absl::StatusOr<Tensor> got = transports_[1]->Recv(0, address, kPatience);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitwiseEqual(*got, tensor));
+  sender.Shutdown();
+}
+
 // A stage may legally run more than the mailbox's run-ahead window ahead of
 // its receiver (e.g. a last stage that only runs a forward pass): its
 // tensors are held back, not refused, and arrive once the receiver gets

@@ -400,8 +400,11 @@ class FrameStream final : public StreamReactor {
 };
 
 std::string GrpcStatusText(const grpc::Status& status) {
-  return absl::StrCat("gRPC status ", static_cast<int>(status.error_code()), ": ",
-                      status.error_message());
+  // gRPC's codes are absl's (both are the canonical codes): named, so a
+  // reader need not look up "16".
+  return absl::StrCat("gRPC status ", static_cast<int>(status.error_code()), " ",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                      ": ", status.error_message());
 }
 
 }  // namespace

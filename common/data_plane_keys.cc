@@ -38,4 +38,18 @@ std::vector<DataPlaneKeys> DeriveDataPlaneKeys(absl::string_view plan_secret,
   return keys;
 }
 
+DataPlaneKeys DeriveWorkerDataPlaneKeys(absl::string_view plan_secret,
+                                        absl::string_view data_plane_job, int worker,
+                                        int num_workers) {
+  PT_CHECK(worker >= 0 && worker < num_workers && !plan_secret.empty());
+  DataPlaneKeys keys;
+  keys.receive_key = DataPlaneReceiveKey(plan_secret, data_plane_job, worker);
+  keys.send_keys.reserve(num_workers);
+  for (int b = 0; b < num_workers; ++b) {
+    keys.send_keys.push_back(DataPlaneLinkKey(DataPlaneReceiveKey(plan_secret, data_plane_job, b),
+                                              data_plane_job, worker));
+  }
+  return keys;
+}
+
 }  // namespace pipetrain

@@ -58,6 +58,13 @@ struct DataPlaneKeys {
 std::vector<DataPlaneKeys> DeriveDataPlaneKeys(absl::string_view plan_secret,
                                                absl::string_view data_plane_job, int num_workers);
 
+// Worker `worker`'s keys alone, DeriveDataPlaneKeys(...)[worker], in 2n
+// HMACs rather than n^2 (tests that build one worker's assignment).
+// Requires 0 <= worker < num_workers and a non-empty secret (checked).
+DataPlaneKeys DeriveWorkerDataPlaneKeys(absl::string_view plan_secret,
+                                        absl::string_view data_plane_job, int worker,
+                                        int num_workers);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_DATA_PLANE_KEYS_H_

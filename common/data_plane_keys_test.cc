@@ -51,5 +51,14 @@ TEST(DataPlaneKeysTest, Keys_AllDistinctAcrossWorkersAndPlans) {
   EXPECT_TRUE(DeriveDataPlaneKeys(kSecret, "j/1", 0).empty());
 }
 
+TEST(DataPlaneKeysTest, OneWorkersKeys_AsAllWorkersKeys) {
+  const std::vector<DataPlaneKeys> all = DeriveDataPlaneKeys(kSecret, "j/3", 5);
+  for (int w = 0; w < 5; ++w) {
+    const DataPlaneKeys one = DeriveWorkerDataPlaneKeys(kSecret, "j/3", w, 5);
+    EXPECT_EQ(one.receive_key, all[w].receive_key);
+    EXPECT_EQ(one.send_keys, all[w].send_keys);
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

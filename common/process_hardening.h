@@ -1,8 +1,8 @@
 // Keeps other processes of the same user out of this one's memory.
 //
 // The coordinator holds the join and user tokens and every worker's session
-// credential; a worker holds its session credential and the plan's
-// data-plane secret. A Linux process is "dumpable" by default: a crash
+// credential and the plans' data-plane keys; a worker holds its session
+// credential and its own data-plane keys. A Linux process is "dumpable" by default: a crash
 // writes its memory to a core file (wherever core_pattern says, often
 // readable by more people than the tokens' files are), and any process of
 // the same uid may ptrace it or read /proc/PID/mem and /proc/PID/environ.

@@ -275,7 +275,7 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
     auto data = v1::DataPlaneService::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
     // What a stranger can know: the job id (ListJobs shows it), the stages,
-    // the tensor keys; not the job's secret.
+    // the tensor keys; not a worker's data-plane keys.
     const std::vector<std::string> proofs = {"", "0000",
                                              StreamProof("guess", data_job, 1 - worker)};
     for (const std::string& proof : proofs) {

@@ -112,6 +112,7 @@
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/data_plane_keys.h"
 #include "common/job_state.h"
 #include "common/safetensors.h"
 #include "common/serial_executor.h"
@@ -708,6 +709,8 @@ class JobManager {
     CompiledPlan compiled;
     std::optional<ResolvedJobSpec> chosen;  // an auto layout's spec
     std::string placed_reason;              // reason, and the layout chosen
+    // Every worker's data-plane keys for this plan ([w] for worker w).
+    std::vector<DataPlaneKeys> data_plane_keys;
     // Seconds waiting for the background thread, and computing (both 0 when
     // it was not computed, at shutdown).
     double queued_seconds = 0;

@@ -258,6 +258,14 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     } else {
       const absl::Time started = clock_->Now();
       output = PlanPlacement(input);
+      // Each worker gets its own keys (data_plane_keys.h), derived from a
+      // plan secret no worker is sent: it can prove only its own streams.
+      // Derived here, off the jobs lock: n^2 HMACs, seconds for the
+      // largest jobs.
+      if (output.status.ok()) {
+        output.data_plane_keys = DeriveDataPlaneKeys(
+            RandomToken(), DataPlaneJobId(input.job_id, input.version), input.workers);
+      }
       output.queued_seconds = absl::ToDoubleSeconds(started - input.queued_at);
       output.computing_seconds = absl::ToDoubleSeconds(clock_->Now() - started);
     }
@@ -604,10 +612,12 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.job.clear_worker_ids();
   record.job.mutable_progress()->clear_stage_times();
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
-  // Each worker gets its own keys (data_plane_keys.h), derived from a plan
-  // secret no worker is sent: it can prove only its own streams.
-  const std::vector<DataPlaneKeys> data_plane_keys = DeriveDataPlaneKeys(
-      RandomToken(), DataPlaneJobId(id, record.plan.version()), static_cast<int>(workers.size()));
+  // The planning task derived them for input.workers == workers.size()
+  // and this version.
+  const std::vector<DataPlaneKeys>& data_plane_keys = output.data_plane_keys;
+  PT_CHECK(data_plane_keys.size() == workers.size() && record.plan.version() == version)
+      << data_plane_keys.size() << " keys for " << workers.size() << " workers, plan version "
+      << record.plan.version() << " vs " << version;
   // What the plan gave each worker, as PlanMemoryBudgets shared it out.
   const std::vector<double> budgets = PlanMemoryBudgets(infos);
   for (size_t g = 0; g < workers.size(); ++g) {

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/data_plane_keys.h"
 #include "common/device_kind.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
@@ -255,6 +256,35 @@ TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
   EXPECT_TRUE(jobs_.List().empty());
 }
 
+// The data-plane keys of one plan's assignments (all its workers, any
+// order) fit together: the worker at data-plane index a (replica, stage,
+// tensor rank innermost, as the worker computes it from its assignment)
+// proves its streams to index b with the link key b derives from its own
+// receive key (common/data_plane_keys.h), and every index occurs once.
+void ExpectDataPlaneKeysFit(const std::vector<v1::Assignment>& assignments,
+                            const std::string& data_job) {
+  std::map<int, const v1::Assignment*> by_index;
+  for (const v1::Assignment& a : assignments) {
+    const int index =
+        (a.replica() * a.num_stages() + a.stage()) * std::max(1, a.tensor_parallel()) +
+        a.tensor_rank();
+    EXPECT_TRUE(by_index.emplace(index, &a).second) << "index " << index << " twice";
+  }
+  const int n = static_cast<int>(assignments.size());
+  ASSERT_EQ(by_index.size(), assignments.size());
+  ASSERT_EQ(by_index.rbegin()->first, n - 1);
+  for (const auto& [a, from] : by_index) {
+    ASSERT_EQ(from->data_plane_send_keys_size(), n);
+    EXPECT_EQ(from->data_plane_receive_key().size(), kDataPlaneKeyBytes);
+    for (const auto& [b, to] : by_index) {
+      EXPECT_EQ(from->data_plane_send_keys(b),
+                DataPlaneLinkKey(to->data_plane_receive_key(), data_job, a))
+          << a << " -> " << b;
+      if (a != b) EXPECT_NE(from->data_plane_receive_key(), to->data_plane_receive_key());
+    }
+  }
+}
+
 // spec.parallelism.data 2 x 2 stages: four workers, replica r's stage s on
 // worker r * 2 + s, every assignment naming all four data-plane peers and
 // its replica's program of one micro-batch (2 / 2).
@@ -289,6 +319,9 @@ TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
     EXPECT_EQ(a.forward_units().SerializeAsString(), twin.forward_units().SerializeAsString());
     EXPECT_EQ(plan.stages(g).worker_id(), w[g]);
   }
+  std::vector<v1::Assignment> assignments;
+  for (const std::string& worker : w) assignments.push_back(AssignmentOf(worker));
+  ExpectDataPlaneKeysFit(assignments, DataPlaneJobId(id, job.plan_version()));
   int forwards = 0;  // one micro-batch per replica
   const v1::Assignment first = AssignmentOf(w[0]);
   for (const v1::Instruction& in : first.program().instructions()) {
@@ -1108,6 +1141,10 @@ TEST_F(JobManagerTest, ThreeDTensorJob_WaitsForCpuWorkers_PlacedOnThemAlone) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.worker_ids_size(), 8);
   for (const std::string& w : job.worker_ids()) EXPECT_EQ(cpus.count(w), 1u) << w;
+  std::vector<v1::Assignment> assignments;
+  for (const std::string& w : job.worker_ids()) assignments.push_back(AssignmentOf(w));
+  EXPECT_EQ(assignments.back().tensor_rank(), 7);
+  ExpectDataPlaneKeysFit(assignments, DataPlaneJobId(id, job.plan_version()));
 }
 
 // Names in a directory (the coordinator's output), for what the weights

@@ -223,7 +223,7 @@ void SetPeers(v1::Assignment* a) {
       std::max(1, a->replicas()) * a->num_stages() * std::max(1, a->tensor_parallel());
   for (int w = 0; w < workers; ++w) a->add_peer_addresses(absl::StrCat("in-process:", w));
   const DataPlaneKeys keys =
-      DeriveDataPlaneKeys("secret", DataPlaneJobId(*a), workers)[GlobalWorkerIndex(*a)];
+      DeriveWorkerDataPlaneKeys("secret", DataPlaneJobId(*a), GlobalWorkerIndex(*a), workers);
   a->set_data_plane_receive_key(keys.receive_key);
   a->clear_data_plane_send_keys();
   for (const std::string& key : keys.send_keys) a->add_data_plane_send_keys(key);

@@ -556,8 +556,8 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
                << a.backward_units().begin() << ", " << a.backward_units().end() << ")";
   // The data plane and the mailbox are sized from the assignment: only
   // once its bounds hold (unchecked, the product below could overflow),
-  // and opened only with a secret (without, it would take frames from
-  // anyone). A runner is started either way: it fails at once with the
+  // and opened only with this worker's data-plane keys (without, it would
+  // take frames from anyone). A runner is started either way: it fails at once with the
   // same error and reports it to the coordinator as the job's.
   absl::Status bounded = CheckAssignmentLayout(a);
   if (bounded.ok()) bounded = CheckDataPlaneKeys(a);

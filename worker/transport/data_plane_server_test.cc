@@ -391,7 +391,7 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
-// A peer holding the job's secret cannot open streams without bound: past
+// A peer holding a stage's keys cannot open streams without bound: past
 // kMaxStreamsPerSourceStage of one stage, a stream ends at once with
 // RESOURCE_EXHAUSTED; other stages are unaffected, and a finished stream
 // gives its slot back before its sender sees it end.

@@ -524,7 +524,7 @@ TEST(DataPlaneServerTest, Start_PortAlreadyServed_UnavailableNotShared) {
       << second.status();
 }
 
-// A process that is not one of the job's workers: without the job's secret
+// A process that is not one of the job's workers: without a worker's keys
 // its stream is refused before it can send anything, and the job's own
 // traffic is unharmed.
 TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) {

@@ -184,8 +184,8 @@ class Mailbox {
   // forgotten when taken, and with their job (OpenJob, DropJob, AbortJob).
   // The caller vouches that the frame came from `source_stage` (its
   // authenticated stream), so a peer can mark only the sends of a stage
-  // its stream proved (a worker of the job can prove any of the job's
-  // stages: docs/operations.md, "Threat model"), never another job's.
+  // its stream proved (a worker of the job can prove only itself:
+  // common/data_plane_keys.h), never another job's.
   void NoteRefused(int source_stage, const TensorAddress& address, const absl::Status& why);
   static constexpr size_t kMaxRefusalNotes = 1024;
   // Waits up to `timeout` for the key and removes it (see the file comment

@@ -32,6 +32,10 @@
 
 namespace pipetrain {
 
+int AssignmentWorkerCount(const v1::Assignment& a) {
+  return std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
+}
+
 int GlobalWorkerIndex(const v1::Assignment& a) {
   return (a.replica() * a.num_stages() + a.stage()) * std::max(1, a.tensor_parallel()) +
          a.tensor_rank();
@@ -85,7 +89,7 @@ std::string DataPlaneJobId(const v1::Assignment& assignment) {
 
 absl::Status CheckDataPlaneKeys(const v1::Assignment& a) {
   // Bounded by CheckAssignmentLayout (which the callers run first).
-  const int workers = std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
+  const int workers = AssignmentWorkerCount(a);
   if (a.data_plane_receive_key().empty() && a.data_plane_send_keys_size() == 0) {
     return absl::FailedPreconditionError(
         "the assignment carries no data-plane keys; not running it (is the coordinator older "
@@ -118,7 +122,7 @@ absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
   // Now at most 2^26: no overflow. A spec allows kMaxStages workers in all.
   const int replicas = std::max(1, a.replicas());
   const int tensor = std::max(1, a.tensor_parallel());
-  const int workers = replicas * a.num_stages() * tensor;
+  const int workers = AssignmentWorkerCount(a);
   if (workers > kMaxStages) {
     return absl::InvalidArgumentError(
         absl::StrCat("assignment: ", replicas, " replicas x ", a.num_stages(), " stages x ", tensor,
@@ -628,7 +632,7 @@ absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(Dataset dataset, std::move(created));
   const int replicas = std::max(1, assignment_.replicas());
   const int tensor = std::max(1, assignment_.tensor_parallel());
-  const int workers = replicas * assignment_.num_stages() * tensor;  // checked: <= kMaxStages
+  const int workers = AssignmentWorkerCount(assignment_);  // checked: <= kMaxStages
   const bool replica_zero = assignment_.replica() == 0;
   // Tensor rank 0 speaks for its stage's ranks (they compute the same losses).
   const bool speaks = replica_zero && assignment_.tensor_rank() == 0;

@@ -119,6 +119,11 @@ struct JobRunnerOptions {
 // (common/data_plane_keys.h DataPlaneJobId).
 std::string DataPlaneJobId(const v1::Assignment& assignment);
 
+// How many workers the job has: replicas x stages x tensor ranks (an unset
+// replicas or tensor_parallel counts 1). Requires a layout
+// CheckAssignmentLayout accepted (unchecked factors can overflow).
+int AssignmentWorkerCount(const v1::Assignment& assignment);
+
 // This worker's index among the job's workers (replica, stage, tensor rank
 // innermost; plan.proto's peer_addresses order): its transport's stage,
 // its device group member and its data-plane key index. Requires a layout

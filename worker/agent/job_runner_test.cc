@@ -219,8 +219,7 @@ bool AwaitFinished(const JobRunner& runner) {
 // in-process fabric ignores both.
 void SetPeers(v1::Assignment* a) {
   a->clear_peer_addresses();
-  const int workers =
-      std::max(1, a->replicas()) * a->num_stages() * std::max(1, a->tensor_parallel());
+  const int workers = AssignmentWorkerCount(*a);
   for (int w = 0; w < workers; ++w) a->add_peer_addresses(absl::StrCat("in-process:", w));
   const DataPlaneKeys keys =
       DeriveWorkerDataPlaneKeys("secret", DataPlaneJobId(*a), GlobalWorkerIndex(*a), workers);

@@ -557,8 +557,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   // The data plane and the mailbox are sized from the assignment: only
   // once its bounds hold (unchecked, the product below could overflow),
   // and opened only with this worker's data-plane keys (without, it would
-  // take frames from anyone). A runner is started either way: it fails at once with the
-  // same error and reports it to the coordinator as the job's.
+  // take frames from anyone). A runner is started either way: it fails at
+  // once with the same error and reports it to the coordinator as the
+  // job's.
   absl::Status bounded = CheckAssignmentLayout(a);
   if (bounded.ok()) bounded = CheckDataPlaneKeys(a);
   // spec.training.steps as the runner resolves it (ResolveJobSpec keeps it;
@@ -568,10 +569,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     // Every worker of the job may send here: every replica's stages (the
     // data-parallel all-reduce), every tensor rank (the tensor-parallel
     // ones).
-    data_plane_->SetJob(
-        DataPlaneJobId(a),
-        a.num_stages() * std::max(1, a.replicas()) * std::max(1, a.tensor_parallel()),
-        a.data_plane_receive_key());
+    data_plane_->SetJob(DataPlaneJobId(a), AssignmentWorkerCount(a), a.data_plane_receive_key());
     mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   } else {
     PT_LOG(ERROR) << "job " << a.job_id() << ": " << bounded << "; not opening its data plane";

@@ -704,9 +704,8 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
 // accepts), as a coordinator does.
 void SetKeys(v1::Assignment& a) {
   a.clear_data_plane_send_keys();
-  const int workers = std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
-  const DataPlaneKeys keys =
-      DeriveWorkerDataPlaneKeys("secret", DataPlaneJobId(a), GlobalWorkerIndex(a), workers);
+  const DataPlaneKeys keys = DeriveWorkerDataPlaneKeys(
+      "secret", DataPlaneJobId(a), GlobalWorkerIndex(a), AssignmentWorkerCount(a));
   a.set_data_plane_receive_key(keys.receive_key);
   for (const std::string& key : keys.send_keys) a.add_data_plane_send_keys(key);
 }

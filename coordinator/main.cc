@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/build_identity.h"
 #include "common/build_info.h"
 #include "common/clock.h"
 #include "common/confined_path.h"
@@ -105,6 +106,7 @@ struct Flags {
   double leader_lease_seconds = 5;
   double shutdown_delay_seconds = 0;
   bool allow_core_dumps = false;
+  bool allow_mixed_builds = false;
 };
 
 // Flags and what is derived from them, validated.
@@ -171,6 +173,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   set.Bool("allow-core-dumps", &flags.allow_core_dumps, kAllowCoreDumpsHelp);
+  set.Bool("allow-mixed-builds", &flags.allow_mixed_builds,
+           "register workers of any build (each listed with its build); by default a worker "
+           "whose version or commit is not this coordinator's is refused, since replicas of "
+           "two builds may round apart and their protocols may differ");
   set.AddVersionFlag();
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
   help = set.help_requested() || set.version_requested();  // either way: print, exit 0
@@ -319,6 +325,9 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   options.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
   options.lease = absl::Seconds(flags.lease_seconds);
   options.clock = RealClock();
+  // One cluster, one build (common/build_identity.h): a rolling upgrade
+  // replaces the coordinator and its workers together, or allows mixing.
+  if (!flags.allow_mixed_builds) options.required_build = ThisBuild();
   return options;
 }
 

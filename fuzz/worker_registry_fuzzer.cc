@@ -9,7 +9,8 @@
 // choosing one (its low 3 bits) and what it needs:
 //   0 Register: a serialized RegisterWorkerRequest (uint16-length-prefixed);
 //     bit 3 of the byte replaces its join_token with the right one, so that
-//     inputs reach what comes after the token check
+//     inputs reach what comes after the token check; unless bit 4 is set,
+//     its build is replaced with the registry's required one likewise
 //   1 Heartbeat: a serialized HeartbeatRequest (uint16-length-prefixed)
 //   2 Deregister: a worker number and an incarnation (a byte each)
 //   3 time passes (a byte, x 100 ms), then CheckLeases
@@ -25,6 +26,8 @@
 //  - an admitted worker's session token authenticates as that worker's id
 //    and incarnation, and as nothing else once a newer incarnation
 //    registered (the old credential is refused);
+//  - a worker whose build is not the required one (SameBuild) is never
+//    admitted;
 //  - the registry never holds more than kMaxWorkers entries.
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_identity.h"
 #include "common/clock.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
@@ -54,6 +58,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.join_token = kJoinToken;
   options.clock = &clock;
   options.max_workers = kMaxWorkers;
+  v1::BuildIdentity required;
+  required.set_version("0.1.0");
+  required.set_commit("f0220bu11d00");
+  options.required_build = required;
   WorkerRegistry registry(options);
   // Every credential handed out, with whom it was for.
   std::map<std::string, WorkerRegistry::SessionIdentity> issued;
@@ -66,7 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         v1::RegisterWorkerRequest request;
         if (!in.ParseLengthPrefixed(request)) break;
         if (choice & 8) request.set_join_token(kJoinToken);
+        if (!(choice & 16)) *request.mutable_build() = required;
         absl::StatusOr<v1::RegisterWorkerResponse> admitted = registry.Register(request);
+        if (admitted.ok() && !SameBuild(request.build(), required)) {
+          __builtin_trap();  // another build is refused
+        }
         if (request.join_token() != kJoinToken &&
             (admitted.ok() || admitted.status().code() != absl::StatusCode::kUnauthenticated)) {
           __builtin_trap();  // the join token is checked first, always

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
+#include "common/build_identity.h"
 #include "common/grpc_credentials.h"
 #include "common/ports_file.h"
 #include "gtest/gtest.h"
@@ -102,6 +103,7 @@ FakeWorker RegisterFake(v1::CoordinatorService::Stub& raw, int port) {
   request.mutable_device()->set_memory_bytes(int64_t{1} << 30);
   request.mutable_device()->set_memory_limit_bytes(int64_t{256} << 20);
   request.mutable_device()->set_measured_gflops(100);
+  *request.mutable_build() = ThisBuild();  // the coordinator's: one build
   v1::RegisterWorkerResponse response;
   const grpc::Status s = raw.RegisterWorker(Context().get(), request, &response);
   EXPECT_TRUE(s.ok()) << s.error_message();
@@ -194,6 +196,42 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
       << upload.error_message();
   EXPECT_TRUE(Healthy(*cluster));
   EXPECT_EQ(cluster->coordinator().Wait(absl::ZeroDuration()), std::nullopt);  // still running
+}
+
+// The coordinator binary refuses a worker of another build by default:
+// another release, or one too old to say (no build). Its own build
+// registers and is listed with it.
+TEST(HardeningClusterTest, WorkerOfAnotherBuild_RefusedNamingBothBuilds) {
+  auto cluster = testing::StartTestCluster("builds", /*workers=*/0);
+  ASSERT_NE(cluster, nullptr);
+  auto raw = v1::CoordinatorService::NewStub(
+      grpc::CreateChannel(cluster->grpc_address(), grpc::InsecureChannelCredentials()));
+  v1::BuildIdentity other_release = ThisBuild();
+  other_release.set_version("0.0.0-other");
+  for (const v1::BuildIdentity& other : {other_release, v1::BuildIdentity()}) {
+    v1::RegisterWorkerRequest request;
+    request.set_join_token("test-join-token");
+    request.set_data_address("127.0.0.1:9");
+    *request.mutable_build() = other;
+    v1::RegisterWorkerResponse response;
+    const grpc::Status refused = raw->RegisterWorker(Context().get(), request, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_TRUE(
+        absl::StrContains(refused.error_message(),
+                          absl::StrCat("runs build ", DescribeBuild(other),
+                                       ", not the coordinator's ", DescribeBuild(ThisBuild()))))
+        << refused.error_message();
+  }
+  const FakeWorker same = RegisterFake(*raw, 1);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
+  v1::ListWorkersResponse listed;
+  const grpc::Status list = stub->ListWorkers(Context().get(), v1::ListWorkersRequest(), &listed);
+  ASSERT_TRUE(list.ok()) << list.error_message();
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).id(), same.id);
+  EXPECT_TRUE(SameBuild(listed.workers(0).build(), ThisBuild()));
+  EXPECT_EQ(listed.workers(0).build().commit(), ThisBuild().commit());
+  EXPECT_TRUE(Healthy(*cluster));
 }
 
 TEST(HardeningClusterTest, CoordinatorKilledAndRestarted_NewJobUnharmed) {

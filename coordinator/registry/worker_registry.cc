@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/build_identity.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -114,7 +115,17 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
         "RegisterWorkerRequest.data_address is empty; the worker must report the host:port its "
         "data plane listens on");
   }
-  return CheckRegistrationBounds(request);
+  RETURN_IF_ERROR(CheckRegistrationBounds(request));
+  if (options_.required_build.has_value() &&
+      !SameBuild(request.build(), *options_.required_build)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the worker at ", EchoInput(request.data_address()), " runs build ",
+        EchoInput(DescribeBuild(request.build()), 160), ", not the coordinator's ",
+        DescribeBuild(*options_.required_build),
+        "; one cluster runs one build (replicas must round alike), so start the worker from the "
+        "coordinator's build, or start the coordinator with --allow-mixed-builds"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
@@ -271,6 +282,12 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_data_address(request.data_address());
   worker.set_metrics_address(request.metrics_address());
   worker.set_node_name(request.node_name());
+  if (request.has_build()) {
+    *worker.mutable_build() = request.build();
+    worker.mutable_build()->DiscardUnknownFields();
+  } else {
+    worker.clear_build();  // a worker older than BuildIdentity
+  }
   // A drained process registering again stays drained (JobManager reads
   // this): set with READY, so no placement comes between.
   worker.set_drained(request.drained() || drain_kept);

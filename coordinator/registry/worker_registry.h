@@ -126,6 +126,12 @@ class WorkerRegistry {
     // the store holds no more than the registry (pods come back with new
     // addresses). Empty: nothing to drop.
     std::function<void(const std::string& worker_id)> forget;
+    // Set: Register refuses (FAILED_PRECONDITION naming both builds, before
+    // anything is stored) a worker whose RegisterWorkerRequest.build is not
+    // this build (SameBuild, common/build_identity.h). The coordinator sets
+    // its own unless started with --allow-mixed-builds. Unset: any build,
+    // as reported, is recorded in Worker.build.
+    std::optional<v1::BuildIdentity> required_build;
   };
 
   // Who a session credential belongs to.

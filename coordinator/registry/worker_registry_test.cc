@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/build_identity.h"
 #include "common/clock.h"
 #include "common/proto_time.h"
 #include "coordinator/store/coordinator_state.h"
@@ -1400,6 +1401,14 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   EXPECT_THAT(registry.Register(request).status().message(),
               HasSubstr("RegisterWorkerRequest.node_name"));
   request = Request(1);
+  request.mutable_build()->set_commit(std::string(65, 'c'));
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("RegisterWorkerRequest.build.commit: 65 bytes"));
+  request = Request(1);
+  request.mutable_build()->set_version(std::string(65, 'v'));
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("RegisterWorkerRequest.build.version: 65 bytes"));
+  request = Request(1);
   request.mutable_device()->set_measured_gflops(-1);
   EXPECT_THAT(registry.Register(request).status().message(),
               HasSubstr("measured_gflops: -1 is neither 0 (not measured) nor in [0.001, 1e+09]"));
@@ -1424,6 +1433,82 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   EXPECT_THAT(registry.Heartbeat(Beat("w-1", 1, std::string(257, 'i'))).message(),
               HasSubstr("HeartbeatRequest.current_instruction"));
+}
+
+v1::BuildIdentity Build(const std::string& version, const std::string& commit) {
+  v1::BuildIdentity build;
+  build.set_version(version);
+  build.set_commit(commit);
+  return build;
+}
+
+v1::RegisterWorkerRequest RequestWithBuild(int n, const v1::BuildIdentity& build) {
+  v1::RegisterWorkerRequest request = Request(n);
+  *request.mutable_build() = build;
+  return request;
+}
+
+// A worker of another build (commit, version, or none: older than
+// BuildIdentity) is refused before anything is stored, naming both builds;
+// a registered worker at that address keeps its incarnation.
+TEST(WorkerRegistryBuildTest, RequiredBuild_OtherBuild_FailedPreconditionNamingBoth) {
+  FakeClock clock(kStart);
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.required_build = Build("0.1.0", "3635b2d1a2b3");
+  std::vector<std::string> saved;
+  options.persist = [&saved](const v1::Worker& w) {
+    saved.push_back(absl::StrCat(w.id(), "/", w.incarnation()));
+    return absl::OkStatus();
+  };
+  WorkerRegistry registry(options);
+  for (const v1::BuildIdentity& other :
+       {Build("0.1.0", "1c20cae00000"), Build("0.2.0", "3635b2d1a2b3"), v1::BuildIdentity()}) {
+    const absl::Status refused = registry.Register(RequestWithBuild(1, other)).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("the worker at 10.0.0.1:7001 runs build ",
+                                                          DescribeBuild(other))));
+    EXPECT_THAT(refused.message(), HasSubstr("not the coordinator's 0.1.0 (commit 3635b2d1a2b3)"));
+    EXPECT_THAT(refused.message(), HasSubstr("--allow-mixed-builds"));
+  }
+  EXPECT_THAT(registry.List(), IsEmpty());
+  EXPECT_THAT(saved, IsEmpty());
+
+  ASSERT_TRUE(registry.Register(RequestWithBuild(1, Build("0.1.0", "3635b2d1a2b3"))).ok());
+  EXPECT_EQ(registry.Register(RequestWithBuild(1, Build("0.1.0", "1c20cae00000"))).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<v1::Worker> kept = registry.Get("w-1");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->incarnation(), 1);
+  EXPECT_EQ(kept->state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(kept->build().commit(), "3635b2d1a2b3");
+  EXPECT_THAT(saved, ElementsAre("w-1/1"));
+}
+
+// The same build registers, and so does one whose commit is unknown (an
+// unstamped image) when the versions agree; Worker.build says which.
+TEST(WorkerRegistryBuildTest, RequiredBuild_SameOrUnknownCommit_RegisteredAndRecorded) {
+  FakeClock clock(kStart);
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.required_build = Build("0.1.0", "3635b2d1a2b3");
+  WorkerRegistry registry(options);
+  ASSERT_TRUE(registry.Register(RequestWithBuild(1, Build("0.1.0", "3635b2d1a2b3"))).ok());
+  ASSERT_TRUE(registry.Register(RequestWithBuild(2, Build("0.1.0", "unknown"))).ok());
+  EXPECT_EQ(registry.Get("w-1")->build().commit(), "3635b2d1a2b3");
+  EXPECT_EQ(registry.Get("w-2")->build().commit(), "unknown");
+  EXPECT_EQ(registry.Get("w-2")->build().version(), "0.1.0");
+}
+
+// Without a required build (--allow-mixed-builds) every build registers and
+// is recorded as reported.
+TEST(WorkerRegistryBuildTest, NoRequiredBuild_AnyBuildRegisteredAndRecorded) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithBuild(1, Build("0.1.0", "3635b2d1a2b3"))).ok());
+  ASSERT_TRUE(registry.Register(RequestWithBuild(2, Build("0.2.0", "1c20cae00000"))).ok());
+  ASSERT_TRUE(registry.Register(Request(3)).ok());
+  EXPECT_EQ(registry.Get("w-2")->build().version(), "0.2.0");
+  EXPECT_EQ(registry.Get("w-2")->build().commit(), "1c20cae00000");
+  EXPECT_FALSE(registry.Get("w-3")->has_build());
 }
 
 TEST(WorkerRegistryCapacityTest, Full_EvictsOldestGoneElseResourceExhausted) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/build_identity.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
@@ -17,6 +18,14 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// What RegisterWorker answers when it would refuse the same request again:
+// the join token (UNAUTHENTICATED), a fact out of bounds (INVALID_ARGUMENT)
+// or this worker's build (FAILED_PRECONDITION, not the coordinator's).
+bool IsRegistrationRefusal(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT ||
+         code == grpc::StatusCode::FAILED_PRECONDITION;
 }
 
 constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
@@ -183,6 +192,7 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   request.set_data_address(data_plane_->address());
   request.set_metrics_address(options_.metrics_address);
   request.set_node_name(options_.node_name);
+  *request.mutable_build() = ThisBuild();
   {
     AnnotatedMutexLock lock(&mu_);
     // 0 before the first registration: a new process.
@@ -216,11 +226,11 @@ absl::Status WorkerAgent::RegisterWithRetry() {
       }
       return absl::OkStatus();
     }
-    // The coordinator refuses the join token, or what this request says
-    // of the worker (a --node-name or device fact out of its bounds): the
-    // same request would be refused again.
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+    // The coordinator refuses the join token, what this request says of
+    // the worker (a --node-name or device fact out of its bounds), or this
+    // worker's build (not the coordinator's): the same request would be
+    // refused again.
+    if (IsRegistrationRefusal(s.error_code())) {
       return FromGrpc(s);
     }
     const absl::Duration wait = backoff.Next();
@@ -435,8 +445,7 @@ void WorkerAgent::HeartbeatLoop() {
       StopRunner();
       const absl::Status registered = RegisterWithRetry();
       if (!registered.ok()) {
-        if (registered.code() == absl::StatusCode::kUnauthenticated ||
-            registered.code() == absl::StatusCode::kInvalidArgument) {
+        if (IsRegistrationRefusal(static_cast<grpc::StatusCode>(registered.code()))) {
           PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered
                         << "; no more heartbeats";
           if (options_.on_registration_refused) options_.on_registration_refused(registered);

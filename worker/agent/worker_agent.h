@@ -8,7 +8,8 @@
 //    session credential died with a coordinator restart) the agent stops
 //    its job and registers again; if that registration is refused
 //    (UNAUTHENTICATED: the join token is no longer accepted;
-//    INVALID_ARGUMENT: what the worker says of itself is out of bounds)
+//    INVALID_ARGUMENT: what the worker says of itself is out of bounds;
+//    FAILED_PRECONDITION: this worker's build is not the coordinator's)
 //    nothing more can be done, and options.on_registration_refused says so;
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks, at once when the agent registers again meanwhile: a restarted
@@ -113,7 +114,8 @@ class WorkerAgent {
   // Blocks until registered; CANCELLED if Stop() came first; UNAUTHENTICATED
   // at once when the coordinator rejects the join token, INVALID_ARGUMENT
   // when it refuses what the registration says (a --node-name over its
-  // bound, a device fact out of range): retrying cannot help either.
+  // bound, a device fact out of range), FAILED_PRECONDITION when it refuses
+  // this worker's build (not its own): retrying cannot help either.
   absl::Status Start();
   void Stop();
   // Before a clean shutdown, as soon as it is decided: asks the coordinator

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/build_info.h"
 #include "common/coordinator_endpoints.h"
 #include "common/data_plane_keys.h"
 #include "coordinator/planner/schedule_compiler.h"
@@ -407,55 +408,65 @@ TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained)
 }
 
 // Refuses every registration for what it says (a --node-name over the
-// bound, say): the same request would be refused again.
-class BoundsRefusingCoordinator final : public NoAssignmentsCoordinator {
+// bound, say, or the worker's build): the same request would be refused
+// again.
+class RefusingCoordinator final : public NoAssignmentsCoordinator {
  public:
+  explicit RefusingCoordinator(grpc::Status refusal) : refusal_(std::move(refusal)) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override {
     registrations_.fetch_add(1);
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "RegisterWorkerRequest.node_name is 300 bytes, more than 253");
+    return refusal_;
   }
   int registrations() const { return registrations_.load(); }
 
  private:
+  const grpc::Status refusal_;
   std::atomic<int> registrations_{0};
 };
 
-// Start() says so at once (the worker exits 1 naming the field) instead of
-// retrying forever, never ready.
-TEST(WorkerAgentTest, RegistrationRefusedForItsContent_StartFailsAtOnce) {
-  BoundsRefusingCoordinator coordinator;
-  Mailbox mailbox;
-  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
-  ASSERT_TRUE(rig.ok()) << rig.status();
-  WorkerAgentOptions options = rig->options;
-  options.backoff.initial = absl::Milliseconds(10);
-  options.backoff.max = absl::Milliseconds(10);
-  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
-  AnnotatedMutex mu;  // a hand-off TSan sees
-  absl::Status started;
-  bool returned = false;
-  std::thread starter([&] {
-    absl::Status status = agent.Start();
+// Start() says so at once (the worker exits 1 naming the field, or both
+// builds) instead of retrying forever, never ready.
+TEST(WorkerAgentTest, RegistrationRefusedForItsContentOrBuild_StartFailsAtOnce) {
+  for (const grpc::Status& refusal :
+       {grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "RegisterWorkerRequest.node_name is 300 bytes, more than 253"),
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     "the worker at 10.0.0.1:7001 runs build 0.1.0 (commit 1c20cae00000), not "
+                     "the coordinator's 0.1.0 (commit 3635b2d1a2b3)")}) {
+    SCOPED_TRACE(refusal.error_message());
+    RefusingCoordinator coordinator(refusal);
+    Mailbox mailbox;
+    absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+    ASSERT_TRUE(rig.ok()) << rig.status();
+    WorkerAgentOptions options = rig->options;
+    options.backoff.initial = absl::Milliseconds(10);
+    options.backoff.max = absl::Milliseconds(10);
+    WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+    AnnotatedMutex mu;  // a hand-off TSan sees
+    absl::Status started;
+    bool returned = false;
+    std::thread starter([&] {
+      absl::Status status = agent.Start();
+      AnnotatedMutexLock lock(&mu);
+      started = std::move(status);
+      returned = true;
+    });
+    bool in_time = false;
+    {
+      AnnotatedMutexLock lock(&mu);
+      in_time = mu.AwaitWithTimeout([&] { return returned; }, absl::Seconds(30));
+    }
+    // Stopped if it retries on (it would never return): CANCELLED then.
+    if (!in_time) agent.Stop();
+    starter.join();
     AnnotatedMutexLock lock(&mu);
-    started = std::move(status);
-    returned = true;
-  });
-  bool in_time = false;
-  {
-    AnnotatedMutexLock lock(&mu);
-    in_time = mu.AwaitWithTimeout([&] { return returned; }, absl::Seconds(30));
+    EXPECT_EQ(static_cast<int>(started.code()), static_cast<int>(refusal.error_code())) << started;
+    EXPECT_EQ(started.message(), refusal.error_message());
+    EXPECT_EQ(coordinator.registrations(), 1);
+    agent.Stop();
+    rig->Shutdown();
   }
-  // Stopped if it retries on (it would never return): CANCELLED then.
-  if (!in_time) agent.Stop();
-  starter.join();
-  AnnotatedMutexLock lock(&mu);
-  EXPECT_EQ(started.code(), absl::StatusCode::kInvalidArgument) << started;
-  EXPECT_TRUE(absl::StrContains(started.message(), "node_name")) << started;
-  EXPECT_EQ(coordinator.registrations(), 1);
-  agent.Stop();
-  rig->Shutdown();
 }
 
 // Registers the worker; its first heartbeat's answer says it is drained,
@@ -522,6 +533,11 @@ TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
   rig->Shutdown();
   ASSERT_GE(registrations.size(), 2u);
   EXPECT_FALSE(registrations[0].drained());  // a new process
+  // Every registration names this process's build (what --version prints).
+  for (const v1::RegisterWorkerRequest& r : registrations) {
+    EXPECT_EQ(r.build().version(), GetBuildInfo().version);
+    EXPECT_EQ(r.build().commit(), GetBuildInfo().commit);
+  }
   EXPECT_EQ(registrations[0].previous_incarnation(), 0);
   EXPECT_TRUE(registrations[1].drained());
   // The incarnation it held: the coordinator's store may know it drained.

@@ -103,7 +103,11 @@ ok worker_registered await_registered
 export PIPETRAIN_COORDINATOR="$addr" PIPETRAIN_TOKEN=u-token
 expect_exit env_workers_json 0 '"workers"' -- workers --json
 check workers_json 'len(j["workers"]) == 1 and j["workers"][0]["id"] != "" and j["workers"][0]["state"] == "WORKER_STATE_READY"'
-expect_exit workers_table 0 "DATA ADDRESS" -- workers
+# Each worker is listed with the build it registered (the coordinator
+# takes only its own): the commit --version names.
+worker_commit=$("$WORKER" --version | sed -E 's/.*\(commit ([^,]*),.*/\1/')
+check workers_json_build "j['workers'][0]['build']['commit'] == '$worker_commit' and j['workers'][0]['build']['version'] != ''"
+expect_exit workers_table 0 "DATA ADDRESS" "BUILD" "$worker_commit" -- workers
 
 # A job that needs two stages waits QUEUED beside the one worker: jobs are
 # listed without training anything.

@@ -1522,19 +1522,25 @@ int RunWorkers(const std::vector<std::string>& args) {
     id_width = std::max(id_width, static_cast<int>(w.id().size()));
     job_width = std::max(job_width, static_cast<int>(w.job_id().size()));
   }
-  std::printf("%-*s %-9s %-22s %-24s %8s %-*s %s\n", id_width, "ID", "STATE", "DATA ADDRESS",
-              "DEVICE", "GFLOP/s", job_width, "JOB", "DOING");
+  std::printf("%-*s %-9s %-22s %-24s %8s %-12s %-*s %s\n", id_width, "ID", "STATE", "DATA ADDRESS",
+              "DEVICE", "GFLOP/s", "BUILD", job_width, "JOB", "DOING");
   for (const v1::Worker& w : workers) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
     const std::string doing = WorkerDoing(w);
-    // What a worker sent (its address, device name and instruction) is
-    // printed inert: a join-token holder's escape sequences would act on
-    // the operator's terminal.
-    std::printf("%-*s %-9s %-22s %-24s %8.0f %-*s %s\n", id_width, w.id().c_str(),
+    // The commit it was built from (--json has the version too); "none"
+    // for a worker older than RegisterWorkerRequest.build.
+    const std::string build = !w.has_build()               ? "none"
+                              : w.build().commit().empty() ? "unknown"
+                                                           : w.build().commit();
+    // What a worker sent (its address, device name, build and instruction)
+    // is printed inert: a join-token holder's escape sequences would act
+    // on the operator's terminal.
+    std::printf("%-*s %-9s %-22s %-24s %8.0f %-12s %-*s %s\n", id_width, w.id().c_str(),
                 EnumShortName(w.state()).c_str(), TerminalSafe(w.data_address()).c_str(),
-                TerminalSafe(device).c_str(), w.device().measured_gflops(), job_width,
-                w.job_id().c_str(), TerminalSafe(doing).c_str());
+                TerminalSafe(device).c_str(), w.device().measured_gflops(),
+                TerminalSafe(build).c_str(), job_width, w.job_id().c_str(),
+                TerminalSafe(doing).c_str());
   }
   return kExitOk;
 }

@@ -55,13 +55,16 @@ absl::StatusOr<X509Ptr> FirstCertificate(const std::string& flag, const std::str
   return cert;
 }
 
-// A certificate and its key (--tls-cert, --tls-key): both parse, the key
+// A certificate and its key (--`cert_flag`, --`key_flag`): both parse, the key
 // is the certificate's, and the certificate has not expired (`peer`, the
 // other side of every handshake, would refuse it).
-absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& cert_pem,
+absl::Status CheckIdentityPair(const std::string& cert_flag, const std::string& cert_path,
+                               const std::string& cert_pem, const std::string& key_flag,
                                const std::string& key_path, const std::string& key_pem,
-                               const char* peer) {
-  ASSIGN_OR_RETURN(X509Ptr cert, FirstCertificate("tls-cert", cert_path, cert_pem));
+                               const std::string& peer) {
+  const std::string cert_label = absl::StrCat("--", cert_flag, ": ");
+  const std::string key_label = absl::StrCat("--", key_flag, ": ");
+  ASSIGN_OR_RETURN(X509Ptr cert, FirstCertificate(cert_flag, cert_path, cert_pem));
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_pem.data(), int(key_pem.size())), &BIO_free);
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
@@ -71,30 +74,30 @@ absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& 
   // 4,ENCRYPTED" header.
   if (key == nullptr && absl::StrContains(key_pem, "ENCRYPTED")) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls-key: ", key_path,
+        key_label, key_path,
         " is encrypted, and neither this program nor gRPC asks for a passphrase; decrypt it "
         "(openssl pkey -in ",
         key_path, " -out PLAIN.key) and keep the plain file readable by this user only"));
   }
   if (key == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--tls-key: ", key_path,
+        absl::StrCat(key_label, key_path,
                      " holds no unencrypted PEM private key (-----BEGIN ... "
                      "PRIVATE KEY)"));
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key_path,
+    return absl::InvalidArgumentError(absl::StrCat(key_label, key_path,
                                                    " is not the key of the certificate in ",
-                                                   cert_path, " (--tls-cert)"));
+                                                   cert_path, " (--", cert_flag, ")"));
   }
   if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tls-cert: the certificate in ", cert_path,
+    return absl::InvalidArgumentError(absl::StrCat(cert_label, "the certificate in ", cert_path,
                                                    " has expired; ", peer,
                                                    " would refuse it: renew it"));
   }
   if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--tls-cert: the certificate in ", cert_path, " is not valid before ",
+        absl::StrCat(cert_label, "the certificate in ", cert_path, " is not valid before ",
                      TimeText(X509_get0_notBefore(cert.get())), "; ", peer,
                      " would refuse it until then (or check this host's clock)"));
   }
@@ -221,7 +224,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
   ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile("tls-cert", cert));
   ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile("tls-key", key));
   WarnIfReadableByOthers("--tls-key", key);
-  RETURN_IF_ERROR(CheckIdentityPair(cert, pair.cert_chain, key, pair.private_key, "every client"));
+  RETURN_IF_ERROR(CheckIdentityPair("tls-cert", cert, pair.cert_chain, "tls-key", key,
+                                    pair.private_key, "every client"));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
@@ -234,25 +238,28 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
-    const std::string& ca, const std::string& cert, const std::string& key) {
+    const std::string& ca, const std::string& cert, const std::string& key,
+    const ClientTlsFlags& flags) {
   if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flags.cert, " and --", flags.key, " must be given together"));
   }
   if (ca.empty()) {
     if (!cert.empty()) {
-      return absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca (TLS)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flags.cert, " and --", flags.key, " need --", flags.ca, " (TLS)"));
     }
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions options;
-  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-ca", ca));
-  RETURN_IF_ERROR(CheckCaFile("tls-ca", ca, options.pem_root_certs));
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile(flags.ca, ca));
+  RETURN_IF_ERROR(CheckCaFile(flags.ca, ca, options.pem_root_certs));
   if (!cert.empty()) {
-    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile("tls-cert", cert));
-    ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile("tls-key", key));
-    WarnIfReadableByOthers("--tls-key", key);
-    RETURN_IF_ERROR(CheckIdentityPair(cert, options.pem_cert_chain, key, options.pem_private_key,
-                                      "the coordinator"));
+    ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile(flags.cert, cert));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile(flags.key, key));
+    WarnIfReadableByOthers("--" + flags.key, key);
+    RETURN_IF_ERROR(CheckIdentityPair(flags.cert, cert, options.pem_cert_chain, flags.key, key,
+                                      options.pem_private_key, flags.server));
   }
   return grpc::SslCredentials(options);
 }

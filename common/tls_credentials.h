@@ -34,11 +34,22 @@ namespace pipetrain {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
     const std::string& cert, const std::string& key, const std::string& client_ca);
 
+// The flags (without dashes) a client's TLS files came from, and the
+// server it talks to, as errors name them.
+struct ClientTlsFlags {
+  std::string ca = "tls-ca";
+  std::string cert = "tls-cert";
+  std::string key = "tls-key";
+  std::string server = "the coordinator";
+};
+
 // Client side. `ca` (empty: plaintext) verifies the server; `cert` and
 // `key` (both or neither; they need `ca`) are the client's identity for a
-// server that requires one.
+// server that requires one. `flags` names the flags in errors (the
+// coordinator's own: --tls-ca ...; its etcd client's: --etcd-ca ...).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
-    const std::string& ca, const std::string& cert, const std::string& key);
+    const std::string& ca, const std::string& cert, const std::string& key,
+    const ClientTlsFlags& flags = ClientTlsFlags());
 
 // The whole contents of the file at `path`. Errors name --`flag` and the
 // path: NOT_FOUND when it cannot be opened; INVALID_ARGUMENT when it is a

@@ -75,6 +75,20 @@ BIN="$COORDINATOR" expect_exit coordinator_data_root_missing 2 \
 BIN="$COORDINATOR" expect_exit coordinator_advertise_without_etcd 2 \
   "--advertise-address names the leader's address to followers, so it needs --etcd-endpoints" -- \
   --insecure --advertise-address=10.0.0.1:7070 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_tls_without_etcd 2 \
+  "--etcd-ca, --etcd-cert and --etcd-key are for the etcd of --etcd-endpoints, which is not given" -- \
+  --insecure --etcd-ca="$TMP/ca.pem" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_cert_without_ca 2 \
+  "--etcd-cert and --etcd-key need --etcd-ca (TLS)" -- \
+  --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-cert="$TMP/c.pem" --etcd-key="$TMP/c.key" \
+  --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_ca_missing 2 \
+  "--etcd-ca: cannot read $TMP/no-such-ca.pem" -- \
+  --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-ca="$TMP/no-such-ca.pem" \
+  --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_https_without_ca 2 \
+  "is https but no TLS is configured; give etcd's CA (--etcd-ca)" -- \
+  --insecure --etcd-endpoints=https://127.0.0.1:2379 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
 BIN="$WORKER" expect_exit worker_data_root_missing 2 \
   "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
   --join-token=j --data-root="$TMP/no-such-root"

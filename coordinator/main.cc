@@ -102,6 +102,9 @@ struct Flags {
   double restart_grace_seconds = 15;
   std::string etcd_endpoints;  // comma-separated
   std::string etcd_prefix = "/pipetrain/";
+  std::string etcd_ca;    // TLS to etcd: its CA
+  std::string etcd_cert;  // and this coordinator's client certificate
+  std::string etcd_key;
   std::string advertise_address;
   double leader_lease_seconds = 5;
   double shutdown_delay_seconds = 0;
@@ -116,6 +119,9 @@ struct Config {
   std::string http_host;
   int http_port = 0;
   std::vector<std::string> data_roots;  // --data-root, split and checked
+  // --etcd-ca (and --etcd-cert, --etcd-key), read and checked; null:
+  // plaintext to etcd.
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
 };
 
 // OK with `help` set when --help was given (usage printed).
@@ -157,6 +163,14 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "host:port of its members) instead of --state-dir; coordinators sharing it and "
              "--etcd-prefix elect one leader, and the others refuse calls naming it");
   set.String("etcd-prefix", &flags.etcd_prefix, "key prefix of this cluster's state in etcd");
+  set.String("etcd-ca", &flags.etcd_ca,
+             "with --etcd-endpoints: talk to etcd over TLS, verifying it with this PEM CA "
+             "(etcd's --trusted-ca-file signed its --cert-file)");
+  set.String("etcd-cert", &flags.etcd_cert,
+             "with --etcd-ca: PEM client certificate presented to etcd (with --etcd-key), for "
+             "an etcd started with --client-cert-auth; with etcd auth enabled its common name "
+             "is the etcd user");
+  set.String("etcd-key", &flags.etcd_key, "with --etcd-cert: its PEM private key");
   set.String("advertise-address", &flags.advertise_address,
              "with --etcd-endpoints: the gRPC address followers name as the leader's (default: "
              "--grpc-address with the bound port; 127.0.0.1 for a wildcard host)");
@@ -229,6 +243,22 @@ std::string AddressWithPort(const std::string& grpc_address, int port) {
 // signal came first. Losing the leadership later ends the process (exit
 // code 5: its supervisor restarts it as a follower); the store's fenced
 // commits keep a deposed leader from writing meanwhile.
+// Whether any flag of TLS to etcd is given.
+bool EtcdTlsGiven(const Flags& flags) {
+  return !flags.etcd_ca.empty() || !flags.etcd_cert.empty() || !flags.etcd_key.empty();
+}
+
+// Where etcd is (--etcd-endpoints, already parsed once by Configure) and
+// how to reach it.
+EtcdOptions EtcdOptionsOf(const Config& config) {
+  EtcdOptions etcd;
+  etcd.endpoints = ParseCoordinatorAddresses("--etcd-endpoints", config.flags.etcd_endpoints)
+                       .value_or(std::vector<std::string>());
+  etcd.prefix = config.flags.etcd_prefix;
+  etcd.credentials = config.etcd_credentials;
+  return etcd;
+}
+
 absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& signals,
                                       ServingHealth& health,
                                       std::unique_ptr<LeaderElection>* election,
@@ -270,10 +300,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   const std::string identity = flags.advertise_address.empty()
                                    ? AddressWithPort(flags.grpc_address, port)
                                    : flags.advertise_address;
-  EtcdOptions etcd;
-  ASSIGN_OR_RETURN(etcd.endpoints,
-                   ParseCoordinatorAddresses("--etcd-endpoints", flags.etcd_endpoints));
-  etcd.prefix = flags.etcd_prefix;
+  const EtcdOptions etcd = EtcdOptionsOf(config);
   LeaderElectionOptions options;
   options.identity = identity;
   options.ttl = absl::Seconds(flags.leader_lease_seconds);
@@ -441,6 +468,11 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
         "--advertise-address names the leader's address to followers, so it needs "
         "--etcd-endpoints (highly available coordinators)");
   }
+  if (config.flags.etcd_endpoints.empty() && EtcdTlsGiven(config.flags)) {
+    return absl::InvalidArgumentError(
+        "--etcd-ca, --etcd-cert and --etcd-key are for the etcd of --etcd-endpoints, which is "
+        "not given");
+  }
   if (!config.flags.etcd_endpoints.empty()) {
     if (!config.flags.state_dir.empty()) {
       return absl::InvalidArgumentError(
@@ -448,6 +480,17 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
     }
     RETURN_IF_ERROR(
         ParseCoordinatorAddresses("--etcd-endpoints", config.flags.etcd_endpoints).status());
+    // Read and checked now (exit 2 naming the flag), not at the first
+    // handshake, which fails only as "UNAVAILABLE" without naming a file.
+    // Null unless --etcd-ca is given (the others alone are refused).
+    if (EtcdTlsGiven(config.flags)) {
+      ASSIGN_OR_RETURN(
+          config.etcd_credentials,
+          ClientTlsCredentials(config.flags.etcd_ca, config.flags.etcd_cert, config.flags.etcd_key,
+                               {"etcd-ca", "etcd-cert", "etcd-key", "etcd"}));
+    }
+    // Scheme and credentials agree (an https:// endpoint needs --etcd-ca).
+    RETURN_IF_ERROR(CheckEtcdOptions(EtcdOptionsOf(config)));
     // etcd's leases are whole seconds.
     if (!(config.flags.leader_lease_seconds >= 2 && config.flags.leader_lease_seconds <= 600) ||
         config.flags.leader_lease_seconds != std::floor(config.flags.leader_lease_seconds)) {
@@ -537,11 +580,14 @@ void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& hea
   }
 }
 
-// When each TLS file this coordinator serves with expires, for the expiry
-// gauge: the leader's, and a standby's (it serves gRPC with them already).
+// When each TLS file this coordinator serves with, or reaches etcd with,
+// expires, for the expiry gauge: the leader's, and a standby's (it serves
+// gRPC with them already, and campaigns in etcd).
 std::vector<TlsCertificateExpiry> ServedCertificates(const Flags& flags) {
-  return TlsCertificateExpiries(
-      {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}});
+  return TlsCertificateExpiries({{"tls-cert", flags.tls_cert},
+                                 {"tls-client-ca", flags.tls_client_ca},
+                                 {"etcd-cert", flags.etcd_cert},
+                                 {"etcd-ca", flags.etcd_ca}});
 }
 
 // Wires the managers and servers, serves until a signal, shuts down.
@@ -582,10 +628,8 @@ int Serve(const Config& config, const sigset_t& signals) {
     // one: "[::]" had become 127.0.0.1, unreachable to remote workers).
     grpc_address =
         JoinHostPort(SplitHostPort(flags.grpc_address, "--grpc-address").value().host, *port);
-    EtcdOptions etcd;
-    etcd.endpoints = ParseCoordinatorAddresses("--etcd-endpoints", flags.etcd_endpoints).value();
-    etcd.prefix = flags.etcd_prefix;
-    absl::StatusOr<std::unique_ptr<EtcdStore>> opened = EtcdStore::Open(etcd, election.get());
+    absl::StatusOr<std::unique_ptr<EtcdStore>> opened =
+        EtcdStore::Open(EtcdOptionsOf(config), election.get());
     if (!opened.ok()) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << opened.status();
       return 1;

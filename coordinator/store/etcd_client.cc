@@ -28,16 +28,22 @@ std::string GrpcCodeName(grpc::StatusCode code) {
 
 // The Status for gRPC status `s` of `method` at `endpoint` (etcd_client.h
 // lists the mapping).
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view method,
-                      const std::string& endpoint) {
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view method, const std::string& endpoint,
+                      bool tls) {
   const std::string what = absl::StrCat("etcd ", method, " at ", endpoint, ": ", s.error_message(),
                                         " (gRPC ", GrpcCodeName(s.error_code()), ")");
   switch (s.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
-      return absl::UnavailableError(
-          absl::StrCat(what, "; check that etcd is running and reachable, then retry"));
+      // A refused handshake looks like any broken connection ("Endpoint
+      // read failed", "Socket closed"): name what TLS adds to check.
+      return absl::UnavailableError(absl::StrCat(
+          what, "; check that etcd is running and reachable, then retry",
+          tls ? "; over TLS (--etcd-ca) also that this CA signed etcd's certificate, issued "
+                "for the endpoint's host, and, where etcd has --client-cert-auth, that etcd "
+                "trusts the client certificate (--etcd-cert)"
+              : "; if etcd serves TLS (https client URLs), give its CA (--etcd-ca)"));
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       // gRPC's own "Received message larger than max": the caller pages.
       if (absl::StrContains(s.error_message(), "larger than max")) {
@@ -60,8 +66,10 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view method,
       return absl::Status(
           static_cast<absl::StatusCode>(s.error_code()),
           absl::StrCat(what,
-                       "; etcd has auth enabled, and pipetrain's etcd backend sends no "
-                       "credentials (not supported yet)"));
+                       "; etcd has auth enabled: pipetrain authenticates by its client "
+                       "certificate (--etcd-cert, --etcd-key; etcd --client-cert-auth takes "
+                       "its common name as the user), which needs read and write on the "
+                       "prefix's keys; user names and passwords are not supported"));
     case grpc::StatusCode::NOT_FOUND:
       return absl::NotFoundError(what);
     case grpc::StatusCode::OUT_OF_RANGE:
@@ -76,9 +84,12 @@ bool TryNextEndpoint(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
 
+constexpr absl::string_view kHttp = "http://";
+constexpr absl::string_view kHttps = "https://";
+
 std::string StripScheme(const std::string& endpoint) {
-  constexpr absl::string_view kHttp = "http://";
   if (absl::StartsWith(endpoint, kHttp)) return endpoint.substr(kHttp.size());
+  if (absl::StartsWith(endpoint, kHttps)) return endpoint.substr(kHttps.size());
   return endpoint;
 }
 
@@ -95,10 +106,24 @@ absl::Status CheckEtcdOptions(const EtcdOptions& options) {
   if (options.endpoints.empty()) {
     return absl::InvalidArgumentError("etcd endpoints are empty; give at least one host:port");
   }
+  const bool tls = options.credentials != nullptr;
   for (const std::string& endpoint : options.endpoints) {
-    if (absl::StartsWith(endpoint, "https://") || absl::StartsWith(endpoint, "unix")) {
+    if (absl::StartsWith(endpoint, "unix")) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "etcd endpoint \"", endpoint, "\": only plaintext host:port endpoints are supported"));
+          "etcd endpoint \"", endpoint, "\": unix sockets are not supported; give host:port"));
+    }
+    // A scheme must agree with the credentials: TLS to an endpoint
+    // written http:// (or the reverse) is a mistake in one of the two.
+    if (absl::StartsWith(endpoint, kHttps) && !tls) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd endpoint \"", endpoint,
+                       "\" is https but no TLS is configured; give etcd's CA "
+                       "(--etcd-ca)"));
+    }
+    if (absl::StartsWith(endpoint, kHttp) && tls) {
+      return absl::InvalidArgumentError(absl::StrCat("etcd endpoint \"", endpoint,
+                                                     "\" is http but TLS is configured "
+                                                     "(--etcd-ca); write https:// or host:port"));
     }
     const std::string address = StripScheme(endpoint);
     const size_t colon = address.rfind(':');
@@ -147,7 +172,10 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
     auto e = std::make_unique<Endpoint>();
     e->address = StripScheme(endpoint);
-    e->channel = grpc::CreateCustomChannel(e->address, grpc::InsecureChannelCredentials(), args);
+    e->channel = grpc::CreateCustomChannel(
+        e->address,
+        options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
+        args);
     e->kv = etcdserverpb::KV::NewStub(e->channel);
     e->lease = etcdserverpb::Lease::NewStub(e->channel);
     endpoints.push_back(std::move(e));
@@ -194,7 +222,7 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
       last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     preferred_.store((tried + 1) % n);
   }
-  return FromGrpc(last, method, endpoints_[tried]->address);
+  return FromGrpc(last, method, endpoints_[tried]->address, options_.credentials != nullptr);
 }
 
 absl::Status EtcdClient::Range(const etcdserverpb::RangeRequest& request,

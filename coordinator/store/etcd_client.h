@@ -12,7 +12,10 @@
 // connected first waits up to 1 s (at most half its deadline) for the
 // connection, so a dead endpoint costs about a second before the next is
 // tried, and a restarted etcd is found again within about a second.
-// Plaintext only: no TLS, no etcd auth.
+// Plaintext, or TLS with EtcdOptions::credentials (etcd's CA, and a client
+// certificate for an etcd that requires one: with --client-cert-auth and
+// auth enabled, etcd takes its common name as the user). etcd's user
+// names and passwords are not supported.
 //
 // Every attempt has a deadline: the options' rpc_timeout, or the caller's
 // `deadline` when that comes first.
@@ -26,7 +29,8 @@
 //                     own limit; callers page).
 //   INVALID_ARGUMENT  etcd refused the request (too many operations in a
 //                     Txn, request too large, ...).
-//   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled.
+//   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled and refuses
+//                     this client (no certificate, or its user lacks a role).
 //   NOT_FOUND         a lease that etcd does not know.
 //   OUT_OF_RANGE      a revision etcd has compacted.
 //   INTERNAL          anything else.
@@ -34,6 +38,8 @@
 // Thread-safe: gRPC stubs are; the preferred endpoint is an atomic.
 #ifndef PIPETRAIN_COORDINATOR_STORE_ETCD_CLIENT_H_
 #define PIPETRAIN_COORDINATOR_STORE_ETCD_CLIENT_H_
+
+#include <grpcpp/security/credentials.h>
 
 #include <atomic>
 #include <cstddef>
@@ -51,9 +57,14 @@ namespace pipetrain {
 
 // Where etcd is and how pipetrain uses it.
 struct EtcdOptions {
-  // "host:port" of each etcd member's client URL (an "http://" in front is
-  // accepted and dropped). At least one.
+  // "host:port" of each etcd member's client URL. An "http://" in front
+  // is accepted and dropped without credentials, an "https://" with them.
+  // At least one.
   std::vector<std::string> endpoints;
+  // TLS to every endpoint (ClientTlsCredentials, common/tls_credentials.h:
+  // etcd's CA, and a client certificate and key where etcd requires one).
+  // Null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Every key pipetrain writes starts with this; coordinators that share it
   // share state and elect one leader among themselves. Printable ASCII.
   std::string prefix = "/pipetrain/";

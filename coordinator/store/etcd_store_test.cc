@@ -162,7 +162,7 @@ TEST(EtcdStoreTest, Open_BadOptions_InvalidArgument) {
   const std::vector<std::pair<std::function<void(EtcdOptions&)>, std::string>> cases = {
       {[](EtcdOptions& o) { o.endpoints.clear(); }, "etcd endpoints are empty"},
       {[](EtcdOptions& o) { o.endpoints = {"localhost"}; }, "\"localhost\" is not host:port"},
-      {[](EtcdOptions& o) { o.endpoints = {"https://h:2379"}; }, "only plaintext"},
+      {[](EtcdOptions& o) { o.endpoints = {"https://h:2379"}; }, "no TLS is configured"},
       {[](EtcdOptions& o) { o.prefix = ""; }, "etcd prefix: store key is empty"},
       {[](EtcdOptions& o) { o.rpc_timeout = absl::ZeroDuration(); }, "rpc_timeout"},
       {[](EtcdOptions& o) { o.max_txn_ops = 0; }, "max_txn_ops"},

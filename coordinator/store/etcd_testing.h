@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -17,6 +18,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -86,13 +89,97 @@ inline std::string EtcdLogTail(const std::string& path, size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------
+// Certificates for an etcd over TLS, made with /usr/bin/openssl (Debian's
+// openssl package) under a directory of the test's: a CA, etcd's server
+// certificate for 127.0.0.1 and a client certificate, both signed by it,
+// and a second CA that signed neither. Each PEM file's path.
+struct EtcdTestCertificates {
+  std::string ca, ca_key;
+  std::string server_cert, server_key;
+  std::string client_cert, client_key;
+  std::string other_ca;
+};
+
+// Runs `argv` to its end (within a minute); INTERNAL with its output's
+// tail unless it exits 0.
+inline absl::Status RunToEnd(const std::vector<std::string>& argv, const std::string& log) {
+  absl::StatusOr<Subprocess> run = Subprocess::Spawn(argv, log);
+  if (!run.ok()) return run.status();
+  const std::optional<int> status = run->Wait(absl::Minutes(1));
+  if (!status.has_value() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    if (!status.has_value()) run->Terminate(absl::Seconds(1));
+    return absl::InternalError(
+        absl::StrCat(argv[0], " ", argv[1], " failed: ", EtcdLogTail(log, 1000)));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::StatusOr<EtcdTestCertificates> MakeEtcdTestCertificates(const std::string& dir) {
+  EtcdTestCertificates c;
+  const auto at = [&dir](const char* name) { return absl::StrCat(dir, "/", name); };
+  c.ca = at("ca.pem");
+  c.ca_key = at("ca.key");
+  c.server_cert = at("server.pem");
+  c.server_key = at("server.key");
+  c.client_cert = at("client.pem");
+  c.client_key = at("client.key");
+  c.other_ca = at("other-ca.pem");
+  const std::string log = at("openssl.log");
+  const std::string ext = at("server.ext");
+  {
+    std::ofstream out(ext);
+    out << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", ext));
+  }
+  const auto self_signed = [&](const std::string& cert, const std::string& key, const char* cn) {
+    return RunToEnd({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                     key, "-out", cert, "-days", "2", "-subj", absl::StrCat("/CN=", cn)},
+                    log);
+  };
+  const auto signed_by_ca = [&](const std::string& cert, const std::string& key, const char* cn,
+                                const std::string& extfile) -> absl::Status {
+    const std::string csr = cert + ".csr";
+    absl::Status made = RunToEnd({"/usr/bin/openssl", "req", "-newkey", "rsa:2048", "-nodes",
+                                  "-keyout", key, "-out", csr, "-subj", absl::StrCat("/CN=", cn)},
+                                 log);
+    if (!made.ok()) return made;
+    std::vector<std::string> sign = {
+        "/usr/bin/openssl", "x509", "-req", "-in",   csr, "-CA", c.ca, "-CAkey", c.ca_key,
+        "-CAcreateserial",  "-out", cert,   "-days", "2"};
+    if (!extfile.empty()) sign.insert(sign.end(), {"-extfile", extfile});
+    return RunToEnd(sign, log);
+  };
+  for (absl::Status made : {self_signed(c.ca, c.ca_key, "pipetrain-test-ca"),
+                            signed_by_ca(c.server_cert, c.server_key, "localhost", ext),
+                            signed_by_ca(c.client_cert, c.client_key, "pipetrain-coordinator", ""),
+                            self_signed(c.other_ca, at("other-ca.key"), "another-ca")}) {
+    if (!made.ok()) return made;
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------
 // An etcd process of the test's own.
+
+// An etcd serving its clients over TLS (PEM files).
+struct EtcdServerTls {
+  std::string cert_file;  // etcd's --cert-file and --key-file
+  std::string key_file;
+  // Non-empty: etcd --client-cert-auth --trusted-ca-file, so a client
+  // must present a certificate this CA signed.
+  std::string client_ca_file;
+  // What Start's readiness probe connects with (etcd's CA, and a client
+  // certificate where one is required).
+  std::shared_ptr<grpc::ChannelCredentials> probe_credentials;
+};
 
 class EtcdProcess {
  public:
   // Starts a single-member etcd with a new data dir; returns once it
   // answers. FAILED_PRECONDITION naming the package when etcd is missing.
-  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(const std::string& name) {
+  // With `tls` its client URL is https.
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
+      const std::string& name, std::optional<EtcdServerTls> tls = std::nullopt) {
     if (access(EtcdBinary().c_str(), X_OK) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "etcd not found at ", EtcdBinary(), ": these tests run a real etcd; install Debian 12's ",
@@ -100,6 +187,7 @@ class EtcdProcess {
           "), or set PIPETRAIN_ETCD to an etcd binary"));
     }
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(name));
+    etcd->tls_ = std::move(tls);
     absl::Status started;
     for (int attempt = 0; attempt < 3; ++attempt) {  // New ports if one was taken.
       etcd->client_port_ = FreePort();
@@ -126,9 +214,12 @@ class EtcdProcess {
 
   std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
 
+  // Options reaching it: over TLS with the probe's credentials when it
+  // serves TLS.
   EtcdOptions Options(const std::string& prefix) const {
     EtcdOptions options;
     options.endpoints = {endpoint()};
+    if (tls_.has_value()) options.credentials = tls_->probe_credentials;
     options.prefix = prefix;
     options.rpc_timeout = absl::Seconds(5);
     return options;
@@ -142,19 +233,39 @@ class EtcdProcess {
 
   // Spawns etcd and polls a Range until it answers.
   absl::Status Launch() {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+    const std::string client =
+        absl::StrCat(tls_.has_value() ? "https" : "http", "://127.0.0.1:", client_port_);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(
-        {EtcdBinary(), "--name", name_, "--data-dir", data_dir_, "--listen-client-urls", client,
-         "--advertise-client-urls", client, "--listen-peer-urls", peer,
-         "--initial-advertise-peer-urls", peer, "--initial-cluster", absl::StrCat(name_, "=", peer),
-         "--logger", "zap", "--log-outputs", "stderr"},
-        log_path_);
+    std::vector<std::string> argv = {EtcdBinary(),
+                                     "--name",
+                                     name_,
+                                     "--data-dir",
+                                     data_dir_,
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     absl::StrCat(name_, "=", peer),
+                                     "--logger",
+                                     "zap",
+                                     "--log-outputs",
+                                     "stderr"};
+    if (tls_.has_value()) {
+      argv.insert(argv.end(), {"--cert-file", tls_->cert_file, "--key-file", tls_->key_file});
+      if (!tls_->client_ca_file.empty()) {
+        argv.insert(argv.end(), {"--client-cert-auth", "--trusted-ca-file", tls_->client_ca_file});
+      }
+    }
+    absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(argv, log_path_);
     if (!spawned.ok()) return spawned.status();
     process_.emplace(std::move(*spawned));
 
-    EtcdOptions options;
-    options.endpoints = {endpoint()};
+    EtcdOptions options = Options("/");
     options.rpc_timeout = absl::Seconds(1);
     absl::StatusOr<std::unique_ptr<EtcdClient>> client_or = EtcdClient::Create(options);
     if (!client_or.ok()) return client_or.status();
@@ -185,6 +296,7 @@ class EtcdProcess {
   const std::string name_;
   const std::string data_dir_;
   const std::string log_path_;
+  std::optional<EtcdServerTls> tls_;
   int client_port_ = -1;
   int peer_port_ = -1;
   std::optional<Subprocess> process_;

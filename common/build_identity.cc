@@ -21,6 +21,9 @@ v1::BuildIdentity ThisBuild() { return ToBuildIdentity(GetBuildInfo()); }
 bool SameBuild(const v1::BuildIdentity& a, const v1::BuildIdentity& b) {
   if (a.version() != b.version()) return false;
   if (!CommitKnown(a.commit()) || !CommitKnown(b.commit())) return true;
+  if (a.commit().size() >= kStampedCommitDigits && b.commit().size() >= kStampedCommitDigits) {
+    return a.commit().compare(0, kStampedCommitDigits, b.commit(), 0, kStampedCommitDigits) == 0;
+  }
   return a.commit() == b.commit();
 }
 

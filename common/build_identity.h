@@ -9,6 +9,7 @@
 #ifndef PIPETRAIN_COMMON_BUILD_IDENTITY_H_
 #define PIPETRAIN_COMMON_BUILD_IDENTITY_H_
 
+#include <cstddef>
 #include <string>
 
 #include "common/build_info.h"
@@ -18,6 +19,8 @@ namespace pipetrain {
 
 // The commit BuildInfo names when the binary was not stamped from a checkout.
 inline constexpr char kUnknownCommit[] = "unknown";
+// How many hex digits of the commit a stamp keeps.
+inline constexpr size_t kStampedCommitDigits = 12;
 
 // `info`'s version and commit.
 v1::BuildIdentity ToBuildIdentity(const BuildInfo& info);
@@ -28,8 +31,10 @@ v1::BuildIdentity ThisBuild();
 // kUnknownCommit: an unstamped build, e.g. an image built without
 // PIPETRAIN_COMMIT, says nothing about its commit). An absent build (a
 // worker older than BuildIdentity) has an empty version, so it matches no
-// release. Commits compare exactly: "abc" and "abcdef" differ, as both
-// sides stamp the same 12 hex digits.
+// release. Commits compare on their first kStampedCommitDigits digits when
+// both have that many (tools/workspace_status.sh stamps 12; git prints more
+// where 12 would be ambiguous, an image's .build-commit is cut to 12), and
+// exactly otherwise: "3635b2d" and "3635b2d5aae6" differ.
 bool SameBuild(const v1::BuildIdentity& a, const v1::BuildIdentity& b);
 
 // "0.1.0 (commit 3635b2d1a2b3)"; "none" for an absent build. The fields are

@@ -24,7 +24,10 @@ TEST(BuildIdentityTest, SameBuild_VersionAndKnownCommitsMustMatch) {
   EXPECT_TRUE(SameBuild(Build("0.1.0", "3635b2d1a2b3"), Build("0.1.0", "3635b2d1a2b3")));
   EXPECT_FALSE(SameBuild(Build("0.1.0", "3635b2d1a2b3"), Build("0.1.0", "1c20cae00000")));
   EXPECT_FALSE(SameBuild(Build("0.1.0", "3635b2d1a2b3"), Build("0.2.0", "3635b2d1a2b3")));
-  // Abbreviations are not expanded: both sides stamp 12 digits.
+  // The first 12 digits decide (git may print more where 12 are
+  // ambiguous); a shorter abbreviation is not expanded.
+  EXPECT_TRUE(SameBuild(Build("0.1.0", "3635b2d1a2b3f0"), Build("0.1.0", "3635b2d1a2b3")));
+  EXPECT_FALSE(SameBuild(Build("0.1.0", "3635b2d1a2b4f0"), Build("0.1.0", "3635b2d1a2b3")));
   EXPECT_FALSE(SameBuild(Build("0.1.0", "3635b2d"), Build("0.1.0", "3635b2d1a2b3")));
 }
 

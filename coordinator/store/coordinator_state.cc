@@ -89,6 +89,7 @@ absl::Status CoordinatorState::SaveWorker(const v1::Worker& worker) {
   stored.set_node_name(worker.node_name());
   stored.set_left(worker.state() == v1::WORKER_STATE_LEFT);
   stored.set_drained(worker.drained());
+  if (worker.has_build()) *stored.mutable_build() = worker.build();
   *stored.mutable_last_heartbeat() = worker.last_heartbeat();
   return store_->Commit({StoreWrite::Put(kWorkers + worker.id(), Sealed(stored))});
 }
@@ -106,6 +107,7 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorState::LoadWorkers() const {
     w.set_metrics_address(s.metrics_address());
     w.set_node_name(s.node_name());
     w.set_drained(s.drained());
+    if (s.has_build()) *w.mutable_build() = s.build();
     // Only LEFT is kept: any other state was live when the coordinator
     // stopped (WorkerRegistry::Restore makes it LOST).
     if (s.left()) w.set_state(v1::WORKER_STATE_LEFT);

@@ -61,6 +61,8 @@ TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
   worker.set_state(v1::WORKER_STATE_ASSIGNED);  // not kept: a restart starts from LOST
   worker.set_job_id("job-1");
   worker.mutable_device()->set_cpu_model("test cpu");
+  worker.mutable_build()->set_version("0.1.0");
+  worker.mutable_build()->set_commit("3635b2d5aae6");
   ASSERT_TRUE(state.SaveWorker(worker).ok());
   const auto workers = state.LoadWorkers();
   ASSERT_TRUE(workers.ok()) << workers.status();
@@ -68,6 +70,8 @@ TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
   EXPECT_EQ((*workers)[0].id(), "w-3");
   EXPECT_EQ((*workers)[0].incarnation(), 4);
   EXPECT_EQ((*workers)[0].device().cpu_model(), "test cpu");
+  EXPECT_EQ((*workers)[0].build().version(), "0.1.0");
+  EXPECT_EQ((*workers)[0].build().commit(), "3635b2d5aae6");
   EXPECT_EQ((*workers)[0].state(), v1::WORKER_STATE_UNSPECIFIED);
   EXPECT_EQ((*workers)[0].job_id(), "");
   // A worker that deregistered is kept LEFT, with when it was last heard.

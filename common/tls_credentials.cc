@@ -166,7 +166,9 @@ std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
     if (path.empty()) continue;
     absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
     if (!pem.ok()) continue;
-    const bool ca = flag != "tls-cert";
+    // --tls-cert and --etcd-cert are this process's own certificate (its
+    // first, the leaf, counts); the others are CA files.
+    const bool ca = !absl::EndsWith(flag, "-cert");
     std::optional<absl::Time> earliest;
     ForEachCertificate(*pem, [&](const X509& cert) {
       const std::optional<absl::Time> not_after = NotAfter(cert);

@@ -57,9 +57,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
 
 // When a TLS file stops working, for pipetrain_tls_certificate_expiry_
-// timestamp_seconds: for a certificate file (--tls-cert: this process's
-// own) its first certificate's notAfter; for a CA file (--tls-ca,
-// --tls-client-ca) the earliest notAfter of the certificates valid now
+// timestamp_seconds: for a certificate file (a flag ending in "-cert":
+// --tls-cert, --etcd-cert, this process's own) its first certificate's
+// notAfter; for a CA file (--tls-ca, --tls-client-ca, --etcd-ca) the
+// earliest notAfter of the certificates valid now
 // (peers whose chain ends at that one are refused from then on).
 struct TlsCertificateExpiry {
   std::string flag;  // without dashes: "tls-cert"

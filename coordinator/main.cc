@@ -234,15 +234,6 @@ std::string AddressWithPort(const std::string& grpc_address, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-// Highly available coordinators: serves refusals naming the leader
-// (FollowerService; on the HTTP port, follower_http.h's routes: probes,
-// /metrics, the API refused) until this coordinator wins the election,
-// then hands both ports to the real servers. Its health service says
-// NOT_SERVING (a follower is not ready: it serves only refusals). Returns
-// the gRPC port (*http_port: the HTTP one), or CANCELLED when a
-// signal came first. Losing the leadership later ends the process (exit
-// code 5: its supervisor restarts it as a follower); the store's fenced
-// commits keep a deposed leader from writing meanwhile.
 // Whether any flag of TLS to etcd is given.
 bool EtcdTlsGiven(const Flags& flags) {
   return !flags.etcd_ca.empty() || !flags.etcd_cert.empty() || !flags.etcd_key.empty();
@@ -259,6 +250,15 @@ EtcdOptions EtcdOptionsOf(const Config& config) {
   return etcd;
 }
 
+// Highly available coordinators: serves refusals naming the leader
+// (FollowerService; on the HTTP port, follower_http.h's routes: probes,
+// /metrics, the API refused) until this coordinator wins the election,
+// then hands both ports to the real servers. Its health service says
+// NOT_SERVING (a follower is not ready: it serves only refusals). Returns
+// the gRPC port (*http_port: the HTTP one), or CANCELLED when a
+// signal came first. Losing the leadership later ends the process (exit
+// code 5: its supervisor restarts it as a follower); the store's fenced
+// commits keep a deposed leader from writing meanwhile.
 absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& signals,
                                       ServingHealth& health,
                                       std::unique_ptr<LeaderElection>* election,

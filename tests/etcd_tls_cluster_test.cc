@@ -133,7 +133,10 @@ TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
   absl::StatusOr<Subprocess> refused = Subprocess::Spawn(
       {FindSiblingBinary("coordinator", "pipetrain-coordinator").value(), "--insecure",
        "--grpc-address=127.0.0.1:0", "--http-address=127.0.0.1:0", "--etcd-endpoints=" + endpoint,
-       "--etcd-ca=" + certs->ca, "--leader-lease-seconds=2"},
+       "--etcd-ca=" + certs->ca, "--leader-lease-seconds=2",
+       // A prefix of its own: were the certificate not required, it would
+       // lead there at once, not wait behind the cluster's leader.
+       "--etcd-prefix=/refused/"},
       log);
   ASSERT_TRUE(refused.ok()) << refused.status();
   const bool said = EtcdWaitFor(

@@ -87,9 +87,10 @@ bool TryNextEndpoint(const grpc::Status& s) {
 constexpr absl::string_view kHttp = "http://";
 constexpr absl::string_view kHttps = "https://";
 
+// Schemes compare without case, as in URLs ("HTTPS://h:2379").
 std::string StripScheme(const std::string& endpoint) {
-  if (absl::StartsWith(endpoint, kHttp)) return endpoint.substr(kHttp.size());
-  if (absl::StartsWith(endpoint, kHttps)) return endpoint.substr(kHttps.size());
+  if (absl::StartsWithIgnoreCase(endpoint, kHttp)) return endpoint.substr(kHttp.size());
+  if (absl::StartsWithIgnoreCase(endpoint, kHttps)) return endpoint.substr(kHttps.size());
   return endpoint;
 }
 
@@ -108,24 +109,29 @@ absl::Status CheckEtcdOptions(const EtcdOptions& options) {
   }
   const bool tls = options.credentials != nullptr;
   for (const std::string& endpoint : options.endpoints) {
-    if (absl::StartsWith(endpoint, "unix")) {
+    if (absl::StartsWithIgnoreCase(endpoint, "unix:") ||
+        absl::StartsWithIgnoreCase(endpoint, "unix-abstract:")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "etcd endpoint \"", endpoint, "\": unix sockets are not supported; give host:port"));
     }
     // A scheme must agree with the credentials: TLS to an endpoint
     // written http:// (or the reverse) is a mistake in one of the two.
-    if (absl::StartsWith(endpoint, kHttps) && !tls) {
+    if (absl::StartsWithIgnoreCase(endpoint, kHttps) && !tls) {
       return absl::InvalidArgumentError(
           absl::StrCat("etcd endpoint \"", endpoint,
                        "\" is https but no TLS is configured; give etcd's CA "
                        "(--etcd-ca)"));
     }
-    if (absl::StartsWith(endpoint, kHttp) && tls) {
+    if (absl::StartsWithIgnoreCase(endpoint, kHttp) && tls) {
       return absl::InvalidArgumentError(absl::StrCat("etcd endpoint \"", endpoint,
                                                      "\" is http but TLS is configured "
                                                      "(--etcd-ca); write https:// or host:port"));
     }
     const std::string address = StripScheme(endpoint);
+    if (absl::StrContains(address, "://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint \"", endpoint, "\": only http:// and https:// are understood"));
+    }
     const size_t colon = address.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
       return absl::InvalidArgumentError(

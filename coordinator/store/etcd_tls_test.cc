@@ -150,8 +150,15 @@ TEST(EtcdTlsOptionsTest, SchemeAndCredentialsDisagree_InvalidArgument) {
   EXPECT_THAT(CheckEtcdOptions(options).message(), HasSubstr("is http but TLS is configured"));
   options.endpoints = {"127.0.0.1:2379", "https://127.0.0.2:2379"};
   EXPECT_EQ(CheckEtcdOptions(options), absl::OkStatus());
+  options.endpoints = {"HTTPS://127.0.0.1:2379"};  // schemes ignore case
+  EXPECT_EQ(CheckEtcdOptions(options), absl::OkStatus());
+  options.endpoints = {"unixetcd-0:2379"};  // a host name, not a socket
+  EXPECT_EQ(CheckEtcdOptions(options), absl::OkStatus());
   options.endpoints = {"unix:/run/etcd.sock"};
   EXPECT_THAT(CheckEtcdOptions(options).message(), HasSubstr("unix sockets are not supported"));
+  options.endpoints = {"dns://h:2379"};
+  EXPECT_THAT(CheckEtcdOptions(options).message(),
+              HasSubstr("only http:// and https:// are understood"));
 }
 
 }  // namespace

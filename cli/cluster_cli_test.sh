@@ -86,6 +86,14 @@ BIN="$COORDINATOR" expect_exit coordinator_etcd_ca_missing 2 \
   "--etcd-ca: cannot read $TMP/no-such-ca.pem" -- \
   --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-ca="$TMP/no-such-ca.pem" \
   --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_user_without_password 2 \
+  "--etcd-user and --etcd-password-file go together" -- \
+  --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-user=pipetrain \
+  --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_etcd_user_without_etcd 2 \
+  "--etcd-user is for the etcd of --etcd-endpoints, which is not given" -- \
+  --insecure --etcd-user=pipetrain --etcd-password-file="$TMP/user.token" \
+  --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
 BIN="$COORDINATOR" expect_exit coordinator_etcd_https_without_ca 2 \
   "is https but no TLS is configured; give etcd's CA (--etcd-ca)" -- \
   --insecure --etcd-endpoints=https://127.0.0.1:2379 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0

@@ -105,6 +105,8 @@ struct Flags {
   std::string etcd_ca;    // TLS to etcd: its CA
   std::string etcd_cert;  // and this coordinator's client certificate
   std::string etcd_key;
+  std::string etcd_user;           // etcd auth: log in as this user
+  std::string etcd_password_file;  // with this password
   std::string advertise_address;
   double leader_lease_seconds = 5;
   double shutdown_delay_seconds = 0;
@@ -122,6 +124,8 @@ struct Config {
   // --etcd-ca (and --etcd-cert, --etcd-key), read and checked; null:
   // plaintext to etcd.
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
+  // Read from --etcd-password-file ("" without --etcd-user).
+  std::string etcd_password;
 };
 
 // OK with `help` set when --help was given (usage printed).
@@ -171,6 +175,12 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "an etcd started with --client-cert-auth; with etcd auth enabled its common name "
              "is the etcd user");
   set.String("etcd-key", &flags.etcd_key, "with --etcd-cert: its PEM private key");
+  set.String("etcd-user", &flags.etcd_user,
+             "with --etcd-endpoints: log in to etcd (auth enabled) as this user, with the "
+             "password in --etcd-password-file; the user needs read and write on "
+             "--etcd-prefix's keys (use with --etcd-ca: etcd takes passwords in the clear)");
+  set.String("etcd-password-file", &flags.etcd_password_file,
+             "with --etcd-user: the file holding that user's etcd password");
   set.String("advertise-address", &flags.advertise_address,
              "with --etcd-endpoints: the gRPC address followers name as the leader's (default: "
              "--grpc-address with the bound port; 127.0.0.1 for a wildcard host)");
@@ -247,6 +257,8 @@ EtcdOptions EtcdOptionsOf(const Config& config) {
                        .value_or(std::vector<std::string>());
   etcd.prefix = config.flags.etcd_prefix;
   etcd.credentials = config.etcd_credentials;
+  etcd.user = config.flags.etcd_user;
+  etcd.password = config.etcd_password;
   return etcd;
 }
 
@@ -473,6 +485,13 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
         "--etcd-ca, --etcd-cert and --etcd-key are for the etcd of --etcd-endpoints, which is "
         "not given");
   }
+  if (config.flags.etcd_user.empty() != config.flags.etcd_password_file.empty()) {
+    return absl::InvalidArgumentError("--etcd-user and --etcd-password-file go together");
+  }
+  if (config.flags.etcd_endpoints.empty() && !config.flags.etcd_user.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd-user is for the etcd of --etcd-endpoints, which is not given");
+  }
   if (!config.flags.etcd_endpoints.empty()) {
     if (!config.flags.state_dir.empty()) {
       return absl::InvalidArgumentError(
@@ -488,6 +507,14 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
           config.etcd_credentials,
           ClientTlsCredentials(config.flags.etcd_ca, config.flags.etcd_cert, config.flags.etcd_key,
                                {"etcd-ca", "etcd-cert", "etcd-key", "etcd"}));
+    }
+    if (!config.flags.etcd_user.empty()) {
+      ASSIGN_OR_RETURN(config.etcd_password,
+                       ReadSecretFile("--etcd-password-file", config.flags.etcd_password_file));
+      if (config.flags.etcd_ca.empty()) {
+        PT_LOG(WARNING) << "--etcd-user without --etcd-ca: the etcd password crosses the "
+                           "network in plaintext";
+      }
     }
     // Scheme and credentials agree (an https:// endpoint needs --etcd-ca).
     RETURN_IF_ERROR(CheckEtcdOptions(EtcdOptionsOf(config)));

@@ -3,9 +3,10 @@
 // coordinator given etcd's CA and a client certificate (--etcd-ca,
 // --etcd-cert, --etcd-key) leads, keeps a job's state in etcd and trains
 // it, and exports the expiry of those files; one without a client
-// certificate never leads, and its log says why. The test makes the
-// certificates (openssl) and starts the etcd; every process is killed at
-// the end. Waits poll an observable condition until a deadline.
+// certificate never leads, and its log says why. Then etcd's own auth: a
+// coordinator logging in with a user and password leads and trains. The
+// test makes the certificates (openssl) and starts the etcds; every process
+// is killed at the end. Waits poll an observable condition until a deadline.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -59,6 +60,20 @@ v1::JobSpec OneStageJob() {
   return spec;
 }
 
+// The cluster's one worker is READY, which it is once the coordinator
+// leads (a follower refuses registrations): polls a remote state.
+bool AwaitOneReadyWorker(v1::CoordinatorService::Stub& stub) {
+  return EtcdWaitFor(
+      [&] {
+        auto context = std::make_unique<grpc::ClientContext>();
+        context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        v1::ListWorkersResponse workers;
+        if (!stub.ListWorkers(context.get(), {}, &workers).ok()) return false;
+        return workers.workers_size() == 1 && workers.workers(0).state() == v1::WORKER_STATE_READY;
+      },
+      absl::Seconds(60));
+}
+
 TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
   // In the test's scratch space, not its kept outputs: they hold keys.
   const std::string cert_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/certs");
@@ -88,18 +103,8 @@ TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
       testing::StartTestCluster("etcd-tls", /*workers=*/1, etcd_flags);
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
-  // The worker is READY once the coordinator leads (a follower refuses
-  // registrations): polls a remote state.
-  const bool led = EtcdWaitFor(
-      [&] {
-        auto context = std::make_unique<grpc::ClientContext>();
-        context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-        v1::ListWorkersResponse workers;
-        if (!stub->ListWorkers(context.get(), {}, &workers).ok()) return false;
-        return workers.workers_size() == 1 && workers.workers(0).state() == v1::WORKER_STATE_READY;
-      },
-      absl::Seconds(60));
-  ASSERT_TRUE(led) << "no READY worker behind a leading coordinator within 60 s";
+  ASSERT_TRUE(AwaitOneReadyWorker(*stub))
+      << "no READY worker behind a leading coordinator within 60 s";
   const std::string id = testing::SubmitJob(*stub, OneStageJob());
   const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
@@ -151,6 +156,43 @@ TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
   EXPECT_FALSE(absl::StrContains(ReadAll(log), "became leader")) << ReadAll(log);
   EXPECT_EQ(refused->Poll(), std::nullopt) << "it should campaign on, not exit";
   refused->Terminate(absl::Seconds(10));
+}
+
+// etcd's own auth: the coordinator logs in as --etcd-user with the
+// password in --etcd-password-file (over TLS) and trains a job.
+TEST(EtcdTlsClusterTest, PasswordLogin_LeadsAndTrains) {
+  const std::string cert_dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/auth-certs");
+  mkdir(cert_dir.c_str(), 0700);
+  absl::StatusOr<EtcdTestCertificates> certs = MakeEtcdTestCertificates(cert_dir);
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadAll(certs->ca);
+  EtcdServerTls tls;
+  tls.cert_file = certs->server_cert;
+  tls.key_file = certs->server_key;
+  tls.probe_credentials = grpc::SslCredentials(ssl);
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("auth-cluster", tls);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  ASSERT_EQ(EnableEtcdAuth((*etcd)->endpoint(), tls.probe_credentials, "/pipetrain/", "coord",
+                           "etcd-password-1"),
+            absl::OkStatus());
+  const std::string password_file = cert_dir + "/etcd.password";
+  {
+    std::ofstream out(password_file);
+    out << "etcd-password-1\n";
+  }
+  chmod(password_file.c_str(), 0600);
+  std::unique_ptr<LocalCluster> cluster = testing::StartTestCluster(
+      "etcd-auth", /*workers=*/1,
+      {"--etcd-endpoints=https://" + (*etcd)->endpoint(), "--etcd-ca=" + certs->ca,
+       "--etcd-user=coord", "--etcd-password-file=" + password_file, "--leader-lease-seconds=2"});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
+  ASSERT_TRUE(AwaitOneReadyWorker(*stub))
+      << "no READY worker behind a leading coordinator within 60 s";
+  const std::string id = testing::SubmitJob(*stub, OneStageJob());
+  const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 }
 
 }  // namespace

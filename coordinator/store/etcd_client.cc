@@ -26,6 +26,12 @@ std::string GrpcCodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
+// What an etcd with auth enabled wants of pipetrain.
+constexpr absl::string_view kAuthHint =
+    "; etcd has auth enabled: pipetrain authenticates by its client certificate (--etcd-cert, "
+    "--etcd-key; etcd --client-cert-auth takes its common name as the user) or as --etcd-user "
+    "with --etcd-password-file, and that user needs read and write on the prefix's keys";
+
 // The Status for gRPC status `s` of `method` at `endpoint` (etcd_client.h
 // lists the mapping).
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view method, const std::string& endpoint,
@@ -59,17 +65,16 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view method, const std
       }
       return absl::UnavailableError(absl::StrCat(what, "; etcd is overloaded, retry"));
     case grpc::StatusCode::INVALID_ARGUMENT:
+      // With auth enabled, a call without a login is INVALID_ARGUMENT.
+      if (absl::StrContains(s.error_message(), "user name is empty")) {
+        return absl::UnauthenticatedError(absl::StrCat(what, kAuthHint));
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           what, "; etcd refused the request (see its --max-txn-ops and --max-request-bytes)"));
     case grpc::StatusCode::PERMISSION_DENIED:
     case grpc::StatusCode::UNAUTHENTICATED:
-      return absl::Status(
-          static_cast<absl::StatusCode>(s.error_code()),
-          absl::StrCat(what,
-                       "; etcd has auth enabled: pipetrain authenticates by its client "
-                       "certificate (--etcd-cert, --etcd-key; etcd --client-cert-auth takes "
-                       "its common name as the user), which needs read and write on the "
-                       "prefix's keys; user names and passwords are not supported"));
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat(what, kAuthHint));
     case grpc::StatusCode::NOT_FOUND:
       return absl::NotFoundError(what);
     case grpc::StatusCode::OUT_OF_RANGE:
@@ -83,6 +88,9 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view method, const std
 bool TryNextEndpoint(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE;
 }
+
+// The metadata etcd reads a login token from.
+constexpr char kTokenMetadataKey[] = "token";
 
 constexpr absl::string_view kHttp = "http://";
 constexpr absl::string_view kHttps = "https://";
@@ -101,6 +109,7 @@ struct EtcdClient::Endpoint {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+  std::unique_ptr<etcdserverpb::Auth::Stub> auth;
 };
 
 absl::Status CheckEtcdOptions(const EtcdOptions& options) {
@@ -141,6 +150,10 @@ absl::Status CheckEtcdOptions(const EtcdOptions& options) {
   absl::Status prefix = CheckStoreKey(options.prefix);
   if (!prefix.ok())
     return absl::InvalidArgumentError(absl::StrCat("etcd prefix: ", prefix.message()));
+  if (options.user.empty() != options.password.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd user and password go together (--etcd-user, --etcd-password-file)");
+  }
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("etcd rpc_timeout must be positive");
   }
@@ -184,6 +197,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
         args);
     e->kv = etcdserverpb::KV::NewStub(e->channel);
     e->lease = etcdserverpb::Lease::NewStub(e->channel);
+    e->auth = etcdserverpb::Auth::NewStub(e->channel);
     endpoints.push_back(std::move(e));
   }
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(endpoints)));
@@ -215,9 +229,7 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
       const absl::Duration wait = std::min(kConnectTimeout, (attempt_deadline - absl::Now()) / 2);
       e.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
     }
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(attempt_deadline));
-    last = attempt(e, &context);
+    last = AttemptAt(e, attempt_deadline, attempt);
     if (last.ok()) {
       preferred_.store(tried);
       return absl::OkStatus();
@@ -229,6 +241,68 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
     preferred_.store((tried + 1) % n);
   }
   return FromGrpc(last, method, endpoints_[tried]->address, options_.credentials != nullptr);
+}
+
+template <typename Attempt>
+grpc::Status EtcdClient::AttemptAt(const Endpoint& e, absl::Time deadline,
+                                   const Attempt& attempt) const {
+  for (int round = 0;; ++round) {
+    std::string token;
+    if (!options_.user.empty()) {
+      const grpc::Status logged_in = TokenAt(e, deadline, &token);
+      if (!logged_in.ok()) return logged_in;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    if (!token.empty()) context.AddMetadata(kTokenMetadataKey, token);
+    grpc::Status s = attempt(e, &context);
+    // A token etcd no longer knows (expired, or etcd restarted and lost
+    // its simple tokens): drop it, log in again and send the call once
+    // more. Another thread may have replaced it already: keep that one.
+    if (round == 0 && !token.empty() && s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+        absl::StrContains(s.error_message(), "invalid auth token")) {
+      AnnotatedMutexLock lock(&token_mu_);
+      if (token_ == token) token_.clear();
+      continue;
+    }
+    return s;
+  }
+}
+
+grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::string* token) const {
+  {
+    AnnotatedMutexLock lock(&token_mu_);
+    if (!token_.empty()) {
+      *token = token_;
+      return grpc::Status::OK;
+    }
+  }
+  etcdserverpb::AuthenticateRequest request;
+  request.set_name(options_.user);
+  request.set_password(options_.password);
+  etcdserverpb::AuthenticateResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  const grpc::Status s = e.auth->Authenticate(&context, request, &response);
+  if (!s.ok()) {
+    // A wrong user or password comes back INVALID_ARGUMENT, auth not
+    // enabled FAILED_PRECONDITION: both are about who this client is.
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          absl::StrCat("logging in as ", options_.user, ": ", s.error_message()));
+    }
+    return s;
+  }
+  if (response.token().empty()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat("logging in as ", options_.user,
+                                     ": etcd gave no token (is its auth enabled?)"));
+  }
+  AnnotatedMutexLock lock(&token_mu_);
+  token_ = response.token();
+  *token = token_;
+  return grpc::Status::OK;
 }
 
 absl::Status EtcdClient::Range(const etcdserverpb::RangeRequest& request,

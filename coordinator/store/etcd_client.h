@@ -14,8 +14,11 @@
 // tried, and a restarted etcd is found again within about a second.
 // Plaintext, or TLS with EtcdOptions::credentials (etcd's CA, and a client
 // certificate for an etcd that requires one: with --client-cert-auth and
-// auth enabled, etcd takes its common name as the user). etcd's user
-// names and passwords are not supported.
+// auth enabled, etcd takes its common name as the user). With
+// EtcdOptions::user, the client logs in (Auth.Authenticate) at the first
+// call and sends the token etcd gives as the metadata "token" on every
+// call; a call etcd refuses for an invalid token (it expired, or etcd
+// restarted) logs in again and is sent once more.
 //
 // Every attempt has a deadline: the options' rpc_timeout, or the caller's
 // `deadline` when that comes first.
@@ -30,7 +33,9 @@
 //   INVALID_ARGUMENT  etcd refused the request (too many operations in a
 //                     Txn, request too large, ...).
 //   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled and refuses
-//                     this client (no certificate, or its user lacks a role).
+//                     this client (no certificate or user, a wrong password,
+//                     or a user without read and write on the prefix), or
+//                     EtcdOptions::user is set and etcd's auth is not enabled.
 //   NOT_FOUND         a lease that etcd does not know.
 //   OUT_OF_RANGE      a revision etcd has compacted.
 //   INTERNAL          anything else.
@@ -47,9 +52,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/annotated_mutex.h"
 #include "proto/etcd/rpc.grpc.pb.h"
 #include "proto/etcd/rpc.pb.h"
 
@@ -65,6 +72,11 @@ struct EtcdOptions {
   // etcd's CA, and a client certificate and key where etcd requires one).
   // Null: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Non-empty: log in to etcd as this user with `password` (etcd auth
+  // enabled, users with passwords). Send passwords over TLS only: etcd
+  // takes them in the clear.
+  std::string user;
+  std::string password;
   // Every key pipetrain writes starts with this; coordinators that share it
   // share state and elect one leader among themselves. Printable ASCII.
   std::string prefix = "/pipetrain/";
@@ -139,11 +151,21 @@ class EtcdClient {
   // Runs `attempt` against each endpoint in turn (see the file comment).
   template <typename Attempt>
   absl::Status Call(const char* method, absl::Time deadline, const Attempt& attempt) const;
+  // One attempt at `e` with the login token (logging in first where there
+  // is none, and once more where etcd refuses the token).
+  template <typename Attempt>
+  grpc::Status AttemptAt(const Endpoint& e, absl::Time deadline, const Attempt& attempt) const;
+  // The cached token, or a new one from Authenticate at `e`.
+  grpc::Status TokenAt(const Endpoint& e, absl::Time deadline, std::string* token) const;
 
   const EtcdOptions options_;
   const std::vector<std::unique_ptr<Endpoint>> endpoints_;
   // Where the next call starts: the last endpoint that answered.
   mutable std::atomic<size_t> preferred_{0};
+  // The login token (options_.user); "" before a login and after etcd
+  // refused it.
+  mutable AnnotatedMutex token_mu_;
+  mutable std::string token_ ABSL_GUARDED_BY(token_mu_);
 };
 
 }  // namespace pipetrain

@@ -5,6 +5,7 @@
 #ifndef PIPETRAIN_COORDINATOR_STORE_ETCD_TESTING_H_
 #define PIPETRAIN_COORDINATOR_STORE_ETCD_TESTING_H_
 
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -158,6 +161,62 @@ inline absl::StatusOr<EtcdTestCertificates> MakeEtcdTestCertificates(const std::
   return c;
 }
 
+// etcd's own auth for tests: adds root (required to enable auth) and
+// `user` (with `password`) whose role of the same name reads and writes the
+// keys under `prefix`, then enables auth: etcdctl's steps, through its API.
+inline absl::Status EnableEtcdAuth(const std::string& endpoint,
+                                   std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                   const std::string& prefix, const std::string& user,
+                                   const std::string& password) {
+  auto auth = etcdserverpb::Auth::NewStub(grpc::CreateChannel(endpoint, credentials));
+  const auto call =
+      [](const char* what,
+         const std::function<grpc::Status(grpc::ClientContext*)>& rpc) -> absl::Status {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = rpc(&context);
+    if (s.ok()) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(what, ": ", s.error_message()));
+  };
+  etcdserverpb::AuthRoleAddRequest role;
+  role.set_name(user);
+  etcdserverpb::AuthRoleAddResponse role_added;
+  etcdserverpb::AuthRoleGrantPermissionRequest grant;
+  grant.set_name(user);
+  grant.mutable_perm()->set_permtype(authpb::Permission::READWRITE);
+  grant.mutable_perm()->set_key(prefix);
+  grant.mutable_perm()->set_range_end(EtcdPrefixEnd(prefix));
+  etcdserverpb::AuthRoleGrantPermissionResponse granted;
+  etcdserverpb::AuthEnableResponse enabled;
+  for (absl::Status step : {
+           call("RoleAdd", [&](auto* c) { return auth->RoleAdd(c, role, &role_added); }),
+           call("RoleGrantPermission",
+                [&](auto* c) { return auth->RoleGrantPermission(c, grant, &granted); }),
+       }) {
+    if (!step.ok()) return step;
+  }
+  for (const auto& [name, password, user_role] :
+       {std::tuple<std::string, std::string, std::string>{"root", "root-password", "root"},
+        {user, password, user}}) {
+    etcdserverpb::AuthUserAddRequest add;
+    add.set_name(name);
+    add.set_password(password);
+    etcdserverpb::AuthUserAddResponse added;
+    etcdserverpb::AuthUserGrantRoleRequest give;
+    give.set_user(name);
+    give.set_role(user_role);
+    etcdserverpb::AuthUserGrantRoleResponse given;
+    absl::Status step = call("UserAdd", [&](auto* c) { return auth->UserAdd(c, add, &added); });
+    if (step.ok()) {
+      step = call("UserGrantRole", [&](auto* c) { return auth->UserGrantRole(c, give, &given); });
+    }
+    if (!step.ok()) return step;
+  }
+  return call("AuthEnable", [&](auto* c) {
+    return auth->AuthEnable(c, etcdserverpb::AuthEnableRequest(), &enabled);
+  });
+}
+
 // ---------------------------------------------------------------------------
 // An etcd process of the test's own.
 
@@ -277,7 +336,9 @@ class EtcdProcess {
           request.set_key("probe");
           etcdserverpb::RangeResponse response;
           answered = (*client_or)->Range(request, &response);
-          return answered.ok();
+          // Any answer but "unavailable" is etcd's own: one with auth
+          // enabled refuses the probe's anonymous Range, and is up.
+          return answered.code() != absl::StatusCode::kUnavailable;
         },
         kEtcdStartTimeout);
     if (process_->Poll().has_value()) {

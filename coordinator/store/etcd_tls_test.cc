@@ -3,13 +3,20 @@
 // certificates (--client-cert-auth) serves a store and an election given
 // its CA and a client certificate it trusts, and refuses, without a byte of
 // state passing, a client that brings no certificate, speaks plaintext, or
-// trusts another CA.
+// trusts another CA. Then etcd's own auth over TLS: a user with a password
+// logs in, works within its prefix and logs in again after etcd restarts;
+// a wrong password, no user, and a key outside the prefix are refused.
 //
 // No sleeps for synchronisation: waits poll a condition until a deadline.
+#include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
+#include <sys/stat.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/tls_credentials.h"
@@ -159,6 +166,129 @@ TEST(EtcdTlsOptionsTest, SchemeAndCredentialsDisagree_InvalidArgument) {
   options.endpoints = {"dns://h:2379"};
   EXPECT_THAT(CheckEtcdOptions(options).message(),
               HasSubstr("only http:// and https:// are understood"));
+}
+
+// ---------------------------------------------------------------------------
+// etcd's own auth: users with passwords, over TLS (server certificate only).
+
+constexpr char kAuthPrefix[] = "/auth/";
+constexpr char kUser[] = "pipetrain";
+constexpr char kPassword[] = "correct horse";
+
+class EtcdAuthTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = absl::StrCat(EtcdTestTmpDir(), "/auth-certs");
+    mkdir(dir.c_str(), 0700);
+    absl::StatusOr<EtcdTestCertificates> made = MakeEtcdTestCertificates(dir);
+    ASSERT_TRUE(made.ok()) << made.status();
+    ca_ = new std::string(made->ca);
+    EtcdServerTls tls;
+    tls.cert_file = made->server_cert;
+    tls.key_file = made->server_key;
+    tls.probe_credentials = Credentials(made->ca);
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("auth", tls);
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = etcd->release();
+    const absl::Status enabled =
+        EnableEtcdAuth(etcd_->endpoint(), Credentials(made->ca), kAuthPrefix, kUser, kPassword);
+    ASSERT_EQ(enabled, absl::OkStatus());
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+    delete ca_;
+    ca_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(etcd_, nullptr) << "no etcd with auth (see the set-up)"; }
+
+  static EtcdOptions AsUser(const std::string& user, const std::string& password) {
+    EtcdOptions options = etcd_->Options(kAuthPrefix);
+    options.credentials = Credentials(*ca_);
+    options.user = user;
+    options.password = password;
+    options.rpc_timeout = absl::Seconds(3);
+    return options;
+  }
+
+  static std::string* ca_;
+  static EtcdProcess* etcd_;
+};
+
+std::string* EtcdAuthTest::ca_ = nullptr;
+EtcdProcess* EtcdAuthTest::etcd_ = nullptr;
+
+// Logged in, the store and the election work within the user's prefix;
+// after etcd restarts (its tokens gone) the client logs in again by itself.
+TEST_F(EtcdAuthTest, Password_StoreAndElectionWork_AndLoginRenewedAfterEtcdRestart) {
+  const EtcdOptions options = AsUser(kUser, kPassword);
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ((*store)->Commit({StoreWrite::Put("jobs/a", "1")}), absl::OkStatus());
+  LeaderElectionOptions election_options;
+  election_options.identity = "10.0.0.1:7070";
+  election_options.ttl = absl::Seconds(2);
+  {
+    absl::StatusOr<std::unique_ptr<LeaderElection>> election =
+        LeaderElection::Create(options, election_options);
+    ASSERT_TRUE(election.ok()) << election.status();
+    ASSERT_EQ((*election)->Start(), absl::OkStatus());
+    EXPECT_TRUE(EtcdWaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
+    EXPECT_EQ((*election)->Resign(), absl::OkStatus());
+  }
+
+  ASSERT_EQ(etcd_->Restart(), absl::OkStatus());
+  absl::Status after = absl::UnknownError("not tried");
+  EtcdWaitFor(
+      [&] {
+        after = (*store)->Commit({StoreWrite::Put("jobs/b", "2")});
+        return after.ok();
+      },
+      absl::Seconds(30));
+  EXPECT_EQ(after, absl::OkStatus());
+  absl::StatusOr<std::optional<std::string>> read = (*store)->Get("jobs/a");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->value_or("(none)"), "1");
+}
+
+// A wrong password, no user at all, and a key outside the user's
+// permission: each refused, naming what to check.
+TEST_F(EtcdAuthTest, WrongPasswordNoUserOrOutsideThePrefix_Refused) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> wrong =
+      EtcdClient::Create(AsUser(kUser, "wrong password"));
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  etcdserverpb::RangeRequest range;
+  range.set_key(absl::StrCat(kAuthPrefix, "k"));
+  etcdserverpb::RangeResponse response;
+  absl::Status status = (*wrong)->Range(range, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+  EXPECT_THAT(status.message(), HasSubstr("logging in as pipetrain"));
+  EXPECT_THAT(status.message(), HasSubstr("--etcd-password-file"));
+
+  absl::StatusOr<std::unique_ptr<EtcdClient>> anonymous = EtcdClient::Create(AsUser("", ""));
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  status = (*anonymous)->Range(range, &response);
+  EXPECT_TRUE(status.code() == absl::StatusCode::kUnauthenticated ||
+              status.code() == absl::StatusCode::kPermissionDenied)
+      << status;
+  EXPECT_THAT(status.message(), HasSubstr("etcd has auth enabled"));
+
+  absl::StatusOr<std::unique_ptr<EtcdClient>> user = EtcdClient::Create(AsUser(kUser, kPassword));
+  ASSERT_TRUE(user.ok()) << user.status();
+  range.set_key("/elsewhere/k");
+  status = (*user)->Range(range, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_THAT(status.message(), HasSubstr("read and write on the prefix's keys"));
+}
+
+TEST(EtcdAuthOptionsTest, UserWithoutPassword_InvalidArgument) {
+  EtcdOptions options;
+  options.endpoints = {"127.0.0.1:2379"};
+  options.user = "pipetrain";
+  EXPECT_THAT(CheckEtcdOptions(options).message(), HasSubstr("user and password go together"));
+  options.user = "";
+  options.password = "p";
+  EXPECT_THAT(CheckEtcdOptions(options).message(), HasSubstr("user and password go together"));
 }
 
 }  // namespace

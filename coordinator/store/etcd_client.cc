@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "coordinator/store/store.h"
 
 namespace pipetrain {
@@ -256,13 +257,22 @@ grpc::Status EtcdClient::AttemptAt(const Endpoint& e, absl::Time deadline,
     context.set_deadline(absl::ToChronoTime(deadline));
     if (!token.empty()) context.AddMetadata(kTokenMetadataKey, token);
     grpc::Status s = attempt(e, &context);
-    // A token etcd no longer knows (expired, or etcd restarted and lost
-    // its simple tokens): drop it, log in again and send the call once
-    // more. Another thread may have replaced it already: keep that one.
-    if (round == 0 && !token.empty() && s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
-        absl::StrContains(s.error_message(), "invalid auth token")) {
+    // etcd checks a call's login before applying it, so each refusal below
+    // applied nothing and the call may be sent once more:
+    //  - a token it no longer knows (expired, or etcd restarted and lost
+    //    its simple tokens): drop it (unless another thread replaced it
+    //    already) and log in again;
+    //  - "revision of auth store is old": its users or roles changed
+    //    between the token check and the apply;
+    //  - no login while etcd's auth was off and is on now: log in.
+    const bool relogin = !options_.user.empty() && round == 0 &&
+                         (absl::StrContains(s.error_message(), "invalid auth token") ||
+                          absl::StrContains(s.error_message(), "revision of auth store is old") ||
+                          absl::StrContains(s.error_message(), "user name is empty"));
+    if (relogin) {
       AnnotatedMutexLock lock(&token_mu_);
       if (token_ == token) token_.clear();
+      auth_off_ = false;
       continue;
     }
     return s;
@@ -272,7 +282,7 @@ grpc::Status EtcdClient::AttemptAt(const Endpoint& e, absl::Time deadline,
 grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::string* token) const {
   {
     AnnotatedMutexLock lock(&token_mu_);
-    if (!token_.empty()) {
+    if (!token_.empty() || auth_off_) {
       *token = token_;
       return grpc::Status::OK;
     }
@@ -284,11 +294,24 @@ grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::st
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   const grpc::Status s = e.auth->Authenticate(&context, request, &response);
+  // etcd's auth is off (never enabled, or `etcdctl auth disable`): calls
+  // need no token, so go on without one, as etcd's own client does, rather
+  // than stop the coordinator; a refusal for no login turns it back on.
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+      absl::StrContains(s.error_message(), "authentication is not enabled")) {
+    AnnotatedMutexLock lock(&token_mu_);
+    if (!auth_off_) {
+      PT_LOG(WARNING) << "etcd at " << e.address << " has auth disabled; calls go without "
+                      << "logging in as " << options_.user;
+    }
+    auth_off_ = true;
+    token->clear();
+    return grpc::Status::OK;
+  }
   if (!s.ok()) {
-    // A wrong user or password comes back INVALID_ARGUMENT, auth not
-    // enabled FAILED_PRECONDITION: both are about who this client is.
-    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // A wrong user or password comes back INVALID_ARGUMENT: it is about
+    // who this client is.
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           absl::StrCat("logging in as ", options_.user, ": ", s.error_message()));
     }
@@ -301,6 +324,7 @@ grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::st
   }
   AnnotatedMutexLock lock(&token_mu_);
   token_ = response.token();
+  auth_off_ = false;
   *token = token_;
   return grpc::Status::OK;
 }

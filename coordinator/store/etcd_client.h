@@ -18,7 +18,9 @@
 // EtcdOptions::user, the client logs in (Auth.Authenticate) at the first
 // call and sends the token etcd gives as the metadata "token" on every
 // call; a call etcd refuses for an invalid token (it expired, or etcd
-// restarted) logs in again and is sent once more.
+// restarted) or a changed auth store logs in again and is sent once more.
+// Where etcd's auth is off, calls go without a token (logged once), until
+// etcd refuses one for the lack of a login.
 //
 // Every attempt has a deadline: the options' rpc_timeout, or the caller's
 // `deadline` when that comes first.
@@ -34,8 +36,7 @@
 //                     Txn, request too large, ...).
 //   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled and refuses
 //                     this client (no certificate or user, a wrong password,
-//                     or a user without read and write on the prefix), or
-//                     EtcdOptions::user is set and etcd's auth is not enabled.
+//                     or a user without read and write on the prefix).
 //   NOT_FOUND         a lease that etcd does not know.
 //   OUT_OF_RANGE      a revision etcd has compacted.
 //   INTERNAL          anything else.
@@ -166,6 +167,9 @@ class EtcdClient {
   // refused it.
   mutable AnnotatedMutex token_mu_;
   mutable std::string token_ ABSL_GUARDED_BY(token_mu_);
+  // etcd said its auth is off: calls go without a token until one is
+  // refused for the lack of a login.
+  mutable bool auth_off_ ABSL_GUARDED_BY(token_mu_) = false;
 };
 
 }  // namespace pipetrain

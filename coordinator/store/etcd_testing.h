@@ -336,9 +336,10 @@ class EtcdProcess {
           request.set_key("probe");
           etcdserverpb::RangeResponse response;
           answered = (*client_or)->Range(request, &response);
-          // Any answer but "unavailable" is etcd's own: one with auth
-          // enabled refuses the probe's anonymous Range, and is up.
-          return answered.code() != absl::StatusCode::kUnavailable;
+          // An etcd with auth enabled refuses the probe's anonymous Range
+          // (no login), and is up.
+          return answered.ok() || answered.code() == absl::StatusCode::kUnauthenticated ||
+                 answered.code() == absl::StatusCode::kPermissionDenied;
         },
         kEtcdStartTimeout);
     if (process_->Poll().has_value()) {

@@ -104,6 +104,22 @@ TEST_F(EtcdTlsTest, MutualTls_StoreCommitsAndReadsAndElectionLeads) {
   EXPECT_EQ((*election)->Resign(), absl::OkStatus());
 }
 
+// A user and password for an etcd whose auth is off (this one's): calls go
+// without a login rather than fail, as etcd's own client does.
+TEST_F(EtcdTlsTest, PasswordGivenButEtcdAuthOff_CallsGoWithoutLogin) {
+  const EtcdTestCertificates& c = *certificates_;
+  EtcdOptions options = OptionsWith("/auth-off/", Credentials(c.ca, c.client_cert, c.client_key));
+  options.user = "pipetrain";
+  options.password = "unused";
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ((*store)->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+  ASSERT_EQ((*store)->Commit({StoreWrite::Put("k2", "v2")}), absl::OkStatus());
+  absl::StatusOr<std::optional<std::string>> read = (*store)->Get("k2");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->value_or("(none)"), "v2");
+}
+
 // Each refused client fails UNAVAILABLE naming the endpoint, and leaves
 // nothing behind (the mutual-TLS client reads no key of its prefix).
 TEST_F(EtcdTlsTest, NoClientCertificatePlaintextOrAnotherCa_Refused) {

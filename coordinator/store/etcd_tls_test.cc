@@ -41,6 +41,20 @@ std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca,
   return made.ok() ? *made : nullptr;
 }
 
+// An election over `options` alone: it leads (a lease granted and kept,
+// the leader key written), then resigns (the lease revoked).
+void ExpectElectionLeadsAndResigns(const EtcdOptions& options) {
+  LeaderElectionOptions election_options;
+  election_options.identity = "10.0.0.1:7070";
+  election_options.ttl = absl::Seconds(2);
+  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
+      LeaderElection::Create(options, election_options);
+  ASSERT_TRUE(election.ok()) << election.status();
+  ASSERT_EQ((*election)->Start(), absl::OkStatus());
+  EXPECT_TRUE(EtcdWaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
+  EXPECT_EQ((*election)->Resign(), absl::OkStatus());
+}
+
 // One TLS etcd requiring client certificates, for every test here.
 class EtcdTlsTest : public ::testing::Test {
  protected:
@@ -93,15 +107,7 @@ TEST_F(EtcdTlsTest, MutualTls_StoreCommitsAndReadsAndElectionLeads) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->value_or("(none)"), "spec-a");
 
-  LeaderElectionOptions election_options;
-  election_options.identity = "10.0.0.1:7070";
-  election_options.ttl = absl::Seconds(2);
-  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
-      LeaderElection::Create(options, election_options);
-  ASSERT_TRUE(election.ok()) << election.status();
-  ASSERT_EQ((*election)->Start(), absl::OkStatus());
-  EXPECT_TRUE(EtcdWaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
-  EXPECT_EQ((*election)->Resign(), absl::OkStatus());
+  ExpectElectionLeadsAndResigns(options);
 }
 
 // A user and password for an etcd whose auth is off (this one's): calls go
@@ -241,17 +247,7 @@ TEST_F(EtcdAuthTest, Password_StoreAndElectionWork_AndLoginRenewedAfterEtcdResta
   absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_EQ((*store)->Commit({StoreWrite::Put("jobs/a", "1")}), absl::OkStatus());
-  LeaderElectionOptions election_options;
-  election_options.identity = "10.0.0.1:7070";
-  election_options.ttl = absl::Seconds(2);
-  {
-    absl::StatusOr<std::unique_ptr<LeaderElection>> election =
-        LeaderElection::Create(options, election_options);
-    ASSERT_TRUE(election.ok()) << election.status();
-    ASSERT_EQ((*election)->Start(), absl::OkStatus());
-    EXPECT_TRUE(EtcdWaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
-    EXPECT_EQ((*election)->Resign(), absl::OkStatus());
-  }
+  ExpectElectionLeadsAndResigns(options);
 
   ASSERT_EQ(etcd_->Restart(), absl::OkStatus());
   absl::Status after = absl::UnknownError("not tried");

@@ -280,13 +280,19 @@ grpc::Status EtcdClient::AttemptAt(const Endpoint& e, absl::Time deadline,
 }
 
 grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::string* token) const {
-  {
+  // Who needs a token when there is none waits for one login rather than
+  // each logging in (a burst of password checks on etcd after it
+  // restarted): login_mu_ is held across the Authenticate below, token_mu_
+  // never is (lock order: login_mu_, then token_mu_).
+  const auto cached = [&]() {
     AnnotatedMutexLock lock(&token_mu_);
-    if (!token_.empty() || auth_off_) {
-      *token = token_;
-      return grpc::Status::OK;
-    }
-  }
+    if (token_.empty() && !auth_off_) return false;
+    *token = token_;
+    return true;
+  };
+  if (cached()) return grpc::Status::OK;
+  AnnotatedMutexLock login(&login_mu_);
+  if (cached()) return grpc::Status::OK;  // another thread logged in meanwhile
   etcdserverpb::AuthenticateRequest request;
   request.set_name(options_.user);
   request.set_password(options_.password);

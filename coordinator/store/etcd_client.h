@@ -165,6 +165,8 @@ class EtcdClient {
   mutable std::atomic<size_t> preferred_{0};
   // The login token (options_.user); "" before a login and after etcd
   // refused it.
+  // Held by the one thread logging in (TokenAt), across its Authenticate.
+  mutable AnnotatedMutex login_mu_;
   mutable AnnotatedMutex token_mu_;
   mutable std::string token_ ABSL_GUARDED_BY(token_mu_);
   // etcd said its auth is off: calls go without a token until one is

@@ -38,6 +38,19 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
+v1::JobSpec TinyJobSpec(int steps, int stages) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(2);
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(stages);
+  return spec;
+}
+
 std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spec) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;

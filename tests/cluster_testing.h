@@ -19,6 +19,11 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
                                                std::vector<std::string> coordinator_args = {},
                                                std::vector<std::string> worker_args = {});
 
+// The smallest job the cluster tests train: 1 layer of width 16 with 2
+// heads, sequences of 8, batches of 2, 5000 synthetic bytes, `steps` steps
+// on `stages` stages.
+v1::JobSpec TinyJobSpec(int steps, int stages = 1);
+
 // SubmitJob; returns the new job's id ("" and a test failure on error).
 std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spec);
 

@@ -23,6 +23,7 @@
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
 #include "common/subprocess.h"
+#include "common/tls_credentials.h"
 #include "coordinator/store/etcd_client.h"
 #include "coordinator/store/etcd_testing.h"
 #include "gtest/gtest.h"
@@ -44,20 +45,6 @@ std::string TestDir(const std::string& name) {
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-v1::JobSpec OneStageJob() {
-  v1::JobSpec spec;
-  spec.set_name("etcd-tls");
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(2);
-  spec.mutable_training()->set_steps(3);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(1);
-  return spec;
 }
 
 // The cluster's one worker is READY, which it is once the coordinator
@@ -84,14 +71,11 @@ TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
   tls.cert_file = certs->server_cert;
   tls.key_file = certs->server_key;
   tls.client_ca_file = certs->ca;
-  {
-    // The readiness probe's credentials: the coordinator's own files.
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadAll(certs->ca);
-    ssl.pem_cert_chain = ReadAll(certs->client_cert);
-    ssl.pem_private_key = ReadAll(certs->client_key);
-    tls.probe_credentials = grpc::SslCredentials(ssl);
-  }
+  // The readiness probe's credentials: the coordinator's own files.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> probe =
+      ClientTlsCredentials(certs->ca, certs->client_cert, certs->client_key);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  tls.probe_credentials = *probe;
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("tls-cluster", tls);
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   const std::string endpoint = "https://" + (*etcd)->endpoint();
@@ -105,7 +89,7 @@ TEST(EtcdTlsClusterTest, ClientCertificateLeadsAndTrains_WithoutOneNeverLeads) {
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   ASSERT_TRUE(AwaitOneReadyWorker(*stub))
       << "no READY worker behind a leading coordinator within 60 s";
-  const std::string id = testing::SubmitJob(*stub, OneStageJob());
+  const std::string id = testing::SubmitJob(*stub, testing::TinyJobSpec(/*steps=*/3));
   const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   // The job's record is in etcd, under the coordinator's prefix.
@@ -165,12 +149,13 @@ TEST(EtcdTlsClusterTest, PasswordLogin_LeadsAndTrains) {
   mkdir(cert_dir.c_str(), 0700);
   absl::StatusOr<EtcdTestCertificates> certs = MakeEtcdTestCertificates(cert_dir);
   ASSERT_TRUE(certs.ok()) << certs.status();
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ReadAll(certs->ca);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> probe =
+      ClientTlsCredentials(certs->ca, "", "");
+  ASSERT_TRUE(probe.ok()) << probe.status();
   EtcdServerTls tls;
   tls.cert_file = certs->server_cert;
   tls.key_file = certs->server_key;
-  tls.probe_credentials = grpc::SslCredentials(ssl);
+  tls.probe_credentials = *probe;
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("auth-cluster", tls);
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   ASSERT_EQ(EnableEtcdAuth((*etcd)->endpoint(), tls.probe_credentials, "/pipetrain/", "coord",
@@ -190,7 +175,7 @@ TEST(EtcdTlsClusterTest, PasswordLogin_LeadsAndTrains) {
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   ASSERT_TRUE(AwaitOneReadyWorker(*stub))
       << "no READY worker behind a leading coordinator within 60 s";
-  const std::string id = testing::SubmitJob(*stub, OneStageJob());
+  const std::string id = testing::SubmitJob(*stub, testing::TinyJobSpec(/*steps=*/3));
   const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 }

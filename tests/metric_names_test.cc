@@ -316,16 +316,8 @@ class LiveClusterTest : public ::testing::Test {
                                              {"--tls-ca=" + cert});
     ASSERT_NE(cluster, nullptr);
     auto stub = ConnectCoordinator(cluster->grpc_address(), cert, cluster->user_token());
-    v1::JobSpec spec;
-    spec.mutable_model()->set_n_layer(1);
-    spec.mutable_model()->set_n_head(2);
-    spec.mutable_model()->set_d_model(16);
-    spec.mutable_training()->set_seq_len(8);
-    spec.mutable_training()->set_batch_size(2);
+    v1::JobSpec spec = testing::TinyJobSpec(/*steps=*/3, /*stages=*/2);
     spec.mutable_training()->set_micro_batches(2);
-    spec.mutable_training()->set_steps(3);
-    spec.mutable_data()->set_synthetic_bytes(5000);
-    spec.mutable_parallelism()->set_stages(2);
     // Compressed links in both directions, so that worker 0 (it sends
     // activations and receives gradients) exports every link metric.
     spec.mutable_compression()->set_forward("fp16");

@@ -254,16 +254,7 @@ TEST(RedMetricsTest, ScriptedSession_EveryMethodAndRouteWithItsCode_PromtoolClea
 
   // A short job: registration, heartbeats, assignments, progress reports.
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", token);
-  v1::JobSpec spec;
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(2);
-  spec.mutable_training()->set_steps(2);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(1);
-  const std::string id = testing::SubmitJob(*stub, spec);
+  const std::string id = testing::SubmitJob(*stub, testing::TinyJobSpec(/*steps=*/2));
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 

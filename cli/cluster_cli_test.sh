@@ -86,6 +86,9 @@ BIN="$COORDINATOR" expect_exit coordinator_etcd_ca_missing 2 \
   "--etcd-ca: cannot read $TMP/no-such-ca.pem" -- \
   --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-ca="$TMP/no-such-ca.pem" \
   --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_network_without_unit 2 \
+  '--network "10,50us": bandwidth needs a unit: Gbit, Mbit, GB or MB (per second)' -- \
+  --insecure --network=10,50us --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
 BIN="$COORDINATOR" expect_exit coordinator_etcd_user_without_password 2 \
   "--etcd-user and --etcd-password-file go together" -- \
   --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-user=pipetrain \

@@ -41,6 +41,7 @@
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/job_state.h"
+#include "common/link_model.h"
 #include "common/rpc_status.h"
 #include "common/secrets.h"
 #include "common/subprocess.h"
@@ -51,7 +52,6 @@
 #include "httplib.h"
 #include "spec/job_spec.h"
 #include "worker/model/backend_select.h"
-#include "worker/transport/shaped_transport.h"
 
 namespace pipetrain {
 namespace {

@@ -45,6 +45,7 @@
 #include "common/grpc_server_limits.h"
 #include "common/host_port.h"
 #include "common/http_server.h"
+#include "common/link_model.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
 #include "common/process_hardening.h"
@@ -112,6 +113,7 @@ struct Flags {
   double shutdown_delay_seconds = 0;
   bool allow_core_dumps = false;
   bool allow_mixed_builds = false;
+  std::string network;  // BANDWIDTH,LATENCY (common/link_model.h)
 };
 
 // Flags and what is derived from them, validated.
@@ -126,6 +128,8 @@ struct Config {
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   // Read from --etcd-password-file ("" without --etcd-user).
   std::string etcd_password;
+  // --network, parsed (nullopt: not given).
+  std::optional<LinkModel> network;
 };
 
 // OK with `help` set when --help was given (usage printed).
@@ -194,6 +198,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
              "and keep serving this long before shutting down, so load balancers and "
              "Kubernetes stop sending calls first; a second signal ends the wait");
+  set.String("network", &flags.network,
+             "the links between workers that jobs are planned over, as BANDWIDTH,LATENCY (e.g. "
+             "1Gbit,0.2ms or 25Gbit,10us); empty: an assumed 10Gbit,50us, which plans name as "
+             "assumed (workers started with --emulate-link are planned over theirs)");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   set.Bool("allow-core-dumps", &flags.allow_core_dumps, kAllowCoreDumpsHelp);
@@ -473,6 +481,7 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
+  ASSIGN_OR_RETURN(config.network, ParseLinkModel("--network", config.flags.network));
   config.data_roots = absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty());
   RETURN_IF_ERROR(CheckDataRoots("--data-root", config.data_roots));
   if (config.flags.etcd_endpoints.empty() && !config.flags.advertise_address.empty()) {
@@ -700,6 +709,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   job_options.restart_grace = absl::Seconds(flags.restart_grace_seconds);
   job_options.output_dir = flags.output_dir;
   job_options.data_roots = config.data_roots;
+  job_options.network = config.network;
   job_options.id_epoch = JobIdEpoch();
   // Declared before the jobs, made after them (it reads them): the job
   // manager's destructor still runs planning and store tasks whose events

@@ -68,7 +68,11 @@ Reference TrainLocally(const v1::JobSpec& spec) {
 
 class ClusterEquivalenceTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { cluster_ = testing::StartTestCluster("eq", 4).release(); }
+  // Planned over a declared 1 Gbit/s network (the coordinator's
+  // --network): whatever the plans, the results are train-local's.
+  static void SetUpTestSuite() {
+    cluster_ = testing::StartTestCluster("eq", 4, {"--network=1Gbit,0.2ms"}).release();
+  }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
@@ -183,6 +187,10 @@ TEST_F(ClusterEquivalenceTest, BiPartitionSolverJob_ProfilesThenMatchesTrainLoca
     grpc::ClientContext plan_context;
     ASSERT_TRUE(stub->GetPlan(&plan_context, request, &plan).ok());
     EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu:"))
+        << plan.profile_source();
+    EXPECT_TRUE(absl::StrContains(plan.profile_source(),
+                                  "links modelled at 0.125 GB/s and 200 us latency (the "
+                                  "coordinator's --network)"))
         << plan.profile_source();
     EXPECT_GT(plan.predicted_iteration_seconds(), 0);
     EXPECT_TRUE(absl::StrContains(plan.timeline_svg(), "<svg"));

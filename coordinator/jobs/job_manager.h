@@ -36,8 +36,9 @@
 // AnalyticProfile at the workers' measured GEMM rate, and the plan's
 // profile_source says so. Worker speeds are their
 // measured GFLOP/s relative to the profiled (or fastest) worker; links are
-// modelled at kAssumedBandwidth and kAssumedLatency (the network is not
-// measured), or as the workers emulate them, plus the data plane's own
+// modelled as options.network declares them, at kAssumedBandwidth and
+// kAssumedLatency when it does not (the network is not measured), or as the
+// workers emulate them, plus the data plane's own
 // cost per message that the workers measured (data_plane_cost.h).
 // Stages whose workers share a hostname, hold distinct GPUs and reported an
 // NCCL unique id get a device group (device_links.h): the raw activation
@@ -114,6 +115,7 @@
 #include "common/clock.h"
 #include "common/data_plane_keys.h"
 #include "common/job_state.h"
+#include "common/link_model.h"
 #include "common/safetensors.h"
 #include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -238,6 +240,12 @@ struct JobManagerOptions {
   // earlier keep the plan without them, as a restored job's (the store
   // never holds them).
   int max_ended_jobs_with_drawings = 16;
+  // The coordinator's --network: the links between workers that jobs are
+  // planned over. Unset: kAssumedBandwidth and kAssumedLatency, and plans
+  // say the network was assumed. Workers that emulate their links
+  // (--emulate-link) are planned over those instead (their sends are paced
+  // so).
+  std::optional<LinkModel> network;
   // Durable state (not owned; null: in memory only). Submit returns only
   // once the job is saved; every state change, plan, complete checkpoint
   // and, at most once a second, progress is saved too. Restore() reads it

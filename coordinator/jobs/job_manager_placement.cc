@@ -207,7 +207,8 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     cluster.workers.push_back(spec);
   }
   // Workers that emulate their links (--emulate-link) say so: plan with
-  // the slowest; otherwise with the assumed network.
+  // the slowest; otherwise with the network the coordinator was told of
+  // (--network), or the assumed one.
   double bandwidth = 0, latency = 0;
   bool emulated = true;
   for (const v1::Worker& w : infos) {
@@ -221,8 +222,19 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     bandwidth = bandwidth == 0 ? b : std::min(bandwidth, b);
     latency = std::max(latency, l);
   }
-  cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
-  cluster.latency_seconds = emulated ? latency : kAssumedLatency;
+  if (emulated) {
+    cluster.bandwidth_bytes_per_second = bandwidth;
+    cluster.latency_seconds = latency;
+    cluster.links_origin = "as the workers emulate them";
+  } else if (options_.network.has_value()) {
+    cluster.bandwidth_bytes_per_second = options_.network->bandwidth_bytes_per_second;
+    cluster.latency_seconds = absl::ToDoubleSeconds(options_.network->latency);
+    cluster.links_origin = "the coordinator's --network";
+  } else {
+    cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
+    cluster.latency_seconds = kAssumedLatency;
+    cluster.links_origin = "assumed, not measured: set the coordinator's --network";
+  }
   cluster.links_emulated = emulated;
   SetSlowestHostDataPlane(infos, &cluster);
   // Held for this job from now on: a worker lost while the job is planned

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/data_plane_keys.h"
 #include "common/device_kind.h"
+#include "common/link_model.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
@@ -438,6 +440,51 @@ TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
   EXPECT_TRUE(
       absl::StrContains(jobs_.GetPlan(id3).value().profile_source(), "links modelled at 1.25 GB/s"))
       << jobs_.GetPlan(id3).value().profile_source();
+}
+
+// Without emulated links, jobs are planned over the coordinator's --network
+// (options.network) when given, and the plan says where its links came
+// from; emulating workers are still planned over their own links.
+TEST(JobManagerNetworkTest, DeclaredNetwork_PlannedOverAndNamed) {
+  auto plan_on = [](std::optional<LinkModel> network, double emulated_bandwidth) {
+    FakeClock clock;
+    WorkerRegistry registry(
+        WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
+    AssignmentHub hub;
+    JobManager jobs(&registry, &hub, &clock, JobManagerOptions{.network = network});
+    for (int port : {7501, 7502}) {
+      v1::RegisterWorkerRequest request;
+      request.set_data_address("127.0.0.1:" + std::to_string(port));
+      if (emulated_bandwidth > 0) {
+        request.mutable_device()->set_link_bandwidth_bytes_per_second(emulated_bandwidth);
+        request.mutable_device()->set_link_latency_seconds(0.0001);
+      }
+      EXPECT_TRUE(registry.Register(request).ok());
+    }
+    const std::string id = jobs.Submit(SmallSpec(2)).value().id();
+    jobs.AwaitBackgroundWork();
+    const v1::Plan plan = jobs.GetPlan(id).value();
+    EXPECT_TRUE(jobs.Cancel(id).ok());
+    return plan;
+  };
+  const v1::Plan assumed = plan_on(std::nullopt, 0);
+  EXPECT_TRUE(absl::StrContains(assumed.profile_source(),
+                                "links modelled at 1.25 GB/s and 50 us latency (assumed, not "
+                                "measured: set the coordinator's --network)"))
+      << assumed.profile_source();
+  const LinkModel slow{1.25e6, absl::Milliseconds(2)};  // 10 Mbit/s
+  const v1::Plan declared = plan_on(slow, 0);
+  EXPECT_TRUE(absl::StrContains(declared.profile_source(),
+                                "links modelled at 0.00125 GB/s and 2000 us latency (the "
+                                "coordinator's --network)"))
+      << declared.profile_source();
+  // Activations cross the slow link: the predicted step is longer.
+  EXPECT_GT(declared.predicted_iteration_seconds(), assumed.predicted_iteration_seconds());
+  const v1::Plan emulated = plan_on(slow, 1.25e9);
+  EXPECT_TRUE(absl::StrContains(emulated.profile_source(),
+                                "links modelled at 1.25 GB/s and 100 us latency (as the workers "
+                                "emulate them)"))
+      << emulated.profile_source();
 }
 
 // Workers report their data plane's cost per message; the plan adds each

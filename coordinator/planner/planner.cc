@@ -337,6 +337,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_profile_source(absl::StrCat(
       profile_source, "; links modelled at ", measured_cluster.bandwidth_bytes_per_second / 1e9,
       " GB/s and ", measured_cluster.latency_seconds * 1e6, " us latency",
+      measured_cluster.links_origin.empty() ? "" : " (" + measured_cluster.links_origin + ")",
       DescribeDataPlaneCost(measured_cluster, stretch.factor), DescribeComputeStretch(stretch),
       overlap_stretch > 1.005
           ? absl::StrFormat("; stages computing at once on shared cores: up to x%.2f",

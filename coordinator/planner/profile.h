@@ -91,6 +91,9 @@ struct ClusterSpec {
   double data_plane_overhead_seconds = 0;
   double data_plane_bytes_per_second = 0;
   bool links_emulated = false;
+  // Where the link above comes from, for the plan's profile_source (e.g.
+  // "the coordinator's --network"); not read or written by cluster files.
+  std::string links_origin;
 };
 
 // Bounds of a profile's codec timings, for ParseProfileJson and the

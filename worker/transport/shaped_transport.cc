@@ -2,15 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace pipetrain {
@@ -23,46 +17,6 @@ absl::Time MonotonicNow() {
 }
 
 }  // namespace
-
-absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
-                                                        const std::string& text) {
-  if (text.empty()) return std::optional<LinkModel>();
-  auto invalid = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " \"", text, "\": ", why, " (expected BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms)"));
-  };
-  const std::vector<std::string> parts = absl::StrSplit(text, ',');
-  if (parts.size() != 2) return invalid("not two fields");
-  const std::string bw = absl::AsciiStrToLower(absl::StripAsciiWhitespace(parts[0]));
-  const struct {
-    const char* suffix;
-    double bytes_per_unit;
-  } units[] = {{"gbit", 1e9 / 8}, {"mbit", 1e6 / 8}, {"gb", 1e9}, {"mb", 1e6}};
-  LinkModel model;
-  bool parsed = false;
-  for (const auto& u : units) {
-    if (absl::EndsWith(bw, u.suffix)) {
-      double value = 0;
-      if (!absl::SimpleAtod(bw.substr(0, bw.size() - std::strlen(u.suffix)), &value) ||
-          !(value > 0) || value > 1e6) {
-        return invalid("bandwidth must be a positive number");
-      }
-      model.bandwidth_bytes_per_second = value * u.bytes_per_unit;
-      // Slower, a message's emulated seconds leave absl::Duration's range.
-      if (model.bandwidth_bytes_per_second < 1000) {
-        return invalid("bandwidth must be at least 8 kbit/s (0.008Mbit)");
-      }
-      parsed = true;
-      break;
-    }
-  }
-  if (!parsed) return invalid("bandwidth needs a unit: Gbit, Mbit, GB or MB (per second)");
-  if (!absl::ParseDuration(std::string(absl::StripAsciiWhitespace(parts[1])), &model.latency) ||
-      model.latency < absl::ZeroDuration() || model.latency > absl::Seconds(10)) {
-    return invalid("latency must be a duration in [0, 10s], e.g. 50us");
-  }
-  return std::optional<LinkModel>(model);
-}
 
 absl::Time LinkShaper::Schedule(absl::Time now, int64_t bytes) {
   const absl::Time start = std::max(now, done_);

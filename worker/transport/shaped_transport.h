@@ -37,20 +37,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/link_model.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
-
-struct LinkModel {
-  double bandwidth_bytes_per_second = 1.25e9;  // 10 Gbit/s
-  absl::Duration latency = absl::Microseconds(50);
-};
-
-// "10Gbit,50us", "1Gbit,0.5ms", "125MB,1ms" (bandwidth: a number with
-// Gbit, Mbit, GB or MB, per second; latency: an absl duration). Empty:
-// nullopt (no emulation). INVALID_ARGUMENT naming `flag` otherwise.
-absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
-                                                        const std::string& text);
 
 class LinkShaper {
  public:

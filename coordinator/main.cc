@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -489,17 +490,19 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
         "--advertise-address names the leader's address to followers, so it needs "
         "--etcd-endpoints (highly available coordinators)");
   }
-  if (config.flags.etcd_endpoints.empty() && EtcdTlsGiven(config.flags)) {
-    return absl::InvalidArgumentError(
-        "--etcd-ca, --etcd-cert and --etcd-key are for the etcd of --etcd-endpoints, which is "
-        "not given");
+  // Flags about the etcd of --etcd-endpoints, refused without it.
+  const std::pair<bool, const char*> etcd_only[] = {
+      {EtcdTlsGiven(config.flags), "--etcd-ca, --etcd-cert and --etcd-key are"},
+      {!config.flags.etcd_user.empty(), "--etcd-user is"},
+  };
+  for (const auto& [given, flags] : etcd_only) {
+    if (given && config.flags.etcd_endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flags, " for the etcd of --etcd-endpoints, which is not given"));
+    }
   }
   if (config.flags.etcd_user.empty() != config.flags.etcd_password_file.empty()) {
     return absl::InvalidArgumentError("--etcd-user and --etcd-password-file go together");
-  }
-  if (config.flags.etcd_endpoints.empty() && !config.flags.etcd_user.empty()) {
-    return absl::InvalidArgumentError(
-        "--etcd-user is for the etcd of --etcd-endpoints, which is not given");
   }
   if (!config.flags.etcd_endpoints.empty()) {
     if (!config.flags.state_dir.empty()) {

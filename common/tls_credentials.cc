@@ -216,23 +216,25 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::str
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
-    const std::string& cert, const std::string& key, const std::string& client_ca) {
+    const std::string& cert, const std::string& key, const std::string& client_ca,
+    const ServerTlsFlags& flags) {
   if (cert.empty() && key.empty() && client_ca.empty()) return grpc::InsecureServerCredentials();
   if (cert.empty() || key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls-cert and --tls-key must be given together (and --tls-client-ca needs them)");
+    return absl::InvalidArgumentError(absl::StrCat("--", flags.cert, " and --", flags.key,
+                                                   " must be given together (and --",
+                                                   flags.client_ca, " needs them)"));
   }
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile("tls-cert", cert));
-  ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile("tls-key", key));
-  WarnIfReadableByOthers("--tls-key", key);
-  RETURN_IF_ERROR(CheckIdentityPair("tls-cert", cert, pair.cert_chain, "tls-key", key,
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile(flags.cert, cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile(flags.key, key));
+  WarnIfReadableByOthers("--" + flags.key, key);
+  RETURN_IF_ERROR(CheckIdentityPair(flags.cert, cert, pair.cert_chain, flags.key, key,
                                     pair.private_key, "every client"));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-client-ca", client_ca));
-    RETURN_IF_ERROR(CheckCaFile("tls-client-ca", client_ca, options.pem_root_certs));
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile(flags.client_ca, client_ca));
+    RETURN_IF_ERROR(CheckCaFile(flags.client_ca, client_ca, options.pem_root_certs));
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }

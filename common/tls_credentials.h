@@ -28,11 +28,22 @@
 
 namespace pipetrain {
 
+// The flags (without dashes) a server's TLS files came from, as errors
+// name them.
+struct ServerTlsFlags {
+  std::string cert = "tls-cert";
+  std::string key = "tls-key";
+  std::string client_ca = "tls-client-ca";
+};
+
 // Server side. `cert` and `key` (both or neither; neither: plaintext) are
 // the server's identity; `client_ca`, when given (needs cert and key),
-// makes client certificates required and verified against it.
+// makes client certificates required and verified against it. `flags`
+// names the flags in errors (the coordinator's --tls-cert ...; a worker's
+// data plane's --data-tls-cert ...).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
-    const std::string& cert, const std::string& key, const std::string& client_ca);
+    const std::string& cert, const std::string& key, const std::string& client_ca,
+    const ServerTlsFlags& flags = ServerTlsFlags());
 
 // The flags (without dashes) a client's TLS files came from, and the
 // server it talks to, as errors name them.

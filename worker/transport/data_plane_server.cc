@@ -593,14 +593,17 @@ class DataPlaneServer::Service final
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
     const std::string& listen_address, Mailbox* mailbox, grpc::Service* control,
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-        interceptors) {
+        interceptors,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   PT_CHECK(mailbox != nullptr);
   // gRPC would bind a port out of range modulo 65536.
   RETURN_IF_ERROR(SplitHostPort(listen_address, "data-plane listen address").status());
   auto service = std::make_unique<Service>(mailbox);
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      listen_address,
+      credentials != nullptr ? std::move(credentials) : grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(kMaxFrameMessageBytes);
   builder.SetMaxSendMessageSize(kMaxFrameMessageBytes);
   // gRPC sets SO_REUSEPORT by default: a second server (another worker, or a

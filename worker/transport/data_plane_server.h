@@ -62,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "worker/transport/mailbox.h"
 
@@ -87,10 +88,15 @@ class DataPlaneServer {
   // given, is served on the same port (the worker's WorkerControlService)
   // and must outlive the server. `interceptors` observe every call (the
   // worker's RED metrics, common/metrics/grpc_red_metrics.h).
+  // `credentials`: the port's TLS (the worker's --data-tls-*: its
+  // certificate, and client certificates required and checked against its
+  // CA, so that a process without one signed by it cannot even open a
+  // stream or call WorkerControl); null: plaintext.
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
       const std::string& listen_address, Mailbox* mailbox, grpc::Service* control = nullptr,
       std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-          interceptors = {});
+          interceptors = {},
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
   ~DataPlaneServer();  // Shutdown().
   DataPlaneServer(const DataPlaneServer&) = delete;

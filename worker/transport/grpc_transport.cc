@@ -492,8 +492,14 @@ class GrpcTransport::PeerLink {
     // A channel of our own per attempt: no reconnect backoff left over from
     // an earlier failure delays the attempt.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    if (!options_.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options_.tls_server_name);
+    }
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        address_,
+        options_.channel_credentials != nullptr ? options_.channel_credentials
+                                                : grpc::InsecureChannelCredentials(),
+        args);
     // In slices, so that an Abort ends the attempt soon rather than after
     // connect_timeout (gRPC's wait cannot be woken).
     const absl::Time deadline = absl::Now() + options_.connect_timeout;

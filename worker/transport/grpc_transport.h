@@ -50,6 +50,10 @@
 #include "worker/transport/mailbox.h"
 #include "worker/transport/transport.h"
 
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
+
 namespace pipetrain {
 
 // How often a connection attempt checks for GrpcTransport::Abort.
@@ -75,6 +79,13 @@ struct GrpcTransportOptions {
   // Shutdown). Runs on a gRPC thread: must return quickly and must not call
   // into this transport.
   std::function<void(int peer_stage, const absl::Status& error)> on_peer_error;
+  // TLS to the peers' data planes (the worker's --data-tls-*: its own
+  // certificate, and the CA their servers' must chain to); null:
+  // plaintext. `tls_server_name`: the name each peer's certificate is
+  // checked for instead of its address's host ("": that host), so workers
+  // whose addresses change may share one certificate of a fixed name.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  std::string tls_server_name;
 };
 
 class GrpcTransport final : public Transport {

@@ -100,6 +100,16 @@ BIN="$COORDINATOR" expect_exit coordinator_etcd_user_without_etcd 2 \
 BIN="$COORDINATOR" expect_exit coordinator_etcd_https_without_ca 2 \
   "is https but no TLS is configured; give etcd's CA (--etcd-ca)" -- \
   --insecure --etcd-endpoints=https://127.0.0.1:2379 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$WORKER" expect_exit worker_data_tls_partial 2 \
+  "--data-tls-cert, --data-tls-key and --data-tls-ca go together" -- \
+  --join-token=j --data-tls-ca="$TMP/ca.pem"
+BIN="$COORDINATOR" expect_exit coordinator_worker_tls_partial 2 \
+  "--worker-tls-ca, --worker-tls-cert and --worker-tls-key go together" -- \
+  --insecure --worker-tls-ca="$TMP/ca.pem" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_worker_tls_name_alone 2 \
+  "--worker-tls-server-name names the workers' certificates" -- \
+  --insecure --worker-tls-server-name=pipetrain-worker --grpc-address=127.0.0.1:0 \
+  --http-address=127.0.0.1:0
 BIN="$WORKER" expect_exit worker_data_root_missing 2 \
   "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
   --join-token=j --data-root="$TMP/no-such-root"

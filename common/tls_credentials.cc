@@ -7,6 +7,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <algorithm>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -14,8 +15,10 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -181,6 +184,17 @@ std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
     if (earliest.has_value()) out.push_back({flag, *earliest});
   }
   return out;
+}
+
+absl::Status CheckTlsServerName(const std::string& flag, const std::string& name) {
+  const bool allowed =
+      !name.empty() && name.size() <= 253 && std::all_of(name.begin(), name.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-';
+      });
+  if (allowed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, " \"", EchoInput(name, 64),
+      "\" is not a server name: give 1 to 253 characters of letters, digits, '.' and '-'"));
 }
 
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {

@@ -62,6 +62,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
     const std::string& ca, const std::string& cert, const std::string& key,
     const ClientTlsFlags& flags = ClientTlsFlags());
 
+// OK when `name` may be checked as a server certificate's name in place of
+// the address's host (a TLS target name override): 1 to 253 characters of
+// A-Z a-z 0-9 . - (a DNS name, or an IP address). INVALID_ARGUMENT naming
+// --`flag` otherwise.
+absl::Status CheckTlsServerName(const std::string& flag, const std::string& name);
+
 // The whole contents of the file at `path`. Errors name --`flag` and the
 // path: NOT_FOUND when it cannot be opened; INVALID_ARGUMENT when it is a
 // directory, empty, over kMaxPemFileBytes, or a read fails before its end.

@@ -115,6 +115,8 @@ struct Flags {
   bool allow_core_dumps = false;
   bool allow_mixed_builds = false;
   std::string network;  // BANDWIDTH,LATENCY (common/link_model.h)
+  // The workers' data-plane TLS, as the coordinator reaches their ports.
+  std::string worker_tls_ca, worker_tls_cert, worker_tls_key, worker_tls_server_name;
 };
 
 // Flags and what is derived from them, validated.
@@ -131,6 +133,8 @@ struct Config {
   std::string etcd_password;
   // --network, parsed (nullopt: not given).
   std::optional<LinkModel> network;
+  // --worker-tls-*, read and checked (null credentials: plaintext).
+  WorkerChannelTls worker_tls;
 };
 
 // OK with `help` set when --help was given (usage printed).
@@ -199,6 +203,17 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
              "and keep serving this long before shutting down, so load balancers and "
              "Kubernetes stop sending calls first; a second signal ends the wait");
+  set.String("worker-tls-ca", &flags.worker_tls_ca,
+             "workers serve their data plane with mutual TLS (their --data-tls-*): reach them "
+             "verifying this PEM CA (their --data-tls-ca), presenting --worker-tls-cert; "
+             "workers without TLS are then refused, and without this flag those with it");
+  set.String("worker-tls-cert", &flags.worker_tls_cert,
+             "with --worker-tls-ca: PEM client certificate signed by that CA (with "
+             "--worker-tls-key)");
+  set.String("worker-tls-key", &flags.worker_tls_key, "with --worker-tls-cert: its private key");
+  set.String("worker-tls-server-name", &flags.worker_tls_server_name,
+             "with --worker-tls-ca: the name workers' certificates are checked for (their "
+             "--data-tls-server-name; default: each worker's address host)");
   set.String("network", &flags.network,
              "the links between workers that jobs are planned over, as BANDWIDTH,LATENCY (e.g. "
              "1Gbit,0.2ms or 25Gbit,10us); empty: an assumed 10Gbit,50us, which plans name as "
@@ -473,6 +488,36 @@ std::string JobIdEpoch() {
   return out;
 }
 
+// --worker-tls-*: all three of ca, cert and key (the workers' ports
+// require a client certificate), the server name only with them.
+absl::Status ConfigureWorkerTls(Config& config) {
+  const Flags& f = config.flags;
+  const bool any =
+      !f.worker_tls_ca.empty() || !f.worker_tls_cert.empty() || !f.worker_tls_key.empty();
+  if (!any) {
+    if (!f.worker_tls_server_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--worker-tls-server-name names the workers' certificates, so it needs "
+          "--worker-tls-ca, --worker-tls-cert and --worker-tls-key");
+    }
+    return absl::OkStatus();
+  }
+  if (f.worker_tls_ca.empty() || f.worker_tls_cert.empty() || f.worker_tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker-tls-ca, --worker-tls-cert and --worker-tls-key go together: workers' data "
+        "planes with TLS require a client certificate signed by their CA");
+  }
+  if (!f.worker_tls_server_name.empty()) {
+    RETURN_IF_ERROR(CheckTlsServerName("worker-tls-server-name", f.worker_tls_server_name));
+  }
+  ASSIGN_OR_RETURN(config.worker_tls.credentials,
+                   ClientTlsCredentials(f.worker_tls_ca, f.worker_tls_cert, f.worker_tls_key,
+                                        {"worker-tls-ca", "worker-tls-cert", "worker-tls-key",
+                                         "the workers' data planes"}));
+  config.worker_tls.server_name = f.worker_tls_server_name;
+  return absl::OkStatus();
+}
+
 // Everything checked before anything starts: flag errors exit with 2.
 absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ParseFlags(argc, argv, config.flags, help));
@@ -483,6 +528,7 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
   ASSIGN_OR_RETURN(config.network, ParseLinkModel("--network", config.flags.network));
+  RETURN_IF_ERROR(ConfigureWorkerTls(config));
   config.data_roots = absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty());
   RETURN_IF_ERROR(CheckDataRoots("--data-root", config.data_roots));
   if (config.flags.etcd_endpoints.empty() && !config.flags.advertise_address.empty()) {
@@ -619,14 +665,16 @@ void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& hea
   }
 }
 
-// When each TLS file this coordinator serves with, or reaches etcd with,
-// expires, for the expiry gauge: the leader's, and a standby's (it serves
+// When each TLS file this coordinator serves with, or reaches etcd or the
+// workers with, expires, for the expiry gauge: the leader's, and a standby's (it serves
 // gRPC with them already, and campaigns in etcd).
 std::vector<TlsCertificateExpiry> ServedCertificates(const Flags& flags) {
   return TlsCertificateExpiries({{"tls-cert", flags.tls_cert},
                                  {"tls-client-ca", flags.tls_client_ca},
                                  {"etcd-cert", flags.etcd_cert},
-                                 {"etcd-ca", flags.etcd_ca}});
+                                 {"etcd-ca", flags.etcd_ca},
+                                 {"worker-tls-cert", flags.worker_tls_cert},
+                                 {"worker-tls-ca", flags.worker_tls_ca}});
 }
 
 // Wires the managers and servers, serves until a signal, shuts down.
@@ -692,6 +740,7 @@ int Serve(const Config& config, const sigset_t& signals) {
     return 1;
   }
   WorkerRegistry::Options registry_options = RegistryOptions(flags);
+  registry_options.data_plane_tls = config.worker_tls.credentials != nullptr;
   registry_options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
   registry_options.forget = [&state](const std::string& id) {
     // Logged only: a record left behind is forgotten again at the next start.
@@ -722,7 +771,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   // Jobs profile the model on a worker first (cached).
   // Cancelled at shutdown: a leader waiting out a profile would hold its
   // etcd lease with its ports closed (no follower could take over).
-  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
+  CancellableProfileFetcher fetcher =
+      MakeCancellableWorkerProfileFetcher(absl::Minutes(10), config.worker_tls);
   jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all));
   // Before Restore, which reports the jobs it resumes as recoveries.
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);

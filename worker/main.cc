@@ -51,6 +51,7 @@
 #include "worker/collectives/data_plane_probe.h"
 #include "worker/model/backend_select.h"
 #include "worker/transport/data_plane_server.h"
+#include "worker/transport/data_plane_tls.h"
 #include "worker/transport/grpc_transport.h"
 #include "worker/transport/shaped_transport.h"
 
@@ -96,6 +97,8 @@ struct Flags {
   std::string node_name;
   std::string tls_ca;
   std::string tls_cert, tls_key;  // the worker's client certificate (mutual TLS)
+  // The data plane's mutual TLS (worker/transport/data_plane_tls.h).
+  std::string data_tls_cert, data_tls_key, data_tls_ca, data_tls_server_name;
   std::string ports_file;
   std::string metrics = "127.0.0.1:0";
   int threads = 1;
@@ -136,6 +139,16 @@ int Run(const std::vector<std::string>& args) {
   flags.String("tls-cert", &f.tls_cert,
                "PEM client certificate for a coordinator that requires one (with --tls-key)");
   flags.String("tls-key", &f.tls_key, "PEM private key of --tls-cert");
+  flags.String("data-tls-cert", &f.data_tls_cert,
+               "PEM certificate of this worker's data plane (with --data-tls-key and "
+               "--data-tls-ca): served on --listen and presented to peers; mutual TLS");
+  flags.String("data-tls-key", &f.data_tls_key, "PEM private key of --data-tls-cert");
+  flags.String("data-tls-ca", &f.data_tls_ca,
+               "PEM CA the peers' and the coordinator's certificates must chain to; connections "
+               "without such a certificate are refused");
+  flags.String("data-tls-server-name", &f.data_tls_server_name,
+               "the name peers' certificates are checked for (default: each peer's address "
+               "host), so that workers may share one certificate of a fixed name");
   flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
   flags.String("metrics-address", &f.metrics, "HTTP /metrics, /healthz and /readyz (port 0 = any)");
   flags.Int("threads", &f.threads, "OpenBLAS threads");
@@ -221,6 +234,13 @@ int Run(const std::vector<std::string>& args) {
     parsed = tls.status();
     if (tls.ok()) credentials = *std::move(tls);
   }
+  DataPlaneTls data_tls;
+  if (parsed.ok()) {
+    absl::StatusOr<DataPlaneTls> tls = DataPlaneTlsFromFlags(f.data_tls_cert, f.data_tls_key,
+                                                             f.data_tls_ca, f.data_tls_server_name);
+    parsed = tls.status();
+    if (tls.ok()) data_tls = *std::move(tls);
+  }
   int64_t memory_limit = 0;
   if (parsed.ok() && !f.memory_limit.empty()) {
     absl::StatusOr<int64_t> bytes = ParseByteSize("memory-limit", f.memory_limit);
@@ -264,10 +284,13 @@ int Run(const std::vector<std::string>& args) {
   WorkerControlService control(&session,
                                [&f] { return SelectBackend(f.device, f.gemm, f.attention); });
   WorkerMetrics metrics;
-  metrics.AddTlsCertificates(
-      TlsCertificateExpiries({{"tls-cert", f.tls_cert}, {"tls-ca", f.tls_ca}}));
+  metrics.AddTlsCertificates(TlsCertificateExpiries({{"tls-cert", f.tls_cert},
+                                                     {"tls-ca", f.tls_ca},
+                                                     {"data-tls-cert", f.data_tls_cert},
+                                                     {"data-tls-ca", f.data_tls_ca}}));
   EnableGrpcHealthAndReflection();  // before the data plane's server is built
-  auto server = DataPlaneServer::Start(f.listen, &mailbox, &control, metrics.rpc().Interceptors());
+  auto server = DataPlaneServer::Start(f.listen, &mailbox, &control, metrics.rpc().Interceptors(),
+                                       data_tls.server);
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();
     return 1;
@@ -361,10 +384,14 @@ int Run(const std::vector<std::string>& args) {
     options.emulated_bandwidth_bytes_per_second = emulated_link->bandwidth_bytes_per_second;
     options.emulated_latency_seconds = absl::ToDoubleSeconds(emulated_link->latency);
   }
-  auto make_transport = [&mailbox, emulated_link](int stage, const std::vector<std::string>& peers,
-                                                  const JobCredential& credential) {
+  options.data_plane_tls = data_tls.enabled();
+  auto make_transport = [&mailbox, emulated_link, data_tls](int stage,
+                                                            const std::vector<std::string>& peers,
+                                                            const JobCredential& credential) {
     GrpcTransportOptions transport_options;
     transport_options.credential = credential;
+    transport_options.channel_credentials = data_tls.channel;
+    transport_options.tls_server_name = data_tls.server_name;
     auto transport = std::unique_ptr<Transport>(
         new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
     if (!emulated_link.has_value()) return transport;

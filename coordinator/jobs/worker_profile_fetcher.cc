@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -24,11 +25,12 @@ struct InFlight {
 
 }  // namespace
 
-ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
-  return MakeCancellableWorkerProfileFetcher(timeout).fetch;
+ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls tls) {
+  return MakeCancellableWorkerProfileFetcher(timeout, std::move(tls)).fetch;
 }
 
-CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout) {
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout,
+                                                              WorkerChannelTls tls) {
   auto in_flight = std::make_shared<InFlight>();
   CancellableProfileFetcher out;
   out.cancel_all = [in_flight] {
@@ -36,11 +38,14 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
     in_flight->cancelled = true;
     for (grpc::ClientContext* call : in_flight->calls) call->TryCancel();
   };
-  out.fetch = [timeout, in_flight](
+  out.fetch = [timeout, in_flight, tls = std::move(tls)](
                   const std::string& address, const std::string& session_token,
                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
-    auto stub = v1::WorkerControlService::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+    auto stub = v1::WorkerControlService::NewStub(grpc::CreateCustomChannel(
+        address, tls.credentials != nullptr ? tls.credentials : grpc::InsecureChannelCredentials(),
+        args));
     const absl::Time deadline = absl::Now() + timeout;
     absl::Duration wait = absl::Milliseconds(50);
     for (int attempt = 0;; ++attempt) {

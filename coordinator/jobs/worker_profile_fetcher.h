@@ -1,11 +1,15 @@
 // The coordinator's side of WorkerControl.Profile: a ProfileFetcher
 // (job_manager.h) that calls a worker at its data-plane address (the worker
-// serves WorkerControl on that port, plaintext like the data plane), with
-// the worker's session credential, which WorkerControl requires.
+// serves WorkerControl on that port, with the data plane's TLS when it has
+// one), with the worker's session credential, which WorkerControl requires.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <functional>
+#include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 #include "coordinator/jobs/job_manager.h"
@@ -20,7 +24,15 @@ namespace pipetrain {
 // and a job planned at once on a worker that just registered can ask before
 // that response has been read. Then the worker's error is returned.
 inline constexpr int kProfileSessionRetries = 4;
-ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout);
+// How the coordinator reaches workers' ports: with the data plane's mutual
+// TLS (the coordinator's --worker-tls-ca, --worker-tls-cert and
+// --worker-tls-key; `server_name`: --worker-tls-server-name, checked in
+// place of the address's host when set), or plaintext (null credentials).
+struct WorkerChannelTls {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string server_name;
+};
+ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls tls = {});
 
 // The same, with `cancel_all`, which ends every fetch in flight, and any
 // started later, CANCELLED at once (thread-safe): a coordinator shutting
@@ -30,7 +42,8 @@ struct CancellableProfileFetcher {
   ProfileFetcher fetch;
   std::function<void()> cancel_all;
 };
-CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout);
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout,
+                                                              WorkerChannelTls tls = {});
 
 }  // namespace pipetrain
 

@@ -125,6 +125,17 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
         "; one cluster runs one build (replicas must round alike), so start the worker from the "
         "coordinator's build, or start the coordinator with --allow-mixed-builds"));
   }
+  if (request.data_plane_tls() != options_.data_plane_tls) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the worker at ", EchoInput(request.data_address()),
+        request.data_plane_tls()
+            ? " serves its data plane with TLS (--data-tls-cert), but the coordinator has no "
+              "--worker-tls-ca to reach workers so; give the coordinator --worker-tls-ca, "
+              "--worker-tls-cert and --worker-tls-key, or start the worker without --data-tls-*"
+            : " serves its data plane in plaintext, but the coordinator's workers use TLS "
+              "(--worker-tls-ca); start the worker with --data-tls-cert, --data-tls-key and "
+              "--data-tls-ca, as the others"));
+  }
   return absl::OkStatus();
 }
 

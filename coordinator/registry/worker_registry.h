@@ -132,6 +132,11 @@ class WorkerRegistry {
     // its own unless started with --allow-mixed-builds. Unset: any build,
     // as reported, is recorded in Worker.build.
     std::optional<v1::BuildIdentity> required_build;
+    // Whether workers' data planes use TLS (the coordinator's
+    // --worker-tls-ca given): Register refuses (FAILED_PRECONDITION, before
+    // anything is stored) a worker whose RegisterWorkerRequest.data_plane_tls
+    // differs, naming the flags that would make them agree.
+    bool data_plane_tls = false;
   };
 
   // Who a session credential belongs to.

@@ -1511,6 +1511,31 @@ TEST(WorkerRegistryBuildTest, NoRequiredBuild_AnyBuildRegisteredAndRecorded) {
   EXPECT_FALSE(registry.Get("w-3")->has_build());
 }
 
+// A worker whose data plane's TLS differs from what the coordinator is set
+// up for is refused before anything is stored, naming the flags; matching
+// ones register, with TLS or without.
+TEST(WorkerRegistryDataPlaneTlsTest, Mismatch_FailedPreconditionNamingTheFlags) {
+  FakeClock clock(kStart);
+  for (const bool coordinator_tls : {false, true}) {
+    SCOPED_TRACE(coordinator_tls);
+    WorkerRegistry::Options options = MakeOptions(&clock);
+    options.data_plane_tls = coordinator_tls;
+    WorkerRegistry registry(options);
+    v1::RegisterWorkerRequest other = Request(1);
+    other.set_data_plane_tls(!coordinator_tls);
+    const absl::Status refused = registry.Register(other).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("the worker at 10.0.0.1:7001 serves its data plane"));
+    EXPECT_THAT(refused.message(),
+                HasSubstr(coordinator_tls ? "start the worker with --data-tls-cert"
+                                          : "give the coordinator --worker-tls-ca"));
+    EXPECT_THAT(registry.List(), IsEmpty());
+    v1::RegisterWorkerRequest same = Request(2);
+    same.set_data_plane_tls(coordinator_tls);
+    EXPECT_TRUE(registry.Register(same).ok());
+  }
+}
+
 TEST(WorkerRegistryCapacityTest, Full_EvictsOldestGoneElseResourceExhausted) {
   FakeClock clock(kStart);
   WorkerRegistry::Options options = MakeOptions(&clock);

@@ -193,6 +193,7 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   request.set_metrics_address(options_.metrics_address);
   request.set_node_name(options_.node_name);
   *request.mutable_build() = ThisBuild();
+  request.set_data_plane_tls(options_.data_plane_tls);
   {
     AnnotatedMutexLock lock(&mu_);
     // 0 before the first registration: a new process.

@@ -86,6 +86,9 @@ struct WorkerAgentOptions {
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.
   int64_t memory_limit_bytes = 0;
+  // The data plane serves and dials with TLS (--data-tls-*), reported at
+  // registration (RegisterWorkerRequest.data_plane_tls).
+  bool data_plane_tls = false;
   // --emulate-link, reported in DeviceInfo for the planner; 0: none.
   double emulated_bandwidth_bytes_per_second = 0;
   double emulated_latency_seconds = 0;

@@ -3,6 +3,8 @@
 // transports present theirs. A tensor crosses bitwise; a sender without a
 // certificate, with one of another CA, or in plaintext delivers nothing;
 // the checked server name is the configured one.
+#include "worker/transport/data_plane_tls.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
@@ -49,14 +51,14 @@ class DataPlaneTlsTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_NE(certificates_, nullptr);
     const testing::TestCertificates& c = *certificates_;
-    const ServerTlsFlags flags{"data-tls-cert", "data-tls-key", "data-tls-ca"};
+    absl::StatusOr<DataPlaneTls> tls = DataPlaneTlsFromFlags(c.server_cert, c.server_key, c.ca, "");
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    ASSERT_TRUE(tls->enabled());
+    worker_tls_ = *tls;
     for (int s = 0; s < 2; ++s) {
       mailboxes_[s] = std::make_unique<Mailbox>();
-      absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
-          ServerTlsCredentials(c.server_cert, c.server_key, c.ca, flags);
-      ASSERT_TRUE(tls.ok()) << tls.status();
       absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
-          DataPlaneServer::Start("127.0.0.1:0", mailboxes_[s].get(), nullptr, {}, *tls);
+          DataPlaneServer::Start("127.0.0.1:0", mailboxes_[s].get(), nullptr, {}, tls->server);
       ASSERT_TRUE(server.ok()) << server.status();
       servers_[s] = *std::move(server);
       servers_[s]->SetJob(kJob, 2, KeysOf(s).receive_key);
@@ -99,12 +101,9 @@ class DataPlaneTlsTest : public ::testing::Test {
     return tls.ok() ? *tls : nullptr;
   }
 
-  // A worker's own credentials: the CA, and the certificate its server
-  // presents, as a client's.
-  static std::shared_ptr<grpc::ChannelCredentials> WorkerTls() {
-    const testing::TestCertificates& c = *certificates_;
-    return ClientTls(c.ca, c.server_cert, c.server_key);
-  }
+  // A worker's own credentials (its --data-tls-*): the CA, and the
+  // certificate its server presents, as a client's.
+  std::shared_ptr<grpc::ChannelCredentials> WorkerTls() { return worker_tls_.channel; }
 
   // Stage 0 sends micro-batch `mb` to stage 1: whether stage 1 got it
   // bitwise (the send's error otherwise, or a receive deadline for a
@@ -126,6 +125,7 @@ class DataPlaneTlsTest : public ::testing::Test {
   }
 
   static testing::TestCertificates* certificates_;
+  DataPlaneTls worker_tls_;
   std::unique_ptr<Mailbox> mailboxes_[2];
   std::unique_ptr<DataPlaneServer> servers_[2];
   std::vector<std::string> addresses_;
@@ -186,6 +186,42 @@ TEST_F(DataPlaneTlsTest, ServerName_CheckedAsConfigured) {
   ExpectNotDelivered(
       SendAndReceive(Transport(0, WorkerTls(), "pipetrain-worker", kRefusedConnectTimeout), 1,
                      kRefusedConnectTimeout));
+}
+
+TEST_F(DataPlaneTlsTest, Flags_NoneIsPlaintextPartialOrBadNameRefusedNamingTheFlag) {
+  const testing::TestCertificates& c = *certificates_;
+  absl::StatusOr<DataPlaneTls> none = DataPlaneTlsFromFlags("", "", "", "");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->enabled());
+  EXPECT_EQ(none->channel, nullptr);
+  const struct {
+    std::string cert, key, ca, name, fragment;
+  } bad[] = {
+      {c.server_cert, c.server_key, "", "",
+       "--data-tls-cert, --data-tls-key and --data-tls-ca go "
+       "together"},
+      {"", "", c.ca, "", "go together"},
+      {"", "", "", "localhost", "--data-tls-server-name names the peers' certificates"},
+      {c.server_cert, c.server_key, c.ca, "bad name!",
+       "--data-tls-server-name \"bad name!\" is "
+       "not a server name"},
+      {c.server_cert, c.server_key, c.ca, std::string(254, 'a'), "1 to 253 characters"},
+      {c.server_cert, c.client_key, c.ca, "", "--data-tls-key"},  // not the certificate's key
+  };
+  for (const auto& b : bad) {
+    const absl::Status s = DataPlaneTlsFromFlags(b.cert, b.key, b.ca, b.name).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << b.fragment << ": " << s;
+    EXPECT_NE(s.message().find(b.fragment), std::string::npos) << s;
+  }
+  const absl::Status missing =
+      DataPlaneTlsFromFlags(c.server_cert, c.server_key, "/no/such/ca.pem", "").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("--data-tls-ca: cannot read /no/such/ca.pem"), std::string::npos)
+      << missing;
+  absl::StatusOr<DataPlaneTls> named =
+      DataPlaneTlsFromFlags(c.server_cert, c.server_key, c.ca, "pipetrain-worker.default.svc");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->server_name, "pipetrain-worker.default.svc");
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+#include "worker/transport/data_plane_tls.h"
+
+#include "common/status_macros.h"
+#include "common/tls_credentials.h"
+
+namespace pipetrain {
+
+absl::StatusOr<DataPlaneTls> DataPlaneTlsFromFlags(const std::string& cert, const std::string& key,
+                                                   const std::string& ca,
+                                                   const std::string& server_name) {
+  DataPlaneTls tls;
+  const bool any = !cert.empty() || !key.empty() || !ca.empty();
+  if (!any) {
+    if (!server_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--data-tls-server-name names the peers' certificates, so it needs --data-tls-cert, "
+          "--data-tls-key and --data-tls-ca");
+    }
+    return tls;
+  }
+  if (cert.empty() || key.empty() || ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--data-tls-cert, --data-tls-key and --data-tls-ca go together: the data plane's TLS "
+        "is mutual (each worker serves its certificate and presents it to its peers, and the "
+        "CA checks both ways)");
+  }
+  if (!server_name.empty())
+    RETURN_IF_ERROR(CheckTlsServerName("data-tls-server-name", server_name));
+  ASSIGN_OR_RETURN(
+      tls.server,
+      ServerTlsCredentials(cert, key, ca, {"data-tls-cert", "data-tls-key", "data-tls-ca"}));
+  ASSIGN_OR_RETURN(tls.channel, ClientTlsCredentials(ca, cert, key,
+                                                     {"data-tls-ca", "data-tls-cert",
+                                                      "data-tls-key", "the peers' data planes"}));
+  tls.server_name = server_name;
+  return tls;
+}
+
+}  // namespace pipetrain

@@ -233,7 +233,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   } else {
     cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
     cluster.latency_seconds = kAssumedLatency;
-    cluster.links_origin = "assumed, not measured: set the coordinator's --network";
+    cluster.links_origin = "assumed, not measured: the coordinator's --network sets it";
   }
   cluster.links_emulated = emulated;
   SetSlowestHostDataPlane(infos, &cluster);

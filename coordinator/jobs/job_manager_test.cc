@@ -416,7 +416,8 @@ TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
 }
 
 // Workers that emulate their links (--emulate-link) are planned with the
-// slowest of them; one without emulation means the assumed network.
+// slowest of them; one without emulation means the coordinator's
+// --network, or the assumed network.
 TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
   auto add = [this](int port, double bandwidth, double latency) {
     v1::RegisterWorkerRequest request;
@@ -446,7 +447,8 @@ TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
 // (options.network) when given, and the plan says where its links came
 // from; emulating workers are still planned over their own links.
 TEST(JobManagerNetworkTest, DeclaredNetwork_PlannedOverAndNamed) {
-  auto plan_on = [](std::optional<LinkModel> network, double emulated_bandwidth) {
+  auto plan_on = [](std::optional<LinkModel> network, double emulated_bandwidth,
+                    bool one_unemulated = false) {
     FakeClock clock;
     WorkerRegistry registry(
         WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
@@ -455,7 +457,7 @@ TEST(JobManagerNetworkTest, DeclaredNetwork_PlannedOverAndNamed) {
     for (int port : {7501, 7502}) {
       v1::RegisterWorkerRequest request;
       request.set_data_address("127.0.0.1:" + std::to_string(port));
-      if (emulated_bandwidth > 0) {
+      if (emulated_bandwidth > 0 && !(one_unemulated && port == 7502)) {
         request.mutable_device()->set_link_bandwidth_bytes_per_second(emulated_bandwidth);
         request.mutable_device()->set_link_latency_seconds(0.0001);
       }
@@ -470,7 +472,7 @@ TEST(JobManagerNetworkTest, DeclaredNetwork_PlannedOverAndNamed) {
   const v1::Plan assumed = plan_on(std::nullopt, 0);
   EXPECT_TRUE(absl::StrContains(assumed.profile_source(),
                                 "links modelled at 1.25 GB/s and 50 us latency (assumed, not "
-                                "measured: set the coordinator's --network)"))
+                                "measured: the coordinator's --network sets it)"))
       << assumed.profile_source();
   const LinkModel slow{1.25e6, absl::Milliseconds(2)};  // 10 Mbit/s
   const v1::Plan declared = plan_on(slow, 0);
@@ -485,6 +487,12 @@ TEST(JobManagerNetworkTest, DeclaredNetwork_PlannedOverAndNamed) {
                                 "links modelled at 1.25 GB/s and 100 us latency (as the workers "
                                 "emulate them)"))
       << emulated.profile_source();
+  // One worker on the real network: the declared network, not the others'.
+  const v1::Plan mixed = plan_on(slow, 1.25e9, /*one_unemulated=*/true);
+  EXPECT_TRUE(absl::StrContains(mixed.profile_source(),
+                                "links modelled at 0.00125 GB/s and 2000 us latency (the "
+                                "coordinator's --network)"))
+      << mixed.profile_source();
 }
 
 // Workers report their data plane's cost per message; the plan adds each

@@ -57,21 +57,31 @@ absl::Status ReadMask(ByteReader* r, int64_t tokens, int64_t kept,
   if (!r->Bytes(PackedBytes(tokens, 1), &bytes)) {
     return absl::InvalidArgumentError("token_topk: payload truncated in the token mask");
   }
-  BitReader bits(bytes);
+  // Counted before any index is stored: the indices take 64 bits per marked
+  // token, so a wrong count must be refused before a peer's mask of n
+  // bytes grows a vector of up to 64 n bytes.
+  BitReader count(bytes);
+  int64_t marked = 0;
   for (int64_t t = 0; t < tokens; ++t) {
     uint32_t bit = 0;
-    bits.Get(1, &bit);  // The byte count was checked: this read succeeds.
-    if (bit) kept_tokens->push_back(t);
+    count.Get(1, &bit);  // The byte count was checked: this read succeeds.
+    marked += bit;
   }
   uint32_t pad = 0;
   const int pad_bits = static_cast<int>(PackedBytes(tokens, 1) * 8 - tokens);
-  if (pad_bits > 0 && bits.Get(pad_bits, &pad) && pad != 0) {
+  if (pad_bits > 0 && count.Get(pad_bits, &pad) && pad != 0) {
     return absl::InvalidArgumentError("token_topk: mask padding bits are set; payload corrupted");
   }
-  if (static_cast<int64_t>(kept_tokens->size()) != kept) {
-    return absl::InvalidArgumentError(absl::StrCat("token_topk: mask marks ", kept_tokens->size(),
-                                                   " tokens, header says ", kept,
-                                                   "; payload corrupted"));
+  if (marked != kept) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: mask marks ", marked, " tokens, header says ", kept, "; payload corrupted"));
+  }
+  kept_tokens->reserve(static_cast<size_t>(kept));
+  BitReader bits(bytes);
+  for (int64_t t = 0; t < tokens; ++t) {
+    uint32_t bit = 0;
+    bits.Get(1, &bit);
+    if (bit) kept_tokens->push_back(t);
   }
   return absl::OkStatus();
 }

@@ -86,15 +86,19 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
 absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep,
                                           const TokenTopKInner& inner, float* out, int64_t capacity,
                                           cudaStream_t stream) {
+  // Compared with the output's capacity before the mask is read: the
+  // kept tokens' indices take 8 bytes each on the host, so an announced
+  // shape beyond the output must not reach ReadTokenTopKPrefix.
+  ASSIGN_OR_RETURN(const Shape announced, PeekPayloadShape(payload));
+  const int64_t n = NumElements(announced);
+  if (n > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: payload shape ", ShapeToString(announced), " holds ", n,
+        " values, the output buffer only ", capacity, "; allocate the tensor's full size"));
+  }
   ByteReader r(payload);
   ASSIGN_OR_RETURN(TokenTopKPrefix prefix, ReadTokenTopKPrefix(&r, keep));
   const Shape& shape = prefix.shape;
-  const int64_t n = NumElements(shape);
-  if (n > capacity) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token_topk: payload shape ", ShapeToString(shape), " holds ", n,
-        " values, the output buffer only ", capacity, "; allocate the tensor's full size"));
-  }
   if (n == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token_topk: payload shape ", ShapeToString(shape), " is empty; decode it on the host"));

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "kernels/alloc/caching_allocator.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/payload.h"
 #include "kernels/compress/powersgd_codec.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cuda/adamw.h"
@@ -803,6 +804,21 @@ absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
   }
   ASSIGN_OR_RETURN(std::optional<DeviceCodec> codec, DeviceCodecFor(spec));
   if (!codec.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  // The size the payload announces is checked before any decoder reads
+  // further (as DecodeWireTensorWith does on the host): its header is a
+  // peer's, and a token_topk mask of a few GiB announcing 2^35 tokens
+  // would make the host hold 8 bytes per kept token before the output's
+  // capacity is compared.
+  absl::StatusOr<Shape> announced = PeekPayloadShape(payload);
+  if (!announced.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot decode its ", spec, " payload: ", announced.status().message()));
+  }
+  if (NumElements(*announced) != NumElements(shape)) {
+    return absl::InvalidArgumentError(absl::StrCat("payload announces shape ",
+                                                   ShapeToString(*announced), "; expected ",
+                                                   ShapeToString(shape)));
+  }
   const TokenTopKInner& q = codec->quantizer;
   Tensor out = Allocate(shape, /*zero=*/false);
   ASSIGN_OR_RETURN(

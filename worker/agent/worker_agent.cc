@@ -576,11 +576,16 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   // a spec it refuses fails the runner anyway).
   if (bounded.ok()) bounded = CheckStartIteration(a, a.spec().training().steps());
   if (bounded.ok()) {
+    // The mailbox first: once SetJob admits the job's streams their frames
+    // are Reserved at once, and until OpenJob the mailbox would refuse them
+    // as another job's (FAILED_PRECONDITION), losing a tensor the stage
+    // then waits out its receive timeout for. Frames of the job before are
+    // refused either way.
+    mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
     // Every worker of the job may send here: every replica's stages (the
     // data-parallel all-reduce), every tensor rank (the tensor-parallel
     // ones).
     data_plane_->SetJob(DataPlaneJobId(a), AssignmentWorkerCount(a), a.data_plane_receive_key());
-    mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   } else {
     PT_LOG(ERROR) << "job " << a.job_id() << ": " << bounded << "; not opening its data plane";
   }

@@ -147,6 +147,10 @@ absl::StatusOr<FrameView> ParseFrame(absl::Span<const absl::string_view> pieces)
     }
     if (field != kPayloadField) {
       if (absl::Status s = CopyField(tag, in, &header); !s.ok()) return s;
+      if (header.size() > kMaxFrameHeaderBytes) {
+        return Malformed(absl::StrCat("its header fields take over ", kMaxFrameHeaderBytes,
+                                      " bytes (field ", field, " ends at ", header.size(), ")"));
+      }
       continue;
     }
     if ((tag & 7) != kLengthDelimited) {

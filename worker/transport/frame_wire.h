@@ -39,6 +39,12 @@ struct FrameView {
   int64_t payload_bytes = 0;               // Their total size.
 };
 
+// The most bytes a frame's header fields (all but the payload) may take
+// together: pipetrain's own take under 1 KiB (ids, a codec spec, a shape of
+// at most kMaxFrameRank dimensions). Bounded before protobuf parses them,
+// since a packed shape of 8 MiB of one-byte entries would parse into 64 MiB.
+inline constexpr size_t kMaxFrameHeaderBytes = 64 << 10;
+
 // The serialized header fields of `header` (its payload must be empty:
 // checked) followed by the tag and length of a payload of `payload_bytes`
 // (>= 0). Appending exactly that many bytes gives a valid TensorFrame.
@@ -49,7 +55,9 @@ std::string EncodeFrameHeader(const v1::TensorFrame& header, int64_t payload_byt
 // payload. Errors, all INVALID_ARGUMENT starting "malformed data-plane
 // frame": a truncated or over-long varint, a field running past the end, a
 // group or reserved wire type, field number 0, a payload field that is not
-// length-delimited or appears twice, or header fields protobuf cannot parse.
+// length-delimited or appears twice, header fields over kMaxFrameHeaderBytes
+// (refused before protobuf parses them), or header fields protobuf cannot
+// parse.
 // Requires nothing of the input: it is what a peer sent (fuzzed by
 // //fuzz:frame_fuzzer).
 absl::StatusOr<FrameView> ParseFrame(absl::Span<const absl::string_view> pieces);

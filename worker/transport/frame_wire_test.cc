@@ -79,7 +79,7 @@ TEST(FrameWireTest, ParseFrame_UnknownFields_Dropped) {
   v1::TensorFrame header = Header();
   v1::TensorKey* key = header.mutable_tensor();
   key->GetReflection()->MutableUnknownFields(key)->AddLengthDelimited(99,
-                                                                      std::string(1 << 20, 'u'));
+                                                                      std::string(32 << 10, 'u'));
   header.GetReflection()->MutableUnknownFields(&header)->AddVarint(98, 7);
   const std::string wire = EncodeFrameHeader(header, 0);
   const std::vector<absl::string_view> pieces = {wire};
@@ -120,6 +120,35 @@ void ExpectMalformed(const std::string& wire, const std::string& problem) {
   EXPECT_NE(frame.status().message().find("malformed data-plane frame: " + problem),
             std::string::npos)
       << frame.status();
+}
+
+// Header fields are bounded before protobuf parses them: a packed shape of
+// 8 MiB of one-byte entries would parse into 64 MiB of int64s.
+TEST(FrameWireTest, ParseFrame_HeaderOverTheLimit_IsMalformedBeforeParsing) {
+  std::string packed_shape = "\x32";            // field 6 (shape), length-delimited
+  const size_t entries = kMaxFrameHeaderBytes;  // one byte each
+  std::string length;
+  for (uint64_t v = entries;; v >>= 7) {
+    length += static_cast<char>((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    if (v < 0x80) break;
+  }
+  packed_shape += length + std::string(entries, '\0');
+  ExpectMalformed(packed_shape, "its header fields take over 65536 bytes (field 6");
+  // At the limit, fields still parse (here the shape's own bound is the
+  // frame codec's, checked after).
+  std::string job = "\x0a";  // field 1 (job_id)
+  const size_t id_bytes = kMaxFrameHeaderBytes - 4;
+  length.clear();
+  for (uint64_t v = id_bytes;; v >>= 7) {
+    length += static_cast<char>((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    if (v < 0x80) break;
+  }
+  job += length + std::string(id_bytes, 'j');
+  ASSERT_LE(job.size(), kMaxFrameHeaderBytes);
+  const std::vector<absl::string_view> pieces = {job};
+  absl::StatusOr<FrameView> frame = ParseFrame(pieces);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->header.job_id().size(), id_bytes);
 }
 
 TEST(FrameWireTest, ParseFrame_TruncatedPayload_IsMalformed) {

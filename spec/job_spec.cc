@@ -1155,6 +1155,20 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveTensorParallel(&out));
 
   resolved.train = DeriveTrainConfig(out);
+  // The largest tensor one micro-batch's passes allocate (the kernels index
+  // with int), named by the field that shrinks it; ValidateTrainConfig
+  // below checks it too, but as spec.training.
+  const TrainConfig& train = resolved.train;
+  const int sequences = train.batch_size / train.micro_batches;
+  const double activation = LargestTensorElements(train.model, sequences, train.seq_len).activation;
+  if (activation > kMaxTensorElements) {
+    return Invalid(
+        "spec.training.micro_batches",
+        absl::StrFormat("a micro-batch of %d sequences of %d tokens needs a tensor of %.0f "
+                        "elements (logits, MLP or attention scores), above 2^31 - 1; use more "
+                        "micro-batches or a shorter seq_len",
+                        sequences, train.seq_len, activation));
+  }
   absl::Status backstop = ValidateTrainConfig(resolved.train);
   if (!backstop.ok()) return Invalid("spec.training", backstop.message());
   resolved.val_fraction = out.data().val_fraction();

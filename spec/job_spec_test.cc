@@ -250,6 +250,22 @@ TEST(ResolveJobSpec, MicroBatchesNotDividingBatch_Rejected) {
   ExpectRejected(spec, "spec.training.micro_batches: 3 must divide spec.training.batch_size 8");
 }
 
+// A micro-batch whose logits reach 2^32 elements (vocabulary 65536 x 64
+// sequences x 1024 tokens) is refused naming micro_batches, with the count
+// exact.
+TEST(ResolveJobSpec, MicroBatchTensorOverIntRange_RejectedNamingMicroBatches) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_vocab_size(65536);
+  spec.mutable_training()->set_seq_len(1024);
+  spec.mutable_training()->set_batch_size(64);
+  spec.mutable_training()->set_micro_batches(1);
+  ExpectRejected(spec,
+                 "spec.training.micro_batches: a micro-batch of 64 sequences of 1024 tokens "
+                 "needs a tensor of 4294967296 elements");
+  spec.mutable_training()->set_micro_batches(4);  // 2^30: fits
+  EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
+}
+
 TEST(ResolveJobSpec, ZeroSteps_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_training()->set_steps(0);

@@ -9,6 +9,7 @@
 #include "common/proto_time.h"
 #include "common/status_macros.h"
 #include "coordinator/api/page_cursor.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace pipetrain {
 namespace {
@@ -32,13 +33,27 @@ int64_t JobKey(const v1::Job& job) {
 // A worker's: the number of its id ("w-12"), the registry's order.
 int64_t WorkerKey(const v1::Worker& worker) { return WorkerIdNumber(worker.id()).value_or(-1); }
 
+// An item's bytes in the response as `encoding` writes it (JSON: the
+// item's object and the comma after it in the list).
+int64_t EncodedBytes(const google::protobuf::Message& item, PageEncoding encoding) {
+  if (encoding == PageEncoding::kProtobuf) return static_cast<int64_t>(item.ByteSizeLong());
+  std::string json;
+  // As the REST adapter prints the whole response (default options). A
+  // message that cannot be printed fails that response anyway; counted at
+  // its protobuf size meanwhile.
+  if (!google::protobuf::util::MessageToJsonString(item, &json).ok()) {
+    return static_cast<int64_t>(item.ByteSizeLong());
+  }
+  return static_cast<int64_t>(json.size()) + 1;
+}
+
 // The items of `items` on the page after `cursor`, and the next token: at
-// most `size` of them, and no more than `max_bytes` once each is
-// `prepare`d (the first one whatever its size).
+// most `size` of them, and no more than `max_bytes` in `encoding` once each
+// is `prepare`d (the first one whatever its size).
 template <typename T, typename IdOf, typename KeyOf, typename Prepare>
 std::string Slice(std::vector<T>& items, absl::string_view list, const PageCursor& cursor, int size,
-                  int64_t max_bytes, IdOf id_of, KeyOf key_of, Prepare prepare,
-                  std::vector<T>& page) {
+                  int64_t max_bytes, PageEncoding encoding, IdOf id_of, KeyOf key_of,
+                  Prepare prepare, std::vector<T>& page) {
   std::vector<PageItem> keyed;
   keyed.reserve(items.size());
   for (const T& item : items) keyed.push_back({id_of(item), key_of(item)});
@@ -48,7 +63,7 @@ std::string Slice(std::vector<T>& items, absl::string_view list, const PageCurso
   size_t next = begin;
   for (; next < end; ++next) {
     prepare(items[next]);
-    const int64_t item_bytes = static_cast<int64_t>(items[next].ByteSizeLong());
+    const int64_t item_bytes = EncodedBytes(items[next], encoding);
     if (!page.empty() && bytes + item_bytes > max_bytes) break;
     bytes += item_bytes;
     page.push_back(std::move(items[next]));
@@ -76,7 +91,7 @@ absl::Status ApplyView(v1::JobView view, v1::Job& job) {
 
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
                                                   const v1::ListJobsRequest& request,
-                                                  int64_t max_page_bytes) {
+                                                  int64_t max_page_bytes, PageEncoding encoding) {
   ASSIGN_OR_RETURN(int size, PageSize(request.page_size()));
   if (request.view() == v1::JOB_VIEW_FULL) size = std::min(size, kMaxFullViewPageSize);
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("jobs", request.page_token()));
@@ -87,7 +102,7 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
   std::vector<v1::Job> page;
   v1::ListJobsResponse response;
   response.set_next_page_token(Slice(
-      all, "jobs", start, size, max_page_bytes,
+      all, "jobs", start, size, max_page_bytes, encoding,
       [](const v1::Job& j) -> const std::string& { return j.id(); }, JobKey,
       [&](v1::Job& job) {
         if (request.view() != v1::JOB_VIEW_FULL) return;
@@ -102,14 +117,15 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
 absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& workers,
                                                         const JobManager& jobs,
                                                         const v1::ListWorkersRequest& request,
-                                                        int64_t max_page_bytes) {
+                                                        int64_t max_page_bytes,
+                                                        PageEncoding encoding) {
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("workers", request.page_token()));
   std::vector<v1::Worker> all = workers.List();
   std::vector<v1::Worker> page;
   v1::ListWorkersResponse response;
   response.set_next_page_token(Slice(
-      all, "workers", start, size, max_page_bytes,
+      all, "workers", start, size, max_page_bytes, encoding,
       [](const v1::Worker& w) -> const std::string& { return w.id(); }, WorkerKey,
       [&](v1::Worker& worker) { worker.set_drained(jobs.IsDrained(worker)); }, page));
   for (v1::Worker& worker : page) *response.add_workers() = std::move(worker);

@@ -36,16 +36,22 @@ inline constexpr int kMaxFullViewPageSize = 20;
 // job may carry 512 KiB of checkpoint lists and 128 KiB of plan history.
 inline constexpr int64_t kMaxPageBytes = int64_t{3} << 20;
 
+// How the items' bytes are counted against the page's budget: as the
+// response will be sent. gRPC sends protobuf; REST sends JSON, which takes
+// up to some 3 times as many bytes for the same item (field names, quoted
+// int64s, timestamps as text, floats in decimal).
+enum class PageEncoding { kProtobuf, kJson };
+
 // INVALID_ARGUMENT for page_size < 0, a malformed or foreign page_token, or
 // an unknown view. `max_page_bytes`: kMaxPageBytes but in tests.
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
                                                   const v1::ListJobsRequest& request,
-                                                  int64_t max_page_bytes = kMaxPageBytes);
+                                                  int64_t max_page_bytes = kMaxPageBytes,
+                                                  PageEncoding encoding = PageEncoding::kProtobuf);
 // Each worker's `drained` is the job manager's (JobManager::IsDrained).
-absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& workers,
-                                                        const JobManager& jobs,
-                                                        const v1::ListWorkersRequest& request,
-                                                        int64_t max_page_bytes = kMaxPageBytes);
+absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(
+    const WorkerRegistry& workers, const JobManager& jobs, const v1::ListWorkersRequest& request,
+    int64_t max_page_bytes = kMaxPageBytes, PageEncoding encoding = PageEncoding::kProtobuf);
 
 // GetJob with its view: NOT_FOUND for an unknown id; INVALID_ARGUMENT for an
 // unknown view.

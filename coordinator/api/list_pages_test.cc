@@ -10,6 +10,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/registry/worker_registry.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -111,6 +112,36 @@ TEST(ListJobsPageTest, PageEndsAtTheByteBudget_NextPagesListTheRest) {
     EXPECT_EQ(Ids(one), (std::vector<std::string>{"job-1"}));
     EXPECT_FALSE(one.next_page_token().empty());
   }
+}
+
+// REST counts the budget in JSON, which takes more bytes than protobuf for
+// the same job: a budget of two and a half jobs' JSON gives pages of two,
+// and their JSON stays within it; in protobuf the same budget holds more.
+TEST(ListJobsPageTest, JsonEncoding_BudgetCountsTheJson) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(jobs.Submit(SmallJobSpec(1)).ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  const v1::Job first = jobs.List().front();
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(first, &json).ok());
+  ASSERT_GT(json.size(), first.ByteSizeLong());
+  const int64_t budget = static_cast<int64_t>(json.size() + 1) * 5 / 2;
+  const v1::ListJobsResponse page =
+      ListJobsPage(jobs, v1::ListJobsRequest(), budget, PageEncoding::kJson).value();
+  EXPECT_EQ(page.jobs_size(), 2);
+  int64_t page_json = 0;
+  for (const v1::Job& job : page.jobs()) {
+    std::string one;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(job, &one).ok());
+    page_json += static_cast<int64_t>(one.size()) + 1;
+  }
+  EXPECT_LE(page_json, budget);
+  EXPECT_GT(ListJobsPage(jobs, v1::ListJobsRequest(), budget).value().jobs_size(), 2);
 }
 
 }  // namespace

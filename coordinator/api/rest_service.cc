@@ -64,9 +64,9 @@ absl::Status ParsePaging(const HttpRequest& http, ListRequest& request) {
   const std::string size = Query(http, "pageSize");
   int32_t page_size = 0;
   // Any count of digits is a size: those past kMaxPageSize read as it,
-  // beyond int32 (or int64) too.
-  const bool digits = !size.empty() && size.size() <= 64 &&
-                      std::all_of(size.begin(), size.end(), absl::ascii_isdigit);
+  // beyond int32 (or int64) too, and leading zeros are ignored however many
+  // (the request line's own bound, 1 KiB, bounds the scan).
+  const bool digits = !size.empty() && std::all_of(size.begin(), size.end(), absl::ascii_isdigit);
   if (digits) {
     const size_t first = size.find_first_not_of('0');  // npos: all zeros
     const std::string significant = first == std::string::npos ? "0" : size.substr(first);
@@ -115,7 +115,7 @@ HttpResponse ListJobs(const JobManager* jobs, const HttpRequest& http) {
   if (parsed.ok()) parsed = view.status();
   if (!parsed.ok()) return StatusResponse(parsed);
   request.set_view(*view);
-  return Reply(ListJobsPage(*jobs, request));
+  return Reply(ListJobsPage(*jobs, request, kMaxPageBytes, PageEncoding::kJson));
 }
 
 HttpResponse ListWorkers(const WorkerRegistry* workers, const JobManager* jobs,
@@ -123,7 +123,7 @@ HttpResponse ListWorkers(const WorkerRegistry* workers, const JobManager* jobs,
   v1::ListWorkersRequest request;
   absl::Status parsed = ParsePaging(http, request);
   if (!parsed.ok()) return StatusResponse(parsed);
-  return Reply(ListWorkersPage(*workers, *jobs, request));
+  return Reply(ListWorkersPage(*workers, *jobs, request, kMaxPageBytes, PageEncoding::kJson));
 }
 
 }  // namespace

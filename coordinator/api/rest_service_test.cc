@@ -156,7 +156,9 @@ TEST_F(RestServiceTest, ListJobs_BadPagingOrView_Returns400WithFieldViolation) {
 // as 1000, as documented.
 TEST_F(RestServiceTest, ListJobs_HugePageSizes_ReadAsTheMost) {
   ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
-  for (const char* size : {"1001", "2147483648", "99999999999999999999999", "000"}) {
+  for (const std::string& size :
+       {std::string("1001"), std::string("2147483648"), std::string("99999999999999999999999"),
+        std::string("000"), std::string(65, '9'), std::string(70, '0') + "5"}) {
     SCOPED_TRACE(size);
     auto [status, page] = Call("GET", absl::StrCat("/v1/jobs?pageSize=", size));
     EXPECT_EQ(status, 200) << page;

@@ -324,8 +324,9 @@ int Run(const std::vector<std::string>& args) {
     const std::string listen_host = (*server)->address().substr(0, (*server)->address().rfind(':'));
     const std::string self_host =
         listen_host == "[::]" ? "[::1]" : (listen_host == "0.0.0.0" ? "127.0.0.1" : listen_host);
-    absl::StatusOr<DataPlaneCost> cost = ProbeDataPlane(
-        server->get(), &mailbox, absl::StrCat(self_host, ":", (*server)->port()));
+    absl::StatusOr<DataPlaneCost> cost =
+        ProbeDataPlane(server->get(), &mailbox, absl::StrCat(self_host, ":", (*server)->port()),
+                       data_tls.channel, data_tls.server_name);
     if (cost.ok()) {
       PT_LOG(INFO) << "data plane on this host: " << DescribeDataPlaneCost(*cost);
       options.data_plane_overhead_seconds = cost->overhead_seconds;

@@ -83,7 +83,9 @@ absl::StatusOr<DataPlaneCost> FitDataPlaneCost(int64_t small_bytes, double small
 }
 
 absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* mailbox,
-                                             const std::string& self_address) {
+                                             const std::string& self_address,
+                                             std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                             const std::string& tls_server_name) {
   // A job nobody else can prove (its secret never leaves this process).
   // Both members send to this one server, which checks them as member 0:
   // each is given its link key to member 0 for both of its peers.
@@ -95,6 +97,8 @@ absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* m
   options1.credential = {job_id, {keys[1].send_keys[0], keys[1].send_keys[0]}};
   for (GrpcTransportOptions* options : {&options0, &options1}) {
     options->connect_timeout = absl::Seconds(5);
+    options->channel_credentials = credentials;
+    options->tls_server_name = tls_server_name;
   }
   CollectiveOptions exchange;
   exchange.timeout = absl::Seconds(10);

@@ -24,7 +24,10 @@
 #ifndef PIPETRAIN_WORKER_COLLECTIVES_DATA_PLANE_PROBE_H_
 #define PIPETRAIN_WORKER_COLLECTIVES_DATA_PLANE_PROBE_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -54,10 +57,16 @@ absl::StatusOr<DataPlaneCost> FitDataPlaneCost(int64_t small_bytes, double small
 // Times the two-member all-reduces above through `server`'s data plane,
 // dialling `self_address` (e.g. "127.0.0.1:PORT"); about 20 ms. Requires no
 // job set on `server` yet (the probe sets its own and clears it after) and
-// nothing else taking from `mailbox`. The transports' errors (UNAVAILABLE
-// when the data plane cannot reach itself) or DEADLINE_EXCEEDED.
-absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* mailbox,
-                                             const std::string& self_address);
+// nothing else taking from `mailbox`. `credentials` and `tls_server_name`:
+// the worker's data-plane TLS (GrpcTransportOptions's; null: plaintext), so
+// that a server requiring it is reached and its cost is in the figure.
+// The transports' errors (UNAVAILABLE when the data plane cannot reach
+// itself, e.g. a certificate that does not name `self_address`'s host) or
+// DEADLINE_EXCEEDED.
+absl::StatusOr<DataPlaneCost> ProbeDataPlane(
+    DataPlaneServer* server, Mailbox* mailbox, const std::string& self_address,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+    const std::string& tls_server_name = "");
 
 // "0.11 ms + 1.5 GB/s per message (timed as collective steps)".
 std::string DescribeDataPlaneCost(const DataPlaneCost& cost);

@@ -1,9 +1,13 @@
 #include "worker/collectives/data_plane_probe.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
+#include "common/testing/test_certificates.h"
 #include "gtest/gtest.h"
+#include "worker/transport/data_plane_tls.h"
 
 namespace pipetrain {
 namespace {
@@ -69,6 +73,28 @@ TEST(ProbeDataPlaneTest, UnreachableSelfIsAnError) {
   const absl::Status probed = ProbeDataPlane(server->get(), &mailbox, "127.0.0.1:1").status();
   EXPECT_EQ(probed.code(), absl::StatusCode::kUnavailable) << probed;
   EXPECT_NE(probed.message().find("127.0.0.1:1"), absl::string_view::npos) << probed;
+  EXPECT_EQ(mailbox.size(), 0u);
+}
+
+// A worker with data-plane TLS measures through its own TLS port: the
+// probe dials with the worker's credentials (plaintext could not connect).
+TEST(ProbeDataPlaneTest, OverTls_MeasuresWithTheWorkersCredentials) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  absl::StatusOr<testing::TestCertificates> certs =
+      testing::MakeTestCertificates(tmp != nullptr ? tmp : "/tmp");
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  absl::StatusOr<DataPlaneTls> tls =
+      DataPlaneTlsFromFlags(certs->server_cert, certs->server_key, certs->ca, "");
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  Mailbox mailbox;
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
+      DataPlaneServer::Start("127.0.0.1:0", &mailbox, nullptr, {}, tls->server);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string self = "127.0.0.1:" + std::to_string((*server)->port());
+  absl::StatusOr<DataPlaneCost> cost =
+      ProbeDataPlane(server->get(), &mailbox, self, tls->channel, tls->server_name);
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  EXPECT_GT(cost->bytes_per_second, 1e6);
   EXPECT_EQ(mailbox.size(), 0u);
 }
 

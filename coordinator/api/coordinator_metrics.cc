@@ -225,9 +225,9 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
     // they are not counted again after a restart (here for jobs restored
     // before the metrics were made; Events().restored for those after).
     // Listed before the lock: the job manager's lock comes first.
-    const std::vector<v1::Job> listed = jobs_->List();
+    const std::vector<JobManager::JobSummary> listed = jobs_->Summaries();
     AnnotatedMutexLock lock(&refresh_mu_);
-    for (const v1::Job& job : listed) steps_counted_[job.id()] = job.progress().step();
+    for (const JobManager::JobSummary& job : listed) steps_counted_[job.id] = job.step;
   }
   Refresh();  // every state appears from the first scrape on
 }
@@ -280,7 +280,7 @@ void CoordinatorMetrics::Refresh() {
     const auto it = counts.find(state);
     jobs_by_state_->Add({{"state", EnumShortName(state)}}).Set(it == counts.end() ? 0 : it->second);
   }
-  const std::vector<v1::Job> jobs = jobs_->List();  // submission order
+  const std::vector<JobManager::JobSummary> jobs = jobs_->Summaries();  // submission order
   RefreshWorkers();
   RefreshCurrentJob(jobs);
   CountTokens(jobs);
@@ -314,19 +314,19 @@ void CoordinatorMetrics::RefreshWorkers() {
   }
 }
 
-void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
-  const v1::Job* current = nullptr;
+void CoordinatorMetrics::RefreshCurrentJob(const std::vector<JobManager::JobSummary>& jobs) {
+  const JobManager::JobSummary* current = nullptr;
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
-    if (it->state() == v1::JOB_STATE_RUNNING) current = &*it;
+    if (it->state == v1::JOB_STATE_RUNNING) current = &*it;
   }
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
-    if (it->progress().step() > 0) current = &*it;
+    if (it->step > 0) current = &*it;
   }
   if (current == nullptr) return;
-  job_loss_->Set(current->progress().loss());
-  job_val_loss_->Set(current->progress().val_loss());
+  job_loss_->Set(current->loss);
+  job_val_loss_->Set(current->val_loss);
   absl::StatusOr<v1::Plan> plan =
-      jobs_->GetPlan(current->id(), JobManager::PlanParts::kWithoutDrawings);
+      jobs_->GetPlan(current->id, JobManager::PlanParts::kWithoutDrawings);
   if (plan.ok()) {
     plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
     plan_version_->Set(static_cast<double>(plan->version()));
@@ -360,22 +360,20 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   }
 }
 
-void CoordinatorMetrics::CountTokens(const std::vector<v1::Job>& jobs) {
+void CoordinatorMetrics::CountTokens(const std::vector<JobManager::JobSummary>& jobs) {
   AnnotatedMutexLock lock(&refresh_mu_);
   // Jobs pruned since the last scrape are forgotten (an id is never given
   // twice): otherwise every job ever submitted would keep an entry.
   std::set<std::string> listed;
-  for (const v1::Job& job : jobs) listed.insert(job.id());
+  for (const JobManager::JobSummary& job : jobs) listed.insert(job.id);
   for (auto it = steps_counted_.begin(); it != steps_counted_.end();) {
     it = listed.count(it->first) > 0 ? std::next(it) : steps_counted_.erase(it);
   }
-  for (const v1::Job& job : jobs) {
-    int64_t& counted = steps_counted_[job.id()];
-    const int64_t step = job.progress().step();
+  for (const JobManager::JobSummary& job : jobs) {
+    int64_t& counted = steps_counted_[job.id];
+    const int64_t step = job.step;
     if (step <= counted) continue;  // none new, or redoing steps after a recovery
-    const double tokens_per_step =
-        double(job.spec().training().batch_size()) * job.spec().training().seq_len();
-    job_tokens_->Increment(tokens_per_step * double(step - counted));
+    job_tokens_->Increment(job.tokens_per_step * double(step - counted));
     counted = step;
   }
 }

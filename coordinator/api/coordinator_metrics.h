@@ -165,8 +165,8 @@ class CoordinatorMetrics {
 
  private:
   void RefreshWorkers();
-  void RefreshCurrentJob(const std::vector<v1::Job>& jobs);
-  void CountTokens(const std::vector<v1::Job>& jobs);
+  void RefreshCurrentJob(const std::vector<JobManager::JobSummary>& jobs);
+  void CountTokens(const std::vector<JobManager::JobSummary>& jobs);
   static std::string StageLabel(int stage);
 
   const WorkerRegistry* const workers_;

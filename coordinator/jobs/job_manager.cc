@@ -106,7 +106,7 @@ std::vector<v1::Job> JobManager::List() const {
   out.reserve(order_.size());
   for (const std::string& id : order_) {
     // Without copying the history (up to kMaxLossHistory floats a job, and
-    // every scrape of /metrics lists every job): it is set aside for the
+    // every page of ListJobs lists every job): it is set aside for the
     // copy and put back, both O(1).
     v1::Job& job = jobs_.at(id)->job;
     if (!job.has_progress()) {
@@ -117,6 +117,20 @@ std::vector<v1::Job> JobManager::List() const {
     history.Swap(job.mutable_progress()->mutable_loss_history());
     out.push_back(job);
     history.Swap(job.mutable_progress()->mutable_loss_history());
+  }
+  return out;
+}
+
+std::vector<JobManager::JobSummary> JobManager::Summaries() const {
+  AnnotatedMutexLock lock(&mu_);
+  std::vector<JobSummary> out;
+  out.reserve(order_.size());
+  for (const std::string& id : order_) {
+    const v1::Job& job = jobs_.at(id)->job;
+    const v1::TrainingSpec& training = job.spec().training();
+    out.push_back({job.id(), job.state(), job.progress().step(), job.progress().loss(),
+                   job.progress().val_loss(),
+                   double(training.batch_size()) * double(training.seq_len())});
   }
   return out;
 }

@@ -319,6 +319,19 @@ class JobManager {
   // Every job kept, in submission order, without progress.loss_history (a
   // list stays small: pending and ended jobs are both bounded).
   std::vector<v1::Job> List() const;
+  // What /metrics reads of every job kept, in submission order: a few
+  // numbers each, so that a scrape (unauthenticated, at any rate) holds
+  // the jobs' lock only briefly and copies no spec, plan history or
+  // checkpoint list.
+  struct JobSummary {
+    std::string id;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    int64_t step = 0;
+    float loss = 0;
+    float val_loss = 0;
+    double tokens_per_step = 0;  // spec.training.batch_size x seq_len
+  };
+  std::vector<JobSummary> Summaries() const;
   // Answers once the state store has the cancel, with the job in the basic
   // view (no progress.loss_history, as List). NOT_FOUND;
   // FAILED_PRECONDITION when the job already ended; UNAVAILABLE when the

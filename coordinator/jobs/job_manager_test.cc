@@ -443,6 +443,26 @@ TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
       << jobs_.GetPlan(id3).value().profile_source();
 }
 
+// /metrics reads Summaries: every job in submission order with its state,
+// progress and tokens per step, and nothing else copied.
+TEST_F(JobManagerTest, Summaries_EveryJobInOrderWithWhatMetricsRead) {
+  AddWorker(7601);
+  const std::string first = Submit(SmallSpec(1)).value().id();
+  const std::string second = Submit(SmallSpec(1)).value().id();
+  Schedule();
+  const std::vector<JobManager::JobSummary> summaries = jobs_.Summaries();
+  ASSERT_EQ(summaries.size(), 2u);
+  EXPECT_EQ(summaries[0].id, first);
+  EXPECT_EQ(summaries[1].id, second);
+  const v1::Job job = jobs_.Get(first).value();
+  EXPECT_EQ(summaries[0].state, job.state());
+  EXPECT_EQ(summaries[0].step, job.progress().step());
+  EXPECT_EQ(summaries[0].tokens_per_step,
+            double(job.spec().training().batch_size()) * job.spec().training().seq_len());
+  EXPECT_GT(summaries[0].tokens_per_step, 0);
+  EXPECT_EQ(summaries[1].state, jobs_.Get(second).value().state());
+}
+
 // Without emulated links, jobs are planned over the coordinator's --network
 // (options.network) when given, and the plan says where its links came
 // from; emulating workers are still planned over their own links.

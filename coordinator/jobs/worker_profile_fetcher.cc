@@ -74,8 +74,16 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
         wait *= 2;
         continue;
       }
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                          absl::StrCat("profile from ", address, ": ", s.error_message()));
+      // A refused TLS handshake is UNAVAILABLE too: name what must agree.
+      const std::string tls_hint =
+          s.error_code() == grpc::StatusCode::UNAVAILABLE && tls.credentials != nullptr
+              ? " (with --worker-tls-*: the worker's certificate must chain to "
+                "--worker-tls-ca and name its address's host or --worker-tls-server-name, and "
+                "its --data-tls-ca must accept --worker-tls-cert)"
+              : "";
+      return absl::Status(
+          static_cast<absl::StatusCode>(s.error_code()),
+          absl::StrCat("profile from ", address, ": ", s.error_message(), tls_hint));
     }
   };
   return out;

@@ -205,7 +205,7 @@ for overlay in $OVERLAYS; do
   expect_lines "$T/$overlay.probes.txt" \
     "coordinator startupProbe grpc 7070" "coordinator livenessProbe httpGet http /healthz" \
     "coordinator readinessProbe grpc 7070" "worker startupProbe httpGet metrics /healthz" \
-    "worker livenessProbe httpGet metrics /healthz" "worker readinessProbe grpc 7100"
+    "worker livenessProbe httpGet metrics /healthz" "worker readinessProbe httpGet metrics /readyz"
   ingress "$out" > "$T/$overlay.ingress.txt"
   check "overlay $overlay: 5 ingress rules" test "$(wc -l < "$T/$overlay.ingress.txt")" -eq 5
   expect_lines "$T/$overlay.ingress.txt" \

@@ -158,6 +158,17 @@ TEST_F(DataPlaneTlsTest, SenderWithoutCertificate_DeliversNothing) {
   ExpectNotDelivered(SendAndReceive(sender, 0, kRefusedConnectTimeout));
 }
 
+// A refused handshake fails the send naming what both ends must agree on.
+TEST_F(DataPlaneTlsTest, SenderTrustingAnotherCa_SendFailsNamingTheTlsFlags) {
+  const testing::TestCertificates& c = *certificates_;
+  GrpcTransport& sender =
+      Transport(0, ClientTls(c.other_ca, c.server_cert, c.server_key), "", kRefusedConnectTimeout);
+  const absl::Status sent = sender.Send(1, Address(0), Tensor::Filled({4}, 1.f));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_NE(sent.message().find("or the TLS handshake failed"), std::string::npos) << sent;
+  EXPECT_NE(sent.message().find("--data-tls-ca"), std::string::npos) << sent;
+}
+
 TEST_F(DataPlaneTlsTest, SenderWithAnotherCasCertificate_DeliversNothing) {
   const testing::TestCertificates& c = *certificates_;
   GrpcTransport& sender =

@@ -507,10 +507,22 @@ class GrpcTransport::PeerLink {
         absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectAbortSlice)))) {
       if (aborted_.load()) return ShutDownError();
       if (absl::Now() < deadline) continue;
+      // With TLS a refused handshake looks the same to gRPC's channel: the
+      // hint names what both ends must agree on.
+      const std::string tls_hint =
+          options_.channel_credentials == nullptr
+              ? std::string()
+              : absl::StrCat(
+                    "; or the TLS handshake failed: its certificate must chain to this worker's "
+                    "--data-tls-ca and name ",
+                    options_.tls_server_name.empty() ? "its address's host"
+                                                     : "\"" + options_.tls_server_name + "\"",
+                    " (--data-tls-server-name), and its --data-tls-ca must accept this worker's "
+                    "--data-tls-cert (is its data plane on TLS at all?)");
       return absl::UnavailableError(absl::StrCat(
           "cannot connect to ", name_, " within ", absl::FormatDuration(options_.connect_timeout),
           ": nothing listens there or it is unreachable; check that the worker of stage ",
-          peer_stage_, " is up and that the plan has its data-plane address"));
+          peer_stage_, " is up and that the plan has its data-plane address", tls_hint));
     }
     channel_ = std::move(channel);
     stub_ = std::make_unique<FrameStub>(channel_);

@@ -97,20 +97,31 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("jobs", request.page_token()));
   v1::Job probe;
   RETURN_IF_ERROR(ApplyView(request.view(), probe));
-  // List() leaves the loss histories out; the full view reads each job again.
-  std::vector<v1::Job> all = jobs.List();
-  std::vector<v1::Job> page;
+  // Every job's id and order key, then only the page's jobs copied whole: a
+  // page of one must not copy every kept job's spec, plan history and
+  // checkpoint lists (up to some 640 KiB each).
+  const std::vector<JobManager::JobSummary> all = jobs.Summaries();
+  std::vector<PageItem> keyed;
+  keyed.reserve(all.size());
+  for (const JobManager::JobSummary& job : all) keyed.push_back({job.id, job.create_time_nanos});
   v1::ListJobsResponse response;
-  response.set_next_page_token(Slice(
-      all, "jobs", start, size, max_page_bytes, encoding,
-      [](const v1::Job& j) -> const std::string& { return j.id(); }, JobKey,
-      [&](v1::Job& job) {
-        if (request.view() != v1::JOB_VIEW_FULL) return;
-        absl::StatusOr<v1::Job> full = jobs.Get(job.id());
-        if (full.ok()) job = *std::move(full);  // else it was just dropped: keep the basic view
-      },
-      page));
-  for (v1::Job& job : page) *response.add_jobs() = std::move(job);
+  int64_t bytes = 0;
+  size_t next = PageBegin(keyed, start);
+  for (; next < all.size() && response.jobs_size() < size; ++next) {
+    absl::StatusOr<v1::Job> job = jobs.Get(all[next].id);
+    if (!job.ok()) continue;  // dropped since the summaries: nothing to list
+    RETURN_IF_ERROR(ApplyView(request.view(), *job));
+    const int64_t item_bytes = EncodedBytes(*job, encoding);
+    if (response.jobs_size() > 0 && bytes + item_bytes > max_page_bytes) break;
+    bytes += item_bytes;
+    *response.add_jobs() = *std::move(job);
+  }
+  if (next < all.size() && response.jobs_size() > 0) {
+    const v1::Job& last = response.jobs(response.jobs_size() - 1);
+    response.set_next_page_token(
+        MakePageToken("jobs", PageCursor{start.position + static_cast<size_t>(response.jobs_size()),
+                                         last.id(), JobKey(last)}));
+  }
   return response;
 }
 

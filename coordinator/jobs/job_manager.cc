@@ -128,8 +128,8 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const v1::TrainingSpec& training = job.spec().training();
-    out.push_back({job.id(), job.state(), job.progress().step(), job.progress().loss(),
-                   job.progress().val_loss(),
+    out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), job.state(),
+                   job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len())});
   }
   return out;

@@ -319,12 +319,13 @@ class JobManager {
   // Every job kept, in submission order, without progress.loss_history (a
   // list stays small: pending and ended jobs are both bounded).
   std::vector<v1::Job> List() const;
-  // What /metrics reads of every job kept, in submission order: a few
-  // numbers each, so that a scrape (unauthenticated, at any rate) holds
-  // the jobs' lock only briefly and copies no spec, plan history or
-  // checkpoint list.
+  // What /metrics and list pages read of every job kept, in submission
+  // order: a few numbers each, so that a scrape (unauthenticated, at any
+  // rate) or a page holds the jobs' lock only briefly and copies no spec,
+  // plan history or checkpoint list.
   struct JobSummary {
     std::string id;
+    int64_t create_time_nanos = 0;  // its order key (ListJobs pages)
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
     int64_t step = 0;
     float loss = 0;

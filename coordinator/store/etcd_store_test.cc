@@ -556,6 +556,17 @@ TEST(ElectionAloneTest, EtcdUnreachable_LeaderStepsDownWhenItsLeaseRunsOut) {
   EXPECT_EQ((*election)->Leader(), "");  // not itself
 }
 
+// A leader key holding no coordinator identity (written by another program,
+// or by hand) reads as no leader: the leader is named in every refusal's
+// trailing metadata, where gRPC aborts the process on a control byte.
+TEST(LeaderElectionTest, LeaderIdentityOf_OnlyWhatIdentitiesMayBe) {
+  EXPECT_EQ(LeaderIdentityOf("10.0.0.2:7070"), "10.0.0.2:7070");
+  EXPECT_EQ(LeaderIdentityOf(""), "");
+  EXPECT_EQ(LeaderIdentityOf(std::string("10.0.0.9:7070\r\nx: 1", 19)), "");
+  EXPECT_EQ(LeaderIdentityOf(std::string("a\0b", 3)), "");
+  EXPECT_EQ(LeaderIdentityOf(std::string(600, 'a')), "");  // over CheckStoreKey's 512 bytes
+}
+
 // Holds one term forever, as an election that has not yet noticed its loss.
 class FrozenLeadership : public LeadershipView {
  public:

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/store/store.h"
@@ -312,7 +313,23 @@ void LeaderElection::BecomeLeader(int64_t create_revision) {
   if (options_.on_change) options_.on_change(true);
 }
 
-void LeaderElection::BecomeFollower(const std::string& leader, const std::string& why) {
+std::string LeaderIdentityOf(const std::string& value) {
+  return CheckStoreKey(value).ok() ? value : std::string();
+}
+
+void LeaderElection::BecomeFollower(const std::string& read_leader, const std::string& why) {
+  // The value is etcd's, which anyone with write access there may have set:
+  // a leader is named in every refusal's trailing metadata (where gRPC
+  // aborts on a byte outside printable ASCII) and in logs, so only an
+  // identity that passes the rule written ones do (CheckStoreKey: printable
+  // ASCII, bounded) is taken; any other reads as no leader.
+  const std::string leader = LeaderIdentityOf(read_leader);
+  if (leader.empty() && !read_leader.empty()) {
+    PT_LOG(WARNING) << "election " << key_ << ": the leader key holds \""
+                    << absl::CHexEscape(read_leader.substr(0, 64)) << "\""
+                    << (read_leader.size() > 64 ? "..." : "") << " (" << read_leader.size()
+                    << " bytes), not a coordinator identity; treated as no leader";
+  }
   {
     AnnotatedMutexLock lock(&mu_);
     const bool changed = is_leader_;

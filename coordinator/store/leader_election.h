@@ -174,6 +174,13 @@ class LeaderElection final : public LeadershipView {
   std::thread thread_;
 };
 
+// The leader key's value as a leader's identity: `value` when it passes
+// the rule identities are written under (CheckStoreKey: printable ASCII, at
+// most 512 bytes), else "" (no leader). The key is etcd's, which others
+// with write access may set; the identity goes into every follower's
+// refusals (gRPC trailing metadata, which must be printable) and logs.
+std::string LeaderIdentityOf(const std::string& value);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_

@@ -1,9 +1,11 @@
 #include "coordinator/store/coordinator_state.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "google/protobuf/message.h"
@@ -130,7 +132,23 @@ absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
 }
 
 absl::StatusOr<std::vector<store::StoredJob>> CoordinatorState::LoadJobs() const {
-  return LoadAll<store::StoredJob>(*store_, kJobs);
+  ASSIGN_OR_RETURN(auto rows, store_->Scan(kJobs));
+  std::vector<store::StoredJob> out;
+  for (const auto& [key, value] : rows) {
+    store::StoredJob job;
+    RETURN_IF_ERROR(Unseal(*store_, key, value, &job));
+    // Saved and deleted at kJobs + its id: a record elsewhere would never be
+    // updated nor removed, and after a restart could come back in place of
+    // the job's own (a cancelled job RUNNING again). Left where it is.
+    if (key != kJobs + job.job().id()) {
+      PT_LOG(WARNING) << store_->Describe() << ": " << key << " holds job \""
+                      << absl::CHexEscape(job.job().id().substr(0, 64))
+                      << "\", which is saved under another key; not restored (delete the record)";
+      continue;
+    }
+    out.push_back(std::move(job));
+  }
+  return out;
 }
 
 absl::Status CoordinatorState::SaveProfile(const std::string& key,

@@ -53,7 +53,8 @@ class CoordinatorState {
   absl::Status SaveJob(const store::StoredJob& job);
   absl::Status DeleteJob(const std::string& job_id);
   // In key order; DATA_LOSS naming the key when a value does not parse or
-  // does not match its checksum (so do the other Loads).
+  // does not match its checksum (so do the other Loads). A record whose key
+  // is not kJobs + its job's id is left out, with a warning.
   absl::StatusOr<std::vector<store::StoredJob>> LoadJobs() const;
 
   absl::Status SaveProfile(const std::string& key, const v1::ModelProfile& profile);

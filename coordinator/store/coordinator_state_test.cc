@@ -119,6 +119,22 @@ TEST(CoordinatorStateTest, UnparsableJob_IsDataLossNamingTheKey) {
 // A saved record with one byte changed inside its message, which still
 // parses (a step count): DATA_LOSS naming the key, for each table. A
 // record saved before records were sealed is read as it is.
+// A job record under another key than its id's would never be saved over
+// nor deleted, and could come back in place of the job's own: left out.
+TEST(CoordinatorStateTest, JobUnderAnotherKeyThanItsId_NotLoaded) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  store::StoredJob job;
+  job.mutable_job()->set_id("job-2");
+  ASSERT_TRUE(state.SaveJob(job).ok());
+  const std::string sealed = store.Get("jobs/job-2").value().value();
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("jobs/job-1", sealed)}).ok());
+  const auto jobs = state.LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ(jobs->at(0).job().id(), "job-2");
+}
+
 TEST(CoordinatorStateTest, RecordChangedAfterItsSave_IsDataLossNamingTheKey) {
   MemoryStore store;
   CoordinatorState state(&store);

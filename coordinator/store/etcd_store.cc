@@ -204,6 +204,7 @@ absl::StatusOr<std::optional<std::string>> EtcdStore::Get(const std::string& key
   etcdserverpb::RangeResponse response;
   RETURN_IF_ERROR(client_->Range(request, &response));
   if (response.kvs_size() == 0) return std::optional<std::string>();
+  RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, response.kvs(0).value().size()));
   return std::optional<std::string>(response.kvs(0).value());
 }
 
@@ -240,7 +241,9 @@ absl::StatusOr<KeyValues> EtcdStore::ScanOnce(const std::string& begin,
     // Every later page at the first one's revision: one snapshot.
     if (request.revision() == 0) request.set_revision(response.header().revision());
     for (const mvccpb::KeyValue& kv : response.kvs()) {
-      found.emplace_back(kv.key().substr(data_prefix_.size()), kv.value());
+      const absl::string_view key = absl::string_view(kv.key()).substr(data_prefix_.size());
+      RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, kv.value().size()));
+      found.emplace_back(std::string(key), kv.value());
     }
     if (!response.more() || response.kvs_size() == 0) return found;
     request.set_key(response.kvs(response.kvs_size() - 1).key() + '\0');

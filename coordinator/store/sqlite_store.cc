@@ -94,6 +94,18 @@ std::string ColumnBytes(sqlite3_stmt* s, int column) {
   return std::string(static_cast<const char*>(data), static_cast<size_t>(size));
 }
 
+// A column's size in bytes, without copying it.
+size_t ColumnSize(sqlite3_stmt* s, int column) {
+  return static_cast<size_t>(std::max(0, sqlite3_column_bytes(s, column)));
+}
+
+// At most the first `bytes` of a column (for messages about it).
+std::string ColumnPrefix(sqlite3_stmt* s, int column, size_t bytes) {
+  const void* data = sqlite3_column_blob(s, column);
+  if (data == nullptr) return std::string();
+  return std::string(static_cast<const char*>(data), std::min(bytes, ColumnSize(s, column)));
+}
+
 // Steps a statement that returns no rows to completion.
 absl::Status Run(sqlite3* db, const std::string& path, sqlite3_stmt* s, absl::string_view what) {
   const int rc = sqlite3_step(s);
@@ -472,6 +484,7 @@ absl::StatusOr<std::optional<std::string>> SqliteStore::Get(const std::string& k
   const int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE) return std::optional<std::string>();
   if (rc != SQLITE_ROW) return SqliteError(db_, rc, db_path_, absl::StrCat("read key ", key));
+  RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, ColumnSize(s, 0)));
   return std::optional<std::string>(ColumnBytes(s, 0));
 }
 
@@ -488,8 +501,13 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SqliteStore::Sc
     return SqliteError(db_, rc, db_path_, absl::StrCat("bind prefix ", prefix));
   }
   std::vector<std::pair<std::string, std::string>> found;
-  while ((rc = sqlite3_step(s)) == SQLITE_ROW)
-    found.emplace_back(ColumnBytes(s, 0), ColumnBytes(s, 1));
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    // Checked before the value is copied: at most one byte past a key's
+    // bound is, so that an over-long key is still refused.
+    std::string key = ColumnPrefix(s, 0, kMaxKeyBytes + 1);
+    RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, ColumnSize(s, 1)));
+    found.emplace_back(std::move(key), ColumnBytes(s, 1));
+  }
   if (rc != SQLITE_DONE) {
     return SqliteError(db_, rc, db_path_, absl::StrCat("scan prefix ", prefix));
   }

@@ -39,6 +39,22 @@ absl::Status CheckStoreKey(const std::string& key) {
   return absl::OkStatus();
 }
 
+absl::Status CheckStoredEntry(absl::string_view where, absl::string_view key, size_t value_bytes) {
+  const std::string shown =
+      absl::StrCat("\"", absl::CHexEscape(key.substr(0, 64)), key.size() > 64 ? "...\"" : "\"");
+  if (!CheckStoreKey(std::string(key.substr(0, kMaxKeyBytes + 1))).ok()) {
+    return absl::DataLossError(absl::StrCat(
+        where, " holds key ", shown, ", which no write makes (printable ASCII, at most ",
+        kMaxKeyBytes, " bytes): damaged, or written by another program; remove it"));
+  }
+  if (value_bytes > kMaxValueBytes) {
+    return absl::DataLossError(absl::StrCat(
+        where, " holds ", value_bytes, " bytes at key ", shown, ", over the ", kMaxValueBytes,
+        " any write allows: damaged, or written by another program; remove it"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckStoreWrites(const std::vector<StoreWrite>& writes) {
   for (size_t i = 0; i < writes.size(); ++i) {
     const StoreWrite& w = writes[i];

@@ -70,6 +70,14 @@ class Store {
 // OK, or INVALID_ARGUMENT naming what is wrong with `key` (see above).
 absl::Status CheckStoreKey(const std::string& key);
 
+// What a Get or a Scan read back, checked before it is copied or used:
+// DATA_LOSS naming `where` (the store) and the key (escaped, cut to 64
+// bytes) when the key fails CheckStoreKey or the value is over
+// kMaxValueBytes. Every write passes both, so such an entry is damage, or
+// another program's write; the coordinator must not allocate or log
+// whatever it holds.
+absl::Status CheckStoredEntry(absl::string_view where, absl::string_view key, size_t value_bytes);
+
 // OK when every write's key passes CheckStoreKey and every put's value is
 // at most kMaxValueBytes; INVALID_ARGUMENT naming the first bad write (its
 // index) otherwise. Every Store checks a batch so before applying any of it,

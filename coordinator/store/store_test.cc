@@ -283,6 +283,32 @@ TEST(SqliteStoreTest, Open_NewerSchemaVersion_FailedPreconditionNamingBoth) {
   EXPECT_THAT(status.message(), HasSubstr("has schema version 2"));
 }
 
+// Entries no write makes (a value over kMaxValueBytes, a key with a control
+// byte), put there by another program, are refused before they are
+// copied: DATA_LOSS naming the store and the key.
+TEST(SqliteStoreTest, GetAndScan_EntriesNoWriteMakes_DataLossNamingTheKey) {
+  const std::string dir = NewStateDir();
+  {
+    std::unique_ptr<SqliteStore> store = MustOpen(dir);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Commit({StoreWrite::Put("jobs/ok", "v")}).ok());
+  }
+  const std::string db = dir + "/coordinator.db";
+  ExecRaw(db, "INSERT INTO kv (key, value) VALUES ('big/x', zeroblob(1048577))");
+  ExecRaw(db, "INSERT INTO kv (key, value) VALUES ('bad/' || char(1), x'00')");
+  std::unique_ptr<SqliteStore> store = MustOpen(dir);
+  ASSERT_NE(store, nullptr);
+  absl::Status big = store->Get("big/x").status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kDataLoss) << big;
+  EXPECT_THAT(big.message(), HasSubstr("holds 1048577 bytes at key \"big/x\""));
+  big = store->Scan("big/").status();
+  EXPECT_EQ(big.code(), absl::StatusCode::kDataLoss) << big;
+  const absl::Status bad = store->Scan("bad/").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << bad;
+  EXPECT_THAT(bad.message(), HasSubstr("holds key \"bad/\\x01\""));
+  EXPECT_TRUE(store->Scan("jobs/").ok());
+}
+
 TEST(SqliteStoreTest, Open_GarbageFile_DataLossNamingPath) {
   const std::string dir = NewStateDir();
   ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);

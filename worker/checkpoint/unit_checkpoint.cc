@@ -338,7 +338,16 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
                    OpenConfinedParent(root, kCheckpointRootFlag, "checkpoint unit file", relative,
                                       /*create_dirs=*/false));
   if (parent.dir.get() < 0) {
-    return absl::NotFoundError(absl::StrCat("checkpoint directory of ", path, " is missing"));
+    // The coordinator listed this step as complete, so a directory missing
+    // as a whole is most likely this worker's view of the volume (another
+    // --checkpoint-root than the shared --output-dir): UNAVAILABLE, this
+    // worker's trouble, so the checkpoint is not dropped (and its files
+    // removed) on its word. A file missing inside the directory is the
+    // checkpoint's (NOT_FOUND below).
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint directory of ", path,
+                     " is missing; is this worker's --checkpoint-root the volume the coordinator's "
+                     "--output-dir is?"));
   }
   // The recorded size first (a negative one matches no file but an empty one).
   ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path,

@@ -489,6 +489,19 @@ TEST_F(UnitCheckpointTest, MissingFile_IsNotFound) {
             absl::StatusCode::kNotFound);
 }
 
+// A step directory missing as a whole is this worker's trouble (another
+// volume than the coordinator's), not the checkpoint's: UNAVAILABLE, which
+// the job runner does not report as an unusable checkpoint.
+TEST_F(UnitCheckpointTest, MissingStepDirectory_IsUnavailableNamingTheRoot) {
+  v1::ResumeFrom from = WriteAll();
+  from.set_dir("checkpoints/j/step-99999999");
+  const absl::Status read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr).status();
+  EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
+  EXPECT_NE(read.message().find("is this worker's --checkpoint-root the volume"), std::string::npos)
+      << read;
+}
+
 TEST_F(UnitCheckpointTest, OtherModelShape_IsFailedPrecondition) {
   const v1::ResumeFrom from = WriteAll();
   CheckpointIdentity other = id_;

@@ -186,6 +186,35 @@ std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
   return out;
 }
 
+absl::StatusOr<bool> CheckMutualTlsFlags(
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::string& server_name_flag, const std::string& server_name, const std::string& whose,
+    const std::string& why) {
+  std::vector<std::string> names;
+  int given = 0;
+  for (const auto& [flag, path] : files) {
+    names.push_back("--" + flag);
+    given += path.empty() ? 0 : 1;
+  }
+  // "--a, --b and --c"
+  std::string listed;
+  for (size_t i = 0; i < names.size(); ++i) {
+    listed += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  }
+  if (given == 0) {
+    if (!server_name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", server_name_flag, " names ", whose,
+                                                     " certificates, so it needs ", listed));
+    }
+    return false;
+  }
+  if (given != static_cast<int>(files.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(listed, " go together: ", why));
+  }
+  if (!server_name.empty()) RETURN_IF_ERROR(CheckTlsServerName(server_name_flag, server_name));
+  return true;
+}
+
 absl::Status CheckTlsServerName(const std::string& flag, const std::string& name) {
   const bool allowed =
       !name.empty() && name.size() <= 253 && std::all_of(name.begin(), name.end(), [](char c) {

@@ -62,6 +62,19 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
     const std::string& ca, const std::string& cert, const std::string& key,
     const ClientTlsFlags& flags = ClientTlsFlags());
 
+// The rule of a mutual-TLS flag set (a CA, a certificate and its key, all
+// three or none, and a server name only with them), for the worker's
+// --data-tls-* and the coordinator's --worker-tls-*. `files` are the three
+// files' flags (without dashes) and values, in the order errors list them;
+// `server_name_flag`/`server_name` the name's; `whose`: whose certificates
+// the name is checked on ("the peers'"); `why`: why the three go together.
+// Returns whether TLS is on; INVALID_ARGUMENT naming the flags for a
+// partial set, a name without the set, or a bad name (CheckTlsServerName).
+absl::StatusOr<bool> CheckMutualTlsFlags(
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::string& server_name_flag, const std::string& server_name, const std::string& whose,
+    const std::string& why);
+
 // OK when `name` may be checked as a server certificate's name in place of
 // the address's host (a TLS target name override): 1 to 253 characters of
 // A-Z a-z 0-9 . - (a DNS name, or an IP address). INVALID_ARGUMENT naming

@@ -492,24 +492,15 @@ std::string JobIdEpoch() {
 // require a client certificate), the server name only with them.
 absl::Status ConfigureWorkerTls(Config& config) {
   const Flags& f = config.flags;
-  const bool any =
-      !f.worker_tls_ca.empty() || !f.worker_tls_cert.empty() || !f.worker_tls_key.empty();
-  if (!any) {
-    if (!f.worker_tls_server_name.empty()) {
-      return absl::InvalidArgumentError(
-          "--worker-tls-server-name names the workers' certificates, so it needs "
-          "--worker-tls-ca, --worker-tls-cert and --worker-tls-key");
-    }
-    return absl::OkStatus();
-  }
-  if (f.worker_tls_ca.empty() || f.worker_tls_cert.empty() || f.worker_tls_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--worker-tls-ca, --worker-tls-cert and --worker-tls-key go together: workers' data "
-        "planes with TLS require a client certificate signed by their CA");
-  }
-  if (!f.worker_tls_server_name.empty()) {
-    RETURN_IF_ERROR(CheckTlsServerName("worker-tls-server-name", f.worker_tls_server_name));
-  }
+  ASSIGN_OR_RETURN(
+      const bool on,
+      CheckMutualTlsFlags({{"worker-tls-ca", f.worker_tls_ca},
+                           {"worker-tls-cert", f.worker_tls_cert},
+                           {"worker-tls-key", f.worker_tls_key}},
+                          "worker-tls-server-name", f.worker_tls_server_name, "the workers'",
+                          "workers' data planes with TLS require a client "
+                          "certificate signed by their CA"));
+  if (!on) return absl::OkStatus();
   ASSIGN_OR_RETURN(config.worker_tls.credentials,
                    ClientTlsCredentials(f.worker_tls_ca, f.worker_tls_cert, f.worker_tls_key,
                                         {"worker-tls-ca", "worker-tls-cert", "worker-tls-key",

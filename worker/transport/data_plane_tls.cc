@@ -9,23 +9,14 @@ absl::StatusOr<DataPlaneTls> DataPlaneTlsFromFlags(const std::string& cert, cons
                                                    const std::string& ca,
                                                    const std::string& server_name) {
   DataPlaneTls tls;
-  const bool any = !cert.empty() || !key.empty() || !ca.empty();
-  if (!any) {
-    if (!server_name.empty()) {
-      return absl::InvalidArgumentError(
-          "--data-tls-server-name names the peers' certificates, so it needs --data-tls-cert, "
-          "--data-tls-key and --data-tls-ca");
-    }
-    return tls;
-  }
-  if (cert.empty() || key.empty() || ca.empty()) {
-    return absl::InvalidArgumentError(
-        "--data-tls-cert, --data-tls-key and --data-tls-ca go together: the data plane's TLS "
-        "is mutual (each worker serves its certificate and presents it to its peers, and the "
-        "CA checks both ways)");
-  }
-  if (!server_name.empty())
-    RETURN_IF_ERROR(CheckTlsServerName("data-tls-server-name", server_name));
+  ASSIGN_OR_RETURN(
+      const bool on,
+      CheckMutualTlsFlags({{"data-tls-cert", cert}, {"data-tls-key", key}, {"data-tls-ca", ca}},
+                          "data-tls-server-name", server_name, "the peers'",
+                          "the data plane's TLS is mutual (each worker serves its "
+                          "certificate and presents it to its peers, and the CA "
+                          "checks both ways)"));
+  if (!on) return tls;
   ASSIGN_OR_RETURN(
       tls.server,
       ServerTlsCredentials(cert, key, ca, {"data-tls-cert", "data-tls-key", "data-tls-ca"}));

@@ -105,9 +105,8 @@ std::vector<v1::Job> JobManager::List() const {
   std::vector<v1::Job> out;
   out.reserve(order_.size());
   for (const std::string& id : order_) {
-    // Without copying the history (up to kMaxLossHistory floats a job, and
-    // every page of ListJobs lists every job): it is set aside for the
-    // copy and put back, both O(1).
+    // Without copying the history (up to kMaxLossHistory floats a job): it
+    // is set aside for the copy and put back, both O(1).
     v1::Job& job = jobs_.at(id)->job;
     if (!job.has_progress()) {
       out.push_back(job);

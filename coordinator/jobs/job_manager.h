@@ -316,8 +316,9 @@ class JobManager {
   // last kMaxLossHistory steps (progress.loss_history_start says where
   // they begin).
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
-  // Every job kept, in submission order, without progress.loss_history (a
-  // list stays small: pending and ended jobs are both bounded).
+  // Every job kept, in submission order, without progress.loss_history:
+  // whole copies, for tests and the restore fuzzer (the API's pages and
+  // /metrics read Summaries and copy only what they return).
   std::vector<v1::Job> List() const;
   // What /metrics and list pages read of every job kept, in submission
   // order: a few numbers each, so that a scrape (unauthenticated, at any

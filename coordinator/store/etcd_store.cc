@@ -229,6 +229,7 @@ absl::StatusOr<KeyValues> EtcdStore::ScanOnce(const std::string& begin,
   request.set_key(begin);
   request.set_range_end(end);
   request.set_limit(client_->options().scan_page_keys);
+  const std::string where = Describe();
   for (;;) {
     etcdserverpb::RangeResponse response;
     absl::Status status = client_->Range(request, &response);
@@ -242,7 +243,7 @@ absl::StatusOr<KeyValues> EtcdStore::ScanOnce(const std::string& begin,
     if (request.revision() == 0) request.set_revision(response.header().revision());
     for (const mvccpb::KeyValue& kv : response.kvs()) {
       const absl::string_view key = absl::string_view(kv.key()).substr(data_prefix_.size());
-      RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, kv.value().size()));
+      RETURN_IF_ERROR(CheckStoredEntry(where, key, kv.value().size()));
       found.emplace_back(std::string(key), kv.value());
     }
     if (!response.more() || response.kvs_size() == 0) return found;

@@ -501,11 +501,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SqliteStore::Sc
     return SqliteError(db_, rc, db_path_, absl::StrCat("bind prefix ", prefix));
   }
   std::vector<std::pair<std::string, std::string>> found;
+  const std::string where = Describe();
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
     // Checked before the value is copied: at most one byte past a key's
     // bound is, so that an over-long key is still refused.
     std::string key = ColumnPrefix(s, 0, kMaxKeyBytes + 1);
-    RETURN_IF_ERROR(CheckStoredEntry(Describe(), key, ColumnSize(s, 1)));
+    RETURN_IF_ERROR(CheckStoredEntry(where, key, ColumnSize(s, 1)));
     found.emplace_back(std::move(key), ColumnBytes(s, 1));
   }
   if (rc != SQLITE_DONE) {

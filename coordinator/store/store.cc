@@ -40,16 +40,19 @@ absl::Status CheckStoreKey(const std::string& key) {
 }
 
 absl::Status CheckStoredEntry(absl::string_view where, absl::string_view key, size_t value_bytes) {
-  const std::string shown =
-      absl::StrCat("\"", absl::CHexEscape(key.substr(0, 64)), key.size() > 64 ? "...\"" : "\"");
+  // Built only for an error: this runs for every entry read.
+  const auto shown = [key] {
+    return absl::StrCat("\"", absl::CHexEscape(key.substr(0, 64)),
+                        key.size() > 64 ? "...\"" : "\"");
+  };
   if (!CheckStoreKey(std::string(key.substr(0, kMaxKeyBytes + 1))).ok()) {
     return absl::DataLossError(absl::StrCat(
-        where, " holds key ", shown, ", which no write makes (printable ASCII, at most ",
+        where, " holds key ", shown(), ", which no write makes (printable ASCII, at most ",
         kMaxKeyBytes, " bytes): damaged, or written by another program; remove it"));
   }
   if (value_bytes > kMaxValueBytes) {
     return absl::DataLossError(absl::StrCat(
-        where, " holds ", value_bytes, " bytes at key ", shown, ", over the ", kMaxValueBytes,
+        where, " holds ", value_bytes, " bytes at key ", shown(), ", over the ", kMaxValueBytes,
         " any write allows: damaged, or written by another program; remove it"));
   }
   return absl::OkStatus();

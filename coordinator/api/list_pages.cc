@@ -1,12 +1,11 @@
 #include "coordinator/api/list_pages.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
-#include "common/proto_time.h"
 #include "common/status_macros.h"
 #include "coordinator/api/page_cursor.h"
 #include "google/protobuf/util/json_util.h"
@@ -22,12 +21,6 @@ absl::StatusOr<int> PageSize(int32_t requested) {
   }
   if (requested == 0) return kDefaultPageSize;
   return std::min<int>(requested, kMaxPageSize);
-}
-
-// A job's order key: its create_time in nanoseconds (jobs are listed as
-// submitted, and restored in that order).
-int64_t JobKey(const v1::Job& job) {
-  return absl::ToUnixNanos(FromProtoTimestamp(job.create_time()));
 }
 
 // A worker's: the number of its id ("w-12"), the registry's order.
@@ -47,30 +40,30 @@ int64_t EncodedBytes(const google::protobuf::Message& item, PageEncoding encodin
   return static_cast<int64_t>(json.size()) + 1;
 }
 
-// The items of `items` on the page after `cursor`, and the next token: at
-// most `size` of them, and no more than `max_bytes` in `encoding` once each
-// is `prepare`d (the first one whatever its size).
-template <typename T, typename IdOf, typename KeyOf, typename Prepare>
-std::string Slice(std::vector<T>& items, absl::string_view list, const PageCursor& cursor, int size,
-                  int64_t max_bytes, PageEncoding encoding, IdOf id_of, KeyOf key_of,
-                  Prepare prepare, std::vector<T>& page) {
-  std::vector<PageItem> keyed;
-  keyed.reserve(items.size());
-  for (const T& item : items) keyed.push_back({id_of(item), key_of(item)});
-  const size_t begin = PageBegin(keyed, cursor);
-  const size_t end = std::min(items.size(), begin + static_cast<size_t>(size));
+// The page after `cursor` of the items `keyed` lists (list order), and the
+// next token: at most `size` items, and no more than `max_bytes` of them in
+// `encoding` (the first one whatever its size). `fetch(i)` gives item i as
+// sent, or nullopt for one gone since `keyed` was read (skipped), so only
+// the page's items are copied.
+template <typename T, typename Fetch>
+std::string Slice(const std::vector<PageItem>& keyed, absl::string_view list,
+                  const PageCursor& cursor, int size, int64_t max_bytes, PageEncoding encoding,
+                  Fetch fetch, std::vector<T>& page) {
   int64_t bytes = 0;
-  size_t next = begin;
-  for (; next < end; ++next) {
-    prepare(items[next]);
-    const int64_t item_bytes = EncodedBytes(items[next], encoding);
+  size_t next = PageBegin(keyed, cursor);
+  size_t last = next;
+  for (; next < keyed.size() && page.size() < static_cast<size_t>(size); ++next) {
+    std::optional<T> item = fetch(next);
+    if (!item.has_value()) continue;
+    const int64_t item_bytes = EncodedBytes(*item, encoding);
     if (!page.empty() && bytes + item_bytes > max_bytes) break;
     bytes += item_bytes;
-    page.push_back(std::move(items[next]));
+    page.push_back(*std::move(item));
+    last = next;
   }
-  if (next >= items.size() || page.empty()) return "";
-  return MakePageToken(
-      list, PageCursor{cursor.position + page.size(), id_of(page.back()), key_of(page.back())});
+  if (next >= keyed.size() || page.empty()) return "";
+  return MakePageToken(list, PageCursor{cursor.position + page.size(), std::string(keyed[last].id),
+                                        keyed[last].key});
 }
 
 absl::Status ApplyView(v1::JobView view, v1::Job& job) {
@@ -104,24 +97,18 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
   std::vector<PageItem> keyed;
   keyed.reserve(all.size());
   for (const JobManager::JobSummary& job : all) keyed.push_back({job.id, job.create_time_nanos});
+  std::vector<v1::Job> page;
   v1::ListJobsResponse response;
-  int64_t bytes = 0;
-  size_t next = PageBegin(keyed, start);
-  for (; next < all.size() && response.jobs_size() < size; ++next) {
-    absl::StatusOr<v1::Job> job = jobs.Get(all[next].id);
-    if (!job.ok()) continue;  // dropped since the summaries: nothing to list
-    RETURN_IF_ERROR(ApplyView(request.view(), *job));
-    const int64_t item_bytes = EncodedBytes(*job, encoding);
-    if (response.jobs_size() > 0 && bytes + item_bytes > max_page_bytes) break;
-    bytes += item_bytes;
-    *response.add_jobs() = *std::move(job);
-  }
-  if (next < all.size() && response.jobs_size() > 0) {
-    const v1::Job& last = response.jobs(response.jobs_size() - 1);
-    response.set_next_page_token(
-        MakePageToken("jobs", PageCursor{start.position + static_cast<size_t>(response.jobs_size()),
-                                         last.id(), JobKey(last)}));
-  }
+  response.set_next_page_token(Slice(
+      keyed, "jobs", start, size, max_page_bytes, encoding,
+      [&](size_t i) -> std::optional<v1::Job> {
+        absl::StatusOr<v1::Job> job = jobs.Get(all[i].id);
+        if (!job.ok()) return std::nullopt;             // dropped since the summaries
+        ApplyView(request.view(), *job).IgnoreError();  // the view was checked above
+        return *std::move(job);
+      },
+      page));
+  for (v1::Job& job : page) *response.add_jobs() = std::move(job);
   return response;
 }
 
@@ -133,12 +120,20 @@ absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& wo
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("workers", request.page_token()));
   std::vector<v1::Worker> all = workers.List();
+  std::vector<PageItem> keyed;
+  keyed.reserve(all.size());
+  for (const v1::Worker& worker : all) keyed.push_back({worker.id(), WorkerKey(worker)});
   std::vector<v1::Worker> page;
   v1::ListWorkersResponse response;
   response.set_next_page_token(Slice(
-      all, "workers", start, size, max_page_bytes, encoding,
-      [](const v1::Worker& w) -> const std::string& { return w.id(); }, WorkerKey,
-      [&](v1::Worker& worker) { worker.set_drained(jobs.IsDrained(worker)); }, page));
+      keyed, "workers", start, size, max_page_bytes, encoding,
+      [&](size_t i) -> std::optional<v1::Worker> {
+        // A copy: `keyed` holds views of the ids in `all`.
+        v1::Worker worker = all[i];
+        worker.set_drained(jobs.IsDrained(worker));
+        return worker;
+      },
+      page));
   for (v1::Worker& worker : page) *response.add_workers() = std::move(worker);
   return response;
 }

@@ -192,4 +192,11 @@ std::string DescribeFirstNonFinite(const Tensor& t) {
   return absl::StrCat("holds ", std::isnan(t[i]) ? "NaN" : "an infinity", " at element ", i);
 }
 
+std::string DescribeFirstNegative(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (t.data()[i] < 0) return absl::StrCat("holds a negative value at element ", i);
+  }
+  return "";
+}
+
 }  // namespace pipetrain

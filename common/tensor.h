@@ -60,6 +60,10 @@ int64_t FirstNonFinite(const Tensor& t);
 // `t` is finite, else "holds NaN at element i" (or "holds an infinity at
 // element i") for the first one that is not.
 std::string DescribeFirstNonFinite(const Tensor& t);
+// "" when no element of host tensor `t` is below zero, else "holds a
+// negative value at element i" for the first one (AdamW's second moments,
+// read from a file, must not be: sqrt of one turns the weights to NaN).
+std::string DescribeFirstNegative(const Tensor& t);
 
 class Tensor {
  public:

@@ -148,15 +148,6 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
                        static_cast<int>(n[3]), q};
 }
 
-// "" when no element of host tensor `t` is below zero, else "holds a
-// negative value at element i" for the first one.
-std::string DescribeFirstNegative(const Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (t.data()[i] < 0) return absl::StrCat("holds a negative value at element ", i);
-  }
-  return "";
-}
-
 // OK when every weight, moment, error-feedback residual and warm start of
 // `snapshot` is finite (ReadUnitCheckpoint refuses files that are not);
 // otherwise FAILED_PRECONDITION naming the first tensor that is not.
@@ -433,8 +424,14 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
       RETURN_IF_ERROR(find(p.name, p.shape, &state.v, kMomentV + p.name));
     }
     if (replicas == 0) continue;
-    // Every replica's residual of a compressed parameter, or none.
-    if (contents.Find(absl::StrCat(kFeedback, 0, ".", p.name)) != nullptr) {
+    // Every replica's residual of a compressed parameter, or none: a file
+    // with some replicas' alone (not written by a stage) would resume the
+    // others without theirs, silently.
+    bool any_feedback = false;
+    for (int64_t r = 0; r < replicas && !any_feedback; ++r) {
+      any_feedback = contents.Find(absl::StrCat(kFeedback, r, ".", p.name)) != nullptr;
+    }
+    if (any_feedback) {
       for (int64_t r = 0; r < replicas; ++r) {
         RETURN_IF_ERROR(find(p.name, p.shape, &state.feedback[static_cast<size_t>(r)],
                              absl::StrCat(kFeedback, r, ".", p.name)));

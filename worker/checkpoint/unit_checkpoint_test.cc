@@ -166,6 +166,9 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
   UnitState missing = WithFeedback(2);
   missing.feedback[1].pop_back();
   cases.push_back({"missing", missing, "feedback.1.h.0.attn.c_proj.weight is missing"});
+  UnitState missing_first = WithFeedback(2);  // replica 1's alone: not skipped as none
+  missing_first.feedback[0].pop_back();
+  cases.push_back({"missing first", missing_first, "feedback.0.h.0.attn.c_proj.weight is missing"});
   UnitState too_many = MakeUnit(1, 1, true);
   too_many.feedback.resize(kMaxFeedbackReplicas + 1);
   cases.push_back({"too many", too_many, "bad feedback_replicas \"1025\""});

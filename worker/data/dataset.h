@@ -60,6 +60,8 @@ class Dataset {
   int seq_len() const { return seq_len_; }
   int64_t train_tokens() const { return train_tokens_; }
   int64_t val_tokens() const { return static_cast<int64_t>(tokens_->size()) - train_tokens_; }
+  // The whole corpus: the train split, then the val split.
+  const std::vector<uint16_t>& tokens() const { return *tokens_; }
 
   // Start (offset into the train split) of sample `index` of `iteration`; in
   // [0, train_tokens - seq_len - 1]. Requires 0 <= index < 2^32 (CHECK).

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -21,6 +22,12 @@ constexpr char kMomentV[] = "optimizer.v.";
 // Version 2 adds data_sha256; version 1 files (without it) still resume.
 constexpr char kVersion[] = "2";
 constexpr char kDataSha256[] = "data_sha256";
+// The tokens the run reads (CorpusSha256 of train and val) and where its
+// train split ends: iteration i's samples are windows of the train split
+// (Dataset), so other tokens or another --val-fraction give the steps
+// after a resume other samples than the run it continues.
+constexpr char kCorpusSha256[] = "corpus_sha256";
+constexpr char kTrainTokens[] = "train_tokens";
 
 // SHA-256 of the tensors' fp32 bytes in order: the file's data buffer, as
 // WriteSafetensors lays it out (contiguous, in the order given) and
@@ -138,6 +145,8 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
   for (const UpdateField& field : UpdateFields(c)) meta[field.key] = field.value;
   for (const auto& [key, value] : IdentityFields(c)) meta[key] = value;
   for (const auto& [key, value] : SampleFields(c)) meta[key] = value;
+  meta[kCorpusSha256] = trainer.corpus_sha256();
+  meta[kTrainTokens] = absl::StrCat(trainer.dataset().train_tokens());
   return WriteSafetensors(path, tensors, meta);
 }
 
@@ -169,10 +178,30 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
           "; pass the checkpoint's value (the steps after it draw their samples by it)"));
     }
   }
+  // Checked when the file has them (files written before they were
+  // recorded do not).
+  if (contents.metadata.count(kCorpusSha256) > 0 &&
+      meta(kCorpusSha256) != trainer->corpus_sha256()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the checkpoint's run read other tokens (", kCorpusSha256, " ",
+        meta(kCorpusSha256).substr(0, 64), ", this run's ", trainer->corpus_sha256(),
+        "); resume with its --data, --format and --synthetic-bytes, as the steps after it draw "
+        "their samples from the tokens"));
+  }
+  if (contents.metadata.count(kTrainTokens) > 0 &&
+      meta(kTrainTokens) != absl::StrCat(trainer->dataset().train_tokens())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the checkpoint's run trained on the first ", meta(kTrainTokens).substr(0, 32),
+        " tokens of the corpus, this run on ", trainer->dataset().train_tokens(),
+        "; resume with its --val-fraction, as the steps after it draw their samples from the "
+        "train split"));
+  }
   // A flipped bit in the values would otherwise resume silently from
   // weights that were never trained (the structure checks below see only
   // names, shapes and finiteness).
-  if (meta("version") == "1") {
+  // Only a file without one: the version sits in the header, outside the
+  // checksum, so a changed version must not switch the check off.
+  if (meta("version") == "1" && contents.metadata.count(kDataSha256) == 0) {
     PT_LOG(WARNING) << path << ": a version 1 checkpoint has no data checksum; resuming "
                     << "without verifying its values";
   } else if (DataSha256(contents.tensors) != meta(kDataSha256)) {
@@ -194,6 +223,16 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": data_cursor '", meta("data_cursor").substr(0, 32), "' differs from step ", step,
         "; a checkpoint continues the sample order at its step"));
+  }
+  // AdamW's v is a mean of squares: a negative one (a file written by hand,
+  // or m and v swapped) would turn the weights to NaN at the first step,
+  // reported as divergence rather than as the file's fault.
+  for (const NamedTensor& t : contents.tensors) {
+    if (!absl::StartsWith(t.name, kMomentV)) continue;
+    if (std::string bad = DescribeFirstNegative(t.tensor); !bad.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", t.name.substr(0, 96), " ", bad, " (not resumable)"));
+    }
   }
   // Check everything before writing anything, so a bad file changes nothing
   // (ImportWeights is all or nothing; on a device backend it writes host

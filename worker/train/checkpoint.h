@@ -7,7 +7,9 @@
 //   buffer, lowercase hex), step (optimizer steps taken),
 //   data_cursor (next iteration of the data order), seed, the model shape
 //   (vocab_size, max_seq_len, n_layer, n_head, d_model), the sample
-//   geometry (batch_size, seq_len), and what sized its updates when it was
+//   geometry (batch_size, seq_len), the tokens it read (corpus_sha256, the
+//   CorpusSha256 of train and val) and where its train split ends
+//   (train_tokens), and what sized its updates when it was
 //   written: the AdamW hyperparameters (lr, beta1, beta2, eps,
 //   weight_decay, decay), grad_clip, lr_schedule and warmup_steps, and
 //   under the cosine schedule min_lr and steps.
@@ -31,11 +33,11 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 // warning); INVALID_ARGUMENT when the file is not a
 // pipetrain checkpoint, its data_cursor is not its step (the sample order
 // continues at the step), or a tensor is missing, mis-shaped or not
-// finite (named);
-// FAILED_PRECONDITION when the checkpoint's model shape, seed, batch_size
-// or seq_len differs from the trainer's (both values named, so the user can
-// fix the flags; files written before batch_size and seq_len were recorded
-// are not checked for them).
+// finite, or a second moment is negative (named);
+// FAILED_PRECONDITION when the checkpoint's model shape, seed, batch_size,
+// seq_len, corpus_sha256 or train_tokens differs from the trainer's (both
+// values named, so the user can fix the flags; files written before the
+// last four were recorded are not checked for them).
 // Restored, `update_changes` (may be null) lists each setting that sizes
 // the updates and differs from the checkpoint's, as "<flag> <this run's>
 // (the checkpoint's run had <its>)": allowed, but the steps after the

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/data/corpus.h"
 #include "worker/train/grad_clip.h"
 #include "worker/train/lr_schedule.h"
 
@@ -29,6 +30,11 @@ LocalTrainer::LocalTrainer(const TrainConfig& config, const Dataset* dataset,
       dataset_(dataset),
       model_(std::move(model)),
       optimizer_(config.adam, config.decay, model_->backend()) {}
+
+const std::string& LocalTrainer::corpus_sha256() {
+  if (corpus_sha256_.empty()) corpus_sha256_ = CorpusSha256(dataset_->tokens());
+  return corpus_sha256_;
+}
 
 absl::StatusOr<StepResult> LocalTrainer::Step() {
   const int64_t iteration = step();

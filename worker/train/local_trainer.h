@@ -48,6 +48,11 @@ class LocalTrainer {
   absl::StatusOr<float> Evaluate();
 
   int64_t step() const { return optimizer_.steps_taken(); }
+  // CorpusSha256 of the dataset's tokens (train split, then val split):
+  // what checkpoints record so that a resume reads the same tokens. Hashed
+  // on the first call only (a large corpus takes seconds).
+  const std::string& corpus_sha256();
+  const Dataset& dataset() const { return *dataset_; }
   const TrainConfig& config() const { return config_; }
   GptModel& model() { return *model_; }
   AdamWOptimizer& optimizer() { return optimizer_; }
@@ -59,6 +64,7 @@ class LocalTrainer {
   const Dataset* dataset_;
   std::unique_ptr<GptModel> model_;
   AdamWOptimizer optimizer_;
+  std::string corpus_sha256_;  // empty until corpus_sha256() is called
 };
 
 }  // namespace pipetrain

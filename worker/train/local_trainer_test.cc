@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
+#include "worker/data/corpus.h"
 #include "worker/data/synthetic_text.h"
 #include "worker/data/token_file.h"
 #include "worker/train/checkpoint.h"
@@ -313,6 +314,93 @@ TEST(LocalTrainerTest, Restore_FlippedBitInAValue_IsDataLossAndChangesNothing) {
                                   "was saved");
   EXPECT_EQ(resumed->step(), 0);
   EXPECT_EQ(AllWeights(*resumed), before);
+}
+
+// The steps after a resume draw their samples from the train split, so a
+// resume over other tokens, or with another --val-fraction, is refused
+// rather than continued on other samples.
+TEST(LocalTrainerTest, Restore_OtherTokensOrTrainSplit_IsFailedPreconditionNamingBoth) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 1);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/corpus.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  const SafetensorsContents contents = ReadSafetensors(path).value();
+  EXPECT_EQ(contents.metadata.at("corpus_sha256"), CorpusSha256(data.tokens()));
+  EXPECT_EQ(contents.metadata.at("train_tokens"), absl::StrCat(data.train_tokens()));
+
+  Dataset other = MakeDataset(16, 150000);
+  auto on_other = LocalTrainer::Create(SmallConfig(), &other).value();
+  absl::Status status = RestoreCheckpoint(path, on_other.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(
+      status.message(),
+      absl::StrCat("read other tokens (corpus_sha256 ", CorpusSha256(data.tokens()),
+                   ", this run's ", CorpusSha256(other.tokens()), ")")))
+      << status;
+  EXPECT_EQ(on_other->step(), 0);
+
+  std::string text = GenerateEnglishText(7, 200000);
+  Dataset resplit =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.2).value();
+  ASSERT_EQ(CorpusSha256(resplit.tokens()), CorpusSha256(data.tokens()));
+  status = RestoreCheckpoint(path, LocalTrainer::Create(SmallConfig(), &resplit)->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(
+      status.message(), absl::StrCat("trained on the first ", data.train_tokens(),
+                                     " tokens of the corpus, this run on ", resplit.train_tokens(),
+                                     "; resume with its "
+                                     "--val-fraction")))
+      << status;
+  EXPECT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(SmallConfig(), &data)->get()).ok());
+}
+
+// AdamW's v is a mean of squares; a file holding a negative one (written
+// by hand: here a version 1 file, which has no checksum) is refused before
+// anything is restored, not resumed into NaN weights.
+TEST(LocalTrainerTest, Restore_NegativeSecondMoment_IsInvalidArgumentAndChangesNothing) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/negative_v.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  SafetensorsContents contents = ReadSafetensors(path).value();
+  contents.metadata["version"] = "1";
+  contents.metadata.erase("data_sha256");
+  bool changed = false;
+  for (NamedTensor& t : contents.tensors) {
+    if (t.name == "optimizer.v.wpe.weight") {
+      t.tensor.data()[3] = -1e-6f;
+      changed = true;
+    }
+  }
+  ASSERT_TRUE(changed);
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+  const std::vector<float> before = AllWeights(*resumed);
+  absl::Status status = RestoreCheckpoint(path, resumed.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(), path +
+                                  ": tensor optimizer.v.wpe.weight holds a negative value at "
+                                  "element 3 (not resumable)");
+  EXPECT_EQ(resumed->step(), 0);
+  EXPECT_EQ(AllWeights(*resumed), before);
+}
+
+// The version sits in the header, outside the checksum: a file that has a
+// checksum is verified whatever version it claims.
+TEST(LocalTrainerTest, Restore_VersionOneLabelWithAChecksum_IsStillVerified) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/relabelled.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  SafetensorsContents contents = ReadSafetensors(path).value();
+  contents.metadata["version"] = "1";
+  contents.tensors.back().tensor.data()[0] += 1.0f;
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  absl::Status status = RestoreCheckpoint(path, LocalTrainer::Create(SmallConfig(), &data)->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
 }
 
 // Files written before the checksum (version 1) still resume.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -119,6 +120,43 @@ bool HasSecondDocument(const std::string& yaml) {
   return parser.HandleNextDocument(ignore) && parser.HandleNextDocument(ignore);
 }
 
+// A field's protobuf JSON name: "batch_size" -> "batchSize" (a name
+// already in lowerCamel is its own).
+std::string JsonFieldName(const std::string& key) {
+  std::string out;
+  for (size_t i = 0; i < key.size(); ++i) {
+    if (key[i] == '_' && i + 1 < key.size() && key[i + 1] >= 'a' && key[i + 1] <= 'z') {
+      out += static_cast<char>(key[++i] - 'a' + 'A');
+    } else {
+      out += key[i];
+    }
+  }
+  return out;
+}
+
+// Protobuf's parser takes a field by either name and keeps the last, so
+// "batchSize: 8" and "batch_size: 16" in one mapping are one key given
+// twice under two spellings (a job spec has no map fields whose keys are
+// data). INVALID_ARGUMENT naming both.
+absl::Status CheckOneNamePerField(const nlohmann::json& value) {
+  if (value.is_array()) {
+    for (const nlohmann::json& item : value) RETURN_IF_ERROR(CheckOneNamePerField(item));
+  }
+  if (!value.is_object()) return absl::OkStatus();
+  std::map<std::string, std::string> seen;  // JSON name -> the key that gave it
+  for (const auto& [key, item] : value.items()) {
+    const auto [it, fresh] = seen.emplace(JsonFieldName(key), key);
+    if (!fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("keys \"", absl::CHexEscape(it->second.substr(0, 64)), "\" and \"",
+                       absl::CHexEscape(key.substr(0, 64)),
+                       "\" name one field (protobuf takes both spellings); give it once"));
+    }
+    RETURN_IF_ERROR(CheckOneNamePerField(item));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
@@ -131,7 +169,11 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
           "YAML: the file holds more than one document (separated by ---); a job spec is one: "
           "submit each job from its own file");
     }
-    return NodeToJson(YAML::Load(yaml), 1, budget).dump();
+    const nlohmann::json converted = NodeToJson(YAML::Load(yaml), 1, budget);
+    if (absl::Status one = CheckOneNamePerField(converted); !one.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("YAML: ", one.message()));
+    }
+    return converted.dump();
   } catch (const YAML::Exception& e) {  // yaml-cpp reports errors by exception
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
   } catch (const Refused& e) {
@@ -155,14 +197,15 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
                           absl::StrCat(path, ": ", converted.status().message()));
     }
     json = *std::move(converted);
-  } else if (nlohmann::json::accept(json)) {
-    // Protobuf's JSON parser keeps the last of two equal keys, silently; a
-    // file is refused for it, as YAML's are (REST bodies keep protobuf's
-    // rule, docs/api.md). A syntax error is left to JobSpecFromJson's
-    // message.
-    if (absl::StatusOr<nlohmann::json> unique = ParseJsonUniqueKeys(json); !unique.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": JSON: ", unique.status().message()));
-    }
+  } else {
+    // Protobuf's JSON parser keeps the last of two equal keys, silently, and
+    // takes what JSON is not (single quotes, bare keys, trailing commas), on
+    // which no duplicate check could run: a file must be strict JSON with
+    // each field once, as YAML's are (REST bodies keep protobuf's rule,
+    // docs/api.md).
+    absl::StatusOr<nlohmann::json> unique = ParseJsonUniqueKeys(json);
+    absl::Status one = unique.ok() ? CheckOneNamePerField(*unique) : unique.status();
+    if (!one.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": JSON: ", one.message()));
   }
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
   if (!spec.ok()) {

@@ -142,6 +142,38 @@ TEST(JobSpecFileTest, JsonFile_DuplicateKey_InvalidArgumentNamingIt) {
       3);
 }
 
+// Protobuf takes a field under either name and keeps the last: two
+// spellings of one field are a key given twice, in YAML and JSON alike.
+TEST(JobSpecFileTest, OneFieldUnderBothNames_InvalidArgumentNamingBoth) {
+  const std::string want =
+      "keys \"batchSize\" and \"batch_size\" name one field (protobuf takes both spellings); "
+      "give it once";
+  const std::string yaml = Write("both.yaml", "training: {batchSize: 8, batch_size: 16}\n");
+  EXPECT_EQ(ReadJobSpecFile(yaml).status().message(), yaml + ": YAML: " + want);
+  const std::string json =
+      Write("both.json", R"({"training": {"batchSize": 8, "batch_size": 16}})");
+  EXPECT_EQ(ReadJobSpecFile(json).status().message(), json + ": JSON: " + want);
+  // Either name alone is the field.
+  EXPECT_EQ(ReadJobSpecFile(Write("snake.yaml", "training: {batch_size: 16}\n"))
+                .value()
+                .training()
+                .batch_size(),
+            16);
+}
+
+// What protobuf's lenient parser takes but JSON is not (single quotes,
+// bare keys, trailing commas) would slip past the duplicate check: a .json
+// file is strict JSON.
+TEST(JobSpecFileTest, JsonFile_NotStrictJson_InvalidArgument) {
+  for (const char* text : {"{'training': {'steps': 7, 'steps': 3}}",
+                           "{training: {steps: 7, steps: 3}}", R"({"training": {"steps": 7,}})"}) {
+    const std::string path = Write("lenient.json", text);
+    const absl::Status status = ReadJobSpecFile(path).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(status.message().rfind(path + ": JSON: not valid JSON", 0), 0u) << status;
+  }
+}
+
 // yaml-cpp kept the last of two keys and the first of two documents,
 // silently; YAML itself requires unique keys.
 TEST(JobSpecFileTest, YamlToJson_DuplicateKeyOrSecondDocument_InvalidArgumentNamingIt) {

@@ -129,6 +129,21 @@ absl::StatusOr<AccTfmProblem> ParseAccTfmProfileJson(const std::string& text) {
     ASSIGN_OR_RETURN(AllReduceModel model, ParseAllReduce(root["allreduce"]));
     problem.allreduce = model;
   }
+  // The eq. 3 model's cost is of output_bytes / K: a layer without it
+  // would be planned as all-reducing nothing, and without the model it is
+  // read by nothing. Either way the file does not say what its writer meant.
+  for (size_t i = 0; i < root["layers"].size(); ++i) {
+    const bool has_bytes = root["layers"][i].contains("output_bytes");
+    if (problem.allreduce.has_value() && !has_bytes) {
+      return Invalid(absl::StrCat("layers[", i, "].output_bytes"),
+                     "missing (the \"allreduce\" model costs each layer by it)");
+    }
+    if (!problem.allreduce.has_value() && has_bytes) {
+      return Invalid(absl::StrCat("layers[", i, "].output_bytes"),
+                     "given without an \"allreduce\" model, the only thing that reads it (the "
+                     "layers' allreduce_seconds are the costs)");
+    }
+  }
   RETURN_IF_ERROR(ValidateAccTfmProblem(problem));
   return problem;
 }

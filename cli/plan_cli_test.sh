@@ -307,6 +307,15 @@ expect_exit acctfm 0 '"partition_sizes"' -- --profile "$TMP/acctfm.json" --solve
 check acctfm_fields 'all(k in j for k in ["forward","backward","uniform"]) and set(j["uniform"]) == {"1","2","4"} and len(j["forward"]["partition_sizes"]) == 2 and j["forward"]["seconds"] <= min(j["uniform"].values())'
 sed 's/"fwd_seconds": \[4, 2.2, 1.2\], //' "$TMP/acctfm.json" >"$TMP/acctfm_bad.json"
 expect_exit acctfm_missing_field 1 "layers[0].fwd_seconds: missing" -- --profile "$TMP/acctfm_bad.json" --solver acctfm
+# The eq. 3 model costs a layer by its output_bytes: without them a layer
+# would all-reduce nothing; without the model nothing reads them.
+sed 's/, "output_bytes": 4e6//' "$TMP/acctfm.json" >"$TMP/acctfm_no_bytes.json"
+expect_exit acctfm_model_without_bytes 1 'layers[0].output_bytes: missing (the "allreduce" model' -- \
+  --profile "$TMP/acctfm_no_bytes.json" --solver acctfm
+sed 's/"output_bytes": 4e6/"output_bytes": 4e6, "allreduce_seconds": [1, 1, 1]/; /"allreduce"/d; s/}],$/}]}/' \
+  "$TMP/acctfm.json" >"$TMP/acctfm_bytes_no_model.json"
+expect_exit acctfm_bytes_without_model 1 'layers[0].output_bytes: given without an "allreduce" model' -- \
+  --profile "$TMP/acctfm_bytes_no_model.json" --solver acctfm
 sed 's/"algorithm": "ring"/"algorithm": 5/' "$TMP/acctfm.json" >"$TMP/acctfm_algorithm.json"
 expect_exit acctfm_algorithm_number 1 "allreduce.algorithm" -- \
   --profile "$TMP/acctfm_algorithm.json" --solver acctfm

@@ -344,6 +344,11 @@ ended() { for _ in $(seq 1 600); do [[ $(processes_of "$1") -eq 0 ]] && return 0
 UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
 # Bad flags are refused before anything starts, naming the flag.
 expect_exit up_no_workers 2 "--workers must be >= 1, got 0" -- up --workers 0 --out "$TMP/up-bad"
+expect_exit up_manual_solver 2 "--solver manual needs spec.parallelism.manual_stages" -- \
+  up --workers 2 --solver manual --out "$TMP/up-bad"
+expect_exit up_loss_log_is_out 2 "--loss-log $TMP/up-new is a directory; name a file" -- \
+  up --workers 1 --out "$TMP/up-new" --loss-log "$TMP/up-new"
+ok up_loss_log_is_out_created_nothing test ! -e "$TMP/up-new"
 expect_exit up_dp_stages_empty_part 2 '--dp-stages: "" is not a stage number' -- \
   up --workers 2 --data-parallel 2 --dp-codec bf16 --dp-stages , --out "$TMP/up-bad"
 expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must be a positive' -- \
@@ -621,6 +626,12 @@ if command -v openssl >/dev/null; then
     jobs --coordinator="$addr"
   PIPETRAIN_CA="$TMP/cert.pem" expect_exit flag_beats_env_ca_plaintext 0 '"jobs"' -- \
     jobs --json --coordinator="$addr" --tls-ca=
+  # Mutual TLS set up in the environment, turned off by the flag: the
+  # variables' certificate and key go with it.
+  PIPETRAIN_CA="$TMP/cert.pem" PIPETRAIN_TLS_CERT="$TMP/cert.pem" PIPETRAIN_TLS_KEY="$TMP/key.pem" \
+    expect_exit flag_beats_env_mutual_tls 0 '"jobs"' -- jobs --json --coordinator="$addr" --tls-ca=
+  expect_exit typed_cert_needs_ca 2 "need --tls-ca" -- \
+    jobs --coordinator="$addr" --tls-cert="$TMP/cert.pem" --tls-key="$TMP/key.pem"
   PIPETRAIN_CA="$TMP/no-such-ca.pem" expect_exit flag_beats_env_ca_tls 0 '"jobs": []' -- \
     jobs --json --coordinator="$tls_addr" --tls-ca="$TMP/cert.pem"
 else

@@ -30,12 +30,14 @@
 #include "cli/coordinator_client.h"
 #include "cli/exit_codes.h"
 #include "cli/flag_names.h"
+#include "cli/job_progress.h"
 #include "cli/job_report.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/output_paths.h"
 #include "cli/progress.h"
+#include "cli/stage_times.h"
 #include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
@@ -109,7 +111,15 @@ struct Connection {
     flags.Duration("timeout", &timeout,
                    "deadline of each call to the coordinator, e.g. 500ms, 30s, 2m");
   }
-  absl::Status Check() const {
+  // Checks the parsed flags; `flags` tells where each value came from.
+  absl::Status Check(const FlagSet& flags) {
+    // --tls-ca= turns TLS off again (a flag wins over its variable): a
+    // client certificate and key from $PIPETRAIN_TLS_CERT/_KEY then have no
+    // channel to go on, and are dropped rather than refused as if typed.
+    if (tls_ca.empty() && flags.FromEnvironment("tls-cert") && flags.FromEnvironment("tls-key")) {
+      tls_cert.clear();
+      tls_key.clear();
+    }
     if (timeout <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError("--timeout must be > 0");
     }
@@ -125,7 +135,11 @@ struct Connection {
       return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
     }
     if (!tls_cert.empty() && tls_ca.empty()) {
-      return absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca (TLS)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls-cert and --tls-key need --tls-ca (TLS)",
+                       flags.FromEnvironment("tls-cert") || flags.FromEnvironment("tls-key")
+                           ? " (one of them came from $PIPETRAIN_TLS_CERT or $PIPETRAIN_TLS_KEY)"
+                           : ""));
     }
     // "a,,b" or "" is the command line's mistake (exit 2), not an address
     // to look up.
@@ -174,7 +188,7 @@ int Fail(const std::string& command, const absl::Status& status) {
 // `connection`, when given, is checked too.
 int ParseArgs(FlagSet& flags, const std::vector<std::string>& args, int positional,
               std::vector<std::string>* words, const std::string& command,
-              const Connection* connection = nullptr) {
+              Connection* connection = nullptr) {
   // The words may stand before, between or after the flags. "-h" is the
   // help flag, not an id or a file: `pipetrain cancel -h` must print the
   // usage, not cancel a job named "-h".
@@ -192,7 +206,7 @@ int ParseArgs(FlagSet& flags, const std::vector<std::string>& args, int position
   for (int i = 0; parsed.ok() && i < positional; ++i) {
     if ((*words)[i].empty()) parsed = absl::InvalidArgumentError("the argument is empty");
   }
-  if (parsed.ok() && connection != nullptr) parsed = connection->Check();
+  if (parsed.ok() && connection != nullptr) parsed = connection->Check(flags);
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(),
                  std::string(parsed.message()).c_str());
@@ -591,8 +605,8 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
                                const LocalWatch& watch = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
-  int64_t last_step = -1, last_version = 0, first_step = -1;
-  absl::Time first_seen;
+  int64_t last_version = 0, timed_step = -1;
+  JobProgressView view;
   bool said_recovering = false;
   v1::CoordinatorService::Stub* current = &stub;
   std::unique_ptr<v1::CoordinatorService::Stub> found;
@@ -663,20 +677,14 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     // A job started from a checkpoint begins at its step, with no loss of
     // its own yet ("loss 0.0000, 0 tok/s"): progress shows the steps run
     // since the first poll, and their rate.
-    if (first_step < 0) {
-      first_step = step;
-      first_seen = absl::Now();
-    }
-    if (step != last_step && step > first_step) {
-      if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING) {
-        timing->Saw(step, steps, absl::Now());
+    const absl::Time now = absl::Now();
+    if (std::optional<ProgressSample> sample = view.Poll(job, now); sample.has_value()) {
+      // A line for an evaluation alone repeats its step: not a step time.
+      if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING && sample->step != timed_step) {
+        timing->Saw(sample->step, sample->total_steps, now);
+        timed_step = sample->step;
       }
-      std::optional<float> val;
-      if (job.progress().val_step() == step) val = job.progress().val_loss();
-      const double per_step = absl::ToDoubleSeconds(absl::Now() - first_seen) / (step - first_step);
-      progress.Update({step, steps, job.progress().loss(), val, job.progress().tokens_per_second(),
-                       per_step * (steps - step), job.progress().recoveries()});
-      last_step = step;
+      progress.Update(*sample);
     }
     if (IsTerminal(job.state())) break;
     absl::SleepFor(absl::Milliseconds(200));
@@ -831,6 +839,14 @@ int RunUp(const std::vector<std::string>& args) {
         "--data ", o.data,
         S_ISDIR(info.st_mode) ? " is a directory" : " is not a regular file (a device or FIFO)",
         "; name a token or text file (docs/formats.md)"));
+  }
+  // The manual solver needs stage ranges, which up has no flag for (the
+  // spec's check would name a field the user cannot set here).
+  if (valid.ok() && o.solver == "manual") {
+    valid = absl::InvalidArgumentError(
+        "--solver manual needs spec.parallelism.manual_stages, which up has no flag for: write a "
+        "job spec with them and run `pipetrain submit` (or pick uniform, pipedream, bipartition "
+        "or auto)");
   }
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
@@ -1297,9 +1313,18 @@ void PrintPlanSummary(const v1::Plan& plan) {
   auto range = [](const v1::UnitRange& r) {
     return r.begin() == r.end() ? std::string("-") : absl::StrCat(r.begin(), "..", r.end() - 1);
   };
-  for (int s = 0; s < plan.stages_size(); ++s) {
-    std::printf("  stage %d %-8s forward %-8s backward %s\n", s, plan.stages(s).worker_id().c_str(),
-                range(plan.stages(s).forward()).c_str(), range(plan.stages(s).backward()).c_str());
+  // Labelled as the report's table labels them: with replicas or tensor
+  // ranks, entry g is not stage g.
+  std::vector<std::string> where;
+  size_t width = 0;
+  for (int g = 0; g < plan.stages_size(); ++g) {
+    where.push_back(PlanEntryLabel(plan, g));
+    width = std::max(width, where.back().size());
+  }
+  for (int g = 0; g < plan.stages_size(); ++g) {
+    std::printf("  %-*s %-8s forward %-8s backward %s\n", static_cast<int>(width), where[g].c_str(),
+                plan.stages(g).worker_id().c_str(), range(plan.stages(g).forward()).c_str(),
+                range(plan.stages(g).backward()).c_str());
   }
 }
 

@@ -37,6 +37,13 @@ std::string WithoutTrailingSlashes(std::string dir) {
 absl::Status CheckWritableParent(const char* flag, const std::string& path,
                                  const std::string& created_dir) {
   if (path.empty()) return absl::OkStatus();
+  // Names a directory whether or not it exists yet: "x/", or the directory
+  // the command creates (which would be one by the time of the write).
+  if (path.back() == '/' || (!created_dir.empty() &&
+                             WithoutTrailingSlashes(path) == WithoutTrailingSlashes(created_dir))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, " is a directory; name a file"));
+  }
   const std::string dir = SplitPath(path).dir;
   struct stat info;
   if (stat(dir.c_str(), &info) != 0) {

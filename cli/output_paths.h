@@ -20,7 +20,8 @@ namespace pipetrain {
 // "is not writable"), or "<flag> <path> is a directory; name a file".
 // `created_dir`: a directory the command creates before it writes `path`
 // (`up --out`); while it does not exist, a `path` directly in it passes
-// (the write at the end says what fails).
+// (the write at the end says what fails). A `path` ending in '/', or equal
+// to `created_dir`, is a directory, existing or not.
 absl::Status CheckWritableParent(const char* flag, const std::string& path,
                                  const std::string& created_dir = "");
 

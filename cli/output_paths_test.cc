@@ -92,6 +92,12 @@ TEST(CheckWritableParentTest, MissingDirectory_OkOnlyWhenTheCommandCreatesIt) {
   EXPECT_EQ(missing.message(),
             "--loss-log " + out + "/l.txt: the directory " + out + " does not exist");
   EXPECT_FALSE(CheckWritableParent("--loss-log", out + "/sub/l.txt", out).ok());
+  // The created directory itself, or any "x/", names a directory: refused
+  // before the run, not by the write after it.
+  for (const std::string& dir : {out, out + "/", out + "//", TempDir() + "/"}) {
+    const absl::Status is_dir = CheckWritableParent("--loss-log", dir, out);
+    EXPECT_EQ(is_dir.message(), "--loss-log " + dir + " is a directory; name a file") << dir;
+  }
   // Once it exists, it is checked as any other: here, a file in its place.
   std::ofstream(out) << "not a directory";
   const absl::Status file = CheckWritableParent("--loss-log", out + "/l.txt", out);

@@ -27,7 +27,10 @@ std::string RenderProgress(const ProgressSample& p, int bar_width) {
     out = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "] ";
   }
   out += absl::StrFormat("step %d/%d | loss %.4f", p.step, p.total_steps, p.loss);
-  if (p.val_loss.has_value()) out += absl::StrFormat(" | val %.4f", *p.val_loss);
+  if (p.val_loss.has_value()) {
+    out += absl::StrFormat(" | val %.4f", *p.val_loss);
+    if (p.val_step > 0 && p.val_step != p.step) out += absl::StrFormat(" (step %d)", p.val_step);
+  }
   out += absl::StrFormat(" | %.0f tok/s | ETA %s", p.tokens_per_second,
                          FormatDuration(p.eta_seconds));
   if (p.recoveries > 0)

@@ -20,6 +20,9 @@ struct ProgressSample {
   double tokens_per_second = 0.0;
   double eta_seconds = 0.0;
   int recoveries = 0;  // times the job resumed after losing a worker
+  // The step val_loss was measured at, when an earlier one than `step` (a
+  // job polled between steps sees its evaluation late); 0: at `step`.
+  int64_t val_step = 0;
 };
 
 // "45s", "3m05s", "2h07m"; "?" when negative, not finite or beyond int64 seconds.

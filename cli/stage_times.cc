@@ -40,20 +40,25 @@ double WorkersStepSeconds(const v1::Job& job, const v1::Plan& plan) {
   return slowest;
 }
 
-std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
-  if (!TimesMatchPlan(job, plan)) return "";
-  const auto& times = job.progress().stage_times();
+std::string PlanEntryLabel(const v1::Plan& plan, int g) {
   const int tensor = std::max(1, plan.tensor_parallel());
   const int replicas = std::max(1, plan.data_parallel());
   const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
+  std::string where = absl::StrCat("stage ", g / tensor % stages);
+  if (replicas > 1) absl::StrAppend(&where, ", replica ", g / (tensor * stages));
+  if (tensor > 1) absl::StrAppend(&where, ", rank ", g % tensor);
+  return where;
+}
+
+std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
+  if (!TimesMatchPlan(job, plan)) return "";
+  const auto& times = job.progress().stage_times();
   std::string out = "per step, measured [predicted]: busy, waiting in receives\n";
   const int rows = std::min(times.size(), kMaxStageTimeRows);
   std::vector<std::string> where(rows);
   size_t width = 0;
   for (int g = 0; g < rows; ++g) {
-    where[g] = absl::StrCat("stage ", g / tensor % stages);
-    if (replicas > 1) absl::StrAppend(&where[g], ", replica ", g / (tensor * stages));
-    if (tensor > 1) absl::StrAppend(&where[g], ", rank ", g % tensor);
+    where[g] = PlanEntryLabel(plan, g);
     width = std::max(width, where[g].size());
   }
   for (int g = 0; g < rows; ++g) {

@@ -17,6 +17,11 @@ namespace pipetrain {
 // At most this many workers are listed (then "... and N more").
 inline constexpr int kMaxStageTimeRows = 32;
 
+// Where plan entry `g` (Plan.stages' index: replica-major, then stage,
+// then tensor rank) sits: "stage s", with ", replica r" and ", rank t"
+// where the plan has replicas or tensor ranks. Requires 0 <= g.
+std::string PlanEntryLabel(const v1::Plan& plan, int g);
+
 // A header line and one line per worker of the current plan, e.g.
 //   "per step, measured [predicted]: busy, waiting in receives\n"
 //   "  w-2    stage 1  28.5 ms [18.7]     7.7 ms [4.3]\n"

@@ -118,6 +118,7 @@ absl::Status FlagSet::ApplyEnvironment() {
                                                      Expected(flag)));
     }
     set_.insert(name);
+    from_env_.insert(name);
   }
   return absl::OkStatus();
 }

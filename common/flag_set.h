@@ -72,6 +72,9 @@ class FlagSet {
   bool version_requested() const { return version_requested_; }
   // True when given on the command line or taken from its environment variable.
   bool IsSet(const std::string& name) const { return set_.count(name) > 0; }
+  // True when the value came from the flag's environment variable (FromEnv),
+  // not the command line.
+  bool FromEnvironment(const std::string& name) const { return from_env_.count(name) > 0; }
   std::string Usage() const;
 
   // What a flag is, for generated shell completion (cli/completion.h).
@@ -102,6 +105,7 @@ class FlagSet {
   std::string usage_line_;
   std::map<std::string, Flag> flags_;
   std::set<std::string> set_;
+  std::set<std::string> from_env_;  // a subset of set_
   bool help_requested_ = false;
   bool version_flag_ = false;
   bool version_requested_ = false;

@@ -419,6 +419,7 @@ TEST(FlagSetEnvTest, Parse_EnvSetAndFlagAbsent_TakesEnv) {
   ASSERT_TRUE(flags.Parse({}).ok());
   EXPECT_EQ(address, "10.0.0.1:7070");
   EXPECT_TRUE(flags.IsSet("address"));
+  EXPECT_TRUE(flags.FromEnvironment("address"));
 }
 
 TEST(FlagSetEnvTest, Parse_EnvAndFlag_FlagWins) {
@@ -429,6 +430,7 @@ TEST(FlagSetEnvTest, Parse_EnvAndFlag_FlagWins) {
   flags.FromEnv("address", "FLAG_SET_TEST_ADDR");
   ASSERT_TRUE(flags.Parse({"--address=h:1"}).ok());
   EXPECT_EQ(address, "h:1");
+  EXPECT_FALSE(flags.FromEnvironment("address"));
 }
 
 TEST(FlagSetEnvTest, Parse_EnvEmptyOrUnset_KeepsDefault) {

@@ -402,7 +402,14 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
     states.push_back(std::move(state));
   }
   absl::Status restored = runtime.Restore(states, std::max<int64_t>(optimizer_steps, 0));
-  if (!restored.ok()) return absl::DataLossError(restored.message());
+  // Restore's own refusals (INVALID_ARGUMENT: states that do not fit this
+  // stage) are the checkpoint's; anything else is the device's (an
+  // allocation that failed), kept as it is, so that it is not taken for
+  // the checkpoint's fault.
+  if (restored.code() == absl::StatusCode::kInvalidArgument) {
+    return absl::DataLossError(restored.message());
+  }
+  RETURN_IF_ERROR(restored);
   size_t feedback_replicas = 0;  // of a compressed all-reduce (unit_checkpoint.h)
   for (const UnitState& s : states) {
     feedback_replicas = std::max(feedback_replicas, s.feedback.size());
@@ -770,7 +777,11 @@ absl::Status JobRunner::RunJob() {
     absl::Status loaded = LoadResume(*runtime, identity);
     resume_load_seconds_ = absl::ToDoubleSeconds(absl::Now() - load_start);
     if (!loaded.ok()) {
-      if (!stop_.load()) ReportError(loaded, CheckpointItselfUnusable(loaded));
+      // A device that failed (now or before: the runtime's setup does not
+      // check) may have made any step of the load fail: the worker's
+      // trouble, which must not cost the job a good checkpoint.
+      const bool unusable = CheckpointItselfUnusable(loaded) && options_.backend->status().ok();
+      if (!stop_.load()) ReportError(loaded, unusable);
       return loaded;
     }
   }

@@ -825,6 +825,32 @@ TEST(JobRunnerTest, ResumeLoadFailure_UnusableOnlyWhenTheCheckpointIsBad) {
   EXPECT_TRUE(absl::StrContains(report.error(), "cannot open --checkpoint-root")) << report.error();
 }
 
+// A device that failed (out of memory while the runtime was set up, or
+// while the moments were uploaded) fails the load whatever it reads: the
+// worker's trouble, not the checkpoint's, which the coordinator would drop
+// (and delete) on an "unusable" report.
+class OutOfDeviceMemory : public ForwardingBackend {
+ public:
+  OutOfDeviceMemory() : ForwardingBackend(CpuBackend()) {}
+  absl::Status status() const override {
+    return absl::ResourceExhaustedError("out of device memory");
+  }
+};
+
+TEST(JobRunnerTest, ResumeLoadFailure_OnAFailedDevice_NotTheCheckpoints) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.set_start_iteration(2);
+  a.mutable_resume()->set_step(2);
+  a.mutable_resume()->set_dir("ck/step-00000002");  // lists no unit files
+  OutOfDeviceMemory backend;
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("resume-load-device-failure");
+  options.backend = &backend;
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_TRUE(absl::StrContains(report.error(), "has no file for unit 0")) << report.error();
+  EXPECT_FALSE(report.checkpoint_unusable()) << report.error();
+}
+
 // The steps come from the assignment's spec before ResolveJobSpec bounds
 // them: a start just below INT64_MAX was in range of steps INT64_MAX, and
 // the mailbox's window was opened there.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace pipetrain {
@@ -27,8 +28,13 @@ std::vector<std::map<std::string, int>> SumByPosition(const ClusterSpec& cluster
         const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
         const int n = count(w);
         if (w.host_cores <= 0 || n <= 0) continue;
-        sums[s][w.host] += n;
-        if (cores != nullptr) (*cores)[w.host] = w.host_cores;
+        // A worker that names no host (a cluster file without one, a
+        // hostname the worker could not read) shares its cores with no
+        // other: grouped under "" they were all one host.
+        const std::string host =
+            w.host.empty() ? absl::StrCat("(", w.name, "'s unnamed host)") : w.host;
+        sums[s][host] += n;
+        if (cores != nullptr) (*cores)[host] = w.host_cores;
       }
     }
   }

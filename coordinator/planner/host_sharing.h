@@ -39,7 +39,8 @@ struct ComputeStretch {
 // * tensor + t for every replica r and tensor rank t) and hosts h: the sum
 // of compute_threads of position s's workers on h over h's host_cores,
 // at least 1. Workers with host_cores or compute_threads 0 (not known, or
-// computing on a GPU) count for nothing. Requires cluster.workers.size() ==
+// computing on a GPU) count for nothing; a worker with an empty host has
+// one of its own ("(<name>'s unnamed host)" in messages). Requires cluster.workers.size() ==
 // replicas * stages * tensor, all >= 1 (else factor 1).
 ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
                                       int tensor);

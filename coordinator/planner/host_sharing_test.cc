@@ -47,6 +47,16 @@ TEST(LockstepComputeStretch, RanksOnHostsOfTheirOwn_None) {
   EXPECT_EQ(DescribeComputeStretch(s), "");
 }
 
+// Workers that name no host share nothing (grouped under "" they were one
+// host); each still has its own cores to outnumber.
+TEST(LockstepComputeStretch, UnnamedHosts_EachItsOwn) {
+  const auto unnamed = [](int) { return std::string(); };
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(2, unnamed, 4, 4), 2, 1, 1).factor, 1.0);
+  const ComputeStretch s = LockstepComputeStretch(Cluster(2, unnamed, 4, 8), 2, 1, 1);
+  EXPECT_DOUBLE_EQ(s.factor, 2.0);
+  EXPECT_EQ(s.host, "(w0's unnamed host)");
+}
+
 TEST(LockstepComputeStretch, StagesAreNotCountedAgainstEachOther) {
   // 2 stages of 2 ranks on one 2-core host: each position's 2 threads fit.
   EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 2), 1, 2, 2).factor, 1.0);

@@ -33,7 +33,8 @@ std::vector<double> PowerSgdByteFractions(const GptConfig& model,
 // (StageSetup::data_parallel_quantizer): every gradient but the tied wte
 // goes through `codec` in flat tensors (one per bucket), counted as one
 // of EncodedBytes([n, 1]) for the stage's n values (a bucket's header more
-// or less). 1 for a stage without such gradients.
+// or less), at most 1 (a stage of so few values that the header outweighs
+// them counts as raw). 1 for a stage without such gradients.
 std::vector<double> QuantizerByteFractions(const GptConfig& model,
                                            const std::vector<Range>& backward, const Codec& codec);
 

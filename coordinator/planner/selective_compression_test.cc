@@ -218,5 +218,20 @@ TEST(QuantizerByteFractions, HalvedButTheTiedEmbedding) {
   EXPECT_EQ(f[2], 1.0);  // no gradients
 }
 
+// A head stage of a d_model 4 model holds ln_f's 8 values: fp16's header
+// outweighs them ((22 + 16) / 32 > 1), and a fraction above 1, which the
+// simulator refuses, failed the plan of a spec naming that stage.
+TEST(QuantizerByteFractions, HeaderOutweighingTheValues_CountedAsRaw) {
+  GptConfig model;
+  model.n_layer = 1;
+  model.n_head = 1;
+  model.d_model = 4;
+  model.vocab_size = 16;
+  model.max_seq_len = 8;
+  const std::unique_ptr<Codec> fp16 = MakeCodec("fp16").value();
+  ASSERT_GT(fp16->EncodedBytes(Shape{8, 1}), 32);
+  EXPECT_EQ(QuantizerByteFractions(model, {{3, 4}}, *fp16)[0], 1.0);  // unit 3: the head
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -823,8 +823,10 @@ absl::Status JobRunner::RunJob() {
     const bool abort_device = !completed_.load() && !ended_cleanly;
     if (abort_device && device_channel != nullptr) device_channel->Abort();
     if (abort_device && replica_collective != nullptr) replica_collective->Abort();
-    // (A Stop() aborted it already.)
-    if (!completed_.load() && !ended_cleanly && !stop_.load()) transport->Abort();
+    // Whatever stop_ says: Stop() sets it before it takes mu_ to abort the
+    // transport, and this thread may forget the transport in between, so
+    // that nobody would abort it (Abort is idempotent).
+    if (!completed_.load() && !ended_cleanly) transport->Abort();
   };
   // The checkpoint's load time goes with the start barrier, or without
   // one with the first iteration's report.

@@ -400,7 +400,9 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInASend) {
   ASSERT_TRUE(stalled.load()->AwaitWaiting());  // alive: the runner is stuck in its send
   sender.Stop();
   EXPECT_TRUE(sender.finished());
-  EXPECT_EQ(aborts.load(), 1);  // the send ended by Abort, not by its own timeout
+  // The send ended by Abort, not by its own timeout (60 s). The runner's
+  // way out aborts too, whatever Stop() did: Abort is idempotent.
+  EXPECT_GE(aborts.load(), 1);
   for (const v1::ReportProgressRequest& r : link.reports()) {
     EXPECT_TRUE(r.error().empty()) << "a stopped job reports nothing: " << r.error();
   }

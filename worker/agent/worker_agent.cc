@@ -303,13 +303,13 @@ absl::Status WorkerAgent::RequestDrain() {
     AnnotatedMutexLock lock(&mu_);
     // Idle too: a READY worker that is leaving must not be given a job (or
     // taken as a spare) while it serves on.
-    if (worker_id_.empty()) {
-      // Not registered yet: the registration says drained
-      // (RegisterWithRetry reads drained_ at every attempt, and drains at
-      // once after one that left before this).
-      drained_ = true;
-      return absl::OkStatus();
-    }
+    // Every registration from now on says drained (RegisterWithRetry reads
+    // drained_ at every attempt, and drains at once after one that left
+    // before this): also when the call below fails because the coordinator
+    // forgot this worker (restarted, or its lease ran out) and it registers
+    // again, which would otherwise make it READY while it is leaving.
+    drained_ = true;
+    if (worker_id_.empty()) return absl::OkStatus();  // not registered yet
     request.set_worker_id(worker_id_);
   }
   v1::Worker response;

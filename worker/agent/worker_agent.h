@@ -128,7 +128,9 @@ class WorkerAgent {
   // registered (the registration, when it comes, says drained) or
   // drained; the coordinator's refusal
   // otherwise (a job without checkpoints; the caller stops anyway, and the
-  // job then recovers from its last checkpoint or fails).
+  // job then recovers from its last checkpoint or fails). Either way every
+  // later registration says drained (one after the coordinator forgot this
+  // worker too).
   absl::Status RequestDrain();
   // Then: waits up to `timeout` for a job running here to let it go. OK
   // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise.

@@ -407,6 +407,74 @@ TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained)
   rig->Shutdown();
 }
 
+// Registers incarnation n at the n-th registration and records whether it
+// said drained. A drain is refused as the real coordinator refuses a LOST
+// worker's (its lease ran out meanwhile), and from then on incarnation 1's
+// heartbeats are refused, so that the agent registers again.
+class LostWhileDrainingCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    drained_.push_back(request->drained());
+    const int n = static_cast<int>(drained_.size());
+    response->set_worker_id("w-1");
+    response->set_incarnation(n);
+    response->set_session_token(absl::StrCat("w-1.", n, ".secret"));
+    response->set_heartbeat_interval_seconds(0.05);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->incarnation() == 1 && lost_.load()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker w-1 is LOST");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*,
+                           v1::Worker*) override {
+    lost_.store(true);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "worker w-1 is LOST; drain it once it is READY");
+  }
+  bool AwaitRegistrations(int n) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(drained_.size()) >= n; },
+        absl::Seconds(30));
+  }
+  std::vector<bool> drained() {
+    AnnotatedMutexLock lock(&mu_);
+    return drained_;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> lost_{false};
+};
+
+// A drain the coordinator refused (the worker was LOST, or the coordinator
+// restarted and forgot it) is still asked for: the next registration says
+// drained, so the worker does not come back READY to be given a job while
+// it is leaving.
+TEST(WorkerAgentTest, DrainRefusedThenRegisteredAgain_TheRegistrationSaysDrained) {
+  LostWhileDrainingCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(10);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  EXPECT_EQ(agent.RequestDrain().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(coordinator.AwaitRegistrations(2));
+  EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Refuses every registration for what it says (a --node-name over the
 // bound, say, or the worker's build): the same request would be refused
 // again.

@@ -94,30 +94,81 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
 }
 
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count) {
+  constexpr double kUnlimited = std::numeric_limits<double>::infinity();
   std::vector<Budget> budgets;
   for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
-  std::map<std::string, int> chosen_sharers;
-  std::map<std::string, double> chosen_claims;  // own limits chosen, per host
+  // A divided memory among the chosen workers, as PlanMemoryBudgets
+  // divides it: each sharer gets (its bytes - the claims) / sharers, the
+  // smallest that of the sharer with the fewest bytes.
+  struct Divided {
+    int sharers = 0;
+    double fewest_bytes = kUnlimited;  // of the sharers with a budget
+    double claims = 0;                 // own limits chosen on that host
+    double Share() const {
+      return sharers == 0 ? kUnlimited : std::max(1.0, (fewest_bytes - claims) / sharers);
+    }
+  };
+  std::map<std::string, Divided> divided;
+  double own_min = kUnlimited;  // the smallest budget that is not divided
   std::vector<bool> taken(workers.size(), false);
   std::vector<size_t> chosen;
   while (static_cast<int>(chosen.size()) < count && chosen.size() < workers.size()) {
+    // The smallest divided share over every memory but one: the two
+    // smallest suffice.
+    std::string lowest_name;
+    double lowest = kUnlimited, second = kUnlimited;
+    for (const auto& [name, d] : divided) {
+      const double share = d.Share();
+      if (share < lowest) {
+        second = lowest;
+        lowest = share;
+        lowest_name = name;
+      } else if (share < second) {
+        second = share;
+      }
+    }
+    const auto others = [&](const std::string& name) {
+      return name == lowest_name ? second : lowest;
+    };
     size_t best = workers.size();
-    double best_bytes = -1;
+    double best_worst = -1, best_own = -1;
     for (size_t i = 0; i < workers.size(); ++i) {
       if (taken[i]) continue;
       const Budget& b = budgets[i];
-      const double whole = b.bytes > 0 ? b.bytes : std::numeric_limits<double>::infinity();
-      const double share =
-          b.shared.empty() || b.bytes <= 0
-              ? whole
-              : std::max(1.0, (whole - chosen_claims[b.shared]) / (chosen_sharers[b.shared] + 1));
-      if (share > best_bytes) best = i, best_bytes = share;
+      const double whole = b.bytes > 0 ? b.bytes : kUnlimited;
+      // The smallest budget of the chosen workers with i among them (a
+      // sharer or a claim changes only its own memory's share), and i's.
+      double worst = own_min, own = whole;
+      const std::string& touched = !b.shared.empty() ? b.shared : b.claims_from;
+      if (!touched.empty()) {
+        auto it = divided.find(touched);
+        Divided d = it == divided.end() ? Divided() : it->second;
+        if (!b.shared.empty()) {
+          ++d.sharers;
+          d.fewest_bytes = std::min(d.fewest_bytes, whole);
+          if (b.bytes > 0) own = d.Share();  // unreported: unlimited, as PlanMemoryBudgets
+        } else {
+          d.claims += b.bytes;
+        }
+        worst = std::min({worst, others(touched), d.Share(), own});
+      } else {
+        worst = std::min({worst, lowest, own});
+      }
+      if (worst > best_worst || (worst == best_worst && own > best_own)) {
+        best = i, best_worst = worst, best_own = own;
+      }
     }
     taken[best] = true;
     chosen.push_back(best);
-    if (!budgets[best].shared.empty()) ++chosen_sharers[budgets[best].shared];
-    if (!budgets[best].claims_from.empty()) {
-      chosen_claims[budgets[best].claims_from] += budgets[best].bytes;
+    const Budget& b = budgets[best];
+    const double whole = b.bytes > 0 ? b.bytes : kUnlimited;
+    if (!b.shared.empty()) {
+      Divided& d = divided[b.shared];
+      ++d.sharers;
+      d.fewest_bytes = std::min(d.fewest_bytes, whole);
+    } else {
+      own_min = std::min(own_min, whole);
+      if (!b.claims_from.empty()) divided[b.claims_from].claims += b.bytes;
     }
   }
   return chosen;

@@ -43,12 +43,12 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
                                       std::string* shared = nullptr);
 
 // Which `count` of `workers` have the most memory for a plan: indices into
-// `workers`, chosen greedily, each next the worker whose budget would be
-// the largest beside those already chosen (a memory shared by k chosen
-// workers gives the next one a (k+1)-th of what the chosen workers with
-// limits of their own on that host leave, as PlanMemoryBudgets divides
-// it); ties go to the earlier worker, an unlimited budget (0)
-// counts as the largest. Fewer indices when there are fewer workers.
+// `workers`, chosen greedily, each next the worker that leaves the chosen
+// ones (itself included) the largest smallest budget as PlanMemoryBudgets
+// divides them (a sharer divides its memory once more; a limit of its own
+// leaves its host's sharers less), then the one whose own budget is the
+// largest, then the earlier; an unlimited budget (0) counts as the
+// largest. Fewer indices when there are fewer workers.
 // A placement refused for memory is tried once more on these (JobManager).
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count);
 

@@ -1,5 +1,6 @@
 #include "coordinator/jobs/memory_budget.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -109,14 +110,53 @@ TEST(RoomiestWorkersTest, SpreadsOverHostsBeforeSharingOne) {
   EXPECT_TRUE(RoomiestWorkers(w, 0).empty());
 }
 
-// A worker with a limit of its own, once chosen, leaves the RAM its host's
-// sharers split smaller: the third worker is the other host's 20 GiB, not
-// a second sharer of node's (64 - 40) / 2 = 12 GiB.
+// A worker with a limit of its own leaves the RAM its host's sharers split
+// smaller: after node's first sharer (64 GiB), its second (32 GiB each)
+// comes before the 40 GiB limit, which would leave the first 24; then the
+// other host's 20 GiB, not the limit, which would leave them (64 - 40) / 2.
 TEST(RoomiestWorkersTest, ChosenOwnLimitsLeaveTheSharersLess) {
   const std::vector<v1::Worker> w = {
       CpuWorker("node", 64 * kGiB, 40 * kGiB), CpuWorker("node", 64 * kGiB, 64 * kGiB),
       CpuWorker("node", 64 * kGiB, 64 * kGiB), CpuWorker("other", 20 * kGiB, 20 * kGiB)};
-  EXPECT_EQ(RoomiestWorkers(w, 3), (std::vector<size_t>{1, 0, 3}));
+  EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(RoomiestWorkers(w, 3), (std::vector<size_t>{1, 2, 3}));
+}
+
+// A limit chosen after a sharer of its host takes from that sharer: with
+// node's 64 GiB sharer chosen, its 60 GiB limit would leave the sharer 4;
+// the other host's 32 GiB is the roomier second (the job was refused on
+// the first two and failed, as the 'roomiest' set was the same one).
+TEST(RoomiestWorkersTest, ALimitThatWouldStarveAChosenSharer_NotChosen) {
+  const std::vector<v1::Worker> w = {CpuWorker("node", 64 * kGiB, 64 * kGiB),
+                                     CpuWorker("node", 64 * kGiB, 60 * kGiB),
+                                     CpuWorker("other", 32 * kGiB, 32 * kGiB)};
+  const std::vector<size_t> chosen = RoomiestWorkers(w, 2);
+  EXPECT_EQ(chosen, (std::vector<size_t>{0, 2}));
+  std::vector<v1::Worker> picked;
+  for (size_t i : chosen) picked.push_back(w[i]);
+  const std::vector<double> budgets = PlanMemoryBudgets(picked);
+  EXPECT_EQ(*std::min_element(budgets.begin(), budgets.end()), 32.0 * kGiB);
+}
+
+// Each pick is the best partner for those before it: on a mixed cluster
+// (sharers, limits, a worker without a host), no other second worker gives
+// the pair a larger smallest budget, as PlanMemoryBudgets divides them.
+TEST(RoomiestWorkersTest, Pairs_TheFirstsBestPartner) {
+  const std::vector<v1::Worker> w = {
+      CpuWorker("a", 64 * kGiB, 64 * kGiB), CpuWorker("a", 64 * kGiB, 48 * kGiB),
+      CpuWorker("a", 64 * kGiB, 64 * kGiB), CpuWorker("b", 16 * kGiB, 16 * kGiB),
+      CpuWorker("c", 40 * kGiB, 30 * kGiB), CpuWorker("", 20 * kGiB, 20 * kGiB)};
+  const std::vector<size_t> chosen = RoomiestWorkers(w, 2);
+  ASSERT_EQ(chosen.size(), 2u);
+  auto smallest = [&](size_t i, size_t j) {
+    const std::vector<double> b = PlanMemoryBudgets({w[i], w[j]});
+    return std::min(b[0], b[1]);
+  };
+  double best = 0;
+  for (size_t j = 0; j < w.size(); ++j) {
+    if (j != chosen[0]) best = std::max(best, smallest(chosen[0], j));
+  }
+  EXPECT_EQ(smallest(chosen[0], chosen[1]), best);
 }
 
 // An unreported budget is unlimited, so it goes first; equal ones keep

@@ -280,6 +280,19 @@ TEST(ChooseJobLayout, PlanningWorkIsEveryLayoutsWork) {
   EXPECT_DOUBLE_EQ(EstimatePlanningWork(searched).solver_steps, steps);
 }
 
+// A recovery plans the layouts of fewer workers, and fewer may have more:
+// 4 workers have three (1 x 4, 2 x 2, 4 x 1) where 5 have one (1 x 5), so
+// the budget of 5 is checked against the work of 4.
+TEST(ChooseJobLayout, PlanningWorkIsTheLargestOverFewerWorkers) {
+  const ResolvedJobSpec five = ResolveJobSpec(AutoSpec(5)).value();
+  const ResolvedJobSpec four = ResolveJobSpec(AutoSpec(4)).value();
+  ASSERT_EQ(AutoLayoutDegrees(five.spec, 5).size(), 1u);
+  const double own = EstimatePlanningWork(ResolveDataParallelLayout(five, 1).value()).solver_steps;
+  ASSERT_LT(own, EstimatePlanningWork(four).solver_steps);
+  EXPECT_DOUBLE_EQ(EstimatePlanningWork(five).solver_steps,
+                   EstimatePlanningWork(four).solver_steps);
+}
+
 TEST(ChooseJobLayout, RefusesAJobThatNamedItsLayoutOrTheWrongWorkers) {
   const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4)).value();
   const ModelProfile profile = ProfileOf(automatic);

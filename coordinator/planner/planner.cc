@@ -35,18 +35,27 @@ int EvalMicroBatches(const ResolvedJobSpec& r) {
 
 PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
   const double units = 2.0 * r.train.model.n_layer + 2;
-  if (r.data_parallel == kDataParallelAuto) {  // every layout is planned
-    PlanningWork total;
-    for (const LayoutDegrees& degrees : AutoLayoutDegrees(r.spec, r.layout_workers)) {
-      ResolvedJobSpec layout = r;
-      layout.data_parallel = degrees.data_parallel;
-      layout.stages = degrees.stages;
-      layout.tensor_parallel = degrees.tensor_parallel;
-      const PlanningWork work = EstimatePlanningWork(layout);
-      total.solver_steps += work.solver_steps;
-      total.stage_micro_batches = std::max(total.stage_micro_batches, work.stage_micro_batches);
+  if (r.data_parallel == kDataParallelAuto) {
+    // Every layout of the workers is planned, and a recovery plans the
+    // layouts of fewer workers again: the count with the most work, which
+    // need not be the largest (264 workers have seven layouts where 265
+    // have one).
+    PlanningWork most;
+    for (int workers = 1; workers <= r.layout_workers; ++workers) {
+      PlanningWork total;
+      for (const LayoutDegrees& degrees : AutoLayoutDegrees(r.spec, workers)) {
+        ResolvedJobSpec layout = r;
+        layout.data_parallel = degrees.data_parallel;
+        layout.stages = degrees.stages;
+        layout.tensor_parallel = degrees.tensor_parallel;
+        const PlanningWork work = EstimatePlanningWork(layout);
+        total.solver_steps += work.solver_steps;
+        total.stage_micro_batches = std::max(total.stage_micro_batches, work.stage_micro_batches);
+      }
+      most.solver_steps = std::max(most.solver_steps, total.solver_steps);
+      most.stage_micro_batches = std::max(most.stage_micro_batches, total.stage_micro_batches);
     }
-    return total;
+    return most;
   }
   // An elastic job plans again on more stages than it starts with, up to
   // spec.elastic.max_workers (growing onto spare workers, a recovery): the
@@ -65,7 +74,8 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
       r.data_parallel != kDataParallelAuto && r.spec.elastic().max_workers() > r.stages;
   const std::string stages =
       r.data_parallel == kDataParallelAuto
-          ? absl::StrCat("the layouts of ", r.layout_workers, " workers (spec.parallelism.data 0)")
+          ? absl::StrCat("the layouts of up to ", r.layout_workers,
+                         " workers (spec.parallelism.data 0; a recovery plans those of fewer)")
       : grows ? absl::StrCat(r.spec.elastic().max_workers(), " stages (spec.elastic.max_workers)")
               : absl::StrCat(r.stages, " stages");
   if (work.solver_steps > kMaxSolverSteps) {

@@ -32,6 +32,9 @@ struct CompiledPlan {
 // simulation and the plan's timeline (~500 bytes of SVG each). P is the
 // most stages the job may be planned on: spec.elastic.max_workers when
 // above spec.parallelism.stages (growth and recovery plan again, unchecked).
+// With spec.parallelism.data 0 (auto): the sum over the layouts of N
+// workers for the N in [1, workers] where it is largest (a recovery plans
+// on fewer workers, and fewer may have more layouts).
 struct PlanningWork {
   double solver_steps = 0;
   int64_t stage_micro_batches = 0;

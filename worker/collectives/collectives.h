@@ -167,10 +167,13 @@ class Collectives {
   // Payloads are checked on receipt: an unencoded message, another codec, or
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects
-  // INVALID_ARGUMENT. Stats (may be null, which spares two passes over the
-  // data): this call's payload bytes sent, and the squared L2 norms of this
-  // member's contribution and of its coding error (decode(encode(x)) - x
-  // over all its segments, or chunks).
+  // INVALID_ARGUMENT. A chunk that is not finite (NaN or infinite: no codec
+  // takes it), a contribution or a sum, travels raw and is summed as it
+  // is; once every message is exchanged the call is then INVALID_ARGUMENT
+  // on every member alike ("not finite"), `data` holding what was summed.
+  // A raw message is taken only when not finite. Stats (may be null, which spares two passes over
+  // the data): this call's payload bytes sent, and the squared L2 norms of this member's
+  // contribution and of its coding error (decode(encode(x)) - x over all its segments, or chunks).
   // `coding_error` (may be null) gets, element by element, this member's
   // contribution minus what the codec let through of it (x -
   // decode(encode(x)), segment by segment as sent), plus, with three or

@@ -1,6 +1,7 @@
 // Collectives::AllReduceEncoded (collectives.h): the all-reduce whose
 // messages are codec payloads, for AccTFM's compressed tensor-parallel sums.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -75,13 +76,31 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     const auto [begin, end] = chunk_range(s, c);
     return Shape{end - begin, width};
   };
-  // One payload to `to` (its message sequence advances as SendRange's).
-  const auto send = [&](int to, std::string payload, const Shape& shape) -> absl::Status {
-    local.sent_bytes += static_cast<int64_t>(payload.size());
-    sent_bytes_ += static_cast<int64_t>(payload.size());
-    const absl::Status sent =
-        transport_->SendWireOwned(group_.members[to], Address(iteration, tag, send_seq_[to]++),
-                                  WireTensor::Encoded(spec, std::move(payload), shape));
+  // A chunk that is not finite, which no codec takes, travels raw and is
+  // summed as it is: every member then meets one (its own, a raw
+  // contribution, or a raw sum, as the plain all-reduce's NaN reaches every
+  // member), and once every message is exchanged all refuse alike. One
+  // member refusing alone left the others waiting out their timeouts.
+  bool not_finite = false;
+  // One chunk coded for sending: its payload (empty when it goes raw) and
+  // what the receivers will decode of it.
+  struct Coded {
+    std::string payload;
+    Tensor decoded;
+    bool raw = false;
+  };
+  // One chunk to `to` (its message sequence advances as SendRange's); the
+  // payload is moved out where `last` says no other member gets it.
+  const auto send = [&](int to, Coded& coded, const Shape& shape, bool last) -> absl::Status {
+    const int64_t bytes =
+        coded.raw ? coded.decoded.numel() * 4 : static_cast<int64_t>(coded.payload.size());
+    local.sent_bytes += bytes;
+    sent_bytes_ += bytes;
+    const absl::Status sent = transport_->SendWireOwned(
+        group_.members[to], Address(iteration, tag, send_seq_[to]++),
+        coded.raw ? WireTensor::Raw(coded.decoded.Clone())
+        : last    ? WireTensor::Encoded(spec, std::move(coded.payload), shape)
+                  : WireTensor::Encoded(spec, coded.payload, shape));
     if (sent.ok()) return sent;
     return absl::Status(sent.code(), absl::StrCat(Describe(tag), ": ", sent.message()));
   };
@@ -92,6 +111,12 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                                     Address(iteration, tag, recv_seq_[from]++),
                                                     options_.timeout),
                                Describe(tag)));
+    // Raw only for a chunk that is not finite (above).
+    if (!wire.encoded() && wire.tensor.shape() == shape && !wire.tensor.on_device() &&
+        FirstNonFinite(wire.tensor) >= 0) {
+      not_finite = true;
+      return std::move(wire.tensor);
+    }
     if (!wire.encoded() || wire.codec != spec || wire.shape != shape) {
       return absl::InternalError(absl::StrCat(
           Describe(tag), ": member ", from, " sent ",
@@ -105,8 +130,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // This member's chunk of rows [begin, end): encoded, its coding error
   // counted (decoded here as the receiver will decode it); the decoded
   // chunk returned with the payload.
-  const auto encode = [&](const Tensor& chunk,
-                          int64_t begin) -> absl::StatusOr<std::pair<std::string, Tensor>> {
+  const auto encode = [&](const Tensor& chunk, int64_t begin) -> absl::StatusOr<Coded> {
+    if (FirstNonFinite(chunk) >= 0) {  // raw (above); its coding error 0
+      not_finite = true;
+      return Coded{"", chunk.Clone(), true};
+    }
     ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(chunk, nullptr), Describe(tag)));
     ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
     if (stats != nullptr) {  // only who asks pays for the two passes
@@ -117,7 +145,16 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       float* error = coding_error->data() + begin * width;
       for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
     }
-    return std::make_pair(std::move(payload), std::move(decoded));
+    return Coded{std::move(payload), std::move(decoded)};
+  };
+  // Every message exchanged: the refusal all members make alike.
+  const auto finish = [&]() -> absl::Status {
+    if (stats != nullptr) *stats = local;
+    if (!not_finite) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(tag),
+                     ": values that are not finite (NaN or infinite) on some member, or in "
+                     "their sum; no codec takes them (training diverged?)"));
   };
   if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
   // Chunks are views of `data` (rows [begin, end) of [rows, width]).
@@ -130,9 +167,9 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     std::vector<Tensor> own;
     for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
       const int64_t end = std::min(rows, begin + chunk_rows);
-      ASSIGN_OR_RETURN(auto coded, encode(matrix.Slice(begin, end), begin));
-      RETURN_IF_ERROR(send(other, std::move(coded.first), Shape{end - begin, width}));
-      own.push_back(std::move(coded.second));
+      ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
+      RETURN_IF_ERROR(send(other, coded, Shape{end - begin, width}, /*last=*/true));
+      own.push_back(std::move(coded.decoded));
     }
     for (int64_t begin = 0, c = 0; begin < rows; begin += chunk_rows, ++c) {
       const int64_t end = std::min(rows, begin + chunk_rows);
@@ -147,9 +184,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                rank_ == 0 ? theirs.data() : mine.data()};
       float* out = data.data() + begin * width;
       for (int64_t i = 0; i < mine.numel(); ++i) out[i] = parts[0][i] + parts[1][i];
+      // A sum that overflows: both members hold the same bits, and refuse
+      // alike, as with three or more.
+      for (int64_t i = 0; i < mine.numel() && !not_finite; ++i) not_finite = !std::isfinite(out[i]);
     }
-    if (stats != nullptr) *stats = local;
-    return absl::OkStatus();
+    return finish();
   }
 
   // Phase 1: every member's segment s to member s, encoded chunk by chunk
@@ -164,11 +203,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       const int to = (rank_ + k) % n;
       if (c >= chunks_of(to)) continue;
       const auto [begin, end] = chunk_range(to, c);
-      ASSIGN_OR_RETURN(auto coded, encode(matrix.Slice(begin, end), begin));
+      ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
       if (to == rank_) {
-        own_contribution[static_cast<size_t>(c)] = std::move(coded.second);
+        own_contribution[static_cast<size_t>(c)] = std::move(coded.decoded);
       } else {
-        RETURN_IF_ERROR(send(to, std::move(coded.first), chunk_shape(to, c)));
+        RETURN_IF_ERROR(send(to, coded, chunk_shape(to, c), /*last=*/true));
       }
     }
   }
@@ -196,12 +235,19 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     }
     Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
     MemberOrderTreeSum(parts, length, 0, n, summed.data());
-    ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
-    for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, payload, shape));
-    ASSIGN_OR_RETURN(const Tensor mine, Annotated(codec.Decode(payload), Describe(tag)));
+    Coded coded;
+    if (FirstNonFinite(summed) >= 0) {  // a contribution that was not, or an overflow
+      not_finite = true;
+      coded = Coded{"", summed.Clone(), true};
+    } else {
+      ASSIGN_OR_RETURN(coded.payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
+      ASSIGN_OR_RETURN(coded.decoded, Annotated(codec.Decode(coded.payload), Describe(tag)));
+    }
+    for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
+    const Tensor& mine = coded.decoded;
     std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),
                 static_cast<size_t>(length) * sizeof(float));
-    if (coding_error != nullptr) {
+    if (coding_error != nullptr && !coded.raw) {
       // What the second encoding dropped of the sum goes into the summing
       // member's feedback (one member's only): the members' coding errors
       // then add up to exactly what the result lacks of the sum.
@@ -218,8 +264,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                   static_cast<size_t>(segment.numel()) * sizeof(float));
     }
   }
-  if (stats != nullptr) *stats = local;
-  return absl::OkStatus();
+  return finish();
 }
 
 }  // namespace pipetrain

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/fp16_codec.h"
 #include "kernels/compress/piecewise_codec.h"
@@ -768,6 +770,41 @@ TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsB
   ASSERT_GT(ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3),
             ExpectedEncodedBytes(*piecewise, 37, 3, 0, 37));
   EXPECT_EQ(run.stats[0].sent_bytes, ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3));
+}
+
+// No codec takes NaN or infinity. A member whose chunk is not finite (or
+// whose sum overflows) sends it raw; every member meets it and all refuse
+// alike once every message is exchanged, at once, where the others waited
+// out their receive timeout (60 s here) for a chunk never sent. The next
+// call of the same members then runs clean: nothing was left in flight.
+TEST(CollectivesTest, EncodedAllReduce_NotFinite_EveryMemberRefusesAlikeAtOnce) {
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(60)};
+  constexpr int64_t kRows = 10;
+  for (int n : {2, 3, 4}) {
+    for (const bool overflow : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(n, " members", overflow ? ", a sum that overflows" : ", a NaN"));
+      std::vector<absl::Status> next(n);
+      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
+        std::vector<float> values = EncodedInput(r, kRows, false);
+        if (overflow) {
+          values[100] = 3e38f;  // finite on each member, infinite summed
+        } else if (r == n - 1) {
+          values[100] = std::nanf("");
+        }
+        Tensor t = Tensor::FromVector({kRows, 16}, values);
+        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t);
+        Tensor again = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
+        next[r] = c.AllReduceEncoded(3, 9, *codec, kRows, again);
+        return s;
+      });
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << status[r];
+        EXPECT_TRUE(absl::StrContains(status[r].message(), "not finite")) << status[r];
+        EXPECT_TRUE(next[r].ok()) << r << ": " << next[r];
+      }
+    }
+  }
 }
 
 // A tensor of no values (rows of width 0) has nothing to sum: OK at once on

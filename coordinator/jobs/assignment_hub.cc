@@ -30,6 +30,13 @@ int AssignmentHub::Forget(const std::function<bool(const std::string& worker_id)
   return dropped;
 }
 
+std::vector<std::string> AssignmentHub::WorkerIds() const {
+  AnnotatedMutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, assignment] : current_) ids.push_back(id);
+  return ids;
+}
+
 std::optional<SequencedAssignment> AssignmentHub::Newer(const std::string& worker_id,
                                                         int64_t after) const {
   AnnotatedMutexLock lock(&mu_);

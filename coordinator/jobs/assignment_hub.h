@@ -13,10 +13,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/annotated_mutex.h"
 #include "absl/time/time.h"
+#include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
 namespace pipetrain {
@@ -43,6 +44,8 @@ class AssignmentHub {
   // their streams end. Returns how many were dropped. `gone` runs under the
   // hub's lock: it must not call the hub.
   int Forget(const std::function<bool(const std::string& worker_id)>& gone);
+  // The workers the hub holds an assignment for.
+  std::vector<std::string> WorkerIds() const;
 
  private:
   mutable AnnotatedMutex mu_;

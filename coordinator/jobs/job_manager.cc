@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -327,14 +328,18 @@ void JobManager::PruneLocked() {
   int planned_with_detail = 0;
   for (size_t rank = 0; rank < ended.size(); ++rank) {
     const auto& [ended_at, index] = ended[rank];
+    JobRecord& record = *jobs_.at(order_[index]);
     if (rank >= static_cast<size_t>(std::max(0, options_.max_ended_jobs)) ||
         ended_at < oldest_kept) {
-      prune[index] = true;
+      // Not while its checkpoint directory is being swept: the sweeps find
+      // their job by id (the second one runs only for jobs still here, up
+      // to a minute after the end), and the directory stays reserved until
+      // they are done. A later pass prunes it.
+      if (record.checkpoint_sweeps_pending == 0) prune[index] = true;
       continue;
     }
     // Only a planned job has drawings: one cancelled while queued takes no
     // place from those that have.
-    JobRecord& record = *jobs_.at(order_[index]);
     if (record.plan.version() == 0) continue;
     if (++planned_with_detail > options_.max_ended_jobs_with_drawings) {
       DropEndedJobDetail(record);
@@ -357,7 +362,14 @@ void JobManager::PruneLocked() {
   auto evicted = [this](const std::string& worker_id) {
     return registry_->Get(worker_id).status().code() == absl::StatusCode::kNotFound;
   };
-  hub_->Forget(evicted);
+  // Asked of the registry before the hub's lock is taken: the lock order is
+  // the registry's, then the hub's (job_manager.h), and Forget runs its
+  // predicate under the hub's.
+  std::set<std::string> gone;
+  for (const std::string& id : hub_->WorkerIds()) {
+    if (evicted(id)) gone.insert(id);
+  }
+  if (!gone.empty()) hub_->Forget([&gone](const std::string& id) { return gone.count(id) > 0; });
   for (auto it = drained_.begin(); it != drained_.end();) {
     it = evicted(it->first) ? drained_.erase(it) : std::next(it);
   }

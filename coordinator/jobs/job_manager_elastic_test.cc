@@ -104,9 +104,11 @@ class JobManagerElasticTest : public ::testing::Test {
     return options;
   }
 
-  void Reset(bool with_state) {
+  // `max_ended_jobs` (-1: the default) as JobManagerOptions' own.
+  void Reset(bool with_state, int max_ended_jobs = -1) {
     jobs_.reset();
     JobManagerOptions options{.output_dir = OutputDir()};
+    if (max_ended_jobs >= 0) options.max_ended_jobs = max_ended_jobs;
     if (with_state) {
       state_ = std::make_unique<CoordinatorState>(&observing_);
       options.state = state_.get();
@@ -544,6 +546,38 @@ TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWo
   jobs_->FlushIo();
   EXPECT_FALSE(exists(late)) << "left behind";
   EXPECT_TRUE(exists(OutputDir() + "/late/a/step-00000005/manifest.json"));
+}
+
+// An ended job is not pruned while its checkpoint directory is being swept
+// (the second sweep runs only for jobs still there, and the directory is
+// the job's until it is done), even when no ended job is to be kept: the
+// step its late stage wrote would stay. The first pass after it prunes it.
+TEST_F(JobManagerElasticTest, EndedJobBeingSwept_PrunedOnlyOnceTheSweepIsDone) {
+  Reset(/*with_state=*/false, /*max_ended_jobs=*/0);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("pruned/a");
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  jobs_->FlushIo();
+  const std::string late = OutputDir() + "/pruned/a/step-00000010";
+  std::filesystem::create_directories(late);
+  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  clock_.Advance(absl::Milliseconds(10));
+  Heartbeat(w1);  // w2 has not said it stopped
+  Schedule();
+  jobs_->FlushIo();
+  EXPECT_TRUE(jobs_->Get(id).ok()) << "pruned while its second sweep was pending";
+  Heartbeat(w2);
+  Schedule();
+  jobs_->FlushIo();
+  struct stat st;
+  EXPECT_NE(stat(late.c_str(), &st), 0) << "left behind";
+  Schedule();
+  EXPECT_EQ(jobs_->Get(id).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A coordinator restarted before an ended job's second sweep had run lost
@@ -3511,6 +3545,7 @@ TEST_F(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByA
   const std::string id = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
   store_.deletes_fail = true;
   ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.FlushIo();         // its checkpoint directory swept
   jobs.ScheduleQueued();  // prunes it
   jobs.FlushIo();
   EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);

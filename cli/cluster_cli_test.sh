@@ -641,6 +641,10 @@ PIPETRAIN_CA="$TMP/no-such-ca.pem" expect_exit env_ca_missing_file 69 "no-such-c
 
 # Completion: generated scripts that parse and name every command and each
 # command's flags (as its --help lists them).
+expect_exit completion_help 0 "usage: pipetrain completion bash|zsh" -- completion --help
+ok completion_help_on_stdout grep -q "usage: pipetrain completion" "$OUT"
+expect_exit completion_bad_shell 2 "usage: pipetrain completion bash|zsh" -- completion fish
+ok completion_mistake_on_stderr grep -q "usage: pipetrain completion" "$ERR"
 expect_exit completion_bash 0 "complete -o default -F _pipetrain pipetrain" -- completion bash
 cp "$OUT" "$TMP/completion.bash"
 ok bash_accepts_completion bash -n "$TMP/completion.bash"

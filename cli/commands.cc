@@ -37,10 +37,13 @@ int RunVersion(const std::vector<std::string>& args) {
 int RunCompletion(const std::vector<std::string>& args) {
   const std::string shell = args.size() == 1 ? args[0] : "";
   if (shell != "bash" && shell != "zsh") {
-    std::fprintf(stderr,
+    // Asked for (--help), on stdout as every command's help; a mistake, on
+    // stderr.
+    const bool help = args.size() == 1 && (args[0] == "--help" || args[0] == "-h");
+    std::fprintf(help ? stdout : stderr,
                  "usage: pipetrain completion bash|zsh\n"
                  "  e.g. source <(pipetrain completion bash) in ~/.bashrc\n");
-    return args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? kExitOk : kExitUsage;
+    return help ? kExitOk : kExitUsage;
   }
   std::vector<CompletedCommand> completed;
   for (const Command& c : Commands()) completed.push_back({c.name, c.summary, c.words, c.flags()});

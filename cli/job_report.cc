@@ -87,9 +87,15 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
               : plan.data_parallel_quantizer();
       const int stages =
           plan.stages_size() / plan.data_parallel() / std::max(1, plan.tensor_parallel());
-      absl::StrAppend(&out, "data-parallel all-reduce: ", codec, " on stages [",
-                      absl::StrJoin(plan.data_parallel_compressed_stages(), ","), "] of ", stages,
-                      "\n");
+      if (plan.data_parallel_compressed_stages().empty()) {
+        // "on stages [] of 2" read like a formatting slip.
+        absl::StrAppend(&out, "data-parallel all-reduce: ", codec, " on no stage of ", stages,
+                        " (every stage's all-reduce went raw)\n");
+      } else {
+        absl::StrAppend(&out, "data-parallel all-reduce: ", codec, " on stages [",
+                        absl::StrJoin(plan.data_parallel_compressed_stages(), ","), "] of ", stages,
+                        "\n");
+      }
     } else {
       out += "data-parallel all-reduce: none (the plan has one replica)\n";
     }

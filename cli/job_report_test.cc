@@ -171,6 +171,10 @@ TEST(FormatPlanReport, CompressedStagesAndTensorPartitions) {
   plan.set_data_parallel_quantizer("bf16");
   EXPECT_TRUE(Has(FormatPlanReport(job, plan, StepTiming()),
                   "data-parallel all-reduce: bf16 on stages [0] of 2\n"));
+  plan.clear_data_parallel_compressed_stages();  // the planner chose none
+  EXPECT_TRUE(Has(FormatPlanReport(job, plan, StepTiming()),
+                  "data-parallel all-reduce: bf16 on no stage of 2 (every stage's all-reduce went "
+                  "raw)\n"));
   plan.set_data_parallel(1);  // re-planned onto one replica
   EXPECT_TRUE(Has(FormatPlanReport(job, plan, StepTiming()),
                   "data-parallel all-reduce: none (the plan has one replica)\n"));

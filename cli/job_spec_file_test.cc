@@ -174,6 +174,15 @@ TEST(JobSpecFileTest, JsonFile_NotStrictJson_InvalidArgument) {
   }
 }
 
+// Valid JSON nested far deeper than any spec: refused by the spec's own
+// parser, not by a crash on the way (the field-name check walks without
+// recursion).
+TEST(JobSpecFileTest, JsonFile_NestedAMillionDeep_RefusedWithoutACrash) {
+  const std::string path = Write(
+      "deep.json", "{\"name\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}");
+  EXPECT_EQ(ReadJobSpecFile(path).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // yaml-cpp kept the last of two keys and the first of two documents,
 // silently; YAML itself requires unique keys.
 TEST(JobSpecFileTest, YamlToJson_DuplicateKeyOrSecondDocument_InvalidArgumentNamingIt) {

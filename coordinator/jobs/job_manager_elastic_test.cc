@@ -120,6 +120,26 @@ class JobManagerElasticTest : public ::testing::Test {
                int64_t incarnation) { jobs_->OnWorkerLost(w, j, reason, incarnation); });
   }
 
+  // A job of two stages (ElasticSpec(2, 5), checkpoints in `dir`, on the
+  // two workers registered) run to step 5, checkpointed and cancelled, its
+  // end's sweep done; then a stage stopping late (a cancel reaches it tens
+  // of ms later) writes part of step 10, whose directory goes to `late`.
+  // Returns the job's id.
+  std::string CancelledWithALateStep(const std::string& dir, std::string* late) {
+    v1::JobSpec spec = ElasticSpec(2, 5);
+    spec.mutable_checkpoint()->set_dir(dir);
+    const std::string id = Submit(spec).value().id();
+    for (int step = 1; step <= 5; ++step) Step(id, step);
+    CheckpointAll(id, 5);
+    clock_.Advance(absl::Milliseconds(10));
+    EXPECT_TRUE(jobs_->Cancel(id).ok());
+    jobs_->FlushIo();
+    *late = OutputDir() + "/" + dir + "/step-00000010";
+    std::filesystem::create_directories(*late);
+    std::ofstream(*late + "/unit-0000.safetensors") << "partial";
+    return id;
+  }
+
   // Registers a worker at 127.0.0.1:`port`, limited to `memory_limit`
   // bytes for its stage (0: no limit).
   std::string AddWorker(int port, int64_t memory_limit = 0) {
@@ -516,18 +536,8 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
 // end, and not before.
 TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWorkersStopped) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_checkpoint()->set_dir("late/a");
-  const std::string id = Submit(spec).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  clock_.Advance(absl::Milliseconds(10));
-  ASSERT_TRUE(jobs_->Cancel(id).ok());
-  jobs_->FlushIo();  // the end's sweep
-  // A stage stopping late writes part of step 10.
-  const std::string late = OutputDir() + "/late/a/step-00000010";
-  std::filesystem::create_directories(late);
-  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  std::string late;
+  const std::string id = CancelledWithALateStep("late/a", &late);
   const auto exists = [](const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;
@@ -555,17 +565,8 @@ TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWo
 TEST_F(JobManagerElasticTest, EndedJobBeingSwept_PrunedOnlyOnceTheSweepIsDone) {
   Reset(/*with_state=*/false, /*max_ended_jobs=*/0);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_checkpoint()->set_dir("pruned/a");
-  const std::string id = Submit(spec).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  clock_.Advance(absl::Milliseconds(10));
-  ASSERT_TRUE(jobs_->Cancel(id).ok());
-  jobs_->FlushIo();
-  const std::string late = OutputDir() + "/pruned/a/step-00000010";
-  std::filesystem::create_directories(late);
-  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  std::string late;
+  const std::string id = CancelledWithALateStep("pruned/a", &late);
   clock_.Advance(absl::Milliseconds(10));
   Heartbeat(w1);  // w2 has not said it stopped
   Schedule();
@@ -586,17 +587,8 @@ TEST_F(JobManagerElasticTest, EndedJobBeingSwept_PrunedOnlyOnceTheSweepIsDone) {
 TEST_F(JobManagerElasticTest, RestartBeforeTheLateSweep_StepsWrittenAfterTheEndStillRemoved) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_checkpoint()->set_dir("late/restart");
-  const std::string id = Submit(spec).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  clock_.Advance(absl::Milliseconds(10));
-  ASSERT_TRUE(jobs_->Cancel(id).ok());
-  jobs_->FlushIo();
-  const std::string late = OutputDir() + "/late/restart/step-00000010";
-  std::filesystem::create_directories(late);
-  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  std::string late;
+  const std::string id = CancelledWithALateStep("late/restart", &late);
   const auto exists = [](const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;

@@ -24,6 +24,13 @@ struct Budget {
   std::string claims_from;
 };
 
+// A sharer's part of a memory of `bytes` that `sharers` workers share beside
+// `claims` bytes of others' own limits on its host: at least a byte (0
+// would read as unlimited, and nothing fits in it).
+double SharerBudget(double bytes, double claims, int sharers) {
+  return std::max(1.0, (bytes - claims) / sharers);
+}
+
 std::string HostRam(const v1::DeviceInfo& d) {
   return absl::StrCat("host ", d.hostname(), "'s RAM");
 }
@@ -71,9 +78,7 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
       out.push_back(b.bytes);
       continue;
     }
-    const double left = b.bytes - claimed[b.shared].first;
-    // At least a byte: 0 would read as unlimited, and nothing fits in it.
-    out.push_back(std::max(1.0, left / sharers[b.shared]));
+    out.push_back(SharerBudget(b.bytes, claimed[b.shared].first, sharers[b.shared]));
   }
   if (shared != nullptr) {
     std::vector<std::string> parts;
@@ -105,7 +110,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
     double fewest_bytes = kUnlimited;  // of the sharers with a budget
     double claims = 0;                 // own limits chosen on that host
     double Share() const {
-      return sharers == 0 ? kUnlimited : std::max(1.0, (fewest_bytes - claims) / sharers);
+      return sharers == 0 ? kUnlimited : SharerBudget(fewest_bytes, claims, sharers);
     }
   };
   std::map<std::string, Divided> divided;

@@ -1,7 +1,6 @@
 // Collectives::AllReduceEncoded (collectives.h): the all-reduce whose
 // messages are codec payloads, for AccTFM's compressed tensor-parallel sums.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -127,16 +126,24 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     return DecodeWireTensorWith(codec, wire, Describe(tag));
   };
 
-  // This member's chunk of rows [begin, end): encoded, its coding error
-  // counted (decoded here as the receiver will decode it); the decoded
-  // chunk returned with the payload.
-  const auto encode = [&](const Tensor& chunk, int64_t begin) -> absl::StatusOr<Coded> {
-    if (FirstNonFinite(chunk) >= 0) {  // raw (above); its coding error 0
+  // `values` through the codec (decoded here as the receivers will decode
+  // them), or raw when they are not finite (above).
+  const auto code = [&](const Tensor& values) -> absl::StatusOr<Coded> {
+    if (FirstNonFinite(values) >= 0) {
       not_finite = true;
-      return Coded{"", chunk.Clone(), true};
+      return Coded{"", values.Clone(), true};
     }
-    ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(chunk, nullptr), Describe(tag)));
-    ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
+    Coded coded;
+    ASSIGN_OR_RETURN(coded.payload, Annotated(codec.Encode(values, nullptr), Describe(tag)));
+    ASSIGN_OR_RETURN(coded.decoded, Annotated(codec.Decode(coded.payload), Describe(tag)));
+    return coded;
+  };
+  // This member's chunk of rows [begin, end), coded, its coding error
+  // counted.
+  const auto encode = [&](const Tensor& chunk, int64_t begin) -> absl::StatusOr<Coded> {
+    ASSIGN_OR_RETURN(Coded coded, code(chunk));
+    if (coded.raw) return coded;  // its coding error 0
+    const Tensor& decoded = coded.decoded;
     if (stats != nullptr) {  // only who asks pays for the two passes
       local.norm_squared += SquaredNorm(chunk.data(), chunk.numel());
       local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
@@ -145,7 +152,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       float* error = coding_error->data() + begin * width;
       for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
     }
-    return Coded{std::move(payload), std::move(decoded)};
+    return coded;
   };
   // Every message exchanged: the refusal all members make alike.
   const auto finish = [&]() -> absl::Status {
@@ -186,7 +193,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       for (int64_t i = 0; i < mine.numel(); ++i) out[i] = parts[0][i] + parts[1][i];
       // A sum that overflows: both members hold the same bits, and refuse
       // alike, as with three or more.
-      for (int64_t i = 0; i < mine.numel() && !not_finite; ++i) not_finite = !std::isfinite(out[i]);
+      if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) not_finite = true;
     }
     return finish();
   }
@@ -235,14 +242,8 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     }
     Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
     MemberOrderTreeSum(parts, length, 0, n, summed.data());
-    Coded coded;
-    if (FirstNonFinite(summed) >= 0) {  // a contribution that was not, or an overflow
-      not_finite = true;
-      coded = Coded{"", summed.Clone(), true};
-    } else {
-      ASSIGN_OR_RETURN(coded.payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
-      ASSIGN_OR_RETURN(coded.decoded, Annotated(codec.Decode(coded.payload), Describe(tag)));
-    }
+    // Raw when a contribution was not finite, or the sum overflows.
+    ASSIGN_OR_RETURN(Coded coded, code(summed));
     for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
     const Tensor& mine = coded.decoded;
     std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),

@@ -256,9 +256,7 @@ absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* v
 
 absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   RETURN_IF_ERROR(status_);
-  if (data.on_device()) {
-    return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
-  }
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   if (size() == 1 || data.numel() == 0) return absl::OkStatus();
@@ -305,9 +303,7 @@ void Collectives::MemberOrderTreeSum(const std::vector<std::vector<float>>& part
 
 absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Tensor& data) {
   RETURN_IF_ERROR(status_);
-  if (data.on_device()) {
-    return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
-  }
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   const int n = size();
@@ -342,6 +338,7 @@ absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Ten
 
 absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, const Tensor& data) {
   RETURN_IF_ERROR(status_);
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   Tensor all = data.Clone();
@@ -352,8 +349,14 @@ absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, co
   return mine;
 }
 
+absl::Status Collectives::CheckOnHost(int tag, const Tensor& data) const {
+  if (!data.on_device()) return absl::OkStatus();
+  return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
+}
+
 absl::Status Collectives::CheckSegment(int tag, const Tensor& segment, int64_t holds,
                                        int64_t total) const {
+  RETURN_IF_ERROR(CheckOnHost(tag, segment));
   if (segment.numel() == holds) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
                                                  " values; rank ", rank_, " of ", total, " holds ",
@@ -453,6 +456,7 @@ absl::Status Collectives::Broadcast(int64_t iteration, int tag, int root, Tensor
   if (root < 0 || root >= size()) {
     return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": no rank ", root));
   }
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   if (rank_ == root) {

@@ -100,6 +100,10 @@ class Collectives {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(group_.members.size()); }
 
+  // Every call below takes host tensors: one on a device (a device
+  // backend's) is INVALID_ARGUMENT before anything is sent, as is a call
+  // after a failed construction (status()).
+  //
   // data <- the sum over members of each member's `data` (same shape on
   // every member), in place.
   absl::Status AllReduce(int64_t iteration, int tag, Tensor& data);
@@ -276,8 +280,12 @@ class Collectives {
   // one pass): no copy, no allocation.
   absl::Status RecvChunkAndPassOn(int64_t iteration, int tag, int from, int to, float* values,
                                   int64_t begin, int64_t end, bool add, bool pass_on);
-  // INVALID_ARGUMENT unless `segment` has the `holds` values this rank's
-  // segment of `total` has (AllGather, Gather).
+  // INVALID_ARGUMENT naming the collective if `data` lies on a device:
+  // these collectives read and write host memory (device tensors go
+  // through a DeviceCollective, worker/model/device_collective.h).
+  absl::Status CheckOnHost(int tag, const Tensor& data) const;
+  // INVALID_ARGUMENT if `segment` lies on a device, or unless it has the
+  // `holds` values this rank's segment of `total` has (AllGather, Gather).
   absl::Status CheckSegment(int tag, const Tensor& segment, int64_t holds, int64_t total) const;
   TensorAddress Address(int64_t iteration, int tag, int seq) const;
   std::string Describe(int tag) const;

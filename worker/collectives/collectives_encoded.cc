@@ -38,9 +38,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                            int64_t rows, Tensor& data, EncodedStats* stats,
                                            Tensor* coding_error) {
   RETURN_IF_ERROR(status_);
-  if (data.on_device()) {
-    return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
-  }
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
   if (rows <= 0 || data.numel() % rows != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(Describe(tag), ": ", data.numel(), " values do not make ", rows, " rows"));

@@ -832,6 +832,39 @@ TEST(CollectivesTest, EncodedAllReduce_NoValues_OkNothingSentStatsZero) {
   }
 }
 
+// A tensor marked as a device's (its storage is host memory here, so that
+// a collective that wrongly read it would not crash but wait for the
+// member that never comes).
+Tensor FakeDeviceTensor(int64_t numel) {
+  std::shared_ptr<float> storage(new float[numel](), std::default_delete<float[]>());
+  return Tensor::OnDevice({numel}, storage);
+}
+
+TEST(CollectivesTest, DeviceTensors_EveryCallRefusedBeforeSendingAnything) {
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  Collectives c(transport.get(), {{0, 1}, "j"}, {1 << 20, 0, absl::Milliseconds(200)});
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  Tensor t = FakeDeviceTensor(8);
+  Tensor half = FakeDeviceTensor(4);  // rank 0's segment of 8
+  const std::vector<std::pair<std::string, absl::Status>> calls = {
+      {"AllReduce", c.AllReduce(1, 1, t)},
+      {"AllReduceInMemberOrder", c.AllReduceInMemberOrder(1, 2, t)},
+      {"AllReduceEncoded", c.AllReduceEncoded(1, 3, *codec, 1, t)},
+      {"ReduceScatter", c.ReduceScatter(1, 4, t).status()},
+      {"AllGather", c.AllGather(1, 5, half, 8).status()},
+      {"Gather", c.Gather(1, 6, /*root=*/1, half, 8).status()},
+      {"Broadcast (root)", c.Broadcast(1, 7, /*root=*/0, t)},
+      {"Broadcast", c.Broadcast(1, 8, /*root=*/1, t)},
+  };
+  for (const auto& [name, status] : calls) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << ": " << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "is on a device")) << name << ": " << status;
+  }
+  EXPECT_EQ(c.sent_bytes(), 0);
+}
+
 TEST(CollectivesTest, EncodedAllReduce_MembersDisagreeOnTheRows_InternalNamingIt) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
   const auto status = RunGroup(2, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {

@@ -386,10 +386,12 @@ int Run(const std::vector<std::string>& args) {
     options.emulated_latency_seconds = absl::ToDoubleSeconds(emulated_link->latency);
   }
   options.data_plane_tls = data_tls.enabled();
-  auto make_transport = [&mailbox, emulated_link, data_tls](int stage,
-                                                            const std::vector<std::string>& peers,
-                                                            const JobCredential& credential) {
+  const absl::Duration recv_timeout = options.recv_timeout;
+  auto make_transport = [&mailbox, emulated_link, data_tls, recv_timeout](
+                            int stage, const std::vector<std::string>& peers,
+                            const JobCredential& credential) {
     GrpcTransportOptions transport_options;
+    WaitForHeldStreamsAsLongAsReceivers(recv_timeout, &transport_options);
     transport_options.credential = credential;
     transport_options.channel_credentials = data_tls.channel;
     transport_options.tls_server_name = data_tls.server_name;

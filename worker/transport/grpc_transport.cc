@@ -579,6 +579,12 @@ struct GrpcTransport::SendWaits {
   RoomWaits room;
 };
 
+void WaitForHeldStreamsAsLongAsReceivers(absl::Duration recv_timeout,
+                                         GrpcTransportOptions* options) {
+  options->queue_wait_timeout = std::max(options->queue_wait_timeout, recv_timeout);
+  options->shutdown_drain_timeout = std::max(options->shutdown_drain_timeout, recv_timeout);
+}
+
 GrpcTransport::GrpcTransport(int stage, std::vector<std::string> peer_addresses, Mailbox* mailbox,
                              GrpcTransportOptions options)
     : stage_(stage),

@@ -69,10 +69,12 @@ struct GrpcTransportOptions {
   // How long a Send waits for a (re)connection before UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(10);
   // Memory bound per peer (see above) and how long Send waits for room.
+  // A worker raises both waits to its receive timeout
+  // (WaitForHeldStreamsAsLongAsReceivers).
   int64_t max_queued_bytes_per_peer = int64_t{256} << 20;
   absl::Duration queue_wait_timeout = absl::Seconds(60);
   // How long Shutdown lets each stream deliver its queued frames before
-  // cancelling it.
+  // cancelling it (peer after peer; an Abort before cuts it to nothing).
   absl::Duration shutdown_drain_timeout = absl::Seconds(10);
   // Called, for logs and metrics, when `peer_stage` rejects a frame
   // (INTERNAL, the peer's text) or its stream breaks (UNAVAILABLE; not after
@@ -87,6 +89,19 @@ struct GrpcTransportOptions {
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   std::string tls_server_name;
 };
+
+// Raises `options`' waits for a peer that does not read its stream (a
+// Send waiting for room, Shutdown's drain) to at least `recv_timeout`, the
+// receiving workers' own wait for a tensor (--recv-timeout-seconds). Why:
+// a receiver holds a stream whose next tensor is beyond its run-ahead
+// window (mailbox.h) until it gets there, which legal programs need (a
+// Bi-Partition plan whose last stage only runs the head's forward pass:
+// its sender runs ahead). A Send that gave up first failed the job, and a
+// stage that ran every step and shut down first cancelled its last
+// tensors, which the receiver then waited for in vain: both at a fixed
+// 60 s and 10 s, whatever the operator had allowed a slow stage.
+void WaitForHeldStreamsAsLongAsReceivers(absl::Duration recv_timeout,
+                                         GrpcTransportOptions* options);
 
 class GrpcTransport final : public Transport {
  public:

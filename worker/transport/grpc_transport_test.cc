@@ -634,5 +634,16 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
   EXPECT_EQ(mailboxes_[1]->held(), 0u);
 }
 
+TEST(GrpcTransportOptionsTest, HeldStreamWaits_AtLeastTheReceiveTimeout_DefaultsAsFloors) {
+  GrpcTransportOptions patient;
+  WaitForHeldStreamsAsLongAsReceivers(absl::Seconds(300), &patient);
+  EXPECT_EQ(patient.queue_wait_timeout, absl::Seconds(300));
+  EXPECT_EQ(patient.shutdown_drain_timeout, absl::Seconds(300));
+  GrpcTransportOptions quick;
+  WaitForHeldStreamsAsLongAsReceivers(absl::Seconds(1), &quick);
+  EXPECT_EQ(quick.queue_wait_timeout, GrpcTransportOptions().queue_wait_timeout);
+  EXPECT_EQ(quick.shutdown_drain_timeout, GrpcTransportOptions().shutdown_drain_timeout);
+}
+
 }  // namespace
 }  // namespace pipetrain

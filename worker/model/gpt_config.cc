@@ -89,12 +89,17 @@ std::vector<ParameterShape> UnitParameterShapes(const GptConfig& c, int index) {
 absl::Status CheckFitsParameter(const std::string& name, const std::vector<int64_t>& want,
                                 const std::vector<int64_t>& found) {
   if (found == want) return absl::OkStatus();
-  const bool padded_vocabulary = name == kTokenEmbeddingName && want.size() == 2 &&
-                                 found.size() == 2 && found[1] == want[1] && found[0] < want[0];
-  if (padded_vocabulary) return absl::OkStatus();
-  return absl::InvalidArgumentError(
+  const std::string mismatch =
       absl::StrCat("tensor '", name, "' has shape [", absl::StrJoin(found, ", "),
-                   "] but the model expects [", absl::StrJoin(want, ", "), "]"));
+                   "] but the model expects [", absl::StrJoin(want, ", "), "]");
+  const bool fewer_rows = name == kTokenEmbeddingName && want.size() == 2 && found.size() == 2 &&
+                          found[1] == want[1] && found[0] < want[0];
+  if (!fewer_rows) return absl::InvalidArgumentError(mismatch);
+  const int64_t padding = want[0] - found[0];
+  if (padding < kVocabularyPaddingRowsBelow && padding < found[0]) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(mismatch, ": a padded vocabulary adds fewer than ", kVocabularyPaddingRowsBelow,
+                   " rows, and fewer than the file has; is it this model's tokenizer's?"));
 }
 
 }  // namespace pipetrain

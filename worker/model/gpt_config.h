@@ -61,13 +61,22 @@ std::vector<ParameterShape> UnitParameterShapes(const GptConfig& config, int ind
 // The token embedding, whose rows a padded vocabulary adds to.
 inline constexpr char kTokenEmbeddingName[] = "wte.weight";
 
+// The most rows a padded vocabulary adds to a weights file's token
+// embedding, plus one: Megatron pads to a multiple of 128 x the tensor
+// ranks, at most 64 ranks (spec/job_spec.h's kMaxTensorParallel) here.
+inline constexpr int64_t kVocabularyPaddingRowsBelow = 128 * 64;
+
 // Whether a weights file's tensor of shape `found` can fill parameter
 // `name` of shape `want`: OK when the shapes are equal, and for
-// kTokenEmbeddingName also when only its rows differ and the model has more
-// (a vocabulary padded to a multiple of the tensor ranks, as Megatron pads
-// it: Hugging Face's 50257 rows into 50304; FitToParameter in weights_io.h
-// fills the rest with zeros); else INVALID_ARGUMENT "tensor 'NAME' has
-// shape [..] but the model expects [..]".
+// kTokenEmbeddingName also when only its rows differ and the model has
+// more, by fewer than kVocabularyPaddingRowsBelow and fewer than the file
+// has (a vocabulary padded to a multiple of the tensor ranks, as Megatron
+// pads it: Hugging Face's 50257 rows into 50304; FitToParameter in
+// weights_io.h fills the rest with zeros). Why bounded: a model trained
+// from a file of far fewer rows (none, or a byte-level 256 into 50304)
+// would start with most tokens' embeddings zero, unseen. Else
+// INVALID_ARGUMENT "tensor 'NAME' has shape [..] but the model expects
+// [..]", and for rows beyond those bounds why they are too few.
 absl::Status CheckFitsParameter(const std::string& name, const std::vector<int64_t>& want,
                                 const std::vector<int64_t>& found);
 

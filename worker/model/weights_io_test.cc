@@ -174,6 +174,22 @@ TEST(WeightsIoTest, Load_PaddedVocabulary_TakesTheFilesRowsThenZeros) {
   EXPECT_EQ(LoadWeights(path, small->parameters()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CheckFitsParameter("wte.weight", {16, 8}, {13, 8}).ok());
   EXPECT_TRUE(CheckFitsParameter("wte.weight", {13, 8}, {13, 8}).ok());
+  // Padding is fewer rows than the file has, and than Megatron ever adds:
+  // a file of none, or of a byte-level vocabulary, would leave most rows
+  // zero.
+  EXPECT_TRUE(CheckFitsParameter("wte.weight", {50304, 8}, {50257, 8}).ok());
+  EXPECT_TRUE(CheckFitsParameter("wte.weight", {57344, 8}, {50257, 8}).ok());  // 64 ranks
+  EXPECT_TRUE(CheckFitsParameter("wte.weight", {25, 8}, {13, 8}).ok());
+  EXPECT_EQ(CheckFitsParameter("wte.weight", {16, 8}, {0, 8}).message(),
+            "tensor 'wte.weight' has shape [0, 8] but the model expects [16, 8]: a padded "
+            "vocabulary adds fewer than 8192 rows, and fewer than the file has; is it this "
+            "model's tokenizer's?");
+  EXPECT_EQ(CheckFitsParameter("wte.weight", {26, 8}, {13, 8}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckFitsParameter("wte.weight", {50304, 8}, {256, 8}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckFitsParameter("wte.weight", {70000, 8}, {60000, 8}).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckFitsParameter("wte.weight", {16, 8}, {13, 4}).message(),
             "tensor 'wte.weight' has shape [13, 4] but the model expects [16, 8]");
   // Fewer rows fit only the tied embedding, and only as a matrix.

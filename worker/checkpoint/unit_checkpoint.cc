@@ -302,8 +302,10 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     files.push_back(std::move(file));
     last_dir = std::move(parent.dir);
   }
-  // The renames are durable once the directory is.
-  if (last_dir.get() >= 0 && fsync(last_dir.get()) != 0) {
+  // The renames are durable once the directory is. EINVAL: the file system
+  // cannot sync directories, where every file was synced and renamed all
+  // the same (OpenConfinedParent and CommitTemporary accept it alike).
+  if (last_dir.get() >= 0 && fsync(last_dir.get()) != 0 && errno != EINVAL) {
     return Errno(errno, "cannot sync directory", absl::StrCat(root, "/", step_dir));
   }
   return files;

@@ -138,7 +138,10 @@ struct StageSnapshot {
   std::vector<UnitState> units;
 };
 
-// Whose checkpoint: recorded in every file and checked on load.
+// Whose checkpoint: recorded in every file. A load checks the model's
+// shape and the seed; the job id is recorded to tell whose a file is, not
+// checked (spec.init.from may name another job's checkpoint), and the
+// manifest's SHA-256 of each file ties it to its checkpoint.
 struct CheckpointIdentity {
   std::string job_id;
   GptConfig model;

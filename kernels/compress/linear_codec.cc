@@ -28,7 +28,7 @@ class LinearCodec : public Codec {
   absl::StatusOr<std::string> Encode(const Tensor& x, CodecState*) const override {
     ASSIGN_OR_RETURN(const float max_abs, FiniteMaxAbs(x.data(), x.numel(), name()));
     // eq. (4). The float32 step is what the receiver sees, so quantize with it.
-    const float step = static_cast<float>(double{max_abs} / static_cast<double>(qmax_));
+    const float step = LinearStep(max_abs, bits_);
     std::string out;
     WriteHeader(CodecId::kLinear, x.shape(), &out);
     ByteWriter w(&out);
@@ -144,6 +144,16 @@ absl::Status LinearCodec::CheckCodes(const uint16_t* codes, int64_t chunk, int64
 }
 
 }  // namespace
+
+float LinearStep(float max_abs, int bits) {
+  const double qmax = static_cast<double>((int64_t{1} << (bits - 1)) - 1);
+  const float step = static_cast<float>(double{max_abs} / qmax);
+  // Within float32 unless rounding up pushed qmax x step past FLT_MAX (by
+  // less than an ulp of the step): one ulp down keeps |x - q x step| far
+  // below step / 2 (qmax ulps of a step, at most 2^15 x 2^-23 of it).
+  if (qmax * double{step} <= double{std::numeric_limits<float>::max()}) return step;
+  return std::nextafter(step, 0.0f);
+}
 
 absl::StatusOr<std::unique_ptr<Codec>> MakeLinearCodec(int bits) {
   if (bits < kLinearMinBits || bits > kLinearMaxBits) {

@@ -1,7 +1,7 @@
 // Linear (uniform, symmetric) quantization, acctfm §4.3.2 eq. (4)-(5).
 //
 //   step = max|R| / (2^(bits-1) - 1)          eq. (4), computed in double and
-//                                             stored as float32
+//                                             stored as float32 (LinearStep)
 //   q    = round(val / step)                  eq. (5); |q| <= 2^(bits-1) - 1
 //   Qval = q * step                           eq. (5), decode
 //
@@ -39,6 +39,14 @@ namespace pipetrain {
 
 inline constexpr int kLinearMinBits = 2;
 inline constexpr int kLinearMaxBits = 16;
+
+// eq. (4): max|R| / (2^(bits-1) - 1) in double, as float32, one ulp
+// smaller where rounding up made qmax x step overflow float32 (max|R| =
+// FLT_MAX: the largest code would decode beyond the float range, which
+// Decode refuses); the guarantee above holds with either. The CUDA encoder
+// (kernels/cuda/quantize.h) uses it too. Requires finite max_abs >= 0 and
+// 2 <= bits <= 16.
+float LinearStep(float max_abs, int bits);
 
 // name() "linear:bits=<bits>", codec id kLinear. INVALID_ARGUMENT naming
 // "bits" unless 2 <= bits <= 16.

@@ -291,6 +291,33 @@ TEST(QuantCodecs, LinearEncode_Extremes_ExactAtMaxAndSymmetric) {
   EXPECT_EQ(y[2], 0.0f);
 }
 
+// max|R| = FLT_MAX: eq. (4)'s step rounds up to float32 at most bit
+// widths, so qmax x step would decode beyond the float range (which Decode
+// refuses); LinearStep takes the float32 one ulp below, and every width
+// decodes its own payload within step / 2.
+TEST(QuantCodecs, LinearEncode_FloatMax_EveryWidthDecodesItsOwnPayloadWithinTheBound) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const Tensor x = Tensor::FromVector({4}, {kMax, -1.0f, -kMax, kMax / 3});
+  int rounded_up = 0;
+  for (int bits = kLinearMinBits; bits <= kLinearMaxBits; ++bits) {
+    SCOPED_TRACE("bits " + std::to_string(bits));
+    const double qmax = static_cast<double>((int64_t{1} << (bits - 1)) - 1);
+    if (qmax * static_cast<float>(double{kMax} / qmax) > double{kMax}) ++rounded_up;
+    const float step = LinearStep(kMax, bits);
+    EXPECT_LE(qmax * step, double{kMax});
+    EXPECT_EQ(LinearStep(4.0f, bits), static_cast<float>(4.0 / qmax));  // eq. (4) as it was
+    auto linear = *MakeLinearCodec(bits);
+    absl::StatusOr<std::string> payload = linear->Encode(x, nullptr);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    absl::StatusOr<Tensor> y = linear->Decode(*payload);
+    ASSERT_TRUE(y.ok()) << y.status();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      EXPECT_LE(std::fabs(double{(*y)[i]} - double{x[i]}), step / 2.0) << "element " << i;
+    }
+  }
+  EXPECT_GT(rounded_up, 0);  // the case this guards happens
+}
+
 // Every decoded value pinned, from eq. (4)-(5) by hand: bits 3, max|R| 3,
 // so step = 3 / (2^2 - 1) = 1 and q = round(val) in -3..3; and bits 4,
 // max|R| 14, so step = 14 / 7 = 2 and q = round(val / 2) in -7..7.

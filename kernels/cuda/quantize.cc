@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/linear_codec.h"
 #include "kernels/compress/payload.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/stream_scratch.h"
@@ -47,8 +48,7 @@ absl::StatusOr<QuantCodec> Piecewise(int clusters) {
 // The per-tensor float parameter: linear step (eq. 4) or piecewise M.
 float ScaleFor(const QuantCodec& codec, float max_abs) {
   if (codec.id == CodecId::kPiecewise) return max_abs;
-  const int64_t qmax = (int64_t{1} << (codec.bits - 1)) - 1;
-  return static_cast<float>(double{max_abs} / static_cast<double>(qmax));
+  return LinearStep(max_abs, codec.bits);
 }
 
 absl::StatusOr<std::string> Encode(const QuantCodec& codec, const float* x, const Shape& shape,

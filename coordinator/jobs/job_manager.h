@@ -576,6 +576,9 @@ class JobManager {
     // workers to register again.
     absl::Time restart_grace_until;
     absl::Time last_persisted;
+    // Whether a save of this job had to leave parts out to fit the store
+    // (stored_job_fit.h): said once in the log, not at every save.
+    bool stored_record_trimmed = false;
     // Cancel answered UNAVAILABLE (its save failed) and no cancel has been
     // answered OK since: the next cancel answers as a first one, even if a
     // retried save recorded it meanwhile.

@@ -324,7 +324,7 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   return cluster;
 }
 
-std::string ProfileToJson(const ModelProfile& p) {
+std::string ProfileToJson(const ModelProfile& p, int indent) {
   json units = json::array();
   for (const UnitProfile& u : p.units) {
     json unit = {{"name", u.name},
@@ -353,7 +353,7 @@ std::string ProfileToJson(const ModelProfile& p) {
     }
     out["codecs"] = std::move(codecs);
   }
-  return out.dump(2);
+  return out.dump(indent);
 }
 
 std::string ClusterToJson(const ClusterSpec& c) {

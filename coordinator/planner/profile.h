@@ -129,7 +129,8 @@ inline constexpr size_t kMaxProfileUnitNameBytes = 128;
 // cost fields without the other.
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);
-std::string ProfileToJson(const ModelProfile& profile);
+// Indented by `indent` spaces a level; -1: on one line, no spaces.
+std::string ProfileToJson(const ModelProfile& profile, int indent = 2);
 std::string ClusterToJson(const ClusterSpec& cluster);
 
 // The Bi-Partition problem of a profile on a cluster: per-unit costs and

@@ -26,6 +26,7 @@ constexpr char kProfiles[] = "profiles/";
 // before seals existed is told apart and read as it is.
 constexpr absl::string_view kSealPrefix("\0pt-sha256:", 11);
 constexpr size_t kSealBytes = kSealPrefix.size() + 64;
+static_assert(kSealBytes == kSealedRecordOverheadBytes, "coordinator_state.h says so");
 
 std::string Sealed(const google::protobuf::Message& message) {
   const std::string payload = message.SerializeAsString();

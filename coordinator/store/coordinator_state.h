@@ -31,6 +31,10 @@ namespace pipetrain {
 
 inline constexpr int kStateVersion = 1;
 
+// What a record's seal adds to its serialised message (see above): a
+// message may hold kMaxValueBytes less this.
+inline constexpr size_t kSealedRecordOverheadBytes = 11 + 64;
+
 class CoordinatorState {
  public:
   // `store` is not owned and must outlive this.

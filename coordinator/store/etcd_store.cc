@@ -168,7 +168,9 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
   if (!term.has_value()) return absl::InternalError("etcd failed a Txn that has no compare");
   std::string leader;
   if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0) {
-    leader = response.responses(0).response_range().kvs(0).value();
+    // Filtered as the election filters it: whoever may write the key may
+    // put anything there, and this goes into logs and callers' errors.
+    leader = LeaderIdentityOf(response.responses(0).response_range().kvs(0).value());
   }
   return NotLeader(leader,
                    absl::StrCat("the term of ", term->identity, " (leader key ", term->key,

@@ -56,8 +56,9 @@
 //                        leader (leader is X)"; send the write to X.
 //   INVALID_ARGUMENT     also a batch over etcd's limits (see above),
 //                        naming the limit.
-//   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled, which this
-//                        backend does not support.
+//   PERMISSION_DENIED, UNAUTHENTICATED  etcd's auth refuses this client (no
+//                        certificate or user, a wrong password, or no read
+//                        and write on the prefix; etcd_client.h).
 //   INTERNAL             anything else, with etcd's message.
 //
 // Thread-safe: the client is, and the compaction counters are atomics.

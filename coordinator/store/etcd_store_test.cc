@@ -55,6 +55,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::Pair;
 
 // Test timings (etcd_testing.h starts the etcd).
@@ -610,6 +611,26 @@ TEST_F(ElectionTest, Commit_FromFollowerOrEndedTerm_FailedPreconditionNamingLead
   EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("not the leader (leader is ", follower_id_,
                                                        "): the term of ", leader_id_)));
   EXPECT_THAT(status.message(), HasSubstr("has ended"));
+  // A leader key someone else overwrote (keeping its lease): its value is
+  // not an identity, and is not quoted.
+  {
+    std::unique_ptr<EtcdClient> raw = RawClient(prefix_);
+    const std::optional<mvccpb::KeyValue> held = RawGet(*raw, prefix_ + "leader");
+    ASSERT_TRUE(held.has_value());
+    etcdserverpb::TxnRequest txn;
+    etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(prefix_ + "leader");
+    put->set_value("10.0.0.9:7070\r\nforged: yes");
+    put->set_lease(held->lease());
+    etcdserverpb::TxnResponse response;
+    ASSERT_EQ(raw->Txn(txn, &response), absl::OkStatus());
+    status = stale_store->Commit({StoreWrite::Put("jobs/a", "4")});
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(), HasSubstr("not the leader (no leader is elected now"));
+    EXPECT_THAT(status.message(), Not(HasSubstr("forged")));
+    put->set_value(follower_id_);
+    ASSERT_EQ(raw->Txn(txn, &response), absl::OkStatus());
+  }
 
   ASSERT_EQ(follower_store->Commit({StoreWrite::Put("jobs/b", "5")}), absl::OkStatus());
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> jobs =

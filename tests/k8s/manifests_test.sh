@@ -201,6 +201,12 @@ for overlay in $OVERLAYS; do
   check "overlay $overlay has no placeholder token" fails has "$out" "REPLACE-ME"
   check "overlay $overlay passes tokens as files" has "$out" \
     "--join-token-file=/etc/pipetrain/tokens/join-token"
+  check "overlay $overlay: the sample submit retries with a request id" has "$out" \
+    '/v1/jobs?requestId=sample-$SUBMIT_ID'
+  check "overlay $overlay gives workers their container's memory limit" has "$out" \
+    "--memory-limit=\$(PIPETRAIN_MEMORY_LIMIT)"
+  check "overlay $overlay: the limit from the worker container's resources" has "$out" \
+    "resource: limits.memory"
   probes "$out" > "$T/$overlay.probes.txt"
   expect_lines "$T/$overlay.probes.txt" \
     "coordinator startupProbe grpc 7070" "coordinator livenessProbe httpGet http /healthz" \
@@ -358,7 +364,7 @@ expect_lines "$T/run.txt" \
   "$C container \"coordinator\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
   "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
   "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
-  "$W container \"worker\": token on the command line: args[11] passes JOIN_TOKEN, which comes from a Secret" \
+  "$W container \"worker\": token on the command line: args[12] passes JOIN_TOKEN, which comes from a Secret" \
   "14 objects, 3 pod templates, 6 violations"
 
 # Two installs in one namespace: with their own instance label they share

@@ -32,9 +32,10 @@ std::string CpuModelName() {
 namespace {
 
 // The first line of `path` as a non-negative integer; 0 when it is not one
-// (cgroup v2 writes "max" for no limit).
+// (cgroup v2 writes "max" for no limit); -1 when there is no such file.
 int64_t ReadLimitFile(const std::string& path) {
   std::ifstream in(path);
+  if (!in.is_open()) return -1;
   std::string line;
   int64_t value = 0;
   if (!std::getline(in, line) || !absl::SimpleAtoi(line, &value) || value <= 0) return 0;
@@ -50,12 +51,23 @@ int64_t CgroupMemoryLimit(const std::string& root, const std::string& self_cgrou
   while (std::getline(in, line)) {
     const std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (parts.size() != 3) continue;
+    // The file of the process's own cgroup; where that path is not under
+    // `root`, the file at the top of the mount. Why: a container that does
+    // not have its own cgroup namespace (cgroup v1 nodes, so Kubernetes on
+    // them) reads its host's path in /proc/self/cgroup while the mount
+    // shows its own cgroup at the top.
+    const auto own_or_top = [&](const std::string& own, const std::string& top) {
+      const int64_t value = ReadLimitFile(own);
+      return value >= 0 ? value : ReadLimitFile(top);
+    };
     if (parts[0] == "0" && parts[1].empty()) {
-      if (const int64_t v2 = ReadLimitFile(root + parts[2] + "/memory.max"); v2 > 0) return v2;
+      const int64_t v2 = own_or_top(root + parts[2] + "/memory.max", root + "/memory.max");
+      if (v2 > 0) return v2;
     }
     if (absl::StrContains(parts[1], "memory")) {
       // v1 reports "no limit" as a huge page-rounded number.
-      const int64_t v1 = ReadLimitFile(root + "/memory" + parts[2] + "/memory.limit_in_bytes");
+      const int64_t v1 = own_or_top(root + "/memory" + parts[2] + "/memory.limit_in_bytes",
+                                    root + "/memory/memory.limit_in_bytes");
       if (v1 > 0 && v1 < (int64_t{1} << 60)) return v1;
     }
   }

@@ -24,7 +24,10 @@ std::string CpuModelName();
 // The memory limit of this process's cgroup: cgroup v2's memory.max (of the
 // process's own cgroup, from /proc/self/cgroup) or v1's
 // memory.limit_in_bytes; 0 when there is none ("max", an absurd v1 value,
-// or unreadable). `root` is the cgroup mount (a test's fake tree).
+// or unreadable). Where the process's cgroup path has no such file under
+// `root` (a container without its own cgroup namespace, which reads its
+// host's path), the one at the top of the mount: the container's own.
+// `root` is the cgroup mount (a test's fake tree).
 int64_t CgroupMemoryLimit(const std::string& root = "/sys/fs/cgroup",
                           const std::string& self_cgroup = "/proc/self/cgroup");
 

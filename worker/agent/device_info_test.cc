@@ -56,6 +56,20 @@ TEST(CgroupMemoryLimitTest, V1LimitOrUnlimited) {
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/missing"), 0);
 }
 
+// A container without its own cgroup namespace (cgroup v1 nodes): its
+// host's path in /proc/self/cgroup, its own cgroup at the top of the mount.
+TEST(CgroupMemoryLimitTest, HostPathNotMounted_TheMountsTopIsTheContainers) {
+  std::string root = FakeCgroup("v1c", "4:memory:/kubepods/burstable/pod1/c1\n",
+                                "/memory/memory.limit_in_bytes", "4294967296");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{4294967296});
+  root = FakeCgroup("v2c", "0::/kubepods/pod1/c1\n", "/memory.max", "1073741824");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{1073741824});
+  // The process's own file, where there is one, says: no limit here.
+  root = FakeCgroup("v2own", "0::/a\n", "/memory.max", "1073741824");
+  FakeCgroup("v2own", "0::/a\n", "/a/memory.max", "max");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
+}
+
 TEST(EffectiveMemoryLimitTest, LeastOfTheNonZero) {
   EXPECT_EQ(EffectiveMemoryLimit(16, 0, 0), 16);
   EXPECT_EQ(EffectiveMemoryLimit(16, 8, 0), 8);

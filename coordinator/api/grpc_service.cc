@@ -88,14 +88,17 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServ
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
     grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
-  // The join token travels in the request.
-  return Unary(context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
-               [&]() -> absl::Status {
-                 ASSIGN_OR_RETURN(*response, workers_->Register(*request));
-                 streams_.Supersede(response->worker_id(), response->incarnation());
-                 executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
-                 return absl::OkStatus();
-               });
+  // The join token travels in the request. Off the reaction: Register
+  // returns once the state store has the worker, and a fleet registering
+  // at once (after a failover) would hold gRPC's callback threads, and the
+  // heartbeats queued behind them, for a commit each.
+  return OffReaction(context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
+                     [this, request, response]() -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, workers_->Register(*request));
+                       streams_.Supersede(response->worker_id(), response->incarnation());
+                       executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,

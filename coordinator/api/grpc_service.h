@@ -15,20 +15,22 @@
 //                    incarnations and asks JobManager to start queued jobs
 //                    (on the service's executor), so a job does not wait for
 //                    the scheduling loop's next tick.
-//   WatchAssignments validates the worker first: INVALID_ARGUMENT (empty id),
-//                    NOT_FOUND (unknown id), FAILED_PRECONDITION (not the
-//                    current incarnation, or the worker is LOST/LEFT; it must
-//                    register again). Then see assignment_streams.h.
+//   WatchAssignments validates the worker first (after its credential, which
+//                    already refuses an unknown or another worker's id):
+//                    FAILED_PRECONDITION (not the current incarnation, or the
+//                    worker is LOST/LEFT; it must register again). Then see
+//                    assignment_streams.h.
 //   UploadWeights    authenticated when the stream opens; see weights_upload.h.
 //   ReportProgress   feeds pipetrain_stage_{busy,idle}_seconds_total and
 //                    pipetrain_job_steps_total after JobManager accepted it.
 // Every unary method records pipetrain_rpc_duration_seconds{method}.
 //
 // Unary methods run in the gRPC reaction, taking only short locks in the
-// registry and job manager, except SubmitJob, CancelJob and DrainWorker: they
-// wait for the state store (a commit to disk or etcd, and CancelJob for the
-// saves queued before its own), so they run on a thread of the service's own,
-// one call at a time, and the reaction only hands them over (STYLE.md item 6). Shutdown
+// registry and job manager, except SubmitJob, CancelJob, DrainWorker and
+// RegisterWorker: they wait for the state store (a commit to disk or etcd,
+// and CancelJob for the saves queued before its own), so they run on a
+// thread of the service's own, one call at a time, and the reaction only
+// hands them over (STYLE.md item 6). Shutdown
 // order:
 //   service.Shutdown();        // ends the never-ending WatchAssignments streams
 //   server->Shutdown(deadline);

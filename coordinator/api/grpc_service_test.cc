@@ -759,11 +759,11 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
       "SubmitJob\"} 0\n"));
 }
 
-// SubmitJob, CancelJob and DrainWorker wait for the state store, so the
-// reaction hands them to the service's store thread (STYLE.md item 6): none
-// is answered until that thread has run it. A refused call is answered at
-// once.
-TEST(GrpcServiceStoreCallsTest, SubmitCancelAndDrain_AnsweredFromTheStoreThread) {
+// SubmitJob, CancelJob, RegisterWorker and DrainWorker wait for the state
+// store, so the reaction hands them to the service's store thread (STYLE.md
+// item 6): none is answered until that thread has run it. A refused call is
+// answered at once.
+TEST(GrpcServiceStoreCallsTest, SubmitCancelRegisterAndDrain_AnsweredFromTheStoreThread) {
   FakeClock clock;
   WorkerRegistry workers{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock}};
   AssignmentHub hub;
@@ -828,7 +828,13 @@ TEST(GrpcServiceStoreCallsTest, SubmitCancelAndDrain_AnsweredFromTheStoreThread)
   v1::RegisterWorkerResponse worker;
   grpc::ClientContext registering;
   SetDeadline(registering);
-  ASSERT_TRUE(stub->RegisterWorker(&registering, join, &worker).ok());  // in the reaction
+  grpc::Status register_status;
+  std::thread registerer(
+      [&] { register_status = stub->RegisterWorker(&registering, join, &worker); });
+  const bool register_held = held.AwaitPending(absl::Seconds(30)) && held.RunAll() == 1;
+  registerer.join();
+  EXPECT_TRUE(register_held) << "RegisterWorker was not handed to the store thread";
+  ASSERT_TRUE(register_status.ok()) << register_status.error_message();
   v1::DrainWorkerRequest drain;
   drain.set_worker_id(worker.worker_id());
   v1::Worker drained;

@@ -15,9 +15,10 @@
 // The call ends with
 //   OK                   after FinishWeights succeeded,
 //   UNAUTHENTICATED / PERMISSION_DENIED  as above (counted as refused in
-//                        `metrics`),
-//   INVALID_ARGUMENT     for an empty stream, chunks of different workers or
-//                        jobs, or a chunk that does not fit its tensor,
+//                        `metrics`); PERMISSION_DENIED also for a chunk of
+//                        another worker than the stream's,
+//   INVALID_ARGUMENT     for an empty stream, chunks of different jobs, or a
+//                        chunk that does not fit its tensor,
 //   NOT_FOUND / FAILED_PRECONDITION  as JobManager returns them (unknown job,
 //                        a worker not in the job, a job that ended),
 //   CANCELLED            when the client goes away.

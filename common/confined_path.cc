@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/terminal_safe.h"
+#include "common/utf8_prefix.h"
 
 namespace pipetrain {
 namespace {
@@ -162,10 +163,12 @@ absl::Status CheckWritableDirectory(absl::string_view flag, const std::string& d
   if (!S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", dir, " is not a directory"));
   }
-  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+  // Readable too: files go in through a descriptor of it
+  // (OpenConfinedParent), and checkpoints are found by listing it.
+  if (access(dir.c_str(), R_OK | W_OK | X_OK) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", dir, " is not writable by this process (uid ", geteuid(), ": ",
-                     strerror(errno), "); fix its owner or mode"));
+        absl::StrCat(flag, ": ", dir, " is not readable and writable by this process (uid ",
+                     geteuid(), ": ", strerror(errno), "); fix its owner or mode"));
   }
   return absl::OkStatus();
 }
@@ -184,9 +187,11 @@ absl::Status CheckDataRoots(absl::string_view flag, const std::vector<std::strin
 }
 
 absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
-                                              const std::vector<std::string>& roots) {
+                                              const std::vector<std::string>& roots,
+                                              absl::string_view roots_flag) {
   if (roots.empty()) {
-    return Invalid(field, "this worker reads no data files: it was started without --data-root");
+    return Invalid(field, absl::StrCat("this process reads no such files: it was started without ",
+                                       roots_flag));
   }
   for (const std::string& root : roots) {
     const std::string real_root = RealPath(root);
@@ -201,8 +206,10 @@ absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std
       return real;
     }
   }
-  return Invalid(field, absl::StrCat(path.substr(0, 256), " is not a readable file under the "
-                                     "data roots (", absl::StrJoin(roots, ", "), ")"));
+  // Cut on a character boundary: the message goes into proto strings (a
+  // worker's failure report), which must be UTF-8 or the report is lost.
+  return Invalid(field, absl::StrCat(Utf8Prefix(path, 256), " is not a readable file under ",
+                                     roots_flag, " (", absl::StrJoin(roots, ", "), ")"));
 }
 
 absl::StatusOr<ScopedFd> OpenRealPathNoLinks(absl::string_view field,

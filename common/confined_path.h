@@ -93,19 +93,21 @@ inline constexpr char kCheckpointRootFlag[] = "this worker's --checkpoint-root";
 
 // A directory given by `flag` that this process will write files under,
 // checked at start-up: INVALID_ARGUMENT "<flag>: <dir> ..." saying whether it
-// is missing, not a directory, or not writable (and searchable) by this
-// process; a misconfigured root would otherwise fail every job that writes
+// is missing, not a directory, or not readable, writable and searchable by
+// this process; a misconfigured root would otherwise fail every job that writes
 // there, later and quietly.
 absl::Status CheckWritableDirectory(absl::string_view flag, const std::string& dir);
 
 // The real path of `path` when it names a readable regular file inside one
 // of `roots` (a relative `path` is tried under each root in order; an
 // absolute one must resolve inside one). Errors: INVALID_ARGUMENT
-// "<field>: <path> is not a readable file under the data roots (<roots>)",
-// identical for every cause; with no roots, INVALID_ARGUMENT saying that
-// none are configured.
+// "<field>: <path> is not a readable file under <roots_flag> (<roots>)",
+// identical for every cause, the path cut to 256 bytes on a UTF-8
+// character boundary; with no roots, INVALID_ARGUMENT naming `roots_flag`
+// as not given.
 absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
-                                              const std::vector<std::string>& roots);
+                                              const std::vector<std::string>& roots,
+                                              absl::string_view roots_flag = "--data-root");
 
 // The operator's --data-root list, checked at start-up: each an existing
 // directory this process can list and read; else INVALID_ARGUMENT naming

@@ -158,10 +158,22 @@ TEST_F(ConfinedPathTest, ResolveUnderRoots_InsideOk_OutsideAndMissingSameError) 
                                   "/etc/passwd"}) {
     absl::Status status = ResolveUnderRoots("spec.data.path", path, roots).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << path;
-    EXPECT_THAT(status.message(), HasSubstr("is not a readable file under the data roots"));
+    EXPECT_THAT(status.message(), HasSubstr("is not a readable file under --data-root ("));
   }
+  // A long path of multi-byte characters is cut on a character boundary
+  // (the message travels in proto strings, which must be UTF-8), and the
+  // flag named is the caller's.
+  std::string wide = "corpora/";
+  for (int i = 0; i < 100; ++i) wide += "\xe8\xaa\x9e";  // U+8A9E, 3 bytes
+  const absl::Status cut =
+      ResolveUnderRoots("spec.init.from", wide, {root_}, "--checkpoint-root").status();
+  const std::string want_prefix = "spec.init.from: " + wide.substr(0, 8 + 3 * 82) +
+                                  " is not a readable file under --checkpoint-root (";
+  EXPECT_EQ(std::string(cut.message()).substr(0, want_prefix.size()), want_prefix) << cut;
   absl::Status none = ResolveUnderRoots("spec.data.path", "data.txt", {}).status();
   EXPECT_THAT(none.message(), HasSubstr("without --data-root"));
+  EXPECT_THAT(ResolveUnderRoots("spec.init.from", "w", {}, "--checkpoint-root").status().message(),
+              HasSubstr("without --checkpoint-root"));
 }
 
 // The swap ResolveUnderRoots cannot see: after the check, a directory on

@@ -22,6 +22,7 @@
 #include "common/safetensors.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "common/utf8_prefix.h"
 #include "spec/job_spec.h"
 #include "worker/agent/step_tracing.h"
 #include "worker/checkpoint/checkpoint_writer.h"
@@ -245,7 +246,9 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   r.set_plan_version(assignment_.plan_version());
   // The coordinator refuses error texts over 16 KiB; a reason stays readable.
   std::string text = status.ToString();
-  if (text.size() > 4096) text = text.substr(0, 4096) + " [...]";
+  // On a character boundary: the report's error is a proto string, which
+  // the coordinator refuses to parse unless it is UTF-8.
+  if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
   r.set_error(std::move(text));
   r.set_peer_failure(IsPeerFailure(status));
   r.set_checkpoint_unusable(checkpoint_unusable);
@@ -424,9 +427,9 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
 }
 
 absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& model) {
-  ASSIGN_OR_RETURN(
-      const std::string path,
-      ResolveUnderRoots("spec.init.from", assignment_.init_weights(), {options_.checkpoint_root}));
+  ASSIGN_OR_RETURN(const std::string path,
+                   ResolveUnderRoots("spec.init.from", assignment_.init_weights(),
+                                     {options_.checkpoint_root}, "--checkpoint-root"));
   std::set<int> units;
   for (const v1::UnitRange& r : {assignment_.forward_units(), assignment_.backward_units()}) {
     for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
@@ -539,7 +542,7 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                   << " failed: " << files.status();
     std::string text = files.status().ToString();
-    c->set_error(text.substr(0, 4096));
+    c->set_error(std::string(Utf8Prefix(text, 4096)));
   }
   // Retried as an iteration's: a job re-planning at a step boundary waits
   // for every stage's report of the boundary's checkpoint.

@@ -150,7 +150,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
                                      double* reference_gflops) {
   const v1::ProfileRequest request = ProfileRequestFor(record);
   const std::string kind = DeviceKind(workers[0].device());
-  const std::string key = ProfileKey(request, kind);
+  const std::string key = ProfileKey(request, ProfileDeviceKey(workers[0].device()));
   std::optional<v1::ModelProfile> cached = profiles_.Get(key);
   const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
   if (cached) {

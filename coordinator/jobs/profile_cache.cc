@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -27,6 +28,21 @@ std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_ki
   return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V", m.vocab_size(),
                       " P", m.max_seq_len(), " T", r.seq_len(), " B", r.micro_batch_size(),
                       partitions, " @ ", kind);
+}
+
+std::string ProfileDeviceKey(const v1::DeviceInfo& device) {
+  std::string setup;
+  const std::string& backend = device.backend();
+  // "cuda:N (<name>), <modes>": the modes.
+  if (absl::StartsWith(backend, "cuda:")) {
+    if (const size_t modes = backend.find("), "); modes != std::string::npos) {
+      setup = backend.substr(modes + 3);
+    }
+  }
+  if (device.compute_threads() > 0) {
+    absl::StrAppend(&setup, setup.empty() ? "" : ", ", device.compute_threads(), " threads");
+  }
+  return setup.empty() ? DeviceKind(device) : absl::StrCat(DeviceKind(device), " | ", setup);
 }
 
 ModelProfile FromProto(const v1::ModelProfile& p, const ModelProfile* model_sizes) {

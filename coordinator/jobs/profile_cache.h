@@ -33,6 +33,17 @@ namespace pipetrain {
 inline constexpr size_t kMaxProfileKindBytes = 300;
 std::string ProfileKey(const v1::ProfileRequest& request, const std::string& device_kind);
 
+// The device part of a profile's key for a worker: its DeviceKind and how
+// it computes there, which the profile's figures depend on as much: a
+// CUDA worker's GEMM and attention modes (--gemm, --attention: its
+// DeviceInfo.backend less the device's ordinal and name, so the GPUs of a
+// host share profiles) and a CPU worker's threads (--threads). Why: a
+// profile measured with flash attention (no probabilities kept) reused by
+// workers with GEMM attention understated their memory by a T x T matrix
+// a head, and one measured on 1 thread made 16-thread workers look 16
+// times slower.
+std::string ProfileDeviceKey(const v1::DeviceInfo& device);
+
 // The planner's view of a measured profile. A unit whose transient_bytes
 // the profiler did not measure (0: a device backend) takes model_sizes'
 // (AnalyticProfile's, one unit each), when given.

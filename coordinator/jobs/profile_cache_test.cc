@@ -31,6 +31,35 @@ TEST(ProfileKeyTest, PartitionsAskedFor_PartOfTheKey) {
       << ProfileKey(with, "cpu:x");
 }
 
+// A profile is measured with the worker's modes and threads: workers that
+// compute otherwise get another key; the GPUs of a host share one.
+TEST(ProfileKeyTest, DeviceKey_ModesAndThreadsPartOfIt_DeviceOrdinalNot) {
+  v1::DeviceInfo gpu;
+  gpu.set_gpu_model("NVIDIA H100");
+  gpu.set_backend("cuda:0 (NVIDIA H100), fp32 GEMMs");
+  EXPECT_EQ(ProfileDeviceKey(gpu), "cuda:NVIDIA H100 | fp32 GEMMs");
+  v1::DeviceInfo other_ordinal = gpu;
+  other_ordinal.set_backend("cuda:3 (NVIDIA H100), fp32 GEMMs");
+  EXPECT_EQ(ProfileDeviceKey(other_ordinal), ProfileDeviceKey(gpu));
+  v1::DeviceInfo flash = gpu;
+  flash.set_backend("cuda:0 (NVIDIA H100), bf16 GEMMs (aligned-copies), flash attention (wmma)");
+  EXPECT_EQ(ProfileDeviceKey(flash),
+            "cuda:NVIDIA H100 | bf16 GEMMs (aligned-copies), flash attention (wmma)");
+  v1::DeviceInfo cpu;
+  cpu.set_cpu_model("Xeon");
+  cpu.set_backend("cpu");
+  cpu.set_compute_threads(1);
+  v1::DeviceInfo wide = cpu;
+  wide.set_compute_threads(16);
+  EXPECT_EQ(ProfileDeviceKey(cpu), "cpu:Xeon | 1 threads");
+  EXPECT_NE(ProfileDeviceKey(wide), ProfileDeviceKey(cpu));
+  v1::DeviceInfo older;  // reported neither
+  older.set_cpu_model("Xeon");
+  EXPECT_EQ(ProfileDeviceKey(older), "cpu:Xeon");
+  EXPECT_NE(ProfileKey(Request(), ProfileDeviceKey(wide)),
+            ProfileKey(Request(), ProfileDeviceKey(cpu)));
+}
+
 // The state store takes printable ASCII keys only: a device name with a
 // UTF-8 or control byte is escaped in the key, which stays distinct; a
 // plain one is kept as it is (the keys stored before stay valid).

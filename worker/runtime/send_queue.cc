@@ -38,6 +38,13 @@ absl::Status SendQueue::Drain() {
   return error;
 }
 
+absl::Status SendQueue::TakeError() {
+  AnnotatedMutexLock lock(&mu_);
+  if (first_error_.ok()) return absl::OkStatus();
+  error_returned_ = true;
+  return first_error_;
+}
+
 int64_t SendQueue::pending() const {
   AnnotatedMutexLock lock(&mu_);
   return pending_;

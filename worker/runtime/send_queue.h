@@ -51,7 +51,11 @@ class SendQueue {
   // else OK.
   absl::Status Drain();
 
-  // Tasks queued and not yet finished (for tests and diagnostics).
+  // The stuck error of a task that failed, reported now (as Enqueue
+  // reports it: Drain then returns OK); OK when none has failed.
+  absl::Status TakeError();
+
+  // Tasks queued and not yet finished.
   int64_t pending() const;
 
  private:

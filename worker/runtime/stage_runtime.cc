@@ -1613,6 +1613,36 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       });
 }
 
+absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
+                                                               const TensorAddress& address) {
+  const absl::Time deadline = absl::Now() + setup_.recv_timeout;
+  // While this stage's sends are queued, one may fail here (a codec that
+  // refuses non-finite values, a refused frame): the peer waiting for it
+  // then waits too, and this receive, often the very answer to it, would
+  // wait out the whole timeout. Both stages then reported DEADLINE_EXCEEDED,
+  // a peer failure that the coordinator recovers from, again and again,
+  // instead of the send's own error. So wait in slices until the sends are
+  // done, and give up at the first that fails.
+  while (sends_.pending() > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<WireTensor> wire =
+        transport_->RecvWire(peer, address, std::min(kSendWatchSlice, left));
+    if (!absl::IsDeadlineExceeded(wire.status()) || left <= kSendWatchSlice) return wire;
+    RETURN_IF_ERROR(SendFailedFirst());
+  }
+  RETURN_IF_ERROR(SendFailedFirst());
+  return transport_->RecvWire(peer, address,
+                              std::max(absl::ZeroDuration(), deadline - absl::Now()));
+}
+
+absl::Status StageRuntime::SendFailedFirst() {
+  const absl::Status failed = sends_.TakeError();
+  if (failed.ok()) return failed;
+  return absl::Status(
+      failed.code(),
+      absl::StrCat("not received: a send of this stage failed first: ", failed.message()));
+}
+
 absl::Status StageRuntime::DrainSends(IterationResult* result) {
   const auto start = Clock::now();
   absl::Status status = sends_.Drain();
@@ -1656,8 +1686,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     CountDeviceTransfer(*t, &link);
     return Store(key, *std::move(t), weights_of);
   }
-  ASSIGN_OR_RETURN(WireTensor wire,
-                   transport_->RecvWire(GlobalStage(r.peer_stage()), address, setup_.recv_timeout));
+  ASSIGN_OR_RETURN(WireTensor wire, RecvWireWatchingSends(GlobalStage(r.peer_stage()), address));
   // The codec is the program's choice, not the sender's: a frame encoded
   // otherwise is refused before it is decoded (a codec can cost its decoder
   // far more than its bytes; plan.proto Instruction.Recv.codec).

@@ -21,7 +21,8 @@
 // program order, so the interpreter computes the next micro-batch while the
 // last one leaves (on a GPU, while its copy runs). Every iteration and
 // validation pass ends by waiting for its sends; a failed send fails the
-// iteration (naming the send) at the next Send instruction or at that end.
+// iteration (naming the send) at the next Send instruction, at that end, or
+// at a Recv waiting meanwhile (whose peer may wait for that very send).
 //
 // Not thread-safe, except current_instruction(), which any thread may read.
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
@@ -62,6 +63,10 @@ namespace pipetrain {
 // StageSetup::max_feedback_replicas' default: up to 8 replicas' residuals
 // in a checkpoint (8 x the compressed gradients at most).
 inline constexpr int kMaxFeedbackReplicasKept = 8;
+
+// How long a receive waits at a time while this stage's sends are queued,
+// between looks at whether one failed (StageRuntime::RecvWireWatchingSends).
+inline constexpr absl::Duration kSendWatchSlice = absl::Milliseconds(50);
 
 // StageRuntime::current_instruction() outside an iteration: the stage has a
 // job. Not "idle", which a worker reports when it runs no job at all.
@@ -354,6 +359,12 @@ class StageRuntime {
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration);
+  // The transport's RecvWire, up to setup_.recv_timeout, but while sends
+  // of this stage are queued in slices of kSendWatchSlice, returning a
+  // failed send's error (SendFailedFirst) as soon as there is one.
+  absl::StatusOr<WireTensor> RecvWireWatchingSends(int peer, const TensorAddress& address);
+  // sends_' stuck error, said to have stopped a receive; OK when none.
+  absl::Status SendFailedFirst();
   // Waits for every queued send (time counted as the "send" phase of
   // `result`, if given); moves what they sent into result->sent.
   absl::Status DrainSends(IterationResult* result);

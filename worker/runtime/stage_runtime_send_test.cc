@@ -99,6 +99,53 @@ TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSends
   EXPECT_EQ(transport.sends(), 2);
 }
 
+// Refuses every send as INVALID_ARGUMENT (as a codec refuses non-finite
+// values) and answers no receive: each waits out the timeout it is given.
+class NothingComesBackTransport : public Transport {
+ public:
+  int stage() const override { return 0; }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    return absl::InvalidArgumentError("element 3 is nan");
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([] { return false; }, timeout);
+    return absl::DeadlineExceededError("waited for " + address.DebugString());
+  }
+
+ private:
+  AnnotatedMutex mu_;
+};
+
+// A receive that waits while a send of the same stage fails (its peer then
+// never answers it) ends with the send's error, not its own timeout: both
+// stages reported DEADLINE_EXCEEDED, a peer failure, and the coordinator
+// recovered again and again from what was this stage's own error.
+TEST(StageRuntimeSendTest, SendFailsWhileAReceiveWaits_TheSendsErrorNotTheTimeout) {
+  const Dataset data = testing::MakeDataset();
+  StageSetup setup = ForwardAndSendStage(testing::SmallConfig(), 1);
+  setup.recv_timeout = absl::Seconds(10);
+  v1::Instruction recv;
+  recv.mutable_recv()->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION_GRAD);
+  recv.mutable_recv()->mutable_tensor()->set_unit(1);
+  recv.mutable_recv()->mutable_tensor()->set_micro_batch(0);
+  recv.mutable_recv()->set_peer_stage(1);
+  *setup.program.add_instructions() = recv;
+  NothingComesBackTransport transport;
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+
+  const absl::Status status = (*runtime)->RunIteration(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "not received: a send of this stage failed "
+                                "first: "))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "element 3 is nan")) << status;
+  EXPECT_FALSE(absl::StrContains(status.message(), "also failed")) << status;  // said once
+}
+
 // With data parallelism the transport numbers stages across replicas
 // (replica 1's stage 0 is its stage 2): the message numbers every stage as
 // the transport does, so its own reason ("stage 3 is gone") and the

@@ -131,8 +131,12 @@ grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     return new RefusedUpload(caller.status());
   }
   if (!open->TryOpen(caller->worker_id)) {
-    return new RefusedUpload(absl::ResourceExhaustedError(
-        absl::StrCat("worker ", caller->worker_id, " has an upload open already; one at a time")));
+    // UNAVAILABLE, which the worker retries: the usual cause is its own
+    // earlier stream, broken on its side and not yet closed here (its end
+    // waits on the executor behind other uploads' chunks).
+    return new RefusedUpload(absl::UnavailableError(
+        absl::StrCat("worker ", caller->worker_id,
+                     " has an upload open already (one at a time); retry once it has closed")));
   }
   return new WeightsUpload(context, *std::move(caller), metrics, jobs, executor, open);
 }

@@ -57,7 +57,7 @@ class OpenUploads {
 
 // A reactor for one UploadWeights call; it deletes itself when done.
 // `authorization` is the call's credential (AuthorizationOf). A second
-// upload of a worker that has one open ends RESOURCE_EXHAUSTED. `auth`,
+// upload of a worker that has one open ends UNAVAILABLE (retry). `auth`,
 // `metrics`, `jobs`, `executor` and `open` are not owned and must outlive
 // the call.
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(

@@ -389,6 +389,8 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
       return absl::DataLossError(
           absl::StrCat("checkpoint ", from.dir(), " has no file for unit ", u));
     }
+    // A Stop waits for this thread: not for the rest of a large checkpoint.
+    if (stop_.load()) return absl::CancelledError("stopped while loading the checkpoint");
     const bool owned = u >= backward.begin() && u < backward.end();
     int64_t steps = 0;
     ASSIGN_OR_RETURN(UnitState state,
@@ -617,6 +619,13 @@ absl::Status JobRunner::RunJob() {
         "; use ", generated ? "less generated text" : "a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
+  // Stop() joins this thread: each long step of the setup (the corpus,
+  // the runtime, the weights to start from) ends its wait early.
+  const auto stopped = [this](absl::string_view during) {
+    return stop_.load() ? absl::CancelledError(absl::StrCat("stopped while ", during))
+                        : absl::OkStatus();
+  };
+  RETURN_IF_ERROR(stopped("loading the training data"));
   // A recovery or a re-plan must train on the tokens the job began with: a
   // file replaced meanwhile (or another host's copy that differs) would
   // otherwise be used silently. The coordinator compares the first plan's
@@ -741,6 +750,7 @@ absl::Status JobRunner::RunJob() {
   // Device work that waits for peers: the host must not run far ahead of
   // it, and a job that ends early aborts it (below).
   const bool on_device_links = in_group || in_replica_group;
+  RETURN_IF_ERROR(stopped("setting up"));
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -766,6 +776,7 @@ absl::Status JobRunner::RunJob() {
           "spec.init.from names weights, but this worker was started without --checkpoint-root "
           "(the coordinator's --output-dir, shared)");
     }
+    RETURN_IF_ERROR(stopped("setting up"));
     RETURN_IF_ERROR(LoadInitWeights(*runtime, job.train.model));
   }
   if (assignment_.has_resume()) {
@@ -931,6 +942,13 @@ absl::Status JobRunner::RunJob() {
       absl::Status uploaded = host.status();
       if (uploaded.ok() && speaks) {
         uploaded = UploadWeightsWithRetries(ParameterPointers(*host));
+        // Said so: the code alone (UNAVAILABLE, DEADLINE_EXCEEDED) read
+        // as a data-plane peer's failure, naming nothing.
+        if (!uploaded.ok()) {
+          uploaded = absl::Status(
+              uploaded.code(),
+              absl::StrCat("uploading the final weights to the coordinator: ", uploaded.message()));
+        }
       }
       if (!uploaded.ok()) return uploaded;
     }
@@ -959,7 +977,11 @@ absl::Status JobRunner::RunJob() {
     // must be reported before it (ReportCheckpoint runs on the writer).
     if (last && writer != nullptr) writer->Wait();
     absl::StatusOr<v1::ReportProgressResponse> reported = ReportWithRetries(r);
-    if (!reported.ok()) return reported.status();
+    if (!reported.ok()) {
+      return absl::Status(reported.status().code(),
+                          absl::StrCat("reporting iteration ", it,
+                                       " to the coordinator: ", reported.status().message()));
+    }
     if (last) {
       completed_.store(true);
       if (options_.on_completed) options_.on_completed();

@@ -107,8 +107,11 @@ struct DataParallelLayout {
 //                    and m with P <= units); and SolvePlan's INVALID_ARGUMENTs
 //                    for an explicit D (e.g. more stages than the solver
 //                    allows).
-//  RESOURCE_EXHAUSTED an explicit D's plan does not fit in memory, or auto and
-//                    no layout fits (the message lists each layout's reason).
+//  RESOURCE_EXHAUSTED an explicit D's plan does not fit in memory.
+//  auto and no layout has a plan: the first layout tried's code (e.g.
+//                    FAILED_PRECONDITION for D = 1 mixing GPU and CPU
+//                    workers, RESOURCE_EXHAUSTED for memory), the message
+//                    listing each layout's reason.
 //  Other SolvePlan errors pass through unchanged.
 absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
                                                     const ClusterSpec& cluster,

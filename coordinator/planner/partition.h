@@ -6,9 +6,10 @@
 //             one more (GPipe's rule).
 //  pipedream  minimises the bottleneck: the largest sum of unit costs
 //             (forward + backward) over stages, by dynamic programming over
-//             (units covered, stages used), O(stages * n^2). Ties go to the
-//             partition whose first stages end earliest, so results are
-//             deterministic.
+//             (units covered, stages used), O(stages * n^2). Among equal
+//             bottlenecks the first found wins (the last stage's start
+//             smallest, then the one before it, ...): deterministic, but
+//             not the partition whose first stages end earliest.
 //  speed-aware pipedream (what the coordinator's "pipedream" solver runs):
 //             the same equal cuts, minimising the Bi-Partition "paper"
 //             objective restricted to them: stage k's compute divided by

@@ -16,7 +16,8 @@
 //                all-reduces: 4 + 14 (p - 1) steps;
 //       backward 1 broadcast, 7 all-gathers, 8 reduce-scatters, 5
 //                all-reduces: 1 + 25 (p - 1) steps;
-//     (tensor_cube_costs.cc derives these counts). The cube's collectives
+//     (tensor_cube_costs.cc derives these counts; at p = 2 an all-reduce
+//     is one step, not 2 (p - 1): 16 and 21 steps). The cube's collectives
 //     are synchronous: one partition, the communication after the compute,
 //     fully exposed (PassSeconds = compute + communication).
 //   boundaries: a cube unit whose next unit is not a cube unit (the last
@@ -32,8 +33,13 @@
 // Known under-estimate: a pipeline stage cut between two cube units also
 // makes the units on either side gather (the output of the one before,
 // the input gradient of the one after), but the cuts are not known when
-// these costs are computed, so each cut inside the blocks misses at most
-// two full gathers. Also approximate: every all-reduce is priced as a ring
+// these costs are computed, so each equal cut inside the blocks misses two
+// full gathers. A Bi-Partition plan (different forward and backward cuts)
+// misses more: every cube unit between a stage's two cuts (in its forward
+// range or its backward range, not both) gathers its output in its forward
+// and its recompute and its input gradient in the next unit's backward,
+// none of it priced here, so such plans look cheaper than they run.
+// Also approximate: every all-reduce is priced as a ring
 // (2 (p - 1) steps) as the 1-D costs are, though the data plane runs
 // small ones by recursive doubling (log2 p steps) when p is a power of
 // two; and the memory of a unit (activation and stash bytes) is left as

@@ -434,6 +434,15 @@ std::string ProfileToFileJson(const v1::ModelProfile& profile) {
                      {"stash_bytes", ByteCount(u.stash_bytes())}});
     if (u.transient_bytes() > 0) units.back()["transient_bytes"] = ByteCount(u.transient_bytes());
     if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
+    if (u.partitions_size() > 0) {  // AccTFM's timings, as the planner reads them
+      ordered_json partitions = ordered_json::array();
+      for (const v1::PartitionTiming& t : u.partitions()) {
+        partitions.push_back({{"count", t.count()},
+                              {"fwd_seconds", t.fwd_seconds()},
+                              {"bwd_seconds", t.bwd_seconds()}});
+      }
+      units.back()["partitions"] = std::move(partitions);
+    }
   }
   ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},
                        {"units", std::move(units)}};

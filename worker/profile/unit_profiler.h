@@ -142,8 +142,11 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
 //   {"micro_batch_size": 4, "units": [{"name": "embed", "fwd_seconds": ...,
 //    "bwd_seconds": ..., "weight_bytes": ..., "activation_bytes": ...,
 //    "stash_bytes": ...}, ...]}
-// Only these keys are written: the file format has no device_kind,
-// repetitions or peak_memory_bytes, and the planner rejects unknown keys.
+// and, where measured, a unit's "transient_bytes", "optimizer_seconds" and
+// "partitions" ([{"count", "fwd_seconds", "bwd_seconds"}], AccTFM's), and
+// the profile's "codecs". No other keys: the file format has no
+// device_kind, repetitions or peak_memory_bytes, and the planner rejects
+// unknown keys.
 // Invalid UTF-8 in a unit name is replaced with U+FFFD rather than thrown.
 std::string ProfileToFileJson(const v1::ModelProfile& profile);
 

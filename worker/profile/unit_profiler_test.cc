@@ -368,6 +368,27 @@ TEST(ProfileToFileJsonTest, Profile_ParsesWithThePlannerReader) {
   }
 }
 
+// AccTFM's partition timings travel in the file too: without them the
+// planner fell back to fwd_seconds / K, the measurement lost.
+TEST(ProfileToFileJsonTest, PartitionTimings_ReadBackByThePlanner) {
+  v1::ModelProfile profile;
+  profile.set_micro_batch_size(4);
+  v1::UnitProfile* unit = profile.add_units();
+  unit->set_name("attn_0");
+  unit->set_fwd_seconds(0.004);
+  unit->set_bwd_seconds(0.008);
+  v1::PartitionTiming* two = unit->add_partitions();
+  two->set_count(2);
+  two->set_fwd_seconds(0.0025);
+  two->set_bwd_seconds(0.0045);
+  auto parsed = ParseProfileJson(ProfileToFileJson(profile));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->units.size(), 1u);
+  ASSERT_EQ(parsed->units[0].partition_seconds.count(2), 1u);
+  EXPECT_EQ(parsed->units[0].partition_seconds.at(2).first, 0.0025);
+  EXPECT_EQ(parsed->units[0].partition_seconds.at(2).second, 0.0045);
+}
+
 TEST(ProfileToFileJsonTest, InvalidUtf8Name_ReplacedNotThrown) {
   v1::ModelProfile profile;
   profile.set_micro_batch_size(1);

@@ -514,7 +514,7 @@ class StageRuntime {
                                        const ParameterShard& shard);
   // Runs the forward pass of `units` on micro-batch mb from the stored input
   // of units.begin; keeps contexts of backward units (all of them when
-  // `keep_all_contexts`) and stores outputs the program uses later.
+  // `recompute`) and stores outputs the program uses later.
   absl::Status RunForward(const v1::UnitRange& units, int mb, bool recompute);
   // The partition tuner's bookkeeping at the end of an iteration: records
   // its compute time and, after the last measured one, sums the group's

@@ -54,6 +54,34 @@ INSTANTIATE_TEST_SUITE_P(
              "_" + std::get<2>(info.param);
     });
 
+// A stage holds an activation only until its last reader: a sent forward
+// output goes after its send, a received input after the forward pass that
+// reads it (the unit's stash keeps what the backward pass needs). So with
+// uniform cuts no stage holds more than one micro-batch's activation,
+// however many micro-batches are in flight (GPipe: all 4), which is what
+// the planner's memory model assumes (bipartition.h).
+TEST(PipelineActivationMemoryTest, StagesHoldOneMicroBatchActivationAtATime) {
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  const int64_t one_activation = int64_t{c.batch_size / c.micro_batches} * c.seq_len *
+                                 c.model.d_model * static_cast<int64_t>(sizeof(float));
+  testing::PipelineExtras two_steps;
+  two_steps.iterations = 2;
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    for (int stages : {2, 3}) {
+      auto ranges = UniformPartition(NumUnits(c.model), stages);
+      ASSERT_TRUE(ranges.ok()) << ranges.status();
+      const RunOutput pipe = RunPipeline(c, data, *ranges, *ranges, ParseSchedule(schedule).value(),
+                                         nullptr, nullptr, two_steps);
+      ASSERT_EQ(pipe.activation_bytes_peak.size(), static_cast<size_t>(stages));
+      for (int s = 0; s < stages; ++s) {
+        EXPECT_EQ(pipe.activation_bytes_peak[s], one_activation)
+            << schedule << ", " << stages << " stages, stage " << s;
+      }
+    }
+  }
+}
+
 // Bi-Partition plans on the 6-unit model (embed, attn0, mlp0, attn1, mlp1,
 // head), each with forward and backward cuts that differ.
 struct BiPlan {

@@ -303,6 +303,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     for (const auto& [phase, seconds] : phase_seconds[g]) out.phase_seconds[phase] += seconds;
     out.last_partitions.push_back(results[g].empty() ? std::map<std::string, std::pair<int, int>>()
                                                      : results[g].back().tensor_partitions);
+    int64_t peak = 0;
+    for (const IterationResult& r : results[g]) peak = std::max(peak, r.activation_bytes_peak);
+    out.activation_bytes_peak.push_back(peak);
   }
   for (int g = 0; g < total; ++g) {
     if (!snapshots[g].has_value()) continue;

@@ -69,6 +69,9 @@ struct RunOutput {
   // partition counts of its last iteration (IterationResult
   // ::tensor_partitions; empty without partition tuning).
   std::vector<std::map<std::string, std::pair<int, int>>> last_partitions;
+  // By runtime, as last_partitions: the most IterationResult::
+  // activation_bytes_peak of any of its iterations.
+  std::vector<int64_t> activation_bytes_peak;
 };
 
 // Expects `pipe` to equal `local` as data_parallel_testing.h defines it:

@@ -536,22 +536,29 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
   if (units_.count(0) && units_.count(num_units_ - 1)) {
     TieHeadToEmbedding(*units_[0], *units_[num_units_ - 1]);
   }
-  // Outputs read after the forward pass, and each micro-batch's last use.
+  // Outputs read after the forward pass, each micro-batch's last use and
+  // each stored activation's last reader.
   std::map<int, int> last;
+  std::map<std::pair<int, int>, int> last_read;
   const auto& ins = setup.program.instructions();
   for (int i = 0; i < ins.size(); ++i) {
     const v1::Instruction& in = ins[i];
     int mb = -1;
-    if (in.has_forward()) mb = in.forward().micro_batch();
+    if (in.has_forward()) {
+      mb = in.forward().micro_batch();
+      if (in.forward().units().begin() > 0) last_read[{mb, in.forward().units().begin() - 1}] = i;
+    }
     if (in.has_backward()) mb = in.backward().micro_batch();
     if (in.has_recompute()) {
       mb = in.recompute().micro_batch();
       kept_outputs_.insert(in.recompute().units().begin() - 1);
+      last_read[{mb, in.recompute().units().begin() - 1}] = i;
     }
     if (in.has_send()) {
       mb = in.send().tensor().micro_batch();
       if (in.send().tensor().kind() == v1::TENSOR_KIND_ACTIVATION) {
         kept_outputs_.insert(in.send().tensor().unit());
+        last_read[{mb, in.send().tensor().unit()}] = i;
         if (absl::StartsWith(in.send().codec(), "token_topk")) {
           scored_outputs_.insert(in.send().tensor().unit());
         }
@@ -564,6 +571,7 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
     if (units_.count(u)) units_[u]->KeepTokenImportance();
   }
   for (const auto& [mb, i] : last) last_touch_[i].push_back(mb);
+  for (const auto& [key, i] : last_read) last_read_by_[i].push_back(key);
   for (int i = 0; i < ins.size(); ++i) {
     if (!ins[i].has_backward()) continue;
     const v1::UnitRange& r = ins[i].backward().units();
@@ -1181,7 +1189,10 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
               sends),
           all_reduces);
     }
-    ForgetMicroBatchesEndingAt(i);
+    ForgetTensorsEndingAt(i);
+    int64_t held = 0;
+    for (const auto& [key, tensor] : activations_) held += tensor.size_bytes();
+    result.activation_bytes_peak = std::max(result.activation_bytes_peak, held);
   }
   absl::Status sent = DrainSends(&result);
   if (!sent.ok()) {
@@ -1308,11 +1319,20 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
   return status;
 }
 
-void StageRuntime::ForgetMicroBatchesEndingAt(int instruction) {
-  auto it = last_touch_.find(instruction);
-  if (it == last_touch_.end()) return;
-  for (int mb : it->second) {
-    activations_.erase(activations_.lower_bound({mb, -1}), activations_.lower_bound({mb + 1, -1}));
+void StageRuntime::ForgetTensorsEndingAt(int instruction) {
+  // An activation goes once its last reader has run: a sent forward output
+  // is not held until its micro-batch's backward pass unless a recompute
+  // here reads it (what the planner's memory model counts, bipartition.h).
+  // The send queue and a device encode hold their own references.
+  if (auto it = last_read_by_.find(instruction); it != last_read_by_.end()) {
+    for (const std::pair<int, int>& key : it->second) activations_.erase(key);
+  }
+  // Anything else of a finished micro-batch (a recompute's stored outputs).
+  if (auto it = last_touch_.find(instruction); it != last_touch_.end()) {
+    for (int mb : it->second) {
+      activations_.erase(activations_.lower_bound({mb, -1}),
+                         activations_.lower_bound({mb + 1, -1}));
+    }
   }
 }
 

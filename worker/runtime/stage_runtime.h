@@ -192,6 +192,11 @@ struct IterationResult {
   // Filled on the stage that owns head's forward pass: with data
   // parallelism, every replica's, in the step's micro-batch order.
   std::vector<float> micro_batch_losses;
+  // The most bytes of activations held between instructions: stored
+  // forward outputs (kept for a send or a recompute) and received inputs,
+  // counted after each instruction has freed those it read last. Unit
+  // contexts' stashes are not in it (a stashed input shares its storage).
+  int64_t activation_bytes_peak = 0;
   double busy_seconds = 0;  // everything but waiting in receives
   double idle_seconds = 0;  // waiting in receives (the pipeline bubble)
   // Busy time of the interpreter by phase: "forward", "backward",
@@ -520,7 +525,9 @@ class StageRuntime {
   // its compute time and, after the last measured one, sums the group's
   // totals and keeps the fastest candidate.
   absl::Status TunePartitions(int64_t iteration, IterationResult* result);
-  void ForgetMicroBatchesEndingAt(int instruction);
+  // After instruction `instruction`: drops the activations it was the last
+  // to read, and every activation of the micro-batches it last touched.
+  void ForgetTensorsEndingAt(int instruction);
 
   StageSetup setup_;
   const Dataset* dataset_;
@@ -553,12 +560,14 @@ class StageRuntime {
   int64_t iteration_ = 0;
   // Program facts, computed once: units whose outputs the program reads
   // after the forward pass (sends, recompute inputs), and per instruction
-  // the micro-batches it is the last one to touch.
+  // the micro-batches it is the last one to touch and the (micro-batch,
+  // unit) activations it is the last one to read.
   std::set<int> kept_outputs_;
   // Units whose ACTIVATION sends use a token_topk codec: their forward pass
   // also records the unit's token importance (Unit::TokenImportance).
   std::set<int> scored_outputs_;
   std::map<int, std::vector<int>> last_touch_;
+  std::map<int, std::vector<std::pair<int, int>>> last_read_by_;
   // State within an iteration, per (micro-batch, unit).
   std::map<std::pair<int, int>, Tensor> activations_;               // outputs, own or received
   std::map<std::pair<int, int>, std::vector<float>> token_scores_;  // of scored outputs

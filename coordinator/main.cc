@@ -427,6 +427,13 @@ absl::Status ConfigureTokens(Flags& flags) {
         "the user token contains '%', which HTTP percent-decodes in the Authorization header, "
         "so REST calls would not match it; generate one without (e.g. openssl rand -hex 32)");
   }
+  // A worker host holds the join token; the same string as the user token
+  // would let any of them submit, cancel and drain as a user.
+  if (!flags.user_token.empty() && flags.user_token == flags.join_token) {
+    return absl::InvalidArgumentError(
+        "the join token and the user token are the same, which would give every worker host a "
+        "user's rights (submit, cancel, drain); generate two (e.g. openssl rand -hex 32 twice)");
+  }
   if (flags.insecure) return absl::OkStatus();
   if (flags.join_token.empty()) {
     return absl::InvalidArgumentError(
@@ -854,12 +861,17 @@ int Serve(const Config& config, const sigset_t& signals) {
                << (signal == SIGHUP
                        ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
                        : "");
+  // Leases stop being checked before heartbeats stop being served: the
+  // gRPC shutdown below may wait kShutdownGrace for open calls (a health
+  // Watch, a weights upload), longer than a short lease, and a lease that
+  // ran out then would start a worker_lost recovery of every running job,
+  // saved to the store, for workers that are alive.
+  registry.SetLossListener(nullptr);
+  registry.Stop();
   service.Shutdown();  // ends WatchAssignments streams, which never end by themselves
   health.Detach();
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   http.Stop();
-  registry.Stop();
-  registry.SetLossListener(nullptr);
   return 0;  // jobs' destructor stops the scheduling loop
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The coordinator refuses to start (exit 2) with a join or user token that is
 # still the placeholder earlier manifests published (REPLACE-ME...), and says
-# how to create the Secret; with real tokens from files it starts.
+# how to create the Secret, or with one token for both; with real tokens from
+# files it starts.
 set -u
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 T="$TEST_TMPDIR"
@@ -49,6 +50,12 @@ printf '5d1e%%41c3a2f9064\n' > "$T/percent-user"
 start "$T/real-join" "$T/percent-user"; code=$?
 check "user token with a %: exit 2" test "$code" -eq 2
 check "user token with a %: the message" grep -qF "the user token contains '%'" "$T/err.txt"
+
+# One token for both: every worker host could act as a user.
+start "$T/real-join" "$T/real-join"; code=$?
+check "join token = user token: exit 2" test "$code" -eq 2
+check "join token = user token: the message" \
+  grep -qF "the join token and the user token are the same" "$T/err.txt"
 
 timeout 20 "$COORDINATOR" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 --insecure \
   --join-token=REPLACE-ME-join-token > /dev/null 2> "$T/err.txt"; code=$?

@@ -363,6 +363,10 @@ expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device o
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \
   up --workers 2 --loss-log "$TMP/no-such-dir/l.txt" --out "$TMP/up-bad"
+# A FIFO nobody reads: the write after the run would block with the cluster up.
+mkfifo "$TMP/losses.fifo"
+expect_exit up_loss_log_fifo_no_reader 2 "--loss-log $TMP/losses.fifo is a FIFO with no reader; start its reader first, or name a regular file" -- \
+  up --workers 2 --loss-log "$TMP/losses.fifo" --out "$TMP/up-bad"
 # Nor may it be the corpus: it was written over after the run.
 for _ in $(seq 1 300); do echo "some words of text to train on"; done >"$TMP/corpus.txt"
 cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"

@@ -851,6 +851,9 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log, o.out);
+  // A pipe nobody reads would block the write after training, with every
+  // process of the cluster still up (as train-local --log refuses it).
+  if (valid.ok()) valid = CheckFifoHasReader("--loss-log", o.loss_log);
   // Written after the run: it must not be the corpus the run trains on,
   // nor a file the run writes in --out (the weights, the lock).
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
@@ -1436,9 +1439,12 @@ int RunJob(const std::vector<std::string>& args) {
     written.emplace_back(what, path);
   }
   if (absl::Status wrote = WriteFilesOrNone(files); !wrote.ok()) return Fail("job", wrote);
-  if (o.json) {
+  if (o.json && o.show_plan) {
     std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
-                o.show_plan ? ToJson(plan, true).c_str() : "null");
+                ToJson(plan, true).c_str());
+  } else if (o.json) {
+    // As without a timeline: the job alone (docs/operations.md, "JSON").
+    std::printf("%s", ToJson(job, true).c_str());
   } else {
     std::printf("%s", ToJson(job).c_str());
     if (o.show_plan) PrintPlanSummary(plan);

@@ -99,8 +99,9 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
   // split a unit's share. A bound no plan can beat, from shapes alone.
   const std::vector<double> budgets = PlanMemoryBudgets(workers);
   double total = 0, largest = 0;
+  bool some_unlimited = false;  // then no plan-wide bound: the profiler's own below
   for (double b : budgets) {
-    if (b <= 0) return "";  // unlimited
+    some_unlimited = some_unlimited || b <= 0;
     total += b;
     largest = std::max(largest, b);
   }
@@ -114,13 +115,13 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
   const int tensor = record.resolved.tensor_parallel == kTensorParallelAuto
                          ? static_cast<int>(workers.size())
                          : std::max(1, record.resolved.tensor_parallel);
-  if (4 * weights * replicas > total) {
+  if (!some_unlimited && 4 * weights * replicas > total) {
     return absl::StrCat("its weights, their gradients and AdamW moments alone (",
                         BytesAndGiB(4 * weights), replicas > 1 ? " per replica" : "",
                         ") exceed the memory of its ", workers.size(), " workers together (",
                         BytesAndGiB(total), ")");
   }
-  if (4 * largest_unit / tensor > largest) {
+  if (!some_unlimited && 4 * largest_unit / tensor > largest) {
     return absl::StrCat("its largest unit's weights, gradients and AdamW moments (",
                         BytesAndGiB(4 * largest_unit / tensor),
                         ") exceed the memory of its "

@@ -38,6 +38,7 @@ v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
 
 absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::string& worker_id,
                                                                    const std::string& job_id) {
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));  // bounded before it is echoed
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (IsTerminal(record->job.state())) {
@@ -88,6 +89,13 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       return absl::PermissionDeniedError(absl::StrCat(
           "ReportProgressRequest.checkpoint: ", r.worker_id(),
           " runs a data-parallel replica other than 0, whose stages write no checkpoints"));
+    }
+    // Every tensor rank of a stage holds the same units; rank 0 writes
+    // their files, and a report from another could replace its checksums.
+    if (const int rank = stage_index % TensorRanks(*record); rank != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("ReportProgressRequest.checkpoint: ", r.worker_id(), " runs tensor rank ",
+                       rank, " of its stage; only rank 0 writes and reports checkpoints"));
     }
     // A writer of the stopped plan that finished after the job stopped: a
     // checkpoint it completed now could expire the one the re-plan resumes

@@ -610,6 +610,29 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
   }
 }
 
+// Tensor parallelism: rank 0 of a stage writes its checkpoint files and
+// reports them; another rank's report (the same units) could replace rank
+// 0's checksums with ones no file has, or push its pending steps out.
+TEST_F(JobManagerTest, TensorParallel_OnlyRankZeroReportsCheckpoints) {
+  AddWorker(7110), AddWorker(7111);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_parallelism()->set_tensor(2);
+  const std::string id = Submit(spec).value().id();
+  Schedule();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  ASSERT_EQ(plan.stages_size(), 2);  // stage 0's tensor ranks 0 and 1
+  v1::ReportProgressRequest checkpoint;
+  checkpoint.set_worker_id(plan.stages(1).worker_id());
+  checkpoint.set_job_id(id);
+  checkpoint.set_plan_version(plan.version());
+  checkpoint.mutable_checkpoint()->set_step(1);
+  const absl::Status refused = jobs_.ReportProgress(checkpoint).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "tensor rank 1")) << refused;
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+}
+
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
   v1::Job job = Submit(SmallSpec(2)).value();
@@ -1864,6 +1887,24 @@ TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_PlannedWithoutP
       source, absl::StrCat("not profiled: profiling its largest unit (head: 25170560 bytes (0.02 "
                            "GiB) for one micro-batch) would exceed the memory of ",
                            small, ", which would profile it (20000000 bytes (0.02 GiB))")))
+      << source;
+}
+
+// As above with a second worker that reports no memory (unlimited): that
+// waives the plan-wide bounds, not the profiling worker's own.
+TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_AnotherUnlimited_NotProfiled) {
+  int calls = 0;
+  AnswerProfilesCounting(&calls);
+  const std::string small = AddCpuWorker(7001, "a", 20'000'000);
+  AddCpuWorker(7002, "b", 0);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_model()->set_vocab_size(65536);
+  const std::string id = Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(calls, 0);
+  const std::string source = jobs_.GetPlan(id).value().profile_source();
+  EXPECT_TRUE(absl::StrContains(source, absl::StrCat("would exceed the memory of ", small)))
       << source;
 }
 

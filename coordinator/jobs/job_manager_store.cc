@@ -194,7 +194,9 @@ absl::Status JobManager::Restore() {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   int resumed = 0;
-  std::vector<std::string> failed_by_restart, ended_with_checkpoints;
+  // Failed by this restart, and whether its checkpoints' leftovers go.
+  std::vector<std::pair<std::string, bool>> failed_by_restart;
+  std::vector<std::string> ended_with_checkpoints;
   for (store::StoredJob& s : stored) {
     auto record = std::make_unique<JobRecord>();
     record->job = std::move(*s.mutable_job());
@@ -320,6 +322,15 @@ absl::Status JobManager::Restore() {
         }
       }
     }
+    // A state this version does not know (another version's, a damaged
+    // store): nothing would schedule, fail or prune the job.
+    if (record->job.state() == v1::JOB_STATE_UNSPECIFIED ||
+        !v1::JobState_IsValid(record->job.state())) {
+      record->job.set_reason(absl::StrCat("after a coordinator restart, the stored state ",
+                                          static_cast<int>(record->job.state()),
+                                          " is not one this version knows"));
+      record->job.set_state(v1::JOB_STATE_FAILED);
+    }
     const v1::JobState state = record->job.state();
     // Not planned yet: it waits again (a first plan that was being made
     // was never stored).
@@ -368,10 +379,11 @@ absl::Status JobManager::Restore() {
       RemoveAbandonedWeightsOf(*record);
       // So do its checkpoints' leftovers, once every job is restored (the
       // sweep skips a directory another live job shares), and the failure
-      // is saved. Not when the spec no longer resolves: its checkpoint
-      // directory was not checked again, and the version that stored it
-      // (rolled back to) could still resume it.
-      if (spec_resolves) failed_by_restart.push_back(id);
+      // is saved. Not the leftovers when the spec no longer resolves: its
+      // checkpoint directory was not checked again, and a job of the
+      // version that stored it (rolled back to) could still start from
+      // them (spec.init.from).
+      failed_by_restart.push_back({id, spec_resolves});
     }
     // Ended before the restart: its late sweep (SweepStoppedJobsLocked) was
     // not stored, and stages may have written a step after the end.
@@ -422,8 +434,9 @@ absl::Status JobManager::Restore() {
                  << " expired checkpoint(s) left by the previous coordinator";
     io_.Post([this, id, doomed] { RemoveExpiring(id, doomed, /*save_after=*/true); });
   }
-  for (const std::string& id : failed_by_restart) {
-    std::function<void()> sweep = CheckpointSweepLocked(*jobs_[id], absl::Now());
+  for (const auto& [id, sweeps] : failed_by_restart) {
+    std::function<void()> sweep =
+        sweeps ? CheckpointSweepLocked(*jobs_[id], absl::Now()) : std::function<void()>();
     // Else the store says RUNNING, and every restart fails it again (its
     // "ended" counted each time).
     PersistLocked(*jobs_[id]).IgnoreError();  // logged

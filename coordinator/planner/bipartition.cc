@@ -218,8 +218,14 @@ double BiPartitionCosts::Inbound(int /*worker*/, const Range& f, const Range& b)
 double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) const {
   // B \ F's stash once: the Recompute before each backward rebuilds it for
   // that micro-batch only, and its backward frees it.
+  // A run of B \ F right after F recomputes from F's last output, which
+  // the worker keeps from each forward pass to its backward pass: n_i of
+  // them, one already in the first recomputed unit's stash (its input).
+  const bool recomputes_after_f = !Empty(f) && b.begin <= f.end && b.end > f.end;
+  const double kept_outputs =
+      recomputes_after_f ? (stash_count_[worker] - 1) * activation_[f.end - 1] : 0.0;
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) +
-         stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) +
+         stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
          std::max(LargestTransient(f), LargestTransient(b));
 }
 

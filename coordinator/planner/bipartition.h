@@ -41,10 +41,17 @@
 //   memory_i = sum_{u in F_i ∪ B_i} weight_bytes[u] + 3·sum_{u in B_i} weight_bytes[u]
 //              + n_i · sum_{u in F_i ∩ B_i} stash_bytes[u]
 //              + sum_{u in B_i \ F_i} stash_bytes[u]
+//              + (n_i - 1) · activation_bytes[F_i.end - 1]   if F_i non-empty and
+//                    B_i.begin <= F_i.end < B_i.end
 //              + max_{u in F_i ∪ B_i} transient_bytes[u]
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
-// (the micro-batches whose stash worker i holds at once). The last two
-// terms are not the paper's. A recomputed unit (B_i \ F_i) holds its stash
+// (the micro-batches whose stash worker i holds at once). The last three
+// terms are not the paper's. The kept outputs: a run of B_i \ F_i right
+// after F_i recomputes from F_i's last output, which the worker keeps from
+// each micro-batch's forward pass to its backward pass (n_i at once; the
+// one being recomputed is in its first unit's stash). Other activations
+// are freed after their last reader (a send, the forward pass they feed:
+// StageRuntime), so no other term holds them. A recomputed unit (B_i \ F_i) holds its stash
 // for one micro-batch at a time: the compiler's Recompute comes right
 // before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
 // allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),

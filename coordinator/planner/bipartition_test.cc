@@ -383,6 +383,20 @@ TEST(BiPartitionCostsTest, Memory_WeightsOptimizerStateAndStashPerSchedule) {
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24 + 12);
 }
 
+// A run of B \ F right after F recomputes from F's last output, kept from
+// each forward pass to its backward pass: n_i of them, one of which is in
+// the first recomputed unit's stash (its input).
+TEST(BiPartitionCostsTest, Memory_KeepsFsLastOutputForARecomputeRightAfterF) {
+  BiPartitionProblem p = FiveUnits();
+  // Worker 0 (n_0 = 2): weights of units 0..2 (7000), 3 * 7000, stash of
+  // unit 0 twice, of units 1 and 2 once, and one more of unit 0's output.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 3}), 7000 + 21000 + 2 * 3 + 12 + 1 * 10);
+  // B \ F after a gap, or before F: a routed input, not kept from F.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {2, 3}), 5000 + 12000 + 7);
+  p.schedule = BiPartitionSchedule::kGPipe;  // n_0 = 4
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 3}), 7000 + 21000 + 4 * 3 + 12 + 3 * 10);
+}
+
 // A worker that only recomputes and back-propagates a unit (its forward
 // runs elsewhere) holds that unit's stash for the micro-batch it runs the
 // backward of: counted once, whatever the schedule.

@@ -110,6 +110,9 @@ BIN="$COORDINATOR" expect_exit coordinator_worker_tls_name_alone 2 \
   "--worker-tls-server-name names the workers' certificates" -- \
   --insecure --worker-tls-server-name=pipetrain-worker --grpc-address=127.0.0.1:0 \
   --http-address=127.0.0.1:0
+BIN="$WORKER" expect_exit worker_listen_wildcard 2 \
+  "--listen 0.0.0.0:7100 is a wildcard address, which the worker would advertise" -- \
+  --join-token=j --listen=0.0.0.0:7100
 BIN="$WORKER" expect_exit worker_data_root_missing 2 \
   "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
   --join-token=j --data-root="$TMP/no-such-root"

@@ -118,7 +118,9 @@ int Run(const std::vector<std::string>& args) {
   flags.String("coordinator", &f.coordinator,
                "coordinator gRPC address, or every highly available coordinator's, "
                "comma-separated (the leader is followed)");
-  flags.String("listen", &f.listen, "data-plane listen address (port 0 = any)");
+  flags.String("listen", &f.listen,
+               "data-plane listen address, advertised to peers as it is: not a wildcard such "
+               "as 0.0.0.0 (port 0 = any)");
   flags.String("join-token", &f.join_token,
                "the coordinator's join token (visible in ps: prefer --join-token-file)");
   flags.String("join-token-file", &f.join_token_file, "read the join token from this file");
@@ -196,7 +198,19 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
   // Checked before binding: gRPC and the HTTP library keep a port's low 16
   // bits, so 70000 bound 4464 while the flag's value was advertised.
-  if (parsed.ok()) parsed = SplitHostPort(f.listen, "--listen").status();
+  if (parsed.ok()) {
+    absl::StatusOr<HostPort> listen = SplitHostPort(f.listen, "--listen");
+    parsed = listen.status();
+    // The address is advertised as it is: peers told to dial 0.0.0.0 reach
+    // their own host, and two workers on one port would share an id.
+    if (parsed.ok() && (listen->host == "0.0.0.0" || listen->host == "::")) {
+      parsed = absl::InvalidArgumentError(absl::StrCat(
+          "--listen ", f.listen,
+          " is a wildcard address, which the worker would advertise to its peers as it is; "
+          "give the address they reach it at (e.g. --listen=$(POD_IP):7100, or 127.0.0.1:0 "
+          "on one host)"));
+    }
+  }
   absl::StatusOr<HostPort> metrics_address = SplitHostPort(f.metrics, "--metrics-address");
   if (parsed.ok()) parsed = metrics_address.status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {

@@ -13,8 +13,10 @@
 //  - a complete request is answered with a status line "HTTP/1.1 NNN"
 //    (100 <= NNN < 600); one not complete yet gets nothing;
 //  - authentication: a 2xx answer to a request that does not carry the
-//    token is the only public route's (/metrics, Prometheus text): no REST
+//    token in its head (request line and headers; the body does not count)
+//    is the only public route's (/metrics, Prometheus text): no REST
 //    method answers a caller without the token.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -63,7 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (response.empty()) continue;  // not complete: a connection would wait
     const int status = HttpStatusOf(response);
     if (status < 100 || status >= 600) __builtin_trap();
-    const bool has_token = absl::StrContains(request, kToken);
+    // The token counts where a header can carry it: in the request's head,
+    // not its body (a body holding it authenticates nothing).
+    size_t head_end = request.size();
+    for (const char* blank : {"\r\n\r\n", "\n\n", "\r\n\n", "\n\r\n"}) {
+      head_end = std::min(head_end, request.find(blank));
+    }
+    const bool has_token = absl::StrContains(request.substr(0, head_end), kToken);
     const absl::string_view head = absl::string_view(response).substr(0, response.find("\r\n\r\n"));
     if (status >= 200 && status < 300 && !has_token &&
         !absl::StrContains(head, "Content-Type: text/plain; version=0.0.4")) {

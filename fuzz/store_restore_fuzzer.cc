@@ -13,11 +13,16 @@
 // as protobuf fields (so that restores get past parsing), then the
 // record's uint16-length-prefixed bytes.
 //
-// Checks beyond the sanitizers: whatever Restore accepts can be listed and
+// A record of the jobs/ table that parses as a job with an id is stored
+// under jobs/<that id>, as the coordinator keys it.
+//
+// Checks beyond the sanitizers: a successful Restore brought back every job
+// stored under its own id; whatever Restore accepts can be listed and
 // read back (Get) at every step, and a plan it serves (GetPlan) has
 // degrees that hold (StoredPlanMismatch).
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CoordinatorState state(&store);
   if (!state.Initialize().ok()) __builtin_trap();
   std::vector<StoreWrite> writes;
+  std::set<std::string> restorable_ids;
   for (int i = 0; i < kMaxRecords && !in.empty(); ++i) {
     const uint8_t kind = in.Byte();
     const std::string_view bytes = in.LengthPrefixed();
@@ -68,7 +74,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       value = job.SerializeAsString();
     }
     static const char* const kTables[] = {"jobs/", "workers/", "profiles/"};
-    writes.push_back(StoreWrite::Put(absl::StrCat(kTables[(kind & 3) % 3], "k", i), value));
+    const std::string table = kTables[(kind & 3) % 3];
+    std::string key = absl::StrCat(table, "k", i);
+    // A job is restored only from its own key (jobs/<its id>, as the
+    // coordinator saves it); elsewhere LoadJobs skips it, and nothing past
+    // parsing would be reached.
+    store::StoredJob parsed;
+    if (table == "jobs/" && parsed.ParseFromString(value) && !parsed.job().id().empty()) {
+      key = table + parsed.job().id();
+      restorable_ids.insert(parsed.job().id());
+    }
+    writes.push_back(StoreWrite::Put(key, value));
   }
   if (!store.Commit(writes).ok()) return 0;
 
@@ -81,6 +97,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   JobManager jobs(&registry, &hub, &clock,
                   JobManagerOptions{.state = &state, .background_runner = background.Runner()});
   if (!jobs.Restore().ok()) return 0;
+  // Every job stored under its own id is restored (failed if it does not
+  // fit): the harness would otherwise fuzz nothing past LoadJobs unnoticed.
+  for (const std::string& id : restorable_ids) {
+    if (!jobs.Get(id).ok()) __builtin_trap();
+  }
   for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
     v1::RegisterWorkerRequest request;
     request.set_data_address(address);

@@ -4,10 +4,14 @@
 // Input: byte 0 picks the format (bits 0-1: auto, text, uint16,
 // uint16-header) and, for auto, the file name's extension (bit 2: ".bin",
 // else ".txt"); byte 1 the vocabulary size (kVocabs); the rest is the file.
+// Checks beyond the sanitizers: a file it accepts has tokens, every id
+// below the vocabulary size.
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "fuzz/fuzz_input.h"
 #include "worker/data/token_file.h"
 
@@ -27,6 +31,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = in.Byte();
   const int vocab = kVocabs[in.Byte() % std::size(kVocabs)];
   const std::string name = (selector & 4) ? "fuzz.bin" : "fuzz.txt";
-  (void)ParseTokenFile(name, in.Rest(), kFormats[selector & 3], vocab);
+  const absl::StatusOr<std::vector<uint16_t>> tokens =
+      ParseTokenFile(name, in.Rest(), kFormats[selector & 3], vocab);
+  if (!tokens.ok()) return 0;
+  // What an accepted file promises the embedding lookup: some tokens, and
+  // every id inside the vocabulary.
+  if (tokens->empty()) __builtin_trap();
+  for (uint16_t id : *tokens) {
+    if (id >= vocab) __builtin_trap();
+  }
   return 0;
 }

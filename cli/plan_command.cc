@@ -38,7 +38,7 @@ struct PlanFlags {
   int layers = 0, d_model = 768, heads = 12, vocab = 50257, seq_len = 1024, micro_batch_size = 1;
   double gflops = 100;
   // The workers' attention (worker --attention): flash keeps no T x T
-  // probabilities (AnalyticProfile's flash_attention).
+  // probabilities (AnalyticAttention::kCudaFlash).
   std::string attention = "auto";  // the workers' default: T x T kept, as reference
   std::string svg, trace;
   int workers = 0, micro_batches = 4;
@@ -278,8 +278,9 @@ absl::StatusOr<GptConfig> AnalyticModel(const PlanFlags& f) {
 absl::StatusOr<ModelProfile> LoadProfile(const PlanFlags& f) {
   if (f.profile.empty()) {
     ASSIGN_OR_RETURN(const GptConfig config, AnalyticModel(f));
-    return AnalyticProfile(config, f.seq_len, f.micro_batch_size, f.gflops * 1e9,
-                           /*flash_attention=*/f.attention == "flash");
+    return AnalyticProfile(
+        config, f.seq_len, f.micro_batch_size, f.gflops * 1e9,
+        f.attention == "flash" ? AnalyticAttention::kCudaFlash : AnalyticAttention::kCpu);
   }
   ASSIGN_OR_RETURN(std::string text, ReadFile(f.profile, "profile"));
   absl::StatusOr<ModelProfile> profile = ParseProfileJson(text);

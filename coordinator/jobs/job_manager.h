@@ -517,6 +517,9 @@ class JobManager {
     // has not returned yet, whatever the job's state since (a cancelled
     // job's worker still measures until the fetch returns).
     std::string profiling_on;
+    // How profiling_on runs attention (the analytic sizes its profile is
+    // checked against and completed with).
+    AnalyticAttention profiling_attention = AnalyticAttention::kCpu;
     bool profile_in_flight = false;
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).

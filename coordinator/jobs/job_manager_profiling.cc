@@ -29,12 +29,15 @@ std::vector<std::string> UnitNamesOf(const GptConfig& model) {
   return names;
 }
 
-// The sizes `model`'s shape gives each unit for `request` (the analytic
-// profile's), and its FLOPs as seconds at kModelSizesFlopsPerSecond: what
-// a worker's profile must agree with (CheckWorkerProfile).
-ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request) {
+// The sizes `model`'s shape gives each unit for `request` on workers that
+// run attention as `attention` (the analytic profile's), and its FLOPs as
+// seconds at kModelSizesFlopsPerSecond: what a worker's profile must agree
+// with (CheckWorkerProfile), and the transient bytes a device profile does
+// not measure (FromProto).
+ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request,
+                        AnalyticAttention attention) {
   return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(),
-                         kModelSizesFlopsPerSecond);
+                         kModelSizesFlopsPerSecond, attention);
 }
 
 }  // namespace
@@ -105,7 +108,8 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
     total += b;
     largest = std::max(largest, b);
   }
-  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
+  const ModelProfile sizes =
+      ModelSizes(record.resolved.train.model, request, AnalyticAttentionOf(workers[0].device()));
   double weights = 0, largest_unit = 0;
   for (const UnitProfile& u : sizes.units) {
     weights += u.weight_bytes;
@@ -153,7 +157,9 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   const std::string kind = DeviceKind(workers[0].device());
   const std::string key = ProfileKey(request, ProfileDeviceKey(workers[0].device()));
   std::optional<v1::ModelProfile> cached = profiles_.Get(key);
-  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
+  // As workers[0] runs attention: the key's device part says the same.
+  const AnalyticAttention attention = AnalyticAttentionOf(workers[0].device());
+  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request, attention);
   if (cached) {
     // Checked when it was fetched; a store written before that check
     // existed may still hold one unfit for this model: measure it again.
@@ -201,6 +207,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
       record.job.set_state(v1::JOB_STATE_PROFILING);
       record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
       record.profiling_on = workers[0].id();
+      record.profiling_attention = attention;
       record.profile_in_flight = true;
       TouchLocked(record);
       PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
@@ -217,7 +224,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   for (const v1::Worker& w : workers) fastest = std::max(fastest, w.device().measured_gflops());
   const double rate = fastest > 0 ? fastest * 1e9 : 1e11;
   const TrainConfig& t = record.resolved.train;
-  *profile = AnalyticProfile(t.model, t.seq_len, t.batch_size / t.micro_batches, rate);
+  *profile = AnalyticProfile(t.model, t.seq_len, t.batch_size / t.micro_batches, rate, attention);
   *source = absl::StrCat("analytic: FLOPs at ", rate / 1e9, " GFLOP/s",
                          !unfit.empty() ? absl::StrCat(" (not profiled: ", unfit, ")")
                          : record.profile_error.empty()
@@ -246,7 +253,8 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       profile = absl::CancelledError("the job ended while its model was profiled");
     }
     if (profile.ok()) {
-      const ModelProfile sizes = ModelSizes(record->resolved.train.model, request);
+      const ModelProfile sizes =
+          ModelSizes(record->resolved.train.model, request, record->profiling_attention);
       const absl::Status fit =
           CheckWorkerProfile(*profile, request, UnitNamesOf(record->resolved.train.model), &sizes);
       if (!fit.ok()) profile = fit;

@@ -45,6 +45,13 @@ std::string ProfileDeviceKey(const v1::DeviceInfo& device) {
   return setup.empty() ? DeviceKind(device) : absl::StrCat(DeviceKind(device), " | ", setup);
 }
 
+AnalyticAttention AnalyticAttentionOf(const v1::DeviceInfo& device) {
+  const std::string& backend = device.backend();
+  if (!absl::StartsWith(backend, "cuda:")) return AnalyticAttention::kCpu;
+  return absl::StrContains(backend, ", flash attention") ? AnalyticAttention::kCudaFlash
+                                                         : AnalyticAttention::kCudaGemm;
+}
+
 ModelProfile FromProto(const v1::ModelProfile& p, const ModelProfile* model_sizes) {
   ModelProfile out;
   out.micro_batch_size = p.micro_batch_size();

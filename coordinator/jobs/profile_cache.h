@@ -44,6 +44,12 @@ std::string ProfileKey(const v1::ProfileRequest& request, const std::string& dev
 // times slower.
 std::string ProfileDeviceKey(const v1::DeviceInfo& device);
 
+// How `device`'s worker runs attention, for analytic sizes: from its
+// DeviceInfo.backend (Backend::Describe), which names a CUDA backend's
+// attention ("cuda:N (name), ..., flash attention (...)"); kCpu for any
+// other backend.
+AnalyticAttention AnalyticAttentionOf(const v1::DeviceInfo& device);
+
 // The planner's view of a measured profile. A unit whose transient_bytes
 // the profiler did not measure (0: a device backend) takes model_sizes'
 // (AnalyticProfile's, one unit each), when given.

@@ -60,6 +60,23 @@ TEST(ProfileKeyTest, DeviceKey_ModesAndThreadsPartOfIt_DeviceOrdinalNot) {
             ProfileKey(Request(), ProfileDeviceKey(cpu)));
 }
 
+// How a worker runs attention, from its backend's description: the sizes
+// its profile is checked against and completed with (a device profile's
+// transient bytes are not measured).
+TEST(ProfileKeyTest, AnalyticAttentionOf_FromTheBackendDescription) {
+  v1::DeviceInfo device;
+  device.set_backend("cpu");
+  EXPECT_EQ(AnalyticAttentionOf(device), AnalyticAttention::kCpu);
+  device.set_backend("cuda:0 (NVIDIA H100), fp32 GEMMs");  // reference attention
+  EXPECT_EQ(AnalyticAttentionOf(device), AnalyticAttention::kCudaGemm);
+  device.set_backend("cuda:1 (NVIDIA H100), tf32 GEMMs, GEMM attention");
+  EXPECT_EQ(AnalyticAttentionOf(device), AnalyticAttention::kCudaGemm);
+  device.set_backend("cuda:0 (NVIDIA H100), bf16 GEMMs (aligned-copies), flash attention (mma)");
+  EXPECT_EQ(AnalyticAttentionOf(device), AnalyticAttention::kCudaFlash);
+  device.clear_backend();  // an older worker's report
+  EXPECT_EQ(AnalyticAttentionOf(device), AnalyticAttention::kCpu);
+}
+
 // The state store takes printable ASCII keys only: a device name with a
 // UTF-8 or control byte is escaped in the key, which stays distinct; a
 // plain one is kept as it is (the keys stored before stay valid).

@@ -20,7 +20,7 @@ TEST(AnalyticProfileTest, Flash_RowStatisticsInsteadOfProbabilities_ScoresRecomp
   const GptConfig config = Gpt2Small();
   const double flops = 1e12;
   const ModelProfile probs = AnalyticProfile(config, 1024, 2, flops);
-  const ModelProfile flash = AnalyticProfile(config, 1024, 2, flops, /*flash_attention=*/true);
+  const ModelProfile flash = AnalyticProfile(config, 1024, 2, flops, AnalyticAttention::kCudaFlash);
   ASSERT_EQ(probs.units.size(), flash.units.size());
   const double rows = 2.0 * 12 * 1024;  // batch x heads x tokens
   for (size_t u = 0; u < probs.units.size(); ++u) {
@@ -59,11 +59,30 @@ TEST(AnalyticProfileTest, TransientBytes_EachUnitsPassBeyondItsStash) {
   EXPECT_GT(profile.units[5].transient_bytes, 0.5 * profile.units[5].stash_bytes);
 }
 
+// The backward's scratch of an attention unit by backend: the CPU's one
+// [T, T] matrix, the CUDA GEMM path's dS of every (batch, head), a flash
+// kernel's row dots; the other units' passes are the same.
+TEST(AnalyticProfileTest, TransientBytes_AttentionScratchByBackend) {
+  const GptConfig config = Gpt2Small();
+  const ModelProfile cpu = AnalyticProfile(config, 1024, 2, 1e12);
+  const ModelProfile gemm = AnalyticProfile(config, 1024, 2, 1e12, AnalyticAttention::kCudaGemm);
+  const ModelProfile flash = AnalyticProfile(config, 1024, 2, 1e12, AnalyticAttention::kCudaFlash);
+  const double bt = 2.0 * 1024, d = 768, x = 4 * bt * d, rows = 2.0 * 12 * 1024;
+  EXPECT_EQ(cpu.units[1].transient_bytes, 7 * x + 4.0 * 1024 * 1024);
+  EXPECT_EQ(gemm.units[1].transient_bytes, 7 * x + 4 * rows * 1024);  // 201 MB of dS
+  EXPECT_EQ(flash.units[1].transient_bytes, 7 * x + 4 * rows);
+  EXPECT_EQ(gemm.units[1].stash_bytes, cpu.units[1].stash_bytes);
+  for (size_t u : {size_t{0}, size_t{2}, size_t{5}}) {
+    EXPECT_EQ(gemm.units[u].transient_bytes, cpu.units[u].transient_bytes) << cpu.units[u].name;
+    EXPECT_EQ(flash.units[u].transient_bytes, cpu.units[u].transient_bytes) << cpu.units[u].name;
+  }
+}
+
 TEST(AnalyticProfileTest, Flash_HeadsWiderThanTheKernelTakes_KeepProbabilities) {
   GptConfig config = Gpt2Small();
   config.n_head = 3;  // 256-dim heads: the CUDA backend falls back
   const ModelProfile probs = AnalyticProfile(config, 1024, 2, 1e12);
-  const ModelProfile flash = AnalyticProfile(config, 1024, 2, 1e12, /*flash_attention=*/true);
+  const ModelProfile flash = AnalyticProfile(config, 1024, 2, 1e12, AnalyticAttention::kCudaFlash);
   for (size_t u = 0; u < probs.units.size(); ++u) {
     EXPECT_EQ(flash.units[u].stash_bytes, probs.units[u].stash_bytes) << probs.units[u].name;
     EXPECT_EQ(flash.units[u].bwd_seconds, probs.units[u].bwd_seconds) << probs.units[u].name;

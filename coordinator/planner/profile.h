@@ -42,6 +42,19 @@ struct UnitProfile {
   std::map<int, std::pair<double, double>> partition_seconds;  // K -> {fwd, bwd}
 };
 
+// How a worker runs attention, for AnalyticProfile's (solve_plan.h) attention units:
+//   kCpu       the CPU backend: the B·H·T² probabilities stashed; the
+//              backward's scratch one [T, T] matrix.
+//   kCudaGemm  the CUDA backend without flash (--attention gemm, reference):
+//              the probabilities stashed; the backward's dS for every
+//              (batch, head) at once, B·H·T² floats more.
+//   kCudaFlash the CUDA backend's --attention flash: B·H·T row statistics
+//              stashed (Backend::AttentionSavedFloats) instead of the
+//              probabilities, the backward recomputes the scores QK^T
+//              (2·B·T²·d FLOPs more) with B·H·T floats of scratch. Heads
+//              wider than the kernel takes (128 dims) run as kCudaGemm.
+enum class AnalyticAttention { kCpu, kCudaGemm, kCudaFlash };
+
 struct ModelProfile {
   int micro_batch_size = 1;
   std::vector<UnitProfile> units;

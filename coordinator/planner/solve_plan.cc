@@ -182,7 +182,7 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
 }
 
 ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
-                             double flops_per_second, bool flash_attention) {
+                             double flops_per_second, AnalyticAttention attention) {
   const std::vector<UnitCost> flops = AnalyticUnitCosts(config, seq_len, micro_batch_size);
   const double bt = double(seq_len) * micro_batch_size;
   const double d = config.d_model, v = config.vocab_size;
@@ -210,12 +210,18 @@ ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_bat
         // CUDA kernel takes heads of at most 128 dims
         // (kernels/cuda/flash_attention.h kFlashAttentionMaxHeadDim); the
         // backend keeps the probabilities of wider ones.
-        const bool flash = flash_attention && config.d_model / config.n_head <= 128;
+        const bool flash =
+            attention == AnalyticAttention::kCudaFlash && config.d_model / config.n_head <= 128;
         const double rows = double(micro_batch_size) * config.n_head * seq_len;
         stash = bt * (6 * d + 2) + (flash ? rows : rows * seq_len);
         if (flash) u.bwd_seconds += 2 * bt * seq_len * d / flops_per_second;
-        // y; datt, dqkv, dln, dx; the CPU backend's [T, T] score scratch.
-        transient = bt * 7 * d + double(seq_len) * seq_len;
+        // y; datt, dqkv, dln, dx; the backward's scratch: the CPU
+        // backend's [T, T] scores, the CUDA backend's dS of every head
+        // (cuda_backend.cc AttentionBackward), or a flash kernel's row dots.
+        const double scratch = attention == AnalyticAttention::kCpu ? double(seq_len) * seq_len
+                               : flash                              ? rows
+                                                                    : rows * seq_len;
+        transient = bt * 7 * d + scratch;
         break;
       }
       case UnitKind::kMlp:

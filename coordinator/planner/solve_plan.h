@@ -118,14 +118,10 @@ double TiedGradientBytes(const ModelProfile& profile);
 // as the CPU backend's units do). For planning before any worker has
 // profiled, and for a measured profile's transient_bytes where the
 // profiler could not measure them.
-// `flash_attention`: the attention units as a fused, flash-style kernel
-// runs them (the CUDA backend's --attention flash): their stash keeps B·H·T
-// row statistics (Backend::AttentionSavedFloats) instead of the B·H·T²
-// probabilities, and their backward recomputes the scores QK^T (2·B·T²·d
-// FLOPs more); heads wider than the kernel takes (128 dims) are costed as
-// the backend runs them, with probabilities.
+// `attention`: how the workers run the attention units (AnalyticAttention).
 ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
-                             double flops_per_second, bool flash_attention = false);
+                             double flops_per_second,
+                             AnalyticAttention attention = AnalyticAttention::kCpu);
 
 }  // namespace pipetrain
 

@@ -771,7 +771,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   // etcd lease with its ports closed (no follower could take over).
   CancellableProfileFetcher fetcher =
       MakeCancellableWorkerProfileFetcher(absl::Minutes(10), config.worker_tls);
-  jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all));
+  jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all),
+                         std::move(fetcher.cancel_to));
   // Before Restore, which reports the jobs it resumes as recoveries.
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
   metrics.AddTlsCertificates(ServedCertificates(flags));

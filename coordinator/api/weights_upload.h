@@ -17,10 +17,14 @@
 //   UNAUTHENTICATED / PERMISSION_DENIED  as above (counted as refused in
 //                        `metrics`); PERMISSION_DENIED also for a chunk of
 //                        another worker than the stream's,
-//   INVALID_ARGUMENT     for an empty stream, chunks of different jobs, or a
-//                        chunk that does not fit its tensor,
-//   NOT_FOUND / FAILED_PRECONDITION  as JobManager returns them (unknown job,
-//                        a worker not in the job, a job that ended),
+//   INVALID_ARGUMENT     for an empty stream, chunks of different jobs, an
+//                        empty or over-long job id, or a chunk that does not
+//                        fit its tensor,
+//   NOT_FOUND            for an unknown job,
+//   PERMISSION_DENIED    for a worker not in the job, or a tensor another
+//                        stage owns (JobManager's answers),
+//   FAILED_PRECONDITION  for a job that ended or is not running, or whose
+//                        weights are complete and being written,
 //   CANCELLED            when the client goes away.
 #ifndef PIPETRAIN_COORDINATOR_API_WEIGHTS_UPLOAD_H_
 #define PIPETRAIN_COORDINATOR_API_WEIGHTS_UPLOAD_H_

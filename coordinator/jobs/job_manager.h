@@ -53,8 +53,8 @@
 // consumed the same way. Progress comes from
 // ReportProgress: the stage owning
 // the head reports micro-batch losses, whose mean (double sum / m, as
-// LocalTrainer computes it) is the step's loss. When every stage reports
-// finished, workers upload their weights, each chunk written straight into
+// LocalTrainer computes it) is the step's loss. After its last step each
+// stage uploads its weights, then reports finished, each chunk written straight into
 // one safetensors file (HF GPT-2 names; a temporary until complete, so the
 // coordinator holds none of it in memory); once every element of every
 // tensor is in, the file is synced and renamed into place and the job
@@ -276,7 +276,12 @@ class JobManager {
   // Enables measured profiles (see above). Call before submitting jobs.
   // `cancel_all`, if given, ends the fetches in flight at destruction, which
   // otherwise waits for them (a large model's profile takes minutes).
-  void SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all = nullptr);
+  // `cancel_to`, if given, ends the fetches in flight to one data address:
+  // a scheduling pass calls it for a profiling worker the registry lost or
+  // saw leave, whose call would otherwise wait out its deadline (a host
+  // that vanished closes no connection), every later job waiting with it.
+  void SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all = nullptr,
+                         std::function<void(const std::string& data_address)> cancel_to = nullptr);
   // Enables the events above. Call before Restore (it reports the jobs it
   // resumes) and before submitting jobs.
   void SetEvents(JobEvents events);
@@ -517,6 +522,10 @@ class JobManager {
     // has not returned yet, whatever the job's state since (a cancelled
     // job's worker still measures until the fetch returns).
     std::string profiling_on;
+    // Its data address, and whether its fetch was cancelled as it was lost
+    // (CancelProfilesOfLostWorkersLocked).
+    std::string profiling_address;
+    bool profile_cancel_asked = false;
     // How profiling_on runs attention (the analytic sizes its profile is
     // checked against and completed with).
     AnalyticAttention profiling_attention = AnalyticAttention::kCpu;
@@ -1116,6 +1125,9 @@ class JobManager {
   // The second sweep of ended jobs' checkpoint directories, for those whose
   // workers have stopped since (or kLateSweepWait after the end).
   void SweepStoppedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the profile fetches to workers the registry lost or saw leave
+  // (cancel_fetches_to_): their jobs profile again on another.
+  void CancelProfilesOfLostWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
@@ -1132,6 +1144,7 @@ class JobManager {
   std::thread loop_;
   ProfileFetcher fetcher_;  // set before use; read-only afterwards
   std::function<void()> cancel_fetches_;  // likewise; may be empty
+  std::function<void(const std::string&)> cancel_fetches_to_;  // likewise; may be empty
   JobEvents events_;        // likewise
   ProfileCache profiles_;
   // Profile fetches in flight or done and not yet joined: a finished one is

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "common/logging.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
@@ -67,9 +68,28 @@ void JobManager::ReapProfilersLocked() {
   }
 }
 
-void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all) {
+void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all,
+                                   std::function<void(const std::string&)> cancel_to) {
   fetcher_ = std::move(fetcher);
   cancel_fetches_ = std::move(cancel_all);
+  cancel_fetches_to_ = std::move(cancel_to);
+}
+
+void JobManager::CancelProfilesOfLostWorkersLocked() {
+  if (!cancel_fetches_to_) return;
+  for (auto& [id, record] : jobs_) {
+    if (!record->profile_in_flight || record->profile_cancel_asked) continue;
+    absl::StatusOr<v1::Worker> profiler = registry_->Get(record->profiling_on);
+    if (profiler.ok() && profiler->state() != v1::WORKER_STATE_LOST &&
+        profiler->state() != v1::WORKER_STATE_LEFT) {
+      continue;
+    }
+    PT_LOG(WARNING) << "job " << id << ": " << record->profiling_on << " was "
+                    << (profiler.ok() ? EnumShortName(profiler->state()) : "removed")
+                    << " while it profiled the model; its call is cancelled";
+    record->profile_cancel_asked = true;
+    cancel_fetches_to_(record->profiling_address);
+  }
 }
 
 v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const {
@@ -207,6 +227,8 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
       record.job.set_state(v1::JOB_STATE_PROFILING);
       record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
       record.profiling_on = workers[0].id();
+      record.profiling_address = workers[0].data_address();
+      record.profile_cancel_asked = false;
       record.profiling_attention = attention;
       record.profile_in_flight = true;
       TouchLocked(record);

@@ -31,6 +31,7 @@ void JobManager::ScheduleQueued() {
   RetryManifestsLocked();
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
+  CancelProfilesOfLostWorkersLocked();
   const absl::Time now = clock_->Now();
   // Counted once a pass, when a waiting job first needs it (it reads every
   // READY worker's record).

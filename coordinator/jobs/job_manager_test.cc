@@ -1942,6 +1942,52 @@ TEST_F(JobManagerTest, ProfilingWorkerLeaves_AnotherProfilesTheModel) {
       << plan.profile_source();
 }
 
+// The worker profiling a job is lost (its host vanished: no connection
+// reset reaches the coordinator, and the call would wait out its deadline,
+// minutes, with every later job): the next scheduling pass cancels its call,
+// and another worker profiles the model.
+TEST_F(JobManagerTest, ProfilingWorkerLost_ItsCallCancelled_AnotherProfiles) {
+  std::vector<std::string> asked, cancelled;
+  absl::Notification cancel;
+  jobs_.SetProfileFetcher(
+      [&](const std::string& address, const std::string&,
+          const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+        asked.push_back(address);
+        if (asked.size() > 1) return FakeProfile();
+        cancel.WaitForNotification();
+        return absl::CancelledError("cancelled");
+      },
+      nullptr,
+      [&](const std::string& address) {
+        cancelled.push_back(address);
+        cancel.Notify();
+      });
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().reason(), "profiling the model on " + w1);
+  jobs_.ScheduleQueued();
+  EXPECT_TRUE(cancelled.empty());  // alive: nothing cancelled
+  clock_.Advance(absl::Seconds(4));
+  for (const std::string& w : {w2, w3}) {
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(w);
+    beat.set_incarnation(1);
+    ASSERT_TRUE(registry_.Heartbeat(beat).ok());
+  }
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_EQ(registry_.CheckLeases(), 1);  // w1, READY: no job learns of it
+  jobs_.ScheduleQueued();
+  EXPECT_EQ(cancelled, (std::vector<std::string>{"127.0.0.1:7001"}));
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(asked, (std::vector<std::string>{"127.0.0.1:7001", "127.0.0.1:7002"}));
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+}
+
 // The worker profiling a job stays READY, and later jobs wait for it; but
 // an earlier queued job (the profiling one went ahead of it: backfill)
 // took it and trained on it while it measured the profile that every later

@@ -2,8 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
-#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -19,7 +20,7 @@ namespace {
 // The calls in flight, shared by a fetcher and its cancel_all.
 struct InFlight {
   AnnotatedMutex mu;
-  std::set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);
+  std::map<grpc::ClientContext*, std::string> calls ABSL_GUARDED_BY(mu);  // to their addresses
   bool cancelled ABSL_GUARDED_BY(mu) = false;
 };
 
@@ -36,7 +37,13 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
   out.cancel_all = [in_flight] {
     AnnotatedMutexLock lock(&in_flight->mu);
     in_flight->cancelled = true;
-    for (grpc::ClientContext* call : in_flight->calls) call->TryCancel();
+    for (const auto& [call, address] : in_flight->calls) call->TryCancel();
+  };
+  out.cancel_to = [in_flight](const std::string& to) {
+    AnnotatedMutexLock lock(&in_flight->mu);
+    for (const auto& [call, address] : in_flight->calls) {
+      if (address == to) call->TryCancel();
+    }
   };
   out.fetch = [timeout, in_flight, tls = std::move(tls)](
                   const std::string& address, const std::string& session_token,
@@ -58,7 +65,7 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
           return absl::CancelledError(
               absl::StrCat("profile from ", address, ": the coordinator is shutting down"));
         }
-        in_flight->calls.insert(&context);
+        in_flight->calls.emplace(&context, address);
       }
       v1::ModelProfile profile;
       grpc::Status s = stub->Profile(&context, request, &profile);

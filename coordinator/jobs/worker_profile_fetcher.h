@@ -38,9 +38,12 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
 // started later, CANCELLED at once (thread-safe): a coordinator shutting
 // down must not wait out a large model's profile (minutes), holding its
 // etcd lease with its ports closed.
+// `cancel_to` ends the fetches in flight to one address CANCELLED (not one
+// that has not started its call yet), for a worker known lost.
 struct CancellableProfileFetcher {
   ProfileFetcher fetch;
   std::function<void()> cancel_all;
+  std::function<void(const std::string& address)> cancel_to;
 };
 CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout,
                                                               WorkerChannelTls tls = {});

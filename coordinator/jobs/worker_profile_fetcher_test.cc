@@ -140,5 +140,29 @@ TEST(WorkerProfileFetcherTest, CancelAll_EndsTheFetchInFlightAndLaterOnes) {
   server->Shutdown();
 }
 
+// cancel_to ends the fetch in flight to that address (a worker known lost),
+// not to another, and later fetches to it run as usual.
+TEST(WorkerProfileFetcherTest, CancelTo_EndsTheFetchToThatAddressOnly) {
+  HoldingWorkerControl service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
+  absl::StatusOr<v1::ModelProfile> profile;
+  std::thread fetching([&] { profile = fetcher.fetch(address, "token", {}); });
+  ASSERT_TRUE(service.AwaitCall());
+  fetcher.cancel_to("127.0.0.1:1");  // another worker's: none in flight
+  fetcher.cancel_to(address);
+  fetching.join();
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled) << profile.status();
+  service.Release();
+  const absl::StatusOr<v1::ModelProfile> later = fetcher.fetch(address, "token", {});
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kUnavailable) << later.status();  // "held"
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -41,7 +41,8 @@ namespace pipetrain {
 using ProfileBackendFactory = std::function<absl::StatusOr<SelectedBackend>()>;
 
 // Calls running or waiting at once; the coordinator makes one per worker
-// it profiles, and retries one it was refused.
+// it profiles. One refused for this bound (RESOURCE_EXHAUSTED) is not
+// retried: that job is planned on the analytic profile.
 inline constexpr int kMaxPendingProfiles = 4;
 
 class WorkerControlService final : public v1::WorkerControlService::CallbackService {

@@ -703,9 +703,10 @@ FlagSet UpFlags(UpOptions& o) {
 }
 
 // The plan's predicted step and the workers' measured one, as SVG files in
-// `dir` for a browser, side by side; a file that cannot be written is
-// reported and skipped (the job's outcome is printed already).
-void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
+// `dir` for a browser, side by side, named in messages as in `shown_dir`
+// (the --out the user gave for its real path); a file that cannot be
+// written is reported and skipped (the job's outcome is printed already).
+void WriteTimelines(const v1::Plan& plan, const std::string& dir, const std::string& shown_dir) {
   std::vector<std::string> written;
   for (const auto& [name, svg, what] :
        {std::tuple<const char*, const std::string&, std::string>{"timeline-predicted.svg",
@@ -713,6 +714,7 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
         {"timeline-measured.svg", plan.measured_timeline_svg(),
          absl::StrCat("measured (step ", plan.measured_step() + 1, ")")}}) {
     const std::string path = absl::StrCat(dir, "/", name);
+    const std::string shown = absl::StrCat(shown_dir, "/", name);
     if (svg.empty()) {
       RemoveIfRegular(path);  // an earlier run's, in a reused --out
       continue;
@@ -721,9 +723,9 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
     out << svg;
     out.close();
     if (out) {
-      written.push_back(absl::StrCat(what, " ", path));
+      written.push_back(absl::StrCat(what, " ", shown));
     } else {
-      std::fprintf(stderr, "pipetrain up: cannot write %s\n", path.c_str());
+      std::fprintf(stderr, "pipetrain up: cannot write %s\n", shown.c_str());
     }
   }
   if (!written.empty()) std::printf("timelines: %s\n", absl::StrJoin(written, ", ").c_str());
@@ -942,7 +944,10 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.coordinator_binary = *coordinator;
   cluster_options.worker_binary = *worker;
   cluster_options.workers = o.workers;
-  cluster_options.dir = o.out;
+  // The checked real path: a link in --out repointed meanwhile is not
+  // followed to another user's ports files (ClusterDir::path).
+  const std::string out = out_dir->path();
+  cluster_options.dir = out;
   // Killed outright (SIGKILL), `up` cannot stop them: the kernel does.
   cluster_options.exit_with_parent = true;
   // Ctrl-C reaches only `up`, which stops them in order (cancel the job,
@@ -953,9 +958,9 @@ int RunUp(const std::vector<std::string>& args) {
   // read its --out directory (the token files are mode 0600), get in.
   cluster_options.join_token = RandomToken();
   cluster_options.user_token = RandomToken();
-  cluster_options.coordinator_args = {"--output-dir=" + o.out};
+  cluster_options.coordinator_args = {"--output-dir=" + out};
   cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention,
-                                 "--checkpoint-root=" + o.out};
+                                 "--checkpoint-root=" + out};
   if (!o.emulate_link.empty()) {
     cluster_options.worker_args.push_back("--emulate-link=" + o.emulate_link);
   }
@@ -1063,7 +1068,7 @@ int RunUp(const std::vector<std::string>& args) {
   if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
     std::printf("%s", FormatPlanReport(end, plan, timing).c_str());
     if (plan.tensor_parallel() > 1) PrintTensorParallelSummary(**cluster);
-    WriteTimelines(plan, o.out);
+    WriteTimelines(plan, out, o.out);
   }
   PrintLinkSummary(**cluster);
   if (!loss_log_written.ok()) {

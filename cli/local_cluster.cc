@@ -263,7 +263,10 @@ absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std:
   const bool recorded =
       ftruncate(lock, 0) == 0 && pwrite(lock, pid.data(), pid.size(), 0) == ssize_t(pid.size());
   (void)recorded;  // unrecorded, only a second run's message lacks the pid
-  return ClusterDir(path, lock);
+  // Used from here on by its real path, the one CheckAncestors cleared: a
+  // link on the way that its owner repoints later leads nowhere else.
+  std::unique_ptr<char, decltype(&free)> real(realpath(path.c_str(), nullptr), &free);
+  return ClusterDir(real != nullptr ? std::string(real.get()) : path, lock);
 }
 
 ClusterDir::ClusterDir(ClusterDir&& other) noexcept

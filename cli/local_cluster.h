@@ -148,6 +148,8 @@ class ClusterDir {
   ClusterDir& operator=(ClusterDir&& other) noexcept;  // releases this one's lock first
   ~ClusterDir();  // releases the lock; the directory and its files stay
 
+  // The directory's real path (no symbolic link in it), as checked: use
+  // it, not the path given, for every file written there.
   const std::string& path() const { return path_; }
 
  private:

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -96,6 +97,10 @@ TEST(ClusterDirTest, Claim_SymbolicLink_OnlyOurOwnIsFollowed) {
     absl::StatusOr<ClusterDir> ours = ClusterDir::Claim("--out", link);
     ASSERT_TRUE(ours.ok()) << ours.status();
     EXPECT_EQ(access((target + "/up.lock").c_str(), F_OK), 0);
+    // Used by the real path from here on: a repointed link leads nowhere.
+    std::unique_ptr<char, decltype(&free)> real(realpath(target.c_str(), nullptr), &free);
+    ASSERT_NE(real, nullptr);
+    EXPECT_EQ(ours->path(), real.get());
   }
   // Another user's claim of our link, as any user can test it: the link is
   // checked before the directory it leads to.

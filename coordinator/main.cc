@@ -104,6 +104,9 @@ struct Flags {
   double restart_grace_seconds = 15;
   std::string etcd_endpoints;  // comma-separated
   std::string etcd_prefix = "/pipetrain/";
+  // Whether --etcd-prefix or --leader-lease-seconds was given: they tune
+  // the etcd of --etcd-endpoints, and are refused without it.
+  bool etcd_tuning_given = false;
   std::string etcd_ca;    // TLS to etcd: its CA
   std::string etcd_cert;  // and this coordinator's client certificate
   std::string etcd_key;
@@ -227,6 +230,7 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
            "two builds may round apart and their protocols may differ");
   set.AddVersionFlag();
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
+  flags.etcd_tuning_given = set.IsSet("etcd-prefix") || set.IsSet("leader-lease-seconds");
   help = set.help_requested() || set.version_requested();  // either way: print, exit 0
   if (set.help_requested()) std::printf("%s", set.Usage().c_str());
   if (set.version_requested()) {
@@ -538,6 +542,9 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   const std::pair<bool, const char*> etcd_only[] = {
       {EtcdTlsGiven(config.flags), "--etcd-ca, --etcd-cert and --etcd-key are"},
       {!config.flags.etcd_user.empty(), "--etcd-user is"},
+      // Else an empty $(ETCD) in a manifest ran on the in-memory store,
+      // saying nothing.
+      {config.flags.etcd_tuning_given, "--etcd-prefix and --leader-lease-seconds are"},
   };
   for (const auto& [given, flags] : etcd_only) {
     if (given && config.flags.etcd_endpoints.empty()) {
@@ -587,6 +594,12 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   }
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
+  }
+  // Workers beat at most every 50 ms (WorkerAgent): a shorter interval
+  // would start, and then lose every worker against a lease sized for it.
+  if (!(config.flags.heartbeat_seconds >= 0.05)) {
+    return absl::InvalidArgumentError(
+        "--heartbeat-seconds must be >= 0.05 (workers heartbeat at most every 50 ms)");
   }
   absl::Status lease = WorkerRegistry::ValidateOptions(RegistryOptions(config.flags));
   if (!lease.ok()) {

@@ -121,11 +121,11 @@ absl::StatusOr<std::string> SecretFromFlags(absl::string_view flag, const std::s
         absl::StrCat("--", flag, " and --", flag, "-file are exclusive; give one"));
   }
   if (!file.empty()) return ReadSecretFile(absl::StrCat("--", flag, "-file"), file);
-  if (value.size() > kMaxSecretBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, " is longer than ", kMaxSecretBytes, " bytes"));
-  }
-  return value;
+  if (value.empty()) return value;
+  // As a file's: a space kept in the value would match over gRPC and not
+  // over REST (the HTTP library trims the header), and a control character
+  // would abort gRPC when sent.
+  return CheckedSecret(absl::StrCat("--", flag), value);
 }
 
 absl::string_view BearerToken(absl::string_view header) {

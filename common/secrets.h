@@ -82,8 +82,9 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
 absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret);
 
 // A secret given by value (--<flag>) or by file (--<flag>-file), not both;
-// "" when neither. Errors: INVALID_ARGUMENT when both are given or the
-// value is longer than kMaxSecretBytes; ReadSecretFile's for the file.
+// "" when neither. Errors: INVALID_ARGUMENT when both are given;
+// CheckedSecret's for the value (where: "--<flag>"), ReadSecretFile's for
+// the file.
 absl::StatusOr<std::string> SecretFromFlags(absl::string_view flag, const std::string& value,
                                             const std::string& file);
 

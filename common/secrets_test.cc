@@ -127,6 +127,19 @@ TEST(SecretFromFlagsTest, ValueFileBothOrNeither) {
             std::string::npos);
 }
 
+// A value is checked as a file's contents are: a trailing space would
+// match over gRPC and not over REST, whose library trims the header.
+TEST(SecretFromFlagsTest, Value_CheckedAsAFilesToken) {
+  EXPECT_EQ(SecretFromFlags("user-token", "abc\n", "").value_or("?"), "abc");
+  const absl::Status spaced = SecretFromFlags("user-token", "abc ", "").status();
+  EXPECT_EQ(spaced.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spaced.message(),
+            "--user-token contains whitespace or control characters; a token is one word");
+  EXPECT_EQ(
+      SecretFromFlags("user-token", std::string(kMaxSecretBytes + 1, 'a'), "").status().message(),
+      absl::StrCat("--user-token holds more than ", kMaxSecretBytes, " bytes"));
+}
+
 TEST(BearerTokenTest, Forms_TokenOrEmpty) {
   EXPECT_EQ(BearerToken("Bearer abc"), "abc");
   EXPECT_EQ(BearerToken("bearer abc"), "abc");  // the scheme is case-insensitive

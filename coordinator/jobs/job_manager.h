@@ -1174,6 +1174,11 @@ class JobManager {
   // Manifests whose write failed, written again by RetryManifestsLocked not
   // before next_manifest_retry_.
   std::vector<ManifestToWrite> unwritten_manifests_ ABSL_GUARDED_BY(mu_);
+  // By job: manifests of checkpoints whose save failed, written after the
+  // job's next save that succeeds (PersistLocked): a manifest makes a
+  // checkpoint directory look complete to tools and init.from, and the
+  // stored state did not name it yet.
+  std::map<std::string, std::vector<ManifestToWrite>> manifests_after_save_ ABSL_GUARDED_BY(mu_);
   absl::Time next_manifest_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};

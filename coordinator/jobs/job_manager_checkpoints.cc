@@ -125,7 +125,8 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // checkpoint is saved: the manifest (for people and tools; resuming needs
   // only the checksummed unit files), then the expired ones go, but only if
   // the save succeeded (else the stored state may still name them):
-  // PersistLocked removes what `expiring` held when it saved.
+  // PersistLocked removes what `expiring` held when it saved. A failed
+  // save holds the manifest back until one succeeds (manifests_after_save_).
   for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
     record.expiring.push_back(std::move(expired));
   }
@@ -133,12 +134,16 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                                                           record.resolved.spec.model(),
                                                           record.resolved.train.seed,
                                                           *complete}](const absl::Status& saved) {
-    WriteManifestIfHeld(manifest);
-    if (!saved.ok()) {
-      PT_LOG(WARNING) << "job " << manifest.job_id
-                      << ": expired checkpoints kept until a later save: the state that drops "
-                         "them was not saved";
+    if (saved.ok()) {
+      WriteManifestIfHeld(manifest);
+      return;
     }
+    PT_LOG(WARNING) << "job " << manifest.job_id << ": the manifest of step "
+                    << manifest.complete.step()
+                    << ", and the removal of expired checkpoints, wait for a later save: the "
+                       "state that names the step was not saved";
+    AnnotatedMutexLock lock(&mu_);
+    manifests_after_save_[manifest.job_id].push_back(manifest);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

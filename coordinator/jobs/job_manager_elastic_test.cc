@@ -3423,6 +3423,8 @@ void ExpireWhileSavesFail(bool retry_only) {
   report(34, true);  // expires 17; its save fails
   jobs.FlushIo();
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
+  // Nor does 34 look complete to tools before the state names it.
+  EXPECT_FALSE(manifest(34)) << "written although the state naming it was not saved";
   store.failing = false;
   if (retry_only) {
     // No later checkpoint: the once-a-second retry's save alone lets 17 go.

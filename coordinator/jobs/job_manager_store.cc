@@ -116,14 +116,24 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
     const absl::Status saved = stored.has_value()
                                    ? SaveStoredJob(*stored)
                                    : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
+    std::vector<ManifestToWrite> held_manifests;  // of earlier failed saves
     if (stored.has_value()) {
       AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
         unsaved_.erase(id);
+        if (auto it = manifests_after_save_.find(id); it != manifests_after_save_.end()) {
+          held_manifests = std::move(it->second);
+          manifests_after_save_.erase(it);
+        }
       } else {
         unsaved_.insert(id);
       }
+    } else {
+      AnnotatedMutexLock lock(&mu_);
+      manifests_after_save_.erase(id);  // pruned: its directory goes with it
     }
+    // The state now names those checkpoints (the ones still held).
+    for (const ManifestToWrite& m : held_manifests) WriteManifestIfHeld(m);
     for (const auto& then : thens) then(saved);
     // The expired checkpoints: the state just saved no longer names them
     // as complete, so their directories go now (those of earlier failed

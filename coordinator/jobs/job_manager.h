@@ -1013,6 +1013,11 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.
   absl::Status CheckPaths(const ResolvedJobSpec& resolved) const;
+  // CheckPaths' first check: a job that writes weights or checkpoints
+  // needs options_.output_dir (INVALID_ARGUMENT naming the field). Also
+  // at Restore: a coordinator restarted without --output-dir fails such
+  // jobs there, rather than at their end, after every step ran.
+  absl::Status CheckOutputDirGiven(const ResolvedJobSpec& resolved) const;
   // spec.init.from: the checkpoint or weights file it names, checked
   // against the job's model (INVALID_ARGUMENT naming the field otherwise).
   struct InitSource {

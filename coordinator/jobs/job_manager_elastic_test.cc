@@ -105,9 +105,9 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   // `max_ended_jobs` (-1: the default) as JobManagerOptions' own.
-  void Reset(bool with_state, int max_ended_jobs = -1) {
+  void Reset(bool with_state, int max_ended_jobs = -1, bool with_output_dir = true) {
     jobs_.reset();
-    JobManagerOptions options{.output_dir = OutputDir()};
+    JobManagerOptions options{.output_dir = with_output_dir ? OutputDir() : ""};
     if (max_ended_jobs >= 0) options.max_ended_jobs = max_ended_jobs;
     if (with_state) {
       state_ = std::make_unique<CoordinatorState>(&observing_);
@@ -2999,6 +2999,22 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedForItsStoredCounters_EndedOnce) {
     s.mutable_job()->mutable_progress()->set_steps_redone(-1);
   });
   EXPECT_EQ(EndedOverTwoRestarts(id, "progress.steps_redone -1"), 1);
+}
+
+// Restarted without --output-dir, which its checkpoints need (Submit
+// refuses such a job): the running job fails at the restart, saying why,
+// rather than training to its end and failing there.
+TEST_F(JobManagerElasticTest, Restore_WithoutTheOutputDirItsCheckpointsNeed_Fails) {
+  const std::string id = CheckpointedJobInStore();
+  Reset(/*with_state=*/true, /*max_ended_jobs=*/-1, /*with_output_dir=*/false);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StartsWith(job.reason(),
+                               "after a coordinator restart: spec.checkpoint: this coordinator "
+                               "keeps no checkpoints (it was started without --output-dir)"))
+      << job.reason();
+  jobs_->FlushIo();
 }
 
 // A stored state this version does not know (another version's, or none):

@@ -232,6 +232,13 @@ absl::Status JobManager::Restore() {
       resolved->spec = record->job.spec();
     }
     record->resolved = std::move(*resolved);
+    // Restarted without the --output-dir its weights or checkpoints need:
+    // it would train to the end and fail there (Submit refuses such a job).
+    if (absl::Status paths = CheckOutputDirGiven(record->resolved);
+        spec_resolves && !paths.ok() && !IsTerminal(record->job.state())) {
+      record->job.set_state(v1::JOB_STATE_FAILED);
+      record->job.set_reason(absl::StrCat("after a coordinator restart: ", paths.message()));
+    }
     // What the store holds is checked before anything is indexed, divided
     // or counted by it (stored_job_check.h): a job whose state does not
     // fit fails, unless it has ended already.

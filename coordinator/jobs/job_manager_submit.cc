@@ -73,25 +73,31 @@ constexpr char kLeftoversBeingRemoved[] =
 
 }  // namespace
 
+absl::Status JobManager::CheckOutputDirGiven(const ResolvedJobSpec& resolved) const {
+  if (!options_.output_dir.empty()) return absl::OkStatus();
+  if (!resolved.spec.output().weights_path().empty()) {
+    return absl::InvalidArgumentError(
+        "spec.output.weights_path: this coordinator writes no files (it was started without "
+        "--output-dir); leave the field empty or ask the operator");
+  }
+  if (resolved.spec.checkpoint().interval_steps() > 0) {
+    return absl::InvalidArgumentError(
+        "spec.checkpoint: this coordinator keeps no checkpoints (it was started without "
+        "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
+  RETURN_IF_ERROR(CheckOutputDirGiven(resolved));
   const std::string& weights = resolved.spec.output().weights_path();
   if (!weights.empty()) {
-    if (options_.output_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "spec.output.weights_path: this coordinator writes no files (it was started without "
-          "--output-dir); leave the field empty or ask the operator");
-    }
     RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag,
                                        "spec.output.weights_path", weights,
                                        /*create_dirs=*/false)
                         .status());
   }
   const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();
-  if (checkpoint.interval_steps() > 0 && options_.output_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "spec.checkpoint: this coordinator keeps no checkpoints (it was started without "
-        "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
-  }
   if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
     RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.checkpoint.dir",
                                        absl::StrCat(checkpoint.dir(), "/manifest.json"),

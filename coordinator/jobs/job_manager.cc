@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -138,7 +139,9 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   v1::Job cancelled;
-  auto saved = std::make_shared<absl::Status>();  // set on the io thread, read after FlushIo
+  // Set on the io thread before `done` is notified.
+  auto saved = std::make_shared<absl::Status>();
+  auto done = std::make_shared<absl::Notification>();
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
@@ -153,13 +156,19 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     // Answered once the store has the cancel: a coordinator that dies right
     // after must not restore the job RUNNING. This save, queued after
     // EndLocked's, says whether it has.
-    PersistLocked(*record, [saved](const absl::Status& s) { *saved = s; }).IgnoreError();
+    PersistLocked(*record, [saved, done](const absl::Status& s) {
+      *saved = s;
+      done->Notify();
+    }).IgnoreError();
     cancelled = record->job;
     // The answer is the basic view, as GetJob's default: the loss history
     // (up to a few hundred KB) is GetJob with JOB_VIEW_FULL's.
     cancelled.mutable_progress()->clear_loss_history();
   }
-  FlushIo();
+  // This save only (io_ runs in order: the end's file work queued before it
+  // is done too), not every job's file work queued since: the cancel runs
+  // on the thread registrations and submits share.
+  done->WaitForNotification();
   {
     AnnotatedMutexLock lock(&mu_);
     if (JobRecord* record = FindLocked(job_id); record != nullptr) {

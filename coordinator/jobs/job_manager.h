@@ -1088,7 +1088,8 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the directories of `dirs`, expired checkpoints of job `id` that
   // no stored state names as complete (on io_, off the lock), then drops
-  // them from its `expiring`.
+  // them from its `expiring`. Those no longer in `expiring` stay: a step
+  // reported again since (redone) writes into the same directory.
   // `save_after`: then saves the job (a restart's removal: the stored state
   // lists them until a save).
   void RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& dirs,

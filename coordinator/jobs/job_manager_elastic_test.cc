@@ -3382,8 +3382,10 @@ class FlakyStore final : public Store {
 
 // Checkpoint 17 expires (keep 1) while the save that drops it fails; then
 // the store is back and either the retry alone saves the job
-// (`retry_only`) or a later checkpoint does.
-void ExpireWhileSavesFail(bool retry_only) {
+// (`retry_only`) or a later checkpoint does. `redone`: before that, a stage
+// reports step 17 again (redone after the later checkpoints were dropped),
+// writing into its directory, which then stays.
+void ExpireWhileSavesFail(bool retry_only, bool redone = false) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
   AssignmentHub hub;
@@ -3399,6 +3401,10 @@ void ExpireWhileSavesFail(bool retry_only) {
   const std::string w = registry.Register(join).value().worker_id();
   v1::JobSpec spec = ElasticSpec(1, 17, 100);
   spec.mutable_checkpoint()->set_keep(1);
+  // Each variant its own directory: the test binary's output directory,
+  // and the job id, are the same for all.
+  const std::string dir = absl::StrCat("checkpoints/expire-", retry_only, redone);
+  spec.mutable_checkpoint()->set_dir(dir);
   const std::string id = jobs.Submit(spec).value().id();
   background.RunAll();
   ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
@@ -3426,8 +3432,7 @@ void ExpireWhileSavesFail(bool retry_only) {
   };
   const auto manifest = [&](int64_t step) {
     struct stat st;
-    return stat(absl::StrFormat("%s/checkpoints/%s/step-%08d/manifest.json", OutputDir(), id, step)
-                    .c_str(),
+    return stat(absl::StrFormat("%s/%s/step-%08d/manifest.json", OutputDir(), dir, step).c_str(),
                 &st) == 0;
   };
   for (int64_t step = 1; step <= 17; ++step) report(step, false);
@@ -3441,12 +3446,30 @@ void ExpireWhileSavesFail(bool retry_only) {
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
   // Nor does 34 look complete to tools before the state names it.
   EXPECT_FALSE(manifest(34)) << "written although the state naming it was not saved";
+  if (redone) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_iteration(16);
+    r.mutable_checkpoint()->set_step(17);
+    v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+    f->set_unit(0);
+    f->set_file("unit-0000.safetensors");
+    f->set_bytes(100);
+    f->set_sha256(std::string(64, 'b'));
+    ASSERT_TRUE(jobs.ReportProgress(r).ok());
+  }
   store.failing = false;
   if (retry_only) {
     // No later checkpoint: the once-a-second retry's save alone lets 17 go.
     clock.Advance(absl::Seconds(2));
     jobs.ScheduleQueued();
     jobs.FlushIo();
+    if (redone) {
+      EXPECT_TRUE(manifest(17)) << "removed while step 17 was being written again";
+      return;
+    }
     EXPECT_FALSE(manifest(17)) << "left behind after the retried save";
     EXPECT_TRUE(manifest(34));
     return;
@@ -3490,6 +3513,11 @@ TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
 }
 TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) {
   ExpireWhileSavesFail(/*retry_only=*/true);
+}
+// Unless the step is written again meanwhile (redone after the later
+// checkpoints were dropped): its directory is the new checkpoint's then.
+TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedone_DirectoryKept) {
+  ExpireWhileSavesFail(/*retry_only=*/true, /*redone=*/true);
 }
 
 // A submit whose commit was applied although it answered an error (an etcd

@@ -145,8 +145,21 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
   return absl::OkStatus();
 }
 
-void JobManager::RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& dirs,
+void JobManager::RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& listed,
                                 bool save_after) {
+  // Only those still expiring: a step reported again since it was listed
+  // (redone) writes into the same directory (AddCheckpointLocked).
+  std::vector<v1::ResumeFrom> dirs;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(id);
+    for (const v1::ResumeFrom& d : listed) {
+      const bool still = record == nullptr ||
+                         std::any_of(record->expiring.begin(), record->expiring.end(),
+                                     [&d](const v1::ResumeFrom& e) { return e.dir() == d.dir(); });
+      if (still) dirs.push_back(d);
+    }
+  }
   RemoveCheckpointDirs(options_.output_dir, id, dirs);
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(id);

@@ -60,7 +60,10 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
     *stored.mutable_auto_layout_parallelism() = record.auto_layout_parallelism;
   }
   const std::string trimmed = FitStoredJob(MaxStoredJobBytes(), &stored);
-  if (!trimmed.empty() && !record.stored_record_trimmed) {
+  // Once per stretch of trimmed saves; each one that cannot fit at all
+  // (its save fails, and SaveStoredJob says so too).
+  if (!trimmed.empty() &&
+      (!record.stored_record_trimmed || stored.ByteSizeLong() > MaxStoredJobBytes())) {
     PT_LOG(WARNING) << "job " << record.job.id() << ": the state store keeps less of it than "
                     << "this coordinator shows (a restart shows that): " << trimmed;
   }

@@ -38,6 +38,12 @@ std::string FitStoredJob(size_t limit, store::StoredJob* stored) {
     shed.push_back(absl::StrCat("the ", progress->stage_times_size(), " stage times"));
     progress->clear_stage_times();
   }
+  if (!fits()) {
+    return absl::StrCat(shed.empty() ? "nothing could be left out"
+                                     : absl::StrCat("left out ", absl::StrJoin(shed, ", ")),
+                        ", and its record of ", before, " bytes is still ", stored->ByteSizeLong(),
+                        ", over ", limit, ": its saves fail");
+  }
   return absl::StrCat("left out ", absl::StrJoin(shed, ", "), " to keep its record of ", before,
                       " bytes within ", limit, " (now ", stored->ByteSizeLong(), ")");
 }

@@ -29,7 +29,8 @@ size_t MaxStoredJobBytes();
 // oldest (the newest version stays), then job.progress.stage_times (the
 // running plan's reports start afresh). Returns what it shed, for a log
 // line ("" when `stored` fit as it was). A record still larger than
-// `limit` after all of that is left so: its save fails naming the limit.
+// `limit` after all of that is left so (its save fails naming the limit),
+// and the line says so ("... is still N bytes, over L: its saves fail").
 std::string FitStoredJob(size_t limit, store::StoredJob* stored);
 
 }  // namespace pipetrain

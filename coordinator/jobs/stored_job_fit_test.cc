@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -80,9 +82,18 @@ TEST(StoredJobFitTest, ThenOlderPlanVersions_TheNewestStays_ThenStageTimes) {
   // What cannot go stays, over the limit (its save fails naming it).
   stored = LargeRecord();
   stored.mutable_job()->set_reason(std::string(5000, 'x'));
-  FitStoredJob(1000, &stored);
+  said = FitStoredJob(1000, &stored);
   EXPECT_GT(stored.ByteSizeLong(), size_t{1000});
   EXPECT_EQ(stored.job().reason().size(), 5000u);
+  EXPECT_NE(
+      said.find(absl::StrCat("is still ", stored.ByteSizeLong(), ", over 1000: its saves fail")),
+      std::string::npos)
+      << said;
+  // Nothing to shed at all: said as much, not "left out " and nothing.
+  store::StoredJob bare;
+  bare.mutable_job()->set_reason(std::string(2000, 'x'));
+  said = FitStoredJob(1000, &bare);
+  EXPECT_TRUE(absl::StartsWith(said, "nothing could be left out, and its record of ")) << said;
 }
 
 }  // namespace

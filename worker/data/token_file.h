@@ -66,7 +66,10 @@ struct TokenFileLoadOptions {
 //                  `path`) ends in ".bin" or ".u16"; else kText.
 // Requires vocab_size >= 1 (else INVALID_ARGUMENT).
 // Errors (every message starts with `path`, or with options.name for
-// those about the contents):
+// those about the contents; with path_is_checked_real, an open that fails
+// is OpenRealPathNoLinks' error, starting with "spec.data.path: ": its
+// errno's code, e.g. PERMISSION_DENIED, or INVALID_ARGUMENT for a link
+// swapped in):
 //   NOT_FOUND         the file is missing, unreadable or not a regular file.
 //   RESOURCE_EXHAUSTED the file is larger than options.max_bytes.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with

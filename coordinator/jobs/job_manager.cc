@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -139,9 +138,14 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   v1::Job cancelled;
-  // Set on the io thread before `done` is notified.
-  auto saved = std::make_shared<absl::Status>();
-  auto done = std::make_shared<absl::Notification>();
+  // The save's status, set on the io thread. An AnnotatedMutex, not an
+  // absl::Notification, as in FlushIo: TSan must see the hand-off.
+  struct Saved {
+    AnnotatedMutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto saved = std::make_shared<Saved>();
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
@@ -156,9 +160,10 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     // Answered once the store has the cancel: a coordinator that dies right
     // after must not restore the job RUNNING. This save, queued after
     // EndLocked's, says whether it has.
-    PersistLocked(*record, [saved, done](const absl::Status& s) {
-      *saved = s;
-      done->Notify();
+    PersistLocked(*record, [saved](const absl::Status& s) {
+      AnnotatedMutexLock lock(&saved->mu);
+      saved->status = s;
+      saved->done = true;
     }).IgnoreError();
     cancelled = record->job;
     // The answer is the basic view, as GetJob's default: the loss history
@@ -168,17 +173,24 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   // This save only (io_ runs in order: the end's file work queued before it
   // is done too), not every job's file work queued since: the cancel runs
   // on the thread registrations and submits share.
-  done->WaitForNotification();
+  absl::Status save_status;
+  {
+    AnnotatedMutexLock lock(&saved->mu);
+    saved->mu.AwaitWithTimeout([&]()
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(saved->mu) { return saved->done; },
+                               absl::InfiniteDuration());
+    save_status = saved->status;
+  }
   {
     AnnotatedMutexLock lock(&mu_);
     if (JobRecord* record = FindLocked(job_id); record != nullptr) {
-      record->cancel_unconfirmed = !saved->ok();
+      record->cancel_unconfirmed = !save_status.ok();
     }
   }
-  if (!saved->ok()) {
+  if (!save_status.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "job ", job_id, " is cancelled here, but the state store did not record it (",
-        saved->message(),
+        save_status.message(),
         "); the coordinator saves it again every second, and one that stops before a save "
         "succeeds restores the job and runs it again: cancel again to see it recorded"));
   }

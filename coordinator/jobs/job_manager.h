@@ -522,8 +522,8 @@ class JobManager {
     // has not returned yet, whatever the job's state since (a cancelled
     // job's worker still measures until the fetch returns).
     std::string profiling_on;
-    // Its data address, and whether its fetch was cancelled as it was lost
-    // (CancelProfilesOfLostWorkersLocked).
+    // Its data address, and whether its loss was logged (the fetch is
+    // cancelled at every pass while it is lost: CancelProfilesOfLostWorkersLocked).
     std::string profiling_address;
     bool profile_cancel_asked = false;
     // How profiling_on runs attention (the analytic sizes its profile is

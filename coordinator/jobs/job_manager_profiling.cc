@@ -78,16 +78,20 @@ void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()>
 void JobManager::CancelProfilesOfLostWorkersLocked() {
   if (!cancel_fetches_to_) return;
   for (auto& [id, record] : jobs_) {
-    if (!record->profile_in_flight || record->profile_cancel_asked) continue;
+    if (!record->profile_in_flight) continue;
     absl::StatusOr<v1::Worker> profiler = registry_->Get(record->profiling_on);
     if (profiler.ok() && profiler->state() != v1::WORKER_STATE_LOST &&
         profiler->state() != v1::WORKER_STATE_LEFT) {
       continue;
     }
-    PT_LOG(WARNING) << "job " << id << ": " << record->profiling_on << " was "
-                    << (profiler.ok() ? EnumShortName(profiler->state()) : "removed")
-                    << " while it profiled the model; its call is cancelled";
-    record->profile_cancel_asked = true;
+    if (!record->profile_cancel_asked) {
+      PT_LOG(WARNING) << "job " << id << ": " << record->profiling_on << " was "
+                      << (profiler.ok() ? EnumShortName(profiler->state()) : "removed")
+                      << " while it profiled the model; its call is cancelled";
+      record->profile_cancel_asked = true;
+    }
+    // Every pass until the fetch returns: a call not in flight at the last
+    // one (before its first attempt, between retries) is ended by the next.
     cancel_fetches_to_(record->profiling_address);
   }
 }

@@ -1327,7 +1327,8 @@ void StageRuntime::ForgetTensorsEndingAt(int instruction) {
   if (auto it = last_read_by_.find(instruction); it != last_read_by_.end()) {
     for (const std::pair<int, int>& key : it->second) activations_.erase(key);
   }
-  // Anything else of a finished micro-batch (a recompute's stored outputs).
+  // Anything else of a finished micro-batch (a received tensor no
+  // instruction here reads).
   if (auto it = last_touch_.find(instruction); it != last_touch_.end()) {
     for (int mb : it->second) {
       activations_.erase(activations_.lower_bound({mb, -1}),

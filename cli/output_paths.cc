@@ -110,22 +110,26 @@ absl::Status CheckReplaceableFile(const char* flag, const std::string& path) {
                    " is not a regular file (a device, FIFO, socket or directory); name a file"));
 }
 
-absl::Status CheckFifoHasReader(const char* flag, const std::string& path) {
+absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& path) {
   struct stat info;
-  if (path.empty() || stat(path.c_str(), &info) != 0 || !S_ISFIFO(info.st_mode)) {
-    return absl::OkStatus();
-  }
+  if (path.empty() || stat(path.c_str(), &info) != 0 || !S_ISFIFO(info.st_mode)) return -1;
   // Non-blocking, a FIFO's write end opens only with a reader (ENXIO
   // without one), where a blocking open would wait for it.
   const int fd = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd >= 0) {
-    close(fd);
-    return absl::OkStatus();
+  if (fd < 0) {
+    if (errno != ENXIO) return -1;  // the caller's own open says what fails
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path,
+                     " is a FIFO with no reader; start its reader first, or name a regular file"));
   }
-  if (errno != ENXIO) return absl::OkStatus();  // the open later says what fails
-  return absl::InvalidArgumentError(
-      absl::StrCat(flag, " ", path,
-                   " is a FIFO with no reader; start its reader first, or name a regular file"));
+  // Blocking from here on: writes wait for the reader, as a shell's ">".
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
+  }
+  return fd;
 }
 
 namespace {
@@ -181,6 +185,28 @@ namespace {
 
 // Writes `text` to `path` (created or truncated). The error names `shown`.
 absl::Status WriteOne(const std::string& path, const std::string& text, const std::string& shown) {
+  // A FIFO through the write end OpenFifoWriteEnd found a reader for: a
+  // blocking open of one nobody reads waits for ever (past signals).
+  absl::StatusOr<int> fifo = OpenFifoWriteEnd("", path);
+  if (!fifo.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shown, " is a FIFO with no reader; start its reader first, or name a regular file"));
+  }
+  if (*fifo >= 0) {
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(*fifo, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int error = errno;
+        close(*fifo);
+        return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", shown));
+      }
+      done += static_cast<size_t>(n);
+    }
+    close(*fifo);
+    return absl::OkStatus();
+  }
   errno = 0;
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -197,7 +223,8 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
   // A regular (or new) file is written to a temporary beside it and renamed
   // over it only once every file is written, so a failure leaves each as it
   // was. A device, FIFO or symbolic link (/dev/stdout, a link the user
-  // keeps) is written through in place, as a shell's ">" would.
+  // keeps) is written through in place, as a shell's ">" would; a FIFO
+  // nobody reads is FAILED_PRECONDITION, not waited for.
   struct Staged {
     std::string temp, path;
   };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace pipetrain {
@@ -33,11 +34,14 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
 // rename would put a file in place of /dev/null, say.
 absl::Status CheckReplaceableFile(const char* flag, const std::string& path);
 
-// For an output appended to as the command goes (--log): OK unless `path`
-// is a FIFO that nobody reads; then INVALID_ARGUMENT "<flag> <path> is a
-// FIFO with no reader; ...", as opening it would wait for a reader without
-// end (and past SIGINT). A FIFO with a reader, `--log >(tee x)` say, passes.
-absl::Status CheckFifoHasReader(const char* flag, const std::string& path);
+// For an output that may be a FIFO (--log, --loss-log): -1 unless `path`
+// is a FIFO; for one with a reader, a blocking, close-on-exec write end
+// (`--log >(tee x)`, `cat fifo &`), which the caller writes through or
+// keeps open until its own writer is open, then closes: a check that opened
+// and closed the write end would end a reader such as `cat` (it reads EOF).
+// INVALID_ARGUMENT "<what> <path> is a FIFO with no reader; ..." for one
+// nobody reads, whose blocking open would wait without end (past SIGINT).
+absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& path);
 
 // INVALID_ARGUMENT "<flag> <path> is also <flag2>; each output needs its own
 // file" when two non-empty `outputs` name one file: the same existing file

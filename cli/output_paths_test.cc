@@ -180,23 +180,50 @@ TEST(CheckReplaceableFileTest, AbsentRegularOrLink_Ok_FifoAndDevice_Refused) {
 }
 
 // A FIFO nobody reads would hang the open of --log (past SIGINT); one
-// with a reader is a log's consumer (`--log >(tee x)`), as are files and
-// devices.
-TEST(CheckFifoHasReaderTest, ReaderlessFifo_Refused_ReadFifoFileAndDevice_Ok) {
+// with a reader is a log's consumer (`--log >(tee x)`, `cat fifo &`), whose
+// write end comes back open, so that the reader does not see the end of
+// its input before the log's own stream is open. Files and devices: -1.
+TEST(OpenFifoWriteEndTest, ReaderlessFifo_Refused_ReadFifoHeldOpen_OthersNone) {
   const std::string fifo = TempDir() + "/log.fifo";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
-  const absl::Status refused = CheckFifoHasReader("--log", fifo);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_EQ(refused.message(), "--log " + fifo +
-                                   " is a FIFO with no reader; start its reader first, or name a "
-                                   "regular file");
+  const absl::StatusOr<int> refused = OpenFifoWriteEnd("--log", fifo);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "--log " + fifo +
+                " is a FIFO with no reader; start its reader first, or name a regular file");
   const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   ASSERT_GE(reader, 0);
-  EXPECT_TRUE(CheckFifoHasReader("--log", fifo).ok());
+  const absl::StatusOr<int> held = OpenFifoWriteEnd("--log", fifo);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_GE(*held, 0);
+  EXPECT_EQ(write(*held, "step 1\n", 7), 7);
+  char got[16] = {};
+  EXPECT_EQ(read(reader, got, sizeof(got)), 7);
+  EXPECT_STREQ(got, "step 1\n");
+  close(*held);
   close(reader);
-  EXPECT_TRUE(CheckFifoHasReader("--log", "").ok());
-  EXPECT_TRUE(CheckFifoHasReader("--log", TempDir() + "/absent.log").ok());
-  EXPECT_TRUE(CheckFifoHasReader("--log", "/dev/null").ok());
+  EXPECT_EQ(OpenFifoWriteEnd("--log", "").value_or(-2), -1);
+  EXPECT_EQ(OpenFifoWriteEnd("--log", TempDir() + "/absent.log").value_or(-2), -1);
+  EXPECT_EQ(OpenFifoWriteEnd("--log", "/dev/null").value_or(-2), -1);
+}
+
+// Written in place, a FIFO with a reader gets the text; one nobody reads is
+// FAILED_PRECONDITION at once (its blocking open waited for ever, past
+// Ctrl-C, with `up`'s cluster still running).
+TEST(WriteFilesOrNoneTest, Fifo_ReaderGetsTheText_NoReaderRefusedAtOnce) {
+  const std::string fifo = TempDir() + "/losses.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const absl::Status refused = WriteFilesOrNone({{fifo, "1.5\n"}});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.message(),
+            fifo + " is a FIFO with no reader; start its reader first, or name a regular file");
+  const int reader = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  ASSERT_TRUE(WriteFilesOrNone({{fifo, "1.5\n"}}).ok());
+  char got[8] = {};
+  EXPECT_EQ(read(reader, got, sizeof(got)), 4);
+  EXPECT_STREQ(got, "1.5\n");
+  close(reader);
 }
 
 TEST(CheckDistinctOutputsTest, SameFileByNameOrLink_Refused_DistinctOk) {

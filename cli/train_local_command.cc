@@ -234,7 +234,6 @@ absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
   RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
   RETURN_IF_ERROR(CheckWritableParent("--log", o.log));
-  RETURN_IF_ERROR(CheckFifoHasReader("--log", o.log));
   // Renamed into place: a device there would be replaced (as root,
   // /dev/null itself).
   RETURN_IF_ERROR(CheckReplaceableFile("--save", o.save));
@@ -292,7 +291,12 @@ absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<fl
 absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer) {
   std::ofstream log;
   if (!o.log.empty()) {
+    // A FIFO's write end held while the stream opens its own: a blocking
+    // open of one nobody reads would wait for ever, and closing a probe
+    // first would end a reader such as `cat` (it reads EOF).
+    ASSIGN_OR_RETURN(const int fifo, OpenFifoWriteEnd("--log", o.log));
     log.open(o.log, std::ios::app);
+    if (fifo >= 0) close(fifo);
     if (!log) return absl::NotFoundError(absl::StrCat("cannot open --log file ", o.log));
   }
   const TrainConfig& c = trainer.config();

@@ -263,10 +263,27 @@ absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std:
   const bool recorded =
       ftruncate(lock, 0) == 0 && pwrite(lock, pid.data(), pid.size(), 0) == ssize_t(pid.size());
   (void)recorded;  // unrecorded, only a second run's message lacks the pid
-  // Used from here on by its real path, the one CheckAncestors cleared: a
-  // link on the way that its owner repoints later leads nowhere else.
+  // Used from here on by its real path: resolved once more, its ancestors
+  // checked as above, and it must be the directory locked (a link on the
+  // way repointed since would lead elsewhere). Its components are real
+  // directories only this user or root may rename, so the path stays.
   std::unique_ptr<char, decltype(&free)> real(realpath(path.c_str(), nullptr), &free);
-  return ClusterDir(real != nullptr ? std::string(real.get()) : path, lock);
+  absl::Status same = real == nullptr ? ErrnoError(errno, name, path, "cannot resolve it")
+                                      : CheckAncestors(name, real.get(), owner);
+  struct stat real_stat;
+  if (same.ok() && (stat(real.get(), &real_stat) != 0 || real_stat.st_dev != dir_stat.st_dev ||
+                    real_stat.st_ino != dir_stat.st_ino)) {
+    same = absl::FailedPreconditionError(
+        absl::StrCat(name, " ", path,
+                     ": a symbolic link on the way changed while it was checked; "
+                     "pick another ",
+                     name));
+  }
+  if (!same.ok()) {
+    close(lock);
+    return same;
+  }
+  return ClusterDir(real.get(), lock);
 }
 
 ClusterDir::ClusterDir(ClusterDir&& other) noexcept

@@ -65,6 +65,18 @@ bool IsLoopbackHost(absl::string_view host) {
   return false;
 }
 
+bool IsWildcardHost(absl::string_view host) {
+  if (host.empty()) return false;
+  const std::string text(host);  // the libc parsers want a NUL-terminated string
+  in_addr v4;
+  if (inet_aton(text.c_str(), &v4) != 0) return v4.s_addr == 0;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, text.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_UNSPECIFIED(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 0 && v6.s6_addr[13] == 0 &&
+         v6.s6_addr[14] == 0 && v6.s6_addr[15] == 0;
+}
+
 absl::string_view HostOfHostHeader(absl::string_view value) {
   if (absl::StartsWith(value, "[")) {
     const size_t close = value.find(']');

@@ -35,6 +35,12 @@ std::string JoinHostPort(absl::string_view host, int port);
 // trailing dot is allowed. Any other name may resolve elsewhere.
 bool IsLoopbackHost(absl::string_view host);
 
+// Whether `host` (no brackets, no port) is an address that binds every
+// interface: IPv4's 0.0.0.0 in any form inet_aton reads ("0", "0.0.0"), or
+// IPv6's unspecified address in any spelling ("::", "::0", "0:0::0") or
+// IPv4-mapped ("::ffff:0.0.0.0"). Such an address cannot be advertised.
+bool IsWildcardHost(absl::string_view host);
+
 // The host of an HTTP Host header value ("name", "name:port", "[v6]",
 // "[v6]:port"), without brackets or port; the value itself when it is
 // none of those (e.g. an unbracketed IPv6 address).

@@ -74,6 +74,17 @@ TEST(IsLoopbackHostTest, LiteralLoopbackAndLocalhostOnly) {
   }
 }
 
+TEST(IsWildcardHostTest, EverySpellingOfTheAnyAddress) {
+  for (const char* host :
+       {"0.0.0.0", "0", "0.0.0", "::", "::0", "0:0:0:0:0:0:0:0", "0::0", "::ffff:0.0.0.0"}) {
+    EXPECT_TRUE(IsWildcardHost(host)) << host;
+  }
+  for (const char* host : {"", "127.0.0.1", "10.0.0.5", "::1", "::ffff:10.0.0.1", "localhost",
+                           "worker-0", "0.0.0.1"}) {
+    EXPECT_FALSE(IsWildcardHost(host)) << host;
+  }
+}
+
 TEST(HostOfHostHeaderTest, PortAndBracketsRemoved) {
   EXPECT_EQ(HostOfHostHeader("127.0.0.1:8080"), "127.0.0.1");
   EXPECT_EQ(HostOfHostHeader("localhost"), "localhost");

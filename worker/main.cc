@@ -203,7 +203,7 @@ int Run(const std::vector<std::string>& args) {
     parsed = listen.status();
     // The address is advertised as it is: peers told to dial 0.0.0.0 reach
     // their own host, and two workers on one port would share an id.
-    if (parsed.ok() && (listen->host == "0.0.0.0" || listen->host == "::")) {
+    if (parsed.ok() && IsWildcardHost(listen->host)) {
       parsed = absl::InvalidArgumentError(absl::StrCat(
           "--listen ", f.listen,
           " is a wildcard address, which the worker would advertise to its peers as it is; "

@@ -532,6 +532,16 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
                    absl::StrCat(p->data(), " replicas x ", p->stages(), " stages x ", p->tensor(),
                                 " tensor ranks is ", workers, " workers; at most ", kMaxStages));
   }
+  // Grown to spec.elastic.max_workers stages, the job must still fit: a
+  // larger layout would be refused by every worker, and fail the job
+  // because spare workers appeared.
+  const int64_t grown = int64_t{p->data()} * spec->elastic().max_workers() * p->tensor();
+  if (grown > kMaxStages) {
+    return Invalid("spec.elastic.max_workers",
+                   absl::StrCat(p->data(), " replicas x ", spec->elastic().max_workers(),
+                                " stages x ", p->tensor(), " tensor ranks is ", grown,
+                                " workers once grown; at most ", kMaxStages));
+  }
   if (!p->has_tensor_partitions()) p->set_tensor_partitions(1);
   const int k = p->tensor_partitions();
   if (k != 0 && k != 1 && k != 2 && k != 4) {
@@ -730,7 +740,17 @@ absl::Status ResolveElasticity(v1::JobSpec* spec) {
     return Invalid("spec.checkpoint.keep",
                    absl::StrCat("must be in [1, ", kMaxCheckpointKeep, "], got ", c->keep()));
   }
-  if (!c->dir().empty()) RETURN_IF_ERROR(CheckConfinedName("spec.checkpoint.dir", c->dir()));
+  if (!c->dir().empty()) {
+    RETURN_IF_ERROR(CheckConfinedName("spec.checkpoint.dir", c->dir()));
+    // Its files are confined paths too, under the same limit.
+    if (c->dir().size() > kMaxCheckpointDirBytes) {
+      return Invalid("spec.checkpoint.dir",
+                     absl::StrCat("path of ", c->dir().size(), " bytes exceeds the limit of ",
+                                  kMaxCheckpointDirBytes, " (the files under it, such as ",
+                                  kLongestCheckpointFileSuffix, ", must stay within ",
+                                  kMaxSpecPathBytes, ")"));
+    }
+  }
   if (!spec->init().from().empty()) {
     RETURN_IF_ERROR(CheckConfinedName("spec.init.from", spec->init().from()));
   }

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/confined_path.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "worker/data/token_file.h"
@@ -57,6 +58,12 @@ inline constexpr int kMaxTrainingSeqLen = 32768;
 inline constexpr int kMaxBatchSize = 65536;      // training.batch_size
 inline constexpr int kMaxMicroBatches = 4096;    // training.micro_batches
 inline constexpr int64_t kMaxSteps = 100000000;  // training.steps, training.eval_interval
+// The longest name a checkpoint file has under spec.checkpoint.dir (a step
+// of kMaxSteps, a unit of a model of 256 layers), and so the longest dir
+// whose files stay within kMaxSpecPathBytes.
+inline constexpr char kLongestCheckpointFileSuffix[] = "/step-100000000/unit-0513.safetensors";
+inline constexpr size_t kMaxCheckpointDirBytes =
+    kMaxSpecPathBytes - (sizeof(kLongestCheckpointFileSuffix) - 1);
 inline constexpr int kMaxEvalWindows = 65536;    // training.eval_windows
 inline constexpr double kMaxGradClip = 1e6;      // training.grad_clip
 inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes

@@ -489,6 +489,46 @@ TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
                  "1024");
 }
 
+// Grown to spec.elastic.max_workers stages, a job must still fit the
+// worker limit: every worker would refuse the larger layout, and the job
+// fail because spare workers appeared.
+TEST(ResolveJobSpec, ElasticGrowthPastTheWorkerLimit_RejectedNamingMaxWorkers) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_batch_size(512);
+  spec.mutable_training()->set_micro_batches(512);
+  spec.mutable_parallelism()->set_data(512);
+  spec.mutable_checkpoint()->set_interval_steps(1);
+  spec.mutable_elastic()->set_max_workers(2);
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+  spec.mutable_elastic()->set_max_workers(3);
+  ExpectRejected(spec,
+                 "spec.elastic.max_workers: 512 replicas x 3 stages x 1 tensor ranks is 1536 "
+                 "workers once grown; at most 1024");
+}
+
+// The files under spec.checkpoint.dir are confined paths of at most 1024
+// bytes too: the dir leaves room for the longest of them.
+TEST(ResolveJobSpec, CheckpointDir_RoomForItsFiles) {
+  // `bytes` long, in components of 99 bytes (a name's limit is 255).
+  const auto dir = [](size_t bytes) {
+    std::string d;
+    while (d.size() < bytes) d += d.size() % 100 == 99 ? '/' : 'c';
+    return d;
+  };
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_checkpoint()->set_interval_steps(1);
+  spec.mutable_checkpoint()->set_dir(dir(kMaxCheckpointDirBytes));
+  const absl::StatusOr<ResolvedJobSpec> longest = ResolveJobSpec(spec);
+  EXPECT_TRUE(longest.ok()) << longest.status();
+  spec.mutable_checkpoint()->set_dir(dir(kMaxCheckpointDirBytes + 1));
+  ExpectRejected(spec, absl::StrCat("spec.checkpoint.dir: path of ", kMaxCheckpointDirBytes + 1,
+                                    " bytes exceeds the limit of ", kMaxCheckpointDirBytes,
+                                    " (the files under it, such as "
+                                    "/step-100000000/unit-0513.safetensors, must stay within "
+                                    "1024)"));
+  EXPECT_EQ(kMaxCheckpointDirBytes, 987u);
+}
+
 // MinimalSpec (2 layers: 6 units) as data 0 (auto) over `workers` workers.
 v1::JobSpec AutoLayoutSpec(int workers, int micro_batches) {
   v1::JobSpec spec = MinimalSpec();

@@ -177,8 +177,10 @@ struct ResolvedJobSpec {
 // replaces the divisibility rules by ValidateCubeTensorParallel's (tensor
 // = p^3, p | n_head, p^2 | d_model, p^3 | vocab_size, p^2 | the samples of
 // a micro-batch; named spec.parallelism.tensor) and needs
-// tensor_partitions 1, tensor_compression none and no token_topk in
-// compression.forward or .backward (INVALID_ARGUMENT naming that field).
+// tensor_partitions 1 and tensor_compression none (INVALID_ARGUMENT naming
+// that field); token_topk on the stage links is accepted with it.
+// data x elastic.max_workers x tensor <= kMaxStages too (the layout it may
+// grow to; named spec.elastic.max_workers).
 // tensor_partitions_tune_steps: 0..16, default 2 with tensor_partitions 0
 // and tensor > 1, else 0; non-zero only there.
 //

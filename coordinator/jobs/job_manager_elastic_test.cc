@@ -711,6 +711,30 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   EXPECT_TRUE(Submit(into).ok());
 }
 
+// "checkpoints" holds the default directories: as a job's own it would
+// overlap every later job that names none, refused for a field it never
+// set. It is refused itself; and a default that collides says it was
+// the default.
+TEST_F(JobManagerElasticTest, CheckpointDir_TheDefaultsRoot_Refused_ACollidingDefaultSaysSo) {
+  AddWorker(7001);
+  v1::JobSpec root = ElasticSpec(1, 5);
+  root.mutable_checkpoint()->set_dir("checkpoints");
+  const absl::StatusOr<v1::Job> refused = Submit(root);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "spec.checkpoint.dir \"checkpoints\" holds the directories of jobs that name none "
+            "(checkpoints/<job id>); name one of its own, e.g. checkpoints/my-run");
+  v1::JobSpec squatter = ElasticSpec(1, 5);
+  squatter.mutable_checkpoint()->set_dir("checkpoints/job-2");  // the next default
+  ASSERT_TRUE(Submit(squatter).ok());
+  const absl::StatusOr<v1::Job> defaulted = Submit(ElasticSpec(1, 5));
+  EXPECT_EQ(defaulted.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(defaulted.status().message(),
+                               "spec.checkpoint.dir \"checkpoints/job-2\" (the default, as the "
+                               "spec names none) is in use by job job-1"))
+      << defaulted.status();
+}
+
 TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestWritten) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

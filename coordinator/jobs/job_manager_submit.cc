@@ -29,6 +29,10 @@ namespace pipetrain {
 
 namespace {
 
+// Where the checkpoint directories of jobs that name none go:
+// kDefaultCheckpointRoot/<job id>.
+constexpr char kDefaultCheckpointRoot[] = "checkpoints";
+
 // Whether `path` is `dir` or lies under it. Both are canonical relative
 // names (CheckPaths' CheckConfinedName: no empty, "." or ".." component,
 // no trailing '/'): one file, one spelling, so a prefix test is exact.
@@ -453,8 +457,20 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
-      if (checkpoint->dir().empty()) {
-        checkpoint->set_dir(absl::StrCat("checkpoints/", record->job.id()));
+      // "checkpoints" holds the default directories (checkpoints/<job
+      // id>): given as a job's own, it would overlap every later job that
+      // names none, and refuse them for a field they never set.
+      if (checkpoint->dir() == kDefaultCheckpointRoot) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.checkpoint.dir \"", kDefaultCheckpointRoot,
+                         "\" holds the directories of jobs "
+                         "that name none (",
+                         kDefaultCheckpointRoot, "/<job id>); name one of its own, e.g. ",
+                         kDefaultCheckpointRoot, "/my-run"));
+      }
+      const bool dir_defaulted = checkpoint->dir().empty();
+      if (dir_defaulted) {
+        checkpoint->set_dir(absl::StrCat(kDefaultCheckpointRoot, "/", record->job.id()));
       }
       // Two live jobs writing step-N directories in one place would
       // overwrite each other's files, and each would expire (delete) the
@@ -463,6 +479,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
         const std::string& theirs = other->job.spec().checkpoint().dir();
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.checkpoint.dir \"", checkpoint->dir(), "\" ",
+            dir_defaulted ? "(the default, as the spec names none) " : "",
             theirs == checkpoint->dir() ? "is in use by job"
                                         : absl::StrCat("overlaps \"", theirs, "\", that of job"),
             " ", other->job.id(), " (", HolderState(*other),

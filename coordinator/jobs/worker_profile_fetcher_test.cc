@@ -115,16 +115,31 @@ class HoldingWorkerControl final : public v1::WorkerControlService::Service {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A HoldingWorkerControl served on a port of its own; released and shut
+// down at the end.
+struct HeldWorker {
+  HeldWorker() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  }
+  ~HeldWorker() {
+    service.Release();
+    server->Shutdown();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  HoldingWorkerControl service;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
 // cancel_all ends a fetch in flight at once (a coordinator shutting down),
 // and any started after it.
 TEST(WorkerProfileFetcherTest, CancelAll_EndsTheFetchInFlightAndLaterOnes) {
-  HoldingWorkerControl service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  HeldWorker worker;
+  HoldingWorkerControl& service = worker.service;
+  const std::string address = worker.address();
   CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
   absl::StatusOr<v1::ModelProfile> profile;
   std::thread fetching([&] { profile = fetcher.fetch(address, "token", {}); });
@@ -136,20 +151,14 @@ TEST(WorkerProfileFetcherTest, CancelAll_EndsTheFetchInFlightAndLaterOnes) {
   EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled) << profile.status();
   const absl::StatusOr<v1::ModelProfile> later = fetcher.fetch(address, "token", {});
   EXPECT_EQ(later.status().code(), absl::StatusCode::kCancelled) << later.status();
-  service.Release();
-  server->Shutdown();
 }
 
 // cancel_to ends the fetch in flight to that address (a worker known lost),
 // not to another, and later fetches to it run as usual.
 TEST(WorkerProfileFetcherTest, CancelTo_EndsTheFetchToThatAddressOnly) {
-  HoldingWorkerControl service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  HeldWorker worker;
+  HoldingWorkerControl& service = worker.service;
+  const std::string address = worker.address();
   CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
   absl::StatusOr<v1::ModelProfile> profile;
   std::thread fetching([&] { profile = fetcher.fetch(address, "token", {}); });
@@ -161,7 +170,6 @@ TEST(WorkerProfileFetcherTest, CancelTo_EndsTheFetchToThatAddressOnly) {
   service.Release();
   const absl::StatusOr<v1::ModelProfile> later = fetcher.fetch(address, "token", {});
   EXPECT_EQ(later.status().code(), absl::StatusCode::kUnavailable) << later.status();  // "held"
-  server->Shutdown();
 }
 
 }  // namespace

@@ -443,6 +443,10 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   const size_t slash = relative.rfind('/');
   const std::string name = slash == std::string::npos ? relative : relative.substr(slash + 1);
   if (up.get() < 0 || unlinkat(up.get(), name.c_str(), AT_REMOVEDIR) != 0) {
+    // Files written since `written_before` stay, and so does the directory.
+    if (up.get() >= 0 && errno == ENOTEMPTY && written_before.has_value()) {
+      return absl::OkStatus();
+    }
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot remove ", output_dir, "/", relative));
   }
   return absl::OkStatus();

@@ -111,6 +111,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "common/data_plane_keys.h"
@@ -476,6 +477,14 @@ class JobManager {
     absl::Status status ABSL_GUARDED_BY(mu);
     std::shared_ptr<SafetensorsFileWriter> file ABSL_GUARDED_BY(mu);
   };
+  // A checkpoint expired from the catalog, and when (real time, which file
+  // times compare with): files of its step directory modified since are a
+  // redo's of the same step (the catalog had to forget the step before it
+  // could be written again), and stay when the directory is removed.
+  struct ExpiredCheckpoint {
+    v1::ResumeFrom from;
+    absl::Time at;
+  };
   struct JobRecord {
     v1::Job job;
     ResolvedJobSpec resolved;
@@ -570,7 +579,7 @@ class JobManager {
     // after a save that succeeded, those it listed go (until then the
     // stored state may still name them as complete); a failed save leaves
     // them to the next, a retry's included.
-    std::vector<v1::ResumeFrom> expiring;
+    std::vector<ExpiredCheckpoint> expiring;
     // The last failed checkpoint report counted ("plan version/stage/step"):
     // the same one again is a retry, not another failure.
     std::string last_checkpoint_error;
@@ -1089,10 +1098,12 @@ class JobManager {
   // Removes the directories of `dirs`, expired checkpoints of job `id` that
   // no stored state names as complete (on io_, off the lock), then drops
   // them from its `expiring`. Those no longer in `expiring` stay: a step
-  // reported again since (redone) writes into the same directory.
+  // reported again since (redone) writes into the same directory. Files
+  // modified since a checkpoint expired stay too: a redo may have written
+  // them and not reported yet.
   // `save_after`: then saves the job (a restart's removal: the stored state
   // lists them until a save).
-  void RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& dirs,
+  void RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& dirs,
                       bool save_after = false) ABSL_LOCKS_EXCLUDED(mu_);
   // What PersistLocked saves of `record` (it notes the time in
   // last_persisted).

@@ -101,10 +101,11 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // A step written again (redone after the checkpoints after it were
   // dropped) whose old directory still waited for removal (its save had
   // failed): the directory is the new checkpoint's now, not to be removed.
-  std::vector<v1::ResumeFrom>& expiring = record.expiring;
-  expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
-                                [&c](const v1::ResumeFrom& e) { return e.step() == c.step(); }),
-                 expiring.end());
+  std::vector<ExpiredCheckpoint>& expiring = record.expiring;
+  expiring.erase(
+      std::remove_if(expiring.begin(), expiring.end(),
+                     [&c](const ExpiredCheckpoint& e) { return e.from.step() == c.step(); }),
+      expiring.end());
   // Steps that can no longer complete: their files go, off the lock (the
   // stored state never names an incomplete step).
   if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();
@@ -134,8 +135,10 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // the save succeeded (else the stored state may still name them):
   // PersistLocked removes what `expiring` held when it saved. A failed
   // save holds the manifest back until one succeeds (manifests_after_save_).
+  // Real time: the removal compares it with the files' modification times.
+  const absl::Time expired_at = absl::Now();
   for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
-    record.expiring.push_back(std::move(expired));
+    record.expiring.push_back(ExpiredCheckpoint{std::move(expired), expired_at});
   }
   PersistLocked(record, [this, manifest = ManifestToWrite{options_.output_dir, record.job.id(),
                                                           record.resolved.spec.model(),

@@ -2,6 +2,7 @@
 // durable state, driven through its API with a fake clock: no processes.
 // tests:elastic_cluster_test runs the same across real workers.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -3406,10 +3407,13 @@ class FlakyStore final : public Store {
 
 // Checkpoint 17 expires (keep 1) while the save that drops it fails; then
 // the store is back and either the retry alone saves the job
-// (`retry_only`) or a later checkpoint does. `redone`: before that, a stage
-// reports step 17 again (redone after the later checkpoints were dropped),
-// writing into its directory, which then stays.
-void ExpireWhileSavesFail(bool retry_only, bool redone = false) {
+// (`retry_only`) or a later checkpoint does. `redo`: before that, a stage
+// writes step 17 again (redone after the later checkpoints were dropped)
+// into its directory, and reports it (kReported: the directory stays) or
+// not yet (kUnreported: the redo's file stays, the old manifest goes).
+enum class Redo { kNone, kReported, kUnreported };
+void ExpireWhileSavesFail(bool retry_only, Redo redo = Redo::kNone) {
+  const bool redone = redo != Redo::kNone;
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
   AssignmentHub hub;
@@ -3427,7 +3431,7 @@ void ExpireWhileSavesFail(bool retry_only, bool redone = false) {
   spec.mutable_checkpoint()->set_keep(1);
   // Each variant its own directory: the test binary's output directory,
   // and the job id, are the same for all.
-  const std::string dir = absl::StrCat("checkpoints/expire-", retry_only, redone);
+  const std::string dir = absl::StrCat("checkpoints/expire-", retry_only, static_cast<int>(redo));
   spec.mutable_checkpoint()->set_dir(dir);
   const std::string id = jobs.Submit(spec).value().id();
   background.RunAll();
@@ -3470,7 +3474,17 @@ void ExpireWhileSavesFail(bool retry_only, bool redone = false) {
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
   // Nor does 34 look complete to tools before the state names it.
   EXPECT_FALSE(manifest(34)) << "written although the state naming it was not saved";
+  // The redo's unit file, modified after the expiry (set, so that a coarse
+  // file clock cannot date it before).
+  const std::string redone_file =
+      absl::StrFormat("%s/%s/step-%08d/unit-0000.safetensors", OutputDir(), dir, 17);
   if (redone) {
+    std::ofstream(redone_file) << "redone";
+    const timespec later = absl::ToTimespec(absl::Now() + absl::Seconds(5));
+    const timespec times[2] = {later, later};
+    ASSERT_EQ(utimensat(AT_FDCWD, redone_file.c_str(), times, 0), 0);
+  }
+  if (redo == Redo::kReported) {
     v1::ReportProgressRequest r;
     r.set_worker_id(w);
     r.set_job_id(id);
@@ -3490,8 +3504,15 @@ void ExpireWhileSavesFail(bool retry_only, bool redone = false) {
     clock.Advance(absl::Seconds(2));
     jobs.ScheduleQueued();
     jobs.FlushIo();
-    if (redone) {
+    struct stat st;
+    if (redo == Redo::kReported) {
       EXPECT_TRUE(manifest(17)) << "removed while step 17 was being written again";
+      EXPECT_EQ(stat(redone_file.c_str(), &st), 0) << "the redo's file removed";
+      return;
+    }
+    if (redo == Redo::kUnreported) {
+      EXPECT_FALSE(manifest(17)) << "the expired checkpoint's manifest left behind";
+      EXPECT_EQ(stat(redone_file.c_str(), &st), 0) << "the redo's file removed before its report";
       return;
     }
     EXPECT_FALSE(manifest(17)) << "left behind after the retried save";
@@ -3541,7 +3562,12 @@ TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave
 // Unless the step is written again meanwhile (redone after the later
 // checkpoints were dropped): its directory is the new checkpoint's then.
 TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedone_DirectoryKept) {
-  ExpireWhileSavesFail(/*retry_only=*/true, /*redone=*/true);
+  ExpireWhileSavesFail(/*retry_only=*/true, Redo::kReported);
+}
+// Nor do the files a redo wrote before it reported them go (its stage
+// writes, then reports).
+TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedoneNotYetReported_FilesKept) {
+  ExpireWhileSavesFail(/*retry_only=*/true, Redo::kUnreported);
 }
 
 // A submit whose commit was applied although it answered an error (an etcd

@@ -38,8 +38,8 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   // removed all the same after a save; only a stop first would leave them.
   for (size_t i = 0; i < record.expiring.size() && i < kMaxStoredExpiring; ++i) {
     v1::ResumeFrom* e = stored.add_expiring();
-    e->set_step(record.expiring[i].step());
-    e->set_dir(record.expiring[i].dir());
+    e->set_step(record.expiring[i].from.step());
+    e->set_dir(record.expiring[i].from.dir());
   }
   // Compact: a 256-layer profile with tensor partitions takes about 200 KB
   // indented, less than half that without.
@@ -104,7 +104,7 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
     std::optional<store::StoredJob> stored;
     std::vector<std::function<void(const absl::Status&)>> thens;
     // Expired checkpoints the state saved here no longer names as complete.
-    std::vector<v1::ResumeFrom> expired;
+    std::vector<ExpiredCheckpoint> expired;
     {
       AnnotatedMutexLock lock(&mu_);
       auto it = queued_saves_.find(id);
@@ -148,33 +148,39 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
   return absl::OkStatus();
 }
 
-void JobManager::RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& listed,
+void JobManager::RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& listed,
                                 bool save_after) {
   // Only those still expiring: a step reported again since it was listed
   // (redone) writes into the same directory (AddCheckpointLocked).
-  std::vector<v1::ResumeFrom> dirs;
+  std::vector<ExpiredCheckpoint> dirs;
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(id);
-    for (const v1::ResumeFrom& d : listed) {
-      const bool still = record == nullptr ||
-                         std::any_of(record->expiring.begin(), record->expiring.end(),
-                                     [&d](const v1::ResumeFrom& e) { return e.dir() == d.dir(); });
+    for (const ExpiredCheckpoint& d : listed) {
+      const bool still =
+          record == nullptr ||
+          std::any_of(record->expiring.begin(), record->expiring.end(),
+                      [&d](const ExpiredCheckpoint& e) { return e.from.dir() == d.from.dir(); });
       if (still) dirs.push_back(d);
     }
   }
-  RemoveCheckpointDirs(options_.output_dir, id, dirs);
+  // A redo may have written files there and not reported them yet: only
+  // those older than the expiry go.
+  for (const ExpiredCheckpoint& d : dirs) {
+    RemoveCheckpointDirs(options_.output_dir, id, {d.from}, d.at);
+  }
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(id);
   if (record == nullptr) return;
   // The job's next save stops listing them.
   std::set<std::string> removed;
-  for (const v1::ResumeFrom& d : dirs) removed.insert(d.dir());
-  std::vector<v1::ResumeFrom>& expiring = record->expiring;
-  expiring.erase(
-      std::remove_if(expiring.begin(), expiring.end(),
-                     [&removed](const v1::ResumeFrom& e) { return removed.count(e.dir()) > 0; }),
-      expiring.end());
+  for (const ExpiredCheckpoint& d : dirs) removed.insert(d.from.dir());
+  std::vector<ExpiredCheckpoint>& expiring = record->expiring;
+  expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
+                                [&removed](const ExpiredCheckpoint& e) {
+                                  return removed.count(e.from.dir()) > 0;
+                                }),
+                 expiring.end());
   if (save_after) PersistLocked(*record).IgnoreError();  // logged, and retried
 }
 
@@ -348,7 +354,9 @@ absl::Status JobManager::Restore() {
       for (const v1::ResumeFrom& e : s.expiring()) {
         const std::string mismatch = record->checkpoints->StepDirMismatch(e);
         if (spec_resolves && mismatch.empty()) {
-          record->expiring.push_back(e);
+          // When it expired is not stored: the restart is a bound (no redo
+          // of this coordinator's has written there yet).
+          record->expiring.push_back(ExpiredCheckpoint{e, absl::Now()});
         } else if (!mismatch.empty()) {
           PT_LOG(WARNING) << "job " << id << ": a stored expired " << mismatch
                           << "; its files are left in place";
@@ -452,10 +460,10 @@ absl::Status JobManager::Restore() {
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_[id];
     if (record.expiring.empty()) continue;
-    std::vector<v1::ResumeFrom> doomed;
+    std::vector<ExpiredCheckpoint> doomed;
     if (!options_.output_dir.empty() && OtherCheckpointDirUserLocked(record) == nullptr) {
-      for (const v1::ResumeFrom& e : record.expiring) {
-        if (InitSourceInLocked(e.dir()) == nullptr) doomed.push_back(e);
+      for (const ExpiredCheckpoint& e : record.expiring) {
+        if (InitSourceInLocked(e.from.dir()) == nullptr) doomed.push_back(e);
       }
     }
     record.expiring = doomed;  // the others stay as they are

@@ -282,7 +282,9 @@ void ExpectDataPlaneKeysFit(const std::vector<v1::Assignment>& assignments,
       EXPECT_EQ(from->data_plane_send_keys(b),
                 DataPlaneLinkKey(to->data_plane_receive_key(), data_job, a))
           << a << " -> " << b;
-      if (a != b) EXPECT_NE(from->data_plane_receive_key(), to->data_plane_receive_key());
+      if (a != b) {
+        EXPECT_NE(from->data_plane_receive_key(), to->data_plane_receive_key());
+      }
     }
   }
 }

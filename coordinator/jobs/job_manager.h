@@ -680,6 +680,10 @@ class JobManager {
   // A job that has not ended whose init_source lies in `dir`, or null.
   const JobRecord* InitSourceInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that has not ended whose init_source is `path` or holds it (a
+  // file of the checkpoint directory it started from), or null.
+  const JobRecord* InitSourceHoldingLocked(const std::string& path) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended whose weights file lies in `dir`, or null.
   const JobRecord* WeightsPathInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -193,7 +193,10 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
         }
       }
     }
-    init.weights = from;
+    // Resolved and relative to the output directory (the workers' root), as
+    // a checkpoint's directory is: one file, one name, which other jobs'
+    // paths are compared with.
+    init.weights = path.substr(std::strlen(root.get()) + 1);
     return init;
   }
   absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(path);
@@ -307,6 +310,16 @@ const JobManager::JobRecord* JobManager::InitSourceInLocked(const std::string& d
     for (const auto& [id, record] : *jobs) {
       if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
       if (PathWithin(record->init_source, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::InitSourceHoldingLocked(const std::string& path) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
+      if (PathWithin(path, record->init_source)) return record.get();
     }
   }
   return nullptr;
@@ -454,6 +467,27 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
               ? absl::StrCat(kLeftoversBeingRemoved, ")")
               : "), which deletes its older checkpoints as it goes; start from it once that job "
                 "has ended, or from a copy outside that directory"));
+    }
+    // A live job reloads what it started from at each recovery before its
+    // first checkpoint: this job's weights must not replace it (or a unit
+    // file of the checkpoint it is), nor this job start from weights a live
+    // job replaces at its end.
+    if (const JobRecord* other = weights.empty() ? nullptr : InitSourceHoldingLocked(weights)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.output.weights_path \"", weights, "\" ",
+          weights == other->init_source ? "is" : "lies in", " \"", other->init_source,
+          "\", where job ", other->job.id(), " (", HolderState(*other),
+          ") started from (spec.init.from) and restarts from until its first checkpoint; "
+          "write it elsewhere"));
+    }
+    if (const JobRecord* other = init_source.empty() ? nullptr : WeightsPathInLocked(init_source)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.init.from \"", resolved.spec.init().from(), "\" ",
+          other->job.spec().output().weights_path() == init_source ? "is" : "holds", " \"",
+          other->job.spec().output().weights_path(), "\", the weights file of job ",
+          other->job.id(), " (", HolderState(*other),
+          "), which replaces it when it ends; start from it once that job has ended, or from a "
+          "copy"));
     }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {

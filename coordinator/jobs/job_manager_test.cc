@@ -1456,6 +1456,62 @@ TEST_F(JobManagerTest, InitFrom_WeightsMissingOrMisshapen_RefusedNamingTheTensor
                                                  "': which one to load is ambiguous; keep one");
 }
 
+// A live job reloads the weights it started from at each recovery before
+// its first checkpoint: another job may not write its final weights there,
+// nor start from a file a live job replaces when it ends (by its resolved
+// name: through a link too). Both are free once the other job has ended.
+TEST_F(JobManagerTest, InitFromWeights_AndALiveJobsWeightsPath_RefusedEitherWay) {
+  v1::JobSpec spec = SmallSpec(1);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  std::vector<NamedTensor> tensors;
+  std::set<std::string> names;  // a tied tensor is in two units, once in the file
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (!names.insert(p.name).second) continue;
+      tensors.push_back({p.name, Tensor::Zeros(Shape(p.shape.begin(), p.shape.end()))});
+    }
+  }
+  for (const char* dir : {"/start", "/next"})
+    ASSERT_EQ(mkdir((OutputDir() + dir).c_str(), 0700), 0);
+  for (const char* file : {"/start/w.safetensors", "/next/w.safetensors"}) {
+    const absl::Status written = WriteSafetensors(OutputDir() + file, tensors);
+    ASSERT_TRUE(written.ok()) << written;
+  }
+  ASSERT_EQ(symlink("next/w.safetensors", (OutputDir() + "/next-link.safetensors").c_str()), 0);
+
+  v1::JobSpec starts = SmallSpec(1);
+  starts.mutable_init()->set_from("start/w.safetensors");
+  const std::string starter = Submit(starts).value().id();
+  v1::JobSpec replaces = SmallSpec(1);
+  replaces.mutable_output()->set_weights_path("start/w.safetensors");
+  EXPECT_EQ(Submit(replaces).status().message(),
+            "spec.output.weights_path \"start/w.safetensors\" is \"start/w.safetensors\", where "
+            "job " +
+                starter +
+                " (QUEUED) started from (spec.init.from) and restarts from until its first "
+                "checkpoint; write it elsewhere");
+
+  v1::JobSpec writes = SmallSpec(1);
+  writes.mutable_output()->set_weights_path("next/w.safetensors");
+  const std::string writer = Submit(writes).value().id();
+  for (const char* from : {"next/w.safetensors", "next-link.safetensors"}) {
+    v1::JobSpec reads = SmallSpec(1);
+    reads.mutable_init()->set_from(from);
+    EXPECT_EQ(Submit(reads).status().message(),
+              absl::StrCat("spec.init.from \"", from,
+                           "\" is \"next/w.safetensors\", the weights file of job ", writer,
+                           " (QUEUED), which replaces it when it ends; start from it once that "
+                           "job has ended, or from a copy"));
+  }
+
+  ASSERT_TRUE(jobs_.Cancel(starter).ok());
+  ASSERT_TRUE(jobs_.Cancel(writer).ok());
+  EXPECT_TRUE(Submit(replaces).ok());
+  v1::JobSpec reads = SmallSpec(1);
+  reads.mutable_init()->set_from("next-link.safetensors");
+  EXPECT_TRUE(Submit(reads).ok());
+}
+
 // A FIFO where init.from expects a checkpoint's manifest or a weights file
 // is refused at once: opening it for reading blocked Submit (and with it
 // the coordinator's lock) until some writer came.

@@ -1645,15 +1645,27 @@ absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
   // instead of the send's own error. So wait in slices until the sends are
   // done, and give up at the first that fails.
   while (sends_.pending() > 0) {
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
     absl::StatusOr<WireTensor> wire =
         transport_->RecvWire(peer, address, std::min(kSendWatchSlice, left));
-    if (!absl::IsDeadlineExceeded(wire.status()) || left <= kSendWatchSlice) return wire;
+    if (!absl::IsDeadlineExceeded(wire.status())) return wire;
+    if (left <= kSendWatchSlice) return WholeWait(wire.status(), setup_.recv_timeout);
     RETURN_IF_ERROR(SendFailedFirst());
   }
   RETURN_IF_ERROR(SendFailedFirst());
   return transport_->RecvWire(peer, address,
                               std::max(absl::ZeroDuration(), deadline - absl::Now()));
+}
+
+absl::Status StageRuntime::WholeWait(const absl::Status& last_slice, absl::Duration waited) {
+  // The transport's timeout reads "waited <its timeout> for <tensor>...":
+  // that of the last slice, often a few milliseconds, where the stage
+  // waited the whole receive timeout.
+  const absl::string_view message = last_slice.message();
+  const size_t rest = message.find(" for ");
+  if (!absl::StartsWith(message, "waited ") || rest == absl::string_view::npos) return last_slice;
+  return absl::DeadlineExceededError(
+      absl::StrCat("waited ", absl::FormatDuration(waited), message.substr(rest)));
 }
 
 absl::Status StageRuntime::SendFailedFirst() {

@@ -370,6 +370,9 @@ class StageRuntime {
   absl::StatusOr<WireTensor> RecvWireWatchingSends(int peer, const TensorAddress& address);
   // sends_' stuck error, said to have stopped a receive; OK when none.
   absl::Status SendFailedFirst();
+  // The last slice's DEADLINE_EXCEEDED restated as a wait of `waited` (the
+  // whole receive timeout), else `last_slice` as it is.
+  static absl::Status WholeWait(const absl::Status& last_slice, absl::Duration waited);
   // Waits for every queued send (time counted as the "send" phase of
   // `result`, if given); moves what they sent into result->sent.
   absl::Status DrainSends(IterationResult* result);

@@ -146,6 +146,59 @@ TEST(StageRuntimeSendTest, SendFailsWhileAReceiveWaits_TheSendsErrorNotTheTimeou
   EXPECT_FALSE(absl::StrContains(status.message(), "also failed")) << status;  // said once
 }
 
+// Holds every send until the receives have waited `hold` in all (so they
+// stay queued the whole receive timeout, as to a stalled peer), and answers
+// no receive, saying as the mailbox does how long each waited.
+class StalledPeerTransport : public Transport {
+ public:
+  explicit StalledPeerTransport(absl::Duration hold) : hold_(hold) {}
+  int stage() const override { return 0; }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return waited_ >= hold_; },
+                         absl::Seconds(60));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    AnnotatedMutexLock lock(&mu_);
+    const absl::Time start = absl::Now();
+    mu_.AwaitWithTimeout([] { return false; }, timeout);
+    waited_ += absl::Now() - start;
+    return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                    " for ", address.DebugString(),
+                                                    "; that stage is slow"));
+  }
+
+ private:
+  const absl::Duration hold_;
+  AnnotatedMutex mu_;
+  absl::Duration waited_ ABSL_GUARDED_BY(mu_);
+};
+
+// A receive that times out while this stage's own send is still queued (the
+// next stage stalled) says it waited the whole receive timeout, not the last
+// 50 ms slice it waited in.
+TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout) {
+  const Dataset data = testing::MakeDataset();
+  StageSetup setup = ForwardAndSendStage(testing::SmallConfig(), 1);
+  setup.recv_timeout = absl::Milliseconds(300);
+  v1::Instruction recv;
+  recv.mutable_recv()->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION_GRAD);
+  recv.mutable_recv()->mutable_tensor()->set_unit(1);
+  recv.mutable_recv()->mutable_tensor()->set_micro_batch(0);
+  recv.mutable_recv()->set_peer_stage(1);
+  *setup.program.add_instructions() = recv;
+  StalledPeerTransport transport(setup.recv_timeout - absl::Milliseconds(1));
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+
+  const absl::Status status = (*runtime)->RunIteration(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "waited 300ms for ")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "that stage is slow")) << status;
+}
+
 // With data parallelism the transport numbers stages across replicas
 // (replica 1's stage 0 is its stage 2): the message numbers every stage as
 // the transport does, so its own reason ("stage 3 is gone") and the

@@ -245,6 +245,12 @@ void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::St
   if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
 }
 
+size_t JobManager::HeldManifestsForTesting(const std::string& job_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto it = manifests_after_save_.find(job_id);
+  return it == manifests_after_save_.end() ? 0 : it->second.size();
+}
+
 size_t JobManager::TracedBytesForTesting(const std::string& job_id) const {
   AnnotatedMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

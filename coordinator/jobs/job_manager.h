@@ -422,6 +422,9 @@ class JobManager {
   // The bytes of the traced steps `job_id` keeps (the one shown and the one
   // being collected), as serialized; 0 for an unknown job. For tests.
   size_t TracedBytesForTesting(const std::string& job_id) const;
+  // How many checkpoint manifests of `job_id` wait for a save that
+  // succeeds (manifests_after_save_). For tests.
+  size_t HeldManifestsForTesting(const std::string& job_id) const;
 
  private:
   struct StageProgress {

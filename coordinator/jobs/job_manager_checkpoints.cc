@@ -153,7 +153,18 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                     << ", and the removal of expired checkpoints, wait for a later save: the "
                        "state that names the step was not saved";
     AnnotatedMutexLock lock(&mu_);
-    manifests_after_save_[manifest.job_id].push_back(manifest);
+    std::vector<ManifestToWrite>& held = manifests_after_save_[manifest.job_id];
+    // Only those of checkpoints still held (WriteManifestIfHeld writes no
+    // other): at most `keep`, however long the store fails.
+    if (const JobRecord* record = FindLocked(manifest.job_id);
+        record != nullptr && record->checkpoints != nullptr) {
+      held.erase(std::remove_if(held.begin(), held.end(),
+                                [record](const ManifestToWrite& m) {
+                                  return !record->checkpoints->Holds(m.complete.step());
+                                }),
+                 held.end());
+    }
+    held.push_back(manifest);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

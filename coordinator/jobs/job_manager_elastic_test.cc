@@ -3559,6 +3559,64 @@ TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
 TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) {
   ExpireWhileSavesFail(/*retry_only=*/true);
 }
+// While saves fail, the manifests held for the next save that succeeds are
+// those of checkpoints still kept (`keep`), not one per checkpoint of the
+// whole outage; the save that succeeds writes the one kept.
+TEST_F(JobManagerStoreTest, SavesFailing_HeldManifestsBoundedByKeep) {
+  BackgroundQueue background;
+  JobManager jobs(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{
+          .output_dir = OutputDir(), .state = &state_, .background_runner = background.Runner()});
+  v1::RegisterWorkerRequest join;
+  join.set_data_address("127.0.0.1:7001");
+  const std::string w = registry_.Register(join).value().worker_id();
+  v1::JobSpec spec = ElasticSpec(1, 5, 100);
+  spec.mutable_checkpoint()->set_keep(1);
+  spec.mutable_checkpoint()->set_dir("checkpoints/held-bounded");
+  const std::string id = jobs.Submit(spec).value().id();
+  background.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const int64_t version = jobs.Get(id).value().plan_version();
+  store_.failing = true;
+  for (int64_t step = 1; step <= 50; ++step) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_iteration(step - 1);
+    r.add_micro_batch_losses(1.0f);
+    r.add_micro_batch_losses(1.0f);
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+    if (step % 5 != 0) continue;
+    r.clear_micro_batch_losses();
+    r.mutable_checkpoint()->set_step(step);
+    for (int u = 0; u < 4; ++u) {
+      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+      f->set_unit(u);
+      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+      f->set_bytes(100);
+      f->set_sha256(std::string(64, 'a'));
+    }
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+    jobs.FlushIo();
+  }
+  EXPECT_EQ(jobs.HeldManifestsForTesting(id), 1u) << "one per failed save kept";
+  const auto manifest = [&](int64_t step) {
+    struct stat st;
+    return stat(absl::StrFormat("%s/checkpoints/held-bounded/step-%08d/manifest.json", OutputDir(),
+                                step)
+                    .c_str(),
+                &st) == 0;
+  };
+  EXPECT_FALSE(manifest(50)) << "written although the state naming it was not saved";
+  store_.failing = false;
+  RetryPass(jobs);
+  EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
+  EXPECT_TRUE(manifest(50));
+  EXPECT_FALSE(manifest(45));
+}
+
 // Unless the step is written again meanwhile (redone after the later
 // checkpoints were dropped): its directory is the new checkpoint's then.
 TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedone_DirectoryKept) {

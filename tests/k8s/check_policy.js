@@ -12,9 +12,10 @@
 //     flag, a literal "Bearer ...", the value of a rendered Secret or the
 //     placeholder REPLACE-ME;
 //   - the app.kubernetes.io labels on every object and pod template, and
-//     selectors that pick one install's pods only (name and instance in
-//     every selector; no selector matches another install's pods; no two
-//     objects share a kind and name).
+//     selectors that pick one install's pods only (name, instance and
+//     component in every selector, an empty or matchExpressions-only one
+//     included; no selector matches another install's pods; no two objects
+//     share a kind and name).
 //
 //   node check_policy.js [--modules DIR] FILE...   (FILE "-" = stdin)
 //
@@ -191,19 +192,84 @@ function podSecurityProblems(spec, meta) {
 
 const PLACEHOLDER = 'REPLACE-ME';
 
-// Names of the environment variables a container takes from Secrets:
-// env[].valueFrom.secretKeyRef, and envFrom secretRef with the keys of a
-// rendered Secret of that name.
-function secretEnvNames(container, secrets) {
-  const names = new Set();
-  for (const env of container.env || []) {
-    if (env.valueFrom && env.valueFrom.secretKeyRef) names.add(env.name);
-  }
-  for (const from of container.envFrom || []) {
-    const data = from.secretRef && secrets.get(from.secretRef.name);
-    for (const key of Object.keys(data || {})) names.add(`${from.prefix || ''}${key}`);
+// The names of the $(NAME) references in `text` that the kubelet expands
+// (in command, args and env[].value): "$$" is an escaped "$", and a "$("
+// without its ")" is left as it is.
+function envReferences(text) {
+  const names = [];
+  for (let i = 0; i < text.length; i++) {
+    if (text[i] !== '$') continue;
+    if (text[i + 1] === '$') {
+      i++;
+    } else if (text[i + 1] === '(') {
+      const close = text.indexOf(')', i + 2);
+      if (close < 0) break;
+      names.push(text.slice(i + 2, close));
+      i = close;
+    }
   }
   return names;
+}
+
+// Names of the environment variables of a container that may hold a
+// Secret's value, worked out the way the kubelet builds the environment:
+// first envFrom in order (a later source overrides an earlier one), then
+// env[] in order, each value expanding $(NAME) from what is defined before
+// it; command and args expand from the result.
+//
+//   - env[].valueFrom.secretKeyRef is a Secret's value;
+//   - envFrom secretRef of a Secret rendered in the set: its keys (with the
+//     prefix);
+//   - envFrom secretRef of a Secret that is not rendered (the usual case:
+//     the operator creates Secrets, overlays render none): its keys are
+//     unknown, so any name with its prefix that no later source is known to
+//     define may come from it: every $(NAME) in command or args that env[]
+//     does not define and no rendered ConfigMap (or Secret) of a later
+//     envFrom entry holds. A ConfigMap that is not rendered may or may not
+//     hold the name, so it does not clear it;
+//   - an env[] value that references such a variable ("Bearer $(TOK)")
+//     carries the Secret too, and so on down the chain.
+//
+// The $VAR and ${VAR} a shell expands are checked (tokenInWord) for the
+// names found here; a shell reference to a key of a Secret that is not
+// rendered cannot be told from the shell's own variables and is not
+// guessed at.
+function secretEnvNames(container, secrets, configMaps) {
+  const sources = (container.envFrom || []).map((from) => {
+    const secret = Boolean(from.secretRef);
+    const ref = from.secretRef || from.configMapRef || {};
+    const data = (secret ? secrets : configMaps).get(ref.name);
+    return {secret, prefix: from.prefix || '', keys: data ? new Set(Object.keys(data)) : null};
+  });
+  // Whether `name`, as envFrom leaves it, may hold a Secret's value: the
+  // last source known or suspected to define it decides.
+  const fromEnvFrom = (name) => {
+    for (const source of [...sources].reverse()) {
+      if (!name.startsWith(source.prefix)) continue;
+      if (source.keys) {
+        if (source.keys.has(name.slice(source.prefix.length))) return source.secret;
+      } else if (source.secret) {
+        return true;
+      }
+    }
+    return false;
+  };
+  const defined = new Map();  // env[] name -> may hold a Secret's value
+  const isSecret = (name) => (defined.has(name) ? defined.get(name) : fromEnvFrom(name));
+  for (const env of container.env || []) {
+    if (!env || typeof env.name !== 'string') continue;
+    const secret = env.valueFrom ? Boolean(env.valueFrom.secretKeyRef) :
+        envReferences(String(env.value === undefined ? '' : env.value)).some(isSecret);
+    defined.set(env.name, secret);
+  }
+  const candidates = new Set(defined.keys());
+  for (const source of sources) {
+    for (const key of source.keys || []) candidates.add(`${source.prefix}${key}`);
+  }
+  for (const word of [...(container.command || []), ...(container.args || [])]) {
+    for (const name of envReferences(String(word))) candidates.add(name);
+  }
+  return new Set([...candidates].filter(isSecret));
 }
 
 function escapeRegExp(text) {
@@ -231,10 +297,10 @@ function tokenInWord(word, secretNames, secretValues) {
 // "container "x": token on the command line: args[2] passes ..." for each
 // word of command and args that carries a token. A flag and its value may
 // be two words ("--join-token", "abc"): pairs are checked too.
-function tokenProblems(spec, secrets, secretValues) {
+function tokenProblems(spec, secrets, secretValues, configMaps = new Map()) {
   const problems = [];
   for (const {container, where} of allContainers(spec)) {
-    const names = secretEnvNames(container, secrets);
+    const names = secretEnvNames(container, secrets, configMaps);
     for (const field of ['command', 'args']) {
       const words = container[field] || [];
       words.forEach((word, i) => {
@@ -268,6 +334,17 @@ function collectSecrets(objects) {
     }
   }
   return {secrets, values};
+}
+
+// ConfigMaps of the rendered set: name -> {key: value} (data and binaryData:
+// envFrom takes the keys of both).
+function collectConfigMaps(objects) {
+  const configMaps = new Map();
+  for (const {object} of objects) {
+    if (object.kind !== 'ConfigMap' || !object.metadata) continue;
+    configMaps.set(object.metadata.name, {...(object.binaryData || {}), ...(object.data || {})});
+  }
+  return configMaps;
 }
 
 // A committed Secret must not hold the placeholder (the coordinator refuses it).
@@ -311,31 +388,46 @@ function missingLabels(labels, required) {
 }
 
 // The label selectors of an object, as [{path, matchLabels, pods}] where
-// `pods` says whether it selects pods (not Services).
+// `pods` says whether it selects pods (not Services). Every selector that is
+// present is listed, with `matchLabels || {}`: an empty selector
+// (`podSelector: {}`, `selector: {}`) picks every pod (or Service) of the
+// namespace, and one with matchExpressions only names no label this check
+// can compare, so both must show up as lacking the labels rather than be
+// skipped. A Service's selector is its map of labels itself.
 function selectorsOf(object) {
   const spec = object.spec || {};
   const result = [];
-  const push = (path, matchLabels, pods = true) => {
-    if (matchLabels) result.push({path, matchLabels, pods});
+  const isMap = (value) => value !== null && typeof value === 'object' && !Array.isArray(value);
+  const push = (path, selector, pods = true) => {
+    if (isMap(selector)) result.push({path, matchLabels: selector, pods});
+  };
+  // A label selector ({matchLabels, matchExpressions}) when it is present.
+  const pushLabelSelector = (path, selector, pods = true) => {
+    if (!isMap(selector)) return;
+    push(`${path}.matchLabels`, isMap(selector.matchLabels) ? selector.matchLabels : {}, pods);
   };
   if (object.kind === 'Service') push('spec.selector', spec.selector);
   if (object.kind in POD_TEMPLATES && object.kind !== 'Pod' && object.kind !== 'CronJob') {
-    push('spec.selector.matchLabels', spec.selector && spec.selector.matchLabels);
+    pushLabelSelector('spec.selector', spec.selector);
   }
-  if (object.kind === 'PodDisruptionBudget') {
-    push('spec.selector.matchLabels', spec.selector && spec.selector.matchLabels);
-  }
+  if (object.kind === 'PodDisruptionBudget') pushLabelSelector('spec.selector', spec.selector);
   if (object.kind === 'NetworkPolicy') {
-    push('spec.podSelector.matchLabels', spec.podSelector && spec.podSelector.matchLabels);
-    (spec.ingress || []).forEach((rule, i) => (rule.from || []).forEach((peer, j) => {
-      if (!peer.namespaceSelector && peer.podSelector) {
-        push(`spec.ingress[${i}].from[${j}].podSelector.matchLabels`, peer.podSelector.matchLabels);
-      }
-    }));
+    pushLabelSelector('spec.podSelector', spec.podSelector);
+    // Peers in this namespace: a podSelector without a namespaceSelector.
+    // A peer with a namespaceSelector picks pods of other namespaces (the
+    // manifests let Prometheus in from the namespace "monitoring" that way),
+    // which are not pipetrain's pods and carry no labels of this install, so
+    // neither it nor a podSelector beside it (another app's pods there) is
+    // held to these labels. ipBlock peers have no selector.
+    for (const [direction, peers] of [['ingress', 'from'], ['egress', 'to']]) {
+      (spec[direction] || []).forEach((rule, i) => (rule[peers] || []).forEach((peer, j) => {
+        if (peer && !peer.namespaceSelector && peer.podSelector) {
+          pushLabelSelector(`spec.${direction}[${i}].${peers}[${j}].podSelector`, peer.podSelector);
+        }
+      }));
+    }
   }
-  if (object.kind === 'ServiceMonitor') {
-    push('spec.selector.matchLabels', spec.selector && spec.selector.matchLabels, false);
-  }
+  if (object.kind === 'ServiceMonitor') pushLabelSelector('spec.selector', spec.selector, false);
   return result;
 }
 
@@ -343,10 +435,12 @@ function matches(matchLabels, labels) {
   return Object.entries(matchLabels).every(([k, v]) => labels && labels[k] === v);
 }
 
-// Labels on every object and pod template; name and instance in every
-// selector; no selector picks another install's pods or Services, nor those
-// of two objects with one component (two installs with one instance label);
-// every workload's selector picks its own pod template.
+// Labels on every object and pod template; name, instance and component in
+// every selector (docs/operations.md, "Labels": without the component a
+// selector would pick the coordinator's and the workers' pods alike); no
+// selector picks another install's pods or Services, nor those of two
+// objects with one component (two installs with one instance label); every
+// workload's selector picks its own pod template.
 function labelProblems(objects) {
   const problems = [];
   const templates = [];  // {owner, labels}
@@ -373,10 +467,13 @@ function labelProblems(objects) {
     const {object} = entry;
     const instance = object.metadata && object.metadata.labels && object.metadata.labels[INSTANCE];
     for (const {path, matchLabels, pods} of selectorsOf(object)) {
-      const lacking = [NAME, INSTANCE].filter((key) => !(key in matchLabels));
+      const lacking = [NAME, INSTANCE, COMPONENT].filter((key) => !(key in matchLabels));
       if (lacking.length > 0) {
+        const what = pods ? 'pods' : 'Services';
+        const also = lacking.some((key) => key !== COMPONENT) ?
+            `the ${what} of a second install in the namespace` : `the ${what} of other components`;
         problems.push({entry, message: `${path}: selector: lacks ${lacking.join(', ')}, so ` +
-            'it would also pick the pods of a second install in the namespace'});
+            `it would also pick ${also}`});
         continue;
       }
       const byComponent = new Map();  // component -> owners picked
@@ -430,6 +527,7 @@ function duplicateProblems(objects) {
 // the number of pod templates checked.
 function checkAll(objects) {
   const {secrets, values} = collectSecrets(objects);
+  const configMaps = collectConfigMaps(objects);
   const problems = [];
   let podTemplates = 0;
   for (const entry of objects) {
@@ -439,7 +537,7 @@ function checkAll(objects) {
       podTemplates++;
       const spec = template.spec || {};
       for (const message of [...podSecurityProblems(spec, template.metadata),
-        ...tokenProblems(spec, secrets, values)]) {
+        ...tokenProblems(spec, secrets, values, configMaps)]) {
         problems.push({entry, message});
       }
     }

@@ -12,11 +12,13 @@
 # ReadWriteMany claim, and --state-dir on the coordinator's own volume,
 # outside --output-dir (storage_paths). Broken copies are
 # rejected with the expected messages on every run, so no check can pass
-# vacuously: a schema-invalid manifest, pod templates breaking each
-# restricted control, tokens on command lines, a broken copy of the cpu-demo
-# overlay rendered by kustomize, a second install that reuses the instance
-# label, and a broken use of the shared-checkpoints component. Runs under
-# Bazel (//tests/k8s:manifests_test) or directly:
+# vacuously: a schema-invalid manifest (misspelled fields included), pod
+# templates breaking each restricted control, selectors without the
+# component or with no labels at all, tokens on command lines (also through
+# a Secret the set does not render and through env vars), a broken copy of
+# the cpu-demo overlay rendered by kustomize, a second install that reuses
+# the instance label, and a broken use of the shared-checkpoints component.
+# Runs under Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
 set -u
 
@@ -290,7 +292,9 @@ check "PrometheusRule carries the groups of alerts.yml" node "$R/tests/k8s/prome
   --rule "$T/k8s/components/prometheus-operator/prometheusrule.yaml"
 echo "prometheus rule: $(tail -n 1 "$T/out.txt")"
 
-# A schema-invalid manifest: a string for replicas and a container without a name.
+# A schema-invalid manifest: a string for replicas, a container without a
+# name, and fields the schema does not list (spec.replica, the container's
+# resource), which the generated validators alone let through.
 BROKEN="$TESTDATA/broken_deployment.yaml"
 node "$VALIDATE" --modules "$MODULES" "$BROKEN" > "$T/broken.txt" 2>&1
 code=$?
@@ -300,6 +304,10 @@ check "broken manifest: replicas type" has "$T/broken.txt" \
   "INVALID Deployment/broken (${BROKEN}, document 2): /spec/replicas: must be integer"
 check "broken manifest: container name" has "$T/broken.txt" \
   '/spec/template/spec/containers/0: must have required property "name"'
+check "broken manifest: unknown field spec.replica" has "$T/broken.txt" \
+  "/spec/replica: unknown field (not in the schema)"
+check "broken manifest: unknown field containers[0].resource" has "$T/broken.txt" \
+  "/spec/template/spec/containers/0/resource: unknown field (not in the schema)"
 check "broken manifest: the valid ConfigMap is not reported" fails has "$T/broken.txt" "ConfigMap/fine"
 
 # Pod templates that break each restricted control; a compliant Pod beside them.
@@ -330,6 +338,29 @@ expect_lines "$T/run.txt" \
   "3 objects, 3 pod templates, 17 violations"
 check "the compliant Pod is not reported" fails has "$T/run.txt" "Pod/compliant"
 
+# Selectors that would pick other components' or other installs' pods:
+# without the component, empty, or with matchExpressions only. This file
+# and token_via_env.yaml are otherwise valid, so a misspelling in them
+# cannot hide what they show.
+check "selector and env testdata validate" node "$VALIDATE" --modules "$MODULES" \
+  "$TESTDATA/selector_violations.yaml" "$TESTDATA/token_via_env.yaml"
+V="$TESTDATA/selector_violations.yaml"
+run_node "$POLICY" --modules "$MODULES" "$V"
+echo "selector violations (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
+check "selector violations exit 1" test "$(cat "$T/run.code")" -eq 1
+ALL="lacks app.kubernetes.io/name, app.kubernetes.io/instance, app.kubernetes.io/component, so it would also pick the"
+N="VIOLATION NetworkPolicy/wide-open ($V, document 4):"
+expect_lines "$T/run.txt" \
+  "VIOLATION Deployment/expressions ($V, document 1): spec.selector.matchLabels: selector: $ALL pods of a second install in the namespace" \
+  "VIOLATION Service/no-component ($V, document 2): spec.selector: selector: lacks app.kubernetes.io/component, so it would also pick the pods of other components" \
+  "VIOLATION PodDisruptionBudget/everything ($V, document 3): spec.selector.matchLabels: selector: $ALL pods of a second install in the namespace" \
+  "$N spec.podSelector.matchLabels: selector: $ALL pods of a second install in the namespace" \
+  "$N spec.ingress[0].from[0].podSelector.matchLabels: selector: $ALL pods of a second install in the namespace" \
+  "$N spec.egress[0].to[0].podSelector.matchLabels: selector: $ALL pods of a second install in the namespace" \
+  "VIOLATION ServiceMonitor/all-services ($V, document 5): spec.selector.matchLabels: selector: $ALL Services of a second install in the namespace" \
+  "5 objects, 1 pod templates, 7 violations"
+check "the peer in another namespace (Prometheus) is not reported" fails has "$T/run.txt" "from[1]"
+
 # Tokens on command lines, and a committed placeholder Secret.
 V="$TESTDATA/token_in_args.yaml"
 run_node "$POLICY" --modules "$MODULES" "$V"
@@ -348,6 +379,22 @@ expect_lines "$T/run.txt" \
   "$J container \"prefixed\": token on the command line: args[0] passes T_join-token, which comes from a Secret" \
   "2 objects, 1 pod templates, 9 violations"
 check "the -file flag is not reported" fails has "$T/run.txt" "args[6]"
+
+# Secret values that reach a command line with no Secret rendered: envFrom
+# of the operator's Secret, and env vars that pass a Secret's value on.
+V="$TESTDATA/token_via_env.yaml"
+run_node "$POLICY" --modules "$MODULES" "$V"
+echo "tokens through env (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
+check "tokens through env exit 1" test "$(cat "$T/run.code")" -eq 1
+J="VIOLATION Job/indirect ($V, document 2):"
+expect_lines "$T/run.txt" \
+  "$J container \"unrendered\": token on the command line: args[1] passes USER_TOKEN, which comes from a Secret" \
+  "$J container \"chained\": token on the command line: args[1] passes HEADER, which comes from a Secret" \
+  "$J container \"prefixed-chain\": token on the command line: args[0] passes WRAPPED, which comes from a Secret" \
+  "2 objects, 1 pod templates, 3 violations"
+check "a ConfigMap's or a fieldRef's variable is not reported" \
+  fails grep -qE 'args\[(0|2)\] passes (COORDINATOR|POD_NAME)' "$T/run.txt"
+check "a variable without the envFrom prefix is not reported" fails has "$T/run.txt" "OTHER"
 
 # A broken copy of cpu-demo, rendered by kustomize like the real overlays.
 cp -RL "$TESTDATA/broken_overlay" "$T/k8s/overlays/broken"

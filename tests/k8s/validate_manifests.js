@@ -7,7 +7,8 @@
 //   node validate_manifests.js [--modules DIR] FILE...   (FILE "-" = stdin)
 //
 // Each FILE may hold several YAML documents. Every object is built with the
-// model class of its apiVersion and kind, and validated.
+// model class of its apiVersion and kind, and validated; a field its schema
+// does not list (a misspelling such as spec.replica) is reported too.
 // --modules: the node_modules holding those packages and yaml (default:
 // tools/k8s-validate/node_modules of the repository holding this script;
 // scripts/setup.sh installs it with npm ci).
@@ -59,6 +60,92 @@ function describe(error) {
   return String(error.message || error);
 }
 
+// --- Unknown fields ------------------------------------------------------------
+//
+// The generated validators accept properties their schema does not list
+// (Kubernetes schemas do not say additionalProperties: false), so a
+// misspelled field (`spec.replica: 3`, `containers[0].resource`) passes them,
+// and the API server would drop it or refuse it (kubectl apply's strict field
+// validation). kubernetes-models ships its schemas only as compiled ajv code
+// (_schemas/*.js), not as JSON, so the property lists are read from that code
+// as it runs: for every object it validates, a generated validator reads
+// each property its schema lists (`data.replicas === undefined`, also when
+// absent) and enumerates the keys (`for (key in data)`) only of maps
+// (additionalProperties: labels, data, resources.limits, ...). Validating
+// through Proxies that record those reads gives, for each object of the
+// manifest, the properties its schema lists; every other key is unknown.
+// An object whose schema says nothing about it (free-form, e.g.
+// x-kubernetes-preserve-unknown-fields) is neither read nor enumerated and
+// is not judged.
+
+// What the validator did with each object: object -> {read: Set, enumerated}.
+function traceAccess(root) {
+  const access = new WeakMap();
+  const proxies = new WeakMap();
+  const record = (target) => {
+    if (!access.has(target)) access.set(target, {read: new Set(), enumerated: false});
+    return access.get(target);
+  };
+  const wrap = (value) => {
+    if (value === null || typeof value !== 'object') return value;
+    if (!proxies.has(value)) {
+      proxies.set(value, new Proxy(value, {
+        get(target, key, receiver) {
+          if (typeof key === 'string' && !Array.isArray(target)) record(target).read.add(key);
+          return wrap(Reflect.get(target, key, receiver));
+        },
+        has(target, key) {
+          if (typeof key === 'string' && !Array.isArray(target)) record(target).read.add(key);
+          return Reflect.has(target, key);
+        },
+        ownKeys(target) {
+          record(target).enumerated = true;
+          return Reflect.ownKeys(target);
+        },
+      }));
+    }
+    return proxies.get(value);
+  };
+  return {proxy: wrap(root), access};
+}
+
+// "/json/pointer: unknown field" for every key of `object` (a plain copy of
+// the manifest) that the traced validation did not read where it walked.
+function unknownFields(object, access, path = '') {
+  if (object === null || typeof object !== 'object') return [];
+  if (Array.isArray(object)) {
+    return object.flatMap((item, i) => unknownFields(item, access, `${path}/${i}`));
+  }
+  const seen = access.get(object);
+  const problems = [];
+  for (const [key, value] of Object.entries(object)) {
+    const where = `${path}/${key.replace(/~/g, '~0').replace(/\//g, '~1')}`;
+    // Judged only where the schema lists properties (something was read)
+    // and is not a map (its keys were not enumerated).
+    if (seen && !seen.enumerated && seen.read.size > 0 && !seen.read.has(key)) {
+      problems.push(`${where}: unknown field (not in the schema)`);
+      continue;  // nothing below an unknown field has a schema
+    }
+    problems.push(...unknownFields(value, access, where));
+  }
+  return problems;
+}
+
+// Unknown fields of `object` against the schema of Model.
+function strictProblems(Model, object) {
+  const copy = JSON.parse(JSON.stringify(object));  // YAML aliases: one node per place
+  const {proxy, access} = traceAccess(copy);
+  try {
+    // Model.prototype.validate runs the schema's validator on `this`; called
+    // on the proxy (new Model() would copy the data out of it). Its errors
+    // were reported by checkObject already.
+    Model.prototype.validate.call(proxy);
+  } catch (e) {
+    // Type errors: reported by checkObject.
+  }
+  return unknownFields(copy, access);
+}
+
 // Problems of one parsed object; an empty list when it is valid.
 function checkObject(modules, object) {
   if (object === null || typeof object !== 'object' || Array.isArray(object)) {
@@ -69,12 +156,14 @@ function checkObject(modules, object) {
     return [`no schema for apiVersion "${object.apiVersion}" kind "${object.kind}" ` +
             'in kubernetes-models or @kubernetes-models/prometheus-operator'];
   }
+  const problems = [];
   try {
     new Model(object).validate();
-    return [];
   } catch (e) {
-    return [describe(e)];
+    problems.push(describe(e));
   }
+  problems.push(...strictProblems(Model, object));
+  return problems;
 }
 
 function main() {

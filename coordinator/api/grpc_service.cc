@@ -17,7 +17,8 @@ namespace pipetrain {
 
 CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
                                                AssignmentHub* hub, CoordinatorMetrics* metrics,
-                                               const CallerAuth* auth, Runner store_calls)
+                                               const CallerAuth* auth, Runner store_calls,
+                                               Runner registrations)
     : workers_(workers),
       jobs_(jobs),
       metrics_(metrics),
@@ -28,8 +29,12 @@ CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManag
                                    "its assignment stream closed: the process exited or lost its "
                                    "connection to the coordinator");
                }),
-      store_calls_(store_calls ? std::move(store_calls) : [this](std::function<void()> task) {
-        own_store_calls_.Post(std::move(task));
+      store_calls_(
+          store_calls
+              ? std::move(store_calls)
+              : [this](std::function<void()> task) { own_store_calls_.Post(std::move(task)); }),
+      registrations_(registrations ? std::move(registrations) : [this](std::function<void()> task) {
+        own_registrations_.Post(std::move(task));
       }) {
   PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr &&
            auth != nullptr);
@@ -81,8 +86,18 @@ template <typename Handler>
 grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServerContext* context,
                                                               absl::string_view method,
                                                               const absl::Status& authorized,
-                                                              Handler handler) {
-  return Respond(context, method, authorized, std::move(handler), store_calls_);
+                                                              Handler handler, const Runner& run) {
+  // The context stays valid until the call is finished; IsCancelled is
+  // thread-safe.
+  auto unless_abandoned = [context, handler = std::move(handler)]() -> absl::Status {
+    if (context->IsCancelled()) {
+      return absl::CancelledError(
+          "the call was abandoned (its deadline passed) while it waited for earlier calls; "
+          "nothing was done");
+    }
+    return handler();
+  };
+  return Respond(context, method, authorized, std::move(unless_abandoned), run);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
@@ -92,13 +107,15 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
   // returns once the state store has the worker, and a fleet registering
   // at once (after a failover) would hold gRPC's callback threads, and the
   // heartbeats queued behind them, for a commit each.
-  return OffReaction(context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
-                     [this, request, response]() -> absl::Status {
-                       ASSIGN_OR_RETURN(*response, workers_->Register(*request));
-                       streams_.Supersede(response->worker_id(), response->incarnation());
-                       executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
-                       return absl::OkStatus();
-                     });
+  return OffReaction(
+      context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
+      [this, request, response]() -> absl::Status {
+        ASSIGN_OR_RETURN(*response, workers_->Register(*request));
+        streams_.Supersede(response->worker_id(), response->incarnation());
+        executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
+        return absl::OkStatus();
+      },
+      registrations_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
@@ -134,10 +151,13 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DrainWorker(grpc::CallbackServ
     }
   }
   // Waits for the store's commit of the drain.
-  return OffReaction(context, "DrainWorker", allowed, [this, request, response]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
-    return absl::OkStatus();
-  });
+  return OffReaction(
+      context, "DrainWorker", allowed,
+      [this, request, response]() -> absl::Status {
+        ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
+        return absl::OkStatus();
+      },
+      store_calls_);
 }
 
 absl::Status CoordinatorGrpcService::CheckWatcher(
@@ -227,10 +247,12 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServer
                                                             v1::Job* response) {
   // Waits for the store's commit of the job.
   return OffReaction(
-      context, "SubmitJob", UserCall(*context), [this, request, response]() -> absl::Status {
+      context, "SubmitJob", UserCall(*context),
+      [this, request, response]() -> absl::Status {
         ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec(), request->request_id()));
         return absl::OkStatus();
-      });
+      },
+      store_calls_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,
@@ -255,11 +277,13 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
                                                             const v1::CancelJobRequest* request,
                                                             v1::Job* response) {
   // Waits for the store's commit of the cancel, behind the saves queued before it.
-  return OffReaction(context, "CancelJob", UserCall(*context),
-                     [this, request, response]() -> absl::Status {
-                       ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
-                       return absl::OkStatus();
-                     });
+  return OffReaction(
+      context, "CancelJob", UserCall(*context),
+      [this, request, response]() -> absl::Status {
+        ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
+        return absl::OkStatus();
+      },
+      store_calls_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServerContext* context,

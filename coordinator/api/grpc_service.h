@@ -63,12 +63,16 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   using Runner = std::function<void(std::function<void()>)>;
 
   // None owned; all must outlive the service. Requires non-null (checked).
-  // `store_calls` runs SubmitJob's, CancelJob's and DrainWorker's work; empty: a
-  // SerialExecutor of the service's own. Tests pass a queue they run
-  // themselves, to see that those calls are not answered in the reaction.
+  // `store_calls` runs SubmitJob's, CancelJob's and DrainWorker's work, and
+  // `registrations` RegisterWorker's; empty: a SerialExecutor of the
+  // service's own for each. Registrations have their own: a CancelJob waits
+  // for its job's save behind every file and store task already queued, and
+  // a fleet's registrations (after a failover) must not wait out their
+  // deadlines behind it. Tests pass queues they run themselves, to see that
+  // those calls are not answered in the reaction.
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,
                          CoordinatorMetrics* metrics, const CallerAuth* auth,
-                         Runner store_calls = {});
+                         Runner store_calls = {}, Runner registrations = {});
 
   // Ends every WatchAssignments stream with UNAVAILABLE and refuses new ones
   // the same way. Idempotent.
@@ -122,13 +126,17 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   template <typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
                                   const absl::Status& authorized, Handler handler);
-  // As Unary, but `handler` runs on store_calls_, after the reaction has
-  // returned: it must hold what it uses by value (the request and response
-  // pointers stay valid until the call is finished).
+  // As Unary, but `handler` runs through `run` (store_calls_ or
+  // registrations_), after the reaction has returned: it must hold what it
+  // uses by value (the request and response pointers stay valid until the
+  // call is finished). A call its client gave up on while it waited there
+  // (its deadline passed) is answered CANCELLED without running `handler`:
+  // the client retries, and a register, submit or cancel the client was
+  // told failed is not then done behind its back.
   template <typename Handler>
   grpc::ServerUnaryReactor* OffReaction(grpc::CallbackServerContext* context,
                                         absl::string_view method, const absl::Status& authorized,
-                                        Handler handler);
+                                        Handler handler, const Runner& run);
   // Both: the refusal in the reaction, else `handler` through `run`.
   template <typename Handler>
   grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* context, absl::string_view method,
@@ -149,8 +157,10 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // Last members: destroyed (joined) first, while everything their tasks use
   // still exists.
   SerialExecutor executor_;
-  SerialExecutor own_store_calls_;  // used when no runner was given
+  SerialExecutor own_store_calls_;    // used when no runner was given
+  SerialExecutor own_registrations_;  // the same
   Runner store_calls_;
+  Runner registrations_;
   OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
 };
 

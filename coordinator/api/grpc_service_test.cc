@@ -760,9 +760,10 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
 }
 
 // SubmitJob, CancelJob, RegisterWorker and DrainWorker wait for the state
-// store, so the reaction hands them to the service's store thread (STYLE.md
+// store, so the reaction hands them to the service's store threads (STYLE.md
 // item 6): none is answered until that thread has run it. A refused call is
-// answered at once.
+// answered at once. Registrations have a thread of their own: one is
+// answered while a submit (or a cancel, which waits for its save) waits.
 TEST(GrpcServiceStoreCallsTest, SubmitCancelRegisterAndDrain_AnsweredFromTheStoreThread) {
   FakeClock clock;
   WorkerRegistry workers{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock}};
@@ -771,7 +772,9 @@ TEST(GrpcServiceStoreCallsTest, SubmitCancelRegisterAndDrain_AnsweredFromTheStor
   CoordinatorMetrics metrics{&workers, &jobs};
   const CallerAuth auth{kUserToken, &workers};
   BackgroundQueue held;  // the store thread's tasks, run by the test
-  CoordinatorGrpcService service{&workers, &jobs, &hub, &metrics, &auth, held.Runner()};
+  BackgroundQueue held_registrations;  // the registrations thread's
+  CoordinatorGrpcService service{
+      &workers, &jobs, &hub, &metrics, &auth, held.Runner(), held_registrations.Runner()};
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -822,6 +825,16 @@ TEST(GrpcServiceStoreCallsTest, SubmitCancelRegisterAndDrain_AnsweredFromTheStor
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(held.pending(), 0);
 
+  // A cancel (of the cancelled job again: no job to place on the worker
+  // below) waits on the store thread, unanswered, while a worker registers.
+  v1::Job again;
+  grpc::Status again_status;
+  std::thread second_canceller([&] {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    again_status = stub->CancelJob(&context, cancel, &again);
+  });
+  ASSERT_TRUE(held.AwaitPending(absl::Seconds(30)));
   v1::RegisterWorkerRequest join;
   join.set_join_token(kJoinToken);
   join.set_data_address("127.0.0.1:9001");
@@ -831,10 +844,16 @@ TEST(GrpcServiceStoreCallsTest, SubmitCancelRegisterAndDrain_AnsweredFromTheStor
   grpc::Status register_status;
   std::thread registerer(
       [&] { register_status = stub->RegisterWorker(&registering, join, &worker); });
-  const bool register_held = held.AwaitPending(absl::Seconds(30)) && held.RunAll() == 1;
+  const bool register_held =
+      held_registrations.AwaitPending(absl::Seconds(30)) && held_registrations.RunAll() == 1;
   registerer.join();
-  EXPECT_TRUE(register_held) << "RegisterWorker was not handed to the store thread";
+  EXPECT_TRUE(register_held) << "RegisterWorker was not handed to the registrations thread";
   ASSERT_TRUE(register_status.ok()) << register_status.error_message();
+  EXPECT_EQ(held.pending(), 1) << "the cancel was answered before the store thread ran it";
+  EXPECT_EQ(held.RunAll(), 1);
+  second_canceller.join();
+  EXPECT_EQ(again_status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << again_status.error_message();  // already ended
   v1::DrainWorkerRequest drain;
   drain.set_worker_id(worker.worker_id());
   v1::Worker drained;

@@ -852,7 +852,9 @@ int RunUp(const std::vector<std::string>& args) {
   }
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
-  if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log, o.out);
+  if (valid.ok()) {
+    valid = CheckWritableParent("--loss-log", o.loss_log, o.out, OutputWrite::kThroughLinks);
+  }
   // Written after the run: it must not be the corpus the run trains on,
   // nor a file the run writes in --out (the weights, the lock).
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});

@@ -35,7 +35,7 @@ std::string WithoutTrailingSlashes(std::string dir) {
 }  // namespace
 
 absl::Status CheckWritableParent(const char* flag, const std::string& path,
-                                 const std::string& created_dir) {
+                                 const std::string& created_dir, OutputWrite write) {
   if (path.empty()) return absl::OkStatus();
   // Names a directory whether or not it exists yet: "x/", or the directory
   // the command creates (which would be one by the time of the write).
@@ -44,8 +44,21 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, " is a directory; name a file"));
   }
-  const std::string dir = SplitPath(path).dir;
   struct stat info;
+  // Written in place: the file must be writable, not its directory
+  // (/dev/stderr, a FIFO, a link the user keeps in a read-only directory).
+  if (path.back() != '/' && lstat(path.c_str(), &info) == 0 && !S_ISDIR(info.st_mode)) {
+    const bool link = S_ISLNK(info.st_mode);
+    const bool in_place = write == OutputWrite::kAppended ||
+                          (link ? write == OutputWrite::kThroughLinks : !S_ISREG(info.st_mode));
+    if (in_place && !(link && stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))) {
+      if (access(path.c_str(), W_OK) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is not writable"));
+      }
+      return absl::OkStatus();
+    }
+  }
+  const std::string dir = SplitPath(path).dir;
   if (stat(dir.c_str(), &info) != 0) {
     if (errno == ENOENT && !created_dir.empty() &&
         WithoutTrailingSlashes(dir) == WithoutTrailingSlashes(created_dir)) {

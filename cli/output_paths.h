@@ -15,16 +15,34 @@
 
 namespace pipetrain {
 
-// OK when `path` is empty, or when the directory it lies in exists and can
-// be written and `path` is not itself a directory. INVALID_ARGUMENT
+// How a command writes an output file, which decides what must be
+// writable: the directory, for a file made or renamed into it; the file
+// itself, for one written in place.
+enum class OutputWrite {
+  // Written whole and renamed into place (--save, --checkpoint, --out): a
+  // symbolic link is replaced; a device, FIFO or socket is written in place
+  // (or refused by CheckReplaceableFile).
+  kRenamed,
+  // WriteFilesOrNone: a symbolic link is written through in place too.
+  kThroughLinks,
+  // Appended (--log): any existing file is written in place.
+  kAppended,
+};
+
+// OK when `path` is empty; or when it exists and is written in place (as
+// `write` says) and can be written, whatever its directory allows
+// (`--log /dev/stderr`, a FIFO); or when the directory it lies in exists
+// and can be written and `path` is not itself a directory. INVALID_ARGUMENT
 // "<flag> <path>: the directory D does not exist" (or "is not a directory",
-// "is not writable"), or "<flag> <path> is a directory; name a file".
+// "is not writable"), "<flag> <path> is not writable", or "<flag> <path> is
+// a directory; name a file".
 // `created_dir`: a directory the command creates before it writes `path`
 // (`up --out`); while it does not exist, a `path` directly in it passes
 // (the write at the end says what fails). A `path` ending in '/', or equal
 // to `created_dir`, is a directory, existing or not.
 absl::Status CheckWritableParent(const char* flag, const std::string& path,
-                                 const std::string& created_dir = "");
+                                 const std::string& created_dir = "",
+                                 OutputWrite write = OutputWrite::kRenamed);
 
 // For an output written whole and renamed into place (safetensors files:
 // --save, --checkpoint, --out): OK when `path` is empty, absent, a regular

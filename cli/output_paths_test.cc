@@ -3,13 +3,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -102,6 +106,61 @@ TEST(CheckWritableParentTest, MissingDirectory_OkOnlyWhenTheCommandCreatesIt) {
   std::ofstream(out) << "not a directory";
   const absl::Status file = CheckWritableParent("--loss-log", out + "/l.txt", out);
   EXPECT_EQ(file.message(), "--loss-log " + out + "/l.txt: " + out + " is not a directory");
+}
+
+// As a user who may not write the directories (as root, access() allows
+// everything): a file written in place needs only itself writable, a file
+// made or renamed into a directory needs the directory. Run in a child
+// that drops to nobody when the test runs as root; the checks' messages
+// (empty for OK) come back through a pipe, one per line.
+TEST(CheckWritableParentTest, WrittenInPlace_NeedsTheFileWritable_NotItsDirectory) {
+  char dir_template[] = "/tmp/pipetrain-output-paths-XXXXXX";  // nobody can reach it
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);  // searchable, not writable, by nobody
+  std::ofstream(dir + "/read-only") << "kept";
+  ASSERT_EQ(chmod((dir + "/read-only").c_str(), 0444), 0);
+  ASSERT_EQ(symlink("/dev/null", (dir + "/link").c_str()), 0);
+  const std::vector<std::pair<std::string, OutputWrite>> checks = {
+      {"/dev/null", OutputWrite::kAppended},     // --log /dev/null: OK
+      {"/dev/null", OutputWrite::kRenamed},      // a device is written in place
+      {"/dev/new.log", OutputWrite::kAppended},  // a new file needs /dev
+      {dir + "/read-only", OutputWrite::kAppended},
+      {dir + "/read-only", OutputWrite::kRenamed},  // renamed over: the directory
+      {dir + "/link", OutputWrite::kThroughLinks},  // written through: /dev/null
+      {dir + "/link", OutputWrite::kRenamed},       // replaced: the directory
+  };
+  int results[2];
+  ASSERT_EQ(pipe(results), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(results[0]);
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(2);
+    std::string out;
+    for (const auto& [path, how] : checks) {
+      out += std::string(CheckWritableParent("--log", path, "", how).message()) + "\n";
+    }
+    _exit(write(results[1], out.data(), out.size()) == static_cast<ssize_t>(out.size()) ? 0 : 3);
+  }
+  close(results[1]);
+  std::string got;
+  char buffer[4096];
+  for (ssize_t n; (n = read(results[0], buffer, sizeof buffer)) > 0;) got.append(buffer, n);
+  close(results[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(got, absl::StrCat("\n",  //
+                              "\n",  //
+                              "--log /dev/new.log: the directory /dev is not writable\n", "--log ",
+                              dir, "/read-only is not writable\n",  //
+                              "--log ", dir, "/read-only: the directory ", dir,
+                              " is not writable\n",  //
+                              "\n",                  //
+                              "--log ", dir, "/link: the directory ", dir, " is not writable\n"));
+  for (const char* name : {"/read-only", "/link"}) unlink((dir + name).c_str());
+  rmdir(dir.c_str());
 }
 
 TEST(CheckNotAnInputTest, SameFileAsAnInput_Refused) {
@@ -233,8 +292,8 @@ TEST(CheckDistinctOutputsTest, SameFileByNameOrLink_Refused_DistinctOk) {
   ASSERT_EQ(link(a.c_str(), hard.c_str()), 0);
   EXPECT_TRUE(CheckDistinctOutputs({{"--save", a}, {"--log", b}, {"--checkpoint", ""}}).ok());
   // Two new files under one name, spelt differently.
-  const absl::Status spelt = CheckDistinctOutputs(
-      {{"--save", TempDir() + "/new.st"}, {"--log", TempDir() + "/./new.st"}});
+  const absl::Status spelt =
+      CheckDistinctOutputs({{"--save", TempDir() + "/new.st"}, {"--log", TempDir() + "/./new.st"}});
   EXPECT_EQ(spelt.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(spelt.message(), "--log " + TempDir() + "/./new.st is also --save " + TempDir() +
                                  "/new.st; each output needs its own file");

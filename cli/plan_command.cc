@@ -633,7 +633,7 @@ int RunPlan(const std::vector<std::string>& args) {
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--svg", f.svg},
                                    {"--trace", f.trace},
                                    {"--write-profile", f.write_profile}}) {
-    if (parsed.ok()) parsed = CheckWritableParent(flag, path);
+    if (parsed.ok()) parsed = CheckWritableParent(flag, path, "", OutputWrite::kThroughLinks);
     if (parsed.ok()) {
       parsed = CheckNotAnInput(flag, path, {{"--profile", f.profile}, {"--cluster", f.cluster}});
     }

@@ -233,7 +233,7 @@ absl::Status Resolve(Options& o) {
   }
   RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
   RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
-  RETURN_IF_ERROR(CheckWritableParent("--log", o.log));
+  RETURN_IF_ERROR(CheckWritableParent("--log", o.log, "", OutputWrite::kAppended));
   // Renamed into place: a device there would be replaced (as root,
   // /dev/null itself).
   RETURN_IF_ERROR(CheckReplaceableFile("--save", o.save));

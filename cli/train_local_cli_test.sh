@@ -233,6 +233,23 @@ else
   fail help_lists_flags "--help output lacks --micro-batches"
 fi
 
+# --- A --log that cannot be written ------------------------------------------------
+# Its disk full (/dev/full), or its reader gone: the run stops at that step
+# as an interrupt would, and still writes --checkpoint and --save; the
+# failure is the exit code. Before, the error ended the run with neither.
+rm -f "$TMP/full.ckpt" "$TMP/full.safetensors"
+expect_exit log_write_fails 1 "cannot write the --log file /dev/full at step 1; training stopped there" \
+  "(--checkpoint and --save are written)" -- \
+  train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
+  --steps 3 --log /dev/full --checkpoint "$TMP/full.ckpt" --save "$TMP/full.safetensors"
+for f in "$TMP/full.ckpt" "$TMP/full.safetensors"; do
+  if [[ -s "$f" ]]; then
+    passed=$((passed + 1))
+  else
+    fail log_write_fails_outputs "$f is missing or empty"
+  fi
+done
+
 # --- A tiny run, then a resume --------------------------------------------------
 LOG="$TMP/log.jsonl"
 RUN=(train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2

@@ -286,9 +286,13 @@ absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<fl
   return log ? absl::OkStatus() : absl::InternalError("cannot write the --log file");
 }
 
-// Trains to config.steps (or until SIGINT). Returns the validation loss of
-// the last step taken when that step evaluated, so it is not computed twice.
-absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer) {
+// Trains to config.steps (or until SIGINT, or until the --log file cannot
+// be written: `log_failed` says why then, and the run stops as an interrupt
+// does, its checkpoint and weights still written). Returns the validation
+// loss of the last step taken when that step evaluated, so it is not
+// computed twice.
+absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer,
+                                           absl::Status* log_failed) {
   std::ofstream log;
   if (!o.log.empty()) {
     // A FIFO's write end held while the stream opens its own: a blocking
@@ -324,7 +328,17 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     const double tps = tokens_per_step / step_seconds;
     progress.Update({r.step, c.steps, r.loss, val, tps, per_step * (c.steps - r.step)});
     last_val = val;
-    if (log.is_open()) RETURN_IF_ERROR(AppendLog(log, r, val, tps));
+    if (log.is_open()) {
+      // Its reader gone (`--log >(head)`, a killed `cat fifo`) or its disk
+      // full: hours of training since the last checkpoint must not be lost
+      // with it.
+      if (absl::Status logged = AppendLog(log, r, val, tps); !logged.ok()) {
+        *log_failed = absl::Status(logged.code(),
+                                   absl::StrCat(logged.message(), " ", o.log, " at step ", r.step,
+                                                "; training stopped there, as an interrupt would"));
+        break;
+      }
+    }
     if (o.checkpoint_interval > 0 && r.step % o.checkpoint_interval == 0) {
       RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, trainer));
     }
@@ -401,7 +415,8 @@ absl::Status Run(Options& o) {
                o.train.model.vocab_size, static_cast<long long>(trainer->model().num_parameters()),
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
                backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
-  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer);
+  absl::Status log_failed = absl::OkStatus();
+  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer, &log_failed);
   // Write what was asked for even after an interrupt: nothing is lost. Not
   // after a failure (a diverged run's weights would overwrite the last good
   // --checkpoint-interval one).
@@ -412,6 +427,13 @@ absl::Status Run(Options& o) {
   RETURN_IF_ERROR(trained.status());
   if (!o.save.empty()) saved.Update(SaveFinalWeights(o.save, trainer->model()));
   RETURN_IF_ERROR(saved);
+  if (!log_failed.ok()) {
+    return absl::Status(
+        log_failed.code(),
+        absl::StrCat(log_failed.message(), o.checkpoint.empty() && o.save.empty()
+                                               ? ""
+                                               : " (--checkpoint and --save are written)"));
+  }
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;
   // Not once interrupted: a validation pass of a large model runs for tens
@@ -456,6 +478,9 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   }
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // A --log reader that went away fails the write (Train stops, and the
+  // checkpoint is written) instead of killing the process mid-run.
+  std::signal(SIGPIPE, SIG_IGN);
   absl::Status status = Run(options);
   if (!status.ok()) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", status.ToString().c_str());

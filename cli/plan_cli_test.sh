@@ -229,6 +229,11 @@ expect_exit tensor_search_gpt2_vocab 0 "not tried: T 2 (tensor parallelism of 2 
 expect_exit tensor_search_needs_data_auto 2 "--tensor-parallel needs --data auto and --layers N" -- \
   --layers 2 --workers 4 --tensor-parallel auto
 expect_exit tensor_search_not_with_tensor 2 "give one" -- "${TP[@]}" --tensor 2 --tensor-parallel 2
+# The search reads links and memory from --cluster as every mode does: the
+# flags it would ignore are refused (they were accepted and ignored).
+expect_exit tensor_search_cluster_with_bandwidth 2 "--bandwidth-gbps has no effect with --cluster" -- \
+  --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --micro-batch-size 4 \
+  --cluster "$TMP/small.json" --bandwidth-gbps 100 --data auto --tensor-parallel auto
 expect_exit tensor_search_no_layout 1 "pipetrain plan: INVALID_ARGUMENT: --workers: no layout of 7 workers" "split the model (--tensor-parallel)" "and --micro-batches 4" -- \
   --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 7 --data auto --tensor-parallel auto
 # A failed search leaves a --write-profile file already there as it was

@@ -564,8 +564,10 @@ absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
          "micro-batches",    "schedule",       "distpar-beta", "svg",           "trace"});
   }
   if (f.tensor_parallel != 1) {
-    return RejectIgnored(flags, "--tensor-parallel (a table of layouts)",
-                         {"svg", "trace", "distpar-beta"});
+    // And --cluster's flags below: the search reads the links and memory
+    // from the file as every other mode does.
+    RETURN_IF_ERROR(RejectIgnored(flags, "--tensor-parallel (a table of layouts)",
+                                  {"svg", "trace", "distpar-beta"}));
   }
   if (!f.profile.empty()) {
     // --attention has its own message (below); --layers is checked as the

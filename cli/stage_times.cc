@@ -41,9 +41,13 @@ double WorkersStepSeconds(const v1::Job& job, const v1::Plan& plan) {
 }
 
 std::string PlanEntryLabel(const v1::Plan& plan, int g) {
-  const int tensor = std::max(1, plan.tensor_parallel());
-  const int replicas = std::max(1, plan.data_parallel());
-  const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
+  const int64_t tensor = std::max(1, plan.tensor_parallel());
+  const int64_t replicas = std::max(1, plan.data_parallel());
+  // The coordinator's plan, as it sent it: a layout that cannot hold the
+  // entries (a faulty or hostile answer; their product overflowed int and
+  // divided by zero) is labelled by index alone.
+  if (tensor * replicas > plan.stages_size()) return absl::StrCat("entry ", g);
+  const int64_t stages = std::max<int64_t>(1, plan.stages_size() / (tensor * replicas));
   std::string where = absl::StrCat("stage ", g / tensor % stages);
   if (replicas > 1) absl::StrAppend(&where, ", replica ", g / (tensor * stages));
   if (tensor > 1) absl::StrAppend(&where, ", rank ", g % tensor);

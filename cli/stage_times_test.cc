@@ -51,6 +51,19 @@ TEST(FormatStageTimes, ReplicasAndRanksNamed) {
   EXPECT_NE(text.find("w-7    stage 1, replica 1, rank 0  "), std::string::npos) << text;
 }
 
+// A plan whose layout cannot hold its entries (a faulty coordinator's:
+// 65536 x 65536 overflowed int to 0, and the CLI died dividing by it) is
+// labelled by index.
+TEST(PlanEntryLabel, LayoutLargerThanThePlan_ByIndex) {
+  JobAndPlan j = Make(2, 1, 65536, 65536);
+  EXPECT_EQ(PlanEntryLabel(j.plan, 1), "entry 1");
+  j.plan.set_data_parallel(3);
+  j.plan.set_tensor_parallel(1);
+  EXPECT_EQ(PlanEntryLabel(j.plan, 0), "entry 0");
+  j.plan.set_data_parallel(2);
+  EXPECT_EQ(PlanEntryLabel(j.plan, 1), "stage 0, replica 1");
+}
+
 TEST(FormatStageTimes, NoStepYet_ADash) {
   const JobAndPlan j = Make(1, 0);
   EXPECT_NE(FormatStageTimes(j.job, j.plan).find(" - [0.5]            - [1.0]\n"),

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -17,6 +18,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -457,9 +459,18 @@ std::string LocalCluster::worker_log(int i) const {
 
 bool LocalCluster::WritesFileNamed(absl::string_view name) {
   if (name == "up.lock" || name == "join.token" || name == "user.token") return true;
-  const bool process_file = absl::EndsWith(name, ".ports") || absl::EndsWith(name, ".log");
-  return process_file &&
-         (absl::StartsWith(name, "coordinator") || absl::StartsWith(name, "worker-"));
+  // Exactly the processes' names: a run empties or removes these at start
+  // (RemoveEarlierRunsFiles), so a user's coordinator-prod.log or
+  // worker-notes.log beside them must not match.
+  if (!absl::ConsumeSuffix(&name, ".ports") && !absl::ConsumeSuffix(&name, ".log")) return false;
+  const auto numbered = [](absl::string_view rest) {
+    return !rest.empty() && std::all_of(rest.begin(), rest.end(), absl::ascii_isdigit);
+  };
+  if (name == "coordinator") return true;
+  for (absl::string_view prefix : {"coordinator-standby-", "coordinator-", "worker-"}) {
+    if (absl::ConsumePrefix(&name, prefix)) return numbered(name);
+  }
+  return false;
 }
 
 std::string LocalCluster::DescribeEndedWorkers() {

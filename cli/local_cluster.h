@@ -30,7 +30,8 @@ struct LocalClusterOptions {
   std::string dir;  // logs, ports and token files go here (must exist)
   // Written to <dir>/join.token and <dir>/user.token (mode 0600) and passed
   // by file, never on a command line (which `ps` shows to every user).
-  // An empty token leaves its flag out; both empty add --insecure.
+  // An empty token leaves its flag out, and adds --insecure (the
+  // coordinator refuses to run with either missing otherwise).
   std::string join_token;
   std::string user_token;
   std::vector<std::string> coordinator_args;  // extra flags
@@ -66,8 +67,8 @@ class LocalCluster {
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
   // Whether the cluster (its processes included) writes a file named `name`
   // in options.dir: up.lock, the token files, and each process's ports
-  // file and log (coordinator*.ports, coordinator*.log, worker-*.ports,
-  // worker-*.log).
+  // file and log (coordinator, coordinator-N, coordinator-standby-N and
+  // worker-N, each .ports and .log; N digits).
   static bool WritesFileNamed(absl::string_view name);
   ~LocalCluster();
 

@@ -167,7 +167,12 @@ TEST(LocalClusterTest, WritesFileNamed_ItsOwnFilesOnly) {
         "coordinator-2.log", "coordinator-standby-0.ports", "worker-0.log", "worker-12.ports"}) {
     EXPECT_TRUE(LocalCluster::WritesFileNamed(own)) << own;
   }
-  for (const char* other : {"losses.txt", "worker-0.txt", "my.log", "up.lock.bak", ""}) {
+  // A user's files that only begin like the processes' (a run empties or
+  // removes the processes' files at start).
+  for (const char* other :
+       {"losses.txt", "worker-0.txt", "my.log", "up.lock.bak", "", "coordinator-prod.log",
+        "worker-notes.log", "worker-.log", "coordinator-standby-x.ports", "coordinators.log",
+        "worker-1.log.bak"}) {
     EXPECT_FALSE(LocalCluster::WritesFileNamed(other)) << other;
   }
 }

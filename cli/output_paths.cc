@@ -245,14 +245,13 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
   const auto discard = [&staged] {
     for (const Staged& s : staged) std::remove(s.temp.c_str());
   };
+  // In place, written once every temporary is: a write there cannot be
+  // undone, so it must not come before a temporary that fails.
+  std::vector<const OutputFile*> in_place;
   for (const OutputFile& file : files) {
     struct stat info;
-    const bool in_place = lstat(file.path.c_str(), &info) == 0 && !S_ISREG(info.st_mode);
-    if (in_place) {
-      if (absl::Status wrote = WriteOne(file.path, file.text, file.path); !wrote.ok()) {
-        discard();
-        return wrote;
-      }
+    if (lstat(file.path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      in_place.push_back(&file);
       continue;
     }
     // Created exclusively under a name nobody can guess: an existing file
@@ -266,6 +265,12 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
       return wrote;
     }
     staged.push_back({temp, file.path});
+  }
+  for (const OutputFile* file : in_place) {
+    if (absl::Status wrote = WriteOne(file->path, file->text, file->path); !wrote.ok()) {
+      discard();
+      return wrote;
+    }
   }
   for (size_t i = 0; i < staged.size(); ++i) {
     if (std::rename(staged[i].temp.c_str(), staged[i].path.c_str()) != 0) {

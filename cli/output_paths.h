@@ -98,7 +98,9 @@ struct OutputFile {
 // temporary beside it, renamed into place once every file is written, so a
 // failure leaves every file as it was (no half file, no earlier output, no
 // file clobbered). A device, FIFO or symbolic link is written through in
-// place, as a shell's ">" would, and cannot be undone. The error is "cannot
+// place, as a shell's ">" would, and cannot be undone: those go after every
+// temporary is written, and before the renames (a rename that fails then,
+// rare, leaves the earlier ones done). The error is "cannot
 // write PATH" with the errno's code (a missing directory NOT_FOUND),
 // UNKNOWN when there is no errno.
 absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files);

@@ -62,6 +62,22 @@ TEST(WriteFilesOrNoneTest, DeviceWriteFails_DeviceKeptOthersRemoved) {
   EXPECT_TRUE(Exists("/dev/full"));
 }
 
+// A link the user keeps is written through in place, which cannot be
+// undone: only once every other file is staged, so a later file that
+// fails leaves the link's target as it was.
+TEST(WriteFilesOrNoneTest, LaterFileFails_LinkTargetUntouched) {
+  const std::string target = TempDir() + "/latest-target.json";
+  const std::string link = TempDir() + "/latest.json";
+  std::ofstream(target) << "kept";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  const absl::Status status =
+      WriteFilesOrNone({{link, "replaced"}, {TempDir() + "/no-such-dir/t.svg", "svg"}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_EQ(Contents(target), "kept");
+  ASSERT_TRUE(WriteFilesOrNone({{link, "replaced"}}).ok());
+  EXPECT_EQ(Contents(target), "replaced");
+}
+
 // A failure later on leaves an existing file as it was, not removed or
 // truncated, and no temporary behind; a success replaces it whole.
 TEST(WriteFilesOrNoneTest, LaterFileFails_ExistingFileUntouched_NoTemporaryLeft) {

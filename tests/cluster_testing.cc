@@ -60,25 +60,54 @@ std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spe
   return job.id();
 }
 
-v1::Job GetJob(v1::CoordinatorService::Stub& stub, const std::string& id) {
+namespace {
+
+// GetJob's call, its failure returned rather than expected.
+grpc::Status TryGetJob(v1::CoordinatorService::Stub& stub, const std::string& id, v1::Job* job) {
   v1::GetJobRequest request;
   request.set_id(id);
-  v1::Job job;
   request.set_view(v1::JOB_VIEW_FULL);  // tests compare loss histories
-  grpc::Status s = stub.GetJob(WithDeadline(absl::Seconds(10)).get(), request, &job);
+  return stub.GetJob(WithDeadline(absl::Seconds(10)).get(), request, job);
+}
+
+}  // namespace
+
+v1::Job GetJob(v1::CoordinatorService::Stub& stub, const std::string& id) {
+  v1::Job job;
+  grpc::Status s = TryGetJob(stub, id, &job);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return job;
 }
 
 v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
                  const std::function<bool(const v1::Job&)>& done) {
-  const absl::Time deadline = absl::Now() + timeout;
-  v1::Job job = GetJob(stub, id);
-  while (!done(job) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-    job = GetJob(stub, id);
+  // A submit that failed (its own failure already reported) has no job to
+  // wait for: polling "" would add a failure every 50 ms until the timeout.
+  if (id.empty()) {
+    ADD_FAILURE() << "AwaitJob: no job id (the submit failed)";
+    return v1::Job();
   }
-  return job;
+  // `done` sees only jobs the coordinator returned: the empty Job of a
+  // failed call would satisfy "state() != RUNNING" at once. A few failed
+  // calls in a row (the coordinator is gone) end the wait.
+  constexpr int kMaxFailedCallsInARow = 3;
+  const absl::Time deadline = absl::Now() + timeout;
+  int failed_in_a_row = 0;
+  v1::Job job;
+  while (true) {
+    v1::Job got;
+    if (const grpc::Status s = TryGetJob(stub, id, &got); s.ok()) {
+      job = std::move(got);
+      failed_in_a_row = 0;
+      if (done(job)) return job;
+    } else if (++failed_in_a_row >= kMaxFailedCallsInARow) {
+      ADD_FAILURE() << "AwaitJob(" << id << "): GetJob failed " << failed_in_a_row
+                    << " times in a row, the last: " << s.error_message();
+      return job;
+    }
+    if (absl::Now() >= deadline) return job;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
 bool Ended(const v1::Job& job) {

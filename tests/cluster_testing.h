@@ -30,7 +30,9 @@ std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spe
 v1::Job GetJob(v1::CoordinatorService::Stub& stub, const std::string& id);
 
 // Polls the job every 50 ms (a remote state, not synchronisation) until
-// `done(job)` or `timeout`; returns the last job seen.
+// `done(job)` or `timeout`; returns the last job seen. `done` sees only jobs
+// GetJob returned. A test failure, and an early return, for an empty `id`
+// (a failed SubmitJob) or 3 failed GetJob calls in a row.
 v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
                  const std::function<bool(const v1::Job&)>& done);
 

@@ -561,13 +561,21 @@ TEST_F(ElasticClusterTest, BiPartitionPlan_WorkerKilled_ReplannedWithBiPartition
 }
 
 TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
-  Start("corrupt", 4);
+  // Checkpoint 20 is held (checkpoint_hold.h), so 15 stays the latest
+  // complete one while the test corrupts it: one completed meanwhile would
+  // be loaded instead, and nothing would fall back.
+  constexpr int kHeldStep = 20;
+  constexpr int kHeldUnit = 5;  // the head, on the last stage
+  const std::string marker = absl::StrCat(std::getenv("TEST_TMPDIR"), "/corrupt.held");
+  Start("corrupt", 4, {},
+        {absl::StrCat("--test-hold-checkpoint=", kHeldStep, ":", kHeldUnit, ":", marker)});
   const std::string id =
       testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "corrupt.safetensors"));
   v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().checkpoint_step() >= 15;
   });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.progress().checkpoint_step(), 15);
   // Flip a byte in the middle of unit 2's file of the latest checkpoint, then
   // kill a worker: the stage that loads unit 2 finds the checksum wrong.
   const int64_t latest = job.progress().checkpoint_step();
@@ -584,7 +592,19 @@ TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
     file.seekp(middle);
     file.write(&byte, 1);
   }
-  ASSERT_FALSE(KillAtStep(id, latest + 1, 0).empty());
+  // The holder of checkpoint 20 is killed (its writer waits for the
+  // process's end): the recovery resumes from 15, whose unit 2 is corrupt.
+  std::string held;
+  ASSERT_TRUE(AwaitTrue(absl::Seconds(120), [&] { return !(held = ReadAll(marker)).empty(); }))
+      << "no worker began checkpoint " << kHeldStep;
+  const std::vector<std::string> lines = absl::StrSplit(held, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << held;
+  int process = -1;
+  for (int i = 0; i < cluster_->num_workers(); ++i) {
+    if (std::to_string(cluster_->worker(i).pid()) == lines[0]) process = i;
+  }
+  ASSERT_GE(process, 0) << "no worker has pid " << lines[0];
+  cluster_->worker(process).Signal(SIGKILL);
   job = Finish(id);
   // Resumed from an older checkpoint than the corrupt one, and said why.
   bool fell_back = false;

@@ -205,6 +205,21 @@ void CachingAllocator::EmptyCache() {
   EmptyCacheLocked();
 }
 
+size_t CachingAllocator::ReleaseStream(StreamId stream) {
+  AnnotatedMutexLock lock(&mu_);
+  size_t released = 0;
+  // The set orders by stream first: its blocks are one run.
+  auto it = free_.lower_bound(FreeKey{stream, 0, 0});
+  while (it != free_.end() && std::get<0>(*it) == stream) {
+    raw_->Free(reinterpret_cast<void*>(std::get<2>(*it)));
+    ++stats_.raw_frees;
+    released += std::get<1>(*it);
+    it = free_.erase(it);
+  }
+  stats_.bytes_cached -= released;
+  return released;
+}
+
 void CachingAllocator::EmptyCacheLocked() {
   for (const FreeKey& key : free_) {
     raw_->Free(reinterpret_cast<void*>(std::get<2>(key)));

@@ -131,6 +131,13 @@ class CachingAllocator {
   // Returns all cached free blocks to the raw allocator; blocks in use stay.
   void EmptyCache();
 
+  // Returns the cached free blocks of `stream` to the raw allocator, for a
+  // stream being destroyed once its queued work is done: no later Allocate
+  // asks for that stream again, so they would stay cached, unused, until an
+  // out-of-memory empties the cache mid-job. Blocks in use stay. Returns
+  // the bytes released.
+  size_t ReleaseStream(StreamId stream);
+
   Stats GetStats() const;
 
  private:

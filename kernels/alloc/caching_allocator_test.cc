@@ -233,6 +233,34 @@ TEST(CachingAllocatorTest, EmptyCache_CachedAndInUse_ReturnsOnlyCached) {
   allocator.Free(kept);
 }
 
+// A destroyed stream's cached blocks go back to the raw allocator; other
+// streams' cached blocks and every block in use stay.
+TEST(CachingAllocatorTest, ReleaseStream_OnlyThatStreamsCachedBlocks) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* in_use = MustAllocate(allocator, 512, 1);
+  void* a = MustAllocate(allocator, 4096, 1);
+  void* b = MustAllocate(allocator, 8192, 1);
+  void* other = MustAllocate(allocator, 4096, 2);
+  void* before = MustAllocate(allocator, 4096, 0);
+  for (void* p : {a, b, other, before}) allocator.Free(p);
+  EXPECT_EQ(allocator.ReleaseStream(1), 4096u + 8192u);
+  EXPECT_EQ(raw.free_calls(), 2);
+  EXPECT_EQ(raw.live_bytes(), 512u + 4096u + 4096u);
+  CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.bytes_cached, 4096u + 4096u);
+  EXPECT_EQ(stats.bytes_in_use, 512u);
+  EXPECT_EQ(stats.raw_frees, 2);
+  EXPECT_EQ(allocator.ReleaseStream(1), 0u);  // nothing left of it
+  EXPECT_EQ(allocator.ReleaseStream(7), 0u);  // never used
+  // The other streams' blocks are still cached for them.
+  EXPECT_EQ(MustAllocate(allocator, 4096, 2), other);
+  EXPECT_EQ(MustAllocate(allocator, 4096, 0), before);
+  allocator.Free(in_use);
+  allocator.Free(other);
+  allocator.Free(before);
+}
+
 TEST(CachingAllocatorTest, Allocate_RawOutOfMemoryWithCachedBlocks_EmptiesCacheAndRetries) {
   FakeRawAllocator raw(/*capacity=*/8 * kKiB);
   CachingAllocator allocator(&raw, TestOptions());

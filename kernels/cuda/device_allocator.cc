@@ -71,14 +71,38 @@ CachingAllocator& PinnedHostCachingAllocator() {
   return *allocator;
 }
 
+namespace {
+
+// The scratch allocators made so far, by device index, and their lock.
+// Leaked on purpose, like the pinned allocator.
+absl::Mutex scratch_mu(absl::kConstInit);
+std::map<int, CachingAllocator*>& ScratchByDevice() ABSL_EXCLUSIVE_LOCKS_REQUIRED(scratch_mu) {
+  static auto* const by_device = new std::map<int, CachingAllocator*>();
+  return *by_device;
+}
+
+}  // namespace
+
+void ReleaseStreamCaches(cudaStream_t stream) {
+  if (stream == nullptr) return;  // the legacy default stream is everyone's
+  const StreamId id = StreamIdOf(stream);
+  PinnedHostCachingAllocator().ReleaseStream(id);
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return;
+  absl::MutexLock lock(&scratch_mu);
+  // Each device's: a stream's blocks are on the device that was current
+  // when they were taken, which the caller need not know.
+  for (const auto& [device, allocator] : ScratchByDevice()) {
+    if (cudaSetDevice(device) == cudaSuccess) allocator->ReleaseStream(id);
+  }
+  cudaSetDevice(current);
+}
+
 absl::StatusOr<CachingAllocator*> DeviceScratchCachingAllocator() {
   int device = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  static absl::Mutex mu(absl::kConstInit);
-  // Leaked on purpose, like the pinned allocator: by device index.
-  static auto* const by_device = new std::map<int, CachingAllocator*>();
-  absl::MutexLock lock(&mu);
-  CachingAllocator*& allocator = (*by_device)[device];
+  absl::MutexLock lock(&scratch_mu);
+  CachingAllocator*& allocator = ScratchByDevice()[device];
   if (allocator == nullptr) {
     CachingAllocator::Options options;
     options.name = absl::StrCat("device ", device, " scratch allocator");

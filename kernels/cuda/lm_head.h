@@ -27,7 +27,8 @@
 // overwrites dlogits' padding columns with zeros and reads the rest. Work
 // is queued on handle.stream() in the handle's GemmMode; scratch comes
 // from the stream's cache (stream_scratch.h): about ld * d floats in the
-// forward and twice that in the backward, plus, where the products
+// forward and in the backward (one block, the padded weights and then
+// their gradient), plus, where the products
 // multiply bf16 copies (linear.h), the copies themselves, the largest
 // dlogits' (n * ld bf16 values: 824 MB at GPT-2's 8192 rows; the bf16
 // backward below takes that gradient already rounded). Bitwise deterministic run to

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_allocator.h"
 
 namespace pipetrain {
 namespace {
@@ -46,6 +47,7 @@ void CudaStream::Destroy() {
   // reported here; it was or will be by a call on the stream.
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
+    ReleaseStreamCaches(stream_);  // no later Allocate asks for this handle's blocks
     cudaStreamDestroy(stream_);
   }
   stream_ = nullptr;

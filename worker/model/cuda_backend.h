@@ -1,10 +1,11 @@
 // The CUDA backend (backend.h): tensors in device memory and the
-// kernels/cuda twins of the CPU ops, GEMMs through cuBLAS in fp32 or TF32
-// mode. Built only under --config=cuda.
+// kernels/cuda twins of the CPU ops, GEMMs through cuBLAS in fp32, TF32 or
+// bf16 mode (GemmMode). Built only under --config=cuda.
 //
 // One backend per device and driving thread: it owns a stream (every op is
-// queued on it, in call order), a cuBLAS handle bound to that stream, and
-// scratch buffers (token ids, cross-entropy row losses). Memory: tensors
+// queued on it, in call order) and a cuBLAS handle bound to that stream;
+// kernels take their scratch from the stream's cache (stream_scratch.h),
+// given back to CUDA when the backend goes (ReleaseStreamCaches). Memory: tensors
 // come from a caching allocator over cudaMalloc (kernels/alloc), keyed by
 // the backend's stream: a tensor whose last handle goes returns its block
 // to the cache, and the block is reused only by later work on the same
@@ -48,9 +49,12 @@ namespace pipetrain {
 enum class AttentionImpl { kReference, kGemm, kFlash };
 
 // A backend on CUDA device `device` with `mode` GEMMs. INVALID_ARGUMENT if
-// device < 0 or PIPETRAIN_FLASH_KERNEL names no kernel; NOT_FOUND if there is no such device (e.g.
-// none at all; the message names the index and the device count); INTERNAL if CUDA or cuBLAS setup
-// fails.
+// device < 0, or PIPETRAIN_FLASH_KERNEL, PIPETRAIN_BF16_OPERANDS or
+// PIPETRAIN_BIAS_EPILOGUE holds a value it does not know; NOT_FOUND if
+// there is no such device (e.g. none at all; the message names the index
+// and the device count); FAILED_PRECONDITION if the device's compute
+// capability is below the kernels' (CheckKernelsRunOn); INTERNAL if CUDA
+// or cuBLAS setup fails.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     int device, GemmMode mode, AttentionImpl attention = AttentionImpl::kReference);
 

@@ -221,10 +221,19 @@ std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAd
 }
 
 absl::Status CheckSendable(const WireTensor& wire, const std::string& what) {
+  // The receiver refuses a frame of more dimensions (frame_wire.h) after
+  // the whole tensor was sent: refused here, with the sender's words.
+  const auto check_rank = [&what](const Shape& shape) {
+    if (static_cast<int>(shape.size()) <= kMaxFrameRank) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape ", ShapeToString(shape), " has ", shape.size(),
+                     " dimensions; a frame carries at most ", kMaxFrameRank));
+  };
   if (!wire.encoded()) {
-    if (!wire.tensor.is_null()) return absl::OkStatus();
+    if (!wire.tensor.is_null()) return check_rank(wire.tensor.shape());
     return absl::InvalidArgumentError(absl::StrCat("null tensor for ", what));
   }
+  if (absl::Status rank = check_rank(wire.shape); !rank.ok()) return rank;
   absl::StatusOr<std::vector<CodecStage>> spec = ParseCodecSpec(wire.codec);
   if (!spec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(

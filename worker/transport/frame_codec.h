@@ -72,9 +72,10 @@ int64_t FramePayloadBytes(const std::vector<v1::TensorFrame>& headers, size_t i)
 const char* WireBytes(const WireTensor& wire);
 
 // Whether `wire` can be framed and would pass a receiver's header checks:
-// INVALID_ARGUMENT naming `what` for a null raw tensor, or for an encoded one
-// whose codec is not a valid codec spec, whose payload is empty or whose
-// shape has a negative dimension. Size limits are the receiver's to check.
+// INVALID_ARGUMENT naming `what` for a null raw tensor, for one of more than
+// kMaxFrameRank dimensions, or for an encoded one whose codec is not a valid
+// codec spec, whose payload is empty or whose shape has a negative
+// dimension. Size limits are the receiver's to check.
 absl::Status CheckSendable(const WireTensor& wire, const std::string& what);
 
 // The job a receiver currently accepts frames for. An empty job_id accepts

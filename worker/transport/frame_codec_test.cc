@@ -634,6 +634,11 @@ TEST(FrameCodecTest, CheckSendable_BadWire_InvalidArgumentNamingIt) {
       {WireTensor::Encoded("zstd", "x", {1}), "the tensor: codec \"zstd\" is not a codec spec"},
       {WireTensor::Encoded("fp16", "", {1}), "the tensor: empty fp16 payload"},
       {WireTensor::Encoded("fp16", "x", {-1}), "the tensor: shape [-1] has a negative dimension"},
+      // More dimensions than a receiver takes (it refused them only after
+      // the whole tensor was sent).
+      {WireTensor::Encoded("fp16", "x", Shape(9, 1)),
+       "the tensor: shape [1, 1, 1, 1, 1, 1, 1, 1, 1] has 9 dimensions; a frame carries at most 8"},
+      {WireTensor::Raw(Tensor::Zeros(Shape(9, 1))), "has 9 dimensions"},
   };
   for (const auto& [wire, fragment] : cases) {
     const absl::Status status = CheckSendable(wire, "the tensor");

@@ -451,10 +451,13 @@ int Run(const std::vector<std::string>& args) {
     if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
+  // Deregistered first, outside the bound (each call has its own
+  // deadline): at the 1 s minimum the bound could pass before the
+  // coordinator heard this worker leave.
+  agent.Leave();
   // A stage stuck in a long computation or a send to a stalled peer can
   // hold Stop() for minutes (it joins the stage's thread); past the bound
-  // the process leaves without it. Stop() deregisters first, so the
-  // coordinator has seen this worker leave by then.
+  // the process leaves without it.
   {
     StopWatchdog watchdog(absl::Seconds(f.stop_timeout_seconds), [&f] {
       PT_LOG(ERROR) << "the job's stage did not stop within " << f.stop_timeout_seconds

@@ -348,6 +348,11 @@ absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
 }
 
 void WorkerAgent::Stop() {
+  Leave();
+  StopRunner();
+}
+
+void WorkerAgent::Leave() {
   {
     AnnotatedMutexLock lock(&mu_);
     if (stopping_ && !heartbeat_thread_.joinable() && !watch_thread_.joinable()) return;
@@ -364,7 +369,6 @@ void WorkerAgent::Stop() {
     if (watch_context_ != nullptr) watch_context_->TryCancel();
   }
   if (watch_thread_.joinable()) watch_thread_.join();
-  StopRunner();
 }
 
 // A clean shutdown says so, so the coordinator shows this worker LEFT at

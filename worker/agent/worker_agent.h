@@ -120,7 +120,14 @@ class WorkerAgent {
   // bound, a device fact out of range), FAILED_PRECONDITION when it refuses
   // this worker's build (not its own): retrying cannot help either.
   absl::Status Start();
+  // Leave() then the runner's stop. Idempotent.
   void Stop();
+  // Stop()'s first part: stops the heartbeats, deregisters and closes the
+  // assignment stream, each bounded by its RPC deadline; the job's stage
+  // still runs (a STOP that comes meanwhile stops it). For a shutdown that
+  // bounds the stage's stop alone (--stop-timeout-seconds): the coordinator
+  // has seen the worker leave before that clock starts. Idempotent.
+  void Leave();
   // Before a clean shutdown, as soon as it is decided: asks the coordinator
   // to drain this worker (DrainWorker), whether or not a job runs here, so
   // that no job is placed on it from now on, and a job it runs re-plans

@@ -132,7 +132,7 @@ absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& 
   if (fd < 0) {
     if (errno != ENXIO) return -1;  // the caller's own open says what fails
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " ", path,
+        absl::StrCat(what, what.empty() ? "" : " ", path,
                      " is a FIFO with no reader; start its reader first, or name a regular file"));
   }
   // Blocking from here on: writes wait for the reader, as a shell's ">".
@@ -200,11 +200,9 @@ namespace {
 absl::Status WriteOne(const std::string& path, const std::string& text, const std::string& shown) {
   // A FIFO through the write end OpenFifoWriteEnd found a reader for: a
   // blocking open of one nobody reads waits for ever (past signals).
+  // Its message, as FAILED_PRECONDITION: at the write, not the command line.
   absl::StatusOr<int> fifo = OpenFifoWriteEnd("", path);
-  if (!fifo.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        shown, " is a FIFO with no reader; start its reader first, or name a regular file"));
-  }
+  if (!fifo.ok()) return absl::FailedPreconditionError(fifo.status().message());
   if (*fifo >= 0) {
     size_t done = 0;
     while (done < text.size()) {

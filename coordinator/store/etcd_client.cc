@@ -92,6 +92,9 @@ bool TryNextEndpoint(const grpc::Status& s) {
 
 // The metadata etcd reads a login token from.
 constexpr char kTokenMetadataKey[] = "token";
+// The metadata that asks etcd to refuse a call while the member has no
+// raft leader (etcd's rpctypes.MetadataRequireLeaderKey, value "true").
+constexpr char kRequireLeaderMetadataKey[] = "hasleader";
 
 constexpr absl::string_view kHttp = "http://";
 constexpr absl::string_view kHttps = "https://";
@@ -216,10 +219,21 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
   const size_t first = preferred_.load() % n;
   grpc::Status last;
   size_t tried = first;
+  // A caller's own deadline (the leader's lease) is shared by the endpoints
+  // still to try, and one whose attempt ran out moves on: a member whose
+  // host went silent keeps its connection open, and each call there waits
+  // for its deadline; with the whole deadline spent there, a leader with
+  // a healthy quorum let its lease run out. Calls without one (the
+  // store's) keep one attempt's deadline, rpc_timeout, as before.
+  const bool bounded = deadline != absl::InfiniteFuture();
   for (size_t i = 0; i < n; ++i) {
     tried = (first + i) % n;
     const Endpoint& e = *endpoints_[tried];
-    const absl::Time attempt_deadline = std::min(absl::Now() + options_.rpc_timeout, deadline);
+    absl::Time attempt_deadline = std::min(absl::Now() + options_.rpc_timeout, deadline);
+    if (bounded && n - i > 1) {
+      const absl::Duration share = (deadline - absl::Now()) / static_cast<int64_t>(n - i);
+      attempt_deadline = std::min(attempt_deadline, absl::Now() + share);
+    }
     // A fail-fast call on a channel that is not connected fails at once and
     // does not drive the connection attempt (gRPC's backup poller would,
     // every 5 s): wait here for the connection, which polls it.
@@ -235,7 +249,8 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
       preferred_.store(tried);
       return absl::OkStatus();
     }
-    if (!TryNextEndpoint(last) || absl::Now() >= deadline) break;
+    const bool share_ran_out = bounded && last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!(TryNextEndpoint(last) || share_ran_out) || absl::Now() >= deadline) break;
   }
   if (last.error_code() == grpc::StatusCode::UNAVAILABLE ||
       last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -256,6 +271,9 @@ grpc::Status EtcdClient::AttemptAt(const Endpoint& e, absl::Time deadline,
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     if (!token.empty()) context.AddMetadata(kTokenMetadataKey, token);
+    // A member without a raft leader answers UNAVAILABLE at once (the next
+    // endpoint is tried) instead of holding the call for its election.
+    context.AddMetadata(kRequireLeaderMetadataKey, "true");
     grpc::Status s = attempt(e, &context);
     // etcd checks a call's login before applying it, so each refusal below
     // applied nothing and the call may be sent once more:

@@ -172,8 +172,9 @@ absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
   const v1::TensorKind kind = in.has_send() ? in.send().tensor().kind() : in.recv().tensor().kind();
   const bool activation =
       kind == v1::TENSOR_KIND_ACTIVATION || kind == v1::TENSOR_KIND_ACTIVATION_GRAD;
-  const char* wrong = !have_channel ? "the worker joined no device group"
-                      : in.has_send() && !in.send().codec().empty() ? "it is compressed"
+  const std::string& codec = in.has_send() ? in.send().codec() : in.recv().codec();
+  const char* wrong = !have_channel                          ? "the worker joined no device group"
+                      : !codec.empty()                       ? "it is compressed"
                       : kind == v1::TENSOR_KIND_UNIT_WEIGHTS ? "UNIT_WEIGHTS are packed on the host"
                       : !activation ? "only activations and their gradients take it"
                                     : nullptr;
@@ -1644,17 +1645,25 @@ absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
   // a peer failure that the coordinator recovers from, again and again,
   // instead of the send's own error. So wait in slices until the sends are
   // done, and give up at the first that fails.
+  // Once sliced, a timeout says the whole wait (WholeWait), not the last
+  // slice's or the rest's after the sends were done.
+  bool sliced = false;
   while (sends_.pending() > 0) {
+    sliced = true;
     const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
     absl::StatusOr<WireTensor> wire =
         transport_->RecvWire(peer, address, std::min(kSendWatchSlice, left));
     if (!absl::IsDeadlineExceeded(wire.status())) return wire;
+    RETURN_IF_ERROR(SendFailedFirst());  // a send that failed meanwhile first
     if (left <= kSendWatchSlice) return WholeWait(wire.status(), setup_.recv_timeout);
-    RETURN_IF_ERROR(SendFailedFirst());
   }
   RETURN_IF_ERROR(SendFailedFirst());
-  return transport_->RecvWire(peer, address,
-                              std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  absl::StatusOr<WireTensor> wire =
+      transport_->RecvWire(peer, address, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  if (sliced && absl::IsDeadlineExceeded(wire.status())) {
+    return WholeWait(wire.status(), setup_.recv_timeout);
+  }
+  return wire;
 }
 
 absl::Status StageRuntime::WholeWait(const absl::Status& last_slice, absl::Duration waited) {

@@ -189,6 +189,18 @@ v1::Program OneSend(v1::TensorKind kind, const std::string& codec) {
   return program;
 }
 
+// A program of one device-path receive of unit 2's activation gradient.
+v1::Program OneRecv(const std::string& codec) {
+  v1::Program program;
+  v1::Instruction::Recv* recv = program.add_instructions()->mutable_recv();
+  recv->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION_GRAD);
+  recv->mutable_tensor()->set_unit(2);
+  recv->set_peer_stage(1);
+  recv->set_codec(codec);
+  recv->set_path(v1::LINK_PATH_DEVICE);
+  return program;
+}
+
 // A channel that refuses every send (a device or NCCL error).
 class RefusingChannel : public DeviceChannel {
  public:
@@ -225,6 +237,8 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   for (const auto& [program, why] :
        {std::pair<v1::Program, std::string>{OneSend(v1::TENSOR_KIND_ACTIVATION, "fp16"),
                                             "it is compressed"},
+        // A receive's codec too: the device path carries raw tensors only.
+        {OneRecv("fp16"), "it is compressed"},
         {OneSend(v1::TENSOR_KIND_UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"},
         {OneSend(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, ""),
          "only activations and their gradients take it"}}) {

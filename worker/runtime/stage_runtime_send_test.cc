@@ -178,8 +178,9 @@ class StalledPeerTransport : public Transport {
 
 // A receive that times out while this stage's own send is still queued (the
 // next stage stalled) says it waited the whole receive timeout, not the last
-// 50 ms slice it waited in.
-TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout) {
+// 50 ms slice it waited in; nor, when the send went out half-way, the rest
+// it waited after. `hold`: the part of the timeout the send stays queued.
+void ExpectTheWholeTimeoutSaid(absl::Duration hold) {
   const Dataset data = testing::MakeDataset();
   StageSetup setup = ForwardAndSendStage(testing::SmallConfig(), 1);
   setup.recv_timeout = absl::Milliseconds(300);
@@ -189,7 +190,7 @@ TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout
   recv.mutable_recv()->mutable_tensor()->set_micro_batch(0);
   recv.mutable_recv()->set_peer_stage(1);
   *setup.program.add_instructions() = recv;
-  StalledPeerTransport transport(setup.recv_timeout - absl::Milliseconds(1));
+  StalledPeerTransport transport(hold);
   auto runtime = StageRuntime::Create(setup, &data, &transport);
   ASSERT_TRUE(runtime.ok()) << runtime.status();
 
@@ -197,6 +198,12 @@ TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "waited 300ms for ")) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "that stage is slow")) << status;
+}
+TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout) {
+  ExpectTheWholeTimeoutSaid(absl::Milliseconds(299));
+}
+TEST(StageRuntimeSendTest, ReceiveTimesOutAfterAQueuedSendWentOut_SaysTheWholeTimeout) {
+  ExpectTheWholeTimeoutSaid(absl::Milliseconds(150));
 }
 
 // With data parallelism the transport numbers stages across replicas

@@ -844,6 +844,11 @@ class JobManager {
   // job's plan measured there while it trained another job's would be
   // skewed for every later job of the model). Not spares to any job.
   std::set<std::string> HeldWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether no job waits for spare workers (besides `reserved`): none is
+  // QUEUED, PROFILING or PLANNING, and no RECOVERING one could use a
+  // spare. Only then do spares grow running jobs.
+  bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D
   // tensor-parallel job (spec.parallelism.tensor_mode 3d has no CUDA path:

@@ -2359,6 +2359,45 @@ TEST_F(JobManagerElasticTest, RecoveringJobWaitingForWorkers_RunningJobsDoNotGro
   EXPECT_EQ(recovered.worker_ids_size(), 3);
 }
 
+// Nor does a running job's drain boundary take the spare a recovering job
+// counts on: it keeps its own undrained workers (its minimum is met) and
+// leaves the spare, and the recovering job starts once another joins.
+TEST_F(JobManagerElasticTest, RecoveringJobWaitingForWorkers_ADrainBoundaryLeavesItsSpares) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec a_spec = ElasticSpec(3, 5);
+  a_spec.mutable_elastic()->set_min_workers(3);
+  const std::string a = Submit(a_spec).value().id();
+  const std::string w4 = AddWorker(7004), w5 = AddWorker(7005);
+  v1::JobSpec b_spec = ElasticSpec(2, 5);
+  b_spec.mutable_elastic()->set_min_workers(1);
+  b_spec.mutable_elastic()->set_max_workers(3);
+  const std::string b = Submit(b_spec).value().id();
+  ASSERT_EQ(WorkerIdsOf(jobs_->Get(b).value()), (std::vector<std::string>{w4, w5}));
+  for (int step = 1; step <= 5; ++step) {
+    Step(a, step);
+    Step(b, step);
+  }
+  CheckpointAll(a, 5);
+  CheckpointAll(b, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string s1 = AddWorker(7006);
+  HeartbeatAllAndSchedule({w1, w4, w5, s1});
+  ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_TRUE(jobs_->Drain(w5).ok());
+  const int64_t boundary = Step(b, 6).stop_after_step();
+  ASSERT_GT(boundary, 6);
+  const v1::Job replanned = PassBoundary(b, 7, boundary);
+  ASSERT_EQ(replanned.state(), v1::JOB_STATE_RUNNING) << replanned.reason();
+  EXPECT_EQ(WorkerIdsOf(replanned), std::vector<std::string>{w4}) << "took a's spare";
+  const std::string s2 = AddWorker(7007);
+  HeartbeatAllAndSchedule({w1, w4, w5, s1, s2});
+  const v1::Job recovered = jobs_->Get(a).value();
+  ASSERT_EQ(recovered.state(), v1::JOB_STATE_RUNNING) << recovered.reason();
+  EXPECT_EQ(recovered.worker_ids_size(), 3);
+}
+
 // An auto layout over 6 workers on a 4-unit model loses one: 5 workers have
 // no layout (5 replicas do not divide 4 micro-batches, 5 stages exceed the
 // units), so the job goes on with 4 and the fifth is spare. That spare

@@ -98,21 +98,7 @@ void JobManager::ScheduleQueued() {
   }
   if (!profiling.empty()) return;
   // Spare workers grow running elastic jobs, once no job waits for them.
-  for (const std::string& id : order_) {
-    const v1::JobState state = jobs_.at(id)->job.state();
-    // A job being planned may yet go back to waiting (a worker lost).
-    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
-        state == v1::JOB_STATE_PLANNING) {
-      return;
-    }
-    // A recovering job still here waits for workers (too few for its
-    // minimum, or survivors to go idle): spares it could use are its own.
-    // Grown into another job, one by one, they left it waiting until its
-    // queue timeout failed it.
-    if (state == v1::JOB_STATE_RECOVERING && !SparesForLocked(*jobs_.at(id), reserved).empty()) {
-      return;
-    }
-  }
+  if (!NoJobWaitsForSparesLocked(reserved)) return;
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::JOB_STATE_RUNNING || record.checkpoints == nullptr ||
@@ -413,6 +399,26 @@ void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
   ReplanAtBoundaryLocked(record);
 }
 
+bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved) const {
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_.at(id);
+    const v1::JobState state = record.job.state();
+    // A job being planned may yet go back to waiting (a worker lost).
+    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
+        state == v1::JOB_STATE_PLANNING) {
+      return false;
+    }
+    // A recovering job still here waits for workers (too few for its
+    // minimum, or survivors to go idle): spares it could use are its own.
+    // Grown into another job, one by one, they left it waiting until its
+    // queue timeout failed it.
+    if (state == v1::JOB_STATE_RECOVERING && !SparesForLocked(record, reserved).empty()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   const int64_t step = record.stop_at;
   record.stop_at = 0;  // its own holds are spares to it again
@@ -425,8 +431,16 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   std::set<std::string> reserved = HeldWorkersLocked();
   reserved.insert(old.begin(), old.end());
   const size_t own = chosen.size();
+  // Past its minimum, a job takes only the spares held for this boundary,
+  // or any once no other job waits for workers (as ScheduleQueued grows
+  // jobs): a drain's boundary took a spare a recovering or queued job was
+  // counting on, which then waited until its queue timeout failed it.
+  const std::set<std::string> held_for_it(record.boundary_held.begin(), record.boundary_held.end());
+  const bool may_grow = NoJobWaitsForSparesLocked(reserved);
   for (const std::string& w : SparesForLocked(record, reserved)) {
     if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
+    const bool past_minimum = static_cast<int>(chosen.size()) >= MinJobWorkers(record);
+    if (past_minimum && !may_grow && held_for_it.count(w) == 0) continue;
     chosen.push_back(w);
   }
   KeepWholeReplicas(record, &chosen);

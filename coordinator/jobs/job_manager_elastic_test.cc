@@ -1030,6 +1030,7 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(job.progress().loss_history_size(), 5);
+  EXPECT_EQ(job.progress().loss(), 5.0f) << "the loss of a step rolled back";
   EXPECT_EQ(job.progress().steps_redone(), 2);
   EXPECT_EQ(job.progress().recoveries(), 1);
   ASSERT_EQ(job.plan_history_size(), 2);
@@ -1330,6 +1331,7 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeTheKeptHistory_HistoryRestartsAtTheR
   EXPECT_EQ(p.step(), 500);
   EXPECT_EQ(p.loss_history_start(), 500);
   EXPECT_EQ(p.loss_history_size(), 0);
+  EXPECT_EQ(p.loss(), 0.0f);  // step 500's is not kept
   Step(id, 501);
   Step(id, 502);
   p = jobs_->Get(id).value().progress();

@@ -558,6 +558,12 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
       p->mutable_loss_history()->Truncate(static_cast<int>(keep));
     }
     p->set_step(pending.resume_step);
+    // The loss shown (and the pipetrain_job_loss gauge) is the resume
+    // step's, not that of a step now redone; none when it is not kept.
+    p->set_loss(p->loss_history_size() > 0 &&
+                        p->loss_history_start() + p->loss_history_size() == pending.resume_step
+                    ? p->loss_history(p->loss_history_size() - 1)
+                    : 0.0f);
     // Complete checkpoints beyond the resume point are redone: held, the
     // redo's files would be checked against their old checksums (other
     // bytes under another layout) and a step boundary among or below them

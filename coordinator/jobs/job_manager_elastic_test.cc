@@ -2400,6 +2400,37 @@ TEST_F(JobManagerElasticTest, RecoveringJobWaitingForWorkers_ADrainBoundaryLeave
   EXPECT_EQ(recovered.worker_ids_size(), 3);
 }
 
+// A drain boundary below the job's minimum takes the spare held for it
+// first: another spare freed meanwhile (an earlier registration, so first
+// in the list) is left for the jobs that wait, not taken besides it.
+TEST_F(JobManagerElasticTest, DrainBoundaryBelowItsMinimum_TakesItsHeldSpareFirst) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec j_spec = ElasticSpec(2, 5);
+  j_spec.mutable_elastic()->set_min_workers(2);
+  j_spec.mutable_elastic()->set_max_workers(3);
+  const std::string j = Submit(j_spec).value().id();
+  const std::string x = AddWorker(7003);
+  v1::JobSpec k_spec = ElasticSpec(1, 5);
+  k_spec.mutable_elastic()->set_max_workers(1);
+  const std::string k = Submit(k_spec).value().id();
+  ASSERT_EQ(WorkerIdsOf(jobs_->Get(k).value()), std::vector<std::string>{x});
+  v1::JobSpec r_spec = ElasticSpec(4, 5);  // waits: spares grow no running job
+  r_spec.mutable_elastic()->set_min_workers(4);
+  const std::string r = Submit(r_spec).value().id();
+  const std::string h = AddWorker(7004);
+  HeartbeatAllAndSchedule({w1, w2, x, h});
+  ASSERT_EQ(jobs_->Get(r).value().state(), v1::JOB_STATE_QUEUED);
+  for (int step = 1; step <= 3; ++step) Step(j, step);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());  // h is held for j's boundary
+  ASSERT_TRUE(jobs_->Cancel(k).ok());  // x is spare, ahead of h in the list
+  HeartbeatAllAndSchedule({w1, w2, x, h});
+  const int64_t boundary = Step(j, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  const v1::Job replanned = PassBoundary(j, 5, boundary);
+  ASSERT_EQ(replanned.state(), v1::JOB_STATE_RUNNING) << replanned.reason();
+  EXPECT_EQ(WorkerIdsOf(replanned), (std::vector<std::string>{w1, h}));
+}
+
 // An auto layout over 6 workers on a 4-unit model loses one: 5 workers have
 // no layout (5 replicas do not divide 4 micro-batches, 5 stages exceed the
 // units), so the job goes on with 4 and the fifth is spare. That spare

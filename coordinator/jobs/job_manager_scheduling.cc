@@ -437,7 +437,13 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   // counting on, which then waited until its queue timeout failed it.
   const std::set<std::string> held_for_it(record.boundary_held.begin(), record.boundary_held.end());
   const bool may_grow = NoJobWaitsForSparesLocked(reserved);
-  for (const std::string& w : SparesForLocked(record, reserved)) {
+  // Those held for it first: below its minimum it takes any, and another
+  // spare taken before its own would leave its own idle and a waiting job
+  // one short.
+  std::vector<std::string> spares = SparesForLocked(record, reserved);
+  std::stable_partition(spares.begin(), spares.end(),
+                        [&held_for_it](const std::string& w) { return held_for_it.count(w) > 0; });
+  for (const std::string& w : spares) {
     if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
     const bool past_minimum = static_cast<int>(chosen.size()) >= MinJobWorkers(record);
     if (past_minimum && !may_grow && held_for_it.count(w) == 0) continue;

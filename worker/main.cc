@@ -451,19 +451,20 @@ int Run(const std::vector<std::string>& args) {
     if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
-  // Deregistered first, outside the bound (each call has its own
-  // deadline): at the 1 s minimum the bound could pass before the
-  // coordinator heard this worker leave.
-  agent.Leave();
   // A stage stuck in a long computation or a send to a stalled peer can
   // hold Stop() for minutes (it joins the stage's thread); past the bound
-  // the process leaves without it.
+  // the process leaves without it. The bound covers the deregistration
+  // before it too (Leave: a runner already stopping on the watch or
+  // heartbeat thread is joined there), with that call's own deadline
+  // added: at the 1 s minimum the process could otherwise exit before the
+  // coordinator heard it leave.
   {
-    StopWatchdog watchdog(absl::Seconds(f.stop_timeout_seconds), [&f] {
+    StopWatchdog watchdog(absl::Seconds(f.stop_timeout_seconds) + kDeregisterTimeout, [&f] {
       PT_LOG(ERROR) << "the job's stage did not stop within " << f.stop_timeout_seconds
-                    << " s (--stop-timeout-seconds); exiting without it";
+                    << " s (--stop-timeout-seconds) of deregistering; exiting without it";
       std::_Exit(5);
     });
+    agent.Leave();
     agent.Stop();
   }
   starter.join();

@@ -362,7 +362,7 @@ void WorkerAgent::Leave() {
   // Deregistered before the assignment stream closes: the coordinator
   // would take a closed stream for a lost worker, and a job this one runs
   // would fail saying "its assignment stream closed", not that it was shut
-  // down. A STOP that comes meanwhile stops the runner, as any would.
+  // down. A STOP that comes meanwhile leaves the runner to Stop() (Handle).
   Deregister();
   {
     AnnotatedMutexLock lock(&mu_);
@@ -385,7 +385,7 @@ void WorkerAgent::Deregister() {
   }
   v1::DeregisterWorkerResponse response;
   const grpc::Status s =
-      CallLeader(std::min(options_.rpc_timeout, absl::Seconds(2)),
+      CallLeader(std::min(options_.rpc_timeout, kDeregisterTimeout),
                  [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
                    return stub.DeregisterWorker(context, request, &response);
                  });
@@ -447,6 +447,10 @@ void WorkerAgent::HeartbeatLoop() {
       PT_LOG(WARNING) << "coordinator dropped this worker (" << s.error_message()
                       << "); registering again";
       if (options_.on_registration_change) options_.on_registration_change(false);
+      {
+        AnnotatedMutexLock lock(&mu_);
+        if (stopping_) return;  // Stop() stops the runner, under its bound
+      }
       StopRunner();
       const absl::Status registered = RegisterWithRetry();
       if (!registered.ok()) {
@@ -542,6 +546,11 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   AnnotatedMutexLock change(&runner_change_mu_);
   {
     AnnotatedMutexLock lock(&mu_);
+    // Leaving (Leave): Stop() stops the runner next, under the caller's
+    // bound (--stop-timeout-seconds); stopped here, on the watch thread
+    // Leave joins, the stage's stop escaped that bound. Nor does a RUN
+    // start anything now.
+    if (stopping_) return;
     if (runner_ && runner_->assignment().job_id() == a.job_id() &&
         runner_->assignment().plan_version() == a.plan_version() &&
         a.action() == v1::Assignment::ACTION_RUN) {

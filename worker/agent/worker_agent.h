@@ -107,6 +107,11 @@ struct WorkerAgentOptions {
   SessionCredential* session = nullptr;
 };
 
+// The most a clean shutdown's DeregisterWorker call waits (with
+// WorkerAgentOptions::rpc_timeout, if shorter): a coordinator that cannot
+// be reached finds the worker gone by its lease instead.
+inline constexpr absl::Duration kDeregisterTimeout = absl::Seconds(2);
+
 class WorkerAgent {
  public:
   // `data_plane` (with its mailbox) must outlive the agent.
@@ -124,7 +129,7 @@ class WorkerAgent {
   void Stop();
   // Stop()'s first part: stops the heartbeats, deregisters and closes the
   // assignment stream, each bounded by its RPC deadline; the job's stage
-  // still runs (a STOP that comes meanwhile stops it). For a shutdown that
+  // still runs (a STOP that comes meanwhile leaves it to Stop()). For a shutdown that
   // bounds the stage's stop alone (--stop-timeout-seconds): the coordinator
   // has seen the worker leave before that clock starts. Idempotent.
   void Leave();

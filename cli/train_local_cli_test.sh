@@ -249,6 +249,10 @@ for f in "$TMP/full.ckpt" "$TMP/full.safetensors"; do
     fail log_write_fails_outputs "$f is missing or empty"
   fi
 done
+# The message names only the outputs that were asked for.
+expect_exit log_write_fails_save_only 1 "training stopped there, as an interrupt would (--save is written)" -- \
+  train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
+  --steps 3 --log /dev/full --save "$TMP/full.safetensors"
 
 # --- A tiny run, then a resume --------------------------------------------------
 LOG="$TMP/log.jsonl"

@@ -428,11 +428,17 @@ absl::Status Run(Options& o) {
   if (!o.save.empty()) saved.Update(SaveFinalWeights(o.save, trainer->model()));
   RETURN_IF_ERROR(saved);
   if (!log_failed.ok()) {
+    // The outputs that were asked for, and written all the same.
+    std::vector<std::string> written;
+    if (!o.checkpoint.empty()) written.push_back("--checkpoint");
+    if (!o.save.empty()) written.push_back("--save");
     return absl::Status(
         log_failed.code(),
-        absl::StrCat(log_failed.message(), o.checkpoint.empty() && o.save.empty()
-                                               ? ""
-                                               : " (--checkpoint and --save are written)"));
+        absl::StrCat(log_failed.message(),
+                     written.empty()
+                         ? ""
+                         : absl::StrCat(" (", absl::StrJoin(written, " and "),
+                                        written.size() == 1 ? " is" : " are", " written)")));
   }
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;

@@ -131,8 +131,9 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // uses by value (the request and response pointers stay valid until the
   // call is finished). A call its client gave up on while it waited there
   // (its deadline passed) is answered CANCELLED without running `handler`:
-  // the client retries, and a register, submit or cancel the client was
-  // told failed is not then done behind its back.
+  // the client retries, and a register, submit or cancel abandoned in the
+  // queue is not done behind its back (one whose deadline passes while
+  // `handler` runs still completes).
   template <typename Handler>
   grpc::ServerUnaryReactor* OffReaction(grpc::CallbackServerContext* context,
                                         absl::string_view method, const absl::Status& authorized,

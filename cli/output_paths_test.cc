@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -130,13 +131,23 @@ TEST(CheckWritableParentTest, MissingDirectory_OkOnlyWhenTheCommandCreatesIt) {
 // that drops to nobody when the test runs as root; the checks' messages
 // (empty for OK) come back through a pipe, one per line.
 TEST(CheckWritableParentTest, WrittenInPlace_NeedsTheFileWritable_NotItsDirectory) {
-  char dir_template[] = "/tmp/pipetrain-output-paths-XXXXXX";  // nobody can reach it
+  // In /tmp: nobody cannot reach TEST_TMPDIR under root's home.
+  char dir_template[] = "/tmp/pipetrain-output-paths-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
-  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);  // searchable, not writable, by nobody
+  // Removed however the test ends.
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> cleanup(
+      &dir, [](const std::string* d) {
+        chmod(d->c_str(), 0700);
+        for (const char* name : {"/read-only", "/link"}) unlink((*d + name).c_str());
+        rmdir(d->c_str());
+      });
   std::ofstream(dir + "/read-only") << "kept";
   ASSERT_EQ(chmod((dir + "/read-only").c_str(), 0444), 0);
   ASSERT_EQ(symlink("/dev/null", (dir + "/link").c_str()), 0);
+  // Searchable, not writable, by nobody and by its owner alike (the test
+  // may run as another user than root).
+  ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
   const std::vector<std::pair<std::string, OutputWrite>> checks = {
       {"/dev/null", OutputWrite::kAppended},     // --log /dev/null: OK
       {"/dev/null", OutputWrite::kRenamed},      // a device is written in place
@@ -175,8 +186,6 @@ TEST(CheckWritableParentTest, WrittenInPlace_NeedsTheFileWritable_NotItsDirector
                               " is not writable\n",  //
                               "\n",                  //
                               "--log ", dir, "/link: the directory ", dir, " is not writable\n"));
-  for (const char* name : {"/read-only", "/link"}) unlink((dir + name).c_str());
-  rmdir(dir.c_str());
 }
 
 TEST(CheckNotAnInputTest, SameFileAsAnInput_Refused) {

@@ -8,16 +8,18 @@
 // call that fails UNAVAILABLE at one endpoint (refused, reset, or an etcd
 // member without a raft leader: every call asks etcd to refuse it then,
 // metadata "hasleader") moves on to the next, at most once round the list.
-// A call with a deadline of its own (the leader's lease) gives each
-// endpoint left an equal share of the time left, and moves on when a share
-// runs out too: a member whose host went silent keeps its connection open
-// and answers nothing. One without (the store's) that runs past its attempt
-// deadline returns, and the next call starts at the next endpoint. An attempt at an endpoint that
-// is not connected first waits up to 1 s (at most half its deadline) for the connection, so a dead
-// endpoint costs about a second before the next is tried, and a restarted etcd is found again
-// within about a second. Plaintext, or TLS with EtcdOptions::credentials (etcd's CA, and a client
-// certificate for an etcd that requires one: with --client-cert-auth and
-// auth enabled, etcd takes its common name as the user). With
+// A call with a deadline of its own (the leader's lease) gives the first
+// endpoint half the time left and each other an equal share of the rest,
+// and moves on when a share runs out too: a member whose host went silent
+// keeps its connection open and answers nothing. One without (the store's)
+// that runs past its attempt deadline returns, and the next call starts at
+// the next endpoint. An attempt at an endpoint that is not connected first
+// waits up to 1 s (at most half its deadline) for the connection, so a dead
+// endpoint costs about a second before the next is tried, and a restarted
+// etcd is found again within about a second. Plaintext, or TLS with
+// EtcdOptions::credentials (etcd's CA, and a client certificate for an etcd
+// that requires one: with --client-cert-auth and auth enabled, etcd takes
+// its common name as the user). With
 // EtcdOptions::user, the client logs in (Auth.Authenticate) at the first
 // call and sends the token etcd gives as the metadata "token" on every
 // call; a call etcd refuses for an invalid token (it expired, or etcd

@@ -398,6 +398,21 @@ std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
   return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/true);
 }
 
+std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
+                                                 const v1::ResumeFrom& from) {
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                         absl::StrCat(from.dir(), "/", kCheckpointManifestName),
+                         /*create_dirs=*/false);
+  struct stat st;
+  if (!parent.ok() || parent->dir.get() < 0 ||
+      fstatat(parent->dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(st.st_mode)) {
+    return std::nullopt;
+  }
+  return absl::TimeFromTimespec(st.st_mtim);
+}
+
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before) {
   ASSIGN_OR_RETURN(ConfinedParent parent,

@@ -174,6 +174,14 @@ std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before = std::nullopt);
 
+// When `from`'s manifest was last modified, by the clock of the filesystem
+// that holds it (the one its unit files' times come from, whichever host
+// wrote them); nullopt when it has none (or cannot be reached without
+// following a link). Its complete checkpoint's unit files were all written
+// before it; a later write there is another's (a redo of the step).
+std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
+                                                 const v1::ResumeFrom& from);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_

@@ -480,10 +480,10 @@ class JobManager {
     absl::Status status ABSL_GUARDED_BY(mu);
     std::shared_ptr<SafetensorsFileWriter> file ABSL_GUARDED_BY(mu);
   };
-  // A checkpoint expired from the catalog, and when (real time, which file
-  // times compare with): files of its step directory modified since are a
-  // redo's of the same step (the catalog had to forget the step before it
-  // could be written again), and stay when the directory is removed.
+  // A checkpoint expired from the catalog, and when (real time). Files of
+  // its step directory modified after its manifest (or, with none, after
+  // `at`) are a redo's of the same step (the catalog had to forget the step
+  // before it could be written again), and stay when it is removed.
   struct ExpiredCheckpoint {
     v1::ResumeFrom from;
     absl::Time at;
@@ -1111,8 +1111,8 @@ class JobManager {
   // no stored state names as complete (on io_, off the lock), then drops
   // them from its `expiring`. Those no longer in `expiring` stay: a step
   // reported again since (redone) writes into the same directory. Files
-  // modified since a checkpoint expired stay too: a redo may have written
-  // them and not reported yet.
+  // modified after the expired checkpoint's manifest stay too: a redo may
+  // have written them and not reported yet.
   // `save_after`: then saves the job (a restart's removal: the stored state
   // lists them until a save).
   void RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& dirs,

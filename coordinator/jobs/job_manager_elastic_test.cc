@@ -3546,15 +3546,22 @@ void ExpireWhileSavesFail(bool retry_only, Redo redo = Redo::kNone) {
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
   // Nor does 34 look complete to tools before the state names it.
   EXPECT_FALSE(manifest(34)) << "written although the state naming it was not saved";
-  // The redo's unit file, modified after the expiry (set, so that a coarse
-  // file clock cannot date it before).
+  // The redo's unit file, modified after the expired checkpoint's manifest
+  // but, by a file server's clock 100 s behind this host's, before the
+  // expiry as this host dates it: the manifest's time tells them apart.
   const std::string redone_file =
       absl::StrFormat("%s/%s/step-%08d/unit-0000.safetensors", OutputDir(), dir, 17);
   if (redone) {
     std::ofstream(redone_file) << "redone";
-    const timespec later = absl::ToTimespec(absl::Now() + absl::Seconds(5));
-    const timespec times[2] = {later, later};
-    ASSERT_EQ(utimensat(AT_FDCWD, redone_file.c_str(), times, 0), 0);
+    const auto set_time = [](const std::string& path, absl::Duration ago) {
+      const timespec t = absl::ToTimespec(absl::Now() - ago);
+      const timespec times[2] = {t, t};
+      return utimensat(AT_FDCWD, path.c_str(), times, 0);
+    };
+    ASSERT_EQ(set_time(absl::StrFormat("%s/%s/step-%08d/manifest.json", OutputDir(), dir, 17),
+                       absl::Seconds(100)),
+              0);
+    ASSERT_EQ(set_time(redone_file, absl::Seconds(50)), 0);
   }
   if (redo == Redo::kReported) {
     v1::ReportProgressRequest r;

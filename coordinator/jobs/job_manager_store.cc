@@ -165,9 +165,14 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
     }
   }
   // A redo may have written files there and not reported them yet: only
-  // those older than the expiry go.
+  // the expired checkpoint's go, those written no later than its manifest
+  // (the last of its files; one filesystem's clock, whichever hosts wrote
+  // them). Without a manifest, those older than the expiry, by this host's
+  // clock.
   for (const ExpiredCheckpoint& d : dirs) {
-    RemoveCheckpointDirs(options_.output_dir, id, {d.from}, d.at);
+    const std::optional<absl::Time> manifest = CheckpointManifestTime(options_.output_dir, d.from);
+    RemoveCheckpointDirs(options_.output_dir, id, {d.from},
+                         manifest.has_value() ? *manifest + absl::Nanoseconds(1) : d.at);
   }
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(id);

@@ -263,13 +263,16 @@ bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgres
   for (float l : r.micro_batch_losses()) sum += l;
   const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
   v1::JobProgress* p = record.job.mutable_progress();
-  p->set_step(r.iteration() + 1);
-  p->set_loss(loss);
   // As train-local: a diverged job stops here rather than train on NaNs.
+  // Checked first: the job shows its last finite step (a NaN loss reads as
+  // the string "NaN" in JSON, where clients expect a number, and would
+  // reach the pipetrain_job_loss gauge); the reason names the step.
   if (absl::Status finite = CheckLossFinite(r.iteration() + 1, loss); !finite.ok()) {
     EndLocked(record, v1::JOB_STATE_FAILED, std::string(finite.message()));
     return false;
   }
+  p->set_step(r.iteration() + 1);
+  p->set_loss(loss);
   p->add_loss_history(loss);
   counted->step = true;
   if (p->loss_history_size() > kMaxLossHistory) {

@@ -923,6 +923,10 @@ TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(), "training diverged: the loss of step 2 is nan"))
       << job.reason();
+  // No NaN reaches Job.progress (JSON would carry the string "NaN"): it
+  // shows the last finite step.
+  EXPECT_EQ(job.progress().loss(), 2.5f);
+  EXPECT_EQ(job.progress().step(), 1);
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }

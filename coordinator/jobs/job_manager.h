@@ -1165,7 +1165,10 @@ class JobManager {
   mutable AnnotatedMutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order
+  // By creation time (submission order), which strictly increases.
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
+  // The latest creation time given (or restored): the next is later.
+  absl::Time last_create_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Jobs Submit is saving (off the lock): not in jobs_ until the store has
   // them, but their paths are claimed and they count as pending.
   std::map<std::string, std::unique_ptr<JobRecord>> submitting_ ABSL_GUARDED_BY(mu_);

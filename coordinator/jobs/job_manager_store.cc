@@ -437,6 +437,7 @@ absl::Status JobManager::Restore() {
       ended_with_checkpoints.push_back(id);
     }
     if (events_.restored) events_.restored(id, record->job.progress().step());
+    last_create_time_ = std::max(last_create_time_, FromProtoTimestamp(record->job.create_time()));
     order_.push_back(id);
     jobs_[id] = std::move(record);
   }

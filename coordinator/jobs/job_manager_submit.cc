@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 
@@ -572,7 +573,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       record->auto_layout_compression = resolved.spec.compression().data_parallel();
       record->auto_layout_parallelism = resolved.spec.parallelism();
     }
-    *record->job.mutable_create_time() = ToProtoTimestamp(clock_->Now());
+    // Strictly increasing, whatever the clock does (a step back): list
+    // pages resume after the last job's creation time (page_cursor.h), and
+    // a later job dated before an earlier one could be skipped.
+    absl::Time created = clock_->Now();
+    if (created <= last_create_time_) created = last_create_time_ + absl::Nanoseconds(1);
+    last_create_time_ = created;
+    *record->job.mutable_create_time() = ToProtoTimestamp(created);
     TouchLocked(*record);
     record->resolved = std::move(resolved);
     if (options_.state != nullptr) stored = StoredJobLocked(*record);
@@ -615,7 +622,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably; nothing was submitted: ", saved.message()));
     }
-    order_.push_back(job_id);
+    // By creation time, not by when the save returned (submits save in
+    // parallel): the list, its pages and the queue's order agree.
+    const absl::Time created = FromProtoTimestamp(record->job.create_time());
+    auto at = order_.end();
+    while (at != order_.begin() &&
+           FromProtoTimestamp(jobs_.at(*std::prev(at))->job.create_time()) > created) {
+      --at;
+    }
+    order_.insert(at, job_id);
     jobs_[job_id] = std::move(record);
   }
   ScheduleQueued();

@@ -22,6 +22,7 @@
 #include "common/data_plane_keys.h"
 #include "common/device_kind.h"
 #include "common/link_model.h"
+#include "common/proto_time.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
@@ -247,6 +248,24 @@ TEST(JobManagerPruneTest, EvictedWorker_ItsAssignmentIsDropped) {
   EXPECT_TRUE(hub.Newer(first.worker_id(), 0).has_value());  // until the next prune
   ASSERT_TRUE(jobs.Submit(SmallSpec(1)).ok());
   EXPECT_FALSE(hub.Newer(first.worker_id(), 0).has_value());
+}
+
+// Creation times strictly increase, though the clock steps back: list
+// pages resume after the last job's creation time, and a later job dated
+// before an earlier one could be skipped. The list follows them.
+TEST_F(JobManagerTest, Submit_ClockStepsBack_CreationTimesStillIncrease) {
+  const std::string a = Submit(SmallSpec(1)).value().id();
+  clock_.Set(clock_.Now() - absl::Seconds(30));
+  const std::string b = Submit(SmallSpec(1)).value().id();
+  const std::string c = Submit(SmallSpec(1)).value().id();
+  const auto created = [this](const std::string& id) {
+    return absl::ToUnixNanos(FromProtoTimestamp(jobs_.Get(id).value().create_time()));
+  };
+  EXPECT_LT(created(a), created(b));
+  EXPECT_LT(created(b), created(c));
+  std::vector<std::string> listed;
+  for (const JobManager::JobSummary& job : jobs_.Summaries()) listed.push_back(job.id);
+  EXPECT_EQ(listed, (std::vector<std::string>{a, b, c}));
 }
 
 TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {

@@ -275,15 +275,23 @@ class JobManagerElasticTest : public ::testing::Test {
 
   // The unit files a complete checkpoint's manifest lists, under the output
   // directory's `step_dir`, each of the size it records (the workers would
-  // have written them; these tests report checkpoints without them).
+  // have written them; these tests report checkpoints without them). Dated
+  // a second before the manifest, as the workers' files are: an expired
+  // checkpoint's removal takes the files no newer than its manifest.
   static void WriteUnitFiles(const std::string& step_dir) {
     const std::string dir = absl::StrCat(OutputDir(), "/", step_dir);
-    absl::StatusOr<CheckpointManifest> manifest =
-        ReadCheckpointManifest(dir + "/" + kCheckpointManifestName);
+    const std::string manifest_path = dir + "/" + kCheckpointManifestName;
+    absl::StatusOr<CheckpointManifest> manifest = ReadCheckpointManifest(manifest_path);
     ASSERT_TRUE(manifest.ok()) << manifest.status();
+    struct stat written;
+    ASSERT_EQ(stat(manifest_path.c_str(), &written), 0);
+    const timespec before =
+        absl::ToTimespec(absl::TimeFromTimespec(written.st_mtim) - absl::Seconds(1));
+    const timespec times[2] = {before, before};
     for (const v1::UnitFile& f : manifest->units) {
-      std::ofstream(absl::StrCat(dir, "/", f.file()), std::ios::binary)
-          << std::string(f.bytes(), 'w');
+      const std::string path = absl::StrCat(dir, "/", f.file());
+      std::ofstream(path, std::ios::binary) << std::string(f.bytes(), 'w');
+      ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
     }
   }
 

@@ -1034,6 +1034,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.
   absl::Status CheckPaths(const ResolvedJobSpec& resolved) const;
+  // CheckPaths past CheckOutputDirGiven: the paths' confinement, with the
+  // filesystem's codes (CheckPaths maps them to a submit's).
+  absl::Status CheckPathsConfined(const ResolvedJobSpec& resolved) const;
   // CheckPaths' first check: a job that writes weights or checkpoints
   // needs options_.output_dir (INVALID_ARGUMENT naming the field). Also
   // at Restore: a coordinator restarted without --output-dir fails such

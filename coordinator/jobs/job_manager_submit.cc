@@ -93,8 +93,30 @@ absl::Status JobManager::CheckOutputDirGiven(const ResolvedJobSpec& resolved) co
   return absl::OkStatus();
 }
 
+namespace {
+
+// A filesystem error met checking a spec's paths, in the codes a submit
+// answers: EACCES is the coordinator's own access (FAILED_PRECONDITION, not
+// PERMISSION_DENIED, which tells a client its credential is at fault), and
+// EMFILE or ENOMEM a passing shortage on its side (UNAVAILABLE: retry, not
+// RESOURCE_EXHAUSTED, a quota of the client's).
+absl::Status AsSubmitPathError(absl::Status status) {
+  if (absl::IsPermissionDenied(status)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(status.message(), " (the coordinator may not enter it: ask the operator)"));
+  }
+  if (absl::IsResourceExhausted(status)) return absl::UnavailableError(status.message());
+  return status;
+}
+
+}  // namespace
+
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
   RETURN_IF_ERROR(CheckOutputDirGiven(resolved));
+  return AsSubmitPathError(CheckPathsConfined(resolved));
+}
+
+absl::Status JobManager::CheckPathsConfined(const ResolvedJobSpec& resolved) const {
   const std::string& weights = resolved.spec.output().weights_path();
   if (!weights.empty()) {
     RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag,

@@ -45,8 +45,9 @@ int GlobalWorkerIndex(const v1::Assignment& a) {
 namespace {
 
 // Errors of the data plane: a peer that went away or stopped answering. A
-// job with checkpoints recovers from them (the peer is probably gone);
-// anything else (a bad program, a device error) fails it.
+// job with checkpoints recovers from them (the peer is probably gone), and
+// from a failed device (ReportError); anything else (a bad program) fails
+// it.
 bool IsPeerFailure(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -250,7 +251,13 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   // the coordinator refuses to parse unless it is UTF-8.
   if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
   r.set_error(std::move(text));
-  r.set_peer_failure(IsPeerFailure(status));
+  // A failed device (CUDA errors stick: Backend::status) is recovered from
+  // as a lost peer is: this worker exits to be restarted with a fresh
+  // context (on_backend_failure), and a job with checkpoints goes on
+  // without it, as it would had the process crashed; a fault that repeats
+  // still ends the job at the recovery limit.
+  const bool device_failed = !options_.backend->status().ok();
+  r.set_peer_failure(IsPeerFailure(status) || device_failed);
   r.set_checkpoint_unusable(checkpoint_unusable);
   // Retried: a failure the coordinator never hears of leaves the job
   // waiting until the other stages time out.

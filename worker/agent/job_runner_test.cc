@@ -905,6 +905,9 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
   runner.Stop();
   EXPECT_NE(link.reports()[0].error().find("device lost"), std::string::npos)
       << link.reports()[0].error();
+  // Recovered from as a lost peer (this worker exits to be restarted), not
+  // the job's own failure: INTERNAL alone would fail a checkpointed job.
+  EXPECT_TRUE(link.reports()[0].peer_failure());
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].message(), "device lost");

@@ -172,9 +172,12 @@ absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
   const v1::TensorKind kind = in.has_send() ? in.send().tensor().kind() : in.recv().tensor().kind();
   const bool activation =
       kind == v1::TENSOR_KIND_ACTIVATION || kind == v1::TENSOR_KIND_ACTIVATION_GRAD;
+  // A receive names its send's codec, "none" for a raw one (the planner's
+  // MarkRecvCodecs): that one is raw too.
   const std::string& codec = in.has_send() ? in.send().codec() : in.recv().codec();
+  const bool compressed = !codec.empty() && codec != kCodecNone;
   const char* wrong = !have_channel                          ? "the worker joined no device group"
-                      : !codec.empty()                       ? "it is compressed"
+                      : compressed                           ? "it is compressed"
                       : kind == v1::TENSOR_KIND_UNIT_WEIGHTS ? "UNIT_WEIGHTS are packed on the host"
                       : !activation ? "only activations and their gradients take it"
                                     : nullptr;

@@ -229,6 +229,19 @@ TEST(DevicePathCreateTest, DevicePathWithoutChannel_InvalidArgument) {
       << runtime.status();
 }
 
+// A device-path receive naming its raw send's codec, "none" (the planner
+// marks every receive with its send's), is taken.
+TEST(DevicePathCreateTest, ReceiveOfARawSend_Taken) {
+  const Dataset data = MakeDataset();
+  InProcessFabric fabric(2);
+  auto transport = fabric.Connect(0);
+  RefusingChannel channel;
+  StageSetup setup = TwoStageSetup(OneRecv("none"));
+  setup.device_channel = &channel;
+  auto runtime = StageRuntime::Create(setup, &data, transport.get());
+  EXPECT_TRUE(runtime.ok()) << runtime.status();
+}
+
 TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   const Dataset data = MakeDataset();
   InProcessFabric fabric(2);
@@ -237,7 +250,8 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   for (const auto& [program, why] :
        {std::pair<v1::Program, std::string>{OneSend(v1::TENSOR_KIND_ACTIVATION, "fp16"),
                                             "it is compressed"},
-        // A receive's codec too: the device path carries raw tensors only.
+        // A receive's codec too: the device path carries raw tensors only
+        // ("none", a raw send's, is one: see below).
         {OneRecv("fp16"), "it is compressed"},
         {OneSend(v1::TENSOR_KIND_UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"},
         {OneSend(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, ""),

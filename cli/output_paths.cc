@@ -196,8 +196,8 @@ void RemoveIfRegular(const std::string& path) {
 
 namespace {
 
-// Writes `text` to `path` (created or truncated). The error names `shown`.
-absl::Status WriteOne(const std::string& path, const std::string& text, const std::string& shown) {
+// Writes `text` to `path` (created or truncated). The error names `path`.
+absl::Status WriteOne(const std::string& path, const std::string& text) {
   // A FIFO through the write end OpenFifoWriteEnd found a reader for: a
   // blocking open of one nobody reads waits for ever (past signals).
   // Its message, as FAILED_PRECONDITION: at the write, not the command line.
@@ -211,7 +211,7 @@ absl::Status WriteOne(const std::string& path, const std::string& text, const st
       if (n <= 0) {
         const int error = errno;
         close(*fifo);
-        return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", shown));
+        return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
       }
       done += static_cast<size_t>(n);
     }
@@ -224,7 +224,7 @@ absl::Status WriteOne(const std::string& path, const std::string& text, const st
   out.close();
   if (out) return absl::OkStatus();
   const int error = errno;
-  const std::string message = absl::StrCat("cannot write ", shown);
+  const std::string message = absl::StrCat("cannot write ", path);
   return error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message);
 }
 
@@ -265,7 +265,7 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
     staged.push_back({temp, file.path});
   }
   for (const OutputFile* file : in_place) {
-    if (absl::Status wrote = WriteOne(file->path, file->text, file->path); !wrote.ok()) {
+    if (absl::Status wrote = WriteOne(file->path, file->text); !wrote.ok()) {
       discard();
       return wrote;
     }

@@ -366,6 +366,19 @@ class JobManagerElasticTest : public ::testing::Test {
   }
   // Steps `from` to `boundary` of job `id`, and every writer's checkpoint
   // of `boundary`, which the job re-plans after: the job as it is then.
+  // Jobs `a` and `b` run steps 1 to 5 and checkpoint step 5; then the
+  // workers `lost` are lost, and `a` (theirs) must be recovering.
+  void CheckpointBothThenLose(const std::string& a, const std::string& b,
+                              const std::vector<std::string>& lost) {
+    for (int step = 1; step <= 5; ++step) {
+      Step(a, step);
+      Step(b, step);
+    }
+    CheckpointAll(a, 5);
+    CheckpointAll(b, 5);
+    for (const std::string& w : lost) registry_.MarkLost(w, incarnations_[w], "killed");
+    ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
+  }
   v1::Job PassBoundary(const std::string& id, int64_t from, int64_t boundary) {
     for (int64_t step = from; step <= boundary; ++step) Step(id, step);
     CheckpointAll(id, boundary);
@@ -2349,15 +2362,7 @@ TEST_F(JobManagerElasticTest, RecoveringJobWaitingForWorkers_RunningJobsDoNotGro
   b_spec.mutable_elastic()->set_max_workers(2);
   const std::string b = Submit(b_spec).value().id();
   ASSERT_EQ(WorkerIdsOf(jobs_->Get(b).value()), std::vector<std::string>{w4});
-  for (int step = 1; step <= 5; ++step) {
-    Step(a, step);
-    Step(b, step);
-  }
-  CheckpointAll(a, 5);
-  CheckpointAll(b, 5);
-  registry_.MarkLost(w2, incarnations_[w2], "killed");
-  registry_.MarkLost(w3, incarnations_[w3], "killed");
-  ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_NO_FATAL_FAILURE(CheckpointBothThenLose(a, b, {w2, w3}));
   const std::string s1 = AddWorker(7005);
   HeartbeatAllAndSchedule({w1, w4, s1});
   ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
@@ -2383,15 +2388,7 @@ TEST_F(JobManagerElasticTest, RecoveringJobWaitingForWorkers_ADrainBoundaryLeave
   b_spec.mutable_elastic()->set_max_workers(3);
   const std::string b = Submit(b_spec).value().id();
   ASSERT_EQ(WorkerIdsOf(jobs_->Get(b).value()), (std::vector<std::string>{w4, w5}));
-  for (int step = 1; step <= 5; ++step) {
-    Step(a, step);
-    Step(b, step);
-  }
-  CheckpointAll(a, 5);
-  CheckpointAll(b, 5);
-  registry_.MarkLost(w2, incarnations_[w2], "killed");
-  registry_.MarkLost(w3, incarnations_[w3], "killed");
-  ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_NO_FATAL_FAILURE(CheckpointBothThenLose(a, b, {w2, w3}));
   const std::string s1 = AddWorker(7006);
   HeartbeatAllAndSchedule({w1, w4, w5, s1});
   ASSERT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_RECOVERING);

@@ -375,19 +375,27 @@ class Changes {
   std::vector<bool> seen_ ABSL_GUARDED_BY(mu_);
 };
 
-std::unique_ptr<LeaderElection> NewElection(const std::string& prefix, const std::string& identity,
+// A started election of `identity` over `etcd`, on_change recorded in
+// `changes`; null (and a test failure) if it cannot be created.
+std::unique_ptr<LeaderElection> NewElection(const EtcdOptions& etcd, const std::string& identity,
                                             Changes* changes) {
   LeaderElectionOptions options;
   options.identity = identity;
   options.ttl = kTtl;
   options.on_change = [changes](bool is_leader) { changes->Record(is_leader); };
   absl::StatusOr<std::unique_ptr<LeaderElection>> election =
-      LeaderElection::Create(SharedOptions(prefix), std::move(options));
+      LeaderElection::Create(etcd, std::move(options));
   EXPECT_TRUE(election.ok()) << election.status();
   if (!election.ok()) return nullptr;
   absl::Status started = (*election)->Start();
   EXPECT_TRUE(started.ok()) << started;
   return std::move(*election);
+}
+
+// The same, over the etcd every test shares, under `prefix`.
+std::unique_ptr<LeaderElection> NewElection(const std::string& prefix, const std::string& identity,
+                                            Changes* changes) {
+  return NewElection(SharedOptions(prefix), identity, changes);
 }
 
 // Two participants under one prefix; waits until exactly one leads and the
@@ -538,15 +546,10 @@ TEST(ElectionAloneTest, EtcdUnreachable_LeaderStepsDownWhenItsLeaseRunsOut) {
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("unreachable");
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   Changes changes;
-  LeaderElectionOptions options;
-  options.identity = "10.0.0.1:7070";
-  options.ttl = kTtl;
-  options.on_change = [&changes](bool is_leader) { changes.Record(is_leader); };
-  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
-      LeaderElection::Create((*etcd)->Options("/alone/"), std::move(options));
-  ASSERT_TRUE(election.ok()) << election.status();
-  ASSERT_EQ((*election)->Start(), absl::OkStatus());
-  ASSERT_TRUE(WaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
+  const std::unique_ptr<LeaderElection> election =
+      NewElection((*etcd)->Options("/alone/"), "10.0.0.1:7070", &changes);
+  ASSERT_NE(election, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return election->IsLeader(); }, absl::Seconds(20)));
   (*etcd)->Kill();
   EXPECT_TRUE(WaitFor(
       [&] {
@@ -554,8 +557,8 @@ TEST(ElectionAloneTest, EtcdUnreachable_LeaderStepsDownWhenItsLeaseRunsOut) {
       },
       3 * kTtl))
       << "on_change calls: " << changes.Seen().size();
-  EXPECT_FALSE((*election)->IsLeader());
-  EXPECT_EQ((*election)->Leader(), "");  // not itself
+  EXPECT_FALSE(election->IsLeader());
+  EXPECT_EQ(election->Leader(), "");  // not itself
 }
 
 // A TCP relay to a port on 127.0.0.1 that can go silent: Freeze() stops it
@@ -665,17 +668,12 @@ TEST(ElectionAloneTest, PreferredEndpointGoesSilent_LeaderKeepsItsLease) {
   EtcdOptions etcd_options = (*etcd)->Options("/silent/");
   etcd_options.endpoints = {relay.endpoint(), direct};  // the relay first: preferred
   Changes changes;
-  LeaderElectionOptions options;
-  options.identity = "10.0.0.1:7070";
-  options.ttl = kTtl;
-  options.on_change = [&changes](bool is_leader) { changes.Record(is_leader); };
-  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
-      LeaderElection::Create(etcd_options, std::move(options));
-  ASSERT_TRUE(election.ok()) << election.status();
-  ASSERT_EQ((*election)->Start(), absl::OkStatus());
-  ASSERT_TRUE(WaitFor([&] { return (*election)->IsLeader(); }, absl::Seconds(20)));
+  const std::unique_ptr<LeaderElection> election =
+      NewElection(etcd_options, "10.0.0.1:7070", &changes);
+  ASSERT_NE(election, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return election->IsLeader(); }, absl::Seconds(20)));
   relay.Freeze();
-  EXPECT_FALSE(WaitFor([&] { return !(*election)->IsLeader(); }, 3 * kTtl))
+  EXPECT_FALSE(WaitFor([&] { return !election->IsLeader(); }, 3 * kTtl))
       << "stepped down when one of two members went silent";
   EXPECT_EQ(changes.Seen(), std::vector<bool>({true}));
 }

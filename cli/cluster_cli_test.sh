@@ -211,7 +211,7 @@ ok job_timelines_one_file_wrote_nothing test ! -e "$TMP/t.svg"
 # A newline in PIPETRAIN_TOKEN (a Secret's file ends in one) is dropped;
 # a control character inside is refused, not sent (gRPC would abort).
 PIPETRAIN_TOKEN="$(cat "$TMP/user.token")"$'\n' expect_exit env_token_newline 0 '"jobs"' -- jobs --json
-PIPETRAIN_TOKEN=$'u-\x01token' expect_exit env_token_control 67 "PIPETRAIN_TOKEN contains whitespace or control characters" -- jobs
+PIPETRAIN_TOKEN=$'u-\x01token' expect_exit env_token_control 67 "PIPETRAIN_TOKEN contains whitespace, control or non-ASCII characters" -- jobs
 # A port gRPC would wrap is refused before the token goes anywhere.
 expect_exit coordinator_port_out_of_range 2 "is not host:port with a port in [1, 65535]" -- \
   jobs --coordinator 127.0.0.1:99999

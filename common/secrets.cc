@@ -106,9 +106,13 @@ absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string s
   }
   for (char ch : secret) {
     const unsigned char u = static_cast<unsigned char>(ch);
-    if (u <= 0x20 || u == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " contains whitespace or control characters; a token is one word"));
+    // gRPC takes only printable ASCII in a header value (it aborts on any
+    // other byte, a UTF-8 byte-order mark included), and REST trims spaces.
+    if (u <= 0x20 || u >= 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where,
+          " contains whitespace, control or non-ASCII characters; a token is one word of "
+          "printable ASCII"));
     }
   }
   return secret;

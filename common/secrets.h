@@ -71,13 +71,13 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path);
 // may read is used, with WarnIfReadableByOthers's warning.
 // Errors: NOT_FOUND (cannot read; the message names flag and path, and says
 // nothing about the contents), INVALID_ARGUMENT (a directory, empty, longer than
-// kMaxSecretBytes, or containing whitespace or control characters inside).
+// kMaxSecretBytes, or containing whitespace, control or non-ASCII characters).
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
 
 // `secret` without its trailing line end ("\n" or "\r\n", as a file or a
 // Kubernetes Secret holds it), checked as ReadSecretFile checks a file's:
 // INVALID_ARGUMENT "<where> is empty", "... holds more than N bytes" or
-// "... contains whitespace or control characters" (no such value may reach
+// "... contains whitespace, control or non-ASCII characters" (no such value may reach
 // a gRPC header: the library aborts on it).
 absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret);
 

@@ -134,7 +134,16 @@ TEST(SecretFromFlagsTest, Value_CheckedAsAFilesToken) {
   const absl::Status spaced = SecretFromFlags("user-token", "abc ", "").status();
   EXPECT_EQ(spaced.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(spaced.message(),
-            "--user-token contains whitespace or control characters; a token is one word");
+            "--user-token contains whitespace, control or non-ASCII characters; a token is one "
+            "word of printable ASCII");
+  // gRPC aborts the client on a header byte past 0x7e: a UTF-8 byte-order
+  // mark (a token file saved by an editor) or an accented letter.
+  for (const std::string token : {"\xef\xbb\xbftoken", "t\xc3\xb6ken", "token\x7f", "tok\xff"}) {
+    EXPECT_EQ(SecretFromFlags("user-token", token, "").status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << token;
+  }
+  EXPECT_EQ(SecretFromFlags("user-token", "!~tok", "").value_or("?"), "!~tok");
   EXPECT_EQ(
       SecretFromFlags("user-token", std::string(kMaxSecretBytes + 1, 'a'), "").status().message(),
       absl::StrCat("--user-token holds more than ", kMaxSecretBytes, " bytes"));

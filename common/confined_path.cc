@@ -106,8 +106,15 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
   if (absl::Status lexical = CheckConfinedName(field, relative); !lexical.ok()) return lexical;
   ScopedFd dir(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", root_flag, " ", root, ": ", strerror(errno)));
+    const int error = errno;
+    // Missing, not a directory, or closed to this process: the operator's
+    // flag is wrong. Anything else (too many open files, a stale NFS
+    // handle) passes: a reader must not take it for a bad checkpoint.
+    if (error == ENOENT || error == ENOTDIR || error == EACCES) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot open ", root_flag, " ", root, ": ", strerror(error)));
+    }
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot open ", root_flag, " ", root));
   }
   std::vector<std::string> parts = absl::StrSplit(relative, '/');
   const std::string name = parts.back();
@@ -129,6 +136,12 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                                        " under ", root));
       }
       next = ScopedFd(OpenDirNoFollow(dir.get(), part));
+      if (next.get() < 0 && errno == ENOENT) {
+        // Removed between our mkdir and open (a checkpoint's expiry): the
+        // caller's write would go to a closed descriptor.
+        return absl::UnavailableError(absl::StrCat(field, ": directory ", part, " under ", root,
+                                                   " was removed while it was being created"));
+      }
     }
     if (next.get() < 0 && errno == ENOENT) return ConfinedParent{ScopedFd(), name};
     if (next.get() < 0 && (errno == ELOOP || errno == ENOTDIR)) {

@@ -79,9 +79,11 @@ struct ConfinedParent {
 // early with OK and a closed `dir` (nothing to refuse yet: the write will
 // create it). Errors, INVALID_ARGUMENT "<field>: ...": a component is a symbolic
 // link, or not a directory, or the final name is an existing directory or
-// symbolic link. FAILED_PRECONDITION when `root` itself cannot be opened as
-// a directory (the operator's flag, which `root_flag` names, is wrong);
-// other errno failures as absl::ErrnoToStatus, naming the path.
+// symbolic link. FAILED_PRECONDITION when `root` itself is missing, not a
+// directory or not open to this process (the operator's flag, which
+// `root_flag` names, is wrong); UNAVAILABLE when a directory this call
+// created was removed before it could be opened; other errno failures
+// (EMFILE: RESOURCE_EXHAUSTED) as absl::ErrnoToStatus, naming the path.
 absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                                   absl::string_view root_flag,
                                                   absl::string_view field,

@@ -1,6 +1,8 @@
 #include "common/confined_path.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
@@ -127,6 +129,31 @@ TEST_F(ConfinedPathTest, MissingRoot_FailedPreconditionNamingTheFlag) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(status.message(), "cannot open this worker's --checkpoint-root " + base_ +
                                   "/nope: No such file or directory");
+}
+
+// Out of descriptors when opening the root: not the operator's flag (a
+// reader takes FAILED_PRECONDITION for a bad checkpoint and drops it), but
+// RESOURCE_EXHAUSTED. In a child whose descriptor limit is its lowest free
+// descriptor, so that its next open fails with EMFILE.
+TEST_F(ConfinedPathTest, RootOpenOutOfDescriptors_ResourceExhaustedNotFailedPrecondition) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    const struct rlimit limit = {static_cast<rlim_t>(lowest_free),
+                                 static_cast<rlim_t>(lowest_free)};
+    if (lowest_free < 0 || setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    const absl::StatusCode code =
+        OpenConfinedParent(base_, kCheckpointRootFlag, "f", "x", false).status().code();
+    _exit(code == absl::StatusCode::kResourceExhausted    ? 0
+          : code == absl::StatusCode::kFailedPrecondition ? 3
+                                                          : 4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: FAILED_PRECONDITION, 4: another code, 2: setup";
 }
 
 // (Not writable is not tested: the tests run as root, whom access() lets

@@ -327,9 +327,18 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
         "checkpoint ", from.dir(), " names \"", expected.file().substr(0, 64), "\" for unit ",
         expected.unit(), "; expected ", UnitFileName(expected.unit())));
   }
-  ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(root, kCheckpointRootFlag, "checkpoint unit file", relative,
-                                      /*create_dirs=*/false));
+  absl::StatusOr<ConfinedParent> opened =
+      OpenConfinedParent(root, kCheckpointRootFlag, "checkpoint unit file", relative,
+                         /*create_dirs=*/false);
+  if (!opened.ok() && !absl::IsInvalidArgument(opened.status())) {
+    // The root or a directory on the way could not be opened (missing root,
+    // no access, too many open files): this worker's trouble, UNAVAILABLE,
+    // not the checkpoint's. A link or a non-directory on the way stays
+    // INVALID_ARGUMENT, the checkpoint's.
+    return absl::UnavailableError(opened.status().message());
+  }
+  if (!opened.ok()) return opened.status();
+  ConfinedParent parent = *std::move(opened);
   if (parent.dir.get() < 0) {
     // The coordinator listed this step as complete, so a directory missing
     // as a whole is most likely this worker's view of the volume (another

@@ -173,7 +173,10 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
                                                                const CheckpointIdentity& identity);
 
 // Reads unit `expected.unit` of checkpoint `from` (from.dir relative to
-// `root`), checking in order: the file exists (NOT_FOUND), its size and
+// `root`), checking in order: the root and the directories on the way
+// open (UNAVAILABLE: this reader's trouble, e.g. too many open files or a
+// missing root, not the checkpoint's; INVALID_ARGUMENT for a link or a
+// non-directory on the way), the file exists (NOT_FOUND), its size and
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
 // corrupt), its metadata names this format, unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s

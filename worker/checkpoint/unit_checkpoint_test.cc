@@ -505,6 +505,19 @@ TEST_F(UnitCheckpointTest, MissingStepDirectory_IsUnavailableNamingTheRoot) {
       << read;
 }
 
+// A root that does not open (gone since the start-up check, or too many
+// open files) is this reader's trouble too: UNAVAILABLE, not the
+// FAILED_PRECONDITION that reports another model's checkpoint (which the
+// coordinator answers by dropping it).
+TEST_F(UnitCheckpointTest, RootDoesNotOpen_IsUnavailable) {
+  const v1::ResumeFrom from = WriteAll();
+  const absl::Status read =
+      ReadUnitCheckpoint(root_ + "/unmounted", from, from.units(0), id_, true, nullptr).status();
+  EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
+  EXPECT_NE(read.message().find("cannot open this worker's --checkpoint-root"), std::string::npos)
+      << read;
+}
+
 TEST_F(UnitCheckpointTest, OtherModelShape_IsFailedPrecondition) {
   const v1::ResumeFrom from = WriteAll();
   CheckpointIdentity other = id_;

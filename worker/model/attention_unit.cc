@@ -184,10 +184,12 @@ std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const 
       AttentionColumnSums(probs.data(), probs.shape()[0], probs.shape()[1], probs.shape()[2]);
   TensorParallelComm* tp = tensor_parallel();
   if (tp == nullptr) return sums;
-  // A rank's heads only: the group's sum is the whole layer's An.
-  Tensor summed = Tensor::FromVector({static_cast<int64_t>(sums.size())}, sums);
+  // A rank's heads only: the group's sum is the whole layer's An. The
+  // comm takes tensors of the unit's backend (a CUDA comm downloads them,
+  // which a host tensor fails), so the sums go up and come back.
+  Tensor summed = backend()->Upload(Tensor::FromVector({static_cast<int64_t>(sums.size())}, sums));
   tp->AllReduceSum(summed);
-  return summed.ToVector();
+  return backend()->Download(summed).ToVector();
 }
 
 }  // namespace pipetrain

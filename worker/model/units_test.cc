@@ -295,6 +295,56 @@ TEST(UnitTest, TokenImportance_AttentionColumnSumsOthersNone) {
   }
 }
 
+// A backend that remembers what its Upload returned, and a two-rank group
+// (the other rank adds zeros) that counts the tensors it was given that did
+// not come from that backend: a CUDA group downloads them, which a host
+// tensor fails with a CHECK (the worker dies).
+class UploadRecordingBackend : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Tensor Upload(const Tensor& host) override {
+    Tensor t = ForwardingBackend::Upload(host);
+    uploaded.insert(t.data());
+    return t;
+  }
+  std::set<const float*> uploaded;
+};
+
+class BackendCheckingComm : public TensorParallelComm {
+ public:
+  explicit BackendCheckingComm(const UploadRecordingBackend* backend) : backend_(backend) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void AllReduceSum(Tensor& data) override {
+    if (backend_->uploaded.count(data.data()) == 0) ++foreign;
+  }
+  absl::Status status() const override { return absl::OkStatus(); }
+  int foreign = 0;
+
+ private:
+  const UploadRecordingBackend* backend_;
+};
+
+// A tensor-parallel attention's token importance sums its heads' scores
+// over the group in a tensor of its backend (it built a host tensor).
+TEST(UnitTest, TokenImportance_TensorParallel_SumsATensorOfTheBackend) {
+  GptConfig c = TinyConfig();
+  c.vocab_size = 12;  // tensor parallelism of 2 needs an even vocabulary
+  const int B = 2, T = 5;
+  const TokenBatch batch = RandomBatch(c, B, T, 9);
+  UploadRecordingBackend backend(CpuBackend());
+  BackendCheckingComm comm(&backend);
+  auto attn = MakeUnit(c, 1, &backend, &comm);
+  RandomizeParameters(attn.get(), 3);
+  attn->KeepTokenImportance();
+  UnitContext ctx;
+  attn->Forward(backend.Upload(RandomTensor({B, T, c.d_model}, 8)), batch, &ctx);
+  const int before = comm.foreign;
+  const std::vector<float> scores = attn->TokenImportance(ctx);
+  EXPECT_EQ(scores.size(), static_cast<size_t>(B * T));
+  EXPECT_EQ(comm.foreign, before) << "TokenImportance summed a tensor not of the unit's backend";
+}
+
 // attn_0 (parameters at O(1), seed 3) on `backend`: forward, its token
 // importance, backward of dy; KeepTokenImportance first with `keep`.
 struct AttentionRun {

@@ -11,7 +11,8 @@
 // from a file) unless --insecure says to run open; see docs/operations.md
 // "Security" for what each credential allows.
 //
-// Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags.
+// Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags,
+// 5 when a leader loses its etcd lease (it restarts as a follower).
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -713,6 +714,20 @@ int Serve(const Config& config, const sigset_t& signals) {
   int http_port = config.http_port;
   std::string grpc_address = flags.grpc_address;
   ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following: another coordinator leads");
+  // An error return after following (the store fails to open or load once
+  // this process leads) finds the follower's servers still running, serving
+  // from `health` and `follower_metrics`: they stop here, before those go,
+  // and before `resign` hands the lease over. With a deadline: a client's
+  // open health Watch holds a bare Shutdown() forever.
+  absl::Cleanup stop_follower = [&health, &follower_server, &follower_http] {
+    if (follower_server != nullptr) {
+      health.Detach();
+      follower_server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+      follower_server->Wait();
+      follower_server.reset();
+    }
+    if (follower_http != nullptr) follower_http->Stop();
+  };
   if (!flags.etcd_endpoints.empty()) {
     absl::StatusOr<int> port = FollowUntilLeader(
         config, signals, health, &election, &follower_service, &follower_server,
@@ -833,7 +848,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   if (!ports.ok()) {
     PT_LOG(ERROR) << ports.message();
     service.Shutdown();
-    (*grpc_server)->Shutdown();
+    health.Detach();
+    (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
     return 1;
   }
   registry.StartStalenessLoop();

@@ -358,6 +358,7 @@ void WorkerAgent::Leave() {
     if (stopping_ && !heartbeat_thread_.joinable() && !watch_thread_.joinable()) return;
     stopping_ = true;  // no heartbeat re-registers, no watch reopens from now on
   }
+  heartbeat_cancel_.Cancel();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Deregistered before the assignment stream closes: the coordinator
   // would take a closed stream for a lost worker, and a job this one runs
@@ -438,7 +439,15 @@ void WorkerAgent::HeartbeatLoop() {
     AddBearer(context, session_->Get());
     v1::HeartbeatResponse response;
     const CoordinatorStub coordinator = Stub();
-    const grpc::Status s = coordinator.stub->Heartbeat(&context, request, &response);
+    // Leave() cancels a heartbeat in flight: with a black-holed coordinator
+    // it would hold the shutdown for its whole deadline (rpc_timeout),
+    // inside the stop bound, and the worker would exit without deregistering.
+    grpc::Status s;
+    {
+      const CallCancel::Scope cancellable(&heartbeat_cancel_, [&context] { context.TryCancel(); });
+      if (!cancellable.active()) return;  // leaving
+      s = coordinator.stub->Heartbeat(&context, request, &response);
+    }
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
         s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||

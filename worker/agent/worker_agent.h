@@ -47,6 +47,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "worker/agent/backoff.h"
+#include "worker/agent/call_cancel.h"
 #include "worker/agent/job_runner.h"
 #include "worker/agent/session_credential.h"
 #include "worker/transport/data_plane_server.h"
@@ -218,6 +219,8 @@ class WorkerAgent {
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The heartbeat call in flight, which Leave() cancels (and every later one).
+  CallCancel heartbeat_cancel_;
   // registrations_ when the stream of watch_context_ opened: one opened as
   // the newest registration is not cancelled "to reopen as the new one".
   int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;

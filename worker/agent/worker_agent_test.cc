@@ -138,6 +138,69 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   rig->Shutdown();
 }
 
+// Registers the worker, then holds its first heartbeat unanswered until
+// Release() (a coordinator black-holed behind a live connection).
+class StuckHeartbeatCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_worker_id("w-1");
+    response->set_incarnation(1);
+    response->set_session_token("w-1.1.secret");
+    response->set_heartbeat_interval_seconds(0.05);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    held_ = true;
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
+                         absl::Minutes(10));
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    deregistrations_.fetch_add(1);
+    return grpc::Status::OK;
+  }
+  bool AwaitHeld() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_; },
+                                absl::Seconds(30));
+  }
+  void Release() {
+    AnnotatedMutexLock lock(&mu_);
+    released_ = true;
+  }
+  int deregistrations() const { return deregistrations_.load(); }
+
+ private:
+  AnnotatedMutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> deregistrations_{0};
+};
+
+// Leave() cancels a heartbeat in flight: it waited for the call's whole
+// deadline (here an hour), which the worker's stop bound includes, so a
+// worker whose coordinator stopped answering exited without deregistering.
+TEST(WorkerAgentTest, Leave_HeartbeatUnanswered_CancelledAndDeregisters) {
+  StuckHeartbeatCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.rpc_timeout = absl::Hours(1);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitHeld());
+  agent.Leave();  // returns while the coordinator still holds the heartbeat
+  EXPECT_EQ(coordinator.deregistrations(), 1);
+  coordinator.Release();
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Forgets the worker at its first heartbeat (a restarted coordinator) and
 // takes it back at its next registration; its first assignment stream
 // ends at once, the next ones stay open until the server stops. Counts

@@ -447,7 +447,13 @@ int Run(const std::vector<std::string>& args) {
     health.Drain("stopping: the worker cannot go on (see its log)");
   }
   if (!device_failed.load() && drains) {
-    absl::Status drained = drain_asked.has_value() ? *drain_asked : agent.RequestDrain();
+    // Asked again after the delay when the first ask met a passing failure
+    // (a failover, a coordinator busy past the deadline): the coordinator
+    // may lead again by now, and a worker that leaves undrained costs its
+    // job the steps since its last checkpoint.
+    const bool ask_again = !drain_asked.has_value() || absl::IsUnavailable(*drain_asked) ||
+                           absl::IsDeadlineExceeded(*drain_asked);
+    absl::Status drained = ask_again ? agent.RequestDrain() : *drain_asked;
     if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }

@@ -1,5 +1,7 @@
 #include "common/clock.h"
 
+#include <chrono>
+
 #include "absl/time/clock.h"
 
 namespace pipetrain {
@@ -10,6 +12,14 @@ class SystemClock : public Clock {
   absl::Time Now() const override { return absl::Now(); }
 };
 
+class SteadyClock : public Clock {
+ public:
+  absl::Time Now() const override {
+    return absl::UnixEpoch() +
+           absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  }
+};
+
 }  // namespace
 
 Clock* RealClock() {
@@ -17,6 +27,11 @@ Clock* RealClock() {
   // thread-safely, and never destroying it keeps it usable from other
   // static destructors and detached threads at exit.
   static Clock* const clock = new SystemClock();
+  return clock;
+}
+
+Clock* MonotonicClock() {
+  static Clock* const clock = new SteadyClock();  // leaked, as RealClock's
   return clock;
 }
 

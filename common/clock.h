@@ -28,6 +28,12 @@ class Clock {
 // thread-safe; the caller does not own it.
 Clock* RealClock();
 
+// A monotonic clock (std::chrono::steady_clock): its Now() is no date, only
+// differences between its readings mean anything, and a step of the wall
+// clock (NTP, an operator's date) does not move it. For judging how long
+// ago something happened (leases). Process-wide, as RealClock().
+Clock* MonotonicClock();
+
 // A clock that moves only when told to. Thread-safe: one thread may Advance
 // while others read Now. It keeps nanoseconds since the Unix epoch in one
 // atomic, so times must lie within years 1678..2261 (absl::Time's infinities

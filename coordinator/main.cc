@@ -393,6 +393,7 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   options.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
   options.lease = absl::Seconds(flags.lease_seconds);
   options.clock = RealClock();
+  options.lease_clock = MonotonicClock();
   // One cluster, one build (common/build_identity.h): a rolling upgrade
   // replaces the coordinator and its workers together, or allows mixing.
   if (!flags.allow_mixed_builds) options.required_build = ThisBuild();

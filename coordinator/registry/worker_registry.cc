@@ -90,7 +90,8 @@ absl::Status WorkerRegistry::ValidateOptions(const Options& options) {
 
 WorkerRegistry::WorkerRegistry(Options options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : RealClock()) {
+      clock_(options_.clock != nullptr ? options_.clock : RealClock()),
+      lease_clock_(options_.lease_clock != nullptr ? options_.lease_clock : clock_) {
   const absl::Status valid = ValidateOptions(options_);
   PT_CHECK(valid.ok()) << valid;
 }
@@ -627,6 +628,7 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     // all, the lowest id went first, maybe a worker still in its job's
     // restart grace).
     entry.last_seen = now;
+    entry.lease_start = lease_clock_->Now();
     if (left) entry.last_seen = std::min(now, FromProtoTimestamp(w.last_heartbeat()));
     if (!left) *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
     number_by_address_[w.data_address()] = number;
@@ -714,10 +716,10 @@ int WorkerRegistry::CheckLeases() {
   int lost = 0;
   {
     AnnotatedMutexLock lock(&mu_);
-    const absl::Time now = clock_->Now();
+    const absl::Time now = lease_clock_->Now();
     for (auto& [number, entry] : workers_) {
       const v1::Worker& worker = entry.worker;
-      const absl::Duration silent = now - entry.last_seen;
+      const absl::Duration silent = now - entry.lease_start;
       // JOINING: its registration is being saved, and it heartbeats only
       // once Register returns (a save longer than the lease would
       // otherwise lose every registration it made).
@@ -765,6 +767,7 @@ void WorkerRegistry::SetStateLocked(Entry& entry, v1::WorkerState to) {
 
 void WorkerRegistry::TouchLocked(Entry& entry, absl::Time now) {
   entry.last_seen = now;
+  entry.lease_start = lease_clock_->Now();
   *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
 }
 
@@ -797,11 +800,11 @@ bool WorkerRegistry::CheckerWasStalled(absl::Duration since_last, absl::Duration
 
 void WorkerRegistry::RenewLeasesAfterStall(absl::Duration stalled) {
   AnnotatedMutexLock lock(&mu_);
-  const absl::Time now = clock_->Now();
+  const absl::Time now = lease_clock_->Now();
   int renewed = 0;
   for (auto& [number, entry] : workers_) {
     if (!IsLive(entry.worker.state())) continue;
-    entry.last_seen = now;  // the heartbeat timestamps shown stay the real ones
+    entry.lease_start = now;  // the heartbeat timestamps shown stay the real ones
     ++renewed;
   }
   PT_LOG(WARNING) << "the coordinator was stalled: its lease check ran "

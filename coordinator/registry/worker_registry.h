@@ -105,9 +105,15 @@ class WorkerRegistry {
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // A live worker silent for longer than this is LOST.
     absl::Duration lease = absl::Seconds(5);
-    // Time source for leases and timestamps; nullptr means RealClock().
-    // Not owned; must outlive the registry.
+    // Time source for the timestamps shown (last_heartbeat) and the order
+    // of eviction; nullptr means RealClock(). Not owned; must outlive the
+    // registry.
     Clock* clock = nullptr;
+    // Judges the leases (only differences of its readings count): the
+    // coordinator gives MonotonicClock(), so that a step of the wall clock
+    // (NTP, a resumed laptop) neither marks every worker LOST at once nor
+    // hides a dead one. nullptr: `clock` (a test's FakeClock moves both).
+    Clock* lease_clock = nullptr;
     // Most entries kept (every state); see "Capacity" above. >= 1.
     int max_workers = 4096;
     // Durable state (coordinator/store/coordinator_state.h): called with a
@@ -336,7 +342,8 @@ class WorkerRegistry {
  private:
   struct Entry {
     v1::Worker worker;
-    absl::Time last_seen;  // last heartbeat or registration
+    absl::Time last_seen;          // last heartbeat or registration (clock_)
+    absl::Time lease_start;        // the same, or a lease renewed after a stall (lease_clock_)
     std::string nccl_unique_id;    // current; empty: none
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
     std::string session_secret;    // the current incarnation's (hex)
@@ -398,6 +405,7 @@ class WorkerRegistry {
 
   const Options options_;
   Clock* const clock_;
+  Clock* const lease_clock_;
 
   mutable AnnotatedMutex mu_;
   // Keyed by id number, so iteration is in id order.

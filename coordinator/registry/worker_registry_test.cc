@@ -331,6 +331,30 @@ TEST(WorkerRegistryTest, RenewLeasesAfterStall_NoLossUntilAFreshLeasePasses) {
   EXPECT_EQ(recorder.losses().size(), 1u);
 }
 
+// Leases are judged on the lease clock (the coordinator's monotonic one),
+// not the wall clock: a wall-clock step forward of an hour (NTP, a resumed
+// laptop) marked every worker LOST at once, and one back hid a dead worker.
+TEST(WorkerRegistryTest, CheckLeases_WallClockSteps_JudgedOnTheLeaseClock) {
+  FakeClock wall(kStart), steady;
+  WorkerRegistry::Options options = MakeOptions(&wall);
+  options.lease_clock = &steady;
+  WorkerRegistry registry(options);
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(2)).ok());
+  wall.Advance(absl::Hours(1));
+  EXPECT_EQ(registry.CheckLeases(), 0);
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1)).ok());
+  // The heartbeat's timestamp is the wall clock's.
+  EXPECT_EQ(registry.Get("w-1")->last_heartbeat().seconds(), absl::ToUnixSeconds(kStart) + 3600);
+  wall.Advance(-absl::Hours(2));
+  steady.Advance(absl::Seconds(3));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1)).ok());
+  steady.Advance(absl::Seconds(3));  // w-2 silent 6 s, w-1 3 s
+  EXPECT_EQ(registry.CheckLeases(), 1);
+  EXPECT_EQ(StateOf(registry, "w-2"), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_READY);
+}
+
 TEST(WorkerRegistryTest, CheckerWasStalled_LaterThanHalfALeaseAfterItsPeriod) {
   const absl::Duration period = absl::Milliseconds(500), lease = absl::Seconds(5);
   EXPECT_FALSE(WorkerRegistry::CheckerWasStalled(period, period, lease));

@@ -198,6 +198,26 @@ TEST(PlanJobAuto, NamesTheSolversItSkippedAndWhy) {
       << p.candidates_skipped().at("pipedream");
 }
 
+// Solver auto when nothing fits: RESOURCE_EXHAUSTED naming every solver's
+// reason, Bi-Partition's first. It answered with uniform's reason alone
+// ("worker w0 would need ..."), naming no solver and hiding Bi-Partition's.
+TEST(PlanJobAuto, NothingFits_EverySolversReasonBiPartitionsFirst) {
+  v1::JobSpec spec = SmallSpec(2, 2);
+  spec.mutable_parallelism()->set_solver("auto");
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  ModelProfile profile = AnalyticProfile(job.train.model, job.train.seq_len,
+                                         job.train.batch_size / job.train.micro_batches, 1e10);
+  for (UnitProfile& unit : profile.units) unit.weight_bytes = 1e6;
+  ClusterSpec cluster = testing::TestCluster(2, 0, 0);
+  for (auto& worker : cluster.workers) worker.memory_bytes = 1e6;  // fits one unit's weights
+  const absl::Status refused = PlanJob(job, "job", 1, profile, cluster, "analytic").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "solver auto found no plan; bipartition: "))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "; pipedream: ")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "; uniform: worker w")) << refused;
+}
+
 // A worker's memory counts the largest transient of its units once: with a
 // 4096-word vocabulary the head's [B·T, vocab] logit gradient (4.5 MB),
 // which a worker that fits everything else but it cannot hold.

@@ -3,9 +3,12 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/bipartition.h"
 #include "coordinator/planner/unit_costs.h"
@@ -155,6 +158,11 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
   std::map<std::string, double> candidates;
   std::map<std::string, std::string> skipped;
   double total_solve = 0;
+  // When none applies: Bi-Partition's code (the most general solver: when it
+  // finds no plan, memory is what is short), and every solver's reason,
+  // Bi-Partition's first ("even the least overloaded plan needs ...").
+  absl::StatusCode none_code = absl::StatusCode::kResourceExhausted;
+  std::vector<std::string> reasons;
   for (const char* solver : {"uniform", "pipedream", "bipartition"}) {
     absl::StatusOr<SolvedPlan> plan = SolveOne(solver, problem, profile, cluster, options);
     if (!plan.ok()) {
@@ -162,7 +170,12 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
       if (plan.status().code() == absl::StatusCode::kInvalidArgument ||
           plan.status().code() == absl::StatusCode::kResourceExhausted) {
         skipped[solver] = plan.status().ToString();
-        if (!best.ok()) best = plan.status();
+        reasons.insert(reasons.begin(), absl::StrCat(solver, ": ", plan.status().message()));
+        none_code = plan.status().code();
+        if (!best.ok()) {
+          best = absl::Status(
+              none_code, absl::StrCat("solver auto found no plan; ", absl::StrJoin(reasons, "; ")));
+        }
         continue;
       }
       return plan.status();

@@ -90,7 +90,9 @@ struct SolvedPlan {
 // data_parallel < 1, more
 // workers than a solver allows (uniform/pipedream: one unit each at least;
 // bipartition: 2 x units), bad manual ranges; RESOURCE_EXHAUSTED when no
-// plan fits in memory. Profile and cluster must be valid (profile.h parsers).
+// plan fits in memory. auto, when no candidate applies: Bi-Partition's code,
+// "solver auto found no plan; bipartition: ...; pipedream: ...; uniform:
+// ...". Profile and cluster must be valid (profile.h parsers).
 absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterSpec& cluster,
                                      const PlanOptions& options);
 

@@ -227,8 +227,13 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
   // AdamW's v is a mean of squares: a negative one (a file written by hand,
   // or m and v swapped) would turn the weights to NaN at the first step,
   // reported as divergence rather than as the file's fault.
+  // Under either name ImportWeights takes (FindParameterTensor also finds a
+  // "transformer."-prefixed one).
   for (const NamedTensor& t : contents.tensors) {
-    if (!absl::StartsWith(t.name, kMomentV)) continue;
+    if (!absl::StartsWith(t.name, kMomentV) &&
+        !absl::StartsWith(t.name, absl::StrCat("transformer.", kMomentV))) {
+      continue;
+    }
     if (std::string bad = DescribeFirstNegative(t.tensor); !bad.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", t.name.substr(0, 96), " ", bad, " (not resumable)"));

@@ -358,33 +358,36 @@ TEST(LocalTrainerTest, Restore_OtherTokensOrTrainSplit_IsFailedPreconditionNamin
 // AdamW's v is a mean of squares; a file holding a negative one (written
 // by hand: here a version 1 file, which has no checksum) is refused before
 // anything is restored, not resumed into NaN weights.
+// Also under the "transformer."-prefixed name, which the import takes too.
 TEST(LocalTrainerTest, Restore_NegativeSecondMoment_IsInvalidArgumentAndChangesNothing) {
-  Dataset data = MakeDataset(16);
-  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
-  RunSteps(*trainer, 2);
-  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/negative_v.ckpt";
-  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
-  SafetensorsContents contents = ReadSafetensors(path).value();
-  contents.metadata["version"] = "1";
-  contents.metadata.erase("data_sha256");
-  bool changed = false;
-  for (NamedTensor& t : contents.tensors) {
-    if (t.name == "optimizer.v.wpe.weight") {
-      t.tensor.data()[3] = -1e-6f;
-      changed = true;
+  for (const std::string name : {"optimizer.v.wpe.weight", "transformer.optimizer.v.wpe.weight"}) {
+    Dataset data = MakeDataset(16);
+    auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+    RunSteps(*trainer, 2);
+    const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/negative_v.ckpt";
+    ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+    SafetensorsContents contents = ReadSafetensors(path).value();
+    contents.metadata["version"] = "1";
+    contents.metadata.erase("data_sha256");
+    bool changed = false;
+    for (NamedTensor& t : contents.tensors) {
+      if (t.name == "optimizer.v.wpe.weight") {
+        t.tensor.data()[3] = -1e-6f;
+        t.name = name;
+        changed = true;
+      }
     }
+    ASSERT_TRUE(changed);
+    ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+    auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+    const std::vector<float> before = AllWeights(*resumed);
+    absl::Status status = RestoreCheckpoint(path, resumed.get());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message(),
+              path + ": tensor " + name + " holds a negative value at element 3 (not resumable)");
+    EXPECT_EQ(resumed->step(), 0);
+    EXPECT_EQ(AllWeights(*resumed), before);
   }
-  ASSERT_TRUE(changed);
-  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
-  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
-  const std::vector<float> before = AllWeights(*resumed);
-  absl::Status status = RestoreCheckpoint(path, resumed.get());
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_EQ(status.message(), path +
-                                  ": tensor optimizer.v.wpe.weight holds a negative value at "
-                                  "element 3 (not resumable)");
-  EXPECT_EQ(resumed->step(), 0);
-  EXPECT_EQ(AllWeights(*resumed), before);
 }
 
 // The version sits in the header, outside the checksum: a file that has a

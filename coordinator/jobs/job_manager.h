@@ -700,7 +700,9 @@ class JobManager {
   absl::StatusOr<const JobRecord*> EarlierSubmitLocked(const std::string& request_id,
                                                        const std::string& spec_sha256) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job that has not ended and writes its final weights to `path`, or null.
+  // A job that has not ended whose final weights file is `path`, lies under
+  // it or holds it (the paths nest: one would have to be a directory and a
+  // file at once), or null.
   const JobRecord* WeightsPathUserLocked(const std::string& path) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The profile request of a job, and the profile to plan it with (and a

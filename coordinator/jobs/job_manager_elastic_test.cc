@@ -438,7 +438,7 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   const std::string first = Submit(spec).value().id();
   const absl::StatusOr<v1::Job> second = Submit(spec);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(second.status().message(), "spec.checkpoint.dir \"shared/ck\" is in use by job " +
+  EXPECT_EQ(second.status().message(), "spec.checkpoint.dir: \"shared/ck\" is in use by job " +
                                            first +
                                            " (RUNNING); give this job a directory of its own");
   EXPECT_TRUE(Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
@@ -488,7 +488,7 @@ TEST_F(JobManagerElasticTest, EndedJobsDirWithLaterCompleteCheckpoints_Refused) 
   absl::Status refused = jobs_->Submit(a).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_EQ(refused.message(),
-            "spec.checkpoint.dir \"reuse/a\" holds the complete checkpoint "
+            "spec.checkpoint.dir: \"reuse/a\" holds the complete checkpoint "
             "\"reuse/a/step-00000005\" of step 5, which this job, starting at step 0, would "
             "overwrite file by file and then delete; start from it (spec.init.from), or give this "
             "job a directory of its own");
@@ -530,7 +530,7 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
   absl::Status refused = jobs_->Submit(b).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(),
-                                "spec.init.from \"init-from-live/a/step-00000007\" "
+                                "spec.init.from: \"init-from-live/a/step-00000007\" "
                                 "lies in the checkpoint directory \"init-from-live/a\" "
                                 "of job " +
                                     first))
@@ -688,7 +688,7 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   v1::JobSpec into = ElasticSpec(1, 0);
   into.mutable_output()->set_weights_path("runs/ck/step-00000005/unit-0000.safetensors");
   EXPECT_EQ(refused(into),
-            "spec.output.weights_path \"runs/ck/step-00000005/unit-0000.safetensors\" lies in "
+            "spec.output.weights_path: \"runs/ck/step-00000005/unit-0000.safetensors\" lies in "
             "the checkpoint directory \"runs/ck\" of job " +
                 first +
                 " (RUNNING), whose checkpoints would replace or delete it; write it "
@@ -696,17 +696,17 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   v1::JobSpec nested = ElasticSpec(1, 5);
   nested.mutable_checkpoint()->set_dir("runs/ck/inner");
   EXPECT_EQ(refused(nested),
-            "spec.checkpoint.dir \"runs/ck/inner\" overlaps \"runs/ck\", that "
+            "spec.checkpoint.dir: \"runs/ck/inner\" overlaps \"runs/ck\", that "
             "of job " +
                 first + " (RUNNING); give this job a directory of its own");
   nested.mutable_checkpoint()->set_dir("runs");
-  EXPECT_EQ(refused(nested), "spec.checkpoint.dir \"runs\" overlaps \"runs/ck\", that of job " +
+  EXPECT_EQ(refused(nested), "spec.checkpoint.dir: \"runs\" overlaps \"runs/ck\", that of job " +
                                  first + " (RUNNING); give this job a directory of its own");
   v1::JobSpec own = ElasticSpec(1, 5);
   own.mutable_checkpoint()->set_dir("mine");
   own.mutable_output()->set_weights_path("mine/w.safetensors");
   EXPECT_EQ(refused(own),
-            "spec.output.weights_path \"mine/w.safetensors\" lies in this job's own checkpoint "
+            "spec.output.weights_path: \"mine/w.safetensors\" lies in this job's own checkpoint "
             "directory \"mine\", whose checkpoints would replace or delete it; write it "
             "elsewhere");
   // A live job's weights file, then a checkpoint directory around it.
@@ -716,9 +716,47 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   v1::JobSpec around = ElasticSpec(1, 5);
   around.mutable_checkpoint()->set_dir("out");
   EXPECT_EQ(refused(around),
-            "spec.checkpoint.dir \"out\" holds \"out/w.safetensors\", the "
+            "spec.checkpoint.dir: \"out\" holds \"out/w.safetensors\", the "
             "weights file of job " +
                 writer + " (RUNNING); give this job a directory of its own");
+  // Nor may paths nest with a live job's weights file, or hold a live or own
+  // checkpoint directory: one of the two would fail to be written (a file
+  // where a directory must go), after a whole run.
+  v1::JobSpec under = ElasticSpec(1, 0);
+  under.mutable_output()->set_weights_path("out/w.safetensors/x");
+  EXPECT_EQ(refused(under),
+            "spec.output.weights_path: \"out/w.safetensors/x\" lies under \"out/w.safetensors\", "
+            "the output of job " +
+                writer + " (RUNNING), which has not ended; give this job a file of its own");
+  under.mutable_output()->set_weights_path("out");
+  EXPECT_EQ(refused(under),
+            "spec.output.weights_path: \"out\" holds \"out/w.safetensors\", the "
+            "output of job " +
+                writer + " (RUNNING), which has not ended; give this job a file of its own");
+  under.mutable_output()->set_weights_path("runs");
+  EXPECT_EQ(
+      refused(under),
+      "spec.output.weights_path: \"runs\" holds the checkpoint directory \"runs/ck\" of job " +
+          first + " (RUNNING), whose checkpoints it would stop; write it elsewhere");
+  for (const char* in_defaults : {"checkpoints", "checkpoints/w.safetensors"}) {
+    under.mutable_output()->set_weights_path(in_defaults);
+    EXPECT_TRUE(absl::StrContains(refused(under),
+                                  "which holds the checkpoint directories of jobs "
+                                  "that name none"))
+        << in_defaults;
+  }
+  v1::JobSpec ck_under = ElasticSpec(1, 5);
+  ck_under.mutable_checkpoint()->set_dir("out/w.safetensors/ck");
+  EXPECT_EQ(refused(ck_under),
+            "spec.checkpoint.dir: \"out/w.safetensors/ck\" lies under \"out/w.safetensors\", the "
+            "weights file of job " +
+                writer + " (RUNNING); give this job a directory of its own");
+  v1::JobSpec own_under = ElasticSpec(1, 5);
+  own_under.mutable_checkpoint()->set_dir("mine2/ck");
+  own_under.mutable_output()->set_weights_path("mine2");
+  EXPECT_EQ(refused(own_under),
+            "spec.output.weights_path: \"mine2\" holds this job's own checkpoint directory "
+            "\"mine2/ck\", which could then not be made; write it elsewhere");
   // Siblings are fine, and so is everything once the other job has ended.
   // The refusals took no ids (a refused request changes nothing).
   v1::JobSpec sibling = ElasticSpec(1, 0);
@@ -744,7 +782,7 @@ TEST_F(JobManagerElasticTest, CheckpointDir_TheDefaultsRoot_Refused_ACollidingDe
   const absl::StatusOr<v1::Job> refused = Submit(root);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_EQ(refused.status().message(),
-            "spec.checkpoint.dir \"checkpoints\" holds the directories of jobs that name none "
+            "spec.checkpoint.dir: \"checkpoints\" holds the directories of jobs that name none "
             "(checkpoints/<job id>); name one of its own, e.g. checkpoints/my-run");
   v1::JobSpec squatter = ElasticSpec(1, 5);
   squatter.mutable_checkpoint()->set_dir("checkpoints/job-2");  // the next default
@@ -752,7 +790,7 @@ TEST_F(JobManagerElasticTest, CheckpointDir_TheDefaultsRoot_Refused_ACollidingDe
   const absl::StatusOr<v1::Job> defaulted = Submit(ElasticSpec(1, 5));
   EXPECT_EQ(defaulted.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(defaulted.status().message(),
-                               "spec.checkpoint.dir \"checkpoints/job-2\" (the default, as the "
+                               "spec.checkpoint.dir: \"checkpoints/job-2\" (the default, as the "
                                "spec names none) is in use by job job-1"))
       << defaulted.status();
 }

@@ -284,7 +284,7 @@ absl::Status JobManager::CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved
   for (const v1::ResumeFrom& held : StepDirsWithManifest(options_.output_dir, checkpoint.dir())) {
     if (held.step() <= start) continue;  // this job writes only later steps
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.checkpoint.dir \"", checkpoint.dir(), "\" holds the complete checkpoint \"",
+        "spec.checkpoint.dir: \"", checkpoint.dir(), "\" holds the complete checkpoint \"",
         held.dir(), "\" of step ", held.step(), ", which this job, starting at step ", start,
         ", would overwrite file by file and then delete; start from it (spec.init.from), or give "
         "this job a directory of its own"));
@@ -364,11 +364,25 @@ const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (IsTerminal(record->job.state())) continue;
-      if (record->job.spec().output().weights_path() == path) return record.get();
+      const std::string& theirs = record->job.spec().output().weights_path();
+      if (!theirs.empty() && (PathWithin(path, theirs) || PathWithin(theirs, path))) {
+        return record.get();
+      }
     }
   }
   return nullptr;
 }
+
+namespace {
+
+// How `path` stands to `other`, which it equals or nests with, for a
+// refusal: "is", "lies under" or "holds".
+const char* NestingOf(const std::string& path, const std::string& other) {
+  if (path == other) return "is";
+  return PathWithin(path, other) ? "lies under" : "holds";
+}
+
+}  // namespace
 
 std::string JobManager::HolderState(const JobRecord& record) {
   if (!record.unsettled) return std::string(EnumShortName(record.job.state()));
@@ -450,22 +464,39 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     } while (jobs_.count(record->job.id()) > 0 || submitting_.count(record->job.id()) > 0);
     // Both would write the file, and the last to finish would replace the
     // other's weights while both reported the path as theirs.
+    // Nor may the paths nest: the first to write would make a directory of
+    // the other's file name (or a file of its directory), and the other job
+    // would fail at its end, its whole run's weights unwritten.
     const std::string& weights = resolved.spec.output().weights_path();
+    if (!weights.empty() && PathWithin(weights, kDefaultCheckpointRoot)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.output.weights_path: \"", weights, "\" ",
+          weights == kDefaultCheckpointRoot ? "is" : "lies in", " \"", kDefaultCheckpointRoot,
+          "\", which holds the checkpoint directories of jobs that name none (",
+          kDefaultCheckpointRoot, "/<job id>); write it elsewhere"));
+    }
     if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.output.weights_path \"", weights,
-                                                     "\" is the output of job ", other->job.id(),
-                                                     " (", HolderState(*other),
-                                                     "), which has not ended; give this job a file "
-                                                     "of its own"));
+      const std::string& theirs = other->job.spec().output().weights_path();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.output.weights_path: \"", weights, "\" ",
+          weights == theirs
+              ? "is the output"
+              : absl::StrCat(NestingOf(weights, theirs), " \"", theirs, "\", the output"),
+          " of job ", other->job.id(), " (", HolderState(*other),
+          "), which has not ended; give this job a file of its own"));
     }
     // A checkpoint directory's files are replaced by each checkpoint and
     // its step directories deleted as they expire: weights there are lost.
-    if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirHoldingLocked(weights)) {
+    // And a weights file where a checkpoint directory goes stops its writes.
+    if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirUserLocked(weights)) {
+      const std::string& theirs = other->job.spec().checkpoint().dir();
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path \"", weights, "\" lies in the checkpoint directory \"",
-          other->job.spec().checkpoint().dir(), "\" of job ", other->job.id(), " (",
-          HolderState(*other),
-          "), whose checkpoints would replace or delete it; write it elsewhere"));
+          "spec.output.weights_path: \"", weights, "\" ",
+          PathWithin(weights, theirs) ? "lies in" : "holds", " the checkpoint directory \"", theirs,
+          "\" of job ", other->job.id(), " (", HolderState(*other),
+          PathWithin(weights, theirs)
+              ? "), whose checkpoints would replace or delete it; write it elsewhere"
+              : "), whose checkpoints it would stop; write it elsewhere"));
     }
     // Where it starts from, resolved (links followed): a live job expires
     // its older checkpoints, and this job resumes from that one until it has
@@ -483,7 +514,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     if (init_holder != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.init.from \"", resolved.spec.init().from(),
+          "spec.init.from: \"", resolved.spec.init().from(),
           "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
           "\" of job ", init_holder->job.id(), " (", HolderState(*init_holder),
           IsTerminal(init_holder->job.state())
@@ -497,7 +528,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     // job replaces at its end.
     if (const JobRecord* other = weights.empty() ? nullptr : InitSourceHoldingLocked(weights)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path \"", weights, "\" ",
+          "spec.output.weights_path: \"", weights, "\" ",
           weights == other->init_source ? "is" : "lies in", " \"", other->init_source,
           "\", where job ", other->job.id(), " (", HolderState(*other),
           ") started from (spec.init.from) and restarts from until its first checkpoint; "
@@ -505,7 +536,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     if (const JobRecord* other = init_source.empty() ? nullptr : WeightsPathInLocked(init_source)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.init.from \"", resolved.spec.init().from(), "\" ",
+          "spec.init.from: \"", resolved.spec.init().from(), "\" ",
           other->job.spec().output().weights_path() == init_source ? "is" : "holds", " \"",
           other->job.spec().output().weights_path(), "\", the weights file of job ",
           other->job.id(), " (", HolderState(*other),
@@ -519,7 +550,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       // names none, and refuse them for a field they never set.
       if (checkpoint->dir() == kDefaultCheckpointRoot) {
         return absl::InvalidArgumentError(
-            absl::StrCat("spec.checkpoint.dir \"", kDefaultCheckpointRoot,
+            absl::StrCat("spec.checkpoint.dir: \"", kDefaultCheckpointRoot,
                          "\" holds the directories of jobs "
                          "that name none (",
                          kDefaultCheckpointRoot, "/<job id>); name one of its own, e.g. ",
@@ -535,7 +566,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().checkpoint().dir();
         return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir \"", checkpoint->dir(), "\" ",
+            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
             dir_defaulted ? "(the default, as the spec names none) " : "",
             theirs == checkpoint->dir() ? "is in use by job"
                                         : absl::StrCat("overlaps \"", theirs, "\", that of job"),
@@ -545,20 +576,27 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"", other->init_source,
+            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" holds \"", other->init_source,
             "\", where job ", other->job.id(), " (", HolderState(*other),
             ") started from (spec.init.from), which this job's checkpoints could replace or "
             "delete; give this job a directory of its own"));
       }
-      if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
+      if (const JobRecord* other = WeightsPathUserLocked(checkpoint->dir())) {
+        const std::string& theirs = other->job.spec().output().weights_path();
         return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"",
-            other->job.spec().output().weights_path(), "\", the weights file of job ",
+            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+            NestingOf(checkpoint->dir(), theirs), " \"", theirs, "\", the weights file of job ",
             other->job.id(), " (", HolderState(*other), "); give this job a directory of its own"));
+      }
+      if (!weights.empty() && PathWithin(checkpoint->dir(), weights)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.output.weights_path: \"", weights,
+                         "\" holds this job's own checkpoint directory \"", checkpoint->dir(),
+                         "\", which could then not be made; write it elsewhere"));
       }
       if (!weights.empty() && PathWithin(weights, checkpoint->dir())) {
         return absl::InvalidArgumentError(
-            absl::StrCat("spec.output.weights_path \"", weights,
+            absl::StrCat("spec.output.weights_path: \"", weights,
                          "\" lies in this job's own checkpoint directory \"", checkpoint->dir(),
                          "\", whose checkpoints would replace or delete it; write it elsewhere"));
       }

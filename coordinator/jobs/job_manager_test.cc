@@ -1411,7 +1411,7 @@ TEST_F(JobManagerTest, Weights_PathOfAJobThatHasNotEnded_RefusedUntilItEnds) {
   const absl::StatusOr<v1::Job> second = Submit(spec);  // queued behind it, or not at all
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(second.status().message(),
-            "spec.output.weights_path \"shared/final.safetensors\" is the output of job " + first +
+            "spec.output.weights_path: \"shared/final.safetensors\" is the output of job " + first +
                 " (RUNNING), which has not ended; give this job a file of its own");
   v1::JobSpec other = spec;
   other.mutable_output()->set_weights_path("shared/other.safetensors");
@@ -1508,7 +1508,7 @@ TEST_F(JobManagerTest, InitFromWeights_AndALiveJobsWeightsPath_RefusedEitherWay)
   v1::JobSpec replaces = SmallSpec(1);
   replaces.mutable_output()->set_weights_path("start/w.safetensors");
   EXPECT_EQ(Submit(replaces).status().message(),
-            "spec.output.weights_path \"start/w.safetensors\" is \"start/w.safetensors\", where "
+            "spec.output.weights_path: \"start/w.safetensors\" is \"start/w.safetensors\", where "
             "job " +
                 starter +
                 " (QUEUED) started from (spec.init.from) and restarts from until its first "
@@ -1521,7 +1521,7 @@ TEST_F(JobManagerTest, InitFromWeights_AndALiveJobsWeightsPath_RefusedEitherWay)
     v1::JobSpec reads = SmallSpec(1);
     reads.mutable_init()->set_from(from);
     EXPECT_EQ(Submit(reads).status().message(),
-              absl::StrCat("spec.init.from \"", from,
+              absl::StrCat("spec.init.from: \"", from,
                            "\" is \"next/w.safetensors\", the weights file of job ", writer,
                            " (QUEUED), which replaces it when it ends; start from it once that "
                            "job has ended, or from a copy"));

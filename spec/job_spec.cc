@@ -555,6 +555,11 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
       MakeTensorParallelCompression(p->tensor_compression(), kCompressionField);
   if (!compression.ok()) return compression.status();
   if (!compression->enabled()) p->set_tensor_compression("none");
+  if (cube && k != 1) {
+    return Invalid("spec.parallelism.tensor_partitions",
+                   "must be 1 with spec.parallelism.tensor_mode 3d (AccTFM's partitions are not "
+                   "built for the cube)");
+  }
   const char* kTuneField = "spec.parallelism.tensor_partitions_tune_steps";
   if (!p->has_tensor_partitions_tune_steps()) {
     p->set_tensor_partitions_tune_steps(k == 0 && p->tensor() > 1 ? 2 : 0);
@@ -572,11 +577,6 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     return Invalid(kTuneField,
                    "needs spec.parallelism.tensor_partitions 0 (Alg. 1 per layer) and "
                    "spec.parallelism.tensor > 1");
-  }
-  if (cube && k != 1) {
-    return Invalid("spec.parallelism.tensor_partitions",
-                   "must be 1 with spec.parallelism.tensor_mode 3d (AccTFM's partitions are not "
-                   "built for the cube)");
   }
   if (cube && compression->enabled()) {
     return Invalid(kCompressionField,

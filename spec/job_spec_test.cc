@@ -1024,6 +1024,12 @@ TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {
   ExpectRejected(spec,
                  "spec.parallelism.tensor_partitions: must be 1 with "
                  "spec.parallelism.tensor_mode 3d");
+  // Partitions 0 default the tune steps to 2: the refusal still names the
+  // field the user set, not the default's.
+  spec.mutable_parallelism()->set_tensor_partitions(0);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_partitions: must be 1 with "
+                 "spec.parallelism.tensor_mode 3d");
   spec.mutable_parallelism()->set_tensor_partitions(1);
   // Tuning needs partitions 0: said as the cube's rule, not as "needs
   // tensor_partitions 0", which the cube refuses in turn.

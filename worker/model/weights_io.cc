@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/model/gpt_config.h"
 
@@ -27,6 +28,10 @@ absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want
                                       const Tensor& found) {
   RETURN_IF_ERROR(CheckFitsParameter(name, want, found.shape()));
   if (found.shape() == want) return found;
+  PT_LOG(WARNING) << name << ": the file's " << found.shape()[0]
+                  << " rows padded with zero rows to " << want[0]
+                  << "; the padded tokens' logits (0) start far above a trained model's, so the "
+                     "first steps' loss is well above the unpadded model's (see weights_io.h)";
   Tensor padded = Tensor::Zeros(want);
   std::memcpy(padded.data(), found.data(), static_cast<size_t>(found.size_bytes()));
   return padded;

@@ -41,8 +41,12 @@ absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>&
 // `found` as parameter `name` of shape `want`, when CheckFitsParameter
 // (gpt_config.h) allows it: `found` itself, or for a padded vocabulary a
 // new tensor of its rows followed by zero rows (padded token ids never
-// occur in the data; through the tied head a zero row gives them logit 0,
-// which training lowers). Its errors otherwise.
+// occur in the data), logged as a warning. A known limitation: through the
+// tied head a zero row gives the padded tokens logit 0, far above a trained
+// model's real logits (GPT-2's are well below 0), so they take most of the
+// probability and the first steps' loss is far above the unpadded model's
+// until training lowers them (llm.c instead leaves the padded columns out
+// of the softmax). Its errors otherwise.
 absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want,
                                       const Tensor& found);
 

@@ -1,5 +1,7 @@
 #include "coordinator/planner/tensor_partitions.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -263,12 +265,36 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
   return TensorParallelCostsOf(profile, tensor, passes);
 }
 
+namespace {
+
+// What a rank of a block unit or the head keeps of `whole` bytes (its stash,
+// or the head's transient): the replicated part, the LayerNorm's input and
+// output ([B, T, d] each, the unit's input size `input_bytes`) and its
+// per-token statistics, whole; the rest (q, k, v, the attention output
+// and probabilities of its heads; the MLP's hidden columns; the head's
+// logits and their gradient over its vocabulary slice) divided by T. The
+// statistics (8 bytes a token) are covered by 1/32 more of the input (d >=
+// 32), so the estimate does not fall below what a rank allocates.
+double RankShare(double whole, double input_bytes, int tensor) {
+  const double replicated = std::min(whole, 2 * input_bytes * 33.0 / 32.0);
+  return replicated + (whole - replicated) / tensor;
+}
+
+}  // namespace
+
 ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
                                    const std::vector<TensorParallelUnitLanes>& passes) {
   ModelProfile out = profile;
   for (size_t u = 0; u < profile.units.size(); ++u) {
     UnitProfile& unit = out.units[u];
     unit.weight_bytes = profile.units[u].weight_bytes / tensor;
+    const bool head = u > 0 && u + 1 == profile.units.size();
+    if (u > 0 && (IsTensorParallelBlockUnit(unit) || head)) {
+      const double input_bytes = profile.units[u - 1].activation_bytes;
+      unit.stash_bytes = RankShare(unit.stash_bytes, input_bytes, tensor);
+      // The head's transient is its logit gradient over the rank's slice.
+      if (head) unit.transient_bytes = RankShare(unit.transient_bytes, input_bytes, tensor);
+    }
     unit.optimizer_seconds = profile.units[u].optimizer_seconds / tensor;  // its shard's
     unit.fwd_seconds = PassSeconds(passes[u].forward);
     unit.bwd_seconds = PassSeconds(passes[u].backward);

@@ -106,9 +106,13 @@ absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spe
 //   head: forward + two all-reduces of a few floats per token (their
 //     latency only);
 //     backward + one all-reduce of its input's size.
-// Weights are divided by T (the shards; replicated vectors are small);
-// activations and stashes are kept (the replicated tensors dominate). The
-// partition counts are not cut to the micro-batch's samples here.
+// Weights are divided by T (the shards; replicated vectors are small). A
+// block unit's and the head's stash, and the head's transient (its logit
+// gradient), are a rank's share: the LayerNorm's input, output and
+// statistics whole, the rest (the heads' q, k, v, outputs and
+// probabilities, the MLP's hidden columns, the vocabulary slice's logits)
+// divided by T; other transients and activations are kept. The partition
+// counts are not cut to the micro-batch's samples here.
 // INVALID_ARGUMENT when tensor < 2 or a vector is not one count per unit.
 // The passes behind those costs, per unit (tensor_parallel_lanes.h), for
 // drawing the all-reduces on the simulated timeline; PassSeconds of each is

@@ -223,9 +223,11 @@ struct IterationResult {
   struct CollectiveStats {
     int64_t count = 0;
     int64_t bytes = 0;  // fp32 bytes of the tensors reduced or exchanged
-    // What their messages carried: fewer with PowerSGD (its factors'
-    // size); tensor_parallel: the bytes this rank sent (fp32 or payloads,
-    // with AccTFM's compression the token scores' all-reduce too).
+    // What their messages carried, data_parallel: each tensor once, in fp32,
+    // as PowerSGD's factors or as the quantizer encodes it (whatever the
+    // replica count; a ring sends 2(N-1)/N of it); tensor_parallel: the
+    // bytes this rank sent (fp32 or payloads, with AccTFM's compression the
+    // token scores' all-reduce too).
     int64_t wire_bytes = 0;
     // data_parallel on a replica device collective: the time to queue its
     // sums (they run on the device, beside the backward pass).

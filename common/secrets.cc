@@ -77,7 +77,8 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path) {
                   << absl::StrFormat("%04o", st.st_mode & 07777) << "); chmod o-r it";
 }
 
-absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path) {
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path,
+                                           SecretUse use) {
   // A directory opens as a stream that reads nothing: it would be "empty".
   if (struct stat st; stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -94,10 +95,11 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
   // Up to the limit, a line end ("\r\n") and one byte more: a file with
   // anything after a full-length token's line end is too long, not cut.
   while (secret.size() < kMaxSecretBytes + 3 && in.get(c)) secret.push_back(c);
-  return CheckedSecret(absl::StrCat(flag, ": ", path), std::move(secret));
+  return CheckedSecret(absl::StrCat(flag, ": ", path), std::move(secret), use);
 }
 
-absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret) {
+absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret,
+                                          SecretUse use) {
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " is empty"));
   if (secret.size() > kMaxSecretBytes) {
@@ -108,7 +110,12 @@ absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string s
     const unsigned char u = static_cast<unsigned char>(ch);
     // gRPC takes only printable ASCII in a header value (it aborts on any
     // other byte, a UTF-8 byte-order mark included), and REST trims spaces.
-    if (u <= 0x20 || u >= 0x7f) {
+    // A password (a request body) may hold UTF-8.
+    if (use == SecretUse::kPassword && (u <= 0x20 || u == 0x7f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " contains whitespace or control characters; a password is one word"));
+    }
+    if (use == SecretUse::kHeaderToken && (u <= 0x20 || u >= 0x7f)) {
       return absl::InvalidArgumentError(absl::StrCat(
           where,
           " contains whitespace, control or non-ASCII characters; a token is one word of "

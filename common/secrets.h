@@ -72,14 +72,22 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path);
 // Errors: NOT_FOUND (cannot read; the message names flag and path, and says
 // nothing about the contents), INVALID_ARGUMENT (a directory, empty, longer than
 // kMaxSecretBytes, or containing whitespace, control or non-ASCII characters).
-absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
+// What a secret is for: a token goes into a gRPC header (printable ASCII
+// only); a password (etcd's) travels in a request body, where any byte but
+// whitespace and control characters may stand.
+enum class SecretUse { kHeaderToken, kPassword };
+
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path,
+                                           SecretUse use = SecretUse::kHeaderToken);
 
 // `secret` without its trailing line end ("\n" or "\r\n", as a file or a
 // Kubernetes Secret holds it), checked as ReadSecretFile checks a file's:
 // INVALID_ARGUMENT "<where> is empty", "... holds more than N bytes" or
 // "... contains whitespace, control or non-ASCII characters" (no such value may reach
 // a gRPC header: the library aborts on it).
-absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret);
+// A kPassword may hold bytes past 0x7e (UTF-8).
+absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret,
+                                          SecretUse use = SecretUse::kHeaderToken);
 
 // A secret given by value (--<flag>) or by file (--<flag>-file), not both;
 // "" when neither. Errors: INVALID_ARGUMENT when both are given;

@@ -144,6 +144,14 @@ TEST(SecretFromFlagsTest, Value_CheckedAsAFilesToken) {
         << token;
   }
   EXPECT_EQ(SecretFromFlags("user-token", "!~tok", "").value_or("?"), "!~tok");
+  // An etcd password travels in a request body: UTF-8 is fine there, but
+  // whitespace still is not.
+  EXPECT_EQ(
+      CheckedSecret("--etcd-password-file", "p\xc3\xa4sswort", SecretUse::kPassword).value_or("?"),
+      "p\xc3\xa4sswort");
+  EXPECT_EQ(
+      CheckedSecret("--etcd-password-file", "pass word", SecretUse::kPassword).status().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(
       SecretFromFlags("user-token", std::string(kMaxSecretBytes + 1, 'a'), "").status().message(),
       absl::StrCat("--user-token holds more than ", kMaxSecretBytes, " bytes"));

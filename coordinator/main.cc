@@ -575,7 +575,8 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
     }
     if (!config.flags.etcd_user.empty()) {
       ASSIGN_OR_RETURN(config.etcd_password,
-                       ReadSecretFile("--etcd-password-file", config.flags.etcd_password_file));
+                       ReadSecretFile("--etcd-password-file", config.flags.etcd_password_file,
+                                      SecretUse::kPassword));
       if (config.flags.etcd_ca.empty()) {
         PT_LOG(WARNING) << "--etcd-user without --etcd-ca: the etcd password crosses the "
                            "network in plaintext";

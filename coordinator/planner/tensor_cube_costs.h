@@ -42,8 +42,9 @@
 // Also approximate: every all-reduce is priced as a ring
 // (2 (p - 1) steps) as the 1-D costs are, though the data plane runs
 // small ones by recursive doubling (log2 p steps) when p is a power of
-// two; and the memory of a unit (activation and stash bytes) is left as
-// the profile's, as in 1-D, although a cube unit keeps only its blocks.
+// two; and a unit's memory is the 1-D rank's share (TensorParallelCostsOf:
+// the LayerNorm's tensors whole, the rest over T), although a cube unit
+// keeps only its blocks (an over-estimate, on the safe side).
 //
 // Pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_CUBE_COSTS_H_

@@ -107,9 +107,6 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
   EXPECT_NEAR(backward, EvaluateSizes(problem, AccTfmPass::kBackward, {2, 2, 2, 2}).value(), 1e-12);
 }
 
-// AccTFM's hybrid compression shrinks only the block units' all-reduces:
-// keep 0.5 and 4-bit piecewise codes send 1/16 of the fp32 bytes plus the
-// payloads' headers.
 // A rank keeps its share of a unit's stash, not the whole: GPT-2 small at
 // seq 1024, 8 samples, T = 4, as the CPU backend's units save them. The
 // LayerNorm's input, output and statistics are whole; the heads' q, k, v,
@@ -152,6 +149,9 @@ TEST(TensorParallelUnitCostsTest, StashIsTheRanksShare_NotTheWholeUnits) {
   EXPECT_EQ(rank->units[0].stash_bytes, whole.units[0].stash_bytes);  // the embedding's
 }
 
+// AccTFM's hybrid compression shrinks only the block units' all-reduces:
+// keep 0.5 and 4-bit piecewise codes send 1/16 of the fp32 bytes plus the
+// payloads' headers.
 TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
   EXPECT_EQ(TensorParallelWireFraction("none", 512, 128).value(), 1.0);
   const double fraction =

@@ -431,6 +431,7 @@ int Run(const std::vector<std::string>& args) {
   // would be given a queued job, or taken as a spare, and then leave it).
   const bool drains = f.drain_timeout_seconds > 0;
   std::optional<absl::Status> drain_asked;
+  bool hurried = false;  // signalled again during the delay: go on now
   if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
     PT_LOG(INFO) << "received " << ShutdownSignalName(g_signal) << "; leaving"
                  << (g_signal == SIGHUP
@@ -441,7 +442,7 @@ int Run(const std::vector<std::string>& args) {
     if (f.shutdown_delay_seconds > 0) {
       PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
                    << " s (--shutdown-delay-seconds; signal again to go on now)";
-      AwaitWake(absl::Seconds(f.shutdown_delay_seconds));
+      hurried = AwaitWake(absl::Seconds(f.shutdown_delay_seconds)) == kSignalled;
     }
   } else {
     health.Drain("stopping: the worker cannot go on (see its log)");
@@ -450,9 +451,11 @@ int Run(const std::vector<std::string>& args) {
     // Asked again after the delay when the first ask met a passing failure
     // (a failover, a coordinator busy past the deadline): the coordinator
     // may lead again by now, and a worker that leaves undrained costs its
-    // job the steps since its last checkpoint.
-    const bool ask_again = !drain_asked.has_value() || absl::IsUnavailable(*drain_asked) ||
-                           absl::IsDeadlineExceeded(*drain_asked);
+    // job the steps since its last checkpoint. Not when a second signal
+    // asked to go on now.
+    const bool ask_again =
+        !drain_asked.has_value() ||
+        (!hurried && (absl::IsUnavailable(*drain_asked) || absl::IsDeadlineExceeded(*drain_asked)));
     absl::Status drained = ask_again ? agent.RequestDrain() : *drain_asked;
     if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;

@@ -324,12 +324,16 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   ApplyGrpcServerLimits(builder, "coordinator-follower");
   builder.RegisterCallbackGenericService(&follower);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  // Handed over at once: on every return from here (an error below, a
+  // signal, leadership) the caller stops it, detaching `health` first, or
+  // takes its port.
+  *follower_server = builder.BuildAndStart();
+  grpc::Server* server = follower_server->get();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on --grpc-address ", flags.grpc_address));
   }
-  health.Attach(server.get());
+  health.Attach(server);
   *follower_http =
       std::make_unique<HttpServer>(HttpServer::Options{.bearer_token = flags.user_token});
   ServeFollowerHttp(**follower_http, &health, leader, follower_metrics);
@@ -382,8 +386,8 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
     }
   }
   PT_LOG(INFO) << identity << " is the leader now";
-  // The caller frees the port once it is ready to serve on it.
-  *follower_server = std::move(server);
+  // The caller frees the port (*follower_server) once it is ready to serve
+  // on it.
   return port;
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/enum_names.h"
+#include "common/job_state.h"
 #include "common/metrics/build_info_metric.h"
 #include "coordinator/jobs/recovery_kind.h"
 #include "google/protobuf/descriptor.h"
@@ -53,6 +54,14 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Name("pipetrain_workers")
            .Help("Registered workers per state (JOINING, READY, ASSIGNED, LOST, LEFT).")
            .Register(*registry_);
+  jobs_checkpoint_failing_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_jobs_checkpoint_failing")
+           .Help(
+               "Jobs not ended whose checkpoint writes failed since their last complete "
+               "checkpoint: a lost worker sends such a job back to that checkpoint.")
+           .Register(*registry_)
+           .Add({});
   workers_drained_ = &prometheus::BuildGauge()
                           .Name("pipetrain_workers_drained")
                           .Help(
@@ -281,6 +290,11 @@ void CoordinatorMetrics::Refresh() {
     jobs_by_state_->Add({{"state", EnumShortName(state)}}).Set(it == counts.end() ? 0 : it->second);
   }
   const std::vector<JobManager::JobSummary> jobs = jobs_->Summaries();  // submission order
+  int failing = 0;
+  for (const JobManager::JobSummary& job : jobs) {
+    if (!IsTerminal(job.state) && job.checkpoint_failures > 0) ++failing;
+  }
+  jobs_checkpoint_failing_->Set(failing);
   RefreshWorkers();
   RefreshCurrentJob(jobs);
   CountTokens(jobs);

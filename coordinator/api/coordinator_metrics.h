@@ -179,6 +179,7 @@ class CoordinatorMetrics {
 
   prometheus::Family<prometheus::Gauge>* workers_by_state_;
   prometheus::Gauge* workers_drained_;
+  prometheus::Gauge* jobs_checkpoint_failing_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;

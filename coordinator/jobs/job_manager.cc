@@ -130,7 +130,8 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
     const v1::TrainingSpec& training = job.spec().training();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), job.state(),
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
-                   double(training.batch_size()) * double(training.seq_len())});
+                   double(training.batch_size()) * double(training.seq_len()),
+                   job.progress().checkpoint_failures()});
   }
   return out;
 }

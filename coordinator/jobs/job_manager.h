@@ -338,6 +338,9 @@ class JobManager {
     float loss = 0;
     float val_loss = 0;
     double tokens_per_step = 0;  // spec.training.batch_size x seq_len
+    // Checkpoint writes failed since its last complete checkpoint
+    // (progress.checkpoint_failures).
+    int64_t checkpoint_failures = 0;
   };
   std::vector<JobSummary> Summaries() const;
   // Answers once the state store has the cancel, with the job in the basic

@@ -1762,8 +1762,16 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().checkpoint_step(), 0);
   EXPECT_EQ(failed, 1);
-  // The job shows it, until a checkpoint completes.
+  // The job shows it, until a checkpoint completes; so does its summary,
+  // which pipetrain_jobs_checkpoint_failing counts.
   EXPECT_EQ(job.progress().checkpoint_failures(), 1);
+  const auto summary_failures = [&] {
+    for (const JobManager::JobSummary& s : jobs_->Summaries()) {
+      if (s.id == id) return s.checkpoint_failures;
+    }
+    return int64_t{-1};
+  };
+  EXPECT_EQ(summary_failures(), 1);
   EXPECT_EQ(job.progress().checkpoint_error(),
             "step 5, stage 1: RESOURCE_EXHAUSTED: No space left on device");
   for (int step = 6; step <= 10; ++step) Step(id, step);
@@ -1772,6 +1780,7 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(job.progress().checkpoint_step(), 10);
   EXPECT_EQ(job.progress().checkpoint_failures(), 0);
   EXPECT_EQ(job.progress().checkpoint_error(), "");
+  EXPECT_EQ(summary_failures(), 0);
 }
 
 // A stage sends its checkpoint report again when the answer was lost

@@ -40,6 +40,17 @@ TransportFactory GrpcTransports(Mailbox* mailbox) {
       };
 }
 
+// A registration's answer: worker w-1, `incarnation`, its session token
+// "w-1.<incarnation>.secret", heartbeats every `interval_seconds`.
+grpc::Status RegisteredAsW1(v1::RegisterWorkerResponse* response, int64_t incarnation = 1,
+                            double interval_seconds = 0.05) {
+  response->set_worker_id("w-1");
+  response->set_incarnation(incarnation);
+  response->set_session_token(absl::StrCat("w-1.", incarnation, ".secret"));
+  response->set_heartbeat_interval_seconds(interval_seconds);
+  return grpc::Status::OK;
+}
+
 // A scripted coordinator served on a free port of 127.0.0.1 and a data plane
 // receiving into `mailbox`, with the options an agent needs to reach them.
 struct AgentRig {
@@ -90,11 +101,7 @@ class ForgetfulCoordinator final : public NoAssignmentsCoordinator {
     if (registrations_.fetch_add(1) > 0) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "join token not accepted");
     }
-    response->set_worker_id("w-1");
-    response->set_incarnation(1);
-    response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(0.05);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
@@ -144,11 +151,7 @@ class StuckHeartbeatCoordinator final : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
-    response->set_worker_id("w-1");
-    response->set_incarnation(1);
-    response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(0.05);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
@@ -210,11 +213,7 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
     const int n = registrations_.fetch_add(1) + 1;
-    response->set_worker_id("w-1");
-    response->set_incarnation(n);
-    response->set_session_token(absl::StrCat("w-1.", n, ".secret"));
-    response->set_heartbeat_interval_seconds(0.05);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response, n);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
@@ -350,11 +349,7 @@ class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
     if (first_unavailable_ && drained_.size() == 1) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused");
     }
-    response->set_worker_id("w-1");
-    response->set_incarnation(1);
-    response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(0.05);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {
@@ -481,11 +476,7 @@ class LostWhileDrainingCoordinator final : public NoAssignmentsCoordinator {
     AnnotatedMutexLock lock(&mu_);
     drained_.push_back(request->drained());
     const int n = static_cast<int>(drained_.size());
-    response->set_worker_id("w-1");
-    response->set_incarnation(n);
-    response->set_session_token(absl::StrCat("w-1.", n, ".secret"));
-    response->set_heartbeat_interval_seconds(0.05);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response, n);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
@@ -683,11 +674,7 @@ class DeposedCoordinator final : public NoAssignmentsCoordinator {
   explicit DeposedCoordinator(std::string leader) : leader_(std::move(leader)) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
-    response->set_worker_id("w-1");
-    response->set_incarnation(1);
-    response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(60);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response, 1, 60);
   }
   grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest*,
                            v1::Worker*) override {
@@ -760,11 +747,7 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
         heartbeat_interval_seconds_(heartbeat_interval_seconds) {}
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
-    response->set_worker_id("w-1");
-    response->set_incarnation(1);
-    response->set_session_token("w-1.1.secret");
-    response->set_heartbeat_interval_seconds(heartbeat_interval_seconds_);
-    return grpc::Status::OK;
+    return RegisteredAsW1(response, 1, heartbeat_interval_seconds_);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
                          v1::HeartbeatResponse*) override {

@@ -106,20 +106,17 @@ absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string s
     return absl::InvalidArgumentError(
         absl::StrCat(where, " holds more than ", kMaxSecretBytes, " bytes"));
   }
+  // gRPC takes only printable ASCII in a header value (it aborts on any
+  // other byte, a UTF-8 byte-order mark included), and REST trims spaces. A
+  // password (a request body) may hold UTF-8.
+  const bool header = use == SecretUse::kHeaderToken;
   for (char ch : secret) {
     const unsigned char u = static_cast<unsigned char>(ch);
-    // gRPC takes only printable ASCII in a header value (it aborts on any
-    // other byte, a UTF-8 byte-order mark included), and REST trims spaces.
-    // A password (a request body) may hold UTF-8.
-    if (use == SecretUse::kPassword && (u <= 0x20 || u == 0x7f)) {
+    if (u <= 0x20 || u == 0x7f || (header && u > 0x7f)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, " contains whitespace or control characters; a password is one word"));
-    }
-    if (use == SecretUse::kHeaderToken && (u <= 0x20 || u >= 0x7f)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where,
-          " contains whitespace, control or non-ASCII characters; a token is one word of "
-          "printable ASCII"));
+          where, header ? " contains whitespace, control or non-ASCII characters; a token is one "
+                          "word of printable ASCII"
+                        : " contains whitespace or control characters; a password is one word"));
     }
   }
   return secret;

@@ -490,13 +490,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     // And a weights file where a checkpoint directory goes stops its writes.
     if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirUserLocked(weights)) {
       const std::string& theirs = other->job.spec().checkpoint().dir();
+      const bool inside = PathWithin(weights, theirs);
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path: \"", weights, "\" ",
-          PathWithin(weights, theirs) ? "lies in" : "holds", " the checkpoint directory \"", theirs,
-          "\" of job ", other->job.id(), " (", HolderState(*other),
-          PathWithin(weights, theirs)
-              ? "), whose checkpoints would replace or delete it; write it elsewhere"
-              : "), whose checkpoints it would stop; write it elsewhere"));
+          "spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
+          " the checkpoint directory \"", theirs, "\" of job ", other->job.id(), " (",
+          HolderState(*other),
+          inside ? "), whose checkpoints would replace or delete it; write it elsewhere"
+                 : "), whose checkpoints it would stop; write it elsewhere"));
     }
     // Where it starts from, resolved (links followed): a live job expires
     // its older checkpoints, and this job resumes from that one until it has

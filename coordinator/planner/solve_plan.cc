@@ -158,10 +158,10 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
   std::map<std::string, double> candidates;
   std::map<std::string, std::string> skipped;
   double total_solve = 0;
-  // When none applies: Bi-Partition's code (the most general solver: when it
-  // finds no plan, memory is what is short), and every solver's reason,
-  // Bi-Partition's first ("even the least overloaded plan needs ...").
-  absl::StatusCode none_code = absl::StatusCode::kResourceExhausted;
+  // When none applies: Bi-Partition's code (the most general solver, tried
+  // last: when it finds no plan, memory is what is short), and every
+  // solver's reason, Bi-Partition's first ("even the least overloaded plan
+  // needs ...").
   std::vector<std::string> reasons;
   for (const char* solver : {"uniform", "pipedream", "bipartition"}) {
     absl::StatusOr<SolvedPlan> plan = SolveOne(solver, problem, profile, cluster, options);
@@ -171,10 +171,9 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
           plan.status().code() == absl::StatusCode::kResourceExhausted) {
         skipped[solver] = plan.status().ToString();
         reasons.insert(reasons.begin(), absl::StrCat(solver, ": ", plan.status().message()));
-        none_code = plan.status().code();
         if (!best.ok()) {
-          best = absl::Status(
-              none_code, absl::StrCat("solver auto found no plan; ", absl::StrJoin(reasons, "; ")));
+          best = absl::Status(plan.status().code(), absl::StrCat("solver auto found no plan; ",
+                                                                 absl::StrJoin(reasons, "; ")));
         }
         continue;
       }

@@ -791,6 +791,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   JobManagerOptions job_options;
   job_options.state = &state;
   job_options.restart_grace = absl::Seconds(flags.restart_grace_seconds);
+  job_options.elapsed_clock = MonotonicClock();  // timeouts survive a step of the wall clock
   job_options.output_dir = flags.output_dir;
   job_options.data_roots = config.data_roots;
   job_options.network = config.network;

@@ -24,7 +24,11 @@ namespace pipetrain {
 
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
                        JobManagerOptions options)
-    : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {
+    : registry_(registry),
+      hub_(hub),
+      clock_(clock),
+      elapsed_clock_(options.elapsed_clock != nullptr ? options.elapsed_clock : clock),
+      options_(std::move(options)) {
   if (!options_.background_runner) background_ = std::make_unique<SerialExecutor>();
 }
 

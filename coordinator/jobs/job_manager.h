@@ -256,6 +256,14 @@ struct JobManagerOptions {
   // workers to register again before it re-plans without them, and a
   // restored queued job before its queue timeout may fail it.
   absl::Duration restart_grace = absl::Seconds(15);
+  // Judges how long things have taken (only differences of its readings
+  // count): queue and recovery timeouts, the restart grace, step and
+  // recovery times. The coordinator gives MonotonicClock(), so that a step
+  // of the wall clock (NTP, a resumed laptop) neither fails every waiting
+  // job at once nor lets one wait for ever. The manager's `clock` still
+  // dates what it shows (create and update times, plan history). nullptr:
+  // `clock` (a test's FakeClock moves both).
+  Clock* elapsed_clock = nullptr;
   // Where the long work runs, off the job manager's lock: a placement's
   // planning (the solver, the layout search, the compiler) and a finished
   // job's weights file. It is called under that lock, so it must only hand
@@ -458,7 +466,7 @@ class JobManager {
     // recorded while a job recovers or plans, so they still hold then).
     int64_t resume_step = 0;
     int64_t redone = 0;
-    absl::Time planning_start;
+    absl::Time planning_start;  // elapsed_clock_
     // kBoundary, kRecovery: the spare workers added to the job's own (its
     // survivors, or its workers not drained); a refused plan is tried again
     // without them (RetryWithoutJoinersLocked).
@@ -501,7 +509,7 @@ class JobManager {
     std::map<std::string, std::pair<int, Shape>> weight_owner;
     std::set<int> tied_embedding_stages;  // stages holding wte.weight
     std::vector<StageProgress> stages;
-    absl::Time last_step_time;
+    absl::Time last_step_time;  // elapsed_clock_
     // Whether a step of the current plan has completed: the first one's
     // time includes the workers' start (the corpus loaded, peers
     // connected, a checkpoint read), and is not throughput.
@@ -562,11 +570,16 @@ class JobManager {
     // for `late_sweep_by`: they may write a step or two after the end.
     std::vector<std::string> late_sweep_workers;
     absl::Time late_sweep_since, late_sweep_by;
-    // While RECOVERING: when the loss was detected, why, which workers are
-    // known lost, and the other former workers, who must prove they are
-    // alive (a heartbeat after `recovery_started`) or be declared LOST
-    // before the job re-plans.
+    // While RECOVERING: when the loss was detected (elapsed_clock_), why,
+    // which workers are known lost, and the other former workers, who must
+    // prove they are alive (a heartbeat since `recovery_started`) or be
+    // declared LOST before the job re-plans.
     absl::Time recovery_started;
+    // Each of `survivors`' last heartbeat as the registry showed it when the
+    // recovery started (InfinitePast: not registered): one it shows since
+    // that differs is a heartbeat after it. Compared for a change, not for
+    // order, as those times are the wall clock's, which may step back.
+    std::map<std::string, absl::Time> heartbeat_at_recovery;
     std::string recovery_reason;
     std::map<std::string, int64_t> lost;  // worker id -> incarnation lost
     std::vector<std::string> survivors;
@@ -595,14 +608,18 @@ class JobManager {
     // it resets recoveries_without_progress.
     int64_t furthest_checkpoint_step = 0;
     // After a re-plan, until the first step completes on it (for the
-    // recovery time): when the loss was detected, and the two phases.
+    // recovery time): when the loss was detected, and the two phases
+    // (elapsed_clock_, as the re-plan's time).
     std::optional<absl::Time> recovering_since;
     double recovery_waiting_seconds = 0, recovery_planning_seconds = 0;
     absl::Time replanned_at;
     // A job restored after a restart waits this long for its LOST former
-    // workers to register again.
+    // workers to register again (elapsed_clock_).
     absl::Time restart_grace_until;
-    absl::Time last_persisted;
+    absl::Time last_persisted;  // elapsed_clock_
+    // When it was submitted, on elapsed_clock_ (restored: as long ago as
+    // its create_time): its queue timeout counts from there.
+    absl::Time queued_since;
     // Whether a save of this job had to leave parts out to fit the store
     // (stored_job_fit.h): said once in the log, not at every save.
     bool stored_record_trimmed = false;
@@ -891,6 +908,10 @@ class JobManager {
   void StartRecoveryLocked(JobRecord& record, const std::string& lost, const std::string& reason,
                            RecoveryKind kind, int64_t lost_incarnation = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes each of record.survivors' last heartbeat as the registry shows
+  // it now (record.heartbeat_at_recovery), for TryReplanLocked to tell
+  // which have been heard since.
+  void NoteSurvivorHeartbeatsLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans a RECOVERING job once its former workers are accounted for
   // and enough are READY; else it waits (its reason says for what).
   // `reserved`: the workers no job may take as spares (HeldWorkersLocked:
@@ -1169,6 +1190,7 @@ class JobManager {
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
   Clock* clock_;
+  Clock* const elapsed_clock_;  // options_.elapsed_clock, or clock_
   const JobManagerOptions options_;
   mutable AnnotatedMutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

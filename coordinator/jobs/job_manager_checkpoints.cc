@@ -269,12 +269,12 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
   if (written.ok()) return;
   PT_LOG(WARNING) << "job " << m.job_id << ": " << written << "; trying again in 5 s";
   AnnotatedMutexLock lock(&mu_);
-  if (unwritten_manifests_.empty()) next_manifest_retry_ = clock_->Now() + absl::Seconds(5);
+  if (unwritten_manifests_.empty()) next_manifest_retry_ = elapsed_clock_->Now() + absl::Seconds(5);
   unwritten_manifests_.push_back(m);
 }
 
 void JobManager::RetryManifestsLocked() {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   if (unwritten_manifests_.empty() || now < next_manifest_retry_) return;
   next_manifest_retry_ = now + absl::Seconds(5);
   for (ManifestToWrite& m : unwritten_manifests_) {

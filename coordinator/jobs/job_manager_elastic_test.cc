@@ -115,6 +115,7 @@ class JobManagerElasticTest : public ::testing::Test {
       options.state = state_.get();
     }
     options.background_runner = background_.Runner();
+    if (separate_elapsed_clock_) options.elapsed_clock = &elapsed_clock_;
     jobs_ = std::make_unique<JobManager>(&registry_, &hub_, &clock_, options);
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
@@ -413,6 +414,10 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  // The job manager's elapsed clock when separate_elapsed_clock_ is set
+  // before Reset (clock_ is then only the wall clock, which tests step).
+  FakeClock elapsed_clock_;
+  bool separate_elapsed_clock_ = false;
   // What saving a worker's record does (on the registry's store thread);
   // unset: saved at once.
   std::function<absl::Status(const v1::Worker&)> on_persist_;
@@ -2715,6 +2720,48 @@ TEST_F(JobManagerElasticTest, WorkerLost_SurvivorCannotHoldTheModel_WaitsForItsR
                                 "spec.scheduling.queue_timeout: the plan on " +
                                     w1 + " does not fit"))
       << job.reason();
+}
+
+// Waits are judged on the elapsed clock (monotonic in the coordinator): a
+// step of the wall clock forward fails no waiting job, and a step back
+// hides no survivor's heartbeat (its time is then before the loss's).
+TEST_F(JobManagerElasticTest, WallClockSteps_NeitherFailWaitingJobsNorHideSurvivors) {
+  separate_elapsed_clock_ = true;
+  Reset(/*with_state=*/false);
+  const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  const std::string id = Submit(spec).value().id();
+  v1::JobSpec wide = ElasticSpec(3, 5);  // waits: two workers registered
+  wide.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  const std::string queued = Submit(wide).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+
+  clock_.Advance(absl::Hours(2));
+  elapsed_clock_.Advance(absl::Seconds(1));
+  HeartbeatAllAndSchedule({w1});
+  v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  job = jobs_->Get(queued).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.reason();
+
+  // Back by three hours: w1's heartbeats are dated before the loss now.
+  clock_.Advance(absl::Hours(-3));
+  ASSERT_EQ(AddWorker(7002, kHalfModelMemory), w2);  // w2 restarted
+  HeartbeatAllAndSchedule({w1, w2});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.progress().step(), 5);
+
+  // The queued job's timeout still counts, on the elapsed clock.
+  elapsed_clock_.Advance(absl::Seconds(60));
+  Schedule();
+  job = jobs_->Get(queued).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.reason();
 }
 
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {

@@ -702,7 +702,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.job.set_state(v1::JOB_STATE_RUNNING);
   record.job.set_plan_version(record.plan.version());
   record.job.set_reason("");
-  record.last_step_time = clock_->Now();
+  record.last_step_time = elapsed_clock_->Now();
   record.stepped_on_plan = false;
   TouchLocked(record);
   PersistLocked(record).IgnoreError();  // logged
@@ -714,7 +714,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     record.recovering_since = record.recovery_started;
     record.recovery_waiting_seconds =
         absl::ToDoubleSeconds(pending.planning_start - record.recovery_started);
-    record.replanned_at = clock_->Now();
+    record.replanned_at = elapsed_clock_->Now();
     record.recovery_planning_seconds =
         absl::ToDoubleSeconds(record.replanned_at - pending.planning_start);
   }
@@ -790,7 +790,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   record.pending.reset();
   record.job.set_state(v1::JOB_STATE_RECOVERING);
   record.job.set_reason(absl::StrCat("recovering: ", why));
-  record.recovery_started = clock_->Now();
+  record.recovery_started = elapsed_clock_->Now();
   record.recovery_reason = why;
   record.recovering_since.reset();
   record.lost.clear();
@@ -800,6 +800,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
     if (w != lost) record.survivors.push_back(w);
     StopWorkerLocked(record, w);
   }
+  NoteSurvivorHeartbeatsLocked(record);
   registry_->Release(record.job.id());
   record.checkpoints->ClearPending();
   // The redone steps end with a fresh upload: the partial file goes now.
@@ -808,6 +809,15 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   PersistLocked(record).IgnoreError();  // logged
   if (events_.recovery_started) events_.recovery_started(kind);
   PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << why;
+}
+
+void JobManager::NoteSurvivorHeartbeatsLocked(JobRecord& record) {
+  record.heartbeat_at_recovery.clear();
+  for (const std::string& w : record.survivors) {
+    absl::StatusOr<v1::Worker> worker = registry_->Get(w);
+    record.heartbeat_at_recovery[w] =
+        worker.ok() ? FromProtoTimestamp(worker->last_heartbeat()) : absl::InfinitePast();
+  }
 }
 
 void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved) {
@@ -823,7 +833,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
     const bool gone = !worker.ok() || worker->state() == v1::WORKER_STATE_LOST ||
                       worker->state() == v1::WORKER_STATE_LEFT;
-    if (gone && clock_->Now() < record.restart_grace_until) {
+    if (gone && elapsed_clock_->Now() < record.restart_grace_until) {
       waiting = true;  // after a restart: it may still register again
       continue;
     }
@@ -835,14 +845,16 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     // JOINING: a new incarnation whose registration is being saved (READY,
     // or LOST if the save fails, within the store's time): left out now,
     // it would only join at a later boundary, after a plan without it.
-    if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started ||
-        worker->state() == v1::WORKER_STATE_JOINING) {
+    const auto at_recovery = record.heartbeat_at_recovery.find(w);
+    const bool heard_since = at_recovery == record.heartbeat_at_recovery.end() ||
+                             FromProtoTimestamp(worker->last_heartbeat()) != at_recovery->second;
+    if (!heard_since || worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
     } else if (worker->state() == v1::WORKER_STATE_READY) {
       alive.push_back(w);
     }
   }
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   if (waiting) {
     record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason,
                                        "; waiting to hear from the other workers"));

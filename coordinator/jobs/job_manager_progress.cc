@@ -281,7 +281,7 @@ bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgres
                                      p->mutable_loss_history()->begin() + drop);
     p->set_loss_history_start(p->loss_history_start() + drop);
   }
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   // The step's wall time, less the validation pass the loss stage ran
   // after it (training throughput, not evaluation).
   const double seconds = absl::ToDoubleSeconds(now - record.last_step_time) - r.eval_seconds();

@@ -32,7 +32,7 @@ void JobManager::ScheduleQueued() {
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
   CancelProfilesOfLostWorkersLocked();
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   // Counted once a pass, when a waiting job first needs it (it reads every
   // READY worker's record).
   std::optional<size_t> drained_ready_count;
@@ -67,7 +67,7 @@ void JobManager::ScheduleQueued() {
           "waiting for ", need, cpu_only ? " READY CPU workers (" : " READY workers (",
           ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready), drained_ready()),
           cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU backend only)" : ")");
-      const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
+      const absl::Duration waited = now - record.queued_since;
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
                   absl::StrCat("not placed within spec.scheduling.queue_timeout (",

@@ -68,7 +68,7 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
                     << "this coordinator shows (a restart shows that): " << trimmed;
   }
   record.stored_record_trimmed = !trimmed.empty();
-  record.last_persisted = clock_->Now();
+  record.last_persisted = elapsed_clock_->Now();
   return stored;
 }
 
@@ -190,7 +190,7 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
 }
 
 void JobManager::RetryUnsavedLocked() {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   if (unsaved_.empty() || now < next_save_retry_) return;
   next_save_retry_ = now + absl::Seconds(1);
   const std::set<std::string> ids = std::move(unsaved_);
@@ -213,7 +213,7 @@ void JobManager::DeleteStoredJob(const std::string& id) {
 }
 
 void JobManager::RetryDeletesLocked() {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   if (undeleted_.empty() || now < next_delete_retry_) return;
   next_delete_retry_ = now + absl::Seconds(1);
   for (const std::string& id : undeleted_) io_.Post([this, id] { DeleteStoredJob(id); });
@@ -230,6 +230,7 @@ absl::Status JobManager::Restore() {
   });
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
+  const absl::Time elapsed_now = elapsed_clock_->Now();
   int resumed = 0;
   // Failed by this restart, and whether its checkpoints' leftovers go.
   std::vector<std::pair<std::string, bool>> failed_by_restart;
@@ -387,8 +388,12 @@ absl::Status JobManager::Restore() {
     // Restored waiting: its workers get the grace period to register again
     // before a queue timeout that passed while the coordinator was down
     // fails it (its wait counts from its creation).
+    // As long ago as its create_time says (no clock survives a restart).
+    record->queued_since =
+        elapsed_now -
+        std::max(absl::ZeroDuration(), now - FromProtoTimestamp(record->job.create_time()));
     if (record->job.state() == v1::JOB_STATE_QUEUED) {
-      record->restart_grace_until = now + options_.restart_grace;
+      record->restart_grace_until = elapsed_now + options_.restart_grace;
     } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
                state == v1::JOB_STATE_RECOVERING) {
       if (!profile_mismatch.empty()) {
@@ -404,9 +409,10 @@ absl::Status JobManager::Restore() {
         record->job.set_state(v1::JOB_STATE_RECOVERING);
         record->recovery_reason = "the coordinator restarted";
         record->job.set_reason("recovering: the coordinator restarted");
-        record->recovery_started = now;
-        record->restart_grace_until = now + options_.restart_grace;
+        record->recovery_started = elapsed_now;
+        record->restart_grace_until = elapsed_now + options_.restart_grace;
         record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
+        NoteSurvivorHeartbeatsLocked(*record);
         ++resumed;
         if (events_.recovery_started) events_.recovery_started(RecoveryKind::kCoordinatorRestart);
       }

@@ -640,6 +640,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     if (created <= last_create_time_) created = last_create_time_ + absl::Nanoseconds(1);
     last_create_time_ = created;
     *record->job.mutable_create_time() = ToProtoTimestamp(created);
+    record->queued_since = elapsed_clock_->Now();
     TouchLocked(*record);
     record->resolved = std::move(resolved);
     if (options_.state != nullptr) stored = StoredJobLocked(*record);

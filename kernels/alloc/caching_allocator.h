@@ -13,7 +13,10 @@
 // stream whose size S satisfies R <= S <= R * max_fit_ratio (R the rounded
 // request, default ratio 2), ties broken by lowest address. A 64 MiB block is
 // therefore never spent on a 1 KiB request; at most half of a handed-out
-// block is waste. Blocks are never split or merged (a simple first version:
+// block lies beyond the rounded request. Rounding adds its own waste on top:
+// a request just over large_threshold (1 MiB + 1 B) rounds to 2 MiB and may
+// take a cached 4 MiB block, three quarters of it unused (and counted in
+// bytes_in_use). Blocks are never split or merged (a simple first version:
 // fragmentation is bounded by the ratio, not removed).
 //
 // Streams: StreamId is an opaque uintptr_t, in practice a cudaStream_t cast.

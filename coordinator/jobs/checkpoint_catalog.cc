@@ -235,10 +235,10 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
   return out;
 }
 
-std::vector<int64_t> CheckpointCatalog::ForgetAfter(int64_t step) {
-  std::vector<int64_t> forgotten;
+std::vector<v1::ResumeFrom> CheckpointCatalog::ForgetAfter(int64_t step) {
+  std::vector<v1::ResumeFrom> forgotten;
   while (!complete_.empty() && complete_.back().step() > step) {
-    forgotten.push_back(complete_.back().step());
+    forgotten.push_back(complete_.back());
     incomplete_.insert(complete_.back().step());
     complete_.pop_back();
   }

@@ -98,8 +98,10 @@ class CheckpointCatalog {
   // later one whose last loss never arrived) are forgotten, their steps
   // redone. The redo writes their files again (other bytes under another
   // layout) and completes them anew; their directories count as
-  // incomplete until then (TakeIncomplete). Returns their steps.
-  std::vector<int64_t> ForgetAfter(int64_t step);
+  // incomplete until then (TakeIncomplete). Returns them, newest first: the
+  // caller removes their directories (their manifests would otherwise name
+  // the old checksums while the redo replaces the files).
+  std::vector<v1::ResumeFrom> ForgetAfter(int64_t step);
   // Forgets incomplete steps (a re-plan: the new plan's stages report again).
   // Their directories stay: the new plan may be writing the same steps;
   // TakeIncomplete hands them over at the job's end unless they complete.

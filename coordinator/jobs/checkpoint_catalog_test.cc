@@ -157,7 +157,11 @@ TEST_F(CheckpointCatalogTest, ForgetAfter_LaterCheckpointsRedoneAndCompletedAnew
   ASSERT_TRUE(Report(1, 5));
   ASSERT_FALSE(Report(0, 6));
   ASSERT_TRUE(Report(1, 6));
-  EXPECT_EQ(catalog_.ForgetAfter(5), std::vector<int64_t>{6});
+  const std::vector<v1::ResumeFrom> forgotten = catalog_.ForgetAfter(5);
+  ASSERT_EQ(forgotten.size(), 1u);
+  EXPECT_EQ(forgotten[0].step(), 6);
+  EXPECT_EQ(forgotten[0].dir(),
+            catalog_.Latest()->dir().substr(0, forgotten[0].dir().rfind('/')) + "/step-00000006");
   EXPECT_FALSE(catalog_.Holds(6));
   ASSERT_NE(catalog_.Latest(), nullptr);
   EXPECT_EQ(catalog_.Latest()->step(), 5);
@@ -175,7 +179,9 @@ TEST_F(CheckpointCatalogTest, ForgetAfter_StepNeverRedone_HandedOverAsIncomplete
   ASSERT_TRUE(Report(1, 7));
   ASSERT_FALSE(Report(0, 8));
   ASSERT_TRUE(Report(1, 8));
-  ASSERT_EQ(catalog_.ForgetAfter(7), std::vector<int64_t>{8});
+  const std::vector<v1::ResumeFrom> forgotten = catalog_.ForgetAfter(7);
+  ASSERT_EQ(forgotten.size(), 1u);
+  ASSERT_EQ(forgotten[0].step(), 8);
   const std::vector<v1::ResumeFrom> incomplete = catalog_.TakeIncomplete();
   ASSERT_EQ(incomplete.size(), 1u);
   EXPECT_EQ(incomplete[0].step(), 8);

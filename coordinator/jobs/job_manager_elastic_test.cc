@@ -1325,6 +1325,9 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) 
   for (int step = 14; step <= 25; ++step) Step(id, step);
   CheckpointAll(id, 26);
   ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 26);
+  jobs_->FlushIo();
+  const std::string step26 = absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000026");
+  ASSERT_TRUE(std::filesystem::exists(step26 + "/manifest.json"));
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const std::string w3 = AddWorker(7003);
   HeartbeatAllAndSchedule({w1, w3});
@@ -1333,6 +1336,11 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) 
   ASSERT_EQ(job.progress().step(), 13);
   EXPECT_EQ(job.progress().checkpoint_step(), 13);
   jobs_->FlushIo();
+  // Its manifest (the old checksums) went with the forgotten checkpoint: no
+  // export or init.from takes step 26 while the redo replaces its files.
+  EXPECT_FALSE(std::filesystem::exists(step26 + "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(
+      absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000013/manifest.json")));
   std::vector<store::StoredJob> stored = state_->LoadJobs().value();
   ASSERT_EQ(stored.size(), 1u);
   ASSERT_EQ(stored[0].checkpoints_size(), 1);
@@ -1358,7 +1366,7 @@ TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) 
   }
   EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 26);
   jobs_->FlushIo();
-  std::ifstream in(absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000026/manifest.json"));
+  std::ifstream in(step26 + "/manifest.json");
   const std::string manifest((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   EXPECT_TRUE(absl::StrContains(manifest, redone)) << manifest;

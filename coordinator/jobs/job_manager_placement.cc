@@ -567,11 +567,22 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     // Complete checkpoints beyond the resume point are redone: held, the
     // redo's files would be checked against their old checksums (other
     // bytes under another layout) and a step boundary among or below them
-    // would never complete.
+    // would never complete. Their files go now, manifest first (as a
+    // dropped checkpoint's): kept while the redo replaces the files one by
+    // one, `init.from: <the job's directory>` and `checkpoint export` would
+    // take a manifest of old checksums for the newest checkpoint. The redo
+    // writes them only after this plan's assignments go out.
     if (record.checkpoints != nullptr) {
-      for (int64_t step : record.checkpoints->ForgetAfter(pending.resume_step)) {
-        PT_LOG(INFO) << "job " << id << ": checkpoint of step " << step
+      std::vector<v1::ResumeFrom> forgotten = record.checkpoints->ForgetAfter(pending.resume_step);
+      for (const v1::ResumeFrom& f : forgotten) {
+        PT_LOG(INFO) << "job " << id << ": checkpoint of step " << f.step()
                      << " forgotten: the recovery resumes before it and redoes it";
+      }
+      if (!forgotten.empty() && !options_.output_dir.empty()) {
+        io_.Post([output_dir = options_.output_dir, id, gone = std::move(forgotten),
+                  before = absl::Now()] {
+          job_manager_internal::RemoveCheckpointDirs(output_dir, id, gone, before);
+        });
       }
       const v1::ResumeFrom* latest = record.checkpoints->Latest();
       p->set_checkpoint_step(latest != nullptr ? latest->step() : 0);

@@ -18,6 +18,7 @@
 #include "common/confined_path.h"
 #include "common/status_macros.h"
 #include "common/temp_file.h"
+#include "common/utf8_prefix.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_manifest.h"
 
@@ -297,7 +298,7 @@ std::string CheckpointCatalog::StepDirMismatch(const v1::ResumeFrom& c) const {
     return absl::StrCat(which, ": steps must ascend within [1, ", steps_, ")");
   }
   if (c.dir() != StepDir(spec_.dir(), c.step())) {
-    return absl::StrCat(which, " names directory \"", c.dir().substr(0, 256), "\", not \"",
+    return absl::StrCat(which, " names directory \"", Utf8Prefix(c.dir(), 256), "\", not \"",
                         StepDir(spec_.dir(), c.step()), "\"");
   }
   return "";

@@ -91,7 +91,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
       StartRecoveryLocked(
           record, "",
           absl::StrCat("the checkpoint of step ", c.step(), " (", record.boundary_reason,
-                       ") failed on stage ", stage, ": ", c.error().substr(0, 1024)),
+                       ") failed on stage ", stage, ": ", Utf8Prefix(c.error(), 1024)),
           RecoveryKind::kCheckpointFailed);
     }
     return absl::OkStatus();

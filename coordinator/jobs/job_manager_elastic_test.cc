@@ -1860,10 +1860,16 @@ TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDr
   r.set_plan_version(1);
   r.set_iteration(boundary - 1);
   r.mutable_checkpoint()->set_step(boundary);
-  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  // Long, with a two-byte character across the 1024 bytes quoted: the
+  // reason must stay UTF-8 (a stored one that is not would not parse).
+  std::string error = "RESOURCE_EXHAUSTED: No space left on device; ";
+  error.resize(1023, 'x');
+  r.mutable_checkpoint()->set_error(error + "\xc3\xa9 (\"caf\xc3\xa9\")");
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  v1::Job parsed;
+  EXPECT_TRUE(parsed.ParseFromString(job.SerializeAsString())) << "reason not UTF-8";
   EXPECT_TRUE(absl::StrContains(
       job.reason(), "the checkpoint of step " + std::to_string(boundary) + " (" + w2 + " drained"))
       << job.reason();

@@ -357,16 +357,20 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
                                                      "]"));
     }
   }
-  if (r.weights_digest().size() > 64) {
+  const auto sha256_hex = [](const std::string& digest) {
+    return digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char c) {
+             return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+           });
+  };
+  // Quoted in a failed job's reason (cut to 12 characters, which must not
+  // split a multi-byte one: a stored reason that is not UTF-8 does not
+  // parse, and the coordinator would not restart).
+  if (!r.weights_digest().empty() && !sha256_hex(r.weights_digest())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ReportProgressRequest.weights_digest: ", r.weights_digest().size(),
-                     " bytes exceeds the limit of 64"));
+        "ReportProgressRequest.weights_digest: not 64 lowercase hex digits");
   }
   // Shown to users (Job.data_sha256) and compared byte for byte.
-  if (!r.data_sha256().empty() &&
-      (r.data_sha256().size() != 64 ||
-       !std::all_of(r.data_sha256().begin(), r.data_sha256().end(),
-                    [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))) {
+  if (!r.data_sha256().empty() && !sha256_hex(r.data_sha256())) {
     return absl::InvalidArgumentError(
         "ReportProgressRequest.data_sha256: not 64 lowercase hex digits");
   }

@@ -610,8 +610,13 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
         r.add_micro_batch_losses(w == w0 ? 1.0f : 9.0f);
         r.add_micro_batch_losses(w == w0 ? 2.0f : 9.0f);
         r.set_finished(last);
-        if (last)
+        if (last) {
+          // Only a SHA-256 in hex: a digest is quoted, cut, in the reason
+          // (11 bytes and a two-byte character would be cut inside it).
+          r.set_weights_digest(std::string(11, 'b') + "\xc3\xa9");
+          EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
           r.set_weights_digest(diverge && w == w1 ? std::string(64, 'b') : std::string(64, 'a'));
+        }
         ASSERT_TRUE(jobs_.ReportProgress(r).ok());
       }
     }
@@ -621,6 +626,8 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
               (std::vector<float>{1.5f, 1.5f, 1.5f}));
     if (diverge) {
       EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+      v1::Job parsed;
+      EXPECT_TRUE(parsed.ParseFromString(job.SerializeAsString())) << "reason not UTF-8";
       EXPECT_TRUE(absl::StrContains(job.reason(),
                                     "data-parallel replicas diverged: stage 0 of "
                                     "replica 1"))

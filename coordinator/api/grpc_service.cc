@@ -215,24 +215,15 @@ void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& req
   // What the job took, only: a retried report, one of a stopped plan or
   // another replica's losses would count twice or for nothing.
   if (counted.step) metrics_->CountStep();
-  if (!counted.stage_time) return;
-  absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
-  if (!job.ok()) return;
+  if (!counted.stage_time || counted.workers <= 0) return;
   // worker_ids is in plan order: replica-major, then stage, tensor rank
   // innermost (the spec carries the layout a plan chose). A stage's
   // counters get the mean of its workers' times.
-  const auto& ids = job->worker_ids();
-  const int replicas = std::max(1, job->spec().parallelism().data());
-  const int tensor = std::max(1, job->spec().parallelism().tensor());
-  const int workers = ids.size();
+  const int workers = counted.workers, replicas = counted.replicas, tensor = counted.tensor;
   const double share = workers % (replicas * tensor) == 0 ? 1.0 / (replicas * tensor) : 1.0;
-  for (int g = 0; g < workers; ++g) {
-    if (ids[g] == request.worker_id()) {
-      metrics_->AddStageTime(CoordinatorMetrics::PipelineStageOf(g, workers, replicas, tensor),
-                             request.busy_seconds() * share, request.idle_seconds() * share);
-      return;
-    }
-  }
+  metrics_->AddStageTime(
+      CoordinatorMetrics::PipelineStageOf(counted.worker_index, workers, replicas, tensor),
+      request.busy_seconds() * share, request.idle_seconds() * share);
 }
 
 grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights(

@@ -380,6 +380,10 @@ class JobManager {
   struct ProgressCounted {
     bool stage_time = false;  // its busy and idle seconds were added
     bool step = false;        // its losses made the job's step
+    // With stage_time: the reporter's place in Job.worker_ids (of
+    // `workers`) and the job's replicas and tensor ranks (at least 1), so
+    // that the caller need not copy the whole job to find its stage.
+    int worker_index = 0, workers = 0, replicas = 1, tensor = 1;
   };
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request, ProgressCounted* counted = nullptr);

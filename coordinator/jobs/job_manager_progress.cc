@@ -153,6 +153,10 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   stage.iterations_done = r.iteration() + 1;
   counted->stage_time = true;
+  counted->worker_index = stage_index;
+  counted->workers = record->job.worker_ids_size();
+  counted->replicas = std::max(1, record->job.spec().parallelism().data());
+  counted->tensor = std::max(1, record->job.spec().parallelism().tensor());
   if (r.has_trace()) AddTraceLocked(*record, stage_index, r.trace());
   if (stage_index < record->job.progress().stage_times_size()) {
     v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);

@@ -2698,6 +2698,43 @@ TEST_F(JobManagerElasticTest, TwoWorkersLost_ReplacementsRegisteringOneByOne_Tri
   EXPECT_EQ(job.progress().step(), 5);
 }
 
+// The replacements a recovering job waits for are its own: a job queued
+// meanwhile does not take the first to register (the recovering one then
+// waited for a third it could never have, until its queue timeout).
+TEST_F(JobManagerElasticTest, Recovering_ReplacementsNotTakenByAQueuedJob) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec spec = ElasticSpec(3, 5);
+  spec.mutable_elastic()->set_min_workers(3);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const std::string queued = Submit(ElasticSpec(1, 0)).value().id();
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_EQ(AddWorker(7002), w2);
+  HeartbeatAllAndSchedule({w1, w2});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for 3 READY workers (2 ready)"))
+      << job.reason();
+  v1::Job waiting = jobs_->Get(queued).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
+  EXPECT_TRUE(absl::StrContains(waiting.reason(), "held for another job")) << waiting.reason();
+  ASSERT_EQ(AddWorker(7003), w3);
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  // Spares are anyone's once it runs: the queued job takes the next.
+  AddWorker(7004);
+  Schedule();
+  waiting = jobs_->Get(queued).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_RUNNING) << waiting.reason();
+}
+
 TEST_F(JobManagerElasticTest, WorkerLost_SurvivorCannotHoldTheModel_WaitsForItsRestartOrTimesOut) {
   const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
   v1::JobSpec spec = ElasticSpec(2, 5);

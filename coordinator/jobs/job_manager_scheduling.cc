@@ -49,6 +49,16 @@ void JobManager::ScheduleQueued() {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
   }
+  // One still recovering waits for workers (too few for its minimum, a
+  // plan with more memory, survivors to be heard from): the spares it
+  // could use are its own (NoJobWaitsForSparesLocked), not a queued job's.
+  // Taken by a later job one by one as they registered, they left it
+  // waiting until its queue timeout failed it.
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_.at(id);
+    if (record.job.state() != v1::JOB_STATE_RECOVERING) continue;
+    for (std::string& w : SparesForLocked(record, reserved)) reserved.insert(std::move(w));
+  }
   // A job being profiled is being placed: the worker it profiles on stays
   // READY meanwhile, so later jobs wait rather than take it (and say so).
   std::string profiling;

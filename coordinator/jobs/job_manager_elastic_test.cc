@@ -843,6 +843,28 @@ TEST_F(JobManagerElasticTest, ManifestWriteFails_WrittenAgainLater) {
   EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
 }
 
+// A coordinator that stopped while a complete checkpoint's manifest waited
+// for its retry (in memory only): the next one writes it at its restore.
+TEST_F(JobManagerElasticTest, ManifestMissingAtARestart_WrittenByTheNextCoordinator) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("manifest-restart");  // job ids repeat across tests
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 6; ++step) Step(id, step);
+  const std::string manifest = OutputDir() + "/manifest-restart/step-00000005/manifest.json";
+  std::filesystem::create_directories(manifest + "/in-the-way");
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  ASSERT_TRUE(std::filesystem::is_directory(manifest));
+  std::filesystem::remove_all(manifest);
+  RestartCoordinator({w1, w2});
+  jobs_->FlushIo();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+}
+
 // A step one stage never reported (its write failed) cannot complete once
 // a later one has: its directory, with what the other stages wrote, goes.
 TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) {

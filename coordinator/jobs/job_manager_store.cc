@@ -487,6 +487,35 @@ absl::Status JobManager::Restore() {
                  << " expired checkpoint(s) left by the previous coordinator";
     io_.Post([this, id, doomed] { RemoveExpiring(id, doomed, /*save_after=*/true); });
   }
+  // Complete checkpoints without a manifest: the previous coordinator
+  // stopped between the save that completed one and its manifest's write,
+  // or while a failed write waited for its retry (held in memory only).
+  // Without it, export and init.from on the directory take an older step,
+  // and a new job could reuse the directory over it. Written now, unless
+  // another job's checkpoint directory overlaps (it may have written the
+  // same steps since).
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_[id];
+    if (options_.output_dir.empty() || record.checkpoints == nullptr ||
+        record.checkpoints->Latest() == nullptr ||
+        OtherCheckpointDirUserLocked(record) != nullptr) {
+      continue;
+    }
+    std::vector<ManifestToWrite> manifests;
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) {
+      manifests.push_back(ManifestToWrite{options_.output_dir, id, record.resolved.spec.model(),
+                                          record.resolved.train.seed, c});
+    }
+    io_.Post([this, manifests = std::move(manifests)] {
+      for (const ManifestToWrite& m : manifests) {
+        if (!CheckpointManifestTime(m.output_dir, m.complete).has_value()) {
+          PT_LOG(INFO) << "job " << m.job_id << ": writing the missing manifest of checkpoint "
+                       << m.complete.step();
+          WriteManifestIfHeld(m);
+        }
+      }
+    });
+  }
   for (const auto& [id, sweeps] : failed_by_restart) {
     std::function<void()> sweep =
         sweeps ? CheckpointSweepLocked(*jobs_[id], absl::Now()) : std::function<void()>();

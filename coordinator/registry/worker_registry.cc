@@ -153,11 +153,19 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     Entry& entry = *found;
     const v1::Worker& old = entry.worker;
     if (old.state() == v1::WORKER_STATE_ASSIGNED) {
-      losses.push_back({old.id(), old.job_id(),
-                        absl::StrCat(Describe(old), " registered again, superseding incarnation ",
-                                     old.incarnation(), " that was running job ", old.job_id(),
-                                     "; the worker process restarted; check its log for why"),
-                        old.incarnation()});
+      // Naming the incarnation before the current one, the process did not
+      // restart: the answer to its last registration was lost (a timeout),
+      // and the job was placed on that incarnation while it tried again.
+      const bool answer_lost = request.previous_incarnation() > 0 &&
+                               request.previous_incarnation() == old.incarnation() - 1;
+      losses.push_back(
+          {old.id(), old.job_id(),
+           absl::StrCat(Describe(old), " registered again, superseding incarnation ",
+                        old.incarnation(), " that was running job ", old.job_id(),
+                        answer_lost ? "; the answer to the registration that made it was lost "
+                                      "(a timeout), so the worker registered once more"
+                                    : "; the worker process restarted; check its log for why"),
+           old.incarnation()});
     }
     StartIncarnationLocked(entry, request);  // JOINING: placed nowhere yet
     listener = listener_;

@@ -454,6 +454,29 @@ TEST(WorkerRegistryTest, Register_SupersedesAssigned_ListenerFiresForOldIncarnat
   EXPECT_EQ(worker->job_id(), "");
 }
 
+// A retry naming the incarnation before the one it supersedes: the answer
+// to the registration that made it was lost, the process did not restart
+// (and the loss says so, not "check its log for why").
+TEST(WorkerRegistryTest, Register_RetryAfterALostAnswer_LossSaysSo) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());  // incarnation 1, its answer lost
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  v1::RegisterWorkerRequest retry = Request(1);
+  retry.set_previous_incarnation(0);  // a new process: restarted
+  ASSERT_TRUE(registry.Register(retry).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-8").ok());
+  retry.set_previous_incarnation(1);  // knew 1; 2's answer lost
+  ASSERT_TRUE(registry.Register(retry).ok());
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 2);
+  EXPECT_THAT(losses[0].reason, HasSubstr("the worker process restarted"));
+  EXPECT_THAT(losses[1].reason, HasSubstr("superseding incarnation 2 that was running job job-8; "
+                                          "the answer to the registration that made it was lost"));
+}
+
 // The re-registration could not be saved, but the old incarnation is gone
 // all the same: its job hears of it now (no later registration would, as
 // the entry is no longer ASSIGNED), and the caller is told to retry.

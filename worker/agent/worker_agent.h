@@ -73,8 +73,9 @@ struct WorkerAgentOptions {
   // JobRunnerOptions::on_backend_failure for every job.
   std::function<void(const absl::Status&)> on_backend_failure;
   // Registering again after the coordinator dropped this worker was
-  // refused (UNAUTHENTICATED or INVALID_ARGUMENT, with the coordinator's
-  // message): the agent
+  // refused (UNAUTHENTICATED, INVALID_ARGUMENT, or FAILED_PRECONDITION for
+  // a build other than the coordinator's; with the coordinator's message):
+  // the agent
   // sends no more heartbeats, so the process should end (and its
   // supervisor restart it with a valid token). Called once, from the
   // heartbeat thread; may be null.

@@ -630,8 +630,10 @@ absl::Status GrpcTransport::SendFrames(int peer_stage, const TensorAddress& addr
                                        const std::shared_ptr<const WireTensor>& owner) {
   if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
   // The description is built only for an encoded tensor (its checks can
-  // fail) or a null one: a raw send, the common case, skips the formatting.
-  if (wire.encoded() || wire.tensor.is_null()) {
+  // fail), a null one or a raw one of more dimensions than a frame carries:
+  // a raw send, the common case, skips the formatting.
+  if (wire.encoded() || wire.tensor.is_null() ||
+      static_cast<int>(wire.tensor.shape().size()) > kMaxFrameRank) {
     const std::string what = absl::StrCat(address.DebugString(), " to stage ", peer_stage);
     if (absl::Status s = CheckSendable(wire, what); !s.ok()) return s;
   }

@@ -255,6 +255,12 @@ TEST_F(GrpcTransportTest, SendWire_UnknownCodecOrEmptyPayload_InvalidArgumentNot
                                                       WireTensor::Encoded("fp16", "", {2}));
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(empty, "empty fp16 payload")) << empty;
+  // A raw tensor of more dimensions than a frame carries: refused here,
+  // not sent whole for the peer to refuse.
+  const absl::Status rank = transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 3, 6),
+                                                 Tensor::Zeros({1, 1, 1, 1, 1, 1, 1, 1, 2}));
+  EXPECT_EQ(rank.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(rank, "has 9 dimensions; a frame carries at most 8")) << rank;
   // The link is untouched: the next tensor goes through.
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 6), Pattern({4}, 6));
 }

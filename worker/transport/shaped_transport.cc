@@ -94,10 +94,20 @@ absl::StatusOr<WireTensor> ShapedTransport::RecvWire(int peer_stage, const Tenso
   absl::StatusOr<WireTensor> wire = inner_->RecvWire(peer_stage, address, timeout);
   if (!absl::IsDeadlineExceeded(wire.status())) return wire;
   int64_t queued = 0;
+  std::string send_failed;  // a handoff to that stage failed (Run): the likelier cause
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = links_.find(peer_stage);
-    if (it != links_.end() && it->second != nullptr) queued = it->second->queued_bytes;
+    if (it != links_.end() && it->second != nullptr) {
+      queued = it->second->queued_bytes;
+      // Copied as text: the Send that reports the error owns it alone (Run).
+      if (!it->second->error.ok()) send_failed = it->second->error.ToString();
+    }
+  }
+  if (!send_failed.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(wire.status().message(), "; this worker's own send to stage ", peer_stage,
+                     " failed meanwhile: ", send_failed));
   }
   return WithOwnQueuedSends(wire.status(), peer_stage, queued, "on its emulated link");
 }

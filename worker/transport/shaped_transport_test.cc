@@ -147,8 +147,8 @@ class UnreachableTransport final : public Transport {
     }
     return absl::UnavailableError(absl::StrCat("stage ", peer, " is unreachable"));
   }
-  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
-    return absl::UnimplementedError("send only");
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress&, absl::Duration) override {
+    return absl::DeadlineExceededError(absl::StrCat("nothing from stage ", peer));
   }
   void Abort() override { ++sends_->aborts; }
 
@@ -202,6 +202,32 @@ TEST(ShapedTransportTest, HandoffFailsWhileSendWaitsForRoom_SendReturnsTheError)
     EXPECT_TRUE(sender.Send(1, MicroBatch(2), Tensor::Zeros({4})).ok());
   }
   EXPECT_EQ(sends.calls.load(), 2);  // the first and the retry, not the waiting one
+}
+
+// A receive from a stage whose handoff failed times out naming that
+// failure (the likelier cause), and the next Send still reports it.
+TEST(ShapedTransportTest, HandoffFailed_RecvTimeoutNamesIt) {
+  FailedSends sends;
+  ShapedTransport sender(std::make_unique<UnreachableTransport>(&sends),
+                         {1e12, absl::ZeroDuration()});
+  ASSERT_TRUE(sender.Send(1, MicroBatch(0), Tensor::Zeros({4})).ok());
+  sends.first_entered.WaitForNotification();
+  sends.fail_first.Notify();
+  // The link's thread stores the error once the failed send returns: until
+  // then a receive times out as the inner one does.
+  absl::Status timed_out;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  do {
+    timed_out = sender.Recv(1, MicroBatch(0), absl::ZeroDuration()).status();
+    std::this_thread::yield();
+  } while (timed_out.message().find("failed meanwhile") == absl::string_view::npos &&
+           absl::Now() < give_up);
+  EXPECT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded) << timed_out;
+  EXPECT_EQ(timed_out.message(),
+            "nothing from stage 1; this worker's own send to stage 1 failed meanwhile: "
+            "UNAVAILABLE: stage 1 is unreachable");
+  const absl::Status next = sender.Send(1, MicroBatch(1), Tensor::Zeros({4}));
+  EXPECT_EQ(next.code(), absl::StatusCode::kUnavailable) << next;
 }
 
 // Abort (a stopped job): a Send waiting for room returns ABORTED, as does

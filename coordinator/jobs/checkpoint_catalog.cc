@@ -414,6 +414,26 @@ std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
   return absl::TimeFromTimespec(st.st_mtim);
 }
 
+std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from) {
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                         absl::StrCat(from.dir(), "/", kCheckpointManifestName),
+                         /*create_dirs=*/false);
+  if (!parent.ok()) return std::string(parent.status().message());
+  if (parent->dir.get() < 0) return "its directory is gone";
+  for (const v1::UnitFile& f : from.units()) {
+    struct stat st;
+    if (fstatat(parent->dir.get(), f.file().c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode)) {
+      return absl::StrCat(f.file(), " is missing or not a regular file");
+    }
+    if (st.st_size != f.bytes()) {
+      return absl::StrCat(f.file(), " is ", st.st_size, " bytes, not the ", f.bytes(), " recorded");
+    }
+  }
+  return "";
+}
+
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before) {
   ASSIGN_OR_RETURN(ConfinedParent parent,

@@ -183,6 +183,11 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
 // before it; a later write there is another's (a redo of the step).
 std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
                                                  const v1::ResumeFrom& from);
+// Why `from`'s unit files are not the ones it records (a stat each: a
+// file missing, not a regular file, or of another size; its directory
+// gone), or "" when each is there at its recorded size. Contents are not
+// read: a redo under the same layout writes files of the same sizes.
+std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from);
 
 }  // namespace pipetrain
 

@@ -859,10 +859,25 @@ TEST_F(JobManagerElasticTest, ManifestMissingAtARestart_WrittenByTheNextCoordina
   ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
   ASSERT_TRUE(std::filesystem::is_directory(manifest));
   std::filesystem::remove_all(manifest);
+  // Not over files other than those recorded (here: none were written).
+  RestartCoordinator({w1, w2});
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+  // Each unit file there at its recorded size (CheckpointReport's).
+  const std::string step_dir = OutputDir() + "/manifest-restart/step-00000005";
+  for (int u = 0; u < 32; ++u) {
+    std::ofstream(absl::StrFormat("%s/unit-%04d.safetensors", step_dir, u), std::ios::binary)
+        << std::string(100 + u, 'w');
+  }
   RestartCoordinator({w1, w2});
   jobs_->FlushIo();
   EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  // A directory removed since (an operator's) is not made again.
+  std::filesystem::remove_all(step_dir);
+  RestartCoordinator({w1, w2});
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(step_dir));
 }
 
 // A step one stage never reported (its write failed) cannot complete once

@@ -567,22 +567,18 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     // Complete checkpoints beyond the resume point are redone: held, the
     // redo's files would be checked against their old checksums (other
     // bytes under another layout) and a step boundary among or below them
-    // would never complete. Their files go now, manifest first (as a
-    // dropped checkpoint's): kept while the redo replaces the files one by
-    // one, `init.from: <the job's directory>` and `checkpoint export` would
-    // take a manifest of old checksums for the newest checkpoint. The redo
-    // writes them only after this plan's assignments go out.
+    // would never complete. Their files go once the state that no longer
+    // names them is saved (as expired ones: RemoveExpiring, manifest
+    // first, only files written no later than their manifest, so not the
+    // redo's): kept while the redo replaces the files one by one,
+    // `init.from: <the job's directory>` and `checkpoint export` would take
+    // a manifest of old checksums for the newest checkpoint.
     if (record.checkpoints != nullptr) {
-      std::vector<v1::ResumeFrom> forgotten = record.checkpoints->ForgetAfter(pending.resume_step);
-      for (const v1::ResumeFrom& f : forgotten) {
+      const absl::Time forgotten_at = absl::Now();  // real time: compared with files' times
+      for (v1::ResumeFrom& f : record.checkpoints->ForgetAfter(pending.resume_step)) {
         PT_LOG(INFO) << "job " << id << ": checkpoint of step " << f.step()
                      << " forgotten: the recovery resumes before it and redoes it";
-      }
-      if (!forgotten.empty() && !options_.output_dir.empty()) {
-        io_.Post([output_dir = options_.output_dir, id, gone = std::move(forgotten),
-                  before = absl::Now()] {
-          job_manager_internal::RemoveCheckpointDirs(output_dir, id, gone, before);
-        });
+        record.expiring.push_back(ExpiredCheckpoint{std::move(f), forgotten_at});
       }
       const v1::ResumeFrom* latest = record.checkpoints->Latest();
       p->set_checkpoint_step(latest != nullptr ? latest->step() : 0);

@@ -508,11 +508,19 @@ absl::Status JobManager::Restore() {
     }
     io_.Post([this, manifests = std::move(manifests)] {
       for (const ManifestToWrite& m : manifests) {
-        if (!CheckpointManifestTime(m.output_dir, m.complete).has_value()) {
-          PT_LOG(INFO) << "job " << m.job_id << ": writing the missing manifest of checkpoint "
-                       << m.complete.step();
-          WriteManifestIfHeld(m);
+        if (CheckpointManifestTime(m.output_dir, m.complete).has_value()) continue;
+        // Only over the files it records: not for a directory removed
+        // since (an operator's, or a removal the save did not follow), nor
+        // one whose files a redo has begun to replace.
+        if (const std::string damaged = UnitFilesMismatch(m.output_dir, m.complete);
+            !damaged.empty()) {
+          PT_LOG(WARNING) << "job " << m.job_id << ": checkpoint " << m.complete.dir()
+                          << " has no manifest, and none is written: " << damaged;
+          continue;
         }
+        PT_LOG(INFO) << "job " << m.job_id << ": writing the missing manifest of checkpoint "
+                     << m.complete.step();
+        WriteManifestIfHeld(m);
       }
     });
   }

@@ -571,7 +571,8 @@ class JobManager {
     int checkpoint_sweeps_pending = 0;
     // The second sweep waits for these workers (the job's at its end) to
     // have stopped (WorkerRegistry::StoppedSince `late_sweep_since`), or
-    // for `late_sweep_by`: they may write a step or two after the end.
+    // for `late_sweep_by` (elapsed_clock_): they may write a step or two
+    // after the end.
     std::vector<std::string> late_sweep_workers;
     absl::Time late_sweep_since, late_sweep_by;
     // While RECOVERING: when the loss was detected (elapsed_clock_), why,
@@ -782,7 +783,7 @@ class JobManager {
     ClusterSpec cluster;
     std::string shared_memory;  // PlanMemoryBudgets: what a worker's memory is a share of
     std::string reason;
-    absl::Time queued_at;  // handed to the background runner
+    absl::Time queued_at;  // handed to the background runner (elapsed_clock_)
   };
   struct PlanningOutput {
     absl::Status status;

@@ -211,7 +211,7 @@ std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl:
       record.late_sweep_workers.assign(record.job.worker_ids().begin(),
                                        record.job.worker_ids().end());
       record.late_sweep_since = clock_->Now();
-      record.late_sweep_by = record.late_sweep_since + kLateSweepWait;
+      record.late_sweep_by = elapsed_clock_->Now() + kLateSweepWait;
     }
     return [this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
             known = std::move(known), incomplete = std::move(incomplete), ended] {
@@ -225,7 +225,7 @@ std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl:
 }
 
 void JobManager::SweepStoppedJobsLocked() {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();  // for late_sweep_by
   for (auto& [id, record] : jobs_) {
     if (record->late_sweep_workers.empty()) continue;
     // (A lambda may not name a structured binding in C++17: clang refuses.)

@@ -250,7 +250,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   input.profile = *record.profile;
   input.profile_source = record.profile_source;
   input.reason = pending.reason;
-  input.queued_at = clock_->Now();
+  input.queued_at = elapsed_clock_->Now();
   pending.workers = workers;
   pending.infos = std::move(infos);
   pending.version = input.version;
@@ -268,7 +268,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     if (planning_stopped_.load(std::memory_order_acquire)) {
       output.status = absl::CancelledError("the coordinator is shutting down");
     } else {
-      const absl::Time started = clock_->Now();
+      const absl::Time started = elapsed_clock_->Now();
       output = PlanPlacement(input);
       // Each worker gets its own keys (data_plane_keys.h), derived from a
       // plan secret no worker is sent: it can prove only its own streams.
@@ -279,7 +279,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
             RandomToken(), DataPlaneJobId(input.job_id, input.version), input.workers);
       }
       output.queued_seconds = absl::ToDoubleSeconds(started - input.queued_at);
-      output.computing_seconds = absl::ToDoubleSeconds(clock_->Now() - started);
+      output.computing_seconds = absl::ToDoubleSeconds(elapsed_clock_->Now() - started);
     }
     FinishPlacement(input.job_id, placement, std::move(output));
   });

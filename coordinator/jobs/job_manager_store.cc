@@ -462,7 +462,7 @@ absl::Status JobManager::Restore() {
     record.late_sweep_workers.assign(record.job.worker_ids().begin(),
                                      record.job.worker_ids().end());
     record.late_sweep_since = now;
-    record.late_sweep_by = now + kLateSweepWait;
+    record.late_sweep_by = elapsed_now + kLateSweepWait;
   }
   // Expired checkpoints a restart found listed: the coordinator may have
   // stopped between the save that expired them and their removal, which

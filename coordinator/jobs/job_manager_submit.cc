@@ -699,7 +699,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
 }
 
 void JobManager::SettleSubmitsLocked() {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = elapsed_clock_->Now();
   if (now < next_settle_) return;
   bool any = false;
   for (const auto& [id, record] : submitting_) {

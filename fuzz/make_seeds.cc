@@ -454,7 +454,7 @@ void JobManagerSeeds(const std::string& dir) {
   v1::ReportProgressRequest finished;
   finished.set_iteration(2);
   finished.set_finished(true);
-  finished.set_weights_digest("digest");
+  finished.set_weights_digest(std::string(64, 'd'));  // a SHA-256 in hex, as checked
   run += ProgressOp(0, finished) + ProgressOp(1, finished);
   WriteSeed(dir, "ready_steps_finish_weights", run);
 

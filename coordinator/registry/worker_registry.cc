@@ -664,7 +664,12 @@ absl::Status WorkerRegistry::MarkDrained(const std::string& worker_id, int64_t i
     entry->worker.set_drained(true);
     saving = SaveLocked(entry->worker);
   }
-  return saving.get();  // off the lock
+  absl::Status saved = saving.get();  // off the lock
+  if (saved.ok()) return saved;
+  // UNAVAILABLE whatever the store's code: FAILED_PRECONDITION here says the
+  // incarnation is gone, and an etcd fence refusing a deposed leader's
+  // write answers FAILED_PRECONDITION too ("not the leader").
+  return absl::UnavailableError(absl::StrCat("state store: ", saved.message()));
 }
 
 std::future<absl::Status> WorkerRegistry::SaveLocked(const v1::Worker& worker) {

@@ -239,7 +239,8 @@ class WorkerRegistry {
   // registering again (RegisterWorkerRequest.previous_incarnation) is
   // drained even if it had not heard of it. Idempotent.
   // FAILED_PRECONDITION when that incarnation is not the current one;
-  // persist's error when the save failed (the flag stays set here).
+  // UNAVAILABLE with persist's message when the save failed (the flag stays
+  // set here).
   absl::Status MarkDrained(const std::string& worker_id, int64_t incarnation);
 
   // The coordinator knows incarnation `incarnation` of the worker is gone

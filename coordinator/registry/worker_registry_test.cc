@@ -735,6 +735,24 @@ TEST(WorkerRegistryTest, MarkDrained_SavedAndKeptForTheSameProcessAfterARestart)
 // same previous incarnation again: the drain it carried is kept. Before, the
 // retry compared that incarnation with the one the lost attempt made, and
 // the worker became placeable again.
+// A failed save is UNAVAILABLE whatever the store said: its own
+// FAILED_PRECONDITION (an etcd fence: "not the leader") must not read as
+// "that incarnation is gone" (JobManager::Drain then reported it drained).
+TEST(WorkerRegistryTest, MarkDrained_SaveRefused_Unavailable) {
+  FakeClock clock;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  std::atomic<bool> refuse{false};  // read on the registry's store thread
+  options.persist = [&refuse](const v1::Worker&) {
+    return refuse ? absl::FailedPreconditionError("not the leader") : absl::OkStatus();
+  };
+  WorkerRegistry registry(options);
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  refuse = true;
+  const absl::Status drained = registry.MarkDrained("w-1", 1);
+  EXPECT_EQ(drained.code(), absl::StatusCode::kUnavailable) << drained;
+  EXPECT_EQ(drained.message(), "state store: not the leader");
+}
+
 TEST(WorkerRegistryTest, MarkDrained_KeptThroughARetriedRegistration) {
   for (const bool save_fails_first : {false, true}) {
     SCOPED_TRACE(save_fails_first ? "the first save failed" : "the first answer was lost");

@@ -1386,7 +1386,9 @@ int RunJob(const std::vector<std::string>& args) {
   for (const auto& [flag, path] :
        {std::pair<const char*, const std::string&>{"--timeline", o.timeline},
         {"--measured-timeline", o.measured_timeline}}) {
-    if (absl::Status writable = CheckWritableParent(flag, path); !writable.ok()) {
+    // Written by WriteFilesOrNone, which writes through a link in place.
+    if (absl::Status writable = CheckWritableParent(flag, path, "", OutputWrite::kThroughLinks);
+        !writable.ok()) {
       std::fprintf(stderr, "pipetrain job: %s\n", std::string(writable.message()).c_str());
       return kExitUsage;
     }

@@ -571,13 +571,16 @@ int64_t HostMemoryShare(const v1::Assignment& a) {
 
 // ReportProgressRequest.weights_digest: SHA-256 of every parameter's fp32
 // bytes, in parameters() order (`host`: HostParameterCopies of them).
+// Hashed in place, piece by piece: a copy of every weight in one string
+// (twice the stage's weights while it grows) on every replica at once at
+// the job's last step could take a worker past its memory.
 std::string WeightsDigest(const std::vector<Parameter>& host) {
-  std::string bytes;
+  std::vector<absl::string_view> pieces;
+  pieces.reserve(host.size());
   for (const Parameter& p : host) {
-    const std::vector<float> values = p.value.ToVector();
-    bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    pieces.emplace_back(reinterpret_cast<const char*>(p.value.data()), p.value.size_bytes());
   }
-  return Sha256Hex(bytes);
+  return Sha256HexOfPieces(pieces);
 }
 
 }  // namespace
@@ -1039,7 +1042,11 @@ absl::Status JobRunner::RunJob() {
       return absl::OkStatus();
     }
   }
-  ended_cleanly = true;  // every step ran, or a Stop() ended it (and aborted)
+  // Every step ran, or a Stop() ended it. A Stop() that came after this
+  // runner let go of its transport and device channel aborted neither:
+  // not clean then, so the cleanup aborts them rather than let their
+  // destructors drain sends to peers that are stopping too.
+  ended_cleanly = !stop_.load();
   return absl::OkStatus();
 }
 

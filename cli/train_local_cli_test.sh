@@ -319,6 +319,17 @@ fi
 # and says so.
 expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \
   "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt"
+# Having trained nothing, it leaves --checkpoint as it was (not rewritten
+# under this run's settings), and says so.
+before=$(sha256sum <"$TMP/c.ckpt")
+expect_exit resume_past_steps_checkpoint_kept 0 \
+  "no step trained in this run: --checkpoint $TMP/c.ckpt left as it was" -- \
+  "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt" --checkpoint "$TMP/c.ckpt"
+if [[ "$(sha256sum <"$TMP/c.ckpt")" == "$before" ]]; then
+  passed=$((passed + 1))
+else
+  fail resume_past_steps_checkpoint_unchanged "c.ckpt was rewritten"
+fi
 # Another learning rate may be asked for on resume, and the run says that
 # the steps from there are not the checkpoint's run's (--checkpoint is
 # dropped: c.ckpt stays the 5-step run's).
@@ -353,6 +364,21 @@ if [[ $rc -eq 143 ]] && grep -q "interrupted (SIGTERM); checkpoint written" "$TM
 else
   cp "$TMP/term.err" "$ERR"
   fail sigterm_exit_143_checkpoint_written "exit $rc"
+fi
+# A terminal's hangup (an ssh session lost) stops it the same way: 129.
+rm -f "$TMP/hup.ckpt"
+"$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/hup.ckpt" \
+  --checkpoint-interval 1 >"$TMP/hup.out" 2>"$TMP/hup.err" &
+hup_pid=$!
+for _ in $(seq 1 1200); do [[ -s "$TMP/hup.ckpt" ]] && break; sleep 0.05; done
+kill -HUP "$hup_pid"
+wait "$hup_pid"
+rc=$?
+if [[ $rc -eq 129 ]] && grep -q "interrupted (SIGHUP); checkpoint written" "$TMP/hup.err"; then
+  passed=$((passed + 1))
+else
+  cp "$TMP/hup.err" "$ERR"
+  fail sighup_exit_129_checkpoint_written "exit $rc"
 fi
 # And without a last validation pass (tens of seconds for a large model
 # after the signal that asked to stop).

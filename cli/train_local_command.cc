@@ -1,5 +1,6 @@
 #include "cli/train_local_command.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +55,9 @@ struct Options {
   std::string init_from, resume, save, checkpoint, log;
   std::string device = "cpu", gemm = "fp32", attention = "auto";
   int64_t checkpoint_interval = 0;
+  // Set by Run: whether it wrote --checkpoint at the end (for the
+  // interrupted run's last words).
+  bool checkpoint_written = false;
 };
 
 void BindFlags(FlagSet& f, Options& o) {
@@ -416,22 +420,41 @@ absl::Status Run(Options& o) {
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
                backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
   absl::Status log_failed = absl::OkStatus();
+  const int64_t first_step = trainer->step();
   absl::StatusOr<std::optional<float>> trained = Train(o, *trainer, &log_failed);
+  // A run that trained no step (stopped before its first, or resumed at
+  // --steps already) leaves --checkpoint as it is: it would be the resumed
+  // checkpoint again under this run's settings, or an untrained model over
+  // a file that may hold an earlier run. --save too, unless it resumed
+  // (then it exports the checkpoint's weights).
+  const bool trained_a_step = trainer->step() > first_step;
+  const bool write_checkpoint = !o.checkpoint.empty() && trained_a_step;
+  const bool write_save = !o.save.empty() && (trained_a_step || !o.resume.empty());
+  if (!o.checkpoint.empty() && !write_checkpoint) {
+    std::fprintf(stderr, "no step trained in this run: --checkpoint %s left as it was\n",
+                 o.checkpoint.c_str());
+  }
+  if (!o.save.empty() && !write_save) {
+    std::fprintf(stderr, "no step trained in this run: --save %s not written\n", o.save.c_str());
+  }
   // Write what was asked for even after an interrupt: nothing is lost. Not
   // after a failure (a diverged run's weights would overwrite the last good
   // --checkpoint-interval one).
   // Both are attempted even if the other fails (the first error is
   // returned): one bad output must not lose the other.
   absl::Status saved = absl::OkStatus();
-  if (!o.checkpoint.empty() && trained.ok()) saved = SaveCheckpoint(o.checkpoint, *trainer);
+  if (write_checkpoint && trained.ok()) {
+    saved = SaveCheckpoint(o.checkpoint, *trainer);
+    o.checkpoint_written = saved.ok();
+  }
   RETURN_IF_ERROR(trained.status());
-  if (!o.save.empty()) saved.Update(SaveFinalWeights(o.save, trainer->model()));
+  if (write_save) saved.Update(SaveFinalWeights(o.save, trainer->model()));
   RETURN_IF_ERROR(saved);
   if (!log_failed.ok()) {
     // The outputs that were asked for, and written all the same.
     std::vector<std::string> written;
-    if (!o.checkpoint.empty()) written.push_back("--checkpoint");
-    if (!o.save.empty()) written.push_back("--save");
+    if (write_checkpoint) written.push_back("--checkpoint");
+    if (write_save) written.push_back("--save");
     return absl::Status(
         log_failed.code(),
         absl::StrCat(log_failed.message(),
@@ -448,8 +471,8 @@ absl::Status Run(Options& o) {
     ASSIGN_OR_RETURN(val, trainer->Evaluate());
   }
   if (val.has_value()) std::printf(" val_loss %.4f", *val);
-  std::printf("%s%s%s%s\n", o.save.empty() ? "" : " weights ", o.save.c_str(),
-              o.checkpoint.empty() ? "" : " checkpoint ", o.checkpoint.c_str());
+  std::printf("%s%s%s%s\n", write_save ? " weights " : "", write_save ? o.save.c_str() : "",
+              write_checkpoint ? " checkpoint " : "", write_checkpoint ? o.checkpoint.c_str() : "");
   return absl::OkStatus();
 }
 
@@ -484,6 +507,12 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   }
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // A terminal's hangup (an ssh session lost) stops it as Ctrl-C does,
+  // with --checkpoint written; not under nohup, which keeps it ignored.
+  if (struct sigaction hangup;
+      sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler != SIG_IGN) {
+    std::signal(SIGHUP, OnStopSignal);
+  }
   // A --log reader that went away fails the write (Train stops, and the
   // checkpoint is written) instead of killing the process mid-run.
   std::signal(SIGPIPE, SIG_IGN);
@@ -493,8 +522,11 @@ int RunTrainLocal(const std::vector<std::string>& args) {
     return 1;
   }
   if (const int signal = g_signal.load(); signal != 0) {
-    std::fprintf(stderr, "interrupted (%s)%s\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                 options.checkpoint.empty() ? "" : "; checkpoint written");
+    std::fprintf(stderr, "interrupted (%s)%s\n",
+                 signal == SIGTERM  ? "SIGTERM"
+                 : signal == SIGHUP ? "SIGHUP"
+                                    : "SIGINT",
+                 options.checkpoint_written ? "; checkpoint written" : "");
     return kExitSignalBase + signal;
   }
   return 0;

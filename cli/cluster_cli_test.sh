@@ -372,6 +372,11 @@ expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device o
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \
   up --workers 2 --loss-log "$TMP/no-such-dir/l.txt" --out "$TMP/up-bad"
+# Nor for more steps than the job keeps losses of: the log would start at
+# a later step, read as step 1.
+expect_exit up_loss_log_too_many_steps 2 "--loss-log: the coordinator keeps the losses of the last 10000 steps" -- \
+  up --workers 2 --steps 10001 --loss-log "$TMP/l.txt" --out "$TMP/up-bad"
+ok up_loss_log_too_many_steps_wrote_nothing test ! -e "$TMP/l.txt"
 # Nor may it be the corpus: it was written over after the run.
 for _ in $(seq 1 300); do echo "some words of text to train on"; done >"$TMP/corpus.txt"
 cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"

@@ -58,6 +58,10 @@
 namespace pipetrain {
 namespace {
 
+// The steps whose losses a job keeps (docs/api.md, progress.lossHistory;
+// the coordinator's kMaxLossHistory).
+constexpr int64_t kLossHistorySteps = 10000;
+
 // The deadline of `up`'s calls to the cluster it started.
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
@@ -855,6 +859,16 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) {
     valid = CheckWritableParent("--loss-log", o.loss_log, o.out, OutputWrite::kThroughLinks);
   }
+  // Every step's loss, from the job's loss history, which keeps the last
+  // kLossHistorySteps: a longer run's log would start at a later step,
+  // its first line read as step 1's.
+  if (valid.ok() && !o.loss_log.empty() && o.steps > kLossHistorySteps) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("--loss-log: the coordinator keeps the losses of the last ", kLossHistorySteps,
+                     " steps (Job.progress.loss_history), so a log of --steps ", o.steps,
+                     " would lack the first ", o.steps - kLossHistorySteps, "; ask for at most ",
+                     kLossHistorySteps, " steps, or read the losses from the workers' metrics"));
+  }
   // Written after the run: it must not be the corpus the run trains on,
   // nor a file the run writes in --out (the weights, the lock).
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
@@ -1057,9 +1071,15 @@ int RunUp(const std::vector<std::string>& args) {
   // full disk's error); a failure is reported after the run's report.
   absl::Status loss_log_written = absl::OkStatus();
   if (!o.loss_log.empty()) {
-    std::string text;
-    for (float loss : end.progress().loss_history()) text += absl::StrFormat("%.9g\n", loss);
-    loss_log_written = WriteFilesOrNone({{o.loss_log, std::move(text)}});
+    if (end.progress().loss_history_start() != 0) {  // refused at the start; a guard
+      loss_log_written = absl::OutOfRangeError(
+          absl::StrCat("the job's loss history starts at step ",
+                       end.progress().loss_history_start(), ", not 0; nothing written"));
+    } else {
+      std::string text;
+      for (float loss : end.progress().loss_history()) text += absl::StrFormat("%.9g\n", loss);
+      loss_log_written = WriteFilesOrNone({{o.loss_log, std::move(text)}});
+    }
   }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());

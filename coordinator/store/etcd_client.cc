@@ -241,20 +241,29 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
     // A fail-fast call on a channel that is not connected fails at once and
     // does not drive the connection attempt (gRPC's backup poller would,
     // every 5 s): wait here for the connection, which polls it.
+    bool connected = true;
     if (e.channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
       // At most half the attempt's time, so that the call itself can still
       // fail with gRPC's reason ("Connection refused") rather than a
       // deadline.
       const absl::Duration wait = std::min(kConnectTimeout, (attempt_deadline - absl::Now()) / 2);
-      e.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+      connected = e.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
     }
     last = AttemptAt(e, attempt_deadline, attempt);
     if (last.ok()) {
       preferred_.store(tried);
       return absl::OkStatus();
     }
-    const bool share_ran_out = bounded && last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!(TryNextEndpoint(last) || share_ran_out) || absl::Now() >= deadline) break;
+    const bool timed_out = last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    const bool share_ran_out = bounded && timed_out;
+    // A call that timed out on a channel that never connected (a member
+    // whose host went silent: its handshake never completes) never reached
+    // the member, so another may take it, bounded or not. Without this, a
+    // fresh client (a newly elected leader's store) whose first endpoint
+    // was silent failed its first call, and the coordinator exited.
+    const bool never_sent = timed_out && !connected &&
+                            e.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+    if (!(TryNextEndpoint(last) || share_ran_out || never_sent) || absl::Now() >= deadline) break;
   }
   if (last.error_code() == grpc::StatusCode::UNAVAILABLE ||
       last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {

@@ -655,6 +655,24 @@ class SilenceableRelay {
   std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
 };
 
+// A store opened while its first endpoint is silent (a member whose host
+// powered off: its handshake never completes) goes on to the next: a newly
+// elected leader's store failed its first call there, and the coordinator
+// exited, every one of them in turn.
+TEST(EtcdStoreTest, Open_FirstEndpointSilent_UsesTheNext) {
+  const std::string direct = shared_etcd->endpoint();
+  SilenceableRelay relay(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  relay.Freeze();
+  EtcdOptions options = SharedOptions(NewPrefix());
+  options.endpoints = {relay.endpoint(), "http://" + direct};
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = store->Scan("");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 1u);
+}
+
 // The leader's preferred endpoint goes silent while another member is
 // healthy: each call spends a share of the lease's time there, then goes
 // on to the healthy one, and the leader keeps its lease. Before, the

@@ -2,6 +2,10 @@
 # Installs every Debian 12 package pipetrain needs to build and test.
 # Idempotent: packages already installed are skipped, and apt is not touched
 # at all when nothing is missing. Safe to run as root or with sudo available.
+# The prometheus and etcd-server packages start their services and enable
+# them at boot (Prometheus on every interface, without authentication);
+# only their commands are needed, so a fresh install stops and disables
+# them again.
 set -euo pipefail
 
 PACKAGES=(
@@ -81,10 +85,26 @@ check_kubectl() {
     "(docs/operations.md)" >&2
 }
 
+# openapi-backend's dependencies (tools/openapi-check) are ES modules that
+# it require()s, which Node.js does from 20.19 on; Debian 12's nodejs is
+# 18.x: only a warning, as for kubectl.
+check_node() {
+  local dir
+  dir="$(dirname "$0")/../tools/openapi-check/node_modules/openapi-backend"
+  if node -e "require(process.argv[1])" "$(cd "$(dirname "$dir")" && pwd)/openapi-backend" \
+    >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "setup: WARNING: node $(node --version 2>/dev/null) cannot load openapi-backend," \
+    "so //tests/openapi:openapi_conformance_test will fail: its dependencies need" \
+    "Node.js 20.19 or later (Debian 12's nodejs is 18)" >&2
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages and ${#TOOLS[@]} tools present"
   npm_ci
   check_kubectl
+  check_node
   exit 0
 fi
 
@@ -94,6 +114,17 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+for p in "${missing[@]}"; do
+  case "$p" in
+    prometheus | etcd-server)
+      unit="${p%-server}.service"
+      if command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      fi
+      ;;
+  esac
+done
 npm_ci
 check_kubectl
+check_node
 echo "setup: done"

@@ -351,35 +351,29 @@ expect_exit logits_past_int 2 "--micro-batches: a micro-batch of 1 sequences of 
 # does: after the current step, with --checkpoint written, and exits 143
 # (128 + SIGTERM), as a shell reports a process that signal ended. It
 # killed the run outright before, with no checkpoint.
-rm -f "$TMP/term.ckpt"
-"$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/term.ckpt" \
-  --checkpoint-interval 1 >"$TMP/term.out" 2>"$TMP/term.err" &
-term_pid=$!
-for _ in $(seq 1 1200); do [[ -s "$TMP/term.ckpt" ]] && break; sleep 0.05; done
-kill -TERM "$term_pid"
-wait "$term_pid"
-rc=$?
-if [[ $rc -eq 143 ]] && grep -q "interrupted (SIGTERM); checkpoint written" "$TMP/term.err"; then
-  passed=$((passed + 1))
-else
-  cp "$TMP/term.err" "$ERR"
-  fail sigterm_exit_143_checkpoint_written "exit $rc"
-fi
+# stop_by_signal NAME SIGNAL EXIT: a long run with --checkpoint every step,
+# signalled once its first checkpoint is written ($TMP/NAME.{ckpt,out,err}),
+# must exit EXIT saying it wrote the checkpoint.
+stop_by_signal() {
+  local name=$1 signal=$2 want=$3 pid rc
+  rm -f "$TMP/$name.ckpt"
+  "$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/$name.ckpt" \
+    --checkpoint-interval 1 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+  pid=$!
+  for _ in $(seq 1 1200); do [[ -s "$TMP/$name.ckpt" ]] && break; sleep 0.05; done
+  kill "-$signal" "$pid"
+  wait "$pid"
+  rc=$?
+  if [[ $rc -eq $want ]] && grep -q "interrupted (SIG$signal); checkpoint written" "$TMP/$name.err"; then
+    passed=$((passed + 1))
+  else
+    cp "$TMP/$name.err" "$ERR"
+    fail "sig${signal,,}_exit_${want}_checkpoint_written" "exit $rc"
+  fi
+}
+stop_by_signal term TERM 143
 # A terminal's hangup (an ssh session lost) stops it the same way: 129.
-rm -f "$TMP/hup.ckpt"
-"$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/hup.ckpt" \
-  --checkpoint-interval 1 >"$TMP/hup.out" 2>"$TMP/hup.err" &
-hup_pid=$!
-for _ in $(seq 1 1200); do [[ -s "$TMP/hup.ckpt" ]] && break; sleep 0.05; done
-kill -HUP "$hup_pid"
-wait "$hup_pid"
-rc=$?
-if [[ $rc -eq 129 ]] && grep -q "interrupted (SIGHUP); checkpoint written" "$TMP/hup.err"; then
-  passed=$((passed + 1))
-else
-  cp "$TMP/hup.err" "$ERR"
-  fail sighup_exit_129_checkpoint_written "exit $rc"
-fi
+stop_by_signal hup HUP 129
 # And without a last validation pass (tens of seconds for a large model
 # after the signal that asked to stop).
 if grep -q "^final: step" "$TMP/term.out" && ! grep -q "val_loss" "$TMP/term.out"; then

@@ -38,9 +38,11 @@
 namespace pipetrain {
 namespace {
 
-// SIGINT (Ctrl-C) or SIGTERM (a supervisor, a preempted batch job): the
-// run stops after its current step and still writes --checkpoint, then
-// exits 128 + the signal, as a shell reports one (130, 143). 0: none came.
+// SIGINT (Ctrl-C), SIGTERM (a supervisor, a preempted batch job) or SIGHUP
+// (its terminal gone; not when ignored, as under nohup): the run stops
+// after its current step and still writes --checkpoint (if it trained a
+// step), then exits 128 + the signal, as a shell reports one (130, 143,
+// 129). 0: none came.
 std::atomic<int> g_signal{0};
 extern "C" void OnStopSignal(int signal) { g_signal.store(signal); }
 
@@ -100,7 +102,8 @@ void BindFlags(FlagSet& f, Options& o) {
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");
-  f.String("checkpoint", &o.checkpoint, "write a training checkpoint here at the end");
+  f.String("checkpoint", &o.checkpoint,
+           "write a training checkpoint here at the end (left as it was if no step was trained)");
   f.Int64("checkpoint-interval", &o.checkpoint_interval, "also checkpoint every N steps");
   f.String("log", &o.log, "append one JSON line per step here");
 }

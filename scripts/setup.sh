@@ -117,9 +117,12 @@ $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 for p in "${missing[@]}"; do
   case "$p" in
     prometheus | etcd-server)
-      unit="${p%-server}.service"
-      if command -v systemctl >/dev/null 2>&1; then
-        $SUDO systemctl disable --now "$unit" >/dev/null 2>&1 || true
+      service="${p%-server}"
+      if [ -d /run/systemd/system ]; then
+        $SUDO systemctl disable --now "$service.service" >/dev/null 2>&1 || true
+      elif command -v invoke-rc.d >/dev/null 2>&1; then  # sysvinit: its init.d script
+        $SUDO invoke-rc.d "$service" stop >/dev/null 2>&1 || true
+        $SUDO update-rc.d "$service" disable >/dev/null 2>&1 || true
       fi
       ;;
   esac

@@ -98,14 +98,19 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,
                    record.checkpoints->Add(c, record.plan.stages(stage).backward()));
-  // A step written again (redone after the checkpoints after it were
-  // dropped) whose old directory still waited for removal (its save had
-  // failed): the directory is the new checkpoint's now, not to be removed.
-  std::vector<ExpiredCheckpoint>& expiring = record.expiring;
-  expiring.erase(
-      std::remove_if(expiring.begin(), expiring.end(),
-                     [&c](const ExpiredCheckpoint& e) { return e.from.step() == c.step(); }),
-      expiring.end());
+  // A step written again and complete (redone after the checkpoints after
+  // it were dropped or forgotten) whose old directory still waited for
+  // removal (its save had failed): the directory is the new checkpoint's
+  // now, not to be removed. Not before it completes: until then the old
+  // manifest (old checksums) must still go, and the removal spares the
+  // redo's files (written after that manifest: RemoveExpiring).
+  if (complete.has_value()) {
+    std::vector<ExpiredCheckpoint>& expiring = record.expiring;
+    expiring.erase(
+        std::remove_if(expiring.begin(), expiring.end(),
+                       [&c](const ExpiredCheckpoint& e) { return e.from.step() == c.step(); }),
+        expiring.end());
+  }
   // Steps that can no longer complete: their files go, off the lock (the
   // stored state never names an incomplete step).
   if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();

@@ -3771,14 +3771,11 @@ void ExpireWhileSavesFail(bool retry_only, Redo redo = Redo::kNone) {
     jobs.ScheduleQueued();
     jobs.FlushIo();
     struct stat st;
-    if (redo == Redo::kReported) {
-      EXPECT_TRUE(manifest(17)) << "removed while step 17 was being written again";
-      EXPECT_EQ(stat(redone_file.c_str(), &st), 0) << "the redo's file removed";
-      return;
-    }
-    if (redo == Redo::kUnreported) {
+    if (redone) {
+      // Reported or not, the redo is not complete: the old manifest (its
+      // checksums no longer the files') goes, the redo's file stays.
       EXPECT_FALSE(manifest(17)) << "the expired checkpoint's manifest left behind";
-      EXPECT_EQ(stat(redone_file.c_str(), &st), 0) << "the redo's file removed before its report";
+      EXPECT_EQ(stat(redone_file.c_str(), &st), 0) << "the redo's file removed";
       return;
     }
     EXPECT_FALSE(manifest(17)) << "left behind after the retried save";
@@ -3883,9 +3880,11 @@ TEST_F(JobManagerStoreTest, SavesFailing_HeldManifestsBoundedByKeep) {
   EXPECT_FALSE(manifest(45));
 }
 
-// Unless the step is written again meanwhile (redone after the later
-// checkpoints were dropped): its directory is the new checkpoint's then.
-TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedone_DirectoryKept) {
+// The step written again meanwhile (redone after the later checkpoints
+// were dropped) and reported, not yet complete: the redo's files stay, the
+// old manifest goes (kept, it named checksums the files no longer have,
+// and export and init.from took it for the newest checkpoint).
+TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_StepRedone_OldManifestGoesRedoKept) {
   ExpireWhileSavesFail(/*retry_only=*/true, Redo::kReported);
 }
 // Nor do the files a redo wrote before it reported them go (its stage

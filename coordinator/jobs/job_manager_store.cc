@@ -511,7 +511,9 @@ absl::Status JobManager::Restore() {
         if (CheckpointManifestTime(m.output_dir, m.complete).has_value()) continue;
         // Only over the files it records: not for a directory removed
         // since (an operator's, or a removal the save did not follow), nor
-        // one whose files a redo has begun to replace.
+        // one with a file missing or of another size. Contents are not
+        // read (a redo under the same layout writes the same sizes): the
+        // workers check every file's SHA-256 when they resume from it.
         if (const std::string damaged = UnitFilesMismatch(m.output_dir, m.complete);
             !damaged.empty()) {
           PT_LOG(WARNING) << "job " << m.job_id << ": checkpoint " << m.complete.dir()

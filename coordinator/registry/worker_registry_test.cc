@@ -730,11 +730,6 @@ TEST(WorkerRegistryTest, MarkDrained_SavedAndKeptForTheSameProcessAfterARestart)
   EXPECT_TRUE(after.Get("w-1")->drained());
 }
 
-// A registration retried because its answer was lost, or because its save
-// failed (UNAVAILABLE, the entry left LOST at the new incarnation), names the
-// same previous incarnation again: the drain it carried is kept. Before, the
-// retry compared that incarnation with the one the lost attempt made, and
-// the worker became placeable again.
 // A failed save is UNAVAILABLE whatever the store said: its own
 // FAILED_PRECONDITION (an etcd fence: "not the leader") must not read as
 // "that incarnation is gone" (JobManager::Drain then reported it drained).
@@ -753,6 +748,11 @@ TEST(WorkerRegistryTest, MarkDrained_SaveRefused_Unavailable) {
   EXPECT_EQ(drained.message(), "state store: not the leader");
 }
 
+// A registration retried because its answer was lost, or because its save
+// failed (UNAVAILABLE, the entry left LOST at the new incarnation), names the
+// same previous incarnation again: the drain it carried is kept. Before, the
+// retry compared that incarnation with the one the lost attempt made, and
+// the worker became placeable again.
 TEST(WorkerRegistryTest, MarkDrained_KeptThroughARetriedRegistration) {
   for (const bool save_fails_first : {false, true}) {
     SCOPED_TRACE(save_fails_first ? "the first save failed" : "the first answer was lost");

@@ -45,20 +45,31 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
         absl::StrCat(flag, " ", path, " is a directory; name a file"));
   }
   struct stat info;
+  // The file whose directory must take a new file: `path`, or the target of
+  // a link to a file not there yet, which a write through it creates.
+  std::string created = path;
   // Written in place: the file must be writable, not its directory
   // (/dev/stderr, a FIFO, a link the user keeps in a read-only directory).
   if (path.back() != '/' && lstat(path.c_str(), &info) == 0 && !S_ISDIR(info.st_mode)) {
     const bool link = S_ISLNK(info.st_mode);
     const bool in_place = write == OutputWrite::kAppended ||
                           (link ? write == OutputWrite::kThroughLinks : !S_ISREG(info.st_mode));
-    if (in_place && !(link && stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))) {
+    const bool dangling = link && stat(path.c_str(), &info) != 0 && errno == ENOENT;
+    if (in_place && dangling) {
+      char target[4096];
+      const ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+      if (n <= 0)
+        return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is not writable"));
+      created.assign(target, n);
+      if (created.front() != '/') created = SplitPath(path).dir + "/" + created;
+    } else if (in_place && !(link && S_ISDIR(info.st_mode))) {
       if (access(path.c_str(), W_OK) != 0) {
         return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is not writable"));
       }
       return absl::OkStatus();
     }
   }
-  const std::string dir = SplitPath(path).dir;
+  const std::string dir = SplitPath(created).dir;
   if (stat(dir.c_str(), &info) != 0) {
     if (errno == ENOENT && !created_dir.empty() &&
         WithoutTrailingSlashes(dir) == WithoutTrailingSlashes(created_dir)) {
@@ -76,7 +87,7 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
         absl::StrCat(flag, " ", path, ": the directory ", dir, " is not writable"));
   }
   // A directory in its place would fail the write only after the run.
-  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+  if (stat(created.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, " is a directory; name a file"));
   }

@@ -130,6 +130,25 @@ TEST(CheckWritableParentTest, MissingDirectory_OkOnlyWhenTheCommandCreatesIt) {
 // made or renamed into a directory needs the directory. Run in a child
 // that drops to nobody when the test runs as root; the checks' messages
 // (empty for OK) come back through a pipe, one per line.
+// A link to a file not there yet, written through (kThroughLinks): the
+// write creates the target, so the target's directory is what must take a
+// new file, not the link's.
+TEST(CheckWritableParentTest, DanglingLinkWrittenThrough_TargetsDirectoryChecked) {
+  const std::string dir = TempDir() + "/dangling";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(symlink("latest-run.svg", (dir + "/latest.svg").c_str()), 0);
+  EXPECT_TRUE(
+      CheckWritableParent("--timeline", dir + "/latest.svg", "", OutputWrite::kThroughLinks).ok());
+  ASSERT_TRUE(WriteFilesOrNone({{dir + "/latest.svg", "svg"}}).ok());
+  EXPECT_EQ(Contents(dir + "/latest-run.svg"), "svg");
+  ASSERT_EQ(symlink("gone/x.svg", (dir + "/nowhere.svg").c_str()), 0);
+  const absl::Status nowhere =
+      CheckWritableParent("--timeline", dir + "/nowhere.svg", "", OutputWrite::kThroughLinks);
+  EXPECT_EQ(nowhere.code(), absl::StatusCode::kInvalidArgument) << nowhere;
+  EXPECT_EQ(nowhere.message(), absl::StrCat("--timeline ", dir, "/nowhere.svg: the directory ", dir,
+                                            "/gone does not exist"));
+}
+
 TEST(CheckWritableParentTest, WrittenInPlace_NeedsTheFileWritable_NotItsDirectory) {
   // In /tmp: nobody cannot reach TEST_TMPDIR under root's home.
   char dir_template[] = "/tmp/pipetrain-output-paths-XXXXXX";

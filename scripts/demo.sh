@@ -7,7 +7,9 @@
 #   bash scripts/demo.sh --workers 2 --solver pipedream --steps 300
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# The build and the demo need Debian's packages only: not the tests' npm
+# packages (the npm registry).
+PIPETRAIN_SETUP_BUILD_ONLY=1 bash scripts/setup.sh
 bazel build //cli:pipetrain
 bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
 out="${PIPETRAIN_DEMO_OUT:-/tmp/pipetrain-demo}"

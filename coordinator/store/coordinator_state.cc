@@ -54,18 +54,6 @@ absl::Status Unseal(const Store& store, const std::string& key, absl::string_vie
   return absl::OkStatus();
 }
 
-template <typename Message>
-absl::StatusOr<std::vector<Message>> LoadAll(const Store& store, const std::string& prefix) {
-  ASSIGN_OR_RETURN(auto rows, store.Scan(prefix));
-  std::vector<Message> out;
-  for (const auto& [key, value] : rows) {
-    Message m;
-    RETURN_IF_ERROR(Unseal(store, key, value, &m));
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
 }  // namespace
 
 absl::Status CoordinatorState::Initialize() {
@@ -98,10 +86,20 @@ absl::Status CoordinatorState::SaveWorker(const v1::Worker& worker) {
 }
 
 absl::StatusOr<std::vector<v1::Worker>> CoordinatorState::LoadWorkers() const {
-  ASSIGN_OR_RETURN(std::vector<store::StoredWorker> stored,
-                   LoadAll<store::StoredWorker>(*store_, kWorkers));
+  ASSIGN_OR_RETURN(auto rows, store_->Scan(kWorkers));
   std::vector<v1::Worker> out;
-  for (const store::StoredWorker& s : stored) {
+  for (const auto& [key, value] : rows) {
+    store::StoredWorker s;
+    RETURN_IF_ERROR(Unseal(*store_, key, value, &s));
+    // Saved and deleted at kWorkers + its id (as jobs are): a record under
+    // another key would never be removed, and would bring the worker back
+    // after every restart. Left where it is.
+    if (key != kWorkers + s.id()) {
+      PT_LOG(WARNING) << store_->Describe() << ": " << key << " holds worker \""
+                      << absl::CHexEscape(s.id().substr(0, 64))
+                      << "\", which is saved under another key; not restored (delete the record)";
+      continue;
+    }
     v1::Worker w;
     w.set_id(s.id());
     w.set_data_address(s.data_address());

@@ -135,6 +135,23 @@ TEST(CoordinatorStateTest, JobUnderAnotherKeyThanItsId_NotLoaded) {
   EXPECT_EQ(jobs->at(0).job().id(), "job-2");
 }
 
+// The same for workers: a copy under another key was never deleted, and
+// brought the worker back after every restart.
+TEST(CoordinatorStateTest, WorkerUnderAnotherKeyThanItsId_NotLoaded) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  v1::Worker worker;
+  worker.set_id("w-2");
+  worker.set_data_address("10.0.0.2:7001");
+  ASSERT_TRUE(state.SaveWorker(worker).ok());
+  const std::string sealed = store.Get("workers/w-2").value().value();
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("workers/w-1", sealed)}).ok());
+  const auto workers = state.LoadWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ(workers->at(0).id(), "w-2");
+}
+
 TEST(CoordinatorStateTest, RecordChangedAfterItsSave_IsDataLossNamingTheKey) {
   MemoryStore store;
   CoordinatorState state(&store);

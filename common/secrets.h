@@ -56,6 +56,10 @@ std::string Sha256Hex(absl::string_view data);
 // (a training checkpoint's tensors: gigabytes).
 std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces);
 
+// Whether `s` has Sha256Hex's form: 64 lowercase hex digits (a digest a
+// peer or a file sends, checked before it is compared or shown).
+bool IsSha256Hex(absl::string_view s);
+
 // Whether every user of this machine may read the file at `path` (its
 // mode has o+r); false when it cannot be stat'ed.
 bool ReadableByOthers(const std::string& path);

@@ -57,6 +57,11 @@ TEST(Sha256HexTest, KnownDigests_WholeAndInPieces) {
   EXPECT_EQ(Sha256HexOfPieces({"abc"}), abc);
   EXPECT_EQ(Sha256Hex(""), empty);
   EXPECT_EQ(Sha256HexOfPieces({}), empty);
+  EXPECT_TRUE(IsSha256Hex(abc));
+  EXPECT_FALSE(IsSha256Hex(abc.substr(1)));                      // 63 digits
+  EXPECT_FALSE(IsSha256Hex(abc + "0"));                          // 65
+  EXPECT_FALSE(IsSha256Hex("BA" + abc.substr(2)));               // upper case
+  EXPECT_FALSE(IsSha256Hex(std::string(62, 'a') + "\xc3\xa9"));  // 64 bytes, not hex
 }
 
 // A token or key file: readable by others is what the warning is about;

@@ -11,11 +11,11 @@
 #include <map>
 #include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/confined_path.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "common/temp_file.h"
 #include "common/utf8_prefix.h"
@@ -24,14 +24,6 @@
 
 namespace pipetrain {
 namespace {
-
-bool IsSha256Hex(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s) {
-    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
-  }
-  return true;
-}
 
 std::string StepDir(const std::string& dir, int64_t step) {
   return absl::StrFormat("%s/step-%08d", dir, step);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
@@ -361,20 +362,15 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
                                                      "]"));
     }
   }
-  const auto sha256_hex = [](const std::string& digest) {
-    return digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char c) {
-             return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-           });
-  };
   // Quoted in a failed job's reason (cut to 12 characters, which must not
   // split a multi-byte one: a stored reason that is not UTF-8 does not
   // parse, and the coordinator would not restart).
-  if (!r.weights_digest().empty() && !sha256_hex(r.weights_digest())) {
+  if (!r.weights_digest().empty() && !IsSha256Hex(r.weights_digest())) {
     return absl::InvalidArgumentError(
         "ReportProgressRequest.weights_digest: not 64 lowercase hex digits");
   }
   // Shown to users (Job.data_sha256) and compared byte for byte.
-  if (!r.data_sha256().empty() && !sha256_hex(r.data_sha256())) {
+  if (!r.data_sha256().empty() && !IsSha256Hex(r.data_sha256())) {
     return absl::InvalidArgumentError(
         "ReportProgressRequest.data_sha256: not 64 lowercase hex digits");
   }

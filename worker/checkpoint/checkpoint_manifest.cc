@@ -11,11 +11,11 @@
 #include <memory>
 #include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
@@ -73,13 +73,6 @@ bool AsUnsigned(const json& value, uint64_t* out) {
   }
   if (!value.is_number_integer() || value.get<int64_t>() < 0) return false;
   *out = static_cast<uint64_t>(value.get<int64_t>());
-  return true;
-}
-
-bool IsLowerHex(const std::string& s) {
-  for (char c : s) {
-    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
-  }
   return true;
 }
 
@@ -154,7 +147,7 @@ absl::StatusOr<v1::UnitFile> ManifestParser::Unit(const json& entry, const std::
   ASSIGN_OR_RETURN(const json* sha,
                    Field(entry, "sha256", absl::StrCat(name, ".sha256"), json::value_t::string));
   const std::string& hex = sha->get_ref<const std::string&>();
-  if (hex.size() != 64 || !IsLowerHex(hex)) {
+  if (!IsSha256Hex(hex)) {
     return Error(absl::StrCat(name, ".sha256 must be 64 lowercase hex digits"));
   }
   file.set_sha256(hex);

@@ -142,6 +142,25 @@ class JobManagerElasticTest : public ::testing::Test {
     return id;
   }
 
+  // Submits `spec` (checkpoints every 5 steps into a directory of its own)
+  // and runs `steps` (at least 5) steps of it, the checkpoint of step 5
+  // complete but its manifest's write failed (a directory in its place,
+  // which even root cannot rename over), then the way cleared: no manifest
+  // at `*manifest` (its path). Returns the job's id.
+  std::string CompleteWithoutManifest(const v1::JobSpec& spec, int steps, std::string* manifest) {
+    const std::string id = Submit(spec).value().id();
+    for (int step = 1; step <= steps; ++step) Step(id, step);
+    *manifest = absl::StrCat(OutputDir(), "/", spec.checkpoint().dir(), "/step-00000005/",
+                             kCheckpointManifestName);
+    std::filesystem::create_directories(*manifest + "/in-the-way");
+    CheckpointAll(id, 5);
+    jobs_->FlushIo();
+    EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+    EXPECT_TRUE(std::filesystem::is_directory(*manifest));
+    std::filesystem::remove_all(*manifest);
+    return id;
+  }
+
   // Registers a worker at 127.0.0.1:`port`, limited to `memory_limit`
   // bytes for its stage (0: no limit).
   std::string AddWorker(int port, int64_t memory_limit = 0) {
@@ -825,15 +844,8 @@ TEST_F(JobManagerElasticTest, ManifestWriteFails_WrittenAgainLater) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_checkpoint()->set_dir("manifest-retry");  // job ids repeat across tests
-  const std::string id = Submit(spec).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  const std::string manifest = OutputDir() + "/manifest-retry/step-00000005/manifest.json";
-  std::filesystem::create_directories(manifest + "/in-the-way");
-  CheckpointAll(id, 5);
-  jobs_->FlushIo();
-  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
-  ASSERT_TRUE(std::filesystem::is_directory(manifest));
-  std::filesystem::remove_all(manifest);
+  std::string manifest;
+  const std::string id = CompleteWithoutManifest(spec, /*steps=*/5, &manifest);
   HeartbeatAllAndSchedule({w1, w2});  // within 5 s of the failure: not yet
   jobs_->FlushIo();
   EXPECT_FALSE(std::filesystem::exists(manifest));
@@ -850,15 +862,8 @@ TEST_F(JobManagerElasticTest, ManifestMissingAtARestart_WrittenByTheNextCoordina
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_checkpoint()->set_dir("manifest-restart");  // job ids repeat across tests
-  const std::string id = Submit(spec).value().id();
-  for (int step = 1; step <= 6; ++step) Step(id, step);
-  const std::string manifest = OutputDir() + "/manifest-restart/step-00000005/manifest.json";
-  std::filesystem::create_directories(manifest + "/in-the-way");
-  CheckpointAll(id, 5);
-  jobs_->FlushIo();
-  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
-  ASSERT_TRUE(std::filesystem::is_directory(manifest));
-  std::filesystem::remove_all(manifest);
+  std::string manifest;
+  const std::string id = CompleteWithoutManifest(spec, /*steps=*/6, &manifest);
   // Not over files other than those recorded (here: none were written).
   RestartCoordinator({w1, w2});
   jobs_->FlushIo();

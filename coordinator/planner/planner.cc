@@ -290,7 +290,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     solved.all_reduce_seconds = solved.simulation.all_reduce_seconds;
   }
   // The groups' all-reduces on their own lane of the timeline.
-  if (!tensor_passes.empty()) AddTensorParallelLanes(tensor_passes, &solved.simulation);
+  TensorParallelLanesDrawn lanes_drawn;
+  if (!tensor_passes.empty()) {
+    lanes_drawn = AddTensorParallelLanes(tensor_passes, &solved.simulation);
+  }
   CompiledPlan out;
   out.programs = std::move(solved.programs);
   if (replicas > 1 && r.spec.parallelism().fused_embedding_sync()) {
@@ -355,6 +358,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
           : ""));
   TimelineSvgOptions svg;
   svg.title = absl::StrCat("job ", job_id, ": ", solved.solver, " plan, predicted iteration");
+  if (lanes_drawn.micro_batches_drawn < lanes_drawn.micro_batches) {
+    absl::StrAppend(&svg.title, "; tensor-parallel all-reduces drawn for the first ",
+                    lanes_drawn.micro_batches_drawn, " of ", lanes_drawn.micro_batches,
+                    " micro-batches");
+  }
   plan.set_timeline_svg(TimelineSvg(solved.simulation, names, svg));
   plan.set_chrome_trace_json(ChromeTraceJson(solved.simulation, names));
   for (const auto& [solver, seconds] : solved.candidates)

@@ -31,15 +31,38 @@ double PassSeconds(const TensorParallelPass& pass) {
   return reduces.empty() ? pass.compute_seconds : reduces.back().second;
 }
 
-void AddTensorParallelLanes(const std::vector<TensorParallelUnitLanes>& lanes,
-                            SimulationResult* result) {
+TensorParallelLanesDrawn AddTensorParallelLanes(const std::vector<TensorParallelUnitLanes>& lanes,
+                                                SimulationResult* result, int64_t max_events) {
+  const auto is_pass = [](const TimelineEvent& e) {
+    return e.micro_batch >= 0 &&
+           (e.kind == TimelineEventKind::kForward || e.kind == TimelineEventKind::kBackward ||
+            e.kind == TimelineEventKind::kRecompute);
+  };
+  // How many all-reduces each micro-batch's passes add, to draw as many
+  // whole micro-batches as max_events allows.
+  std::vector<int64_t> per_micro_batch;
+  for (const TimelineEvent& e : result->events) {
+    if (!is_pass(e)) continue;
+    if (static_cast<size_t>(e.micro_batch) >= per_micro_batch.size()) {
+      per_micro_batch.resize(e.micro_batch + 1, 0);
+    }
+    const bool backward = e.kind == TimelineEventKind::kBackward;
+    for (int u = e.units.begin; u < e.units.end && u < static_cast<int>(lanes.size()); ++u) {
+      per_micro_batch[e.micro_batch] +=
+          AllReduceIntervals(backward ? lanes[u].backward : lanes[u].forward).size();
+    }
+  }
+  TensorParallelLanesDrawn drawn;
+  drawn.micro_batches = static_cast<int>(per_micro_batch.size());
+  int64_t events = 0;
+  while (drawn.micro_batches_drawn < drawn.micro_batches &&
+         events + per_micro_batch[drawn.micro_batches_drawn] <= max_events) {
+    events += per_micro_batch[drawn.micro_batches_drawn++];
+  }
   std::vector<TimelineEvent> added;
   for (const TimelineEvent& e : result->events) {
+    if (!is_pass(e) || e.micro_batch >= drawn.micro_batches_drawn) continue;
     const bool backward = e.kind == TimelineEventKind::kBackward;
-    if (!backward && e.kind != TimelineEventKind::kForward &&
-        e.kind != TimelineEventKind::kRecompute) {
-      continue;
-    }
     // The passes of the event's units in the order they run.
     std::vector<int> units;
     for (int u = e.units.begin; u < e.units.end && u < static_cast<int>(lanes.size()); ++u) {
@@ -77,6 +100,7 @@ void AddTensorParallelLanes(const std::vector<TensorParallelUnitLanes>& lanes,
                      return std::tie(a.worker, a.start_seconds, a.instruction) <
                             std::tie(b.worker, b.start_seconds, b.instruction);
                    });
+  return drawn;
 }
 
 }  // namespace pipetrain

@@ -61,5 +61,44 @@ TEST(AddTensorParallelLanesTest, AllReducesPlacedInsideTheirUnitsScaledToTheEven
   EXPECT_EQ(std::string(TimelineEventKindName(reduces[0].kind)), "tp-all-reduce");
 }
 
+// Three micro-batches whose forward each adds two all-reduces: a budget of
+// five draws the first two whole, one draws none.
+TEST(AddTensorParallelLanesTest, DrawsAsManyWholeMicroBatchesAsTheBudgetHolds) {
+  std::vector<TensorParallelUnitLanes> lanes(1);
+  lanes[0].forward = {0.004, 2, 0.001};
+  SimulationResult base;
+  for (int m = 0; m < 3; ++m) {
+    TimelineEvent f{0, TimelineEventKind::kForward, 0.01 * m, 0.01 * m + 0.005, m, Range{0, 1}};
+    f.instruction = m;
+    base.events.push_back(f);
+  }
+  const auto reduces_of = [](const SimulationResult& r) {
+    std::vector<int> micro_batches;
+    for (const TimelineEvent& e : r.events) {
+      if (e.kind == TimelineEventKind::kTensorParallelAllReduce) {
+        micro_batches.push_back(e.micro_batch);
+      }
+    }
+    return micro_batches;
+  };
+  SimulationResult all = base;
+  TensorParallelLanesDrawn drawn = AddTensorParallelLanes(lanes, &all);
+  EXPECT_EQ(drawn.micro_batches_drawn, 3);
+  EXPECT_EQ(drawn.micro_batches, 3);
+  EXPECT_EQ(reduces_of(all), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+
+  SimulationResult capped = base;
+  drawn = AddTensorParallelLanes(lanes, &capped, 5);
+  EXPECT_EQ(drawn.micro_batches_drawn, 2);
+  EXPECT_EQ(drawn.micro_batches, 3);
+  EXPECT_EQ(reduces_of(capped), (std::vector<int>{0, 0, 1, 1}));
+
+  SimulationResult none = base;
+  drawn = AddTensorParallelLanes(lanes, &none, 1);
+  EXPECT_EQ(drawn.micro_batches_drawn, 0);
+  EXPECT_TRUE(reduces_of(none).empty());
+  EXPECT_EQ(none.events.size(), 3u);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -282,8 +282,7 @@ absl::Status ResolveMaxSeqLen(v1::ModelSpec* model, int seq_len) {
                         Presence::kDefaulted);
 }
 
-// The whole model's size, which the coordinator holds when it assembles
-// the final weights.
+// The whole model's size (kMaxParameters).
 absl::Status CheckModelSize(const v1::ModelSpec& model) {
   GptConfig config;
   config.vocab_size = model.vocab_size();
@@ -523,7 +522,7 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     absl::Status splits = ValidateCubeTensorParallel(config, p->tensor(), samples);
     if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
   } else {
-    absl::Status splits = ValidateTensorParallel(config, p->tensor());
+    absl::Status splits = ValidateTensorParallel(config, p->tensor(), kMaxVocabSize);
     if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
   }
   const int64_t workers = int64_t{p->data()} * p->stages() * p->tensor();
@@ -1004,7 +1003,7 @@ absl::Status TensorSplitStatus(const v1::JobSpec& spec, int tensor_parallel) {
   const int64_t samples = spec.training().batch_size() / micro_batches;
   return spec.parallelism().tensor_mode() == "3d"
              ? ValidateCubeTensorParallel(config, tensor_parallel, samples)
-             : ValidateTensorParallel(config, tensor_parallel);
+             : ValidateTensorParallel(config, tensor_parallel, kMaxVocabSize);
 }
 
 std::vector<std::pair<int, std::string>> UnsplitTensorRanks(const v1::JobSpec& spec, int workers) {

@@ -71,8 +71,9 @@ inline constexpr int kMaxStages = 1024;            // parallelism.stages (and <=
 inline constexpr int kMaxTensorParallel = 64;      // parallelism.tensor
 // compression.forward, .backward and the other codec specs: at most
 // kMaxCodecSpecBytes (kernels/compress/codec_spec.h).
-// Derived: parameters of the whole model (the coordinator assembles the
-// final weights in memory) and tokens per optimizer step.
+// Derived: parameters of the whole model (what one request may make
+// workers hold, stream and checkpoint; checkpoint manifests and train-local
+// share the bound) and tokens per optimizer step.
 inline constexpr int64_t kMaxParameters = int64_t{1} << 32;
 inline constexpr int64_t kMaxTokensPerStep = int64_t{1} << 26;  // batch_size * seq_len
 // scheduling.queue_timeout: default and range, seconds.

@@ -935,6 +935,21 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   spec.mutable_parallelism()->set_tensor(3);
   ExpectRejected(spec,
                  "spec.parallelism.tensor: tensor parallelism of 3 does not divide model.n_head");
+  // A vocabulary T does not divide is told the padded size that would do,
+  // unless that is past the largest a spec accepts.
+  spec = MinimalSpec();
+  spec.mutable_model()->set_n_head(12);
+  spec.mutable_model()->set_d_model(48);
+  spec.mutable_model()->set_vocab_size(257);
+  spec.mutable_parallelism()->set_tensor(3);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: tensor parallelism of 3 does not divide "
+                 "model.vocab_size 257 (pad it to a multiple of 3, e.g. 258;");
+  spec.mutable_model()->set_vocab_size(kMaxVocabSize);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: tensor parallelism of 3 does not divide "
+                 "model.vocab_size 65536, and no vocabulary of at most 65536 above it is a "
+                 "multiple of 3; choose a tensor that divides it");
   // Checkpoints and initial weights are unsplit tensors: any layout takes them.
   spec = MinimalSpec();
   spec.mutable_parallelism()->set_tensor(2);

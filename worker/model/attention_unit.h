@@ -30,7 +30,9 @@ class AttentionUnit : public Unit {
   bool streams_tensor_parallel() const override { return true; }
   // An[b, t] = sum over heads h and queries q of probs[b, h, q, t]: how much
   // attention token t receives from the whole sequence (acctfm §4.3.1).
-  // A tensor-parallel rank sums its own heads only.
+  // With a tensor-parallel group: the whole layer's An, over every rank's
+  // heads (an all-reduce that every rank of the group calls for the same
+  // unit and micro-batch; Unit::TokenImportance).
   std::vector<float> TokenImportance(const UnitContext& ctx) const override;
   void KeepTokenImportance() override { keep_probabilities_ = true; }
 

@@ -92,7 +92,8 @@ Shape ShardShape(const ParameterShard& shard) {
   return shape;
 }
 
-absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel) {
+absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel,
+                                    int64_t max_vocab_size) {
   const int t = tensor_parallel;
   if (t < 1) {
     return absl::InvalidArgumentError(
@@ -108,11 +109,17 @@ absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel
   if (status.ok()) status = must_divide("4 x model.d_model (the MLP width)", 4 * config.d_model);
   if (!status.ok() || config.vocab_size % t == 0) return status;
   // The vocabulary: the usual way out (Megatron pads it too) keeps every
-  // token id valid.
-  return absl::InvalidArgumentError(
-      absl::StrCat("tensor parallelism of ", t, " does not divide model.vocab_size ",
-                   config.vocab_size, " (pad it to a multiple of ", t, ", e.g. ",
-                   (config.vocab_size + t - 1) / t * t, "; the data's token ids stay valid)"));
+  // token id valid, unless the padded size is past what a spec accepts.
+  const int64_t padded = (int64_t{config.vocab_size} + t - 1) / t * t;
+  if (max_vocab_size > 0 && padded > max_vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism of ", t, " does not divide model.vocab_size ",
+                     config.vocab_size, ", and no vocabulary of at most ", max_vocab_size,
+                     " above it is a multiple of ", t, "; choose a tensor that divides it"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tensor parallelism of ", t, " does not divide model.vocab_size ", config.vocab_size,
+      " (pad it to a multiple of ", t, ", e.g. ", padded, "; the data's token ids stay valid)"));
 }
 
 int CubeEdge(int tensor_parallel) {

@@ -154,7 +154,10 @@ absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const st
 
 // INVALID_ARGUMENT naming the field unless T >= 1 splits `config` evenly:
 // T divides n_head (heads per rank), d_model, 4 d_model and vocab_size.
-absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel);
+// A vocabulary T does not divide is told the padded size that would do,
+// unless that is above max_vocab_size (> 0: the largest a spec accepts).
+absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel,
+                                    int64_t max_vocab_size = 0);
 
 // INVALID_ARGUMENT naming the field unless a p x p x p cube (p >= 2) of
 // 3-D tensor parallelism (spec.parallelism.tensor_mode 3d,

@@ -1,6 +1,8 @@
 #include "common/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -163,6 +165,26 @@ class GatedServer : public httplib::Server {
   // listening socket only changes the backlog. Requires: bound.
   void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
 
+  // Whether the listening socket's address is loopback. The host given to
+  // bind goes through getaddrinfo, so spellings IsLoopbackHost does not
+  // take (127.1, a name resolving to 127.0.1.1) bind loopback too.
+  // Requires: bound.
+  bool BoundToLoopback() const {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (getsockname(svr_sock_, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = nullptr;
+    if (address.ss_family == AF_INET) {
+      raw = &reinterpret_cast<const sockaddr_in*>(&address)->sin_addr;
+    } else if (address.ss_family == AF_INET6) {
+      raw = &reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr;
+    } else {
+      return false;
+    }
+    return inet_ntop(address.ss_family, raw, text, sizeof(text)) != nullptr && IsLoopbackHost(text);
+  }
+
   // Runs `request` through httplib's parser, routing and handlers; returns
   // the response as bytes ("Connection: close"). Thread-safe once serving
   // (routes are read only).
@@ -238,7 +260,7 @@ HttpServer::HttpServer(Options options)
 bool HttpServer::HostAllowed(const std::string& host_header) const {
   if (!loopback_names_only_ || host_header.empty()) return true;  // HTTP/1.0 sends none
   absl::string_view host = HostOfHostHeader(host_header);
-  if (IsLoopbackHost(host)) return true;
+  if (IsLoopbackHost(host) || absl::EqualsIgnoreCase(host, bound_host_)) return true;
   if (absl::EndsWith(host, ".")) host.remove_suffix(1);
   return !machine_name_.empty() && absl::EqualsIgnoreCase(host, machine_name_);
 }
@@ -391,7 +413,8 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
                                                "; is the port in use or the host not local?"));
   }
   server_->WidenBacklog();
-  loopback_names_only_ = options_.bearer_token.empty() && IsLoopbackHost(host);
+  bound_host_ = host;
+  loopback_names_only_ = options_.bearer_token.empty() && server_->BoundToLoopback();
   handlers_ = std::make_unique<FixedThreadPool>(options_.handler_threads);
   probes_ = std::make_unique<FixedThreadPool>(1);
   HttpGate::Options gate;

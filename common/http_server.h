@@ -37,13 +37,14 @@
 // Prometheus) are unaffected.
 //
 // DNS rebinding: a server without a bearer token bound to a loopback
-// address (an --insecure coordinator on 127.0.0.1) answers the routes
-// (not the public paths) only for a Host header naming loopback
-// (IsLoopbackHost: localhost, 127.0.0.0/8, [::1]) or this machine's name;
-// others get 403 {"code":7,...}. A web page whose own name an attacker
-// points at 127.0.0.1 would otherwise be same-origin with the API, and
-// pass the Origin check. With a token it gains nothing (it has none), so a
-// server with one, or bound elsewhere, answers any Host.
+// address (an --insecure coordinator on 127.0.0.1; judged by the address
+// the socket got, so 127.1 or a host name resolving to 127.0.1.1 count)
+// answers the routes (not the public paths) only for a Host header naming
+// loopback (IsLoopbackHost: localhost, 127.0.0.0/8, [::1]), this machine's
+// name or the host as Start was given it; others get 403 {"code":7,...}. A web page whose own name
+// an attacker points at 127.0.0.1 would otherwise be same-origin with the API, and pass the Origin
+// check. With a token it gains nothing (it has none), so a server with one, or bound elsewhere,
+// answers any Host.
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
@@ -246,6 +247,8 @@ class HttpServer {
   // gethostname()'s answer (at construction), which on Debian resolves to
   // 127.0.1.1; empty when it failed.
   const std::string machine_name_;
+  // The host Start bound, as the operator spelled it (set before serving).
+  std::string bound_host_;
   // Whether a request with this Host header may reach the routes.
   bool HostAllowed(const std::string& host_header) const;
   int port_ = 0;

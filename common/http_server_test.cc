@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/host_port.h"
 #include "common/slow_http_clients.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -605,6 +606,25 @@ TEST(HttpServer, TokenlessOnLoopback_ForeignHostRefused403_LoopbackNamesPass) {
   EXPECT_EQ(HttpStatusOf(
                 server.AnswerRequestBytes("GET /metrics HTTP/1.1\r\nHost: evil.example\r\n\r\n")),
             200);
+  server.Stop();
+}
+
+// Loopback is judged by the address bound, not by how the host was
+// spelled: getaddrinfo binds 127.1 (and a name resolving to 127.0.1.1) to
+// loopback, which IsLoopbackHost does not take. The spelling the server
+// was started with still passes as a Host.
+TEST(HttpServer, TokenlessBoundToLoopbackBySpellingIsLoopbackHostRefuses_ForeignHostRefused) {
+  HttpServer server;
+  server.Get("/v1/jobs", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  ASSERT_FALSE(IsLoopbackHost("127.1"));
+  ASSERT_TRUE(server.Start("127.1", 0).ok());
+  const auto get = [&](const std::string& host) {
+    return HttpStatusOf(server.AnswerRequestBytes(
+        absl::StrCat("GET /v1/jobs HTTP/1.1\r\nHost: ", host, "\r\n\r\n")));
+  };
+  EXPECT_EQ(get("evil.example:8080"), 403);
+  EXPECT_EQ(get("127.1:8080"), 200);
+  EXPECT_EQ(get("127.0.0.1"), 200);
   server.Stop();
 }
 

@@ -15,10 +15,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/http_response.h"
 
 namespace pipetrain {
 namespace {
+
+// Deadlines and waits are judged on the monotonic clock: a wall clock
+// stepped forward would time out every request being read and cut every
+// answer being written; stepped back, no timeout would apply meanwhile.
+absl::Time GateNow() { return MonotonicClock()->Now(); }
 
 constexpr size_t kReadChunk = 16 * 1024;
 constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -72,7 +78,7 @@ struct HttpGate::Connection {
   const int fd;
   State state = State::kReading;
   absl::Time deadline = absl::InfiniteFuture();  // of the current state
-  const absl::Time accepted = absl::Now();
+  const absl::Time accepted = GateNow();
   std::string in;  // kReading: every byte received so far
   HttpRequestFramer framer;
   std::string out;     // bytes still to write: "100 Continue", an answer
@@ -157,7 +163,7 @@ void HttpGate::Loop() {
     answers.clear();
     Sweep();
     PollOnce();
-    Expire(absl::Now());
+    Expire(GateNow());
     Sweep();
   }
   for (auto& [id, connection] : connections_) close(connection->fd);
@@ -223,7 +229,7 @@ void HttpGate::Adopt(int fd) {
   }
   auto owned = std::make_unique<Connection>(next_id_++, fd, options_.limits);
   Connection& connection = *owned;
-  connection.deadline = absl::Now() + options_.request_timeout;
+  connection.deadline = GateNow() + options_.request_timeout;
   connections_.emplace(connection.id, std::move(owned));
   // Every place taken by a request being handled or answered: a probe may
   // still come (a kubelet's, which restarts the process when it fails).
@@ -246,7 +252,7 @@ void HttpGate::Answer(uint64_t id, std::string response) {
   }
   Send(connection, response);
   connection.state = State::kWriting;
-  connection.deadline = absl::Now() + options_.response_timeout;
+  connection.deadline = GateNow() + options_.response_timeout;
   Flush(connection);
   LimitUnsentBytes(connection);
 }
@@ -287,7 +293,7 @@ void HttpGate::PollOnce() {
     fds.push_back({connection->fd, events, 0});
     polled.push_back(connection.get());
   }
-  if (poll(fds.data(), fds.size(), PollTimeoutMillis(next_deadline, absl::Now())) <= 0) return;
+  if (poll(fds.data(), fds.size(), PollTimeoutMillis(next_deadline, GateNow())) <= 0) return;
   if (fds[0].revents != 0) {
     uint64_t count;
     if (read(wake_fd_, &count, sizeof(count)) < 0) {}  // EAGAIN: already cleared
@@ -407,7 +413,7 @@ void HttpGate::Flush(Connection& connection) {
 void HttpGate::Reject(Connection& connection, int status, const std::string& code,
                       const std::string& message) {
   if (options_.on_reject)
-    options_.on_reject(connection.in, status, absl::Now() - connection.accepted);
+    options_.on_reject(connection.in, status, GateNow() - connection.accepted);
   std::string().swap(connection.in);
   Send(connection, SerializeClosingResponse(JsonError(status, code, message)));
   StartLingering(connection);
@@ -419,7 +425,7 @@ void HttpGate::StartLingering(Connection& connection) {
   // one attempt to write its answer and is closed at once.
   const bool room = CountIn(State::kLingering) < options_.max_connections;
   connection.state = State::kLingering;
-  connection.deadline = absl::Now() + (room ? options_.linger : absl::ZeroDuration());
+  connection.deadline = GateNow() + (room ? options_.linger : absl::ZeroDuration());
 }
 
 void HttpGate::Expire(absl::Time now) {

@@ -13,7 +13,7 @@ LogRateLimiter::LogRateLimiter(int burst, absl::Duration period, Clock* clock)
 bool LogRateLimiter::Allow(int64_t* dropped) {
   const absl::Time now = clock_->Now();
   AnnotatedMutexLock lock(&mu_);
-  if (now - window_start_ >= period_) {
+  if (now - window_start_ >= period_ || now < window_start_) {
     window_start_ = now;
     allowed_in_window_ = 0;
   }

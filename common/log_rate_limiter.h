@@ -23,8 +23,10 @@ namespace pipetrain {
 
 class LogRateLimiter {
  public:
-  // `clock` (not owned) defaults to the real one. Requires burst >= 1.
-  LogRateLimiter(int burst, absl::Duration period, Clock* clock = RealClock());
+  // `clock` (not owned) defaults to the monotonic one: a wall clock stepped
+  // back an hour would drop all but the burst for that hour. A clock that
+  // goes back all the same starts a new window. Requires burst >= 1.
+  LogRateLimiter(int burst, absl::Duration period, Clock* clock = MonotonicClock());
 
   // Whether to log this message. When it is allowed, *dropped (may be
   // null) gets how many were not since the last allowed one.

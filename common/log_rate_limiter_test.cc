@@ -24,5 +24,21 @@ TEST(LogRateLimiterTest, BurstPerPeriod_RestCountedAndReportedWithTheNextOne) {
   EXPECT_EQ(LogRateLimiter::Dropped(0), "");
 }
 
+// A clock stepped back (a wall clock an operator set an hour back) starts
+// a new window rather than silencing all but the burst until it catches up.
+TEST(LogRateLimiterTest, ClockSteppedBack_NewWindowAfterAPeriod) {
+  FakeClock clock;
+  LogRateLimiter limiter(1, absl::Seconds(10), &clock);
+  EXPECT_TRUE(limiter.Allow(nullptr));
+  EXPECT_FALSE(limiter.Allow(nullptr));
+  clock.Advance(absl::Hours(-1));
+  EXPECT_TRUE(limiter.Allow(nullptr));
+  EXPECT_FALSE(limiter.Allow(nullptr));
+  clock.Advance(absl::Seconds(10));
+  int64_t dropped = -1;
+  EXPECT_TRUE(limiter.Allow(&dropped));
+  EXPECT_EQ(dropped, 1);  // the one since the step back
+}
+
 }  // namespace
 }  // namespace pipetrain

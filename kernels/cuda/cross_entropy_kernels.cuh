@@ -79,8 +79,11 @@ __global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t*
     }
   }
   const float row_max = BlockReduce(m, -INFINITY, scratch, MaxOp());
-  // A thread with no logits (vocab < blockDim.x) adds nothing.
-  s = m == -INFINITY ? 0.0f : s * expf(m - row_max);
+  // A thread with no logits (vocab < blockDim.x), or only -inf ones, adds
+  // nothing; one whose logits were all NaN (m stays -inf: NaN > m is false)
+  // adds its NaN, as the CPU's sum does: BlockReduce's max drops NaN, and a
+  // NaN logit would otherwise leave the row's loss finite.
+  s = m == -INFINITY ? (s != s ? s : 0.0f) : s * expf(m - row_max);  // s != s: NaN
   s = BlockReduce(s, 0.0f, scratch, SumOp());
   const float inv = 1.0f / s;
   if constexpr (kBf16Gradient) {

@@ -157,5 +157,23 @@ TEST(CrossEntropyEmulationTest, Bf16GradientForward_IsTheFp32PassesRounded) {
   }
 }
 
+// A NaN logit makes its row's loss NaN, as the CPU's softmax sum does, also
+// when it is the only logit its thread reads (vocab <= the block's
+// threads) and so never sets that thread's max.
+TEST(CrossEntropyEmulationTest, NanLogit_RowLossAndMeanAreNan) {
+  for (const Case& c : {Case{2, 300, 300}, Case{2, 1000, 1024}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << c.vocab);
+    std::vector<float> logits = testing::RandomTensor({int64_t{c.n} * c.ld}, 72, 3.0f).ToVector();
+    const std::vector<int32_t> targets = {1, 1};
+    logits[5] = NAN;  // row 0, not its target
+    const Emulated e = RunEmulated(c, logits, targets);
+    EXPECT_TRUE(std::isnan(e.row_losses[0])) << e.row_losses[0];
+    EXPECT_FALSE(std::isnan(e.row_losses[1])) << e.row_losses[1];
+    EXPECT_TRUE(std::isnan(e.loss));
+    EXPECT_TRUE(std::isnan(e.bf16_row_losses[0])) << e.bf16_row_losses[0];
+    EXPECT_TRUE(std::isnan(e.bf16_loss));
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -206,17 +206,24 @@ void CachingAllocator::EmptyCache() {
 }
 
 size_t CachingAllocator::ReleaseStream(StreamId stream) {
-  AnnotatedMutexLock lock(&mu_);
+  std::vector<void*> blocks;
   size_t released = 0;
-  // The set orders by stream first: its blocks are one run.
-  auto it = free_.lower_bound(FreeKey{stream, 0, 0});
-  while (it != free_.end() && std::get<0>(*it) == stream) {
-    raw_->Free(reinterpret_cast<void*>(std::get<2>(*it)));
-    ++stats_.raw_frees;
-    released += std::get<1>(*it);
-    it = free_.erase(it);
+  {
+    AnnotatedMutexLock lock(&mu_);
+    // The set orders by stream first: its blocks are one run.
+    auto it = free_.lower_bound(FreeKey{stream, 0, 0});
+    while (it != free_.end() && std::get<0>(*it) == stream) {
+      blocks.push_back(reinterpret_cast<void*>(std::get<2>(*it)));
+      released += std::get<1>(*it);
+      it = free_.erase(it);
+    }
+    stats_.raw_frees += static_cast<int64_t>(blocks.size());
+    stats_.bytes_cached -= released;
   }
-  stats_.bytes_cached -= released;
+  // Outside the lock: cudaFree waits for the whole device, a job's NCCL
+  // kernels waiting on a peer included, and that job's thread must still
+  // allocate the scratch for the send its peer waits for.
+  for (void* block : blocks) raw_->Free(block);
   return released;
 }
 

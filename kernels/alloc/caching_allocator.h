@@ -138,7 +138,9 @@ class CachingAllocator {
   // stream being destroyed once its queued work is done: no later Allocate
   // asks for that stream again, so they would stay cached, unused, until an
   // out-of-memory empties the cache mid-job. Blocks in use stay. Returns
-  // the bytes released.
+  // the bytes released. The raw frees run outside the allocator's lock
+  // (cudaFree may wait for the whole device): other streams allocate and
+  // free meanwhile.
   size_t ReleaseStream(StreamId stream);
 
   Stats GetStats() const;

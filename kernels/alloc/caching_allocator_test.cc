@@ -261,6 +261,79 @@ TEST(CachingAllocatorTest, ReleaseStream_OnlyThatStreamsCachedBlocks) {
   allocator.Free(before);
 }
 
+// A raw allocator whose Free of one block waits until let go (cudaFree
+// waiting for a device whose kernels wait on a peer).
+class BlockingFreeRawAllocator : public RawAllocator {
+ public:
+  explicit BlockingFreeRawAllocator(FakeRawAllocator* inner) : inner_(inner) {}
+  absl::StatusOr<void*> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
+  void Free(void* ptr) override {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (ptr == blocking_) {
+        in_blocked_free_ = true;
+        while (!mu_.AwaitWithTimeout(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return let_go_; }, absl::Minutes(1))) {
+        }
+      }
+    }
+    inner_->Free(ptr);
+  }
+  void BlockFreeOf(void* ptr) {
+    AnnotatedMutexLock lock(&mu_);
+    blocking_ = ptr;
+  }
+  bool AwaitBlockedFree() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([this]()
+                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_blocked_free_; },
+                                absl::Seconds(60));
+  }
+  void LetGo() {
+    AnnotatedMutexLock lock(&mu_);
+    let_go_ = true;
+  }
+
+ private:
+  FakeRawAllocator* const inner_;
+  AnnotatedMutex mu_;
+  void* blocking_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool in_blocked_free_ ABSL_GUARDED_BY(mu_) = false;
+  bool let_go_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// While ReleaseStream's raw free waits, another stream allocates and frees.
+TEST(CachingAllocatorTest, ReleaseStream_RawFreeWaits_OtherStreamsStillAllocate) {
+  FakeRawAllocator fake;
+  BlockingFreeRawAllocator raw(&fake);
+  CachingAllocator allocator(&raw, TestOptions());
+  void* released = MustAllocate(allocator, 4096, 1);
+  allocator.Free(released);
+  raw.BlockFreeOf(released);
+  std::thread release([&] { EXPECT_EQ(allocator.ReleaseStream(1), 4096u); });
+  ASSERT_TRUE(raw.AwaitBlockedFree());
+  AnnotatedMutex done_mu;
+  bool done = false;
+  std::thread other([&] {
+    void* p = MustAllocate(allocator, 8192, 2);
+    allocator.Free(p);
+    AnnotatedMutexLock lock(&done_mu);
+    done = true;
+  });
+  bool allocated_meanwhile = false;
+  {
+    AnnotatedMutexLock lock(&done_mu);
+    allocated_meanwhile = done_mu.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done; }, absl::Seconds(10));
+  }
+  raw.LetGo();
+  release.join();
+  other.join();
+  EXPECT_TRUE(allocated_meanwhile) << "stream 2's allocation waited for stream 1's raw free";
+  EXPECT_EQ(allocator.GetStats().raw_frees, 1);
+  EXPECT_EQ(fake.live_bytes(), 8192u);  // stream 2's block, cached
+}
+
 TEST(CachingAllocatorTest, Allocate_RawOutOfMemoryWithCachedBlocks_EmptiesCacheAndRetries) {
   FakeRawAllocator raw(/*capacity=*/8 * kKiB);
   CachingAllocator allocator(&raw, TestOptions());

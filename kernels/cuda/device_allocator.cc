@@ -89,10 +89,17 @@ void ReleaseStreamCaches(cudaStream_t stream) {
   PinnedHostCachingAllocator().ReleaseStream(id);
   int current = 0;
   if (cudaGetDevice(&current) != cudaSuccess) return;
-  absl::MutexLock lock(&scratch_mu);
   // Each device's: a stream's blocks are on the device that was current
-  // when they were taken, which the caller need not know.
-  for (const auto& [device, allocator] : ScratchByDevice()) {
+  // when they were taken, which the caller need not know. Released without
+  // scratch_mu (the allocators are never destroyed): cudaFree waits for the
+  // device, and another thread's first scratch on a device must not wait
+  // with it.
+  std::map<int, CachingAllocator*> allocators;
+  {
+    absl::MutexLock lock(&scratch_mu);
+    allocators = ScratchByDevice();
+  }
+  for (const auto& [device, allocator] : allocators) {
     if (cudaSetDevice(device) == cudaSuccess) allocator->ReleaseStream(id);
   }
   cudaSetDevice(current);

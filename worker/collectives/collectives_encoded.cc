@@ -73,12 +73,14 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     const auto [begin, end] = chunk_range(s, c);
     return Shape{end - begin, width};
   };
-  // A chunk that is not finite, which no codec takes, travels raw and is
-  // summed as it is: every member then meets one (its own, a raw
-  // contribution, or a raw sum, as the plain all-reduce's NaN reaches every
-  // member), and once every message is exchanged all refuse alike. One
-  // member refusing alone left the others waiting out their timeouts.
-  bool not_finite = false;
+  // A chunk that is not finite, which no codec takes, or that the codec
+  // refuses (fp16 past 65504), travels raw and is summed as it is: every
+  // member then meets one (its own, a raw contribution, or a raw sum, as
+  // the plain all-reduce's NaN reaches every member), and once every
+  // message is exchanged all refuse alike. One member refusing alone left
+  // the others waiting out their timeouts.
+  bool went_raw = false;
+  std::string refused_here;  // the codec's first refusal on this member
   // One chunk coded for sending: its payload (empty when it goes raw) and
   // what the receivers will decode of it.
   struct Coded {
@@ -108,10 +110,10 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                                     Address(iteration, tag, recv_seq_[from]++),
                                                     options_.timeout),
                                Describe(tag)));
-    // Raw only for a chunk that is not finite (above).
-    if (!wire.encoded() && wire.tensor.shape() == shape && !wire.tensor.on_device() &&
-        FirstNonFinite(wire.tensor) >= 0) {
-      not_finite = true;
+    // Raw only for a chunk that is not finite or that the codec refused
+    // (above).
+    if (!wire.encoded() && wire.tensor.shape() == shape && !wire.tensor.on_device()) {
+      went_raw = true;
       return std::move(wire.tensor);
     }
     if (!wire.encoded() || wire.codec != spec || wire.shape != shape) {
@@ -125,14 +127,21 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   };
 
   // `values` through the codec (decoded here as the receivers will decode
-  // them), or raw when they are not finite (above).
+  // them), or raw when they are not finite or the codec refuses them
+  // (above).
   const auto code = [&](const Tensor& values) -> absl::StatusOr<Coded> {
     if (FirstNonFinite(values) >= 0) {
-      not_finite = true;
+      went_raw = true;
       return Coded{"", values.Clone(), true};
     }
     Coded coded;
-    ASSIGN_OR_RETURN(coded.payload, Annotated(codec.Encode(values, nullptr), Describe(tag)));
+    absl::StatusOr<std::string> payload = codec.Encode(values, nullptr);
+    if (!payload.ok()) {
+      went_raw = true;
+      if (refused_here.empty()) refused_here = std::string(payload.status().message());
+      return Coded{"", values.Clone(), true};
+    }
+    coded.payload = *std::move(payload);
     ASSIGN_OR_RETURN(coded.decoded, Annotated(codec.Decode(coded.payload), Describe(tag)));
     return coded;
   };
@@ -155,11 +164,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // Every message exchanged: the refusal all members make alike.
   const auto finish = [&]() -> absl::Status {
     if (stats != nullptr) *stats = local;
-    if (!not_finite) return absl::OkStatus();
+    if (!went_raw) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat(Describe(tag),
-                     ": values that are not finite (NaN or infinite) on some member, or in "
-                     "their sum; no codec takes them (training diverged?)"));
+        absl::StrCat(Describe(tag), ": values that are not finite (NaN or infinite), or that ",
+                     spec, " cannot carry, on some member or in their sum (training diverged?)",
+                     refused_here.empty() ? "" : absl::StrCat("; here: ", refused_here)));
   };
   if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
   // Chunks are views of `data` (rows [begin, end) of [rows, width]).
@@ -191,7 +200,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       for (int64_t i = 0; i < mine.numel(); ++i) out[i] = parts[0][i] + parts[1][i];
       // A sum that overflows: both members hold the same bits, and refuse
       // alike, as with three or more.
-      if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) not_finite = true;
+      if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) went_raw = true;
     }
     return finish();
   }

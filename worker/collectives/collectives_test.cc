@@ -807,6 +807,41 @@ TEST(CollectivesTest, EncodedAllReduce_NotFinite_EveryMemberRefusesAlikeAtOnce) 
   }
 }
 
+// Finite values the codec refuses (fp16 carries at most 65504): one
+// member's contribution, or, with three or more, a sum a member re-encodes.
+// Every member refuses alike, as for values not finite, rather than the
+// refusing one alone while the others wait out their timeout.
+TEST(CollectivesTest, EncodedAllReduce_CodecRefusesFiniteValues_EveryMemberRefusesAlike) {
+  std::unique_ptr<Codec> codec = MakeFp16Codec();
+  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(30)};
+  constexpr int64_t kRows = 10;
+  for (int n : {2, 3, 4}) {
+    for (const bool in_sum : {false, true}) {
+      if (in_sum && n == 2) continue;  // two members never re-encode a sum
+      SCOPED_TRACE(absl::StrCat(n, " members", in_sum ? ", a sum past fp16" : ", a value"));
+      std::vector<absl::Status> next(n);
+      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
+        std::vector<float> values = EncodedInput(r, kRows, false);
+        if (in_sum) {
+          values[100] = 30000.0f;  // fp16 carries each, not their sum
+        } else if (r == n - 1) {
+          values[100] = 70000.0f;
+        }
+        Tensor t = Tensor::FromVector({kRows, 16}, values);
+        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t);
+        Tensor again = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
+        next[r] = c.AllReduceEncoded(3, 9, *codec, kRows, again);
+        return s;
+      });
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << status[r];
+        EXPECT_TRUE(absl::StrContains(status[r].message(), "fp16 cannot carry")) << status[r];
+        EXPECT_TRUE(next[r].ok()) << r << ": " << next[r];
+      }
+    }
+  }
+}
+
 // A tensor of no values (rows of width 0) has nothing to sum: OK at once on
 // every member, nothing sent, stats zero and a coding error of data's shape.
 TEST(CollectivesTest, EncodedAllReduce_NoValues_OkNothingSentStatsZero) {

@@ -44,8 +44,11 @@ namespace pipetrain {
 // One power iteration. q_warm: the previous call's Q on this link
 // ([cols, r]) or null for a cold start; q may alias q_warm (the caller keeps
 // q as its next warm start; the CPU codec does not update its state when
-// rows or cols is 0, and neither should the caller). rows == 0 or cols == 0
-// zero-fills p, and q unless q is q_warm (a warm start stays as it was).
+// rows or cols is 0, and neither should the caller), but a refused call (a
+// Q that overflows) has then overwritten the warm start: a caller that
+// goes on after a refusal writes q beside it (the backend does). rows == 0
+// or cols == 0 zero-fills p, and q unless q is q_warm (a warm start stays
+// as it was).
 // Errors: INVALID_ARGUMENT for rank outside 1..65536, rows or cols negative
 // or >= 2^31, a null pointer where data is needed, or a non-finite element
 // of M ("powersgd: element i is nan; only finite values can be encoded",

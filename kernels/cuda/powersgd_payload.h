@@ -12,7 +12,8 @@
 //
 // Warm start (the CPU's CodecState::powersgd_q): the caller keeps Q
 // [cols, rank] on the device from call to call on one link and passes it
-// as q_warm; the encode writes the new Q into q_out, which may be q_warm.
+// as q_warm; the encode writes the new Q into q_out, which may be q_warm
+// (then a refused encode leaves q_warm overwritten: powersgd.h).
 //
 // Synchronisation: both wait for the handle's stream (a payload is a host
 // string). Scratch comes from the device's stream-keyed cache

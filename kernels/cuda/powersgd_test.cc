@@ -237,7 +237,8 @@ TEST_F(PowerSgdCudaTest, Encode_EmptyMatrixWarm_KeepsTheWarmStart) {
 // --- Payloads (powersgd_payload.h): what a CUDA stage sends and receives.
 
 // Three encodes on one link, Q kept on the device between them (q_out
-// aliasing q_warm, as the backend keeps it): each payload has the CPU
+// aliasing q_warm; the backend writes beside it, so that a refused encode
+// keeps the warm start): each payload has the CPU
 // codec's size and header, and decodes (on the CPU) to what the CPU codec
 // with its own CodecState delivers, within the parity tolerance.
 TEST_F(PowerSgdCudaTest, PayloadEncode_WarmStartedSequence_DecodesAsTheCpuCodecs) {

@@ -90,8 +90,19 @@ std::vector<Spec> AllSpecs() {
 }
 
 const std::vector<Shape>& TestShapes() {
-  static const auto* shapes = new std::vector<Shape>{
-      {}, {0}, {1}, {7}, {3, 5}, {2, 0, 4}, {2, 3, 4}, {1000}, {17, 33}};
+  static const auto* shapes =
+      new std::vector<Shape>{{},
+                             {0},
+                             {1},
+                             {7},
+                             {3, 5},
+                             {2, 0, 4},
+                             {2, 3, 4},
+                             {1000},
+                             {17, 33},
+                             // Past kPackChunkCodes (bit_pack.h): codes packed in several chunks,
+                             // the last one partial.
+                             {3, 1500}};
   return *shapes;
 }
 

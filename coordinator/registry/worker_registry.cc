@@ -316,6 +316,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   entry.stopping = false;  // a new process runs nothing yet
   entry.released_job.clear();
   entry.restored_unheard = false;
+  entry.lost_why.clear();
   TouchLocked(entry, clock_->Now());
   SetStateLocked(entry, v1::WORKER_STATE_JOINING);  // READY once saved (Register)
 }
@@ -339,10 +340,12 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckIncarnationLocked(*entry, request.incarnation()));
   const v1::WorkerState state = entry->worker.state();
   if (!IsLive(state)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Describe(entry->worker), " is ", EnumShortName(state),
-        state == v1::WORKER_STATE_LOST ? " (its lease expired before this heartbeat arrived)" : "",
-        "; re-register to start a new incarnation"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(entry->worker), " is ", EnumShortName(state),
+                     state == v1::WORKER_STATE_LOST && !entry->lost_why.empty()
+                         ? absl::StrCat(" (", entry->lost_why, ")")
+                         : "",
+                     "; re-register to start a new incarnation"));
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
@@ -718,6 +721,7 @@ void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
                         absl::StrCat(Describe(entry->worker), " is gone: ", why), incarnation});
     }
     SetStateLocked(*entry, v1::WORKER_STATE_LOST);
+    entry->lost_why = why;
     listener = listener_;
   }
   Notify(listener, losses);
@@ -749,6 +753,7 @@ int WorkerRegistry::CheckLeases() {
              worker.incarnation()});
       }
       SetStateLocked(entry, v1::WORKER_STATE_LOST);
+      entry.lost_why = "its lease expired before this heartbeat arrived";
       ++lost;
     }
     listener = listener_;

@@ -360,6 +360,9 @@ class WorkerRegistry {
     // Restored LOST and not heard from since: the process may still be
     // running a job of the old coordinator's (StoppedSince).
     bool restored_unheard = false;
+    // Why the current incarnation is LOST (a heartbeat refused then says
+    // it): its lease expired, or its assignment stream closed.
+    std::string lost_why;
   };
   struct Loss {
     std::string worker_id;

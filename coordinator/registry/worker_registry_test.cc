@@ -391,6 +391,7 @@ TEST(WorkerRegistryTest, Heartbeat_AfterLost_FailedPreconditionToReRegister) {
   const absl::Status status = registry.Heartbeat(Beat("w-1", 1));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) is LOST"));
+  EXPECT_THAT(status.message(), HasSubstr("(its lease expired before this heartbeat arrived)"));
   EXPECT_THAT(status.message(), HasSubstr("re-register"));
 }
 
@@ -634,7 +635,12 @@ TEST(WorkerRegistryTest, MarkLost_CurrentIncarnation_LostAtOnceListenerFiresHear
   v1::HeartbeatRequest beat;
   beat.set_worker_id("w-1");
   beat.set_incarnation(1);
-  EXPECT_EQ(registry.Heartbeat(beat).code(), absl::StatusCode::kFailedPrecondition);
+  // Its heartbeats still arrive (a proxy closed only the stream): the
+  // refusal says why it is LOST, not that its lease expired.
+  const absl::Status refused = registry.Heartbeat(beat);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("is LOST (its assignment stream closed)"));
+  EXPECT_THAT(refused.message(), Not(HasSubstr("lease")));
 }
 
 TEST(WorkerRegistryTest, MarkLost_OldIncarnationOrUnknown_ChangesNothing) {

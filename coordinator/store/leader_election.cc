@@ -243,17 +243,20 @@ void LeaderElection::Observe() {
     Campaign();
     return;
   }
-  const mvccpb::KeyValue& kv = response.kvs(0);
   int64_t lease = 0;
   {
     AnnotatedMutexLock lock(&mu_);
     lease = lease_id_;
   }
-  // Ours: won earlier, or a campaign whose answer was lost on the way back.
+  JudgeLeaderKey(response.kvs(0), lease, "another participant holds the leader key");
+}
+
+void LeaderElection::JudgeLeaderKey(const mvccpb::KeyValue& kv, int64_t lease,
+                                    const std::string& why) {
   if (lease != 0 && kv.lease() == lease) {
     BecomeLeader(kv.create_revision());
   } else {
-    BecomeFollower(kv.value(), "another participant holds the leader key");
+    BecomeFollower(kv.value(), why);
   }
 }
 
@@ -292,11 +295,16 @@ void LeaderElection::Campaign() {
     BecomeLeader(response.header().revision());
     return;
   }
-  std::string leader;
+  // The key as etcd holds it. Under the lease campaigned with: this
+  // participant's own, written by an earlier try of this Txn whose answer
+  // was lost (EtcdClient retried it at the next member); leading now, not
+  // following itself until the next round's Observe.
   if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0) {
-    leader = response.responses(0).response_range().kvs(0).value();
+    JudgeLeaderKey(response.responses(0).response_range().kvs(0), put->lease(),
+                   "another participant won the campaign");
+  } else {
+    BecomeFollower("", "another participant won the campaign");
   }
-  BecomeFollower(leader, "another participant won the campaign");
 }
 
 void LeaderElection::BecomeLeader(int64_t create_revision) {

@@ -138,6 +138,10 @@ class LeaderElection final : public LeadershipView {
   bool RenewIfDue();
   void Observe();
   void Campaign();
+  // The leader key as read: ours when it is under `lease` (nonzero: won
+  // earlier, or a campaign whose answer was lost after etcd applied it,
+  // which a retry then finds taken), else another's.
+  void JudgeLeaderKey(const mvccpb::KeyValue& kv, int64_t lease, const std::string& why);
   // Drops the lease if it is past its expiry; true if there is none.
   bool LeaseGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // is_leader_, and the lease not past its expiry (the thread may not have

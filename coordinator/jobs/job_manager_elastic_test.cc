@@ -2660,8 +2660,8 @@ TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
 }
 
 // Workers that hold half of ElasticSpec(2, ...)'s model each but not all
-// of it (it needs 240768 bytes on one worker).
-constexpr int64_t kHalfModelMemory = 200000;
+// of it (it needs 191232 bytes on one worker).
+constexpr int64_t kHalfModelMemory = 180000;
 
 // A worker whose job's model does not fit on the others is drained: the
 // boundary's re-plan without it is refused for memory. The job recovers
@@ -2679,7 +2679,7 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   v1::Job job = PassBoundary(id, 5, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
-                                                  " would need 240768 bytes"))
+                                                  " would need 191232 bytes"))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
   // Not planned on w1 alone again, pass after pass.

@@ -122,8 +122,10 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
                                              const std::vector<v1::Worker>& workers) {
   // Every plan holds each unit's fp32 weights, their gradients and both
   // AdamW moments (BiPartitionCosts::Memory: 4x the weights of a stage's
-  // backward units, activations on top), once per replica; tensor ranks
-  // split a unit's share. A bound no plan can beat, from shapes alone.
+  // backward units, activations on top), once per replica, less the tied
+  // wte's value and moments (3x) where one worker holds both ends of the
+  // model; tensor ranks split a unit's share. A bound no plan can beat,
+  // from shapes alone.
   const std::vector<double> budgets = PlanMemoryBudgets(workers);
   double total = 0, largest = 0;
   bool some_unlimited = false;  // then no plan-wide bound: the profiler's own below
@@ -139,13 +141,17 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
     weights += u.weight_bytes;
     largest_unit = std::max(largest_unit, u.weight_bytes);
   }
+  const double tied = sizes.units.size() >= 2 ? std::min(sizes.units.front().weight_bytes,
+                                                         sizes.units.back().weight_bytes)
+                                              : 0.0;
+  const double state = 4 * weights - 3 * tied;
   const int replicas = std::max(1, record.resolved.data_parallel);
   const int tensor = record.resolved.tensor_parallel == kTensorParallelAuto
                          ? static_cast<int>(workers.size())
                          : std::max(1, record.resolved.tensor_parallel);
-  if (!some_unlimited && 4 * weights * replicas > total) {
+  if (!some_unlimited && state * replicas > total) {
     return absl::StrCat("its weights, their gradients and AdamW moments alone (",
-                        BytesAndGiB(4 * weights), replicas > 1 ? " per replica" : "",
+                        BytesAndGiB(state), replicas > 1 ? " per replica" : "",
                         ") exceed the memory of its ", workers.size(), " workers together (",
                         BytesAndGiB(total), ")");
   }

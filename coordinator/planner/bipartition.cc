@@ -86,6 +86,9 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
     }
   }
   if (auto s = CheckList(p.weight_bytes, L, true, "weight_bytes", "unit"); !s.ok()) return s;
+  if (!(p.tied_weight_bytes >= 0) || !std::isfinite(p.tied_weight_bytes)) {
+    return absl::InvalidArgumentError("tied_weight_bytes must be finite and >= 0");
+  }
   if (auto s = CheckList(p.stash_bytes, L, true, "stash_bytes", "unit"); !s.ok()) return s;
   if (auto s = CheckList(p.transient_bytes, L, true, "transient_bytes", "unit"); !s.ok()) {
     return s;
@@ -165,6 +168,9 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
     sync[u] = latency_ + (bandwidth_ > 0 ? w / bandwidth_ : 0.0);
   }
   psync_ = Prefix(sync, units_);
+  if (units_ >= 2 && !p.weight_bytes.empty()) {
+    tied_ = std::min({p.tied_weight_bytes, p.weight_bytes[0], p.weight_bytes[units_ - 1]});
+  }
   for (int u = 0; u < units_; ++u) {
     transfer_.push_back(latency_ + (bandwidth_ > 0 ? activation_[u] / bandwidth_ : 0.0));
   }
@@ -224,9 +230,18 @@ double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) cons
   const bool recomputes_after_f = !Empty(f) && b.begin <= f.end && b.end > f.end;
   const double kept_outputs =
       recomputes_after_f ? (stash_count_[worker] - 1) * activation_[f.end - 1] : 0.0;
+  // Both ends of the model on this worker: wte's value once, and its
+  // moments once when it steps both (memory_i's tied term).
+  double tied = 0;
+  if (tied_ > 0) {
+    const auto holds = [](const Range& r, int u) { return r.begin <= u && u < r.end; };
+    const int last = units_ - 1;
+    if ((holds(f, 0) || holds(b, 0)) && (holds(f, last) || holds(b, last))) tied += tied_;
+    if (holds(b, 0) && holds(b, last)) tied += 2 * tied_;
+  }
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) +
          stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
-         std::max(LargestTransient(f), LargestTransient(b));
+         std::max(LargestTransient(f), LargestTransient(b)) - tied;
 }
 
 bool BiPartitionCosts::Fits(int worker, const Range& f, const Range& b) const {

@@ -44,6 +44,7 @@
 //              + (n_i - 1) · activation_bytes[F_i.end - 1]   if F_i non-empty and
 //                    B_i.begin <= F_i.end < B_i.end
 //              + max_{u in F_i ∪ B_i} transient_bytes[u]
+//              - tied · ([F_i ∪ B_i holds units 0 and L-1] + 2 [B_i holds both])
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
 // (the micro-batches whose stash worker i holds at once). The last three
 // terms are not the paper's. The kept outputs: a run of B_i \ F_i right
@@ -56,7 +57,12 @@
 // before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
 // allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),
 // once, since a worker runs one unit at a time. It charges a forward-only unit (F_i \ B_i) its
-// forward-and-backward peak, which over-counts a little.
+// forward-and-backward peak, which over-counts a little. The tied term: a
+// worker holding both ends of the model shares the embedding's wte value
+// with the head (TieHeadToEmbedding), and with both in B_i steps it once
+// (one pair of AdamW moments; its two gradients stay); tied is
+// tied_weight_bytes, at most the smaller of the two units' weight_bytes,
+// which keeps memory_i non-decreasing as a range grows.
 //
 // Every term depends only on worker i's own (F_i, B_i), which is what makes a
 // DP over prefixes (workers used, forward end, backward end) exact. All
@@ -89,6 +95,9 @@ struct BiPartitionProblem {
   std::vector<double> stash_bytes;       // per unit and micro-batch; empty: all 0
   std::vector<double> transient_bytes;   // per unit, above its stash; empty: all 0
   std::vector<double> memory_bytes;      // per worker, 0 = unlimited; empty: all unlimited
+  // The tied wte's bytes (the head's copy of the embedding's; 0: none), for
+  // the memory of a worker holding both ends (above).
+  double tied_weight_bytes = 0;
   double latency_seconds = 0;            // per message (full objective only)
   int micro_batches = 1;                 // m >= 1
   BiPartitionSchedule schedule = BiPartitionSchedule::kOneFOneB;
@@ -158,6 +167,7 @@ class BiPartitionCosts {
   std::vector<std::vector<double>> transient_max_;
   double LargestTransient(const Range& r) const;
   std::vector<double> activation_, transfer_;          // transfer_[u] = Transfer(u)
+  double tied_ = 0;                                    // tied_weight_bytes, clamped (see memory_i)
   double bandwidth_ = 0, latency_ = 0, micro_batches_ = 1;
 };
 

@@ -137,6 +137,8 @@ BiPartitionProblem RandomProblem(uint64_t seed) {
   p.latency_seconds = draw(8, 0, 2) == 0 ? 0.0 : draw(8, 1, 4);
   p.micro_batches = 1 + static_cast<int>(draw(9, 0, 4));
   p.schedule = draw(9, 1, 2) == 0 ? BiPartitionSchedule::kOneFOneB : BiPartitionSchedule::kGPipe;
+  // Often a tied embedding (clamped to the ends' weights by the costs).
+  p.tied_weight_bytes = draw(15, 0, 2) == 0 ? 0.0 : draw(15, 1, 30);
   const int memory_mode = static_cast<int>(draw(10, 0, 4));
   if (memory_mode > 0) {
     const double scale = memory_mode == 1 ? 8.0 : memory_mode == 2 ? 4.0 / P + 1.0 : 1.0;
@@ -381,6 +383,26 @@ TEST(BiPartitionCostsTest, Memory_WeightsOptimizerStateAndStashPerSchedule) {
   p.schedule = BiPartitionSchedule::kGPipe;  // n_i = m = 4
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24 + 12);
+}
+
+// A worker holding both ends of the model shares wte's value between them,
+// and steps it once when both are in B (one pair of moments; two
+// gradients): the tied bytes, at most either end's weights, come off.
+TEST(BiPartitionCostsTest, Memory_BothEndsOnOneWorker_TiedWeightsCountedOnce) {
+  BiPartitionProblem p = FiveUnits();
+  p.tied_weight_bytes = 600;
+  const BiPartitionCosts costs(p);
+  const double all = 31000 + 3 * 31000 + 2 * (3 + 5 + 7 + 11 + 13);
+  EXPECT_EQ(costs.Memory(0, {0, 5}, {0, 5}), all - 3 * 600);
+  // Both held, the embedding stepped elsewhere: the value only.
+  EXPECT_EQ(costs.Memory(0, {0, 5}, {1, 5}), 31000 + 3 * 30000 + 2 * (5 + 7 + 11 + 13) - 600);
+  // One end: nothing shared.
+  EXPECT_EQ(costs.Memory(0, {0, 4}, {0, 4}), 15000 + 3 * 15000 + 2 * (3 + 5 + 7 + 11));
+  // At most the smaller end's weights (which keeps memory_i monotone).
+  p.tied_weight_bytes = 5000;
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 5}, {0, 5}), all - 3 * 1000);
+  p.tied_weight_bytes = -1;
+  EXPECT_FALSE(ValidateProblem(p).ok());
 }
 
 // A run of B \ F right after F recomputes from F's last output, kept from

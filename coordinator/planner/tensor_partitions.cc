@@ -285,9 +285,18 @@ double RankShare(double whole, double input_bytes, int tensor) {
 ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
                                    const std::vector<TensorParallelUnitLanes>& passes) {
   ModelProfile out = profile;
+  // wpe [max_seq_len, d] stays whole on every rank (tensor_parallel.h): the
+  // embedding (wte + wpe) less the head (wte + ln_f's 2·d floats), which
+  // leaves it 8·d bytes short. A long context makes it large (8192 x 4096:
+  // 134 MB a rank, four times with its gradient and moments).
+  const double wpe_bytes =
+      profile.units.size() >= 2
+          ? std::max(0.0, profile.units.front().weight_bytes - profile.units.back().weight_bytes)
+          : 0.0;
   for (size_t u = 0; u < profile.units.size(); ++u) {
     UnitProfile& unit = out.units[u];
-    unit.weight_bytes = profile.units[u].weight_bytes / tensor;
+    unit.weight_bytes = u == 0 ? (profile.units[u].weight_bytes - wpe_bytes) / tensor + wpe_bytes
+                               : profile.units[u].weight_bytes / tensor;
     const bool head = u > 0 && u + 1 == profile.units.size();
     if (u > 0 && (IsTensorParallelBlockUnit(unit) || head)) {
       const double input_bytes = profile.units[u - 1].activation_bytes;

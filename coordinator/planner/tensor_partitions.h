@@ -106,7 +106,9 @@ absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spe
 //   head: forward + two all-reduces of a few floats per token (their
 //     latency only);
 //     backward + one all-reduce of its input's size.
-// Weights are divided by T (the shards; replicated vectors are small). A
+// Weights are divided by T (the shards; replicated vectors are small), but
+// for the embedding's wpe, whole on every rank (the embedding's weights
+// less the head's). A
 // block unit's and the head's stash, and the head's transient (its logit
 // gradient), are a rank's share: the LayerNorm's input, output and
 // statistics whole, the rest (the heads' q, k, v, outputs and

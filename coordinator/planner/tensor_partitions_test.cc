@@ -147,6 +147,11 @@ TEST(TensorParallelUnitCostsTest, StashIsTheRanksShare_NotTheWholeUnits) {
   }
   EXPECT_GT(whole.units[1].stash_bytes, 2.5 * rank->units[1].stash_bytes);
   EXPECT_EQ(rank->units[0].stash_bytes, whole.units[0].stash_bytes);  // the embedding's
+  // Weights: the shards, but wpe whole on every rank (wte split by T).
+  const double wte = 4 * v * d, wpe = 4.0 * c.max_seq_len * d;
+  EXPECT_NEAR(rank->units[0].weight_bytes, wte / T + wpe, 8 * d);
+  EXPECT_NEAR(rank->units[5].weight_bytes, (wte + 8 * d) / T, 1);
+  EXPECT_NEAR(rank->units[1].weight_bytes, whole.units[1].weight_bytes / T, 1);
 }
 
 // AccTFM's hybrid compression shrinks only the block units' all-reduces:

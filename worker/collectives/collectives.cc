@@ -267,8 +267,20 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   if (size() == 2 || (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes)) {
     return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   }
-  return Ring(iteration, tag, data.data(), data.numel(), /*reduce_scatter=*/true,
-              /*all_gather=*/true);
+  // The ring in rounds of kExchangeWindowsAhead windows (256 MiB by
+  // default; one round below that, as before). The ring has no flow
+  // control: a member that starts late finds (N - 1) / N of the round's
+  // tensor from its left neighbour waiting, the pass-ons of the members
+  // before it; over a whole stage's gradient (GPU gradients without a
+  // device group) that passed --mailbox-limit. A round ends on a member
+  // only once every member has joined it, so at most about one round waits.
+  const int64_t round = kExchangeWindowsAhead * ExchangeWindow();
+  for (int64_t begin = 0; begin < data.numel(); begin += round) {
+    RETURN_IF_ERROR(Ring(iteration, tag, data.data() + begin, std::min(round, data.numel() - begin),
+                         /*reduce_scatter=*/true,
+                         /*all_gather=*/true));
+  }
+  return absl::OkStatus();
 }
 
 void Collectives::MemberOrderTreeSum(const std::vector<const float*>& parts, int64_t length, int lo,

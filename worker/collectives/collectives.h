@@ -105,7 +105,9 @@ class Collectives {
   // after a failed construction (status()).
   //
   // data <- the sum over members of each member's `data` (same shape on
-  // every member), in place.
+  // every member), in place. Three or more members: a ring, in rounds of
+  // kExchangeWindowsAhead exchange windows, so that at most about one
+  // round of a neighbour's data waits at a member that joins late.
   absl::Status AllReduce(int64_t iteration, int tag, Tensor& data);
   // As AllReduce, but every element summed as MemberOrderTreeSum over the
   // members' values in group order, whatever N and the size: a group

@@ -52,7 +52,12 @@
 // each micro-batch's forward pass to its backward pass (n_i at once; the
 // one being recomputed is in its first unit's stash). Other activations
 // are freed after their last reader (a send, the forward pass they feed:
-// StageRuntime), so no other term holds them. A recomputed unit (B_i \ F_i) holds its stash
+// StageRuntime), so no other term holds them. Not counted: a routed input
+// (the full objective's a[B_i.begin-1]) waits in the receiver's mailbox
+// from the sender's forward pass to the receiver's backward, up to the
+// micro-batches in flight between them: host memory, a CPU worker's own
+// (a term for it would break memory_i's monotonicity, which the solvers
+// rely on). A recomputed unit (B_i \ F_i) holds its stash
 // for one micro-batch at a time: the compiler's Recompute comes right
 // before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
 // allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),

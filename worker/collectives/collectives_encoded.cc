@@ -80,7 +80,8 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // message is exchanged all refuse alike. One member refusing alone left
   // the others waiting out their timeouts.
   bool went_raw = false;
-  std::string refused_here;  // the codec's first refusal on this member
+  bool last_received_raw = false;  // the latest receive's
+  std::string refused_here;        // the codec's first refusal on this member
   // One chunk coded for sending: its payload (empty when it goes raw) and
   // what the receivers will decode of it.
   struct Coded {
@@ -112,6 +113,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                Describe(tag)));
     // Raw only for a chunk that is not finite or that the codec refused
     // (above).
+    last_received_raw = !wire.encoded();
     if (!wire.encoded() && wire.tensor.shape() == shape && !wire.tensor.on_device()) {
       went_raw = true;
       return std::move(wire.tensor);
@@ -212,6 +214,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   int64_t most_chunks = 0;
   for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
   std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
+  std::vector<bool> own_raw(static_cast<size_t>(chunks_of(rank_)), false);
   for (int64_t c = 0; c < most_chunks; ++c) {
     for (int k = 0; k < n; ++k) {
       const int to = (rank_ + k) % n;
@@ -219,6 +222,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       const auto [begin, end] = chunk_range(to, c);
       ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
       if (to == rank_) {
+        own_raw[static_cast<size_t>(c)] = coded.raw;
         own_contribution[static_cast<size_t>(c)] = std::move(coded.decoded);
       } else {
         RETURN_IF_ERROR(send(to, coded, chunk_shape(to, c), /*last=*/true));
@@ -234,11 +238,16 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     const int64_t length = shape[0] * width;
     std::vector<Tensor> contributions(n);
     std::vector<const float*> parts(n);
+    // A contribution that went raw makes the sum go raw too, even where it
+    // would encode (a refused 70000 and a -10000 sum to what fp16
+    // carries): every member must meet a raw chunk and refuse alike.
+    bool raw_contribution = own_raw[static_cast<size_t>(c)];
     for (int m = 0; m < n; ++m) {
       if (m == rank_) {
         contributions[m] = std::move(own_contribution[static_cast<size_t>(c)]);
       } else {
         ASSIGN_OR_RETURN(contributions[m], receive(m, shape));
+        raw_contribution = raw_contribution || last_received_raw;
       }
       if (contributions[m].numel() != length) {
         return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
@@ -249,8 +258,13 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     }
     Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
     MemberOrderTreeSum(parts, length, 0, n, summed.data());
-    // Raw when a contribution was not finite, or the sum overflows.
-    ASSIGN_OR_RETURN(Coded coded, code(summed));
+    // Raw when a contribution went raw, or the sum is not finite or refused.
+    Coded coded;
+    if (raw_contribution) {
+      coded = Coded{"", summed.Clone(), true};
+    } else {
+      ASSIGN_OR_RETURN(coded, code(summed));
+    }
     for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
     const Tensor& mine = coded.decoded;
     std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),

@@ -1,7 +1,9 @@
 #include "worker/collectives/collectives.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -211,6 +213,12 @@ class InFlight {
     waiting_[from] += bytes;
     most_[from] = std::max(most_[from], waiting_[from]);
     Count();
+    sent_.notify_all();
+  }
+  // Until at least `bytes` of `from`'s wait at once.
+  bool AwaitWaiting(int from, int64_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return sent_.wait_for(lock, std::chrono::minutes(1), [&] { return waiting_[from] >= bytes; });
   }
   void Taken(int from, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -234,6 +242,7 @@ class InFlight {
   }
 
   std::mutex mu_;
+  std::condition_variable sent_;
   std::map<int, int64_t> waiting_, most_;
   int64_t most_total_ = 0;
 };
@@ -360,10 +369,13 @@ TEST(CollectivesTest, Ring_LateMember_AtMostAboutOneRoundWaitsForIt) {
   };
   std::vector<std::thread> threads;
   for (int r : {0, 1, 3}) threads.emplace_back(run, r);
-  ASSERT_TRUE(blocked.AwaitWaiting(3));
+  // The three wait for member 2, member 1 having sent all it can without
+  // it: its first segment of the round and the two it passes on.
+  const int64_t round_bytes = kExchangeWindowsAhead * options.exchange_window_bytes;
+  EXPECT_TRUE(blocked.AwaitWaiting(3));  // on, to end the threads, if not
+  EXPECT_TRUE(in_flight.AwaitWaiting(1, 3 * round_bytes / 4));
   threads.emplace_back(run, 2);
   for (std::thread& t : threads) t.join();
-  const int64_t round_bytes = kExchangeWindowsAhead * options.exchange_window_bytes;
   for (int r = 0; r < kMembers; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
     EXPECT_EQ(got[r], got[0]) << "rank " << r;
@@ -908,16 +920,22 @@ TEST(CollectivesTest, EncodedAllReduce_CodecRefusesFiniteValues_EveryMemberRefus
   const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(30)};
   constexpr int64_t kRows = 10;
   for (int n : {2, 3, 4}) {
-    for (const bool in_sum : {false, true}) {
-      if (in_sum && n == 2) continue;  // two members never re-encode a sum
-      SCOPED_TRACE(absl::StrCat(n, " members", in_sum ? ", a sum past fp16" : ", a value"));
+    for (const int kind : {0, 1, 2}) {
+      if (kind == 1 && n == 2) continue;  // two members never re-encode a sum
+      SCOPED_TRACE(absl::StrCat(n, " members",
+                                kind == 0   ? ", a value past fp16"
+                                : kind == 1 ? ", a sum past fp16"
+                                            : ", a value past fp16 summed to one "
+                                              "it carries"));
       std::vector<absl::Status> next(n);
       const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
         std::vector<float> values = EncodedInput(r, kRows, false);
-        if (in_sum) {
+        if (kind == 1) {
           values[100] = 30000.0f;  // fp16 carries each, not their sum
         } else if (r == n - 1) {
           values[100] = 70000.0f;
+        } else if (kind == 2 && r == 0) {
+          values[100] = -10000.0f;  // the sum, about 60000, encodes
         }
         Tensor t = Tensor::FromVector({kRows, 16}, values);
         absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t);

@@ -11,8 +11,10 @@ LogRateLimiter::LogRateLimiter(int burst, absl::Duration period, Clock* clock)
 }
 
 bool LogRateLimiter::Allow(int64_t* dropped) {
-  const absl::Time now = clock_->Now();
   AnnotatedMutexLock lock(&mu_);
+  // Read in lock order: a reading taken before another caller's opened the
+  // window would look like a clock step back and open another.
+  const absl::Time now = clock_->Now();
   if (now - window_start_ >= period_ || now < window_start_) {
     window_start_ = now;
     allowed_in_window_ = 0;

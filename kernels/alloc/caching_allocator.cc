@@ -142,6 +142,13 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
     ++stats_.pool_releases;
     ptr = raw_->Allocate(size);
   }
+  // Blocks a ReleaseStream is freeing are memory about to come back.
+  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && releasing_ > 0) {
+    ++stats_.oom_retries;
+    mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return releasing_ == 0; },
+                         absl::Minutes(1));
+    ptr = raw_->Allocate(size);
+  }
   if (ptr.ok() && *ptr == nullptr) {
     ptr = absl::InternalError("the raw allocator returned nullptr without an error");
   }
@@ -219,11 +226,14 @@ size_t CachingAllocator::ReleaseStream(StreamId stream) {
     }
     stats_.raw_frees += static_cast<int64_t>(blocks.size());
     stats_.bytes_cached -= released;
+    releasing_ += blocks.size();
   }
   // Outside the lock: cudaFree waits for the whole device, a job's NCCL
   // kernels waiting on a peer included, and that job's thread must still
   // allocate the scratch for the send its peer waits for.
   for (void* block : blocks) raw_->Free(block);
+  AnnotatedMutexLock lock(&mu_);
+  releasing_ -= blocks.size();
   return released;
 }
 

@@ -140,7 +140,8 @@ class CachingAllocator {
   // out-of-memory empties the cache mid-job. Blocks in use stay. Returns
   // the bytes released. The raw frees run outside the allocator's lock
   // (cudaFree may wait for the whole device): other streams allocate and
-  // free meanwhile.
+  // free meanwhile, and one the raw allocator refuses waits for those frees
+  // and tries again.
   size_t ReleaseStream(StreamId stream);
 
   Stats GetStats() const;
@@ -172,6 +173,9 @@ class CachingAllocator {
   std::set<FreeKey> free_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, InUse> in_use_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Blocks ReleaseStream took out of the cache and is freeing outside the
+  // lock: an allocation the raw allocator refuses meanwhile waits for them.
+  size_t releasing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A block from CachingAllocator::AllocateOwned, returned to the cache when

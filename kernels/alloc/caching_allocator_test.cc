@@ -266,7 +266,14 @@ TEST(CachingAllocatorTest, ReleaseStream_OnlyThatStreamsCachedBlocks) {
 class BlockingFreeRawAllocator : public RawAllocator {
  public:
   explicit BlockingFreeRawAllocator(FakeRawAllocator* inner) : inner_(inner) {}
-  absl::StatusOr<void*> Allocate(size_t bytes) override { return inner_->Allocate(bytes); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    absl::StatusOr<void*> ptr = inner_->Allocate(bytes);
+    if (absl::IsResourceExhausted(ptr.status())) {
+      AnnotatedMutexLock lock(&mu_);
+      refused_ = true;
+    }
+    return ptr;
+  }
   void Free(void* ptr) override {
     {
       AnnotatedMutexLock lock(&mu_);
@@ -293,6 +300,12 @@ class BlockingFreeRawAllocator : public RawAllocator {
     AnnotatedMutexLock lock(&mu_);
     let_go_ = true;
   }
+  // Until an Allocate was refused for want of memory.
+  bool AwaitRefusal() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return refused_; },
+                                absl::Seconds(60));
+  }
 
  private:
   FakeRawAllocator* const inner_;
@@ -300,6 +313,7 @@ class BlockingFreeRawAllocator : public RawAllocator {
   void* blocking_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool in_blocked_free_ ABSL_GUARDED_BY(mu_) = false;
   bool let_go_ ABSL_GUARDED_BY(mu_) = false;
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // While ReleaseStream's raw free waits, another stream allocates and frees.
@@ -332,6 +346,29 @@ TEST(CachingAllocatorTest, ReleaseStream_RawFreeWaits_OtherStreamsStillAllocate)
   EXPECT_TRUE(allocated_meanwhile) << "stream 2's allocation waited for stream 1's raw free";
   EXPECT_EQ(allocator.GetStats().raw_frees, 1);
   EXPECT_EQ(fake.live_bytes(), 8192u);  // stream 2's block, cached
+}
+
+// The memory a ReleaseStream is freeing is about to come back: an
+// allocation the raw allocator refuses meanwhile waits for it and gets it,
+// rather than an out-of-memory with the memory one free away.
+TEST(CachingAllocatorTest, ReleaseStream_AllocationRefusedMeanwhile_WaitsForTheFrees) {
+  FakeRawAllocator fake(/*capacity=*/8192);
+  BlockingFreeRawAllocator raw(&fake);
+  CachingAllocator allocator(&raw, TestOptions());
+  void* released = MustAllocate(allocator, 4096, 1);
+  allocator.Free(released);
+  raw.BlockFreeOf(released);
+  std::thread release([&] { EXPECT_EQ(allocator.ReleaseStream(1), 4096u); });
+  ASSERT_TRUE(raw.AwaitBlockedFree());
+  std::thread let_go([&] {
+    EXPECT_TRUE(raw.AwaitRefusal());
+    raw.LetGo();
+  });
+  absl::StatusOr<void*> whole = allocator.Allocate(8192, 2);
+  let_go.join();
+  release.join();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  allocator.Free(*whole);
 }
 
 TEST(CachingAllocatorTest, Allocate_RawOutOfMemoryWithCachedBlocks_EmptiesCacheAndRetries) {

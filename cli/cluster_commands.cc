@@ -157,7 +157,7 @@ struct Connection {
                         : !token->empty()   ? std::string("$PIPETRAIN_TOKEN")
                                             : std::string();
     g_coordinator = coordinator;
-    g_tls = ClientTlsSetup{!tls_ca.empty(), !tls_cert.empty()};
+    g_tls = ClientTlsSetup{!tls_ca.empty(), !tls_cert.empty(), /*ca_from_env=*/true};
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ClientTlsCredentials(tls_ca, tls_cert, tls_key);
     if (!credentials.ok()) return credentials.status();

@@ -1,6 +1,7 @@
 #include "common/connection_hint.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace pipetrain {
 
@@ -11,8 +12,9 @@ std::string CoordinatorConnectionHint(absl::string_view message, ClientTlsSetup 
   }
   // OpenSSL's words for a TLS handshake answered in plaintext.
   if (setup.tls && absl::StrContains(message, "wrong version number")) {
-    return "the coordinator does not serve TLS there: drop --tls-ca (and $PIPETRAIN_CA), or "
-           "start it with --tls-cert and --tls-key";
+    return absl::StrCat("the coordinator does not serve TLS there: drop --tls-ca",
+                        setup.ca_from_env ? " (and $PIPETRAIN_CA)" : "",
+                        ", or start it with --tls-cert and --tls-key");
   }
   if (setup.tls && absl::StrContains(message, "Peer name")) {
     return "the coordinator's certificate does not name the host given to --coordinator: add it "
@@ -27,7 +29,8 @@ std::string CoordinatorConnectionHint(absl::string_view message, ClientTlsSetup 
   if (absl::StrContains(message, "Socket closed") ||
       absl::StrContains(message, "Connection reset by peer")) {
     if (!setup.tls) {
-      return "if the coordinator serves TLS, give its CA with --tls-ca (or $PIPETRAIN_CA)";
+      return absl::StrCat("if the coordinator serves TLS, give its CA with --tls-ca",
+                          setup.ca_from_env ? " (or $PIPETRAIN_CA)" : "");
     }
     if (!setup.client_certificate) {
       return "if the coordinator requires client certificates (--tls-client-ca), give one with "

@@ -17,6 +17,9 @@ namespace pipetrain {
 struct ClientTlsSetup {
   bool tls = false;
   bool client_certificate = false;
+  // The client also reads its CA from $PIPETRAIN_CA (the CLI; a worker
+  // reads --tls-ca only): hints name the variable only then.
+  bool ca_from_env = false;
 };
 
 // A clause to append to the error ("" when gRPC's message matches none of

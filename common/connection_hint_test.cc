@@ -35,6 +35,21 @@ TEST(CoordinatorConnectionHintTest, EachKnownFailureNamesTheFlagsToCheck) {
             std::string::npos);
 }
 
+// $PIPETRAIN_CA is named only to a client that reads it (the CLI, not a
+// worker).
+TEST(CoordinatorConnectionHintTest, CaVariableNamedOnlyWhereItIsRead) {
+  ClientTlsSetup worker{false, false}, cli{false, false, /*ca_from_env=*/true};
+  EXPECT_EQ(CoordinatorConnectionHint(kClosed, worker).find("$PIPETRAIN_CA"), std::string::npos);
+  EXPECT_NE(CoordinatorConnectionHint(kClosed, cli).find("--tls-ca (or $PIPETRAIN_CA)"),
+            std::string::npos);
+  worker.tls = cli.tls = true;
+  EXPECT_EQ(CoordinatorConnectionHint(kPlainServer, worker),
+            "the coordinator does not serve TLS there: drop --tls-ca, or start it with "
+            "--tls-cert and --tls-key");
+  EXPECT_NE(CoordinatorConnectionHint(kPlainServer, cli).find("(and $PIPETRAIN_CA)"),
+            std::string::npos);
+}
+
 TEST(CoordinatorConnectionHintTest, OtherMessagesOrTheWrongSetup_NoHint) {
   EXPECT_EQ(CoordinatorConnectionHint("Connection refused", {true, true}), "");
   EXPECT_EQ(CoordinatorConnectionHint("Deadline Exceeded", {false, false}), "");

@@ -316,16 +316,24 @@ class BlockingFreeRawAllocator : public RawAllocator {
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Caches a 4096-byte block of stream 1 and starts its ReleaseStream on a
+// thread, returned once that release waits in its raw free (until
+// raw->LetGo()).
+std::thread StartBlockedRelease(CachingAllocator& allocator, BlockingFreeRawAllocator& raw) {
+  void* released = MustAllocate(allocator, 4096, 1);
+  allocator.Free(released);
+  raw.BlockFreeOf(released);
+  std::thread release([&allocator] { EXPECT_EQ(allocator.ReleaseStream(1), 4096u); });
+  EXPECT_TRUE(raw.AwaitBlockedFree());
+  return release;
+}
+
 // While ReleaseStream's raw free waits, another stream allocates and frees.
 TEST(CachingAllocatorTest, ReleaseStream_RawFreeWaits_OtherStreamsStillAllocate) {
   FakeRawAllocator fake;
   BlockingFreeRawAllocator raw(&fake);
   CachingAllocator allocator(&raw, TestOptions());
-  void* released = MustAllocate(allocator, 4096, 1);
-  allocator.Free(released);
-  raw.BlockFreeOf(released);
-  std::thread release([&] { EXPECT_EQ(allocator.ReleaseStream(1), 4096u); });
-  ASSERT_TRUE(raw.AwaitBlockedFree());
+  std::thread release = StartBlockedRelease(allocator, raw);
   AnnotatedMutex done_mu;
   bool done = false;
   std::thread other([&] {
@@ -355,11 +363,7 @@ TEST(CachingAllocatorTest, ReleaseStream_AllocationRefusedMeanwhile_WaitsForTheF
   FakeRawAllocator fake(/*capacity=*/8192);
   BlockingFreeRawAllocator raw(&fake);
   CachingAllocator allocator(&raw, TestOptions());
-  void* released = MustAllocate(allocator, 4096, 1);
-  allocator.Free(released);
-  raw.BlockFreeOf(released);
-  std::thread release([&] { EXPECT_EQ(allocator.ReleaseStream(1), 4096u); });
-  ASSERT_TRUE(raw.AwaitBlockedFree());
+  std::thread release = StartBlockedRelease(allocator, raw);
   std::thread let_go([&] {
     EXPECT_TRUE(raw.AwaitRefusal());
     raw.LetGo();

@@ -876,6 +876,32 @@ TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsB
   EXPECT_EQ(run.stats[0].sent_bytes, ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3));
 }
 
+// AllReduceEncoded of n members' EncodedInput (10 rows of 16, in chunks of
+// 3 rows), each changed by `alter(r, values)`: INVALID_ARGUMENT on every
+// member, its message containing `refusal`; then a second call of the same
+// members with their inputs unchanged runs clean (nothing left in flight).
+void ExpectEveryMemberRefusesThenGoesOn(int n, const Codec& codec,
+                                        const std::function<void(int, std::vector<float>&)>& alter,
+                                        const std::string& refusal) {
+  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(60)};
+  constexpr int64_t kRows = 10;
+  std::vector<absl::Status> next(n);
+  const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
+    std::vector<float> values = EncodedInput(r, kRows, false);
+    alter(r, values);
+    Tensor t = Tensor::FromVector({kRows, 16}, values);
+    absl::Status s = c.AllReduceEncoded(2, 9, codec, kRows, t);
+    Tensor again = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
+    next[r] = c.AllReduceEncoded(3, 9, codec, kRows, again);
+    return s;
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << status[r];
+    EXPECT_TRUE(absl::StrContains(status[r].message(), refusal)) << status[r];
+    EXPECT_TRUE(next[r].ok()) << r << ": " << next[r];
+  }
+}
+
 // No codec takes NaN or infinity. A member whose chunk is not finite (or
 // whose sum overflows) sends it raw; every member meets it and all refuse
 // alike once every message is exchanged, at once, where the others waited
@@ -883,71 +909,49 @@ TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsB
 // call of the same members then runs clean: nothing was left in flight.
 TEST(CollectivesTest, EncodedAllReduce_NotFinite_EveryMemberRefusesAlikeAtOnce) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
-  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(60)};
-  constexpr int64_t kRows = 10;
   for (int n : {2, 3, 4}) {
     for (const bool overflow : {false, true}) {
       SCOPED_TRACE(absl::StrCat(n, " members", overflow ? ", a sum that overflows" : ", a NaN"));
-      std::vector<absl::Status> next(n);
-      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
-        std::vector<float> values = EncodedInput(r, kRows, false);
-        if (overflow) {
-          values[100] = 3e38f;  // finite on each member, infinite summed
-        } else if (r == n - 1) {
-          values[100] = std::nanf("");
-        }
-        Tensor t = Tensor::FromVector({kRows, 16}, values);
-        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t);
-        Tensor again = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
-        next[r] = c.AllReduceEncoded(3, 9, *codec, kRows, again);
-        return s;
-      });
-      for (int r = 0; r < n; ++r) {
-        EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << status[r];
-        EXPECT_TRUE(absl::StrContains(status[r].message(), "not finite")) << status[r];
-        EXPECT_TRUE(next[r].ok()) << r << ": " << next[r];
-      }
+      ExpectEveryMemberRefusesThenGoesOn(
+          n, *codec,
+          [&](int r, std::vector<float>& values) {
+            if (overflow) {
+              values[100] = 3e38f;  // finite on each member, infinite summed
+            } else if (r == n - 1) {
+              values[100] = std::nanf("");
+            }
+          },
+          "not finite");
     }
   }
 }
 
 // Finite values the codec refuses (fp16 carries at most 65504): one
-// member's contribution, or, with three or more, a sum a member re-encodes.
-// Every member refuses alike, as for values not finite, rather than the
-// refusing one alone while the others wait out their timeout.
+// member's contribution, or, with three or more, a sum a member re-encodes,
+// or a sum of a refused value that it would carry. Every member refuses
+// alike, as for values not finite, rather than the refusing one alone while
+// the others wait out their timeout.
 TEST(CollectivesTest, EncodedAllReduce_CodecRefusesFiniteValues_EveryMemberRefusesAlike) {
   std::unique_ptr<Codec> codec = MakeFp16Codec();
-  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(30)};
-  constexpr int64_t kRows = 10;
   for (int n : {2, 3, 4}) {
     for (const int kind : {0, 1, 2}) {
       if (kind == 1 && n == 2) continue;  // two members never re-encode a sum
       SCOPED_TRACE(absl::StrCat(n, " members",
                                 kind == 0   ? ", a value past fp16"
                                 : kind == 1 ? ", a sum past fp16"
-                                            : ", a value past fp16 summed to one "
-                                              "it carries"));
-      std::vector<absl::Status> next(n);
-      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
-        std::vector<float> values = EncodedInput(r, kRows, false);
-        if (kind == 1) {
-          values[100] = 30000.0f;  // fp16 carries each, not their sum
-        } else if (r == n - 1) {
-          values[100] = 70000.0f;
-        } else if (kind == 2 && r == 0) {
-          values[100] = -10000.0f;  // the sum, about 60000, encodes
-        }
-        Tensor t = Tensor::FromVector({kRows, 16}, values);
-        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t);
-        Tensor again = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
-        next[r] = c.AllReduceEncoded(3, 9, *codec, kRows, again);
-        return s;
-      });
-      for (int r = 0; r < n; ++r) {
-        EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r << ": " << status[r];
-        EXPECT_TRUE(absl::StrContains(status[r].message(), "fp16 cannot carry")) << status[r];
-        EXPECT_TRUE(next[r].ok()) << r << ": " << next[r];
-      }
+                                            : ", a value past fp16 summed to one it carries"));
+      ExpectEveryMemberRefusesThenGoesOn(
+          n, *codec,
+          [&](int r, std::vector<float>& values) {
+            if (kind == 1) {
+              values[100] = 30000.0f;  // fp16 carries each, not their sum
+            } else if (r == n - 1) {
+              values[100] = 70000.0f;
+            } else if (kind == 2 && r == 0) {
+              values[100] = -10000.0f;  // the sum, about 60000, encodes
+            }
+          },
+          "fp16 cannot carry");
     }
   }
 }

@@ -323,29 +323,37 @@ absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Ten
   // Two members: one exchange, as AllReduce; x0 + x1 (= x1 + x0) is the
   // two-member tree sum, bitwise.
   if (n == 2) return RecursiveDoubling(iteration, tag, data.data(), data.numel());
-  const auto bounds = SegmentBounds(data.numel(), n);
-  // Every member's segment k goes to member k, in one round (sends do not
-  // wait for their receives).
-  for (int k = 1; k < n; ++k) {
-    const int to = Mod(rank_ + k, n);
-    RETURN_IF_ERROR(
-        SendRange(iteration, tag, to, data.data(), bounds[to].first, bounds[to].second));
-  }
-  const auto [begin, end] = bounds[rank_];
-  std::vector<std::vector<float>> copies(n);
-  for (int m = 0; m < n; ++m) {
-    copies[m].resize(static_cast<size_t>(end - begin));
-    if (m == rank_) {
-      std::copy(data.data() + begin, data.data() + end, copies[m].begin());
-    } else {
-      RETURN_IF_ERROR(
-          RecvRange(iteration, tag, m, copies[m].data(), 0, end - begin, /*add=*/false));
+  // In rounds, as AllReduce's ring (a member that joins late finds about
+  // one round waiting, not (N - 1) / N of the tensor); each element's sum
+  // is the same tree over the members whatever the round.
+  const int64_t round = kExchangeWindowsAhead * ExchangeWindow();
+  for (int64_t first = 0; first < data.numel(); first += round) {
+    float* values = data.data() + first;
+    const int64_t numel = std::min(round, data.numel() - first);
+    const auto bounds = SegmentBounds(numel, n);
+    // Every member's segment k goes to member k, in one go (sends do not
+    // wait for their receives).
+    for (int k = 1; k < n; ++k) {
+      const int to = Mod(rank_ + k, n);
+      RETURN_IF_ERROR(SendRange(iteration, tag, to, values, bounds[to].first, bounds[to].second));
     }
+    const auto [begin, end] = bounds[rank_];
+    std::vector<std::vector<float>> copies(n);
+    for (int m = 0; m < n; ++m) {
+      copies[m].resize(static_cast<size_t>(end - begin));
+      if (m == rank_) {
+        std::copy(values + begin, values + end, copies[m].begin());
+      } else {
+        RETURN_IF_ERROR(
+            RecvRange(iteration, tag, m, copies[m].data(), 0, end - begin, /*add=*/false));
+      }
+    }
+    std::vector<float> sum;
+    MemberOrderTreeSum(copies, 0, n, &sum);
+    std::copy(sum.begin(), sum.end(), values + begin);
+    RETURN_IF_ERROR(RingAllGather(iteration, tag, values, numel));
   }
-  std::vector<float> sum;
-  MemberOrderTreeSum(copies, 0, n, &sum);
-  std::copy(sum.begin(), sum.end(), data.data() + begin);
-  return RingAllGather(iteration, tag, data.data(), data.numel());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, const Tensor& data) {

@@ -25,8 +25,8 @@
 //                      straight to member k (the ring's volume, (N-1)/N of
 //                      the data per member, in one round), which sums the
 //                      N copies as a balanced tree in member order, then a
-//                      ring all-gather; two members exchange once, as
-//                      AllReduce. The sum's shape depends only on the
+//                      ring all-gather, in rounds as AllReduce's ring; two
+//                      members exchange once, as AllReduce. The sum's shape depends only on the
 //                      member order (MemberOrderTreeSum), so reductions
 //                      over nested groups can be made bitwise equal.
 //
@@ -113,7 +113,9 @@ class Collectives {
   // members' values in group order, whatever N and the size: a group
   // [a0, b0, a1, b1, ...] gives bitwise what summing each pair (a_r + b_r)
   // and then all-reducing the pairs in this way over [0, 1, ...] gives
-  // (fused embedding synchronization relies on it; DESIGN.md §12).
+  // (fused embedding synchronization relies on it; DESIGN.md §12). In the
+  // same rounds as AllReduce's ring, which leave each element's sum as it
+  // is.
   absl::Status AllReduceInMemberOrder(int64_t iteration, int tag, Tensor& data);
   // The sum of every member's `data`, of which this member keeps segment
   // rank() (ring order), returned; segments split numel as evenly as

@@ -534,12 +534,15 @@ TEST(CollectivesTest, Gather_InWindows_RootHoldsAtMostTwoWindows) {
 // adding each pair and then reducing the pairs the same way over D
 // members: the property fused embedding synchronization rests on. Checked
 // against MemberOrderTreeSum computed here, for D = 1..5 and sizes that
-// leave segments empty and that need many chunks.
+// leave segments empty and that need many chunks and rounds (128 floats a
+// round here).
 TEST(CollectivesTest, MemberOrder_PairsFirstEqualsFusedBitwise) {
   for (int d = 1; d <= 5; ++d) {
     for (int64_t numel : {int64_t{3}, int64_t{1001}}) {
       SCOPED_TRACE(::testing::Message() << "D=" << d << " numel=" << numel);
-      const CollectiveOptions options{64, 0, absl::Seconds(30)};
+      CollectiveOptions options{64, 0, absl::Seconds(30)};
+      options.exchange_bytes = 64;
+      options.exchange_window_bytes = 256;
       // Fused: 2D members, member 2r holds a_r = Input(2r), 2r+1 b_r.
       std::vector<std::vector<float>> fused(2 * d);
       auto status = RunGroup(2 * d, options, [&](int r, Collectives& c) {

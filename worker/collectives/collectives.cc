@@ -267,18 +267,18 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   if (size() == 2 || (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes)) {
     return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   }
-  // The ring in rounds of kExchangeWindowsAhead windows (256 MiB by
-  // default; one round below that, as before). The ring has no flow
-  // control: a member that starts late finds (N - 1) / N of the round's
-  // tensor from its left neighbour waiting, the pass-ons of the members
-  // before it; over a whole stage's gradient (GPU gradients without a
-  // device group) that passed --mailbox-limit. A round ends on a member
-  // only once every member has joined it, so at most about one round waits.
-  const int64_t round = kExchangeWindowsAhead * ExchangeWindow();
-  for (int64_t begin = 0; begin < data.numel(); begin += round) {
-    RETURN_IF_ERROR(Ring(iteration, tag, data.data() + begin, std::min(round, data.numel() - begin),
-                         /*reduce_scatter=*/true,
-                         /*all_gather=*/true));
+  // The ring, in rounds (InRounds says why).
+  return InRounds(data.numel(), [&](int64_t first, int64_t count) {
+    return Ring(iteration, tag, data.data() + first, count, /*reduce_scatter=*/true,
+                /*all_gather=*/true);
+  });
+}
+
+absl::Status Collectives::InRounds(
+    int64_t numel, const std::function<absl::Status(int64_t first, int64_t count)>& round) const {
+  const int64_t round_elements = kExchangeWindowsAhead * ExchangeWindow();
+  for (int64_t first = 0; first < numel; first += round_elements) {
+    RETURN_IF_ERROR(round(first, std::min(round_elements, numel - first)));
   }
   return absl::OkStatus();
 }
@@ -323,13 +323,10 @@ absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Ten
   // Two members: one exchange, as AllReduce; x0 + x1 (= x1 + x0) is the
   // two-member tree sum, bitwise.
   if (n == 2) return RecursiveDoubling(iteration, tag, data.data(), data.numel());
-  // In rounds, as AllReduce's ring (a member that joins late finds about
-  // one round waiting, not (N - 1) / N of the tensor); each element's sum
+  // In rounds, as AllReduce's ring (InRounds says why); each element's sum
   // is the same tree over the members whatever the round.
-  const int64_t round = kExchangeWindowsAhead * ExchangeWindow();
-  for (int64_t first = 0; first < data.numel(); first += round) {
+  return InRounds(data.numel(), [&](int64_t first, int64_t numel) -> absl::Status {
     float* values = data.data() + first;
-    const int64_t numel = std::min(round, data.numel() - first);
     const auto bounds = SegmentBounds(numel, n);
     // Every member's segment k goes to member k, in one go (sends do not
     // wait for their receives).
@@ -351,9 +348,8 @@ absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Ten
     std::vector<float> sum;
     MemberOrderTreeSum(copies, 0, n, &sum);
     std::copy(sum.begin(), sum.end(), values + begin);
-    RETURN_IF_ERROR(RingAllGather(iteration, tag, values, numel));
-  }
-  return absl::OkStatus();
+    return RingAllGather(iteration, tag, values, numel);
+  });
 }
 
 absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, const Tensor& data) {

@@ -48,6 +48,7 @@
 #define PIPETRAIN_WORKER_COLLECTIVES_COLLECTIVES_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -266,6 +267,17 @@ class Collectives {
   // two windows (256 MiB by default, the collective benchmark's largest)
   // go exactly as before: all sent, then all received.
   int64_t ExchangeWindow() const;
+  // Runs `round(first, count)` over [0, numel) in rounds of
+  // kExchangeWindowsAhead exchange windows (256 MiB by default; one round
+  // below that), stopping at the first error. Why: the ring and the
+  // member-order exchange have no flow control, so a member that starts
+  // late finds (N - 1) / N of what the others are all-reducing waiting in
+  // its mailbox, the pass-ons of the members before it; over a whole
+  // stage's gradient (GPU gradients without a device group) that passed
+  // --mailbox-limit. A round ends on a member only once every member has
+  // joined it, so at most about one round waits.
+  absl::Status InRounds(
+      int64_t numel, const std::function<absl::Status(int64_t first, int64_t count)>& round) const;
   // Sends values[begin, end) to member `to` in chunks of `chunk` elements
   // (0: chunk_bytes' worth); receives the same range, cut alike, from member
   // `from`, and adds (`add`) or copies it into `values`.

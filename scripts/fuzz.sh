@@ -96,12 +96,15 @@ crashes=0
 rows=()
 for t in "${TARGETS[@]}"; do
   dir="$work/$t"
-  mkdir -p "$dir/corpus" "$dir/artifacts"
+  mkdir -p "$dir/corpus" "$dir/artifacts" "$dir/tmp"
   cp -r "fuzz/corpus/$t/." "$dir/corpus/"
   echo "fuzz: running $t for $seconds s"
   # -timeout: one input running 10 s is a hang; memory is capped at
-  # libFuzzer's default 2048 MB (-rss_limit_mb, and per malloc).
-  "$bin/$t" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
+  # libFuzzer's default 2048 MB (-rss_limit_mb, and per malloc). TMPDIR:
+  # the fuzzers that write files make their scratch directory there and
+  # remove it at exit, which a crash, hang or out-of-memory skips; under
+  # $work it goes with the rest (or stays with the crash's inputs).
+  TMPDIR="$dir/tmp" "$bin/$t" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$dir/artifacts/" "$dir/corpus" > "$dir/log" 2>&1
   rc=$?
   # The last status line: "#N DONE cov: C ft: F corp: ..." (or the last

@@ -25,6 +25,9 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
   options.workers = workers;
   options.dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + subdir;
   mkdir(options.dir.c_str(), 0755);
+  // A test that crashes takes its cluster with it (the coordinator watches
+  // no parent; a worker would wait out its coordinator's loss first).
+  options.exit_with_parent = true;
   options.join_token = "test-join-token";
   options.user_token = "test-user-token";
   options.coordinator_args = {"--output-dir=" + options.dir};

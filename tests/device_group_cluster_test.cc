@@ -231,7 +231,7 @@ class DeviceGroupClusterTest : public ::testing::Test {
   void TearDown() override {
     for (auto& w : workers_) w->agent->Stop();
     service_.Shutdown();
-    server_->Shutdown();
+    if (server_ != nullptr) server_->Shutdown();  // null: SetUp failed there
     workers_.clear();
   }
 

@@ -718,6 +718,11 @@ TEST_F(ElasticClusterTest, DrainedByUser_ReplannedWithoutItNoStepRedone) {
   const v1::Job waited = testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, next),
                                            absl::Seconds(30), testing::Ended);
   EXPECT_EQ(waited.state(), v1::JOB_STATE_FAILED) << "ran on the drained worker";
+  // Failed for want of a fourth worker, not on the drained one.
+  EXPECT_TRUE(absl::StrContains(waited.reason(), "not placed within spec.scheduling.queue_timeout"))
+      << waited.reason();
+  EXPECT_TRUE(absl::StrContains(waited.reason(), "(3 ready; 1 more READY but drained"))
+      << waited.reason();
 }
 
 TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
@@ -764,7 +769,9 @@ TEST_F(ElasticClusterTest, InitFromACheckpointAndFromWeights_GoOnAsTrainLocalWou
   auto weights_b = ReadSafetensors(job_b.weights_path());
   ASSERT_TRUE(weights_b.ok()) << weights_b.status();
   for (const auto& [name, values] : ref.weights) {
-    EXPECT_EQ(weights_b->Find(name)->ToVector(), values) << name;
+    const Tensor* tensor = weights_b->Find(name);
+    ASSERT_NE(tensor, nullptr) << name;
+    EXPECT_EQ(tensor->ToVector(), values) << name;
   }
 
   // Job C starts from A's final weights (Hugging Face names), with fresh
@@ -819,6 +826,7 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
   options.coordinator_binary = FindSiblingBinary("coordinator", "pipetrain-coordinator").value();
   options.worker_binary = FindSiblingBinary("worker", "pipetrain-worker").value();
   options.workers = 4;
+  options.exit_with_parent = true;  // as StartTestCluster's
   // The processes' logs stay with the test's outputs (a failed takeover is
   // diagnosed from them).
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");

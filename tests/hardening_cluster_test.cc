@@ -244,8 +244,11 @@ TEST(HardeningClusterTest, CoordinatorKilledAndRestarted_NewJobUnharmed) {
   ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
   // A long job is running (the workers hold its id) when the coordinator dies.
   const std::string running = testing::SubmitJob(*stub, SmallJob(100000));
-  testing::AwaitJob(*stub, running, kJobTimeout,
-                    [](const v1::Job& j) { return j.progress().step() >= 2; });
+  const v1::Job before_kill = testing::AwaitJob(*stub, running, kJobTimeout, [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().step() >= 2;
+  });
+  ASSERT_EQ(before_kill.state(), v1::JOB_STATE_RUNNING) << before_kill.reason();
+  ASSERT_GE(before_kill.progress().step(), 2);
   ASSERT_TRUE(cluster->KillAndRestartCoordinator().ok());
   stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   // The workers find out (their credentials died with it) and register again.

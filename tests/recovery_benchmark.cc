@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const std::string& di
                    FindSiblingBinary("coordinator", "pipetrain-coordinator"));
   ASSIGN_OR_RETURN(options.worker_binary, FindSiblingBinary("worker", "pipetrain-worker"));
   options.workers = workers;
+  options.exit_with_parent = true;  // a crashed benchmark leaves no cluster behind
   options.dir = dir;
   options.join_token = "benchmark-join";
   options.user_token = "benchmark-user";

@@ -329,22 +329,24 @@ absl::Status WorkerAgent::RequestDrain() {
 absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
   {
     AnnotatedMutexLock lock(&mu_);
-    if (runner_ == nullptr || runner_->completed()) return absl::OkStatus();
+    if (LetGoLocked()) return absl::OkStatus();
   }
   PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
                << " for the job to re-plan without this worker";
   // The job's next plan STOPs this worker (StopRunner clears runner_).
   AnnotatedMutexLock lock(&mu_);
   const bool released = mu_.AwaitWithTimeout(
-      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return runner_ == nullptr || runner_->completed() || stopping_;
-      },
-      timeout);
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return LetGoLocked() || stopping_; }, timeout);
   if (!released) {
     return absl::DeadlineExceededError(
         absl::StrCat("the job did not let this worker go within ", absl::FormatDuration(timeout)));
   }
   return absl::OkStatus();
+}
+
+bool WorkerAgent::LetGoLocked() const {
+  if (runner_ != nullptr) return runner_->completed();
+  return !replacing_runner_;
 }
 
 void WorkerAgent::Stop() {
@@ -572,8 +574,19 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
       if (!runner_) last_job_id_ = a.job_id();
       return;
     }
+    replacing_runner_ = a.action() == v1::Assignment::ACTION_RUN;
   }
   StopRunnerLocked();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    // Leave() began while the old runner stopped: this worker has
+    // deregistered, and a job started now would run (data plane, corpus)
+    // for a registration that is gone, inside Stop()'s watchdog.
+    if (stopping_) {
+      replacing_runner_ = false;
+      return;
+    }
+  }
   if (a.action() != v1::Assignment::ACTION_RUN) {
     PT_LOG(INFO) << "stopped job " << a.job_id();
     // A job that stops us may be recovering: it re-plans once it has heard
@@ -638,6 +651,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner->Start();
   AnnotatedMutexLock lock(&mu_);
   runner_ = std::move(runner);
+  replacing_runner_ = false;
   last_job_id_ = a.job_id();
 }
 

@@ -174,6 +174,9 @@ class WorkerAgent {
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
+  // Whether no job holds this worker (AwaitDrained): no runner and none
+  // about to start, or a completed one.
+  bool LetGoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deregister();  // once, after Stop() has stopped everything else
   // The NCCL id for the next heartbeat: a fresh one when an assignment
   // used group_id_, or one not yet delivered; empty otherwise, and when NCCL
@@ -226,6 +229,11 @@ class WorkerAgent {
   // the newest registration is not cancelled "to reopen as the new one".
   int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
+  // Handle is between taking a RUN and setting runner_ to its runner (the
+  // old one stopping meanwhile, runner_ empty): AwaitDrained must not take
+  // that for "the job let this worker go" (a re-plan may keep a drained
+  // worker until its next boundary).
+  bool replacing_runner_ ABSL_GUARDED_BY(mu_) = false;
   // The job of a runner being stopped (StopRunnerLocked), whose stop is
   // not done: heartbeats say so instead of "idle".
   std::string stopping_job_ ABSL_GUARDED_BY(mu_);

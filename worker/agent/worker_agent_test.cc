@@ -765,10 +765,25 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
     AnnotatedMutexLock lock(&mu_);
     // Cancellation is not a mutex condition: checked every 20 ms.
     while (!closing_ && !context->IsCancelled()) {
-      mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_; },
-                           absl::Milliseconds(20));
+      mu_.AwaitWithTimeout(
+          [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || !pushed_.empty(); },
+          absl::Milliseconds(20));
+      for (const v1::Assignment& next : pushed_) writer->Write(next);
+      pushed_.clear();
     }
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no more assignments");
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    deregistered_ = true;
+    return grpc::Status::OK;
+  }
+  // Waits (bounded) for the agent's DeregisterWorker.
+  bool AwaitDeregistered() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return deregistered_; }, absl::Seconds(30));
   }
   grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* request,
                               v1::ReportProgressResponse* response) override {
@@ -810,6 +825,11 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
     AnnotatedMutexLock lock(&mu_);
     release_finished_ = true;
   }
+  // Sends `next` on the open assignment stream (after the first).
+  void Push(v1::Assignment next) {
+    AnnotatedMutexLock lock(&mu_);
+    pushed_.push_back(std::move(next));
+  }
   // Ends the open assignment stream and any held report (before the
   // server shuts down).
   void Close() {
@@ -824,7 +844,9 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
   std::atomic<int> watches_{0};
   AnnotatedMutex mu_;
   std::vector<v1::ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::Assignment> pushed_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool deregistered_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_finished_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_arrived_ ABSL_GUARDED_BY(mu_) = false;
   bool release_finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -918,6 +940,99 @@ TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbea
   // Not a speed bound: unwoken, the wait lasts its whole 30 s (the next
   // heartbeat is 60 s away) and only then finds the job completed.
   EXPECT_LT(waited, absl::Seconds(15)) << "the job's completion did not end the wait";
+  coordinator.Close();
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// A drain waiting while the job hands this worker its next plan (the
+// coordinator commits a re-plan that keeps a drained worker, then lets it
+// go at the next boundary). Replacing the runner left runner_ empty while
+// the old one stopped, and the wait took that for "the job let this worker
+// go": the worker deregistered, and the job went through a worker-lost
+// recovery instead of the drain's re-plan.
+TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped) {
+  v1::Assignment a = RunAssignment();
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
+  SetKeys(a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
+  coordinator.HoldFinishedReport();
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  // Plan 1's runner is in its last report, held: its Stop (for plan 2)
+  // waits on it, so the replacement lasts as long as this test holds it.
+  ASSERT_TRUE(coordinator.AwaitFinishedReport());
+  absl::Status drained = absl::UnknownError("not returned");
+  std::thread draining([&] { drained = agent.AwaitDrained(absl::Seconds(3)); });
+  v1::Assignment next = a;
+  next.set_plan_version(2);
+  SetKeys(next);
+  coordinator.Push(next);
+  draining.join();
+  EXPECT_EQ(drained.code(), absl::StatusCode::kDeadlineExceeded)
+      << "the replacement of the runner ended the drain: " << drained;
+  coordinator.ReleaseFinishedReport();
+  // The job's STOP lets the worker go.
+  std::thread draining_again([&] { drained = agent.AwaitDrained(absl::Seconds(30)); });
+  v1::Assignment stop;
+  stop.set_action(v1::Assignment::ACTION_STOP);
+  stop.set_job_id(a.job_id());
+  coordinator.Push(stop);
+  draining_again.join();
+  EXPECT_TRUE(drained.ok()) << drained;
+  coordinator.Close();
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// A RUN of the next job taken while the old runner stops, and Leave (a
+// shutdown) begins meanwhile: the worker has deregistered, so nothing of
+// the new job may start (before, it opened the data plane and ran the job
+// for a registration that was gone, inside Stop()'s watchdog).
+TEST(WorkerAgentTest, LeaveWhileTheOldRunnerStops_TheNextJobNeverStarts) {
+  v1::Assignment a = RunAssignment();
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
+  SetKeys(a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
+  coordinator.HoldFinishedReport();
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  // job-1's runner is in its last report, held: its Stop waits on it.
+  ASSERT_TRUE(coordinator.AwaitFinishedReport());
+  v1::Assignment next = a;
+  next.set_job_id("job-2");
+  SetKeys(next);
+  coordinator.Push(next);
+  // The watch thread has taken job-2's RUN once it stops job-1 (bounded poll).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (agent.InstructionAndLastJob().first != "stopping job job-1" && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(agent.InstructionAndLastJob().first, "stopping job job-1");
+  std::thread leaving([&] { agent.Leave(); });
+  ASSERT_TRUE(coordinator.AwaitDeregistered());
+  coordinator.ReleaseFinishedReport();
+  leaving.join();  // Leave joins the watch thread: Handle is done
+  EXPECT_EQ(agent.InstructionAndLastJob(), (std::pair<std::string, std::string>{"idle", "job-1"}))
+      << "job-2 started after the worker left";
   coordinator.Close();
   agent.Stop();
   rig->Shutdown();

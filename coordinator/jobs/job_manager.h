@@ -815,8 +815,11 @@ class JobManager {
   // refused (`refusal`): a worker too small for its share, say, must not
   // end a job that ran on the others. Marks the spares unfit for this job
   // and plans again without them; with too few left, a boundary's job
-  // recovers (kReplanRefused) and a recovering one waits again. Returns
-  // false (nothing changed) when the plan took no spares.
+  // recovers (kReplanRefused) and a recovering one waits again. Refused
+  // for memory with too few left (below elastic.min_workers), the spares
+  // are not unfit: the job waits for another worker with all of them, as
+  // WaitForRoomLocked. Returns false (nothing changed) when the plan took
+  // no spares.
   bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A re-plan (at a boundary, or a recovery's) on the job's own workers
@@ -830,6 +833,11 @@ class JobManager {
   // worker could join them), or another error.
   bool WaitForRoomLocked(JobRecord& record, const PendingPlacement& pending,
                          const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // WaitForRoomLocked's change, its conditions checked by the caller: the
+  // workers of `pending` (and the spares dropped before it) are recorded in
+  // refused_for_memory, unmarked unfit, and the job recovers. Returns true.
+  bool WaitForAnotherWorkerLocked(JobRecord& record, const PendingPlacement& pending,
+                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the record's boundary_held holds: RUNNING with a boundary

@@ -2740,6 +2740,40 @@ TEST_F(JobManagerElasticTest, TwoWorkersLost_ReplacementsRegisteringOneByOne_Tri
   EXPECT_EQ(job.progress().step(), 5);
 }
 
+// As above with elastic.min_workers 2: the survivor alone is below the
+// minimum, so a refused plan with the first replacement had no plan on the
+// rest to try. The replacement was marked unfit, never offered again, and
+// so was the second with the survivor: the job waited out its queue
+// timeout with all three READY. Now the refused set is kept together and
+// the job waits for another worker, then plans on all three.
+TEST_F(JobManagerElasticTest, TwoWorkersLost_BelowMinWorkersWithoutThem_ReplacementsTriedTogether) {
+  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
+  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
+                    w3 = AddWorker(7003, kThird);
+  v1::JobSpec spec = ElasticSpec(3, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_EQ(AddWorker(7002, kThird), w2);
+  HeartbeatAllAndSchedule({w1, w2});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
+  ASSERT_EQ(AddWorker(7003, kThird), w3);
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.progress().step(), 5);
+}
+
 // The replacements a recovering job waits for are its own: a job queued
 // meanwhile does not take the first to register (the recovering one then
 // waited for a third it could never have, until its queue timeout).

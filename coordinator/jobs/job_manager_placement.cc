@@ -455,6 +455,23 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
 bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                            const absl::Status& refusal) {
   if (pending.origin == PlacementOrigin::kInitial || pending.joiners.empty()) return false;
+  std::vector<std::string> rest;
+  for (const std::string& w : pending.workers) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w) == pending.joiners.end()) {
+      rest.push_back(w);
+    }
+  }
+  KeepWholeReplicas(record, &rest);
+  // Refused for memory with too few workers left to plan on without the
+  // spares: the model needs more workers than these, not other ones.
+  // Marked unfit, the spares were never offered to this job again, and
+  // each later one was tried alone with the rest: all the workers it needed
+  // could be READY while it waited out its queue timeout.
+  if (refusal.code() == absl::StatusCode::kResourceExhausted &&
+      static_cast<int>(rest.size()) < MinJobWorkers(record) &&
+      static_cast<int>(pending.workers.size()) < MaxJobWorkers(record)) {
+    return WaitForAnotherWorkerLocked(record, pending, refusal);
+  }
   for (const v1::Worker& w : pending.infos) {
     if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) !=
         pending.joiners.end()) {
@@ -467,13 +484,6 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   const std::string note = absl::StrCat("the plan with ", absl::StrJoin(pending.joiners, ", "),
                                         " was refused (", refusal.message(), ")");
   PT_LOG(WARNING) << "job " << record.job.id() << ": " << note << "; going on without them";
-  std::vector<std::string> rest;
-  for (const std::string& w : pending.workers) {
-    if (std::find(pending.joiners.begin(), pending.joiners.end(), w) == pending.joiners.end()) {
-      rest.push_back(w);
-    }
-  }
-  KeepWholeReplicas(record, &rest);
   registry_->Release(record.job.id());
   const PlacementOrigin origin = pending.origin;
   absl::Status placed = absl::FailedPreconditionError(
@@ -506,6 +516,11 @@ bool JobManager::WaitForRoomLocked(JobRecord& record, const PendingPlacement& pe
       static_cast<int>(pending.workers.size()) >= MaxJobWorkers(record)) {
     return false;
   }
+  return WaitForAnotherWorkerLocked(record, pending, refusal);
+}
+
+bool JobManager::WaitForAnotherWorkerLocked(JobRecord& record, const PendingPlacement& pending,
+                                            const absl::Status& refusal) {
   record.refused_for_memory.clear();
   for (const v1::Worker& w : pending.infos) record.refused_for_memory[w.id()] = w.incarnation();
   // Spares dropped for memory before this plan: the model needs more

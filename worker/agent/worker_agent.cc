@@ -211,6 +211,10 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
     const CoordinatorStub coordinator = Stub();
+    // Not cancelled by Leave (unlike a heartbeat): a registration cut off
+    // may yet be committed, leaving a READY incarnation no one deregisters
+    // until its lease ends; answered, Leave deregisters it. Bounded by
+    // rpc_timeout, within the default stop bound.
     const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.ok()) {
@@ -218,8 +222,11 @@ absl::Status WorkerAgent::RegisterWithRetry() {
       {
         AnnotatedMutexLock lock(&mu_);
         RecordRegistrationLocked(request, response);
-        // A drain asked for after this request left: ask for it now.
-        drain_now = drained_ && !request.drained();
+        // A drain asked for after this request left: ask for it now; not
+        // when leaving (Leave deregisters next, which says more, and the
+        // drain's two calls of up to rpc_timeout each would eat into the
+        // stop bound).
+        drain_now = drained_ && !request.drained() && !stopping_;
       }
       if (drain_now) {
         const absl::Status drained = RequestDrain();

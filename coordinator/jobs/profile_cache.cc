@@ -130,8 +130,12 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
     for (const auto& [name, value] : bytes) {
       RETURN_IF_ERROR(CheckAmount(at + "." + name, value, kMaxProfileBytes));
     }
-    if (model_sizes != nullptr && u < static_cast<int>(model_sizes->units.size())) {
-      const UnitProfile& expected = model_sizes->units[u];
+    const UnitProfile* model_unit =
+        model_sizes != nullptr && u < static_cast<int>(model_sizes->units.size())
+            ? &model_sizes->units[u]
+            : nullptr;
+    if (model_unit != nullptr) {
+      const UnitProfile& expected = *model_unit;
       if (unit.weight_bytes() != expected.weight_bytes) {
         return BadProfile(
             at + ".weight_bytes",
@@ -179,6 +183,23 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
       }
       RETURN_IF_ERROR(CheckAmount(where + ".fwd_seconds", t.fwd_seconds(), kMaxProfileSeconds));
       RETURN_IF_ERROR(CheckAmount(where + ".bwd_seconds", t.bwd_seconds(), kMaxProfileSeconds));
+      if (model_unit == nullptr || t.count() < 1) continue;
+      // One of `count` micro-partitions: about 1 / count of the unit's
+      // FLOPs, bounded as the whole pass (tensor-parallel plans cost each
+      // partition by these; near 0, Alg. 1 would take the most partitions
+      // as free).
+      const std::pair<const char*, std::pair<double, double>> partition_passes[] = {
+          {"fwd_seconds", {t.fwd_seconds(), model_unit->fwd_seconds}},
+          {"bwd_seconds", {t.bwd_seconds(), model_unit->bwd_seconds}}};
+      for (const auto& [name, times] : partition_passes) {
+        const auto [seconds, at_reference] = times;
+        const double flops = at_reference * kModelSizesFlopsPerSecond / t.count();
+        if (flops > 0 && !(seconds > 0 && flops / seconds <= kMaxProfileFlopsPerSecond)) {
+          return BadProfile(where + "." + name,
+                            absl::StrCat("is ", seconds, " s for ", flops, " FLOPs: faster than ",
+                                         kMaxProfileFlopsPerSecond, " FLOP/s, no measurement"));
+        }
+      }
     }
   }
   if (profile.codecs_size() > static_cast<int>(kMaxProfileCodecs)) {
@@ -199,6 +220,12 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
     }
     RETURN_IF_ERROR(CheckAmount(at + ".all_reduce_seconds_per_byte",
                                 c.all_reduce_seconds_per_byte(), kMaxCodecSecondsPerByte));
+    if (c.all_reduce_seconds_per_byte() < kMinProfileCodecSecondsPerByte) {
+      return BadProfile(
+          at + ".all_reduce_seconds_per_byte",
+          absl::StrCat("is ", c.all_reduce_seconds_per_byte(), ", under ",
+                       kMinProfileCodecSecondsPerByte, " (faster than 10 TB/s): no measurement"));
+    }
   }
   return absl::OkStatus();
 }

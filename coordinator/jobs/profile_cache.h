@@ -63,6 +63,10 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 // H200's dense bf16): a unit's forward or backward time below its FLOPs at
 // this rate (or 0 where it computes anything) is no measurement.
 inline constexpr double kMaxProfileFlopsPerSecond = 1e17;
+// The least all-reduce time per byte a profile's codec timing may claim
+// (10 TB/s; the worker measures a host all-reduce of 2 members): a codec
+// costed near 0 would make every stage's compression look free.
+inline constexpr double kMinProfileCodecSecondsPerByte = 1e-13;
 // The rate `model_sizes`' times are computed at (their FLOPs / this):
 // ModelSizes in job_manager_profiling.cc.
 inline constexpr double kModelSizesFlopsPerSecond = 1e9;
@@ -73,15 +77,17 @@ inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 // kMaxProfileSeconds] and every size in [0, kMaxProfileBytes], finite; each
 // unit's partitions the request's, in its order; at most
 // kMaxProfileCodecs codecs, each a name of 1 to kMaxProfileCodecNameBytes
-// bytes given once with all_reduce_seconds_per_byte in [0,
-// kMaxCodecSecondsPerByte] (ParseProfileJson's rules, profile.h); device_kind at most
+// bytes given once with all_reduce_seconds_per_byte in
+// [kMinProfileCodecSecondsPerByte, kMaxCodecSecondsPerByte] (a worker
+// measures every codec it lists); device_kind at most
 // kMaxProfileDeviceKindBytes; repetitions >= 0. INVALID_ARGUMENT naming the first field that is
 // not. A worker is a peer: what it sends reaches the planner, whose indexing and CHECKs trust the
 // unit count, only through this. With `model_sizes` (the sizes the model's
 // shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
 // and activation_bytes must equal them and its stash_bytes and
 // transient_bytes be at most twice them, and its fwd_seconds and bwd_seconds must be at least the
-// unit's FLOPs at kMaxProfileFlopsPerSecond (above 0 where it has any):
+// unit's FLOPs at kMaxProfileFlopsPerSecond (above 0 where it has any),
+// each partition timing's at least 1 / count of them:
 // the profile is cached for every job of the model on that kind of
 // device, and a worker's inflated sizes would make other users' plans
 // refuse (or fit what does not), its near-zero times make them plan as if

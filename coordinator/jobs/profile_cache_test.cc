@@ -229,6 +229,9 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
        [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_codec("zstd"); }},
       {"codecs[0].all_reduce_seconds_per_byte",
        [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_all_reduce_seconds_per_byte(1); }},
+      // A codec costed as free would make every stage's compression pay.
+      {"codecs[0].all_reduce_seconds_per_byte is 0, under 1e-13",
+       [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_all_reduce_seconds_per_byte(0); }},
       {"repetitions", [](v1::ModelProfile& p) { p.set_repetitions(-1); }},
       {"device_kind", [](v1::ModelProfile& p) { p.set_device_kind(std::string(300, 'x')); }},
   };
@@ -246,6 +249,7 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
 // (or overcommit) memory. Times are the worker's to measure.
 TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) {
   v1::ProfileRequest request = Request();
+  request.add_partitions(2);
   const std::vector<std::string> names = {"embed", "h.0.attn", "h.0.mlp", "head"};
   ModelProfile sizes;
   for (const std::string& name : names) {
@@ -285,11 +289,21 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
        [](v1::ModelProfile& p) { p.mutable_units(1)->set_fwd_seconds(1e-8); }},
       {"units[3].bwd_seconds is 0 s for 2e+10 FLOPs",
        [](v1::ModelProfile& p) { p.mutable_units(3)->set_bwd_seconds(0); }},
+      // One of 2 partitions: half the unit's FLOPs, held to the same rate
+      // (tensor-parallel plans cost the partitions by these).
+      {"units[1].partitions[0].fwd_seconds is 1e-09 s for 5e+09 FLOPs: faster than 1e+17 FLOP/s",
+       [](v1::ModelProfile& p) {
+         p.mutable_units(1)->mutable_partitions(0)->set_fwd_seconds(1e-9);
+       }},
+      {"units[2].partitions[0].bwd_seconds is 0 s for 1e+10 FLOPs",
+       [](v1::ModelProfile& p) { p.mutable_units(2)->mutable_partitions(0)->set_bwd_seconds(0); }},
   };
   // At the bound, and a unit without FLOPs at 0 s, pass.
   v1::ModelProfile fastest = good;
   fastest.mutable_units(1)->set_fwd_seconds(1e10 / kMaxProfileFlopsPerSecond);
   fastest.mutable_units(0)->set_fwd_seconds(0);
+  fastest.mutable_units(1)->mutable_partitions(0)->set_fwd_seconds(5e9 / kMaxProfileFlopsPerSecond);
+  fastest.mutable_units(0)->mutable_partitions(0)->set_fwd_seconds(0);
   EXPECT_TRUE(CheckWorkerProfile(fastest, request, names, &sizes).ok());
   for (const Case& c : cases) {
     v1::ModelProfile p = good;

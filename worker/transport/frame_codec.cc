@@ -152,8 +152,14 @@ absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes)
   return absl::OkStatus();
 }
 
-// Is the payload (`size` bytes) the next piece of the tensor, inside it?
+// Is the payload (`size` bytes) the next piece of the tensor, inside it,
+// and at most kMaxFramePayloadBytes (the documented bound; the gRPC message
+// limit alone would let a peer send twice that in one frame)?
 absl::Status CheckRange(const v1::TensorFrame& frame, int64_t size, int64_t received) {
+  if (size > kMaxFramePayloadBytes) {
+    return Invalid(frame, absl::StrCat("payload of ", size, " bytes is over the ",
+                                       kMaxFramePayloadBytes, " a frame may carry"));
+  }
   if (frame.offset() != received) {
     return Invalid(frame, absl::StrCat("frame offset ", frame.offset(), " is not the ", received,
                                        " bytes received so far; a frame was lost, reordered or "

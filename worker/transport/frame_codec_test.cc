@@ -292,6 +292,20 @@ TEST(FrameCodecTest, Accept_PayloadPastTotalBytes_InvalidArgument) {
                         "payload of 20 bytes at offset 384 runs past total_bytes 400"));
 }
 
+// A frame's payload is at most kMaxFramePayloadBytes (operations.md), not
+// whatever fits under the gRPC message limit: a peer's 4 MiB + 4 bytes
+// frame of a larger tensor is refused.
+TEST(FrameCodecTest, Accept_PayloadOverTheFrameBound_InvalidArgument) {
+  const int64_t numel = kMaxFramePayloadBytes / 4 + 2;
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({numel})), kMaxFramePayloadBytes);
+  ASSERT_EQ(frames.size(), 2u);
+  frames[0].mutable_payload()->append(frames[1].payload());
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(frames[0], kJob),
+                        "payload of 4194312 bytes is over the 4194304 a frame may carry"));
+}
+
 TEST(FrameCodecTest, Accept_OtherTensorWhileIncomplete_InvalidArgumentNamingBoth) {
   std::vector<v1::TensorFrame> first =
       EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);

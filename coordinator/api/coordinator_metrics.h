@@ -125,7 +125,8 @@ class CoordinatorMetrics {
   GrpcRedMetrics& rpc() { return rpc_; }
   // RED of the HTTP server: declare its routes, feed it every response.
   HttpRedMetrics& http() { return http_; }
-  // The HTTP server's on_response: http()'s observer, and a 401 counted in
+  // The HTTP server's on_response: http()'s observer, and a 401
+  // (UNAUTHENTICATED) or 403 (PERMISSION_DENIED) counted in
   // pipetrain_rpc_refused_total with method "<METHOD> <route>" (e.g.
   // "GET /v1/jobs"), as gRPC refusals are with theirs.
   std::function<void(const std::string&, const std::string&, int, double)> HttpObserver();
@@ -140,12 +141,9 @@ class CoordinatorMetrics {
     return steps_counted_.size();
   }
 
-  // Does nothing: every call is timed, with its status code, by rpc()'s
-  // interceptor. Kept for the gRPC service's calls until they go.
-  void ObserveRpc(absl::string_view method, double seconds);
   // A call of `method` was refused with `code` by authentication (only
   // UNAUTHENTICATED and PERMISSION_DENIED are counted: the label stays
-  // bounded). Refused calls are not observed by ObserveRpc.
+  // bounded). rpc()'s interceptor times refused calls too, with their code.
   void CountRefused(absl::string_view method, absl::StatusCode code);
   // A stage reported an iteration's compute and receive-wait time (from
   // ReportProgress). Negative or non-finite values are ignored: they come

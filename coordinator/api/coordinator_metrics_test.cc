@@ -137,6 +137,27 @@ TEST_F(ScrapedMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
   }
 }
 
+// REST refusals count as gRPC's: a 401 as UNAUTHENTICATED, a 403 (a
+// cross-origin or DNS-rebinding request, a worker's credential on a user
+// route) as PERMISSION_DENIED, which operators alert on; other answers not.
+TEST_F(ScrapedMetricsTest, RestRefusals_401And403Counted) {
+  metrics_.http().AddRoute("POST", "/v1/jobs/{id}:cancel");
+  const auto observe = metrics_.HttpObserver();
+  observe("POST", "/v1/jobs/{id}:cancel", 403, 0.001);
+  observe("POST", "/v1/jobs/{id}:cancel", 401, 0.001);
+  observe("POST", "/v1/jobs/{id}:cancel", 404, 0.001);
+  const std::string text = Scrape();
+  EXPECT_EQ(SeriesValue(text,
+                        "pipetrain_rpc_refused_total{code=\"PERMISSION_DENIED\",method=\"POST "
+                        "/v1/jobs/{id}:cancel\"}"),
+            1);
+  EXPECT_EQ(SeriesValue(text,
+                        "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"POST "
+                        "/v1/jobs/{id}:cancel\"}"),
+            1);
+  EXPECT_FALSE(absl::StrContains(text, "code=\"NOT_FOUND\",method=\"POST")) << text;
+}
+
 // The dashboard's $worker lists pipetrain_worker_info's addresses. A worker
 // that is LOST or LEFT serves no /metrics there, and workers killed by their
 // pods' restarts (LOST, kept by the registry until it is full) grew the list

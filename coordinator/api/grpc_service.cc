@@ -1,6 +1,5 @@
 #include "coordinator/api/grpc_service.h"
 
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -62,14 +61,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Respond(grpc::CallbackServerCo
     reactor->Finish(ToGrpcStatus(authorized));
     return reactor;
   }
-  // Timed from here: a wait for another thread is part of the caller's wait.
-  const auto start = std::chrono::steady_clock::now();
-  run([this, reactor, method = std::string(method), start, handler]() {
-    const absl::Status status = handler();
-    metrics_->ObserveRpc(
-        method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  run([reactor, handler]() { reactor->Finish(ToGrpcStatus(handler())); });
   return reactor;
 }
 

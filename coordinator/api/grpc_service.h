@@ -4,8 +4,9 @@
 // code and message (see those headers for the codes each method returns).
 //
 // Authentication comes first (caller_auth.h): a refused call changes
-// nothing, is counted in pipetrain_rpc_refused_total{method,code} and not in
-// the duration histogram, and ends UNAUTHENTICATED or PERMISSION_DENIED.
+// nothing, is counted in pipetrain_rpc_refused_total{method,code} (and, as
+// every call, timed with its code by the RED interceptor), and ends
+// UNAUTHENTICATED or PERMISSION_DENIED.
 //
 // Additions beyond translation:
 //   WatchAssignments a stream the worker cancels (its process exited or its

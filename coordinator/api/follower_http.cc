@@ -27,7 +27,8 @@ void ServeFollowerHttp(HttpServer& server, const ServingHealth* health,
                      address.empty()
                          ? std::string("this coordinator follows and no leader is elected yet; "
                                        "retry shortly")
-                         : absl::StrCat("this coordinator follows; the leader is ", address));
+                         : absl::StrCat("this coordinator follows; the leader's gRPC address is ",
+                                        address, " (its REST API is on its --http-address)"));
   };
   server.Get("/v1/.*", refuse);
   server.Post("/v1/.*", refuse);

@@ -41,7 +41,8 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
   for (const std::string& path : {"/v1/jobs", "/v1/jobs/job-1/plan", "/v1/workers"}) {
     const std::string refused = Get(server, path, "secret");
     EXPECT_EQ(HttpStatusOf(refused), 503) << refused;
-    EXPECT_TRUE(absl::StrContains(refused, "the leader is 10.0.0.7:7070")) << refused;
+    EXPECT_TRUE(absl::StrContains(refused, "the leader's gRPC address is 10.0.0.7:7070"))
+        << refused;
   }
   const std::string post = server.AnswerRequestBytes(
       "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret\r\nContent-Length: "

@@ -213,13 +213,16 @@ struct IterationResult {
   std::map<std::pair<int, std::string>, LinkStats> sent;
   std::map<std::pair<int, std::string>, LinkStats> received;
   // Collectives this stage took part in, by purpose: "data_parallel" (the
-  // gradient all-reduce over the replicas: one bucket of every gradient
-  // but the tied embedding's, and that one's), "embedding_sync" (the tied
+  // gradient all-reduce over the replicas: one per bucket of about
+  // kDataParallelBucketBytes of every gradient but the tied embedding's,
+  // one per matrix PowerSGD compresses, and the tied embedding's),
+  // "embedding_sync" (the tied
   // embedding's exchange between its two owners, or the fused all-reduce
   // that replaces the exchange and its data-parallel all-reduce),
   // "grad_clip" (the norms' broadcasts), "loss_gather" and
   // "tensor_parallel" (the units' all-reduces over the stage's tensor
-  // ranks, with validation's left out).
+  // ranks: one per partition of each, a recompute's again; validation's
+  // left out).
   struct CollectiveStats {
     int64_t count = 0;
     int64_t bytes = 0;  // fp32 bytes of the tensors reduced or exchanged

@@ -296,7 +296,10 @@ bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgres
   const bool first_after_recovery = record.recovering_since.has_value();
   const bool first_of_plan = !record.stepped_on_plan;
   record.stepped_on_plan = true;
-  if (seconds > 0 && !first_after_recovery && !first_of_plan) {
+  // The last step's report comes after the final weights' gather and
+  // upload and the last checkpoint's write (job_runner.cc): not throughput
+  // either, and a large model's upload would be what the job shows last.
+  if (seconds > 0 && !first_after_recovery && !first_of_plan && !r.finished()) {
     p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
   }
   record.last_step_time = now;

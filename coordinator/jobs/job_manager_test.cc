@@ -718,6 +718,13 @@ TEST_F(JobManagerTest, Progress_FirstStepOfAPlan_NotThroughput) {
   clock_.Advance(absl::Seconds(2));
   Report(w1, id, 1, {2.0f, 2.0f}, false);
   EXPECT_EQ(jobs_.Get(id).value().progress().tokens_per_second(), 4 * 8 / 2.0);
+  // The last step's report waits for the final weights' upload: the job
+  // keeps the throughput of the steps before it.
+  clock_.Advance(absl::Seconds(60));
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.progress().tokens_per_second(), 4 * 8 / 2.0);
 }
 
 TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {

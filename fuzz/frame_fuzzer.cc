@@ -1,6 +1,8 @@
 // The data plane's receive path: frame messages from a peer through
-// ParseFrame (split into slices as gRPC hands them over), FrameAssembler,
-// and every tensor they complete through DecodeWireTensor, as a worker's
+// ParseFrame (split into slices as gRPC hands them over), FrameAssembler
+// admitting each tensor into a Mailbox (Reserve), and every tensor they
+// complete through DecodeWireTensor and into the mailbox (Put with its
+// reservation; a refused frame noted with NoteRefused), as a worker's
 // data-plane server and runtime handle them.
 //
 // Input: byte 0 sets the accepted job: num_stages = 1 + (bits 0-2), and bit
@@ -11,9 +13,14 @@
 // is what a peer should send); messages ParseFrame rejects are answered with
 // an error, as the server does.
 //
-// The assembler's size limit is 1 MiB here instead of the 4 GiB default:
-// the checks are the same, and the fuzzer's 2 GB memory limit is not hit
-// by tensors the real limit allows.
+// The assembler's size limit is 1 MiB here instead of the 4 GiB default,
+// and the mailbox holds at most 2 MiB and 8 tensors: the checks are the
+// same, and the fuzzer's 2 GB memory limit is not hit by tensors the real
+// limit allows.
+//
+// Checks beyond the sanitizers: the mailbox never holds more than its
+// limits, and once the stream ends (Abandon) no reservation is left (a
+// leaked one would keep room from every later tensor).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -24,10 +31,13 @@
 #include "proto/pipetrain/v1/dataplane.pb.h"
 #include "worker/transport/frame_codec.h"
 #include "worker/transport/frame_wire.h"
+#include "worker/transport/mailbox.h"
 #include "worker/transport/transport.h"
 
 namespace {
 constexpr int64_t kFuzzMaxTensorBytes = int64_t{1} << 20;
+constexpr pipetrain::MailboxLimits kFuzzMailboxLimits{
+    .max_bytes = 2 * kFuzzMaxTensorBytes, .run_ahead_iterations = 2, .max_tensors = 8};
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -37,6 +47,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   AcceptedJob job;
   job.num_stages = 1 + (config & 7);
   if ((config & 8) == 0) job.job_id = "fuzz-job";
+  Mailbox mailbox(kFuzzMailboxLimits);
+  if (!job.job_id.empty()) mailbox.OpenJob(job.job_id, 0);
+  const FrameAssembler::Admission admit = [&mailbox](const TensorAddress& address, int64_t bytes) {
+    return mailbox.Reserve(address, bytes);
+  };
   FrameAssembler assembler(kFuzzMaxTensorBytes);
   while (!in.empty()) {
     const uint8_t cut = in.Byte();
@@ -51,14 +66,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)MakeFrameError(v1::TensorFrame(), frame.status());
       continue;
     }
-    absl::StatusOr<std::optional<ReceivedTensor>> accepted = assembler.Accept(*frame, job);
-    if (!accepted.ok()) {
-      (void)MakeFrameError(frame->header, accepted.status());
-      continue;
+    absl::StatusOr<std::optional<ReceivedTensor>> accepted = assembler.Accept(*frame, job, admit);
+    absl::Status status = accepted.status();
+    if (accepted.ok() && accepted->has_value()) {
+      ReceivedTensor& received = **accepted;
+      (void)DecodeWireTensor(received.wire, received.address.DebugString());
+      status = mailbox.Put(received.source_stage, received.address, std::move(received.wire),
+                           std::move(received.reservation));
     }
-    if (!accepted->has_value()) continue;
-    const ReceivedTensor& received = **accepted;
-    (void)DecodeWireTensor(received.wire, received.address.DebugString());
+    if (!status.ok()) {
+      const v1::TensorFrame& header = frame->header;
+      mailbox.NoteRefused(header.source_stage(),
+                          MakeAddress(header.job_id(), header.iteration(), header.tensor()),
+                          status);
+      (void)MakeFrameError(header, status);
+    }
+    if (mailbox.bytes() + mailbox.reserved() > kFuzzMailboxLimits.max_bytes ||
+        mailbox.size() > static_cast<size_t>(kFuzzMailboxLimits.max_tensors)) {
+      __builtin_trap();  // past the mailbox's limits
+    }
   }
+  assembler.Abandon();                            // the stream ends
+  if (mailbox.reserved() != 0) __builtin_trap();  // a reservation outlived its tensor
+  mailbox.Shutdown();
   return 0;
 }

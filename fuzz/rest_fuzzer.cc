@@ -1,9 +1,13 @@
 // The REST API as any client reaches it (coordinator/api/rest_service.h):
 // raw HTTP request bytes through the server's framing, httplib's parser,
 // the bearer-token check, routing and the handlers, over a real worker
-// registry, job manager and metrics on a fake clock, without sockets
-// (HttpServer::AnswerRequestBytes). Each input starts from a fresh
-// coordinator, so that a crash replays from its input alone.
+// registry (two READY workers), job manager and metrics on a fake clock,
+// without sockets (HttpServer::AnswerRequestBytes). Planning runs on a
+// BackgroundQueue emptied after each request, so a job submitted fitting
+// two workers is RUNNING for the next one: its plan, timelines, the
+// workers' pages and a drain are answered as for a real job. Each input
+// starts from a fresh coordinator, so that a crash replays from its input
+// alone.
 //
 // Input: up to kMaxRequests requests, each uint16-length-prefixed but the
 // last, which is the rest; they run in order against the same coordinator
@@ -30,6 +34,7 @@
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/rest_service.h"
 #include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
@@ -50,8 +55,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)quiet;
   FakeClock clock;
   WorkerRegistry workers{WorkerRegistry::Options{.clock = &clock}};
+  for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address(address);
+    if (!workers.Register(request).ok()) __builtin_trap();
+  }
   AssignmentHub hub;
-  JobManager jobs{&workers, &hub, &clock};
+  BackgroundQueue background;  // outlives jobs
+  JobManager jobs{&workers, &hub, &clock,
+                  JobManagerOptions{.background_runner = background.Runner()}};
   CoordinatorMetrics metrics{&workers, &jobs};
   HttpServer server(HttpServer::Options{.bearer_token = kToken});
   RegisterRestRoutes(server, &workers, &jobs);
@@ -62,6 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view piece = i + 1 < kMaxRequests ? in.LengthPrefixed() : in.Rest();
     const absl::string_view request(piece.data(), piece.size());
     const std::string response = server.AnswerRequestBytes(request);
+    background.RunAll();             // a submitted job is planned before the next request
     if (response.empty()) continue;  // not complete: a connection would wait
     const int status = HttpStatusOf(response);
     if (status < 100 || status >= 600) __builtin_trap();

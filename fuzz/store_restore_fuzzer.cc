@@ -9,12 +9,15 @@
 //
 // Input: records until it ends, each a byte choosing the table ((byte & 3)
 // % 3: jobs/, workers/, profiles/) and, with bit 2, that the value is a
-// job of SmallJobSpec(2), RUNNING, with the record's bytes merged into it
-// as protobuf fields (so that restores get past parsing), then the
-// record's uint16-length-prefixed bytes.
+// record with the record's bytes merged into it as protobuf fields (so
+// that restores get past parsing): in jobs/ a job of SmallJobSpec(2),
+// RUNNING; in workers/ a worker "w-<record number + 1>" with a data address
+// of its own; then the record's uint16-length-prefixed bytes.
 //
-// A record of the jobs/ table that parses as a job with an id is stored
-// under jobs/<that id>, as the coordinator keys it.
+// A record of the jobs/ or workers/ table that parses with an id is stored
+// under jobs/<that id> or workers/<that id>, as the coordinator keys them
+// (a worker's must also be "w-<n>" for the registry to restore it).
+// Profiles stay under made-up keys: the planner never finds them (a gap).
 //
 // Checks beyond the sanitizers: a successful Restore brought back every job
 // stored under its own id; whatever Restore accepts can be listed and
@@ -63,18 +66,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint8_t kind = in.Byte();
     const std::string_view bytes = in.LengthPrefixed();
     std::string value(bytes);
-    if (kind & 4) {
+    static const char* const kTables[] = {"jobs/", "workers/", "profiles/"};
+    const std::string table = kTables[(kind & 3) % 3];
+    if ((kind & 4) && table == "workers/") {
+      // A worker record that parses, as the registry numbers them, merged
+      // with the input's fields (protobuf's merge: later fields win).
+      store::StoredWorker worker;
+      worker.set_id(absl::StrCat("w-", i + 1));
+      worker.set_data_address(absl::StrCat("10.0.1.", i + 1, ":9001"));
+      worker.set_incarnation(1);
+      worker.MergeFromString(value);  // a failed merge keeps what parsed
+      value = worker.SerializeAsString();
+    } else if (kind & 4) {
       // A record that parses: a minimal job of SmallJobSpec merged with the
-      // input's fields (protobuf's merge: later fields win).
+      // input's fields.
       store::StoredJob job;
       *job.mutable_job()->mutable_spec() = SmallJobSpec(2);
       job.mutable_job()->set_id(absl::StrCat("job-fuzz-", i));
       job.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
-      job.MergeFromString(value);  // a failed merge keeps what parsed
+      job.MergeFromString(value);
       value = job.SerializeAsString();
     }
-    static const char* const kTables[] = {"jobs/", "workers/", "profiles/"};
-    const std::string table = kTables[(kind & 3) % 3];
     std::string key = absl::StrCat(table, "k", i);
     // A job is restored only from its own key (jobs/<its id>, as the
     // coordinator saves it); elsewhere LoadJobs skips it, and nothing past
@@ -83,6 +95,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (table == "jobs/" && parsed.ParseFromString(value) && !parsed.job().id().empty()) {
       key = table + parsed.job().id();
       restorable_ids.insert(parsed.job().id());
+    }
+    store::StoredWorker worker;
+    if (table == "workers/" && worker.ParseFromString(value) && !worker.id().empty()) {
+      key = table + worker.id();  // LoadWorkers skips a worker under another key
     }
     writes.push_back(StoreWrite::Put(key, value));
   }

@@ -818,8 +818,10 @@ class JobManager {
   // recovers (kReplanRefused) and a recovering one waits again. Refused
   // for memory with too few left (below elastic.min_workers), the spares
   // are not unfit: the job waits for another worker with all of them, as
-  // WaitForRoomLocked. Returns false (nothing changed) when the plan took
-  // no spares.
+  // WaitForRoomLocked. Refused for memory with such spares kept from before
+  // and a newcomer, only the earlier ones are unfit, and the job plans on
+  // the rest with the newcomers. Returns false (nothing changed) when the
+  // plan took no spares.
   bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A re-plan (at a boundary, or a recovery's) on the job's own workers

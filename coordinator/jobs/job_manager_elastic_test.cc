@@ -2774,6 +2774,37 @@ TEST_F(JobManagerElasticTest, TwoWorkersLost_BelowMinWorkersWithoutThem_Replacem
   EXPECT_EQ(job.progress().step(), 5);
 }
 
+// As above, but the spare tried first with the survivor is too small for
+// any share: kept together with it (the model seemed to need more
+// workers), the spare was then tried with the replacement too, refused
+// again at the job's max_workers, and both were marked unfit: the
+// replacement was never offered again. Refused with a newcomer, the spare
+// kept from before is now the one dropped, and the job runs on the others.
+TEST_F(JobManagerElasticTest, TooSmallSpareKeptWithTheSurvivor_DroppedOnceANewcomerComes) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec spec = ElasticSpec(3, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const std::string tiny = AddWorker(7004, 4096);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1, tiny});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
+  ASSERT_EQ(AddWorker(7002), w2);
+  HeartbeatAllAndSchedule({w1, w2, tiny});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(job.progress().step(), 5);
+}
+
 // The replacements a recovering job waits for are its own: a job queued
 // meanwhile does not take the first to register (the recovering one then
 // waited for a third it could never have, until its queue timeout).

@@ -462,36 +462,63 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
     }
   }
   KeepWholeReplicas(record, &rest);
+  const bool for_memory = refusal.code() == absl::StatusCode::kResourceExhausted;
+  // The spares a refusal for memory kept together with these workers
+  // before (below), and those new since.
+  std::vector<std::string> earlier, newcomers;
+  for (const v1::Worker& w : pending.infos) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) ==
+        pending.joiners.end()) {
+      continue;
+    }
+    auto it = record.refused_for_memory.find(w.id());
+    const bool refused_before =
+        it != record.refused_for_memory.end() && it->second == w.incarnation();
+    (refused_before ? earlier : newcomers).push_back(w.id());
+  }
+  // What is dropped (marked unfit) and what is planned on next: the spares
+  // and the rest; or, refused for memory with spares that were refused with
+  // these workers before and a newcomer, only those earlier ones (tried
+  // with more workers and still refused, one of them cannot hold its share)
+  // and the rest with the newcomers.
+  std::vector<std::string> dropped = pending.joiners;
+  std::vector<std::string> next = rest;
+  if (for_memory && !earlier.empty() && !newcomers.empty()) {
+    std::vector<std::string> with_newcomers = rest;
+    with_newcomers.insert(with_newcomers.end(), newcomers.begin(), newcomers.end());
+    KeepWholeReplicas(record, &with_newcomers);
+    if (static_cast<int>(with_newcomers.size()) >= MinJobWorkers(record)) {
+      dropped = earlier;
+      next = std::move(with_newcomers);
+    }
+  }
   // Refused for memory with too few workers left to plan on without the
   // spares: the model needs more workers than these, not other ones.
   // Marked unfit, the spares were never offered to this job again, and
   // each later one was tried alone with the rest: all the workers it needed
   // could be READY while it waited out its queue timeout.
-  if (refusal.code() == absl::StatusCode::kResourceExhausted &&
+  if (for_memory && dropped == pending.joiners &&
       static_cast<int>(rest.size()) < MinJobWorkers(record) &&
       static_cast<int>(pending.workers.size()) < MaxJobWorkers(record)) {
     return WaitForAnotherWorkerLocked(record, pending, refusal);
   }
   for (const v1::Worker& w : pending.infos) {
-    if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) !=
-        pending.joiners.end()) {
+    if (std::find(dropped.begin(), dropped.end(), w.id()) != dropped.end()) {
       record.unfit[w.id()] = w.incarnation();
-      if (refusal.code() == absl::StatusCode::kResourceExhausted) {
-        pending.dropped_for_memory[w.id()] = w.incarnation();
-      }
+      if (for_memory) pending.dropped_for_memory[w.id()] = w.incarnation();
     }
   }
-  const std::string note = absl::StrCat("the plan with ", absl::StrJoin(pending.joiners, ", "),
+  const std::string note = absl::StrCat("the plan with ", absl::StrJoin(dropped, ", "),
                                         " was refused (", refusal.message(), ")");
   PT_LOG(WARNING) << "job " << record.job.id() << ": " << note << "; going on without them";
   registry_->Release(record.job.id());
   const PlacementOrigin origin = pending.origin;
   absl::Status placed = absl::FailedPreconditionError(
       absl::StrCat("fewer than ", MinJobWorkers(record), " workers without them"));
-  if (static_cast<int>(rest.size()) >= MinJobWorkers(record)) {
-    pending.joiners.clear();
+  if (static_cast<int>(next.size()) >= MinJobWorkers(record)) {
+    pending.joiners = dropped == pending.joiners ? std::vector<std::string>() : newcomers;
     pending.reason = absl::StrCat(pending.reason, "; without the workers refused: ", note);
-    placed = BeginPlacementLocked(record, rest, std::move(pending));
+    placed = BeginPlacementLocked(record, next, std::move(pending));
   }
   if (placed.ok()) return true;
   if (origin == PlacementOrigin::kRecovery) {

@@ -456,6 +456,12 @@ class GrpcTransport::PeerLink {
     AnnotatedMutexLock send_lock(&send_mu_);  // Waits out a Send in progress.
   }
 
+  // "; this stage's own sends broke 12s ago (...)": the last break
+  // of a stream to this peer (frames handed to gRPC then are lost, though
+  // nothing was left unsent to say so), for a receive timeout's message;
+  // "" if none broke.
+  std::string LastBreakNote() const { return last_break_->Note(); }
+
   // What the current stream has queued for this peer (0 without one).
   int64_t QueuedBytes() {
     std::shared_ptr<FrameStream> stream;
@@ -527,7 +533,9 @@ class GrpcTransport::PeerLink {
     channel_ = std::move(channel);
     stub_ = std::make_unique<FrameStub>(channel_);
     const int peer = peer_stage_;
-    auto on_error = [peer, callback = options_.on_peer_error](const absl::Status& error) {
+    auto on_error = [peer, callback = options_.on_peer_error,
+                     last_break = last_break_](const absl::Status& error) {
+      if (absl::IsUnavailable(error)) last_break->Set(error);
       if (callback) callback(peer, error);
     };
     std::shared_ptr<FrameStream> stream = FrameStream::Start(
@@ -573,6 +581,30 @@ class GrpcTransport::PeerLink {
   AnnotatedMutex mu_;  // Never held while waiting, so Shutdown gets it at once.
   std::shared_ptr<FrameStream> stream_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Set on a gRPC thread by the streams' error callback (shared: a stream
+  // may report after this link is gone).
+  class BreakNote {
+   public:
+    void Set(const absl::Status& why) {
+      AnnotatedMutexLock lock(&mu_);
+      why_ = why;
+      at_ = absl::Now();
+    }
+    std::string Note() const {
+      AnnotatedMutexLock lock(&mu_);
+      if (why_.ok()) return "";
+      return absl::StrCat("; this stage's own sends broke ",
+                          absl::FormatDuration(absl::Trunc(absl::Now() - at_, absl::Seconds(1))),
+                          " ago (", why_.message(), "): what it had handed to gRPC then was lost");
+    }
+
+   private:
+    mutable AnnotatedMutex mu_;
+    absl::Status why_ ABSL_GUARDED_BY(mu_);
+    absl::Time at_ ABSL_GUARDED_BY(mu_);
+  };
+  const std::shared_ptr<BreakNote> last_break_ = std::make_shared<BreakNote>();
 };
 
 struct GrpcTransport::SendWaits {
@@ -651,10 +683,13 @@ absl::StatusOr<WireTensor> GrpcTransport::RecvWire(int peer_stage, const TensorA
   if (shut_down_.load()) return absl::AbortedError("transport shut down");
   absl::StatusOr<WireTensor> wire = mailbox_->Take(peer_stage, address, timeout);
   if (absl::IsDeadlineExceeded(wire.status())) {
-    return WithOwnQueuedSends(absl::DeadlineExceededError(absl::StrCat(
-                                  wire.status().message(), " (stage ", peer_stage,
-                                  "'s data plane is at ", peer_addresses_[peer_stage], ")")),
-                              peer_stage, links_[peer_stage]->QueuedBytes(), "in its gRPC stream");
+    // A stream of this stage's own to that peer that broke is named: the
+    // tensor this stage waits for may answer one that was lost with it.
+    return WithOwnQueuedSends(
+        absl::DeadlineExceededError(
+            absl::StrCat(wire.status().message(), " (stage ", peer_stage, "'s data plane is at ",
+                         peer_addresses_[peer_stage], ")", links_[peer_stage]->LastBreakNote())),
+        peer_stage, links_[peer_stage]->QueuedBytes(), "in its gRPC stream");
   }
   return wire;
 }

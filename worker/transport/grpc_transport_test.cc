@@ -444,6 +444,24 @@ TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
+// A stream to a peer broke with nothing left unsent (the last frames
+// handed to gRPC, then lost): nothing was logged, and this stage's receive
+// timeout blamed the peer alone. It now names its own broken stream.
+TEST_F(GrpcTransportTest, Recv_TimesOutAfterOwnStreamBroke_MessageSaysSo) {
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1));
+  servers_[1]->Shutdown();
+  const absl::Status broke = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
+  ASSERT_EQ(broke.code(), absl::StatusCode::kUnavailable) << broke;
+  const absl::Status timed_out =
+      transports_[0]
+          ->Recv(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 2), absl::Milliseconds(100))
+          .status();
+  EXPECT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded) << timed_out;
+  EXPECT_TRUE(Contains(timed_out, "this stage's own sends broke")) << timed_out;
+  EXPECT_TRUE(Contains(timed_out, "(the stream to stage 1 (" + addresses_[1] + ") broke"))
+      << timed_out;
+}
+
 TEST_F(GrpcTransportTest, Shutdown_RightAfterSend_DeliversQueuedTensorFirst) {
   const Tensor big = Pattern({3, 1024, 1024}, 5);  // 12 MiB.
   ASSERT_TRUE(transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), big).ok());

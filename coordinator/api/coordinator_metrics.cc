@@ -149,8 +149,7 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                           "Coordinator RPCs refused by authentication, by method and code "
                           "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
                           "a worker credential used for another worker, or over REST a "
-                          "credential of the wrong kind, a cross-origin or a DNS-rebinding "
-                          "request).")
+                          "cross-origin or DNS-rebinding request).")
                       .Register(*registry_);
   // Each CoordinatorService method's UNAUTHENTICATED series exists from the
   // first scrape, so that rate() sees the first stranger's call (method
@@ -401,8 +400,8 @@ CoordinatorMetrics::HttpObserver() {
       [this, red](const std::string& method, const std::string& route, int status, double seconds) {
         red(method, route, status, seconds);
         // Both labels come from bounded sets (HttpServer::Options::on_response).
-        // 403: a worker's credential on a user route, or a browser's
-        // cross-origin or DNS-rebinding request, refused before its handler.
+        // 403: a browser's cross-origin or DNS-rebinding request, refused
+        // before its handler (a wrong credential is 401).
         if (status == 401) {
           CountRefused(absl::StrCat(method, " ", route), absl::StatusCode::kUnauthenticated);
         } else if (status == 403) {

@@ -137,9 +137,9 @@ TEST_F(ScrapedMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
   }
 }
 
-// REST refusals count as gRPC's: a 401 as UNAUTHENTICATED, a 403 (a
-// cross-origin or DNS-rebinding request, a worker's credential on a user
-// route) as PERMISSION_DENIED, which operators alert on; other answers not.
+// REST refusals count as gRPC's: a 401 (no or a wrong credential) as
+// UNAUTHENTICATED, a 403 (a cross-origin or DNS-rebinding request) as
+// PERMISSION_DENIED, which operators alert on; other answers not.
 TEST_F(ScrapedMetricsTest, RestRefusals_401And403Counted) {
   metrics_.http().AddRoute("POST", "/v1/jobs/{id}:cancel");
   const auto observe = metrics_.HttpObserver();

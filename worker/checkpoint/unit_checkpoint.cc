@@ -61,17 +61,32 @@ absl::Status SizeDiffers(const std::string& path, int64_t bytes, int64_t recorde
                                           recorded, " (truncated or replaced)"));
 }
 
+// This reader's trouble with a file, not the checkpoint's: UNAVAILABLE.
+// absl maps errnos such as ENOTCONN (a FUSE daemon gone), EBUSY or ENXIO to
+// FAILED_PRECONDITION or NOT_FOUND, which the job runner reports as an
+// unusable checkpoint, and the coordinator then deletes a good one.
+absl::Status ReaderTrouble(int error, absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", strerror(error),
+                                             " (this worker's trouble, not the checkpoint's)"));
+}
+
 // Reads the whole file `name` in `dir_fd` (not through a symbolic link).
 // `recorded_bytes` >= 0: the size the file must have, checked before
-// anything is allocated for it (DATA_LOSS otherwise).
+// anything is allocated for it (DATA_LOSS otherwise). A missing file is
+// NOT_FOUND and a symbolic link ELOOP's code (the checkpoint's fault);
+// any other failure to open, stat or read is UNAVAILABLE (ReaderTrouble).
 absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
                                    int64_t recorded_bytes = -1) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
   ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) return Errno(errno, "cannot open", path);
+  if (fd.get() < 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ELOOP) return Errno(error, "cannot open", path);
+    return ReaderTrouble(error, "cannot open", path);
+  }
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return Errno(errno, "cannot stat", path);
+  if (fstat(fd.get(), &st) != 0) return ReaderTrouble(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is not a file"));
   // A file of another size than recorded is refused from its size alone,
   // not after reading (and allocating) up to kMaxUnitFileBytes.
@@ -86,7 +101,7 @@ absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const st
   while (done < bytes.size()) {
     const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno(errno, "cannot read", path);
+    if (n < 0) return ReaderTrouble(errno, "cannot read", path);
     if (n == 0) break;  // shrank while we read
     done += static_cast<size_t>(n);
   }

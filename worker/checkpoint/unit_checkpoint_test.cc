@@ -1,10 +1,14 @@
 #include "worker/checkpoint/unit_checkpoint.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -483,6 +487,37 @@ TEST_F(UnitCheckpointTest, MoreOptimizerStepsThanIterations_IsDataLoss) {
               std::string::npos)
         << read.status();
   }
+}
+
+// A unit file this worker cannot open for a reason of its own (here a
+// socket, ENXIO; in life a FUSE mount whose daemon died, ENOTCONN) is
+// UNAVAILABLE: absl maps those errnos to NOT_FOUND or FAILED_PRECONDITION,
+// which the job runner reports as an unusable checkpoint, and the
+// coordinator then deleted a good one.
+TEST_F(UnitCheckpointTest, UnitFileThatDoesNotOpenForTheReader_IsUnavailable) {
+  const v1::ResumeFrom from = WriteAll();
+  const std::string path = PathOf(from, 1);
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  // Bound by a relative name: the sandbox's absolute path may pass
+  // sockaddr_un's 108 bytes.
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string dir = path.substr(0, path.rfind('/'));
+  ASSERT_EQ(chdir(dir.c_str()), 0);
+  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string name = path.substr(path.rfind('/') + 1);
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", name.c_str());
+  const int bound = bind(sock, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  close(sock);
+  ASSERT_EQ(chdir(cwd), 0);
+  ASSERT_EQ(bound, 0) << strerror(errno);
+  const absl::Status read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr).status();
+  EXPECT_EQ(read.code(), absl::StatusCode::kUnavailable) << read;
+  EXPECT_NE(read.message().find("not the checkpoint's"), std::string::npos) << read;
 }
 
 TEST_F(UnitCheckpointTest, MissingFile_IsNotFound) {

@@ -89,8 +89,9 @@ bool ParseStepDirName(const std::string& name, int64_t* step);
 // manifest.json exists. Errors: NOT_FOUND when
 // `dir` does not exist, or when neither it nor any step-* directory in it
 // has a manifest (the message names <dir>/manifest.json);
-// INVALID_ARGUMENT when `dir` is not a directory or is "/"; other errno
-// failures as absl::ErrnoToStatus.
+// INVALID_ARGUMENT when `dir` is not a directory or is "/";
+// FAILED_PRECONDITION when `dir` holds the steps of more than one job;
+// other errno failures as absl::ErrnoToStatus.
 absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir);
 
 }  // namespace pipetrain

@@ -157,8 +157,10 @@ std::string UnitFileName(int unit);
 // (directories created 0700 as needed, never through a symbolic link:
 // common/confined_path.h), files 0600. Returns each file's name, size and
 // SHA-256 for the coordinator. `dir` is a relative name (spec.checkpoint.dir).
-// Errors: FAILED_PRECONDITION when `root` cannot be opened; INVALID_ARGUMENT
-// for a bad `dir`; the errno's code for an I/O failure (a full disk is
+// Errors: FAILED_PRECONDITION when `root` does not exist, is not a
+// directory or may not be entered (ENOENT, ENOTDIR, EACCES; other failures
+// to open it, their errno's code); INVALID_ARGUMENT for a bad `dir`, or a
+// link or directory at a unit's file name; the errno's code for an I/O failure (a full disk is
 // RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
 // partial checkpoint is never recorded complete. A snapshot whose weights,
 // moments, error-feedback residuals or warm starts hold a NaN or an

@@ -17,6 +17,7 @@
 #include "common/flag_set.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/terminal_safe.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/model/gpt_config.h"
@@ -182,15 +183,19 @@ int RunExport(const std::vector<std::string>& args) {
   }
   absl::StatusOr<CheckpointExport> done =
       at.ok() ? ExportCheckpoint(*at, out, vocab) : absl::StatusOr<CheckpointExport>(at.status());
+  // What a checkpoint's files say (its manifest's job id, a unit file's
+  // metadata quoted in an error) is printed inert: the checkpoint may be
+  // someone else's, and "Nothing is trusted" includes the terminal.
   if (!done.ok()) {
-    std::fprintf(stderr, "pipetrain checkpoint export: %s\n", done.status().ToString().c_str());
+    std::fprintf(stderr, "pipetrain checkpoint export: %s\n",
+                 TerminalSafe(done.status().ToString()).c_str());
     return 1;
   }
   for (const std::string& warning : done->warnings) {
-    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+    std::fprintf(stderr, "warning: %s\n", TerminalSafe(warning).c_str());
   }
   std::printf("exported step %lld of job %s: %lld tensors, %lld parameters, %lld bytes to %s%s\n",
-              static_cast<long long>(done->step), done->job_id.c_str(),
+              static_cast<long long>(done->step), TerminalSafe(done->job_id).c_str(),
               static_cast<long long>(done->tensors), static_cast<long long>(done->parameters),
               static_cast<long long>(done->bytes), out.c_str(),
               done->cut_rows > 0

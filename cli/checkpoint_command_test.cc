@@ -214,6 +214,29 @@ TEST_F(CheckpointExportTest, ExportCheckpoint_Vocab_CutsThePaddedRowsOnly) {
   EXPECT_NE(testing::internal::GetCapturedStderr().find("--vocab must be >= 0"), std::string::npos);
 }
 
+// A checkpoint's manifest is someone's file: a job id holding a terminal
+// escape (here ESC [2J, clear the screen) was printed raw. It is printed
+// inert now, in the success line or in an error quoting it.
+TEST_F(CheckpointExportTest, RunCheckpoint_JobIdWithATerminalEscape_PrintedInert) {
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string manifest = StepPath(10) + "/manifest.json";
+  std::ifstream in(manifest, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string quoted = absl::StrCat("\"", kJobId, "\"");
+  const size_t at = text.find(quoted);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, quoted.size(), absl::StrCat("\"", kJobId, "\\u001b[2J\""));
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  RunCheckpoint({"export", StepPath(10), "--out", out_});
+  const std::string printed =
+      testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed.find('\x1b'), std::string::npos) << printed;
+  EXPECT_NE(printed.find(absl::StrCat(kJobId, "\\x1b[2J")), std::string::npos) << printed;
+}
+
 // --out in the checkpoint's own directory would replace one of its unit
 // files: refused (2) before anything is written.
 TEST_F(CheckpointExportTest, RunCheckpoint_OutInTheCheckpointDir_RefusedUntouched) {

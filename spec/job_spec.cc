@@ -371,11 +371,13 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
     return Invalid("spec.data.val_fraction",
                    absl::StrCat("must be in [0, 1), got ", Exact(data->val_fraction())));
   }
+  // Bounded with a path too: unused then, but stored and shown (every
+  // field a client sends has its bound).
+  RETURN_IF_ERROR(RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(),
+                                 kMaxSyntheticBytes, Presence::kDefaulted));
   if (!data->path().empty()) {
     RETURN_IF_ERROR(CheckDataPath(data->path()));
   } else {
-    RETURN_IF_ERROR(RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(),
-                                   kMaxSyntheticBytes, Presence::kDefaulted));
     if (*format == DataFormat::kUint16 || *format == DataFormat::kUint16Header) {
       return Invalid("spec.data.format", absl::StrCat(data->format(),
                                                       " needs spec.data.path; the generated "

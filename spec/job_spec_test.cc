@@ -1148,6 +1148,12 @@ TEST(ResolveJobSpec, ZeroEvalWindows_Rejected) {
   spec = MinimalSpec();
   spec.mutable_data()->set_synthetic_bytes(-5);
   ExpectRejected(spec, "spec.data.synthetic_bytes: must be >= 1, got -5");
+  // Unused with a corpus file, but stored and shown: bounded all the same.
+  const std::string corpus = TempPath("bounded_anyway.bin");
+  ASSERT_TRUE(WriteUint16TokenFile(corpus, {1, 2, 3, 99}, /*with_header=*/false).ok());
+  spec.mutable_data()->set_path(corpus);
+  spec.mutable_data()->set_format("uint16");
+  ExpectRejected(spec, "spec.data.synthetic_bytes: must be >= 1, got -5");
   spec = MinimalSpec();
   spec.mutable_training()->set_micro_batches(0);
   ExpectRejected(spec, "spec.training.micro_batches: must be >= 1, got 0");

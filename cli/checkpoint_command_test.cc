@@ -237,6 +237,26 @@ TEST_F(CheckpointExportTest, RunCheckpoint_JobIdWithATerminalEscape_PrintedInert
   EXPECT_NE(printed.find(absl::StrCat(kJobId, "\\x1b[2J")), std::string::npos) << printed;
 }
 
+// An export interrupted mid-write left its temporary beside --out (up to
+// the model's size) for good: the next export to that name removes what no
+// living writer holds, and says so.
+TEST_F(CheckpointExportTest, Export_RemovesAnInterruptedExportsTemporary) {
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string name = out_.substr(out_.rfind('/') + 1);
+  const std::string abandoned = out_ + ".tmp.4000000.7";
+  std::ofstream(abandoned, std::ios::binary) << "half a model";
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(StepPath(10));
+  ASSERT_TRUE(at.ok()) << at.status();
+  absl::StatusOr<CheckpointExport> done = ExportCheckpoint(*at, out_, 0);
+  ASSERT_TRUE(done.ok()) << done.status();
+  struct stat info;
+  EXPECT_NE(lstat(abandoned.c_str(), &info), 0) << abandoned << " is still there";
+  ASSERT_EQ(done->warnings.size(), 1u);
+  EXPECT_NE(done->warnings[0].find(name + ".tmp.4000000.7, left by an export that was interrupted"),
+            std::string::npos)
+      << done->warnings[0];
+}
+
 // --out in the checkpoint's own directory would replace one of its unit
 // files: refused (2) before anything is written.
 TEST_F(CheckpointExportTest, RunCheckpoint_OutInTheCheckpointDir_RefusedUntouched) {

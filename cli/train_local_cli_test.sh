@@ -238,7 +238,7 @@ fi
 # as an interrupt would, and still writes --checkpoint and --save; the
 # failure is the exit code. Before, the error ended the run with neither.
 rm -f "$TMP/full.ckpt" "$TMP/full.safetensors"
-expect_exit log_write_fails 1 "cannot write the --log file /dev/full at step 1; training stopped there" \
+expect_exit log_write_fails 1 "cannot write the --log file /dev/full (No space left on device) at step 1; training stopped there" \
   "(--checkpoint and --save are written)" -- \
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
   --steps 3 --log /dev/full --checkpoint "$TMP/full.ckpt" --save "$TMP/full.safetensors"

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -282,15 +284,21 @@ absl::StatusOr<Dataset> LoadData(const Options& o) {
   return dataset;
 }
 
-absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<float> val,
-                       double tokens_per_second) {
+absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepResult& r,
+                       std::optional<float> val, double tokens_per_second) {
   nlohmann::json line = {{"step", r.step},
                          {"loss", r.loss},
                          {"val_loss", val.has_value() ? nlohmann::json(*val) : nullptr},
                          {"tokens_per_second", tokens_per_second}};
+  errno = 0;
   log << line.dump() << "\n";
   log.flush();
-  return log ? absl::OkStatus() : absl::InternalError("cannot write the --log file");
+  if (log) return absl::OkStatus();
+  // The cause (a full disk, a reader gone) from write(2), when it set one.
+  const int error = errno;
+  return absl::InternalError(
+      absl::StrCat("cannot write the --log file ", path,
+                   error != 0 ? absl::StrCat(" (", strerror(error), ")") : std::string()));
 }
 
 // Trains to config.steps (or until SIGINT, or until the --log file cannot
@@ -306,9 +314,16 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     // open of one nobody reads would wait for ever, and closing a probe
     // first would end a reader such as `cat` (it reads EOF).
     ASSIGN_OR_RETURN(const int fifo, OpenFifoWriteEnd("--log", o.log));
+    errno = 0;
     log.open(o.log, std::ios::app);
+    const int open_error = errno;
     if (fifo >= 0) close(fifo);
-    if (!log) return absl::NotFoundError(absl::StrCat("cannot open --log file ", o.log));
+    if (!log) {
+      // Its errno's code (a missing directory NOT_FOUND, a read-only one
+      // PERMISSION_DENIED), not NOT_FOUND whatever the cause.
+      return absl::ErrnoToStatus(open_error != 0 ? open_error : ENOENT,
+                                 absl::StrCat("cannot open --log file ", o.log));
+    }
   }
   const TrainConfig& c = trainer.config();
   const int64_t tokens_per_step = int64_t{c.batch_size} * c.seq_len;
@@ -339,9 +354,9 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
       // Its reader gone (`--log >(head)`, a killed `cat fifo`) or its disk
       // full: hours of training since the last checkpoint must not be lost
       // with it.
-      if (absl::Status logged = AppendLog(log, r, val, tps); !logged.ok()) {
+      if (absl::Status logged = AppendLog(log, o.log, r, val, tps); !logged.ok()) {
         *log_failed = absl::Status(logged.code(),
-                                   absl::StrCat(logged.message(), " ", o.log, " at step ", r.step,
+                                   absl::StrCat(logged.message(), " at step ", r.step,
                                                 "; training stopped there, as an interrupt would"));
         break;
       }

@@ -3,6 +3,7 @@
 // behind a failed one are dropped. Stage 0 of a two-stage pipeline runs a
 // hand-written program (forward of embed and attn_0, then sends) over a
 // transport that refuses the first ACTIVATION send.
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/match.h"
@@ -146,25 +147,30 @@ TEST(StageRuntimeSendTest, SendFailsWhileAReceiveWaits_TheSendsErrorNotTheTimeou
   EXPECT_FALSE(absl::StrContains(status.message(), "also failed")) << status;  // said once
 }
 
-// Holds every send until the receives have waited `hold` in all (so they
-// stay queued the whole receive timeout, as to a stalled peer), and answers
-// no receive, saying as the mailbox does how long each waited.
+// Holds every send until `hold` after the first receive began (so it stays
+// queued that much of the receive timeout, as to a stalled peer), and
+// answers no receive, saying as the mailbox does how long each waited.
+// Wall time from the first receive, not the receives' waits summed: those
+// fall short of the runtime's timeout by its work between slices, and with
+// `hold` 1 ms under the timeout a send waiting on the sum could wait for
+// ever (the test timed out on a loaded machine).
 class StalledPeerTransport : public Transport {
  public:
   explicit StalledPeerTransport(absl::Duration hold) : hold_(hold) {}
   int stage() const override { return 0; }
   absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
     AnnotatedMutexLock lock(&mu_);
-    mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return waited_ >= hold_; },
-                         absl::Seconds(60));
+    mu_.AwaitWithTimeout(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return first_recv_ != absl::InfiniteFuture(); },
+        absl::Seconds(60));
+    mu_.AwaitWithTimeout([] { return false; }, first_recv_ + hold_ - absl::Now());
     return absl::OkStatus();
   }
   absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress& address,
                                       absl::Duration timeout) override {
     AnnotatedMutexLock lock(&mu_);
-    const absl::Time start = absl::Now();
+    first_recv_ = std::min(first_recv_, absl::Now());
     mu_.AwaitWithTimeout([] { return false; }, timeout);
-    waited_ += absl::Now() - start;
     return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
                                                     " for ", address.DebugString(),
                                                     "; that stage is slow"));
@@ -173,7 +179,7 @@ class StalledPeerTransport : public Transport {
  private:
   const absl::Duration hold_;
   AnnotatedMutex mu_;
-  absl::Duration waited_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_recv_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 // A receive that times out while this stage's own send is still queued (the

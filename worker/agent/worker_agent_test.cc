@@ -883,6 +883,21 @@ v1::Assignment RunAssignment() {
   return a;
 }
 
+// RunAssignment as a one-stage job that runs to its end (its program, its
+// keys; a one-stage job sends nothing, so its peer address is never used).
+v1::Assignment OneStageRunAssignment() {
+  v1::Assignment a = RunAssignment();
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  a.add_peer_addresses("127.0.0.1:1");
+  SetKeys(a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  return a;
+}
+
 // Runs an agent against a ScriptedCoordinator that assigns `a`, with
 // `mailbox`, until the first progress report (nullopt: none within 30 s),
 // then stops it.
@@ -907,15 +922,7 @@ std::optional<v1::ReportProgressRequest> FirstReportFromAgent(const v1::Assignme
 // here; with a coordinator unreachable, the RPC timeout) and, past its
 // timeout, said the job had not let the worker go though it had ended.
 TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbeat) {
-  v1::Assignment a = RunAssignment();
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
-  SetKeys(a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  const v1::Assignment a = OneStageRunAssignment();
   ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
   coordinator.HoldFinishedReport();
   Mailbox mailbox;
@@ -952,15 +959,7 @@ TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbea
 // go": the worker deregistered, and the job went through a worker-lost
 // recovery instead of the drain's re-plan.
 TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped) {
-  v1::Assignment a = RunAssignment();
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
-  SetKeys(a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  const v1::Assignment a = OneStageRunAssignment();
   ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
   coordinator.HoldFinishedReport();
   Mailbox mailbox;
@@ -999,15 +998,7 @@ TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped
 // the new job may start (before, it opened the data plane and ran the job
 // for a registration that was gone, inside Stop()'s watchdog).
 TEST(WorkerAgentTest, LeaveWhileTheOldRunnerStops_TheNextJobNeverStarts) {
-  v1::Assignment a = RunAssignment();
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  a.add_peer_addresses("127.0.0.1:1");  // a one-stage job sends nothing
-  SetKeys(a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  const v1::Assignment a = OneStageRunAssignment();
   ScriptedCoordinator coordinator(a, /*heartbeat_interval_seconds=*/60);
   coordinator.HoldFinishedReport();
   Mailbox mailbox;

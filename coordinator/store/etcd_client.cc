@@ -330,6 +330,14 @@ grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::st
   etcdserverpb::AuthenticateResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  // As every call (AttemptAt): etcd's Authenticate waits for a linearizable
+  // read, which a member without a raft leader holds until the deadline,
+  // and a login's DEADLINE_EXCEEDED at a connected endpoint does not move
+  // on. So a new client (a newly elected coordinator's store) whose first
+  // endpoint had lost its leader failed, and the coordinator exited, one
+  // after another. Asked, such a member refuses at once (UNAVAILABLE "no
+  // leader") and the next endpoint is tried.
+  context.AddMetadata(kRequireLeaderMetadataKey, "true");
   const grpc::Status s = e.auth->Authenticate(&context, request, &response);
   // etcd's auth is off (never enabled, or `etcdctl auth disable`): calls
   // need no token, so go on without one, as etcd's own client does, rather

@@ -6,26 +6,25 @@
 //
 // Endpoints: tried in order, starting with the last one that answered. A
 // call that fails UNAVAILABLE at one endpoint (refused, reset, or an etcd
-// member without a raft leader: every call asks etcd to refuse it then,
-// metadata "hasleader") moves on to the next, at most once round the list.
+// member without a raft leader: every call, the login included, asks etcd
+// to refuse it then, metadata "hasleader") moves on to the next, at most
+// once round the list.
 // A call with a deadline of its own (the leader's lease) gives the first
 // endpoint half the time left and each other an equal share of the rest,
 // and moves on when a share runs out too: a member whose host went silent
 // keeps its connection open and answers nothing. One without (the store's)
 // that runs past its attempt deadline returns, and the next call starts at
-// the next endpoint. An attempt at an endpoint that is not connected first
-// waits up to 1 s (at most half its deadline) for the connection, so a dead
-// endpoint costs about a second before the next is tried, and a restarted
-// etcd is found again within about a second. Plaintext, or TLS with
-// EtcdOptions::credentials (etcd's CA, and a client certificate for an etcd
-// that requires one: with --client-cert-auth and auth enabled, etcd takes
-// its common name as the user). With
-// EtcdOptions::user, the client logs in (Auth.Authenticate) at the first
-// call and sends the token etcd gives as the metadata "token" on every
-// call; a call etcd refuses for an invalid token (it expired, or etcd
-// restarted) or a changed auth store logs in again and is sent once more.
-// Where etcd's auth is off, calls go without a token (logged once), until
-// etcd refuses one for the lack of a login.
+// the next endpoint (unless that endpoint never connected, a silent host:
+// then the next is tried within the same call). An attempt at an endpoint that is not connected
+// first waits up to 1 s (at most half its deadline) for the connection, so a dead endpoint costs
+// about a second before the next is tried, and a restarted etcd is found again within about a
+// second. Plaintext, or TLS with EtcdOptions::credentials (etcd's CA, and a client certificate for
+// an etcd that requires one: with --client-cert-auth and auth enabled, etcd takes its common name
+// as the user). With EtcdOptions::user, the client logs in (Auth.Authenticate) at the first call
+// and sends the token etcd gives as the metadata "token" on every call; a call etcd refuses for an
+// invalid token (it expired, or etcd restarted) or a changed auth store logs in again and is sent
+// once more. Where etcd's auth is off, calls go without a token (logged once), until etcd refuses
+// one for the lack of a login.
 //
 // Every attempt has a deadline: the options' rpc_timeout, or the caller's
 // `deadline` when that comes first, or the endpoint's share of it (above).

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,7 @@
 #include "coordinator/store/leader_election.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/etcd/rpc.grpc.pb.h"
 
 namespace pipetrain {
 namespace {
@@ -205,6 +207,7 @@ class EtcdAuthTest : public ::testing::Test {
     absl::StatusOr<EtcdTestCertificates> made = MakeEtcdTestCertificates(dir);
     ASSERT_TRUE(made.ok()) << made.status();
     ca_ = new std::string(made->ca);
+    certificates_ = new EtcdTestCertificates(*made);
     EtcdServerTls tls;
     tls.cert_file = made->server_cert;
     tls.key_file = made->server_key;
@@ -221,6 +224,8 @@ class EtcdAuthTest : public ::testing::Test {
     etcd_ = nullptr;
     delete ca_;
     ca_ = nullptr;
+    delete certificates_;
+    certificates_ = nullptr;
   }
   void SetUp() override { ASSERT_NE(etcd_, nullptr) << "no etcd with auth (see the set-up)"; }
 
@@ -234,11 +239,69 @@ class EtcdAuthTest : public ::testing::Test {
   }
 
   static std::string* ca_;
+  static EtcdTestCertificates* certificates_;
   static EtcdProcess* etcd_;
 };
 
 std::string* EtcdAuthTest::ca_ = nullptr;
+EtcdTestCertificates* EtcdAuthTest::certificates_ = nullptr;
 EtcdProcess* EtcdAuthTest::etcd_ = nullptr;
+
+// An etcd member that has lost its raft leader, as etcd answers then: a
+// call with the metadata "hasleader: true" is refused at once (UNAVAILABLE
+// "etcdserver: no leader"); one without it (a login waits for a
+// linearizable read) is held until its deadline.
+bool AskedForALeader(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("hasleader");
+  return it != metadata.end() && it->second == "true";
+}
+grpc::Status LeaderlessAnswer(grpc::ServerContext* context) {
+  if (AskedForALeader(*context)) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "etcdserver: no leader");
+  }
+  while (!context->IsCancelled() && std::chrono::system_clock::now() < context->deadline()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // etcd's wait, not a sync
+  }
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "context deadline exceeded");
+}
+class LeaderlessAuth final : public etcdserverpb::Auth::Service {
+  grpc::Status Authenticate(grpc::ServerContext* context, const etcdserverpb::AuthenticateRequest*,
+                            etcdserverpb::AuthenticateResponse*) override {
+    return LeaderlessAnswer(context);
+  }
+};
+class LeaderlessKv final : public etcdserverpb::KV::Service {
+  grpc::Status Range(grpc::ServerContext* context, const etcdserverpb::RangeRequest*,
+                     etcdserverpb::RangeResponse*) override {
+    return LeaderlessAnswer(context);
+  }
+};
+
+// A store opened (a newly elected coordinator's) while the first endpoint
+// is a member without a leader: the login there went without "hasleader",
+// was held for the whole rpc_timeout, and Open failed UNAVAILABLE instead
+// of going on to the healthy member.
+TEST_F(EtcdAuthTest, LoginAtAMemberWithoutALeader_GoesOnToTheNext) {
+  LeaderlessAuth auth;
+  LeaderlessKv kv;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
+      ServerTlsCredentials(certificates_->server_cert, certificates_->server_key, "");
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", *tls, &port);
+  builder.RegisterService(&auth);
+  builder.RegisterService(&kv);
+  std::unique_ptr<grpc::Server> member = builder.BuildAndStart();
+  ASSERT_NE(member, nullptr);
+  EtcdOptions options = AsUser(kUser, kPassword);
+  options.endpoints.insert(options.endpoints.begin(), absl::StrCat("127.0.0.1:", port));
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->Commit({StoreWrite::Put("jobs/leaderless", "1")}), absl::OkStatus());
+  member->Shutdown();
+}
 
 // Logged in, the store and the election work within the user's prefix;
 // after etcd restarts (its tokens gone) the client logs in again by itself.

@@ -7,7 +7,6 @@
 #include "common/philox.h"
 #include "common/status_macros.h"
 #include "kernels/compress/payload.h"
-#include "kernels/cpu/blas.h"
 #include "kernels/cpu/low_rank.h"
 
 namespace pipetrain {
@@ -91,12 +90,11 @@ class PowerSgdCodec : public Codec {
     Tensor q = Tensor::Zeros({m.cols, rank_});
     if (m.rows > 0 && m.cols > 0) {
       Tensor q0 = StartQ(state, m.cols, rank_);
-      const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
-      Sgemm(false, false, rows, rank_, cols, 1.0f, x.data(), cols, q0.data(), rank_, 0.0f,
-            p.data(), rank_);
+      // Not sgemms: a stage's tensor-parallel ranks encode the same tensor
+      // and must send the same factors from any CPU (low_rank.h).
+      MatrixTimesFactor(x.data(), q0.data(), m.rows, m.cols, rank_, p.data());
       Orthonormalise(p.data(), m.rows, rank_);
-      Sgemm(true, false, cols, rank_, rows, 1.0f, x.data(), cols, p.data(), rank_, 0.0f,
-            q.data(), rank_);
+      MatrixTransposeTimesFactor(x.data(), p.data(), m.rows, m.cols, rank_, q.data());
       // Q = X^T P overflows float for entries near FLT_MAX: refused before
       // it becomes the next call's start.
       RETURN_IF_ERROR(CheckFinite(q, "powersgd (its factor Q = X^T P)"));

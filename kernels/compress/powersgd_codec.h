@@ -26,9 +26,15 @@
 //   P: rows * r f32 (row-major), Q: cols * r f32 (row-major)
 //   EncodedBytes(shape) = HeaderBytes(rank) + 4 + 4 * r * (rows + cols).
 //
+// Steps 2 and 4 run in a fixed order (MatrixTimesFactor and
+// MatrixTransposeTimesFactor, kernels/cpu/low_rank.h), not through BLAS:
+// every CPU writes the same payload for the same input and warm start,
+// which a stage's tensor-parallel ranks, each encoding the same replicated
+// tensor for its own link, rely on.
+//
 // Errors (INVALID_ARGUMENT): Encode for non-finite input or rows/cols above
-// 2^31 - 1 (BLAS int dimensions). Decode for a bad header, r other than this
-// codec's, a body of the wrong length, or non-finite factors.
+// 2^31 - 1 (the GPU twin's int dimensions; both refuse alike). Decode for a bad header, r other
+// than this codec's, a body of the wrong length, or non-finite factors.
 //
 // Thread-safety: the codec is immutable; a CodecState must not be shared by
 // concurrent calls.

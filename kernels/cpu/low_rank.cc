@@ -37,15 +37,73 @@ void RowsTimesFactor(const float* p, const float* qt, int64_t rows, int64_t cols
   }
 }
 
+// out[i * r + k] = row i of m . row k of qt, in the header's lane order.
+PT_TARGET_CLONES
+void RowsDotFactor(const float* m, const float* qt, int64_t rows, int64_t cols, int r, float* out) {
+  const int64_t whole = cols - cols % kLowRankLanes;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* mi = m + i * cols;
+    for (int k = 0; k < r; ++k) {
+      const float* qk = qt + static_cast<int64_t>(k) * cols;
+      float lanes[kLowRankLanes] = {};
+      for (int64_t j0 = 0; j0 < whole; j0 += kLowRankLanes) {
+        for (int64_t l = 0; l < kLowRankLanes; ++l) lanes[l] += mi[j0 + l] * qk[j0 + l];
+      }
+      float acc = 0.0f;
+      for (int64_t l = 0; l < kLowRankLanes; ++l) acc += lanes[l];
+      for (int64_t j = whole; j < cols; ++j) acc += mi[j] * qk[j];
+      out[i * r + k] = acc;
+    }
+  }
+}
+
+// outt[k * cols + j] += p[i * r + k] * m[i * cols + j], i in order: each
+// element's sum runs over i alone, so vectorising over j keeps its order.
+PT_TARGET_CLONES
+void AccumulateRowsTimesFactor(const float* m, const float* p, int64_t rows, int64_t cols, int r,
+                               float* outt) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* mi = m + i * cols;
+    for (int k = 0; k < r; ++k) {
+      const float pk = p[i * r + k];
+      float* ok = outt + static_cast<int64_t>(k) * cols;
+      for (int64_t j = 0; j < cols; ++j) ok[j] += pk * mi[j];
+    }
+  }
+}
+
+// [rows, cols] -> [cols, rows].
+std::vector<float> Transposed(const float* a, int64_t rows, int64_t cols) {
+  std::vector<float> t(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) t[static_cast<size_t>(j * rows + i)] = a[i * cols + j];
+  }
+  return t;
+}
+
 }  // namespace
+
+void MatrixTimesFactor(const float* m, const float* q, int64_t rows, int64_t cols, int r,
+                       float* out) {
+  if (rows <= 0) return;
+  const std::vector<float> qt = Transposed(q, cols, r);  // [r, cols]
+  RowsDotFactor(m, qt.data(), rows, cols, r, out);
+}
+
+void MatrixTransposeTimesFactor(const float* m, const float* p, int64_t rows, int64_t cols, int r,
+                                float* out) {
+  if (cols <= 0) return;
+  std::vector<float> outt(static_cast<size_t>(r) * static_cast<size_t>(cols), 0.0f);  // [r, cols]
+  AccumulateRowsTimesFactor(m, p, rows, cols, r, outt.data());
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int k = 0; k < r; ++k) out[j * r + k] = outt[static_cast<size_t>(k) * cols + j];
+  }
+}
 
 void LowRankProduct(const float* p, const float* q, int64_t rows, int64_t cols, int r, float* out) {
   if (rows <= 0 || cols <= 0) return;
   // Q^T [r, cols], so that the inner loop runs over contiguous columns.
-  std::vector<float> qt(static_cast<size_t>(r) * static_cast<size_t>(cols));
-  for (int64_t j = 0; j < cols; ++j) {
-    for (int k = 0; k < r; ++k) qt[static_cast<size_t>(k) * cols + j] = q[j * r + k];
-  }
+  const std::vector<float> qt = Transposed(q, cols, r);
   RowsTimesFactor(p, qt.data(), rows, cols, r, out);
 }
 

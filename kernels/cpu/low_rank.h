@@ -25,6 +25,33 @@ namespace pipetrain {
 // `out` holds rows * cols floats and overlaps neither factor.
 void LowRankProduct(const float* p, const float* q, int64_t rows, int64_t cols, int r, float* out);
 
+// PowerSGD's two projections of a matrix M [rows, cols] (row-major) onto
+// rank-r factors (Vogels et al., Algorithm 1, P <- M Q and Q <- M^T P), in
+// a fixed order so that every CPU gets the same bits. A stage's
+// tensor-parallel ranks each encode the same replicated tensor for their
+// link (stage_runtime.h); with OpenBLAS, hosts of different CPU types
+// would send their peers different factors, and the peers' replicated
+// parameters would drift apart.
+//
+// MatrixTimesFactor: out [rows, r], out[i * r + k] = sum over j of
+// m[i * cols + j] * q[j * r + k], for Q [cols, r]. Each sum is kept in
+// kLowRankLanes partial sums, lane l adding j = l, l + kLowRankLanes, ...
+// up to the last whole group of lanes, in order; the lanes are then added
+// 0..kLowRankLanes-1 in order, and the last cols % kLowRankLanes terms
+// after them, in order.
+constexpr int64_t kLowRankLanes = 16;
+void MatrixTimesFactor(const float* m, const float* q, int64_t rows, int64_t cols, int r,
+                       float* out);
+
+// MatrixTransposeTimesFactor: out [cols, r], out[j * r + k] = sum over i of
+// m[i * cols + j] * p[i * r + k], for P [rows, r], summed in i = 0..rows-1
+// order.
+//
+// Both: rows, cols >= 0, r >= 1; `out` overlaps neither input; an empty
+// side leaves out all zeros.
+void MatrixTransposeTimesFactor(const float* m, const float* p, int64_t rows, int64_t cols, int r,
+                                float* out);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CPU_LOW_RANK_H_

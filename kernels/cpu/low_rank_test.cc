@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/philox.h"
@@ -75,6 +76,123 @@ TEST(LowRankProductTest, EmptyShapesWriteNothing) {
   LowRankProduct(p, q, 0, 2, 1, out);
   LowRankProduct(p, q, 2, 0, 1, out);
   EXPECT_EQ(out[0], -1);
+}
+
+// The contract's order for MatrixTimesFactor, kept scalar: kLowRankLanes
+// partial sums over whole groups of columns, added in lane order, then the
+// ragged last columns in order.
+void ScalarMatrixTimesFactor(const float* m, const float* q, int64_t rows, int64_t cols, int r,
+                             float* out) {
+  const int64_t whole = cols - cols % kLowRankLanes;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int k = 0; k < r; ++k) {
+      float lanes[kLowRankLanes] = {};
+      for (int64_t j = 0; j < whole; ++j) {
+        lanes[j % kLowRankLanes] += m[i * cols + j] * q[j * r + k];
+        asm volatile("" ::: "memory");
+      }
+      float acc = 0.0f;
+      for (int64_t l = 0; l < kLowRankLanes; ++l) {
+        acc += lanes[l];
+        asm volatile("" ::: "memory");
+      }
+      for (int64_t j = whole; j < cols; ++j) {
+        acc += m[i * cols + j] * q[j * r + k];
+        asm volatile("" ::: "memory");
+      }
+      out[i * r + k] = acc;
+    }
+  }
+}
+
+// MatrixTransposeTimesFactor's order, kept scalar: i ascending.
+void ScalarMatrixTransposeTimesFactor(const float* m, const float* p, int64_t rows, int64_t cols,
+                                      int r, float* out) {
+  for (int64_t j = 0; j < cols; ++j) {
+    for (int k = 0; k < r; ++k) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < rows; ++i) {
+        acc += m[i * cols + j] * p[i * r + k];
+        asm volatile("" ::: "memory");
+      }
+      out[j * r + k] = acc;
+    }
+  }
+}
+
+// Relative error of a float sum against the double one, scaled by the sum
+// of the terms' magnitudes.
+double WorstRelativeError(const std::vector<float>& got, const std::vector<double>& exact,
+                          const std::vector<double>& magnitude) {
+  double worst = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    if (magnitude[e] > 0) worst = std::max(worst, std::fabs(got[e] - exact[e]) / magnitude[e]);
+  }
+  return worst;
+}
+
+// Both PowerSGD projections: bitwise their contract's order (the same on
+// every CPU, whichever clone runs) and within float rounding of the double
+// result, on shapes with ragged lane groups and odd ranks. A stage's
+// tensor-parallel ranks encode with these and must send equal factors.
+TEST(PowerSgdProjectionsTest, BitwiseTheFixedOrderAndCloseToDouble) {
+  struct Case {
+    int64_t rows, cols;
+    int r;
+  };
+  for (const Case& c : {Case{1, 1, 1}, Case{3, 7, 2}, Case{17, 513, 5}, Case{64, 1100, 8},
+                        Case{300, 16, 3}, Case{5, 48, 32}}) {
+    const std::vector<float> m = Normal(c.rows * c.cols, 3 + c.cols);
+    const std::vector<float> q = Normal(c.cols * c.r, 4 + c.rows);
+    const std::vector<float> p = Normal(c.rows * c.r, 5 + c.rows);
+    const std::string where =
+        std::to_string(c.rows) + " x " + std::to_string(c.cols) + " rank " + std::to_string(c.r);
+
+    std::vector<float> mq(static_cast<size_t>(c.rows * c.r), NAN), mq_want(mq.size());
+    MatrixTimesFactor(m.data(), q.data(), c.rows, c.cols, c.r, mq.data());
+    ScalarMatrixTimesFactor(m.data(), q.data(), c.rows, c.cols, c.r, mq_want.data());
+    EXPECT_EQ(std::memcmp(mq.data(), mq_want.data(), mq.size() * sizeof(float)), 0) << where;
+
+    std::vector<float> mtp(static_cast<size_t>(c.cols * c.r), NAN), mtp_want(mtp.size());
+    MatrixTransposeTimesFactor(m.data(), p.data(), c.rows, c.cols, c.r, mtp.data());
+    ScalarMatrixTransposeTimesFactor(m.data(), p.data(), c.rows, c.cols, c.r, mtp_want.data());
+    EXPECT_EQ(std::memcmp(mtp.data(), mtp_want.data(), mtp.size() * sizeof(float)), 0) << where;
+
+    std::vector<double> exact(mq.size()), magnitude(mq.size());
+    for (int64_t i = 0; i < c.rows; ++i) {
+      for (int k = 0; k < c.r; ++k) {
+        for (int64_t j = 0; j < c.cols; ++j) {
+          const double term = double{m[i * c.cols + j]} * q[j * c.r + k];
+          exact[i * c.r + k] += term;
+          magnitude[i * c.r + k] += std::fabs(term);
+        }
+      }
+    }
+    // A float sum of n terms: within about n ulps of the terms' size.
+    EXPECT_LE(WorstRelativeError(mq, exact, magnitude), c.cols * 1.2e-7) << where;
+    exact.assign(mtp.size(), 0.0);
+    magnitude.assign(mtp.size(), 0.0);
+    for (int64_t j = 0; j < c.cols; ++j) {
+      for (int k = 0; k < c.r; ++k) {
+        for (int64_t i = 0; i < c.rows; ++i) {
+          const double term = double{m[i * c.cols + j]} * p[i * c.r + k];
+          exact[j * c.r + k] += term;
+          magnitude[j * c.r + k] += std::fabs(term);
+        }
+      }
+    }
+    EXPECT_LE(WorstRelativeError(mtp, exact, magnitude), c.rows * 1.2e-7) << where;
+  }
+}
+
+TEST(PowerSgdProjectionsTest, AnEmptySideGivesZeros) {
+  const float m[1] = {7}, q[2] = {1, 2};
+  std::vector<float> out(2, NAN);
+  MatrixTimesFactor(m, q, /*rows=*/2, /*cols=*/0, /*r=*/1, out.data());
+  EXPECT_EQ(out, std::vector<float>({0, 0}));
+  out.assign(2, NAN);
+  MatrixTransposeTimesFactor(m, q, /*rows=*/0, /*cols=*/1, /*r=*/2, out.data());
+  EXPECT_EQ(out, std::vector<float>({0, 0}));
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // What JobManager's source files (job_manager*.cc) share beyond the class
-// itself: a bound and two helpers used by more than one of them. Not for
+// itself: a bound and three helpers used by more than one of them. Not for
 // use outside JobManager.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_INTERNAL_H_
 #define PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_INTERNAL_H_
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +26,15 @@ inline constexpr double kMaxReportedStepSeconds = 1e6;
 // planner models itself, coordinator/planner/host_sharing.h); on a GPU,
 // w's own. (job_manager_placement.cc)
 double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w);
+
+// Whether `marks` (worker id -> incarnation: a job's unfit or
+// refused_for_memory workers, the drained ones) holds `worker_id` in this
+// very incarnation; one that registered anew since is another worker.
+inline bool MarkedInIncarnation(const std::map<std::string, int64_t>& marks,
+                                const std::string& worker_id, int64_t incarnation) {
+  auto it = marks.find(worker_id);
+  return it != marks.end() && it->second == incarnation;
+}
 
 // Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,
 // with `written_before`), logging the ones that fail. On io_.

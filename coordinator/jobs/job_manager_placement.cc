@@ -26,6 +26,7 @@
 namespace pipetrain {
 
 using job_manager_internal::HostGflops;
+using job_manager_internal::MarkedInIncarnation;
 
 namespace job_manager_internal {
 
@@ -471,9 +472,8 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
         pending.joiners.end()) {
       continue;
     }
-    auto it = record.refused_for_memory.find(w.id());
     const bool refused_before =
-        it != record.refused_for_memory.end() && it->second == w.incarnation();
+        MarkedInIncarnation(record.refused_for_memory, w.id(), w.incarnation());
     (refused_before ? earlier : newcomers).push_back(w.id());
   }
   // What is dropped (marked unfit) and what is planned on next: the spares
@@ -483,6 +483,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   // and the rest with the newcomers.
   std::vector<std::string> dropped = pending.joiners;
   std::vector<std::string> next = rest;
+  bool dropping_every_joiner = true;
   if (for_memory && !earlier.empty() && !newcomers.empty()) {
     std::vector<std::string> with_newcomers = rest;
     with_newcomers.insert(with_newcomers.end(), newcomers.begin(), newcomers.end());
@@ -490,6 +491,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
     if (static_cast<int>(with_newcomers.size()) >= MinJobWorkers(record)) {
       dropped = earlier;
       next = std::move(with_newcomers);
+      dropping_every_joiner = false;
     }
   }
   // Refused for memory with too few workers left to plan on without the
@@ -497,7 +499,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   // Marked unfit, the spares were never offered to this job again, and
   // each later one was tried alone with the rest: all the workers it needed
   // could be READY while it waited out its queue timeout.
-  if (for_memory && dropped == pending.joiners &&
+  if (for_memory && dropping_every_joiner &&
       static_cast<int>(rest.size()) < MinJobWorkers(record) &&
       static_cast<int>(pending.workers.size()) < MaxJobWorkers(record)) {
     return WaitForAnotherWorkerLocked(record, pending, refusal);
@@ -516,7 +518,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   absl::Status placed = absl::FailedPreconditionError(
       absl::StrCat("fewer than ", MinJobWorkers(record), " workers without them"));
   if (static_cast<int>(next.size()) >= MinJobWorkers(record)) {
-    pending.joiners = dropped == pending.joiners ? std::vector<std::string>() : newcomers;
+    pending.joiners = dropping_every_joiner ? std::vector<std::string>() : newcomers;
     pending.reason = absl::StrCat(pending.reason, "; without the workers refused: ", note);
     placed = BeginPlacementLocked(record, next, std::move(pending));
   }
@@ -554,8 +556,7 @@ bool JobManager::WaitForAnotherWorkerLocked(JobRecord& record, const PendingPlac
   // workers than these, not other ones. Offered again, with a newcomer.
   for (const auto& [id, incarnation] : pending.dropped_for_memory) {
     record.refused_for_memory[id] = incarnation;
-    auto it = record.unfit.find(id);
-    if (it != record.unfit.end() && it->second == incarnation) record.unfit.erase(it);
+    if (MarkedInIncarnation(record.unfit, id, incarnation)) record.unfit.erase(id);
   }
   record.refused_for_memory_note =
       absl::StrCat("the plan on ", absl::StrJoin(pending.workers, ", "), " does not fit (",
@@ -913,8 +914,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // plan was refused with first (a plan with them is new), then the spares
   // a refusal for memory dropped (they may yet fit beside a newcomer).
   const auto refused_with = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = record.refused_for_memory.find(w);
-    return it != record.refused_for_memory.end() && it->second == IncarnationOf(w);
+    return MarkedInIncarnation(record.refused_for_memory, w, IncarnationOf(w));
   };
   std::vector<std::string> chosen = alive;
   const std::vector<std::string> spares = SparesForLocked(record, *reserved);

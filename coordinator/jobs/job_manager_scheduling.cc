@@ -13,9 +13,12 @@
 #include "common/proto_time.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
 
 namespace pipetrain {
+
+using job_manager_internal::MarkedInIncarnation;
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
@@ -340,8 +343,7 @@ std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
   std::vector<std::string> spare = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
   spare.erase(std::remove_if(spare.begin(), spare.end(),
                              [&](const std::string& w) {
-                               auto it = record.unfit.find(w);
-                               return it != record.unfit.end() && it->second == IncarnationOf(w);
+                               return MarkedInIncarnation(record.unfit, w, IncarnationOf(w));
                              }),
               spare.end());
   return spare;
@@ -376,8 +378,7 @@ bool JobManager::IsDrainedLocked(const v1::Worker& worker) const {
   // Registered as a drained process: the registry's record says so from
   // the moment it is READY, so no placement can come first.
   if (worker.drained()) return true;
-  auto it = drained_.find(worker.id());
-  return it != drained_.end() && it->second == worker.incarnation();
+  return MarkedInIncarnation(drained_, worker.id(), worker.incarnation());
 }
 
 bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {

@@ -39,6 +39,9 @@ TOOLS=(
   kubectl:kubernetes-client  # kubectl kustomize renders deploy/k8s (tests/k8s)
   node:nodejs                # schema check of the rendered manifests (tests/k8s)
   npm:npm                    # installs that check's pinned npm packages
+  curl:curl                  # the README's REST and /metrics examples
+  jq:jq                      # the README's `jobs --json | jq` example
+  clang-format:clang-format  # the code's format (README, "Format")
 )
 
 missing=()

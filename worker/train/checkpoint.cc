@@ -1,11 +1,14 @@
 #include "worker/train/checkpoint.h"
 
 #include <cstdlib>
+#include <string_view>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/safetensors.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
@@ -152,29 +155,40 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
 
 absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
                                std::vector<std::string>* update_changes) {
-  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  // The header alone first: a file that is not this run's checkpoint (a
+  // model's plain weights given to --resume, another model's) is refused
+  // without reading its data. Then the tensors one at a time, never the
+  // whole file at once: ReadSafetensors would hold the file's bytes beside
+  // their fp32 copies, 24 bytes per parameter on top of the trainer's 16,
+  // and a run that could save a checkpoint could not resume it.
+  const auto no_tensors = [](std::string_view) { return false; };
+  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensorsTensors(path, no_tensors));
   auto meta = [&](const std::string& key) {
     auto it = contents.metadata.find(key);
     return it == contents.metadata.end() ? std::string() : it->second;
   };
+  // A value from the file, quoted in a message the terminal shows: cut,
+  // and its control bytes escaped (a shared checkpoint's metadata could
+  // carry terminal escape sequences).
+  auto quoted = [&](const std::string& key, size_t max_bytes = 32) {
+    return absl::CHexEscape(meta(key).substr(0, max_bytes));
+  };
   if (meta("format") != kFormat || (meta("version") != "1" && meta("version") != kVersion)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a pipetrain checkpoint (format '", meta("format").substr(0, 32),
-                     "', version '", meta("version").substr(0, 32),
-                     "'); to start from plain weights use --init-from"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a pipetrain checkpoint (format '", quoted("format"), "', version '",
+        quoted("version"), "'); to start from plain weights use --init-from"));
   }
   for (const auto& [key, mine] : IdentityFields(trainer->config())) {
     if (meta(key) != mine) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": checkpoint has ", key, "=", meta(key).substr(0, 32),
-                       " but this run has ", key, "=", mine, "; pass the checkpoint's value"));
+      return absl::FailedPreconditionError(absl::StrCat(path, ": checkpoint has ", key, "=",
+                                                        quoted(key), " but this run has ", key, "=",
+                                                        mine, "; pass the checkpoint's value"));
     }
   }
   for (const auto& [key, mine] : SampleFields(trainer->config())) {
     if (contents.metadata.count(key) > 0 && meta(key) != mine) {
       return absl::FailedPreconditionError(absl::StrCat(
-          path, ": checkpoint has ", key, "=", meta(key).substr(0, 32), " but this run has ", key,
-          "=", mine,
+          path, ": checkpoint has ", key, "=", quoted(key), " but this run has ", key, "=", mine,
           "; pass the checkpoint's value (the steps after it draw their samples by it)"));
     }
   }
@@ -184,14 +198,14 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
       meta(kCorpusSha256) != trainer->corpus_sha256()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": the checkpoint's run read other tokens (", kCorpusSha256, " ",
-        meta(kCorpusSha256).substr(0, 64), ", this run's ", trainer->corpus_sha256(),
+        quoted(kCorpusSha256, 64), ", this run's ", trainer->corpus_sha256(),
         "); resume with its --data, --format and --synthetic-bytes, as the steps after it draw "
         "their samples from the tokens"));
   }
   if (contents.metadata.count(kTrainTokens) > 0 &&
       meta(kTrainTokens) != absl::StrCat(trainer->dataset().train_tokens())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": the checkpoint's run trained on the first ", meta(kTrainTokens).substr(0, 32),
+        path, ": the checkpoint's run trained on the first ", quoted(kTrainTokens),
         " tokens of the corpus, this run on ", trainer->dataset().train_tokens(),
         "; resume with its --val-fraction, as the steps after it draw their samples from the "
         "train split"));
@@ -201,6 +215,16 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
   // names, shapes and finiteness).
   // Only a file without one: the version sits in the header, outside the
   // checksum, so a changed version must not switch the check off.
+  {
+    ASSIGN_OR_RETURN(SafetensorsContents whole,
+                     ReadSafetensorsTensors(path, [](std::string_view) { return true; }));
+    // Replaced between the two reads: the checks above were another file's.
+    if (whole.metadata != contents.metadata) {
+      return absl::AbortedError(absl::StrCat(
+          path, ": the file changed while it was read; resume again once it is written"));
+    }
+    contents = std::move(whole);
+  }
   if (meta("version") == "1" && contents.metadata.count(kDataSha256) == 0) {
     PT_LOG(WARNING) << path << ": a version 1 checkpoint has no data checksum; resuming "
                     << "without verifying its values";
@@ -213,16 +237,15 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
   // A run has at most kMaxSteps steps (spec/job_spec.h); a larger count,
   // which SaveCheckpoint never writes, would overflow AdamW's step count.
   if (!absl::SimpleAtoi(meta("step"), &step) || step < 0 || step > kMaxSteps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": bad step '", meta("step").substr(0, 32), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", quoted("step"), "'"));
   }
   // The sample order continues at iteration `step` (LocalTrainer::Step
   // draws iteration step()); a file whose cursor says otherwise was not
   // written by SaveCheckpoint, and resuming it would not continue its run.
   if (meta("data_cursor") != meta("step")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": data_cursor '", meta("data_cursor").substr(0, 32), "' differs from step ", step,
-        "; a checkpoint continues the sample order at its step"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": data_cursor '", quoted("data_cursor"), "' differs from step ", step,
+                     "; a checkpoint continues the sample order at its step"));
   }
   // AdamW's v is a mean of squares: a negative one (a file written by hand,
   // or m and v swapped) would turn the weights to NaN at the first step,
@@ -235,8 +258,8 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
       continue;
     }
     if (std::string bad = DescribeFirstNegative(t.tensor); !bad.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor ", t.name.substr(0, 96), " ", bad, " (not resumable)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", absl::CHexEscape(t.name.substr(0, 96)), " ", bad, " (not resumable)"));
     }
   }
   // Check everything before writing anything, so a bad file changes nothing
@@ -264,7 +287,7 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer,
       if (it == contents.metadata.end() || it->second == field.value) continue;
       update_changes->push_back(absl::StrCat(field.flag, " ", field.value,
                                              " (the checkpoint's run had ",
-                                             it->second.substr(0, 32), ")"));
+                                             absl::CHexEscape(it->second.substr(0, 32)), ")"));
     }
   }
   return absl::OkStatus();

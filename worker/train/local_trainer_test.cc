@@ -222,6 +222,50 @@ TEST(LocalTrainerTest, Restore_PlainWeightsFile_IsRejectedWithAHint) {
   EXPECT_NE(status.message().find("not a pipetrain checkpoint"), std::string::npos) << status;
 }
 
+// A file that is not a checkpoint (a model's weights given to --resume
+// by mistake, perhaps gigabytes) is refused from its header: none of its
+// tensors is decoded.
+TEST(LocalTrainerTest, Restore_PlainWeightsFile_RefusedBeforeItsDataIsRead) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/big_plain.safetensors";
+  constexpr int64_t kFloats = int64_t{16} << 20;  // 64 MiB
+  ASSERT_TRUE(WriteSafetensors(path, {{"wte", Tensor::Zeros({kFloats})}}).ok());
+  ResetHostTensorPeak();
+  const int64_t before = CurrentHostTensorMemory().live_bytes;
+  const absl::Status status = RestoreCheckpoint(path, trainer.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_LT(CurrentHostTensorMemory().peak_bytes - before, kFloats * 4 / 8);
+}
+
+// Metadata values a refusal or the changed-settings list quotes come from
+// the file: their control bytes are escaped, so a shared checkpoint cannot
+// send the terminal escape sequences.
+TEST(LocalTrainerTest, Restore_ControlBytesInMetadata_QuotedEscaped) {
+  Dataset data = MakeDataset(16);
+  const TrainConfig c = SmallConfig();
+  auto trainer = LocalTrainer::Create(c, &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/escapes.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  const SafetensorsContents saved = ReadSafetensors(path).value();
+  SafetensorsContents contents = saved;
+  contents.metadata["lr"] = "\x1b]52;c;eA==\x07";
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  std::vector<std::string> changes;
+  ASSERT_TRUE(RestoreCheckpoint(path, LocalTrainer::Create(c, &data)->get(), &changes).ok());
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].find('\x1b'), std::string::npos) << changes[0];
+  EXPECT_NE(changes[0].find("\\x1b]52"), std::string::npos) << changes[0];
+
+  contents = saved;
+  contents.metadata["n_layer"] = "\x1b[2J";
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  const absl::Status status = RestoreCheckpoint(path, LocalTrainer::Create(c, &data)->get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(status.message().find('\x1b'), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("n_layer=\\x1b[2J"), absl::string_view::npos) << status;
+}
+
 // The file's data_cursor names the iteration the sample order continues
 // at; one that is not the step was not written by SaveCheckpoint.
 TEST(LocalTrainerTest, Restore_DataCursorOtherThanStep_IsInvalidArgument) {

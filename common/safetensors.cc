@@ -231,13 +231,56 @@ bool IsTemporaryOf(const std::string& prefix, const std::string& entry) {
          entry.rfind(".tmp.") == prefix.size() && HasTemporarySuffix(entry);
 }
 
+// The temporaries this process's writers hold, by name (TempNameFor's are
+// unique within a process), from before the file is created until it is
+// renamed or removed. The cleanup leaves them alone whatever their lock
+// says: a writer locks its file a moment after creating it, and on NFS
+// flock is a whole-file POSIX lock, which is per process, so another
+// descriptor of this process would take it beside the writer's.
+class OwnTemporaries {
+ public:
+  static void Add(const std::string& tmp) {
+    AnnotatedMutexLock lock(&mu());
+    names().insert(tmp);
+  }
+  static void Remove(const std::string& tmp) {
+    AnnotatedMutexLock lock(&mu());
+    names().erase(tmp);
+  }
+  static bool Holds(const std::string& tmp) {
+    AnnotatedMutexLock lock(&mu());
+    return names().count(tmp) > 0;
+  }
+
+ private:
+  static AnnotatedMutex& mu() {
+    static AnnotatedMutex* mu = new AnnotatedMutex();
+    return *mu;
+  }
+  static std::set<std::string>& names() {
+    static std::set<std::string>* names = new std::set<std::string>();
+    return *names;
+  }
+};
+
 // Removes `entry` from `dir_fd` if it is a regular file that no writer holds
-// locked (CreateLockedTemporary); true if it was removed. The lock taken to
-// find out is held across the unlink, and the name must still be the file
-// locked (a writer may have renamed it away between the open and the lock,
-// and dropped its lock after).
+// (OwnTemporaries, or locked: CreateLockedTemporary); true if it was
+// removed. Opened for writing where it can be: NFS refuses an exclusive
+// flock on a descriptor open read-only (EBADF), and every dead writer's
+// file there would stay. The lock taken to find out is held across the
+// unlink, and the name must still be the file locked (a writer may have
+// renamed it away between the open and the lock, and dropped its lock
+// after). Never opened unless a regular file: opening a device can act.
 bool RemoveIfAbandoned(int dir_fd, const std::string& entry) {
-  const int fd = openat(dir_fd, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat before;
+  if (OwnTemporaries::Holds(entry) ||
+      fstatat(dir_fd, entry.c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(before.st_mode)) {
+    return false;
+  }
+  constexpr int kFlags = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  int fd = openat(dir_fd, entry.c_str(), O_RDWR | kFlags);
+  if (fd < 0 && errno == EACCES) fd = openat(dir_fd, entry.c_str(), O_RDONLY | kFlags);
   if (fd < 0) return false;
   struct stat locked, named;
   const bool abandoned = fstat(fd, &locked) == 0 && S_ISREG(locked.st_mode) &&
@@ -258,9 +301,14 @@ bool RemoveIfAbandoned(int dir_fd, const std::string& entry) {
 // TempNameFor's names do not repeat, so an existing file under the name is
 // an error (EEXIST), not a dead writer's to take over.
 absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mode_t mode) {
+  OwnTemporaries::Add(tmp);  // until CommitTemporary or the writer removes it
   const int fd =
       openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
+  if (fd < 0) {
+    const int error = errno;
+    OwnTemporaries::Remove(tmp);
+    return ErrnoError(error, "cannot create temporary file", tmp);
+  }
   flock(fd, LOCK_EX | LOCK_NB);  // see above: no lock is not an error
   return fd;
 }
@@ -285,6 +333,7 @@ absl::Status CommitTemporary(int dir_fd, int fd, const std::string& tmp, const s
     status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
   }
   if (!status.ok()) unlinkat(dir_fd, tmp.c_str(), 0);
+  OwnTemporaries::Remove(tmp);  // renamed or removed: no file has its name
   // After a good fsync, close reports nothing new about the data: the file
   // is in place and durable whatever it says.
   close(fd);
@@ -648,6 +697,7 @@ SafetensorsFileWriter::~SafetensorsFileWriter() {
   AnnotatedMutexLock lock(&mu_);
   if (!done_) {
     unlinkat(dir_fd_, tmp_.c_str(), 0);  // before the close drops the lock
+    OwnTemporaries::Remove(tmp_);
     close(fd_);
   }
   close(dir_fd_);

@@ -82,10 +82,14 @@ absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
 // and the kernel drops the lock with the process, so a temporary that can
 // be locked belongs to no living writer, in this process or another on the
 // same file system (a pid cannot say: a restarted container's process is
-// often pid 1 again). Best effort: an entry that cannot be opened or locked
-// (a file system without flock) is left alone. Returns the entries
-// removed. Not to be raced against a writer creating a temporary in
-// another process: the writer locks its file a moment after creating it.
+// often pid 1 again). This process's own writers are known by name besides,
+// from before they create the file (it is locked a moment after), and left
+// alone whatever their lock says. The candidate is opened for writing where
+// it can be (NFS grants flock only there). Best effort: an entry that
+// cannot be opened or locked (a file system without flock) is left alone.
+// Returns the entries removed. Not to be raced against a writer creating a
+// temporary in another process: that writer locks its file a moment after
+// creating it.
 std::vector<std::string> RemoveAbandonedTemporaries(int dir_fd, const std::string& name);
 
 // One tensor of a file written piecewise: its name and shape (F32).

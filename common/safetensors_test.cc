@@ -1,6 +1,7 @@
 #include "common/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -818,6 +819,38 @@ TEST(RemoveAbandonedTemporariesTest, RemovesOnlyUnlockedTemporariesOfTheName) {
   EXPECT_EQ(read->Find("a")->ToVector(), std::vector<float>({1, 2}));
   // Committed: its temporary is renamed, so nothing of it is left to remove.
   EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"), ::testing::IsEmpty());
+  close(dir_fd);
+}
+
+// A temporary of this process's writer that holds no lock (the moment
+// between creating and locking it, or NFS, where flock is a per-process
+// POSIX lock that another descriptor of this process would take too) is a
+// living writer's all the same: left alone, and the writer commits.
+TEST(RemoveAbandonedTemporariesTest, ThisProcessWriterWithoutItsLock_Kept) {
+  const std::string dir = TestDir();
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  auto living = SafetensorsFileWriter::Create(dir_fd, "w.safetensors", {{"a", {2}}}, 0600);
+  ASSERT_TRUE(living.ok()) << living.status();
+  const std::vector<std::string> names = NamesIn(dir);
+  ASSERT_EQ(names.size(), 1u);
+  // The writer's descriptor, found by its path, unlocked.
+  int unlocked = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const fs::path target = fs::read_symlink(e.path(), error);
+    if (!error && target == fs::path(dir) / names[0]) {
+      ASSERT_EQ(flock(std::stoi(e.path().filename().string()), LOCK_UN), 0);
+      ++unlocked;
+    }
+  }
+  ASSERT_EQ(unlocked, 1);
+  EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"), ::testing::IsEmpty());
+  EXPECT_THAT(NamesIn(dir), UnorderedElementsAre(names[0]));
+  const float values[2] = {1, 2};
+  ASSERT_TRUE((*living)->Write(0, 0, values, 2).ok());
+  ASSERT_TRUE((*living)->Commit().ok());
+  EXPECT_THAT(NamesIn(dir), UnorderedElementsAre("w.safetensors"));
   close(dir_fd);
 }
 

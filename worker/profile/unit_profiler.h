@@ -12,8 +12,10 @@
 // (seed, unit name); head gets dy = [1]{1}. Each unit runs one untimed
 // forward that produces its output, then `warmup` untimed and `repetitions`
 // timed forward + backward passes, each pass timed separately with
-// std::chrono::steady_clock. Gradients accumulate across the runs; they are
-// never read.
+// std::chrono::steady_clock. Gradients accumulate across the runs; the
+// timed AdamW steps (optimizer_seconds) read them and move the weights
+// before the partitions are timed, which changes no timing (the work does
+// not depend on the values).
 //
 // Fields of each UnitProfile:
 //   name               UnitName(): "embed", "attn_<i>", "mlp_<i>", "head".

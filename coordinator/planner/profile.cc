@@ -259,6 +259,12 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   if (cluster.data_plane_overhead_seconds > 1) {
     return Invalid("data_plane_overhead_seconds", "must be at most 1");
   }
+  // As registration_limits.h's kMinDataPlaneBytesPerSecond: a rate below
+  // 1e3 B/s is no measured data plane, and a near-zero one would make every
+  // transfer's seconds absurd (1e-300 B/s overflows them).
+  if (cluster.data_plane_bytes_per_second > 0 && cluster.data_plane_bytes_per_second < 1e3) {
+    return Invalid("data_plane_bytes_per_second", "must be 0 (not modelled) or at least 1e3");
+  }
   if (cluster.data_plane_bytes_per_second > 1e13) {
     return Invalid("data_plane_bytes_per_second", "must be at most 1e13");
   }

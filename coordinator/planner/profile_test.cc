@@ -199,6 +199,15 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
                 .status()
                 .message(),
             "data_plane_bytes_per_second: must be a finite number >= 0");
+  // Registration's lower bound too: a near-zero rate is no measurement.
+  for (const char* rate : {"1e-300", "0.5", "999"}) {
+    EXPECT_EQ(ParseClusterJson(absl::StrCat(R"({"workers": [{}], "data_plane_overhead_seconds": )",
+                                            R"(1e-4, "data_plane_bytes_per_second": )", rate, "}"))
+                  .status()
+                  .message(),
+              "data_plane_bytes_per_second: must be 0 (not modelled) or at least 1e3")
+        << rate;
+  }
 }
 
 // Bounds that keep the solvers' sums finite and the tables unambiguous.

@@ -38,6 +38,16 @@ double SumMinus(const std::vector<double>& prefix, const Range& x, const Range& 
   return total;
 }
 
+// A forward-only unit's pass peak, per unit: transient + stash bytes.
+std::vector<double> ForwardOnlyPeaks(const BiPartitionProblem& p) {
+  std::vector<double> peak(p.fwd.size(), 0.0);
+  for (size_t u = 0; u < peak.size(); ++u) {
+    if (!p.transient_bytes.empty()) peak[u] += p.transient_bytes[u];
+    if (!p.stash_bytes.empty()) peak[u] += p.stash_bytes[u];
+  }
+  return peak;
+}
+
 double SumBoth(const std::vector<double>& prefix, const Range& x, const Range& y) {
   const int begin = std::max(x.begin, y.begin), end = std::min(x.end, y.end);
   return begin < end ? Sum(prefix, {begin, end}) : 0.0;
@@ -151,6 +161,9 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
       pb_(Prefix(p.bwd, p.fwd.size())),
       pw_(Prefix(p.weight_bytes, p.fwd.size())),
       pstash_(Prefix(p.stash_bytes, p.fwd.size())),
+      transient_max_(p.transient_bytes.empty() ? std::vector<double>(p.fwd.size(), 0.0)
+                                               : p.transient_bytes),
+      forward_only_peak_max_(ForwardOnlyPeaks(p)),
       activation_(p.activation_bytes),
       bandwidth_(p.bandwidth),
       latency_(p.latency_seconds),
@@ -174,23 +187,24 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
   for (int u = 0; u < units_; ++u) {
     transfer_.push_back(latency_ + (bandwidth_ > 0 ? activation_[u] / bandwidth_ : 0.0));
   }
-  transient_max_.push_back(p.transient_bytes.empty() ? std::vector<double>(units_, 0.0)
-                                                     : p.transient_bytes);
-  for (int width = 2; width <= units_; width *= 2) {
-    const std::vector<double>& half = transient_max_.back();
-    std::vector<double> level(units_ - width + 1);
-    for (int u = 0; u + width <= units_; ++u) {
-      level[u] = std::max(half[u], half[u + width / 2]);
-    }
-    transient_max_.push_back(std::move(level));
+}
+
+BiPartitionCosts::RangeMax::RangeMax(std::vector<double> values) {
+  const int n = static_cast<int>(values.size());
+  levels_.push_back(std::move(values));
+  for (int width = 2; width <= n; width *= 2) {
+    const std::vector<double>& half = levels_.back();
+    std::vector<double> level(n - width + 1);
+    for (int u = 0; u + width <= n; ++u) level[u] = std::max(half[u], half[u + width / 2]);
+    levels_.push_back(std::move(level));
   }
 }
 
-double BiPartitionCosts::LargestTransient(const Range& r) const {
-  if (Empty(r)) return 0.0;
+double BiPartitionCosts::RangeMax::Of(const Range& r) const {
+  if (r.end <= r.begin) return 0.0;
   int k = 0;
   while ((2 << k) <= r.end - r.begin) ++k;  // the widest level 2^k <= |r|
-  return std::max(transient_max_[k][r.begin], transient_max_[k][r.end - (1 << k)]);
+  return std::max(levels_[k][r.begin], levels_[k][r.end - (1 << k)]);
 }
 
 double BiPartitionCosts::Transfer(int unit) const { return transfer_[unit]; }
@@ -239,9 +253,17 @@ double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) cons
     if ((holds(f, 0) || holds(b, 0)) && (holds(f, last) || holds(b, last))) tied += tied_;
     if (holds(b, 0) && holds(b, last)) tied += 2 * tied_;
   }
-  return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) +
+  // F \ B: [f.begin, b.begin) and [b.end, f.end), each possibly empty.
+  double forward_only_peak = 0;
+  if (Empty(b)) {
+    forward_only_peak = forward_only_peak_max_.Of(f);
+  } else if (!Empty(f)) {
+    forward_only_peak = std::max(forward_only_peak_max_.Of({f.begin, std::min(f.end, b.begin)}),
+                                 forward_only_peak_max_.Of({std::max(f.begin, b.end), f.end}));
+  }
+  return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) + SumMinus(pw_, f, b) +
          stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
-         std::max(LargestTransient(f), LargestTransient(b)) - tied;
+         std::max({transient_max_.Of(f), transient_max_.Of(b), forward_only_peak}) - tied;
 }
 
 bool BiPartitionCosts::Fits(int worker, const Range& f, const Range& b) const {

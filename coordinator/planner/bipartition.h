@@ -61,8 +61,10 @@
 // for one micro-batch at a time: the compiler's Recompute comes right
 // before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
 // allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),
-// once, since a worker runs one unit at a time. It charges a forward-only unit (F_i \ B_i) its
-// forward-and-backward peak, which over-counts a little. The tied term: a
+// once, since a worker runs one unit at a time. A forward-only unit (F_i \ B_i) is charged its
+// forward-and-backward transient plus its stash there: its forward pass fills a whole stash
+// (UnitContext) that the runtime drops after the pass, so its peak is both; and its weights
+// twice, as the runtime gives every parameter it holds a gradient buffer. The tied term: a
 // worker holding both ends of the model shares the embedding's wte value
 // with the head (TieHeadToEmbedding), and with both in B_i steps it once
 // (one pair of AdamW moments; its two gradients stay); tied is
@@ -168,9 +170,19 @@ class BiPartitionCosts {
   BiPartitionObjective objective_;
   std::vector<double> speeds_, memory_, stash_count_;
   std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
-  // transient_max_[k][u]: the largest transient_bytes of units [u, u + 2^k).
-  std::vector<std::vector<double>> transient_max_;
-  double LargestTransient(const Range& r) const;
+  // The largest of per-unit values over a range, in O(1) (a sparse table:
+  // level k holds the largest of each run of 2^k units).
+  class RangeMax {
+   public:
+    explicit RangeMax(std::vector<double> values);
+    double Of(const Range& r) const;  // 0 for an empty range (end <= begin)
+
+   private:
+    std::vector<std::vector<double>> levels_;
+  };
+  // transient_bytes; and, for a forward-only unit, its pass's peak:
+  // transient_bytes + stash_bytes (its forward fills a stash it drops).
+  RangeMax transient_max_, forward_only_peak_max_;
   std::vector<double> activation_, transfer_;          // transfer_[u] = Transfer(u)
   double tied_ = 0;                                    // tied_weight_bytes, clamped (see memory_i)
   double bandwidth_ = 0, latency_ = 0, micro_batches_ = 1;

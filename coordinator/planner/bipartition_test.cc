@@ -374,14 +374,17 @@ TEST(BiPartitionCostsTest, Inbound_UnlimitedBandwidthStillPaysLatency) {
 TEST(BiPartitionCostsTest, Memory_WeightsOptimizerStateAndStashPerSchedule) {
   BiPartitionProblem p = FiveUnits();
   // Worker 0: weights of F ∪ B = units 0..2 (7000), optimizer state and
-  // gradient 3 * w(B) = 3000, stash of F ∩ B = unit 0 (3) times
-  // n_0 = min(m = 4, P - 0 = 2) = 2 for 1F1B.
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 2 * 3);
+  // gradient 3 * w(B) = 3000, the gradient buffers of the forward-only
+  // units 1 and 2 (6000), stash of F ∩ B = unit 0 (3) times
+  // n_0 = min(m = 4, P - 0 = 2) = 2 for 1F1B, and the peak of a
+  // forward-only pass: the larger stash of units 1 and 2 (7), filled and
+  // dropped.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 6000 + 2 * 3 + 7);
   // Worker 1 (n_1 = min(4, 1) = 1): units 1..4 (30000) + 3 * 30000 + stash
   // of units 3, 4, and once that of units 1, 2 (recomputed: B \ F).
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 12);
   p.schedule = BiPartitionSchedule::kGPipe;  // n_i = m = 4
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 6000 + 4 * 3 + 7);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24 + 12);
 }
 
@@ -395,7 +398,10 @@ TEST(BiPartitionCostsTest, Memory_BothEndsOnOneWorker_TiedWeightsCountedOnce) {
   const double all = 31000 + 3 * 31000 + 2 * (3 + 5 + 7 + 11 + 13);
   EXPECT_EQ(costs.Memory(0, {0, 5}, {0, 5}), all - 3 * 600);
   // Both held, the embedding stepped elsewhere: the value only.
-  EXPECT_EQ(costs.Memory(0, {0, 5}, {1, 5}), 31000 + 3 * 30000 + 2 * (5 + 7 + 11 + 13) - 600);
+  // Unit 0 forward only: its gradient buffer (1000) and its stash as its
+  // pass's peak (3) besides.
+  EXPECT_EQ(costs.Memory(0, {0, 5}, {1, 5}),
+            31000 + 3 * 30000 + 2 * (5 + 7 + 11 + 13) - 600 + 1000 + 3);
   // One end: nothing shared.
   EXPECT_EQ(costs.Memory(0, {0, 4}, {0, 4}), 15000 + 3 * 15000 + 2 * (3 + 5 + 7 + 11));
   // At most the smaller end's weights (which keeps memory_i monotone).
@@ -413,8 +419,10 @@ TEST(BiPartitionCostsTest, Memory_KeepsFsLastOutputForARecomputeRightAfterF) {
   // Worker 0 (n_0 = 2): weights of units 0..2 (7000), 3 * 7000, stash of
   // unit 0 twice, of units 1 and 2 once, and one more of unit 0's output.
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 3}), 7000 + 21000 + 2 * 3 + 12 + 1 * 10);
-  // B \ F after a gap, or before F: a routed input, not kept from F.
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {2, 3}), 5000 + 12000 + 7);
+  // B \ F after a gap, or before F: a routed input, not kept from F. Unit
+  // 0 forward only: its gradient (1000), and its pass's peak is its stash
+  // (3), below unit 2's recomputed stash (7) held besides.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {2, 3}), 5000 + 12000 + 7 + 1000 + 3);
   p.schedule = BiPartitionSchedule::kGPipe;  // n_0 = 4
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 3}), 7000 + 21000 + 4 * 3 + 12 + 3 * 10);
 }
@@ -440,34 +448,60 @@ TEST(BiPartitionCostsTest, Memory_CountsTheRecomputedStashOfBMinusFOnce) {
 }
 
 // The largest transient of F ∪ B counts once, whatever the schedule, and
-// from either range (the sparse table's levels at every width).
+// from either range (the sparse table's levels at every width). A
+// forward-only unit's (F \ B) pass fills its whole stash and drops it: its
+// peak is transient + stash.
 TEST(BiPartitionCostsTest, Memory_AddsTheLargestTransientOfTheWorkersUnits) {
   BiPartitionProblem p = FiveUnits();
   p.transient_bytes = {50, 400, 30, 20, 10};
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 2 * 3 + 400);
+  // Forward-only units 1 and 2: peaks 400 + 5 and 30 + 7.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 6000 + 2 * 3 + 405);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 12 + 400);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {3, 5}), 24000 + 72000 + 24 + 20);
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 0}), 1000 + 50);  // forward only
+  // Forward only: weights and gradient buffer, and the pass's peak.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 0}), 2 * 1000 + 50 + 3);
   p.schedule = BiPartitionSchedule::kGPipe;
-  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3 + 400);
-  // Every range of units against a plain maximum.
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 6000 + 4 * 3 + 405);
+  // Every range of units against a plain maximum: both passes (the
+  // transients alone), forward only (transient + stash), and forward only
+  // around a backward range inside it (F \ B in two pieces).
   const BiPartitionCosts costs(p);
   for (int begin = 0; begin < 5; ++begin) {
     for (int end = begin + 1; end <= 5; ++end) {
-      const double largest =
-          *std::max_element(p.transient_bytes.begin() + begin, p.transient_bytes.begin() + end);
-      const double without = BiPartitionCosts(FiveUnitsGPipe()).Memory(0, {begin, end}, {0, 0});
-      EXPECT_EQ(costs.Memory(0, {begin, end}, {0, 0}), without + largest) << begin << ", " << end;
+      double largest = 0, largest_peak = 0, weights = 0;
+      for (int u = begin; u < end; ++u) {
+        largest = std::max(largest, p.transient_bytes[u]);
+        largest_peak = std::max(largest_peak, p.transient_bytes[u] + p.stash_bytes[u]);
+        weights += p.weight_bytes[u];
+      }
+      const BiPartitionCosts without(FiveUnitsGPipe());
+      EXPECT_EQ(costs.Memory(0, {begin, end}, {begin, end}),
+                without.Memory(0, {begin, end}, {begin, end}) + largest)
+          << begin << ", " << end;
+      EXPECT_EQ(costs.Memory(0, {begin, end}, {0, 0}), 2 * weights + largest_peak)
+          << begin << ", " << end;
+      if (end - begin < 3) continue;
+      const Range inner = {begin + 1, end - 1};  // units begin and end - 1 forward only
+      const double outer_peak = std::max(p.transient_bytes[begin] + p.stash_bytes[begin],
+                                         p.transient_bytes[end - 1] + p.stash_bytes[end - 1]);
+      double inner_largest = 0;
+      for (int u = inner.begin; u < inner.end; ++u) {
+        inner_largest = std::max(inner_largest, p.transient_bytes[u]);
+      }
+      EXPECT_EQ(costs.Memory(0, {begin, end}, inner) - without.Memory(0, {begin, end}, inner),
+                std::max(outer_peak, inner_largest) -
+                    std::max(p.stash_bytes[begin], p.stash_bytes[end - 1]))
+          << begin << ", " << end;
     }
   }
 }
 
 TEST(BiPartitionCostsTest, MemoryLimit_MakesBothObjectivesInfinite) {
   BiPartitionProblem p = FiveUnits();
-  p.memory_bytes = {10006, 0};  // exactly worker 0's need; worker 1 unlimited
+  p.memory_bytes = {16013, 0};  // exactly worker 0's need; worker 1 unlimited
   EXPECT_LT(FullObjective(p, kFiveUnitPlan), kInf);
   EXPECT_LT(PaperObjective(p, kFiveUnitPlan), kInf);
-  p.memory_bytes = {10005, 0};
+  p.memory_bytes = {16012, 0};
   EXPECT_EQ(FullObjective(p, kFiveUnitPlan), kInf);
   EXPECT_EQ(PaperObjective(p, kFiveUnitPlan), kInf);
 }

@@ -158,6 +158,17 @@ constexpr double kRightMargin = 28;   // room for the last tick label
 constexpr double kCharWidth11 = 6.4;  // average glyph width of 11 px sans text
 constexpr double kCharWidth13 = 7.6;
 constexpr size_t kMaxNameChars = 24;  // longer worker names are cut with "…"
+// In each box's tooltip, which repeats the lane's name: a stage of many
+// replicas and tensor ranks is named by all its worker ids (kilobytes),
+// and the SVG holds up to tens of thousands of boxes. The lane's own
+// tooltip has the whole name.
+constexpr size_t kMaxTooltipNameChars = 64;
+
+// `name`, cut to `max_chars` with "…" when longer.
+std::string CutName(const std::string& name, size_t max_chars) {
+  if (name.size() <= max_chars) return name;
+  return absl::StrCat(Utf8Prefix(name, max_chars - 1), "…");
+}
 
 const char* FillOf(const TimelineEvent& e) {
   switch (e.kind) {
@@ -270,6 +281,7 @@ class SvgTimeline {
     size_t longest = 9;  // "busy 100%"
     for (int w = 0; w < workers_; ++w) {
       names_.push_back(WorkerName(names, w));
+      tooltip_names_.push_back(CutName(names_.back(), kMaxTooltipNameChars));
       longest = std::max(longest, names_.back().size());
     }
     left_ = std::max(24 + std::min(longest, kMaxNameChars) * kCharWidth13, 90.0);
@@ -377,11 +389,13 @@ class SvgTimeline {
         absl::StrAppend(&out_, "<rect x=\"0\" y=\"", Fixed(top - 6), "\" width=\"", width_,
                         "\" height=\"", Fixed(kLanePitch), "\" fill=\"#f7f7f7\"/>\n");
       }
-      std::string name = names_[w];
-      if (name.size() > kMaxNameChars) {
-        name = absl::StrCat(Utf8Prefix(name, kMaxNameChars - 1), "…");
+      if (names_[w].size() > kMaxNameChars) {  // cut, with the whole name on hover
+        absl::StrAppend(&out_, "<text x=\"12\" y=\"", Fixed(top + 13),
+                        "\" font-size=\"13\" fill=\"#222222\"><title>", Escape(names_[w]),
+                        "</title>", Escape(CutName(names_[w], kMaxNameChars)), "</text>\n");
+      } else {
+        Text(12, top + 13, names_[w], "font-size=\"13\" fill=\"#222222\"");
       }
-      Text(12, top + 13, name, "font-size=\"13\" fill=\"#222222\"");
       const double busy =
           result_.iteration_seconds > 0 ? result_.busy_seconds[w] / result_.iteration_seconds : 0;
       Text(12, top + 29, absl::StrFormat("busy %.0f%%", 100 * busy),
@@ -423,13 +437,13 @@ class SvgTimeline {
       h = kTensorParallelRow;
     }
     const char* stroke = thin ? "none" : "#ffffff";
-    absl::StrAppend(
-        &out_, "<rect x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" width=\"", Fixed(w), "\" height=\"",
-        Fixed(h), "\" fill=\"", FillOf(e), "\" stroke=\"", stroke,
-        "\" stroke-width=\"0.6\"><title>",
-        Escape(absl::StrCat(names_[e.worker], ": ", e.label, ", ", FormatDuration(e.start_seconds),
-                            " to ", FormatDuration(e.end_seconds))),
-        "</title></rect>\n");
+    absl::StrAppend(&out_, "<rect x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" width=\"", Fixed(w),
+                    "\" height=\"", Fixed(h), "\" fill=\"", FillOf(e), "\" stroke=\"", stroke,
+                    "\" stroke-width=\"0.6\"><title>",
+                    Escape(absl::StrCat(tooltip_names_[e.worker], ": ", e.label, ", ",
+                                        FormatDuration(e.start_seconds), " to ",
+                                        FormatDuration(e.end_seconds))),
+                    "</title></rect>\n");
     if (IsCompute(e.kind)) BoxLabel(e, x, w);
   }
 
@@ -449,6 +463,7 @@ class SvgTimeline {
   const TimelineSvgOptions& options_;
   const int workers_;
   std::vector<std::string> names_;
+  std::vector<std::string> tooltip_names_;  // names_ cut to kMaxTooltipNameChars
   double left_ = 0, height_ = 0, span_ = 1;
   int width_ = 0;
   TimeAxis axis_;

@@ -186,6 +186,24 @@ TEST(TimelineRenderTest, TimelineSvg_TwoStages_WellFormedWithLanesAndLabels) {
   EXPECT_THAT(svg, HasSubstr(">time (s)</text>"));
 }
 
+// A stage of many replicas and tensor ranks is named by all its worker
+// ids: the whole name is in the lane's tooltip once, and each box's
+// tooltip has it cut (tens of thousands of boxes repeating kilobytes each
+// once passed GetPlan's 64 MiB reply).
+TEST(TimelineRenderTest, TimelineSvg_LongWorkerName_WholeOnceInTheLaneCutInBoxes) {
+  const SimulationResult result = TwoStageOneFOneB();
+  std::string long_name;
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&long_name, i == 0 ? "" : "+", "w-", i);
+  const std::string svg = TimelineSvg(result, {long_name, "short"});
+  EXPECT_EQ(CheckBalancedXml(svg), "");
+  EXPECT_EQ(Count(svg, long_name), 1);
+  EXPECT_EQ(Count(svg, absl::StrCat("<title>", long_name, "</title>")), 1);
+  const std::string in_boxes = absl::StrCat("<title>", long_name.substr(0, 63), "…: ");
+  EXPECT_GT(Count(svg, in_boxes), 4);  // worker 0's forward and backward boxes at least
+  EXPECT_EQ(Count(svg, ">short</text>"), 1);
+  EXPECT_GT(Count(svg, "<title>short: "), 4);
+}
+
 // A worker's trace may say its step took any time in (0, 1e6] s, 5e-324
 // (the least double) too: the axis of such a span once had a tick step of
 // 0 and its loop never ended. Every span draws a bounded axis.

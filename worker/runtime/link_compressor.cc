@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -129,7 +130,19 @@ absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& s
           ? token_topk->EncodeWithScores(x, scores, &link.codec)
           : (*codec)->Encode(x, &link.codec);
   const double seconds = SecondsSince(start);
-  if (!payload.ok()) return fail(payload.status());
+  if (!payload.ok()) {
+    // Codecs carry finite values only. A NaN or infinity here means the
+    // training diverged (an infinite gradient broke the weights while its
+    // step's loss was still finite): said so, as an uncompressed job says
+    // at the loss, not as a codec's fault.
+    if (std::string bad = DescribeFirstNonFinite(x); !bad.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "training diverged: ", SendName(send), ": the tensor ", bad,
+          " (the weights or an input of this step are no longer finite); try a lower learning "
+          "rate, a warm-up or gradient clipping"));
+    }
+    return fail(payload.status());
+  }
   if (error < 0 && sampled_.insert(key).second) {
     auto decoded = (*codec)->Decode(*payload);
     if (!decoded.ok()) return fail(decoded.status());

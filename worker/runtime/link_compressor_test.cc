@@ -135,13 +135,24 @@ TEST(LinkCompressor, TokenTopKWithScores_KeepsTheHighestScoredToken) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(LinkCompressor, NonFiniteTensor_InvalidArgumentNamingTheSend) {
+// A codec carries finite values only: a NaN or infinity to send means
+// the training diverged (the job fails saying so, as an uncompressed one
+// does at the loss), not that the codec is at fault. A finite value the
+// codec cannot carry stays INVALID_ARGUMENT.
+TEST(LinkCompressor, NonFiniteTensor_TrainingDivergedNamingTheSend) {
   LinkCompressor c;
   c.BeginIteration();
   LinkStats stats;
-  auto wire = c.Encode(GradSend("fp16"), Tensor::FromVector({2}, {1, NAN}), &stats);
-  EXPECT_EQ(wire.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(wire.status().message(), HasSubstr("send ACTIVATION_GRAD unit 4 mb 0 to stage 1"));
+  for (const float bad : {NAN, INFINITY}) {
+    auto wire = c.Encode(GradSend("fp16"), Tensor::FromVector({2}, {1, bad}), &stats);
+    EXPECT_EQ(wire.status().code(), absl::StatusCode::kFailedPrecondition) << wire.status();
+    EXPECT_THAT(wire.status().message(),
+                HasSubstr("training diverged: send ACTIVATION_GRAD unit 4 mb 0 to stage 1"));
+    EXPECT_THAT(wire.status().message(), HasSubstr("at element 1"));
+  }
+  auto too_big = c.Encode(GradSend("fp16"), Tensor::FromVector({2}, {1, 1e6f}), &stats);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument) << too_big.status();
+  EXPECT_THAT(too_big.status().message(), HasSubstr("send ACTIVATION_GRAD unit 4 mb 0 to stage 1"));
 }
 
 TEST(LinkCompressor, UnknownCodec_InvalidArgument) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "coordinator/jobs/job_manager.h"
@@ -320,7 +321,9 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
                         << " ended as that worker left (" << profile.status()
                         << "); profiling again on another";
       } else {
-        record->profile_error = profile.status().ToString();
+        // Saved with the job (Plan.profile_source): UTF-8 whatever the
+        // fetcher quoted, or the stored job would not parse back.
+        record->profile_error = ValidUtf8(profile.status().ToString());
         PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
       }
     }

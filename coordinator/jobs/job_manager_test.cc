@@ -2318,6 +2318,30 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   EXPECT_EQ(plan.candidates_size(), 3);
 }
 
+// A worker's error text may hold any bytes (gRPC decodes a status
+// message's %XX escapes): saved with the job in the plan's profile_source,
+// one that is not UTF-8 would not parse back, and the coordinator would
+// refuse its own state at the next start.
+TEST_F(JobManagerTest, ProfilingFailsWithBytesNotUtf8_ProfileSourceParsesBack) {
+  jobs_.SetProfileFetcher([](const std::string&, const std::string&,
+                             const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    return absl::UnknownError("worker \xff gone");
+  });
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("auto");
+  const std::string id = Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "UNKNOWN: worker \\xff gone"))
+      << plan.profile_source();
+  v1::Plan parsed;
+  EXPECT_TRUE(parsed.ParseFromString(plan.SerializeAsString()));
+  EXPECT_EQ(parsed.profile_source(), plan.profile_source());
+}
+
 // A worker that answers with a profile of another model (one unit too
 // many: the planner would index past the model and CHECK-fail) is refused
 // like a failed profiling: the job runs on the analytic profile, says why,

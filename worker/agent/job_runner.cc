@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/data_plane_keys.h"
+#include "common/echo_input.h"
 #include "common/logging.h"
 #include "common/rpc_status.h"
 #include "common/safetensors.h"
@@ -246,9 +247,10 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   r.set_job_id(assignment_.job_id());
   r.set_plan_version(assignment_.plan_version());
   // The coordinator refuses error texts over 16 KiB; a reason stays readable.
-  std::string text = status.ToString();
-  // On a character boundary: the report's error is a proto string, which
-  // the coordinator refuses to parse unless it is UTF-8.
+  // UTF-8, and cut on a character boundary: the report's error is a proto
+  // string, which the coordinator refuses to parse unless it is UTF-8, and
+  // the error may quote a peer's gRPC status or a path with any bytes.
+  std::string text = ValidUtf8(status.ToString());
   if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
   r.set_error(std::move(text));
   // A failed device (CUDA errors stick: Backend::status) is recovered from

@@ -704,6 +704,25 @@ TEST(JobRunnerTest, DataPathLinkNamedBin_LoadsAsUint16LikeTrainLocal) {
   EXPECT_EQ(report.micro_batch_losses_size(), 2);
 }
 
+// An error quoting bytes that are not UTF-8 (here a --data-root named in
+// Latin-1; a peer's gRPC status message can carry any bytes too) is
+// reported as UTF-8: the report's error is a proto string the coordinator
+// refuses to parse otherwise, and the failure would be lost.
+TEST(JobRunnerTest, ErrorQuotingBytesNotUtf8_ReportedEscapedAndParses) {
+  const std::string root = FreshDir("data-caf\xe9");
+  v1::Assignment a = OneStageAssignment(1);
+  a.mutable_spec()->mutable_data()->clear_synthetic_bytes();
+  a.mutable_spec()->mutable_data()->set_path("missing.bin");
+  JobRunnerOptions options{"w", 1};
+  options.data_roots = {root};
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  ASSERT_FALSE(report.error().empty());
+  EXPECT_TRUE(absl::StrContains(report.error(), "data-caf\\xe9")) << report.error();
+  v1::ReportProgressRequest parsed;
+  EXPECT_TRUE(parsed.ParseFromString(report.SerializeAsString()));
+  EXPECT_EQ(parsed.error(), report.error());
+}
+
 // A data file past a third of the worker's memory limit (text takes 3x its
 // size while it loads) fails the job, naming the limit, before its buffer
 // is allocated: any size was read whole, and a failed allocation threw.

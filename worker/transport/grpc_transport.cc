@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/echo_input.h"
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/utf8_prefix.h"
@@ -404,7 +405,7 @@ std::string GrpcStatusText(const grpc::Status& status) {
   // reader need not look up "16".
   return absl::StrCat("gRPC status ", static_cast<int>(status.error_code()), " ",
                       absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                      ": ", status.error_message());
+                      ": ", ValidUtf8(status.error_message()));  // a peer's text: any bytes
 }
 
 }  // namespace

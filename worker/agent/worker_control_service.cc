@@ -21,8 +21,14 @@ grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerCont
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status caller = session_->Check(AuthorizationOf(*context));
   if (!caller.ok()) {
-    PT_LOG(WARNING) << "refused a WorkerControl.Profile call from " << context->peer() << ": "
-                    << caller.message();
+    // Any host that reaches --listen can call: a bounded log, so a loop of
+    // calls cannot fill the disk or bury the real errors (the RPC metrics
+    // count every one).
+    int64_t dropped = 0;
+    if (refused_log_.Allow(&dropped)) {
+      PT_LOG(WARNING) << "refused a WorkerControl.Profile call from " << context->peer() << ": "
+                      << caller.message() << LogRateLimiter::Dropped(dropped);
+    }
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.message())));
     return reactor;
   }

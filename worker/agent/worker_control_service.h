@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/log_rate_limiter.h"
 #include "common/serial_executor.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 #include "worker/agent/session_credential.h"
@@ -77,6 +78,7 @@ class WorkerControlService final : public v1::WorkerControlService::CallbackServ
   const ProfileBackendFactory make_backend_;
   AnnotatedMutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // calls running or waiting
+  LogRateLimiter refused_log_{10, absl::Seconds(10)};  // refused calls' log lines
   std::atomic<bool> stopping_{false};
   SerialExecutor profiler_;               // last: its destructor runs waiting calls first
 };

@@ -103,6 +103,27 @@ TEST(WorkerControlServiceTest, WithoutTheSessionCredential_Unauthenticated) {
   }
 }
 
+// Anyone reaching the port can call without a credential, in a loop:
+// every call is refused, and at most 10 of them are logged per 10 s.
+TEST(WorkerControlServiceTest, ManyRefusedCalls_LoggedAFewTimes) {
+  Served served;
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 50; ++i) {
+    v1::ModelProfile profile;
+    const grpc::Status status =
+        served.stub().Profile(Served::Context("").get(), SmallRequest(), &profile);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << i;
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = log.find("refused a WorkerControl.Profile call"); at != std::string::npos;
+       at = log.find("refused a WorkerControl.Profile call", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 10u);
+}
+
 TEST(WorkerControlServiceTest, BadRequest_InvalidArgumentNamingTheField) {
   Served served;
   v1::ProfileRequest request = SmallRequest();

@@ -173,14 +173,17 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   for (const RecoveryKind kind : kAllRecoveryKinds) {
     recoveries_->Add({{"reason", RecoveryKindName(kind)}});
   }
-  recovery_seconds_ = &prometheus::BuildHistogram()
-                           .Name("pipetrain_job_recovery_seconds")
-                           .Help(
-                               "From a worker's loss being detected to the first step "
-                               "completed on the new plan, seconds.")
-                           .Register(*registry_)
-                           .Add({}, prometheus::Histogram::BucketBoundaries{0.25, 0.5, 1, 2, 5, 10,
-                                                                            30, 60, 120, 300});
+  recovery_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("pipetrain_job_recovery_seconds")
+           .Help(
+               "From a worker's loss being detected to the first step "
+               "completed on the new plan, seconds.")
+           .Register(*registry_)
+           // Up to 2 h: a recovery waiting for workers may last
+           // scheduling.queue_timeout (default 1 h).
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.25, 0.5, 1, 2, 5, 10, 30, 60, 120,
+                                                            300, 600, 1800, 3600, 7200});
   steps_redone_ = &prometheus::BuildCounter()
                        .Name("pipetrain_job_steps_redone_total")
                        .Help(
@@ -334,8 +337,10 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<JobManager::JobSumm
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
     if (it->state == v1::JOB_STATE_RUNNING) current = &*it;
   }
+  // Else the last job that trained a step (one begun from a checkpoint
+  // shows that checkpoint's step before it trains any).
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
-    if (it->step > 0) current = &*it;
+    if (it->step > it->init_step) current = &*it;
   }
   if (current == nullptr) return;
   job_loss_->Set(current->loss);
@@ -385,7 +390,9 @@ void CoordinatorMetrics::CountTokens(const std::vector<JobManager::JobSummary>& 
     it = listed.count(it->first) > 0 ? std::next(it) : steps_counted_.erase(it);
   }
   for (const JobManager::JobSummary& job : jobs) {
-    int64_t& counted = steps_counted_[job.id];
+    // A job begun from a checkpoint counts from that checkpoint's step:
+    // the steps before it were trained by another job (which counted them).
+    int64_t& counted = steps_counted_.try_emplace(job.id, job.init_step).first->second;
     const int64_t step = job.step;
     if (step <= counted) continue;  // none new, or redoing steps after a recovery
     job_tokens_->Increment(job.tokens_per_step * double(step - counted));

@@ -50,7 +50,8 @@
 //                                                          (each gRPC method's UNAUTHENTICATED
 //                                                          at 0 from the start)
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED;
-//                                                          REST 401s as method "GET /v1/jobs")
+//                                                          REST 401s and 403s as method
+//                                                          "GET /v1/jobs")
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
 //   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)

@@ -135,7 +135,7 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), job.state(),
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),
-                   job.progress().checkpoint_failures()});
+                   job.progress().checkpoint_failures(), jobs_.at(id)->init_step});
   }
   return out;
 }

@@ -349,6 +349,10 @@ class JobManager {
     // Checkpoint writes failed since its last complete checkpoint
     // (progress.checkpoint_failures).
     int64_t checkpoint_failures = 0;
+    // The step it started from: a job begun from a checkpoint
+    // (spec.init.from) shows that step from its submission on, none of it
+    // trained by this job.
+    int64_t init_step = 0;
   };
   std::vector<JobSummary> Summaries() const;
   // Answers once the state store has the cancel, with the job in the basic

@@ -527,6 +527,12 @@ TEST_F(JobManagerElasticTest, EndedJobsDirWithLaterCompleteCheckpoints_Refused) 
   const absl::StatusOr<v1::Job> continued = jobs_->Submit(from_ten);
   ASSERT_TRUE(continued.ok()) << continued.status();
   EXPECT_EQ(continued->progress().step(), 10);
+  // Its summary says the 10 steps are where it started, not what it
+  // trained (the token counter and the current job of /metrics read it).
+  for (const JobManager::JobSummary& s : jobs_->Summaries()) {
+    EXPECT_EQ(s.init_step, s.id == continued->id() ? 10 : 0) << s.id;
+    if (s.id == continued->id()) EXPECT_EQ(s.step, 10);
+  }
 }
 
 // A checkpoint directory's files are replaced by each checkpoint and its

@@ -50,8 +50,9 @@
 // The series of every phase and purpose exist from the start, at zero;
 // link series appear with their peers. The gauges keyed by a plan's peers
 // or units (link_compression_error, tensor_parallel_partitions) are
-// dropped when an iteration of another run (job or plan version) comes,
-// so they never show a finished job's links or units.
+// dropped when an iteration of another run (job or plan version) comes:
+// a finished job's stay until the worker's next run starts (`pipetrain
+// up` reads them after the job), and never mix with another run's.
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_

@@ -119,6 +119,9 @@ BIN="$COORDINATOR" expect_exit coordinator_worker_tls_name_alone 2 \
 BIN="$WORKER" expect_exit worker_listen_wildcard 2 \
   "--listen 0.0.0.0:7100 is a wildcard address, which the worker would advertise" -- \
   --join-token=j --listen=0.0.0.0:7100
+BIN="$WORKER" expect_exit worker_metrics_wildcard 2 \
+  "--metrics-address [::]:9100 is a wildcard address, which the worker would advertise" -- \
+  --join-token=j --metrics-address=[::]:9100
 BIN="$WORKER" expect_exit worker_data_root_missing 2 \
   "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
   --join-token=j --data-root="$TMP/no-such-root"

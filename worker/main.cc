@@ -213,6 +213,16 @@ int Run(const std::vector<std::string>& args) {
   }
   absl::StatusOr<HostPort> metrics_address = SplitHostPort(f.metrics, "--metrics-address");
   if (parsed.ok()) parsed = metrics_address.status();
+  // Advertised as it is too (pipetrain_worker_info, the dashboard's worker
+  // variable, `pipetrain up`'s reading of the worker's metrics): every
+  // worker on 0.0.0.0:9100 would be the one address.
+  if (parsed.ok() && IsWildcardHost(metrics_address->host)) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--metrics-address ", f.metrics,
+                     " is a wildcard address, which the worker would advertise to the "
+                     "coordinator as it is; give the address it is scraped at (e.g. "
+                     "--metrics-address=$(POD_IP):9100, or 127.0.0.1:0 on one host)"));
+  }
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
     parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
   }

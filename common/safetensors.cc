@@ -737,7 +737,10 @@ absl::Status SafetensorsFileWriter::Commit() {
 std::vector<std::string> RemoveAbandonedTemporaries(int dir_fd, const std::string& name) {
   const std::string prefix = name.substr(0, kTempPrefixBytes);
   std::vector<std::string> candidates;
-  const int listing = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  // The directory opened anew, not dup'ed: a dup shares dir_fd's read
+  // position, which the first listing leaves at the end, and every later
+  // call on the same dir_fd listed nothing.
+  const int listing = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (listing < 0) return {};
   DIR* dir = fdopendir(listing);
   if (dir == nullptr) {

@@ -822,6 +822,28 @@ TEST(RemoveAbandonedTemporariesTest, RemovesOnlyUnlockedTemporariesOfTheName) {
   close(dir_fd);
 }
 
+// A temporary that another process's living writer holds (its flock; no
+// name this process knows) stays; once its lock is gone, the writer is
+// dead and the file goes. The lock is taken on a descriptor of its own:
+// flock belongs to the open file description, so the cleanup's own open
+// cannot take it.
+TEST(RemoveAbandonedTemporariesTest, LockedByAnotherWriter_KeptUntilUnlocked) {
+  const std::string dir = TestDir();
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  const std::string name = "w.safetensors.tmp.99.1";
+  WriteBytes(dir + "/" + name, "another process's upload");
+  const int held = open((dir + "/" + name).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+  EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"), ::testing::IsEmpty());
+  EXPECT_THAT(NamesIn(dir), UnorderedElementsAre(name));
+  close(held);  // the writer died
+  EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"), UnorderedElementsAre(name));
+  EXPECT_TRUE(fs::is_empty(dir));
+  close(dir_fd);
+}
+
 // A temporary of this process's writer that holds no lock (the moment
 // between creating and locking it, or NFS, where flock is a per-process
 // POSIX lock that another descriptor of this process would take too) is a

@@ -62,7 +62,8 @@ void AddMetricNames(absl::string_view promql, NameSet& names) {
 
 // The metric names in the `expr:` values of a rules file: an inline value,
 // or a block (`expr: |`) of the following lines indented deeper than the
-// key. Comments, labels and annotations are not PromQL and are skipped.
+// key (`expr: |-`, `expr: >` and the other block indicators too).
+// Comments, labels and annotations are not PromQL and are skipped.
 NameSet PromqlMetricNames(const std::string& rules_yaml) {
   NameSet names;
   std::istringstream in(rules_yaml);
@@ -79,7 +80,10 @@ NameSet PromqlMetricNames(const std::string& rules_yaml) {
     absl::string_view rest = absl::string_view(line).substr(indent);
     absl::ConsumePrefix(&rest, "- ");
     if (!absl::ConsumePrefix(&rest, "expr:")) continue;
-    if (absl::StripAsciiWhitespace(rest) == "|" || absl::StripAsciiWhitespace(rest) == ">") {
+    // A block scalar: "|" or ">", with any chomping or indentation
+    // indicator ("|-", ">+", "|2"); an inline value never starts so.
+    const absl::string_view value = absl::StripAsciiWhitespace(rest);
+    if (absl::StartsWith(value, "|") || absl::StartsWith(value, ">")) {
       block_indent = indent;
     } else {
       AddMetricNames(rest, names);
@@ -210,9 +214,16 @@ TEST(MetricNamesTest, PromqlMetricNames_BlockAndInlineExpr_OnlyPromqlNames) {
       "        annotations:\n"
       "          description: see pipetrain_in_annotation\n"
       "      - expr: up + pipetrain_c\n"
-      "        record: pipetrain:recorded\n";
-  EXPECT_EQ(PromqlMetricNames(rules),
-            (NameSet{"pipetrain_a_total", "pipetrain_b_seconds_bucket", "pipetrain_c"}));
+      "        record: pipetrain:recorded\n"
+      "      - alert: D\n"
+      "        expr: |-\n"
+      "          pipetrain_d > 0\n"
+      "      - alert: E\n"
+      "        expr: >+\n"
+      "          pipetrain_e\n"
+      "          > 1\n";
+  EXPECT_EQ(PromqlMetricNames(rules), (NameSet{"pipetrain_a_total", "pipetrain_b_seconds_bucket",
+                                               "pipetrain_c", "pipetrain_d", "pipetrain_e"}));
 }
 
 TEST(MetricNamesTest, Missing_MadeUpAndHistogramNames_OnlyMadeUpReported) {

@@ -141,12 +141,15 @@ kill -TERM "$open_pid"
 echo "not a certificate" > "$T/not.pem"
 openssl req -new -key "$T/key.pem" -subj "/CN=localhost" -out "$T/expired.csr" 2>/dev/null
 openssl x509 -req -in "$T/expired.csr" -signkey "$T/key.pem" -days -1 -out "$T/expired.pem" 2>/dev/null
+# One that starts instead of refusing is stopped after 20 s (exit 124),
+# so the case fails by name rather than the test hanging to its timeout.
 bad_coordinator() {  # $1: the message expected; then the TLS flags
   local want=$1
   shift
-  "$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
-    --join-token=t --user-token=u "$@" > "$T/bad-tls.log" 2>&1
+  timeout 20 "$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 \
+    --http-address=127.0.0.1:0 --join-token=t --user-token=u "$@" > "$T/bad-tls.log" 2>&1
   local rc=$?
+  [ $rc -eq 124 ] && { echo "started instead of refusing: $(cat "$T/bad-tls.log")"; return 1; }
   [ $rc -eq 2 ] && grep -qF -- "$want" "$T/bad-tls.log" ||
     { echo "exit $rc: $(cat "$T/bad-tls.log")"; return 1; }
 }

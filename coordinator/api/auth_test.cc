@@ -32,6 +32,7 @@
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
@@ -245,8 +246,10 @@ TEST_F(AuthTest, EveryGrpcMethod_BadCredentials_RefusedAndNothingChanges) {
        grpc::StatusCode::UNAUTHENTICATED},
   };
   int refused = 0;
+  std::set<std::string> called;
   for (const auto& v : variants) {
     for (const auto& [method, status] : CallEveryMethod(v.authorization)) {
+      called.insert(method.substr(0, method.find('(')));
       SCOPED_TRACE(method + " with " + v.what);
       const bool worker_method = method == "Heartbeat" || method == "ReportProgress" ||
                                  method == "UploadWeights" || method == "WatchAssignments" ||
@@ -262,6 +265,15 @@ TEST_F(AuthTest, EveryGrpcMethod_BadCredentials_RefusedAndNothingChanges) {
     }
   }
   EXPECT_EQ(refused, 5 * 16);
+  // Every method the service has was called: each handler checks its own
+  // caller (no interceptor), so a new RPC must be added here to be checked.
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::CoordinatorService::service_full_name());
+  ASSERT_NE(service, nullptr);
+  std::set<std::string> every;
+  for (int m = 0; m < service->method_count(); ++m) every.insert(service->method(m)->name());
+  EXPECT_EQ(called, every);
   EXPECT_EQ(Snapshot(), before);
   metrics_.Refresh();
   const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());

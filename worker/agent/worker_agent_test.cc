@@ -976,6 +976,14 @@ TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped
   next.set_plan_version(2);
   SetKeys(next);
   coordinator.Push(next);
+  // The watch thread has taken plan 2 and is stopping plan 1's runner
+  // (bounded poll): without this, a plan never handled within the drain's
+  // 3 s would pass as well.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (agent.InstructionAndLastJob().first != "stopping job job-1" && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(agent.InstructionAndLastJob().first, "stopping job job-1");
   draining.join();
   EXPECT_EQ(drained.code(), absl::StatusCode::kDeadlineExceeded)
       << "the replacement of the runner ended the drain: " << drained;

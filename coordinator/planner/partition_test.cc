@@ -62,8 +62,30 @@ TEST(PartitionTest, PipeDream_MatchesBruteForceOnRandomInstances) {
   }
 }
 
+// The speed-aware objective written out here, not the solver's: the most
+// any stage takes, its units' fwd + bwd over its worker's speed, or the
+// transfer at its end cut (the activation forward and its gradient back:
+// 2 x the last unit's output over the bandwidth; none after the last
+// stage, none on an unlimited link).
+double WrittenOutBottleneck(const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
+                            const std::vector<double>& activations, double bandwidth,
+                            const std::vector<Range>& ranges) {
+  double worst = 0;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    double compute = 0;
+    for (int u = ranges[k].begin; u < ranges[k].end; ++u)
+      compute += costs[u].forward + costs[u].backward;
+    worst = std::max(worst, compute / speeds[k]);
+    if (ranges[k].end < static_cast<int>(costs.size()) && bandwidth > 0) {
+      worst = std::max(worst, 2 * activations[ranges[k].end - 1] / bandwidth);
+    }
+  }
+  return worst;
+}
+
 // Speed-aware pipedream against brute force: 500 random instances with
-// mixed speeds, activation sizes and bandwidths (some unlimited).
+// mixed speeds, activation sizes and bandwidths (some unlimited), scored
+// by the objective written out above.
 TEST(PartitionTest, SpeedAwarePipeDream_MatchesBruteForceOnRandomInstances) {
   const double speed_choices[] = {0.5, 1, 2, 3};
   for (uint64_t seed = 1; seed <= 500; ++seed) {
@@ -83,7 +105,7 @@ TEST(PartitionTest, SpeedAwarePipeDream_MatchesBruteForceOnRandomInstances) {
       if (left == 1) {
         candidate.push_back({begin, n});
         best =
-            std::min(best, SpeedAwareBottleneck(costs, speeds, activations, bandwidth, candidate));
+            std::min(best, WrittenOutBottleneck(costs, speeds, activations, bandwidth, candidate));
         candidate.pop_back();
         return;
       }
@@ -94,9 +116,26 @@ TEST(PartitionTest, SpeedAwarePipeDream_MatchesBruteForceOnRandomInstances) {
       }
     };
     place(0, stages);
+    EXPECT_EQ(WrittenOutBottleneck(costs, speeds, activations, bandwidth, *ranges), best)
+        << "seed " << seed << " n " << n << " stages " << stages;
     EXPECT_EQ(SpeedAwareBottleneck(costs, speeds, activations, bandwidth, *ranges), best)
         << "seed " << seed << " n " << n << " stages " << stages;
   }
+}
+
+// A slow link moves the cut: four equal units (3 s each) on two workers;
+// unit 1's output is large (1000 bytes at 10 B/s: 200 s there and back),
+// the others' empty. The even cut after unit 1 costs 200 s; either cut
+// beside it 9 s.
+TEST(PartitionTest, SpeedAwarePipeDream_SlowLink_CutAvoidsTheLargeActivation) {
+  const std::vector<UnitCost> costs(4, UnitCost{"u", 1, 2});
+  const std::vector<double> activations = {0, 1000, 0, 0};
+  const auto ranges = SpeedAwarePipeDreamPartition(costs, {1.0, 1.0}, activations, 10).value();
+  ASSERT_EQ(ranges.size(), 2u);
+  EXPECT_NE(ranges[0].end, 2);
+  EXPECT_EQ(WrittenOutBottleneck(costs, {1.0, 1.0}, activations, 10, ranges), 9);
+  // Unlimited, the even cut is the best.
+  EXPECT_EQ(SpeedAwarePipeDreamPartition(costs, {1.0, 1.0}, activations, 0).value()[0].end, 2);
 }
 
 // Equal speeds and unlimited links: the speed-blind pipedream's optimum.

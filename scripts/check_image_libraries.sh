@@ -12,8 +12,9 @@
 # (this machine's Essential and Priority: required packages, and apt, with
 # theirs) must cover them all. Needs package lists (scripts/setup.sh runs
 # apt-get update); no network and no Docker.
-# Prints each library that nothing installs, then "image libraries: N
-# missing"; exits 1 when one is.
+# Prints each library that nothing installs (and a Dockerfile that runs
+# scripts/setup.sh beyond the build), then "image libraries: N missing";
+# exits 1 when one is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bazel build //coordinator:pipetrain-coordinator >/dev/null 2>&1 ||
@@ -100,6 +101,15 @@ for dockerfile, binary in [("deploy/docker/coordinator.Dockerfile", os.environ["
         if owner not in installed:
             print(f"{dockerfile}: {binary} links {path} "
                   f"({owner or 'no Debian package'}), which the image does not install")
+            missing += 1
+# Both images' build stages run setup.sh for the build only: its test tools
+# and npm packages would need the npm registry, and a build host that
+# reaches a Debian mirror alone would fail the image.
+for dockerfile in ("deploy/docker/coordinator.Dockerfile", "deploy/docker/worker.Dockerfile"):
+    for line in open(dockerfile):
+        if "scripts/setup.sh" in line and not line.lstrip().startswith("#") and \
+                "PIPETRAIN_SETUP_BUILD_ONLY=1" not in line:
+            print(f"{dockerfile}: runs scripts/setup.sh without PIPETRAIN_SETUP_BUILD_ONLY=1")
             missing += 1
 print(f"image libraries: {missing} missing")
 sys.exit(1 if missing else 0)

@@ -5,8 +5,9 @@
 # The prometheus and etcd-server packages start their services and enable
 # them at boot (Prometheus on every interface, without authentication);
 # only their commands are needed, so a fresh install stops and disables
-# them again. PIPETRAIN_SETUP_BUILD_ONLY=1 (scripts/demo.sh) skips the
-# tests' npm packages, which come from the npm registry, not Debian.
+# them again. PIPETRAIN_SETUP_BUILD_ONLY=1 (scripts/demo.sh, the images'
+# Dockerfiles) skips the tools below (tests and docs only) and the tests'
+# npm packages, which come from the npm registry, not Debian.
 set -euo pipefail
 
 PACKAGES=(
@@ -50,6 +51,7 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
+if [ "${PIPETRAIN_SETUP_BUILD_ONLY:-0}" = 1 ]; then TOOLS=(); fi
 for t in "${TOOLS[@]}"; do
   if ! command -v "${t%%:*}" >/dev/null 2>&1; then missing+=("${t#*:}"); fi
 done

@@ -16,7 +16,7 @@ COPY . .
 # "Building the images"); "unknown" without one.
 ARG PIPETRAIN_COMMIT=
 RUN printf '%s\n' "$PIPETRAIN_COMMIT" > .build-commit \
- && scripts/setup.sh \
+ && PIPETRAIN_SETUP_BUILD_ONLY=1 scripts/setup.sh \
  && bazel build --jobs=auto //coordinator:pipetrain-coordinator \
  && mkdir -p /out \
  && cp -L bazel-bin/coordinator/pipetrain-coordinator /out/

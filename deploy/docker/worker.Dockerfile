@@ -22,7 +22,7 @@ COPY . .
 # "Building the images"); "unknown" without one.
 ARG PIPETRAIN_COMMIT=
 RUN printf '%s\n' "$PIPETRAIN_COMMIT" > .build-commit \
- && scripts/setup.sh \
+ && PIPETRAIN_SETUP_BUILD_ONLY=1 scripts/setup.sh \
  && bazel build --jobs=auto //worker:pipetrain-worker \
  && mkdir -p /out/lib \
  && cp -L bazel-bin/worker/pipetrain-worker /out/

@@ -205,6 +205,9 @@ for overlay in $OVERLAYS; do
     "--join-token-file=/etc/pipetrain/tokens/join-token"
   check "overlay $overlay: the sample submit retries with a request id" has "$out" \
     '/v1/jobs?requestId=sample-$SUBMIT_ID'
+  check "overlay $overlay: the request id from the label every version sets" has "$out" \
+    "fieldPath: metadata.labels['controller-uid']"
+  check "overlay $overlay: no submit without a request id" has "$out" '[ -n "$SUBMIT_ID" ] ||'
   check "overlay $overlay gives workers their container's memory limit" has "$out" \
     "--memory-limit=\$(PIPETRAIN_MEMORY_LIMIT)"
   check "overlay $overlay: the limit from the worker container's resources" has "$out" \

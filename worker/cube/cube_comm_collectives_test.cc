@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/cube/cube_layernorm.h"
 #include "worker/cube/cube_linear.h"
@@ -82,9 +83,11 @@ Outputs RunInProcess(int p, const Body& body) {
   return out;
 }
 
-Outputs RunCollectives(int p, const Body& body) {
+// Every rank's status of `body` on its own thread; rank `silent` (if any)
+// never calls it, as a member that died.
+std::vector<absl::Status> RunEachRank(int p, const Body& body, Outputs& out,
+                                      CollectiveOptions options = {}, int silent = -1) {
   const int n = p * p * p;
-  Outputs out = Empty(n);
   InProcessFabric fabric(n);
   std::vector<int> stages(n);
   for (int r = 0; r < n; ++r) stages[r] = r;
@@ -93,13 +96,20 @@ Outputs RunCollectives(int p, const Body& body) {
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Transport> transport = fabric.Connect(r);
-      CollectivesCubeComm comm(transport.get(), p, stages, "cube");
+      CollectivesCubeComm comm(transport.get(), p, stages, "cube", options);
       comm.SetIteration(7);
+      if (r == silent) return;
       status[r] = comm.status().ok() ? body(comm, r, out) : comm.status();
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
+  return status;
+}
+
+Outputs RunCollectives(int p, const Body& body) {
+  Outputs out = Empty(p * p * p);
+  const std::vector<absl::Status> status = RunEachRank(p, body, out);
+  for (size_t r = 0; r < status.size(); ++r) EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
   return out;
 }
 
@@ -153,6 +163,25 @@ TEST(CollectivesCubeCommTest, ForwardProduct_SendsThePapersCount) {
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(sent[r], 4 * CubeLinearSent(dims, p).forward) << r;
+}
+
+// A member that never answers (its worker died): every other rank's
+// linear and LayerNorm calls end DEADLINE_EXCEEDED within the collective
+// timeout of each wait, none hangs and none reports success.
+TEST(CollectivesCubeCommTest, AMemberNeverAnswers_EveryOtherRankDeadlineExceeded) {
+  const Body body = Workload(2);
+  Outputs out = Empty(8);
+  CollectiveOptions options;
+  options.timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  const std::vector<absl::Status> status = RunEachRank(2, body, out, options, /*silent=*/5);
+  // Each rank fails at its first collective that waits on a rank that
+  // stopped: a few timeouts at most, far below the 60 s default.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  for (int r = 0; r < 8; ++r) {
+    if (r == 5) continue;
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << r << ": " << status[r];
+  }
 }
 
 TEST(CollectivesCubeCommTest, StageNotInCube_InvalidArgument) {

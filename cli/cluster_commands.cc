@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
@@ -723,13 +722,14 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir, const std::str
       RemoveIfRegular(path);  // an earlier run's, in a reused --out
       continue;
     }
-    std::ofstream out(path, std::ios::binary);
-    out << svg;
-    out.close();
-    if (out) {
+    // Whole or not at all, saying why not (a full disk, a missing
+    // directory): its errno, not a bare "cannot write".
+    const absl::Status status = WriteFilesOrNone({{path, svg}});
+    if (status.ok()) {
       written.push_back(absl::StrCat(what, " ", shown));
     } else {
-      std::fprintf(stderr, "pipetrain up: cannot write %s\n", shown.c_str());
+      std::fprintf(stderr, "pipetrain up: %s timeline %s: %s\n", what.c_str(), shown.c_str(),
+                   TerminalSafe(status.message()).c_str());
     }
   }
   if (!written.empty()) std::printf("timelines: %s\n", absl::StrJoin(written, ", ").c_str());
@@ -1084,10 +1084,18 @@ int RunUp(const std::vector<std::string>& args) {
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());
   v1::Plan plan;
-  if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
+  if (const grpc::Status got_plan =
+          stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan);
+      got_plan.ok()) {
     std::printf("%s", FormatPlanReport(end, plan, timing).c_str());
     if (plan.tensor_parallel() > 1) PrintTensorParallelSummary(**cluster);
     WriteTimelines(plan, out, o.out);
+  } else {
+    // Said, not skipped: the report's step times and the timelines are
+    // missing from the output, and why (a job that failed before its plan
+    // has none: "has no plan yet").
+    std::fprintf(stderr, "pipetrain up: no plan report or timelines (GetPlan: %s)\n",
+                 TerminalSafe(got_plan.error_message()).c_str());
   }
   PrintLinkSummary(**cluster);
   if (!loss_log_written.ok()) {

@@ -211,6 +211,21 @@ class JobManagerTest : public ::testing::Test {
     if (!job.ok()) return job;
     return jobs_.Get(job->id());
   }
+  // A two-stage "auto" job on workers 7001 and 7002 whose profiling fails
+  // with `error`, submitted and planned: its id.
+  std::string SubmitWithFailingProfiler(const absl::Status& error) {
+    jobs_.SetProfileFetcher(
+        [error](const std::string&, const std::string&,
+                const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> { return error; });
+    AddWorker(7001);
+    AddWorker(7002);
+    v1::JobSpec spec = SmallSpec(2);
+    spec.mutable_parallelism()->set_solver("auto");
+    const std::string id = Submit(spec).value().id();
+    jobs_.AwaitProfiling();
+    background_.RunAll();
+    return id;
+  }
 
   FakeClock clock_;
   WorkerRegistry registry_;
@@ -2298,17 +2313,7 @@ TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
 }
 
 TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
-  jobs_.SetProfileFetcher([](const std::string&, const std::string&,
-                             const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    return absl::UnavailableError("worker gone");
-  });
-  AddWorker(7001);
-  AddWorker(7002);
-  v1::JobSpec spec = SmallSpec(2);
-  spec.mutable_parallelism()->set_solver("auto");
-  const std::string id = Submit(spec).value().id();
-  jobs_.AwaitProfiling();
-  background_.RunAll();
+  const std::string id = SubmitWithFailingProfiler(absl::UnavailableError("worker gone"));
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
@@ -2323,17 +2328,7 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
 // one that is not UTF-8 would not parse back, and the coordinator would
 // refuse its own state at the next start.
 TEST_F(JobManagerTest, ProfilingFailsWithBytesNotUtf8_ProfileSourceParsesBack) {
-  jobs_.SetProfileFetcher([](const std::string&, const std::string&,
-                             const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    return absl::UnknownError("worker \xff gone");
-  });
-  AddWorker(7001);
-  AddWorker(7002);
-  v1::JobSpec spec = SmallSpec(2);
-  spec.mutable_parallelism()->set_solver("auto");
-  const std::string id = Submit(spec).value().id();
-  jobs_.AwaitProfiling();
-  background_.RunAll();
+  const std::string id = SubmitWithFailingProfiler(absl::UnknownError("worker \xff gone"));
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "UNKNOWN: worker \\xff gone"))
       << plan.profile_source();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -120,13 +121,19 @@ void ScalarMatrixTransposeTimesFactor(const float* m, const float* p, int64_t ro
   }
 }
 
-// Relative error of a float sum against the double one, scaled by the sum
-// of the terms' magnitudes.
-double WorstRelativeError(const std::vector<float>& got, const std::vector<double>& exact,
-                          const std::vector<double>& magnitude) {
+// The worst relative error of float sums `got[e]` against the same sums in
+// double, each element's sum of `count` terms term(e, t), scaled by the
+// sum of the terms' magnitudes.
+double WorstRelativeError(const std::vector<float>& got, int64_t count,
+                          const std::function<double(int64_t e, int64_t t)>& term) {
   double worst = 0;
   for (size_t e = 0; e < got.size(); ++e) {
-    if (magnitude[e] > 0) worst = std::max(worst, std::fabs(got[e] - exact[e]) / magnitude[e]);
+    double exact = 0, magnitude = 0;
+    for (int64_t t = 0; t < count; ++t) {
+      exact += term(static_cast<int64_t>(e), t);
+      magnitude += std::fabs(term(static_cast<int64_t>(e), t));
+    }
+    if (magnitude > 0) worst = std::max(worst, std::fabs(got[e] - exact) / magnitude);
   }
   return worst;
 }
@@ -158,30 +165,22 @@ TEST(PowerSgdProjectionsTest, BitwiseTheFixedOrderAndCloseToDouble) {
     ScalarMatrixTransposeTimesFactor(m.data(), p.data(), c.rows, c.cols, c.r, mtp_want.data());
     EXPECT_EQ(std::memcmp(mtp.data(), mtp_want.data(), mtp.size() * sizeof(float)), 0) << where;
 
-    std::vector<double> exact(mq.size()), magnitude(mq.size());
-    for (int64_t i = 0; i < c.rows; ++i) {
-      for (int k = 0; k < c.r; ++k) {
-        for (int64_t j = 0; j < c.cols; ++j) {
-          const double term = double{m[i * c.cols + j]} * q[j * c.r + k];
-          exact[i * c.r + k] += term;
-          magnitude[i * c.r + k] += std::fabs(term);
-        }
-      }
-    }
     // A float sum of n terms: within about n ulps of the terms' size.
-    EXPECT_LE(WorstRelativeError(mq, exact, magnitude), c.cols * 1.2e-7) << where;
-    exact.assign(mtp.size(), 0.0);
-    magnitude.assign(mtp.size(), 0.0);
-    for (int64_t j = 0; j < c.cols; ++j) {
-      for (int k = 0; k < c.r; ++k) {
-        for (int64_t i = 0; i < c.rows; ++i) {
-          const double term = double{m[i * c.cols + j]} * p[i * c.r + k];
-          exact[j * c.r + k] += term;
-          magnitude[j * c.r + k] += std::fabs(term);
-        }
-      }
-    }
-    EXPECT_LE(WorstRelativeError(mtp, exact, magnitude), c.rows * 1.2e-7) << where;
+    // MQ's element (i, k) sums over j; M^T P's element (j, k) over i.
+    EXPECT_LE(WorstRelativeError(mq, c.cols,
+                                 [&](int64_t e, int64_t j) {
+                                   const int64_t i = e / c.r, k = e % c.r;
+                                   return double{m[i * c.cols + j]} * q[j * c.r + k];
+                                 }),
+              c.cols * 1.2e-7)
+        << where;
+    EXPECT_LE(WorstRelativeError(mtp, c.rows,
+                                 [&](int64_t e, int64_t i) {
+                                   const int64_t j = e / c.r, k = e % c.r;
+                                   return double{m[i * c.cols + j]} * p[i * c.r + k];
+                                 }),
+              c.rows * 1.2e-7)
+        << where;
   }
 }
 

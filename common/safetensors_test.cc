@@ -856,13 +856,17 @@ TEST(RemoveAbandonedTemporariesTest, ThisProcessWriterWithoutItsLock_Kept) {
   ASSERT_TRUE(living.ok()) << living.status();
   const std::vector<std::string> names = NamesIn(dir);
   ASSERT_EQ(names.size(), 1u);
-  // The writer's descriptor, found by its path, unlocked.
+  // The writer's descriptor, found by the file it has open (device and
+  // inode: the test directory's path may pass through links), unlocked.
+  struct stat file;
+  ASSERT_EQ(stat((dir + "/" + names[0]).c_str(), &file), 0);
   int unlocked = 0;
   for (const fs::directory_entry& e : fs::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const fs::path target = fs::read_symlink(e.path(), error);
-    if (!error && target == fs::path(dir) / names[0]) {
-      ASSERT_EQ(flock(std::stoi(e.path().filename().string()), LOCK_UN), 0);
+    const int fd = std::stoi(e.path().filename().string());
+    struct stat open_file;
+    if (fstat(fd, &open_file) == 0 && S_ISREG(open_file.st_mode) &&
+        open_file.st_dev == file.st_dev && open_file.st_ino == file.st_ino) {
+      ASSERT_EQ(flock(fd, LOCK_UN), 0);
       ++unlocked;
     }
   }

@@ -43,10 +43,12 @@
 //              + sum_{u in B_i \ F_i} stash_bytes[u]
 //              + (n_i - 1) · activation_bytes[F_i.end - 1]   if F_i non-empty and
 //                    B_i.begin <= F_i.end < B_i.end
-//              + max_{u in F_i ∪ B_i} transient_bytes[u]
+//              + sum_{u in F_i \ B_i} weight_bytes[u]
+//              + max(max_{u in F_i ∪ B_i} transient_bytes[u],
+//                    max_{u in F_i \ B_i} (transient_bytes[u] + stash_bytes[u]))
 //              - tied · ([F_i ∪ B_i holds units 0 and L-1] + 2 [B_i holds both])
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
-// (the micro-batches whose stash worker i holds at once). The last three
+// (the micro-batches whose stash worker i holds at once). The last four
 // terms are not the paper's. The kept outputs: a run of B_i \ F_i right
 // after F_i recomputes from F_i's last output, which the worker keeps from
 // each micro-batch's forward pass to its backward pass (n_i at once; the

@@ -48,7 +48,10 @@ void MatrixTimesFactor(const float* m, const float* q, int64_t rows, int64_t col
 // order.
 //
 // Both: rows, cols >= 0, r >= 1; `out` overlaps neither input; an empty
-// side leaves out all zeros.
+// side leaves out all zeros. The same bits in every target clone only
+// because the kernels build with -ffp-contract=off (KERNEL_COPTS): with
+// contraction, the x86-64-v3 clone fuses the products into FMAs and rounds
+// otherwise.
 void MatrixTransposeTimesFactor(const float* m, const float* p, int64_t rows, int64_t cols, int r,
                                 float* out);
 

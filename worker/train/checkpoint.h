@@ -28,9 +28,14 @@ namespace pipetrain {
 absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 
 // Restores parameters, moments and step into `trainer`, all or nothing.
+// The header's metadata is checked first, without reading the data; then
+// the tensors are read one at a time (never the whole file at once), and
+// held, all of them (12 bytes a parameter: values and both moments), until
+// they are checked and imported.
 // Errors: NOT_FOUND (no file); DATA_LOSS when the tensors' bytes do not
 // match data_sha256 (version 1 files, which have none, are restored with a
-// warning); INVALID_ARGUMENT when the file is not a
+// warning) or the file shrinks while it is read; ABORTED when it is
+// replaced between the header's read and the data's; INVALID_ARGUMENT when the file is not a
 // pipetrain checkpoint, its data_cursor is not its step (the sample order
 // continues at the step), or a tensor is missing, mis-shaped or not
 // finite, or a second moment is negative (named);

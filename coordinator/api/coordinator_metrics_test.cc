@@ -93,6 +93,44 @@ TEST(CoordinatorMetricsTest, TokenCounter_JobsRestoredAfterTheMetrics_NotCounted
   EXPECT_EQ(SeriesValue(text, "pipetrain_job_tokens_total"), 0) << text;
 }
 
+// A job begun from a checkpoint shows that checkpoint's step before it
+// trains any: it is not /metrics' current job then (its loss gauges would
+// read 0), the last job that trained is.
+TEST(CoordinatorMetricsTest, CurrentJob_NotOneThatOnlyStartsFromACheckpoint) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  MemoryStore store;
+  CoordinatorState state(&store);
+  store::StoredJob trained;
+  trained.mutable_job()->set_id("job-7");
+  *trained.mutable_job()->mutable_spec() = TinySpec();
+  trained.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
+  trained.mutable_job()->set_state(v1::JOB_STATE_SUCCEEDED);
+  trained.mutable_job()->mutable_progress()->set_step(40);
+  trained.mutable_job()->mutable_progress()->set_loss(2.5f);
+  trained.mutable_job()->mutable_create_time()->set_seconds(100);
+  ASSERT_TRUE(state.SaveJob(trained).ok());
+  store::StoredJob from_checkpoint;
+  from_checkpoint.mutable_job()->set_id("job-8");
+  *from_checkpoint.mutable_job()->mutable_spec() = TinySpec();
+  from_checkpoint.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
+  from_checkpoint.mutable_job()->set_state(v1::JOB_STATE_QUEUED);
+  from_checkpoint.mutable_job()->mutable_progress()->set_step(10);
+  from_checkpoint.mutable_job()->mutable_progress()->set_loss_history_start(10);
+  from_checkpoint.mutable_job()->mutable_create_time()->set_seconds(200);
+  from_checkpoint.mutable_init_checkpoint()->set_step(10);
+  from_checkpoint.mutable_init_checkpoint()->set_dir("a/step-00000010");
+  ASSERT_TRUE(state.SaveJob(from_checkpoint).ok());
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
+  ASSERT_TRUE(jobs.Restore().ok());
+  ASSERT_EQ(jobs.Get("job-8").value().progress().step(), 10);
+  CoordinatorMetrics metrics(&workers, &jobs);
+  metrics.Refresh();
+  const std::string text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  EXPECT_EQ(SeriesValue(text, "pipetrain_job_loss"), 2.5) << text;
+}
+
 // Metrics over an empty registry and job manager, scraped as /metrics is.
 class ScrapedMetricsTest : public ::testing::Test {
  protected:

@@ -44,7 +44,7 @@ constexpr char kExportUsage[] =
     "atomically. Exit codes: 0 exported, 2 bad arguments, 1 a bad checkpoint or write\n"
     "(or a --vocab beyond the checkpoint's rows, found only once it is read).";
 
-// "step-<digits>" -> the number; false for any other name.
+// `status` with `hint` appended to its message.
 absl::Status WithHint(const absl::Status& status, absl::string_view hint) {
   return absl::Status(status.code(), absl::StrCat(status.message(), hint));
 }

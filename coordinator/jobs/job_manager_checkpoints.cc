@@ -193,7 +193,8 @@ std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl:
   // stays this job's until the removal is done (checkpoint_sweep_pending),
   // and only files written before the end go. (Manifests are written on
   // io_ too, so those of checkpoints completed before the end are in place
-  // when this runs.)
+  // when this runs, except one held by a failed state save or waiting for
+  // its retry: its step is among those this job holds complete, and kept.)
   if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
     const std::string& checkpoint_dir = record.resolved.spec.checkpoint().dir();
     const bool shared = CheckpointDirUserLocked(checkpoint_dir) != nullptr;

@@ -185,6 +185,9 @@ class JobRunner {
  private:
   void Run();
   absl::Status RunJob();
+  // The start barrier waits the longer of recv_timeout and this (the
+  // stages' data and checkpoint loads come before it).
+  static constexpr absl::Duration kMinStartBarrierWait = absl::Minutes(10);
   absl::Status AwaitAllStagesReady();
   // The assignment's device group's channel, from the backend
   // (Backend::JoinDeviceGroup); its error prefixed with the group.

@@ -1030,6 +1030,36 @@ TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
   for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
 }
 
+// A stage that comes to the start barrier long after the others (a larger
+// checkpoint to load, a slower mount) is waited for past the data plane's
+// receive timeout: giving up there was a peer failure, and every recovery
+// met the same gap until the job failed. Stage 1 starts 3 receive
+// timeouts after stage 0 is at the barrier; both run their steps.
+TEST(JobRunnerTest, StartBarrier_WaitsForASlowStagePastTheReceiveTimeout) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    JobRunnerOptions options{"w" + std::to_string(s), 1};
+    options.recv_timeout = absl::Seconds(1);
+    runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, false, Schedule::kOneFOneB),
+                                                  &fabric.mailbox(s), FabricTransports(fabric),
+                                                  &link, options));
+  }
+  runners[0]->Start();
+  // Stage 0 at the barrier (bounded poll), then stage 1, late.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (link.ready_reports().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_FALSE(link.ready_reports().empty());
+  absl::SleepFor(absl::Seconds(3));  // the slow stage's load: not a synchronisation
+  runners[1]->Start();
+  ASSERT_TRUE(link.AwaitReports(4));  // each stage's two iterations
+  for (auto& r : runners) r->Stop();
+  for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+}
+
 // The start barrier carries the digest of the tokens each stage loaded
 // (the coordinator compares the stages' and keeps the first as the job's);
 // a single stage, which passes no barrier, sends it with its first report.

@@ -531,7 +531,9 @@ TEST_F(JobManagerElasticTest, EndedJobsDirWithLaterCompleteCheckpoints_Refused) 
   // trained (the token counter and the current job of /metrics read it).
   for (const JobManager::JobSummary& s : jobs_->Summaries()) {
     EXPECT_EQ(s.init_step, s.id == continued->id() ? 10 : 0) << s.id;
-    if (s.id == continued->id()) EXPECT_EQ(s.step, 10);
+    if (s.id == continued->id()) {
+      EXPECT_EQ(s.step, 10);
+    }
   }
 }
 

@@ -434,7 +434,8 @@ std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFro
 }
 
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
-                                 std::optional<absl::Time> written_before) {
+                                 std::optional<absl::Time> written_before,
+                                 bool manifest_whatever_its_time) {
   ASSIGN_OR_RETURN(ConfinedParent parent,
                    OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
                                       absl::StrCat(from.dir(), "/", kCheckpointManifestName),
@@ -448,7 +449,7 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   };
   // The manifest first: a checkpoint without it is visibly incomplete.
   if (struct stat st;
-      !written_before.has_value() ||
+      !written_before.has_value() || manifest_whatever_its_time ||
       (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
        removable(st))) {
     unlinkat(parent.dir.get(), kCheckpointManifestName, 0);

@@ -172,9 +172,11 @@ std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
 // Removes the manifest and the unit files in `from`'s directory, then the
 // directory (left in place if anything else is in it). With
 // `written_before`, files modified at or after it are left too (another
-// job may have taken the directory since). Never follows a symbolic link.
+// job may have taken the directory since), the manifest as well unless
+// `manifest_whatever_its_time`. Never follows a symbolic link.
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
-                                 std::optional<absl::Time> written_before = std::nullopt);
+                                 std::optional<absl::Time> written_before = std::nullopt,
+                                 bool manifest_whatever_its_time = false);
 
 // When `from`'s manifest was last modified, by the clock of the filesystem
 // that holds it (the one its unit files' times come from, whichever host

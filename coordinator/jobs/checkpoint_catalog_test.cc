@@ -1,5 +1,6 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 
@@ -230,6 +233,39 @@ TEST_F(CheckpointCatalogTest, RestoreComplete_OnlyTheJobsOwnWellFormedCheckpoint
 
 // The stored record's checkpoint bytes grow with keep and the model's
 // units; the bound gives the largest keep that fits.
+// With a cutoff, files written at or after it stay (the redo of a dropped
+// step writes its units anew); the manifest too, unless it is to go
+// whatever its time: a dropped checkpoint's manifest whose write ran late
+// must not outlive the units it lists.
+TEST(RemoveCheckpointDirTest, Cutoff_NewerFilesStay_TheManifestOnlyIfAsked) {
+  for (const bool manifest_whatever_its_time : {false, true}) {
+    const std::string out =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/remove-cutoff-", manifest_whatever_its_time);
+    const std::string dir = out + "/ck/step-00000005";
+    std::filesystem::create_directories(dir);
+    const absl::Time now = absl::Now();
+    const auto write = [&](const std::string& name, absl::Time mtime) {
+      std::ofstream(dir + "/" + name) << "x";
+      const timespec times[2] = {absl::ToTimespec(mtime), absl::ToTimespec(mtime)};
+      ASSERT_EQ(utimensat(AT_FDCWD, (dir + "/" + name).c_str(), times, 0), 0) << name;
+    };
+    write("unit-0000.safetensors", now - absl::Seconds(60));  // the dropped step's
+    write("unit-0001.safetensors", now);                      // the redo's
+    write(kCheckpointManifestName, now);                      // written late
+    v1::ResumeFrom from;
+    from.set_step(5);
+    from.set_dir("ck/step-00000005");
+    ASSERT_TRUE(
+        RemoveCheckpointDir(out, from, now - absl::Seconds(30), manifest_whatever_its_time).ok());
+    const auto exists = [&](const std::string& name) {
+      return std::filesystem::exists(dir + "/" + name);
+    };
+    EXPECT_FALSE(exists("unit-0000.safetensors")) << manifest_whatever_its_time;
+    EXPECT_TRUE(exists("unit-0001.safetensors")) << manifest_whatever_its_time;
+    EXPECT_EQ(exists(kCheckpointManifestName), !manifest_whatever_its_time);
+  }
+}
+
 TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) {
   v1::CheckpointSpec spec;
   spec.set_dir("checkpoints/job-1");

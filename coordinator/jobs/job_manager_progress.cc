@@ -208,13 +208,19 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
   if (dropped.has_value()) {
     // Its files go now, manifest first, as those of any step that cannot
     // complete: kept, `init.from: <the job's directory>` and `checkpoint
-    // export` would take it for the newest complete checkpoint. Only files
-    // written before the removal runs (after the manifest's write, queued
-    // before it on io_); the redo writes the step again only after a
-    // re-plan and the steps before it.
+    // export` would take it for the newest complete checkpoint. Its unit
+    // files only if written before this drop: the redo writes the step
+    // again after a re-plan, and with io_ behind a slow store (tens of
+    // seconds) it could do so before the removal runs, whose own clock
+    // would then take the redo's files. The manifest whatever its time: its
+    // write may run late on io_ too, and a redo's manifest is queued on io_
+    // after this removal.
     if (!options_.output_dir.empty()) {
-      io_.Post([output_dir = options_.output_dir, id = record.job.id(), gone = *dropped] {
-        job_manager_internal::RemoveCheckpointDirs(output_dir, id, {gone}, absl::Now());
+      io_.Post([output_dir = options_.output_dir, id = record.job.id(), gone = *dropped,
+                dropped_at = absl::Now()] {
+        absl::Status removed = RemoveCheckpointDir(output_dir, gone, dropped_at,
+                                                   /*manifest_whatever_its_time=*/true);
+        if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
       });
     }
     record.job.mutable_progress()->set_checkpoint_step(

@@ -207,6 +207,13 @@ double BiPartitionCosts::RangeMax::Of(const Range& r) const {
   return std::max(levels_[k][r.begin], levels_[k][r.end - (1 << k)]);
 }
 
+double BiPartitionCosts::RangeMax::OfMinus(const Range& x, const Range& y) const {
+  if (Empty(x)) return 0.0;
+  if (Empty(y)) return Of(x);
+  // Of is 0 for the empty runs: y covering x's start or its end.
+  return std::max(Of({x.begin, std::min(x.end, y.begin)}), Of({std::max(x.begin, y.end), x.end}));
+}
+
 double BiPartitionCosts::Transfer(int unit) const { return transfer_[unit]; }
 
 double BiPartitionCosts::Compute(int worker, const Range& f, const Range& b) const {
@@ -253,14 +260,7 @@ double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) cons
     if ((holds(f, 0) || holds(b, 0)) && (holds(f, last) || holds(b, last))) tied += tied_;
     if (holds(b, 0) && holds(b, last)) tied += 2 * tied_;
   }
-  // F \ B: [f.begin, b.begin) and [b.end, f.end), each possibly empty.
-  double forward_only_peak = 0;
-  if (Empty(b)) {
-    forward_only_peak = forward_only_peak_max_.Of(f);
-  } else if (!Empty(f)) {
-    forward_only_peak = std::max(forward_only_peak_max_.Of({f.begin, std::min(f.end, b.begin)}),
-                                 forward_only_peak_max_.Of({std::max(f.begin, b.end), f.end}));
-  }
+  const double forward_only_peak = forward_only_peak_max_.OfMinus(f, b);  // over F \ B
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) + SumMinus(pw_, f, b) +
          stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
          std::max({transient_max_.Of(f), transient_max_.Of(b), forward_only_peak}) - tied;

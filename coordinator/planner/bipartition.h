@@ -178,6 +178,8 @@ class BiPartitionCosts {
    public:
     explicit RangeMax(std::vector<double> values);
     double Of(const Range& r) const;  // 0 for an empty range (end <= begin)
+    // The largest over the units of x that are not in y (SumMinus's twin).
+    double OfMinus(const Range& x, const Range& y) const;
 
    private:
     std::vector<std::vector<double>> levels_;

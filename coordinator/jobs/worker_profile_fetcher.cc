@@ -10,7 +10,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
-#include "common/echo_input.h"
 #include "common/grpc_credentials.h"
 #include "common/secrets.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
@@ -91,10 +90,9 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
               : "";
       return absl::Status(
           static_cast<absl::StatusCode>(s.error_code()),
-          // The worker's text as UTF-8: it goes into the plan's
-          // profile_source, saved with the job, and a stored string that
-          // is not UTF-8 would not parse back at the next start.
-          absl::StrCat("profile from ", address, ": ", ValidUtf8(s.error_message()), tls_hint));
+          // The worker's text may be any bytes: the job manager makes the
+          // error UTF-8 before it saves it (FinishProfiling).
+          absl::StrCat("profile from ", address, ": ", s.error_message(), tls_hint));
     }
   };
   return out;

@@ -318,9 +318,12 @@ class SvgTimeline {
   double LaneTop(int w) const { return kLanesTop + w * kLanePitch; }
   double LanesBottom() const { return LaneTop(workers_) - 6; }
 
-  void Text(double x, double y, const std::string& text, const std::string& attributes) {
-    absl::StrAppend(&out_, "<text x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" ", attributes, ">",
-                    Escape(text), "</text>\n");
+  // A label; with a non-empty `hover`, that text shows on hover (a tooltip).
+  void Text(double x, double y, const std::string& text, const std::string& attributes,
+            const std::string& hover = "") {
+    absl::StrAppend(&out_, "<text x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" ", attributes, ">");
+    if (!hover.empty()) absl::StrAppend(&out_, "<title>", Escape(hover), "</title>");
+    absl::StrAppend(&out_, Escape(text), "</text>\n");
   }
 
   void Title() {
@@ -389,13 +392,9 @@ class SvgTimeline {
         absl::StrAppend(&out_, "<rect x=\"0\" y=\"", Fixed(top - 6), "\" width=\"", width_,
                         "\" height=\"", Fixed(kLanePitch), "\" fill=\"#f7f7f7\"/>\n");
       }
-      if (names_[w].size() > kMaxNameChars) {  // cut, with the whole name on hover
-        absl::StrAppend(&out_, "<text x=\"12\" y=\"", Fixed(top + 13),
-                        "\" font-size=\"13\" fill=\"#222222\"><title>", Escape(names_[w]),
-                        "</title>", Escape(CutName(names_[w], kMaxNameChars)), "</text>\n");
-      } else {
-        Text(12, top + 13, names_[w], "font-size=\"13\" fill=\"#222222\"");
-      }
+      const bool cut = names_[w].size() > kMaxNameChars;  // with the whole name on hover
+      Text(12, top + 13, cut ? CutName(names_[w], kMaxNameChars) : names_[w],
+           "font-size=\"13\" fill=\"#222222\"", cut ? names_[w] : "");
       const double busy =
           result_.iteration_seconds > 0 ? result_.busy_seconds[w] / result_.iteration_seconds : 0;
       Text(12, top + 29, absl::StrFormat("busy %.0f%%", 100 * busy),

@@ -629,6 +629,7 @@ absl::Status JobRunner::RunJob() {
   const bool shared = share > 0 && share < options_.memory_limit_bytes;
   const int64_t memory = shared ? share : options_.memory_limit_bytes;
   corpus.max_bytes = memory / 3;
+  corpus.stop = &stop_;
   absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
   if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {
     const bool generated = data_path.empty();
@@ -641,8 +642,8 @@ absl::Status JobRunner::RunJob() {
         "; use ", generated ? "less generated text" : "a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
-  // Stop() joins this thread: each long step of the setup (the corpus,
-  // the runtime, the weights to start from) ends its wait early.
+  // Stop() joins this thread: each long step of the setup (the corpus's
+  // read, the runtime, the weights to start from) ends its wait early.
   const auto stopped = [this](absl::string_view during) {
     return stop_.load() ? absl::CancelledError(absl::StrCat("stopped while ", during))
                         : absl::OkStatus();

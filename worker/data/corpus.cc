@@ -13,6 +13,7 @@ absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
     options.name = spec.name;
     options.max_bytes = spec.max_bytes;
     options.path_is_checked_real = spec.path_is_checked_real;
+    options.stop = spec.stop;
     return LoadTokenFile(spec.path, spec.format, spec.vocab_size, options);
   }
   if (spec.vocab_size < 256) {

@@ -4,6 +4,7 @@
 #ifndef PIPETRAIN_WORKER_DATA_CORPUS_H_
 #define PIPETRAIN_WORKER_DATA_CORPUS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,11 +28,14 @@ struct CorpusSpec {
   int64_t max_bytes = 0;
   // TokenFileLoadOptions::path_is_checked_real.
   bool path_is_checked_real = false;
+  // TokenFileLoadOptions::stop (a file's read; generated text is made in
+  // one go, at most max_bytes of it).
+  const std::atomic<bool>* stop = nullptr;
 };
 
-// LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_bytes); INVALID_ARGUMENT when
-// generated text is asked for with vocab_size < 256 or synthetic_bytes < 1, RESOURCE_EXHAUSTED
-// when over max_bytes.
+// LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_bytes, CANCELLED on stop);
+// INVALID_ARGUMENT when generated text is asked for with vocab_size < 256 or synthetic_bytes < 1,
+// RESOURCE_EXHAUSTED when over max_bytes.
 absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec);
 
 // Job.data_sha256: the SHA-256 of `tokens`, each as two little-endian

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -39,20 +41,38 @@ absl::Status Invalid(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
+// An open that failed for want of descriptors or memory (EMFILE, ENFILE,
+// ENOMEM): this process's state, not the file's. UNAVAILABLE, not the
+// RESOURCE_EXHAUSTED that absl::ErrnoToStatus makes of it, which callers
+// read as "the file is larger than max_bytes" (and a worker would tell the
+// user to use a smaller file, and fail a job that can recover).
+absl::Status OutOfDescriptors(const std::string& path, absl::string_view why) {
+  return absl::UnavailableError(
+      absl::StrCat(path, ": cannot open the token file now (", why,
+                   "): this process is out of file descriptors or memory"));
+}
+
 // Reads the whole regular file at `path` with one fstat and a read loop (no
 // per-byte stream reads: a 100 MB corpus loads at memory speed); one of more
 // than `max_bytes` (> 0) is refused before its buffer is allocated.
-// `checked_real`: TokenFileLoadOptions::path_is_checked_real.
+// `checked_real`, `stop`: TokenFileLoadOptions' fields.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes,
-                                          bool checked_real) {
+                                          bool checked_real, const std::atomic<bool>* stop) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
   int fd = -1;
   if (checked_real) {
-    ASSIGN_OR_RETURN(ScopedFd opened, OpenRealPathNoLinks("spec.data.path", path));
-    fd = opened.release();
+    absl::StatusOr<ScopedFd> opened = OpenRealPathNoLinks("spec.data.path", path);
+    if (opened.status().code() == absl::StatusCode::kResourceExhausted) {
+      return OutOfDescriptors(path, opened.status().message());
+    }
+    RETURN_IF_ERROR(opened.status());
+    fd = opened->release();
   } else {
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {
+      return OutOfDescriptors(path, std::strerror(errno));
+    }
   }
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
@@ -71,7 +91,12 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
   std::string bytes(static_cast<size_t>(info.st_size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t got = read(fd, bytes.data() + done, bytes.size() - done);
+    if (stop != nullptr && stop->load()) {
+      return absl::CancelledError(
+          absl::StrCat(path, ": stopped after reading ", done, " of ", bytes.size(), " bytes"));
+    }
+    const size_t chunk = std::min(bytes.size() - done, kTokenFileReadChunkBytes);
+    ssize_t got = read(fd, bytes.data() + done, chunk);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
       return absl::InternalError(
@@ -240,8 +265,8 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, Dat
                                                     int vocab_size,
                                                     const TokenFileLoadOptions& options) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
-  ASSIGN_OR_RETURN(std::string bytes,
-                   ReadWholeFile(path, options.max_bytes, options.path_is_checked_real));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, options.max_bytes,
+                                                    options.path_is_checked_real, options.stop));
   // The format follows the given name, not the name `path` resolved to.
   return ParseTokenFile(options.name.empty() ? path : options.name, bytes, format, vocab_size);
 }

@@ -11,6 +11,8 @@
 #ifndef PIPETRAIN_WORKER_DATA_TOKEN_FILE_H_
 #define PIPETRAIN_WORKER_DATA_TOKEN_FILE_H_
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -54,7 +56,16 @@ struct TokenFileLoadOptions {
   // opened following no symbolic link (OpenRealPathNoLinks), so a link
   // swapped in after the check is refused (INVALID_ARGUMENT), not read.
   bool path_is_checked_real = false;
+  // Set by another thread (a runner's Stop) to end the load early:
+  // CANCELLED, checked before each kTokenFileReadChunkBytes read, so that
+  // a large file on slow storage does not hold a stop up for minutes.
+  // nullptr: read to the end.
+  const std::atomic<bool>* stop = nullptr;
 };
+
+// The most bytes LoadTokenFile reads in one read() call (between checks
+// of TokenFileLoadOptions::stop).
+inline constexpr size_t kTokenFileReadChunkBytes = size_t{64} << 20;
 
 // Loads the whole corpus at `path` as token ids, reading the file in one go.
 //   kText:         each byte is a token 0..255; requires vocab_size >= 256.
@@ -71,7 +82,10 @@ struct TokenFileLoadOptions {
 // errno's code, e.g. PERMISSION_DENIED, or INVALID_ARGUMENT for a link
 // swapped in):
 //   NOT_FOUND         the file is missing, unreadable or not a regular file.
-//   RESOURCE_EXHAUSTED the file is larger than options.max_bytes.
+//   RESOURCE_EXHAUSTED the file is larger than options.max_bytes (only then).
+//   UNAVAILABLE       the open failed for want of file descriptors or memory
+//                     (EMFILE, ENFILE, ENOMEM): a state that may pass.
+//   CANCELLED         options.stop was set during the read.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
 //                     vocab_size < 256; odd byte count for kUint16
 //                     ("truncated"); for kUint16Header: file shorter than the

@@ -1,11 +1,15 @@
 #include "worker/data/token_file.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -209,6 +213,54 @@ TEST(TokenFileTest, LoadTokenFile_PastMaxBytes_ResourceExhaustedNamingTheLimit) 
   EXPECT_EQ(loaded.status().message(),
             path + ": 6 bytes exceeds the limit of 5 bytes for a token file");
   options.max_bytes = 6;
+  loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 6u);
+}
+
+// Run in a child (EXPECT_EXIT forks): lowers this process's descriptor
+// limit to its lowest free descriptor, so every open fails EMFILE, loads
+// `path`, and exits with the status code, the status on stderr.
+void LoadWithNoDescriptorLeft(const std::string& path, bool checked_real) {
+  const int lowest_free = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  close(lowest_free);
+  struct rlimit limit;
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = static_cast<rlim_t>(lowest_free);
+  if (lowest_free < 0 || setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(100);
+  TokenFileLoadOptions options;
+  options.path_is_checked_real = checked_real;
+  options.max_bytes = 1 << 20;  // far above the file: its size is not the trouble
+  auto loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+  std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+  _exit(static_cast<int>(loaded.status().code()));
+}
+
+// Out of descriptors is the process's state, not the file's: UNAVAILABLE,
+// never the RESOURCE_EXHAUSTED of a file past max_bytes (a worker would
+// tell the user to use a smaller file, and fail a job that can recover).
+TEST(TokenFileTest, LoadTokenFile_NoDescriptorLeft_UnavailableNotTooLarge) {
+  char real[PATH_MAX];
+  const std::string path = TempPath("fits.txt");
+  ASSERT_TRUE(WriteBytesFile(path, "abc").ok());
+  ASSERT_NE(realpath(path.c_str(), real), nullptr);
+  const int unavailable = static_cast<int>(absl::StatusCode::kUnavailable);
+  EXPECT_EXIT(LoadWithNoDescriptorLeft(real, /*checked_real=*/true),
+              testing::ExitedWithCode(unavailable), "UNAVAILABLE: .*out of file descriptors");
+  EXPECT_EXIT(LoadWithNoDescriptorLeft(path, /*checked_real=*/false),
+              testing::ExitedWithCode(unavailable), "UNAVAILABLE: .*out of file descriptors");
+}
+
+TEST(TokenFileTest, LoadTokenFile_StopSet_CancelledBeforeItReads) {
+  const std::string path = TempPath("stopped.txt");
+  ASSERT_TRUE(WriteBytesFile(path, "abcdef").ok());
+  std::atomic<bool> stop{true};
+  TokenFileLoadOptions options;
+  options.stop = &stop;
+  auto loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+  ExpectError(loaded, "stopped.txt", absl::StatusCode::kCancelled,
+              "stopped after reading 0 of 6 bytes");
+  stop = false;
   loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->size(), 6u);

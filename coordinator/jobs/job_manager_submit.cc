@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
+#include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
@@ -160,6 +161,16 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
                      "coordinator's --output-dir"));
   }
   const std::string path = real.get();
+  // Saved with the job (init_weights, init_checkpoint.dir) and sent in
+  // assignments as proto3 strings, which must be UTF-8: a stored job that
+  // is not would not parse back, and no coordinator would start. `from` is
+  // UTF-8 (a proto string), but a link under it may lead to any bytes.
+  if (ValidUtf8(path) != path) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.init.from: ", from, " resolves to ", ValidUtf8(path),
+                     ", a path that is not UTF-8; a job's paths are saved and sent as UTF-8: "
+                     "rename it, or name it through no link"));
+  }
   auto invalid = [](const absl::Status& status) {
     return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", status.message()));
   };

@@ -1580,6 +1580,22 @@ TEST_F(JobManagerTest, InitFrom_Fifo_RefusedWithoutBlocking) {
   }
 }
 
+// A link under the output directory to a name that is not UTF-8: the
+// resolved path would be saved with the job (a proto3 string), and a stored
+// job that is not UTF-8 does not parse back at the next start.
+TEST_F(JobManagerTest, InitFrom_ResolvesToAPathNotUtf8_RefusedBeforeItIsSaved) {
+  v1::JobSpec spec = SmallSpec(1);
+  ASSERT_EQ(system(("mkdir -p '" + OutputDir() + "/latin1-\xe9/step-00000002'").c_str()), 0);
+  ASSERT_EQ(symlink("latin1-\xe9", (OutputDir() + "/runs").c_str()), 0);
+  spec.mutable_init()->set_from("runs/step-00000002");
+  const absl::Status refused = Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(
+      absl::StrContains(refused.message(), "latin1-\\xe9/step-00000002, a path that is not UTF-8"))
+      << refused;
+  EXPECT_TRUE(jobs_.List().empty());
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

@@ -116,6 +116,15 @@ BIN="$COORDINATOR" expect_exit coordinator_worker_tls_name_alone 2 \
   "--worker-tls-server-name names the workers' certificates" -- \
   --insecure --worker-tls-server-name=pipetrain-worker --grpc-address=127.0.0.1:0 \
   --http-address=127.0.0.1:0
+# A --state-dir inside --output-dir is refused (jobs name files there),
+# also one that does not exist yet, named through a link with a trailing
+# slash (it is resolved through its parent).
+mkdir -p "$TMP/overlap-out"
+ln -sfn "$TMP/overlap-out" "$TMP/overlap-link"
+BIN="$COORDINATOR" expect_exit coordinator_state_dir_inside_output 2 \
+  "--state-dir $TMP/overlap-link/state/ and --output-dir $TMP/overlap-out overlap" -- \
+  --insecure --output-dir="$TMP/overlap-out" --state-dir="$TMP/overlap-link/state/" \
+  --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
 BIN="$WORKER" expect_exit worker_listen_wildcard 2 \
   "--listen 0.0.0.0:7100 is a wildcard address, which the worker would advertise" -- \
   --join-token=j --listen=0.0.0.0:7100

@@ -467,9 +467,12 @@ absl::Status CheckOutputDir(const std::string& dir) {
 
 // The absolute, symlink-free form of `path`, which may not exist yet (its
 // parent must).
-std::string RealPathOf(const std::string& path) {
+std::string RealPathOf(std::string path) {
   char buffer[PATH_MAX];
   if (realpath(path.c_str(), buffer) != nullptr) return buffer;
+  // "state/" names "state" in ".", not "" in "state" (which does not exist
+  // yet, and left the whole path unresolved).
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
   const size_t slash = path.find_last_of('/');
   const std::string parent = slash == std::string::npos ? "." : path.substr(0, slash);
   if (realpath(parent.empty() ? "/" : parent.c_str(), buffer) == nullptr) return path;

@@ -113,6 +113,10 @@ TEST_P(DataParallelCheckpointTest, ResumesBitwiseOnItsLayoutWithEveryReplicasFee
     for (size_t i = 0; i < state.feedback[0].size(); ++i) {
       EXPECT_EQ(state.feedback[1][i].name, state.feedback[0][i].name);
       EXPECT_EQ(state.feedback[1][i].tensor.shape(), state.feedback[0][i].tensor.shape());
+      // Held once by the writing replica: every residual a view of the one
+      // buffer the replicas' feedback was gathered into, not a copy each.
+      EXPECT_TRUE(state.feedback[1][i].tensor.SharesStorageWith(state.feedback[0][0].tensor));
+      EXPECT_TRUE(state.feedback[0][i].tensor.SharesStorageWith(state.feedback[0][0].tensor));
       for (float x : state.feedback[0][i].tensor.ToVector()) magnitude += std::abs(x);
     }
     EXPECT_GT(magnitude, 0) << "replica 0's residuals are all zero";

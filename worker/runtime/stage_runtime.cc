@@ -729,10 +729,15 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
   int tag = kTensorParallelCheckpointTagBase;
   // Only rank 0 keeps what it gathers and copies; the others send.
   const bool keeps = !tp_collectives_ || tp_collectives_->rank() == 0;
-  auto unsplit = [&](const Tensor& t, const ParameterShard& shard) -> absl::StatusOr<Tensor> {
+  // `t` already a private host tensor (a gathered residual): not copied
+  // again, so the writing replica holds each residual once.
+  auto unsplit = [&](const Tensor& t, const ParameterShard& shard,
+                     bool host_private = false) -> absl::StatusOr<Tensor> {
     const int at = tag++;
-    if (!tp_collectives_ || !shard.sharded()) return keeps ? host_copy(t) : Tensor();
-    return GatherUnsplit(step, at, host_copy(t), shard);
+    if (!tp_collectives_ || !shard.sharded()) {
+      return keeps ? (host_private ? t : host_copy(t)) : Tensor();
+    }
+    return GatherUnsplit(step, at, host_private ? t : host_copy(t), shard);
   };
   StageSnapshot snapshot;
   snapshot.step = step;
@@ -783,7 +788,7 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
       for (size_t r = 0; r < feedback.size(); ++r) {
         const Tensor mine =
             feedback[r].Slice(at->second, at->second + p->value.numel()).Reshape(p->value.shape());
-        ASSIGN_OR_RETURN(Tensor residual, unsplit(mine, p->shard));
+        ASSIGN_OR_RETURN(Tensor residual, unsplit(mine, p->shard, /*host_private=*/true));
         state.feedback[r].push_back({p->name, std::move(residual)});
       }
       const Tensor& q = dp_feedback_.at(p->name).q;
@@ -902,8 +907,11 @@ absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
   ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kFeedbackCheckpointTag, /*root=*/0, mine,
                                                   numel * setup_.replicas));
   if (setup_.replica != 0) return by_replica;
+  // Views of `all`, not copies: the writing replica holds the D residuals
+  // once (operations.md: at most max_feedback_replicas copies), through
+  // the snapshot's unit states too.
   for (int r = 0; r < setup_.replicas; ++r) {
-    by_replica.push_back(all.Slice(r * numel, (r + 1) * numel).Clone());
+    by_replica.push_back(all.Slice(r * numel, (r + 1) * numel));
   }
   return by_replica;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/json_unique_keys.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -43,7 +44,8 @@ absl::Status CheckKeys(const json& object, const std::vector<std::string>& allow
                        const std::string& where) {
   for (const auto& item : object.items()) {
     if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end()) {
-      return Invalid(absl::StrCat(where, item.key()), "unknown field");
+      // Escaped and cut, as profile.cc's OnlyKeys: the key is the file's.
+      return Invalid(absl::StrCat(where, EchoInput(item.key())), "unknown field");
     }
   }
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/json_unique_keys.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
@@ -28,7 +29,10 @@ absl::Status OnlyKeys(const json& object, const std::string& where,
   if (!object.is_object()) return Invalid(where.empty() ? "(top level)" : where, "must be an object");
   for (const auto& [key, value] : object.items()) {
     if (allowed.count(key) == 0) {
-      return Invalid(where.empty() ? key : where + "." + key, "unknown field");
+      // Escaped and cut: a shared file's key may hold an escape sequence
+      // for the terminal that shows the error, or be megabytes long.
+      const std::string shown = EchoInput(key);
+      return Invalid(where.empty() ? shown : where + "." + shown, "unknown field");
     }
   }
   return absl::OkStatus();

@@ -143,6 +143,20 @@ TEST(ProfileTest, MakeBiPartitionProblem_FillsMemoryAndLatencyFields) {
   EXPECT_EQ(plan.bottleneck, FullObjective(full, plan));
 }
 
+// A shared file's unknown key is shown escaped (an escape sequence would
+// act on the terminal that shows the error) and cut to 64 bytes.
+TEST(ProfileTest, UnknownKey_ShownEscapedAndCut) {
+  EXPECT_EQ(
+      ParseProfileJson(R"({"micro_batch_size": 4, "\u001b]2;x\u0007": 1})").status().message(),
+      "\\x1b]2;x\\x07: unknown field");
+  const std::string long_key(1000, 'k');
+  EXPECT_EQ(ParseProfileJson(absl::StrCat(R"({"micro_batch_size": 4, "units": [{"name": "x", ")",
+                                          long_key, R"(": 1}]})"))
+                .status()
+                .message(),
+            absl::StrCat("units[0].", long_key.substr(0, 64), "...: unknown field"));
+}
+
 TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
   EXPECT_EQ(ParseProfileJson("{").status().message().rfind("not valid JSON: ", 0), 0u);
   const std::pair<const char*, const char*> cases[] = {

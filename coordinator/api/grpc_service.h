@@ -24,7 +24,9 @@
 //   UploadWeights    authenticated when the stream opens; see weights_upload.h.
 //   ReportProgress   feeds pipetrain_stage_{busy,idle}_seconds_total and
 //                    pipetrain_job_steps_total after JobManager accepted it.
-// Every unary method records pipetrain_rpc_duration_seconds{method}.
+// Every call, refused ones and streams included, is counted and timed by
+// the RED interceptor: pipetrain_rpc_{requests_total,duration_seconds}
+// {method,code}.
 //
 // Unary methods run in the gRPC reaction, taking only short locks in the
 // registry and job manager, except SubmitJob, CancelJob, DrainWorker and
@@ -122,8 +124,8 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
 
  private:
   // Finishes the call with `authorized` when it is an error (counting the
-  // refusal); otherwise runs `handler` (returning absl::Status), records its
-  // duration under `method` and finishes the call with its status.
+  // refusal); otherwise runs `handler` (returning absl::Status) and
+  // finishes the call with its status (the RED interceptor times it).
   template <typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
                                   const absl::Status& authorized, Handler handler);

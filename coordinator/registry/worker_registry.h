@@ -189,6 +189,9 @@ class WorkerRegistry {
   //     (registration_limits.h), naming the field.
   //   RESOURCE_EXHAUSTED: a new data_address while max_workers entries are
   //     live (none LEFT or LOST to evict).
+  //   FAILED_PRECONDITION: another build than options.required_build, or
+  //     data-plane TLS other than options.data_plane_tls (not to retry).
+  //   UNAVAILABLE: the registration could not be saved (retry).
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
 
   // UNAUTHENTICATED when `join_token` is not the registry's (always OK when

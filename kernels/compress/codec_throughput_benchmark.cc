@@ -7,7 +7,9 @@
 // are timed separately. One measurement repeats the call until at least
 // --min_seconds have passed and divides by the calls made; the table shows
 // the median of --repeats measurements. Everything runs on the calling
-// thread and OpenBLAS (PowerSGD's GEMMs) is pinned to one thread.
+// thread. No codec calls OpenBLAS (PowerSGD's products sum in a fixed
+// order, kernels/cpu/low_rank.h, so that every host encodes alike), so its
+// settings are not shown.
 //
 // Clock: --clock=cpu (default) times with the thread's CPU time, so that
 // other processes on a shared machine that preempt the benchmark do not read
@@ -51,7 +53,6 @@
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"
 #include "kernels/compress/codec_spec.h"
-#include "kernels/cpu/blas.h"
 
 namespace pipetrain {
 namespace {
@@ -121,13 +122,10 @@ bool CpuInfoHasFlag(const std::string& flag) {
 }
 
 void PrintMachine(const Options& options) {
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   std::printf("# codec throughput, one thread; CPU: %s; %u logical CPUs, %s cores per socket\n",
               CpuInfoField("model name").c_str(), std::thread::hardware_concurrency(),
               CpuInfoField("cpu cores").c_str());
-  std::printf("# avx512f in /proc/cpuinfo: %s; OPENBLAS_CORETYPE=%s; OpenBLAS core %s, %d thread\n",
-              CpuInfoHasFlag("avx512f") ? "yes" : "no", coretype ? coretype : "(unset)",
-              BlasCoreName().c_str(), BlasThreads());
+  std::printf("# avx512f in /proc/cpuinfo: %s\n", CpuInfoHasFlag("avx512f") ? "yes" : "no");
   // -c opt defines NDEBUG and optimises; --config=asan optimises (-O1) but
   // keeps asserts and instruments every access.
 #if defined(__OPTIMIZE__) && defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
@@ -331,7 +329,6 @@ int Run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  SetBlasThreads(1);
   Tensor x = Tensor::Zeros(options->shape);
   FillNormal(options->seed, /*stream=*/0, 0.0f, 1.0f, x.data(), x.numel());
   PrintMachine(*options);
@@ -352,7 +349,6 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
-  pipetrain::ConfigureBlasOrReexec(argv);
   pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -4,10 +4,11 @@
 // Tolerances, |gpu - cpu| <= atol + rtol * |cpu| with atol relative to the
 // largest |cpu| value of the compared array (kScale below):
 //   Both sides compute the same formulas from the same start Q; only the
-//   order of the sums differs (cuBLAS vs OpenBLAS GEMMs over at most 300
-//   terms; block vs sequential double sums in Gram-Schmidt). fp32 GEMM
-//   rounding is at most k * eps ~ 2e-5 relative for k = 300 and typically
-//   sqrt(k) * eps ~ 1e-6; Gram-Schmidt amplifies a perturbation of P by the
+//   order of the sums differs (cuBLAS GEMMs vs the CPU codec's fixed-order
+//   sums, kernels/cpu/low_rank.h, over at most 300 terms; block vs
+//   sequential double sums in Gram-Schmidt). fp32 GEMM rounding is at most
+//   k * eps ~ 2e-5 relative for k = 300 and typically sqrt(k) * eps ~ 1e-6;
+//   Gram-Schmidt amplifies a perturbation of P by the
 //   condition number of M Q0, which for the Gaussian test matrices (r <= 4,
 //   at least 5 rows and columns) stays below ~100. So ~1e-4 relative is the
 //   expected worst case; kRel = 1e-3 leaves 10x headroom.

@@ -115,7 +115,8 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
 // a decoded size (numel * 4) over the size limit; for raw, total_bytes !=
 // numel * 4; for encoded, total_bytes < 1 (a payload always has a header) or
 // over the size limit; an offset other than the bytes received so far;
-// payload past total_bytes; a header (codec, shape, total_bytes) that changes
+// payload past total_bytes; a frame's payload over kMaxFramePayloadBytes;
+// a header (codec, shape, total_bytes) that changes
 // within a tensor; a frame of another tensor while one is incomplete; kind
 // unspecified or unknown; source stage outside [0, num_stages); a job other
 // than the accepted one. A rejection drops the incomplete tensor; the

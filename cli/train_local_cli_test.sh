@@ -254,6 +254,29 @@ expect_exit log_write_fails_save_only 1 "training stopped there, as an interrupt
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
   --steps 3 --log /dev/full --save "$TMP/full.safetensors"
 
+# --- A --checkpoint-interval write that fails -------------------------------------
+# Files past 150 KiB refused (EFBIG; SIGXFSZ ignored): the checkpoint
+# (~260 KB) cannot be written, the weights (~90 KB) can. The run stops at
+# the first interval's failure as an interrupt would, and --save is still
+# written; the failure is the exit code. Before, it ended with no --save.
+cat >"$TMP/small_files.sh" <<EOF
+#!/bin/bash
+trap '' XFSZ
+ulimit -f 150
+exec "$BIN" "\$@"
+EOF
+chmod +x "$TMP/small_files.sh"
+rm -f "$TMP/big.ckpt" "$TMP/fits.safetensors"
+BIN="$TMP/small_files.sh" expect_exit checkpoint_interval_write_fails 1 \
+  "at step 1; training stopped there, as an interrupt would (--save is written); --checkpoint not written either: " -- \
+  train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
+  --steps 3 --checkpoint "$TMP/big.ckpt" --checkpoint-interval 1 --save "$TMP/fits.safetensors"
+if [[ -s "$TMP/fits.safetensors" && ! -e "$TMP/big.ckpt" ]]; then
+  passed=$((passed + 1))
+else
+  fail checkpoint_interval_write_fails_outputs "want $TMP/fits.safetensors written, no $TMP/big.ckpt"
+fi
+
 # --- A tiny run, then a resume --------------------------------------------------
 LOG="$TMP/log.jsonl"
 RUN=(train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -301,13 +302,14 @@ absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepRe
                    error != 0 ? absl::StrCat(" (", strerror(error), ")") : std::string()));
 }
 
-// Trains to config.steps (or until SIGINT, or until the --log file cannot
-// be written: `log_failed` says why then, and the run stops as an interrupt
-// does, its checkpoint and weights still written). Returns the validation
+// Trains to config.steps (or until SIGINT, or until the --log file or a
+// --checkpoint-interval checkpoint cannot be written: `output_failed` says
+// why then, and the run stops as an interrupt does, its checkpoint and
+// weights still written). Returns the validation
 // loss of the last step taken when that step evaluated, so it is not
 // computed twice.
 absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer,
-                                           absl::Status* log_failed) {
+                                           absl::Status* output_failed) {
   std::ofstream log;
   if (!o.log.empty()) {
     // A FIFO's write end held while the stream opens its own: a blocking
@@ -355,14 +357,26 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
       // full: hours of training since the last checkpoint must not be lost
       // with it.
       if (absl::Status logged = AppendLog(log, o.log, r, val, tps); !logged.ok()) {
-        *log_failed = absl::Status(logged.code(),
-                                   absl::StrCat(logged.message(), " at step ", r.step,
-                                                "; training stopped there, as an interrupt would"));
+        *output_failed = absl::Status(
+            logged.code(), absl::StrCat(logged.message(), " at step ", r.step,
+                                        "; training stopped there, as an interrupt would"));
         break;
       }
     }
     if (o.checkpoint_interval > 0 && r.step % o.checkpoint_interval == 0) {
-      RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, trainer));
+      // Diverged weights (FAILED_PRECONDITION) or a failed device end the
+      // run with no output. A write that failed (a full disk, an I/O
+      // error) stops it there, as a --log that fails does: --save, perhaps
+      // on another disk, must not be lost with it.
+      absl::Status saved = SaveCheckpoint(o.checkpoint, trainer);
+      if (absl::IsFailedPrecondition(saved)) return saved;
+      RETURN_IF_ERROR(trainer.model().backend()->status());
+      if (!saved.ok()) {
+        *output_failed = absl::Status(
+            saved.code(), absl::StrCat(saved.message(), " at step ", r.step,
+                                       "; training stopped there, as an interrupt would"));
+        break;
+      }
     }
   }
   progress.Finish();
@@ -437,9 +451,9 @@ absl::Status Run(Options& o) {
                o.train.model.vocab_size, static_cast<long long>(trainer->model().num_parameters()),
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
                backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
-  absl::Status log_failed = absl::OkStatus();
+  absl::Status output_failed = absl::OkStatus();
   const int64_t first_step = trainer->step();
-  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer, &log_failed);
+  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer, &output_failed);
   // A run that trained no step (stopped before its first, or resumed at
   // --steps already) leaves --checkpoint as it is: it would be the resumed
   // checkpoint again under this run's settings, or an untrained model over
@@ -459,27 +473,41 @@ absl::Status Run(Options& o) {
   // after a failure (a diverged run's weights would overwrite the last good
   // --checkpoint-interval one).
   // Both are attempted even if the other fails (the first error is
-  // returned): one bad output must not lose the other.
-  absl::Status saved = absl::OkStatus();
+  // returned): one bad output must not lose the other. The checkpoint
+  // again after an interval's write failed: the trouble may have passed.
+  absl::Status saved_checkpoint = absl::OkStatus(), saved_weights = absl::OkStatus();
   if (write_checkpoint && trained.ok()) {
-    saved = SaveCheckpoint(o.checkpoint, *trainer);
-    o.checkpoint_written = saved.ok();
+    saved_checkpoint = SaveCheckpoint(o.checkpoint, *trainer);
+    o.checkpoint_written = saved_checkpoint.ok();
   }
   RETURN_IF_ERROR(trained.status());
-  if (write_save) saved.Update(SaveFinalWeights(o.save, trainer->model()));
-  RETURN_IF_ERROR(saved);
-  if (!log_failed.ok()) {
-    // The outputs that were asked for, and written all the same.
+  if (write_save) saved_weights = SaveFinalWeights(o.save, trainer->model());
+  if (output_failed.ok()) {
+    RETURN_IF_ERROR(saved_checkpoint);
+    RETURN_IF_ERROR(saved_weights);
+  } else {
+    // What stopped the run, then the outputs written all the same, and
+    // any that failed too.
     std::vector<std::string> written;
-    if (write_checkpoint) written.push_back("--checkpoint");
-    if (write_save) written.push_back("--save");
+    std::string also;
+    for (const auto& [flag, asked, status] :
+         {std::make_tuple("--checkpoint", write_checkpoint, saved_checkpoint),
+          std::make_tuple("--save", write_save, saved_weights)}) {
+      if (!asked) continue;
+      if (status.ok()) {
+        written.push_back(flag);
+      } else {
+        absl::StrAppend(&also, "; ", flag, " not written either: ", status.message());
+      }
+    }
     return absl::Status(
-        log_failed.code(),
-        absl::StrCat(log_failed.message(),
+        output_failed.code(),
+        absl::StrCat(output_failed.message(),
                      written.empty()
                          ? ""
                          : absl::StrCat(" (", absl::StrJoin(written, " and "),
-                                        written.size() == 1 ? " is" : " are", " written)")));
+                                        written.size() == 1 ? " is" : " are", " written)"),
+                     also));
   }
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;

@@ -291,6 +291,12 @@ expect_exit submit_request_id_cancelled 0 "$request_job CANCELLED" -- cancel "$r
 follow_pid=$!
 pids+=("$follow_pid")
 ok submit_follow_printed_id await_file "$TMP/follow-int.out"
+# Why it waits is shown while it waits, not only when queue_timeout ends it.
+said_why_queued() {
+  for _ in $(seq 1 600); do grep -q "^QUEUED: waiting for" "$TMP/follow-int.err" && return 0; sleep 0.05; done
+  return 1
+}
+ok submit_follow_says_why_it_waits said_why_queued
 kill -INT "$follow_pid"
 # Bounded: one that ignores Ctrl-C is killed, and fails the check below.
 for _ in $(seq 1 600); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done

@@ -611,6 +611,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
   int64_t last_version = 0, timed_step = -1;
   JobProgressView view;
   bool said_recovering = false;
+  std::string said_waiting;  // the last state and reason shown before the first step
   v1::CoordinatorService::Stub* current = &stub;
   std::unique_ptr<v1::CoordinatorService::Stub> found;
   std::optional<absl::Time> lost_since;
@@ -659,7 +660,16 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
       progress.Message("found the coordinator again");
       lost_since.reset();
     }
-    const int64_t step = job.progress().step(), steps = job.spec().training().steps();
+    // Before its first step, why the job waits ("waiting for 2 READY
+    // workers ..."): each state and reason once, as they change, so that a
+    // job that cannot be placed does not look hung until queue_timeout.
+    if (job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_PROFILING ||
+        job.state() == v1::JOB_STATE_PLANNING) {
+      std::string line = EnumShortName(job.state());
+      if (!job.reason().empty()) absl::StrAppend(&line, ": ", TerminalSafe(job.reason()));
+      if (line != said_waiting) progress.Message(line);
+      said_waiting = std::move(line);
+    }
     // Recoveries and re-plans are news: each on a line of its own.
     if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering) {
       progress.Message(TerminalSafe(job.reason()));

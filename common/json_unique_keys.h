@@ -15,9 +15,15 @@
 
 namespace pipetrain {
 
+// The deepest nesting of arrays and objects ParseJsonUniqueKeys accepts
+// (the files it reads nest 5 levels or so): what it returns may be copied,
+// compared and dumped, each of which recurses once per level.
+inline constexpr int kMaxJsonDepth = 64;
+
 // The document in `text`. INVALID_ARGUMENT "not valid JSON" (with the
-// parser's position) when it does not parse, or "key \"K\" given twice in
-// one object" naming the first such key (escaped, cut to 64 bytes).
+// parser's position) when it does not parse, "key \"K\" given twice in one
+// object" naming the first such key (escaped, cut to 64 bytes), or "...
+// nested deeper than 64 levels" (kMaxJsonDepth) before it is parsed.
 absl::StatusOr<nlohmann::json> ParseJsonUniqueKeys(const std::string& text);
 
 }  // namespace pipetrain

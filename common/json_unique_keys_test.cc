@@ -1,5 +1,8 @@
 #include "common/json_unique_keys.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -28,6 +31,27 @@ TEST(ParseJsonUniqueKeysTest, Malformed_NotValidJson) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_EQ(parsed.status().message().rfind("not valid JSON: ", 0), 0u) << parsed.status();
   }
+}
+
+// Copying such a value recursed once per level: 200,000 levels (400 KB)
+// overflowed the stack. Brackets inside strings are not nesting.
+TEST(ParseJsonUniqueKeysTest, NestedPastTheBound_RefusedBeforeParsing) {
+  const auto nested = [](int levels) {
+    return std::string(levels, '[') + std::string(levels, ']');
+  };
+  EXPECT_TRUE(ParseJsonUniqueKeys(nested(kMaxJsonDepth)).ok());
+  for (const std::string& text :
+       {nested(kMaxJsonDepth + 1), absl::StrCat(R"({"a": )", nested(200000), "}")}) {
+    absl::StatusOr<nlohmann::json> parsed = ParseJsonUniqueKeys(text);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(),
+              "not valid here: arrays and objects nested deeper than 64 levels");
+  }
+  const std::string in_strings =
+      absl::StrCat(R"({"[[[": ")", std::string(100, '['), R"(\"{{{", "b": [)", nested(10), "]}");
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonUniqueKeys(in_strings);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, nlohmann::json::parse(in_strings));
 }
 
 TEST(ParseJsonUniqueKeysTest, OddKeyInTheMessage_Escaped) {

@@ -38,6 +38,13 @@ absl::Status OnlyKeys(const json& object, const std::string& where,
   return absl::OkStatus();
 }
 
+// What a field that is not there reads as (null); never destroyed, as
+// static objects should not be.
+const json& Absent() {
+  static const json* const absent = new json();
+  return *absent;
+}
+
 // The largest number a profile or cluster file may hold: sums and products
 // of them (a plan's seconds over 2050 units and millions of micro-batches,
 // bytes over its stages) stay far inside a double, where 1e308 in two units
@@ -122,7 +129,8 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
       if (auto s = OnlyKeys(list[i], at, {"count", "fwd_seconds", "bwd_seconds"}); !s.ok()) {
         return s;
       }
-      const json& count = list[i].contains("count") ? list[i]["count"] : json();
+      // Both arms lvalues: a prvalue arm would copy the value (recursively).
+      const json& count = list[i].contains("count") ? list[i]["count"] : Absent();
       if (!count.is_number_integer() || (count.get<int64_t>() != 2 && count.get<int64_t>() != 4) ||
           unit.partition_seconds.count(count.get<int>()) > 0) {
         return Invalid(at + ".count", "must be 2 or 4, each at most once");
@@ -181,7 +189,7 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
       if (auto s = OnlyKeys(codecs[i], at, {"codec", "all_reduce_seconds_per_byte"}); !s.ok()) {
         return s;
       }
-      const json& name = codecs[i].contains("codec") ? codecs[i]["codec"] : json();
+      const json& name = codecs[i].contains("codec") ? codecs[i]["codec"] : Absent();
       if (!name.is_string() || name.get<std::string>().empty() ||
           name.get<std::string>().size() > kMaxProfileCodecNameBytes ||
           profile.codec_all_reduce_seconds_per_byte.count(name.get<std::string>()) > 0) {

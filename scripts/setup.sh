@@ -93,9 +93,9 @@ check_kubectl() {
     "(docs/operations.md)" >&2
 }
 
-# openapi-backend's dependencies (tools/openapi-check) are ES modules that
-# it require()s, which Node.js does from 20.19 on; Debian 12's nodejs is
-# 18.x: only a warning, as for kubectl.
+# openapi-backend (tools/openapi-check) is pinned to a release whose
+# dependencies Debian 12's Node.js 18 can require() (later ones need 20.19):
+# a node that cannot load it is only a warning, as for kubectl.
 check_node() {
   local dir
   if [ "${PIPETRAIN_SETUP_BUILD_ONLY:-0}" = 1 ]; then return 0; fi
@@ -105,8 +105,8 @@ check_node() {
     return 0
   fi
   echo "setup: WARNING: node $(node --version 2>/dev/null) cannot load openapi-backend," \
-    "so //tests/openapi:openapi_conformance_test will fail: its dependencies need" \
-    "Node.js 20.19 or later (Debian 12's nodejs is 18)" >&2
+    "so //tests/openapi:openapi_conformance_test will fail (tools/openapi-check's" \
+    "packages are pinned to releases Node.js 18 loads; run npm ci there)" >&2
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -38,7 +38,13 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 
-node "$R/tests/openapi/conformance.js" --modules "$MODULES" --spec "$R/docs/openapi.yaml" \
+# As Debian 12's Node.js 18 does: a newer node that would require() an ES
+# module must not hide a package update that needs it.
+node_flags=()
+if node --no-experimental-require-module -e '' 2>/dev/null; then
+  node_flags=(--no-experimental-require-module)
+fi
+node "${node_flags[@]}" "$R/tests/openapi/conformance.js" --modules "$MODULES" --spec "$R/docs/openapi.yaml" \
   --coordinator "$COORDINATOR" --worker "$WORKER" --tmp "$T"
 code=$?
 if [ $code -ne 0 ]; then

@@ -820,8 +820,9 @@ class JobManager {
   // end a job that ran on the others. Marks the spares unfit for this job
   // and plans again without them; with too few left, a boundary's job
   // recovers (kReplanRefused) and a recovering one waits again. Refused
-  // for memory with too few left (below elastic.min_workers), the spares
-  // are not unfit: the job waits for another worker with all of them, as
+  // for memory with too few left (below elastic.min_workers) on fewer than
+  // max_workers, the spares are not unfit: the job waits for another
+  // worker with all of them (at max_workers it waits without them), as
   // WaitForRoomLocked. Refused for memory with such spares kept from before
   // and a newcomer, only the earlier ones are unfit, and the job plans on
   // the rest with the newcomers. Returns false (nothing changed) when the

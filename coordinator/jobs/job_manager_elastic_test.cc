@@ -2813,6 +2813,41 @@ TEST_F(JobManagerElasticTest, TooSmallSpareKeptWithTheSurvivor_DroppedOnceANewco
   EXPECT_EQ(job.progress().step(), 5);
 }
 
+// The lost workers come back under new ids (new addresses), one by one,
+// after a too-small spare with a lower id. The refused spares were retried
+// in id order and cut at max_workers, so the tiny one always went in and
+// the other replacement out: the job planned [w1, d, tiny], then
+// [w1, e, tiny], and so on, every pass, never waiting (so never timing
+// out) and never running. The roomiest refused spares are retried first.
+TEST_F(JobManagerElasticTest, TooSmallSpareThenTwoNewReplacements_RunsOnTheReplacements) {
+  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
+  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
+                    w3 = AddWorker(7003, kThird);
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const std::string tiny = AddWorker(7004, 4096);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  HeartbeatAllAndSchedule({w1, tiny});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string d = AddWorker(7005, kThird);
+  HeartbeatAllAndSchedule({w1, tiny, d});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string e = AddWorker(7006, kThird);
+  for (int pass = 0; pass < 3; ++pass) HeartbeatAllAndSchedule({w1, tiny, d, e});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  std::vector<std::string> workers(job.worker_ids().begin(), job.worker_ids().end());
+  std::sort(workers.begin(), workers.end());
+  std::vector<std::string> want = {w1, d, e};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(workers, want);
+  EXPECT_EQ(job.progress().step(), 5);
+}
+
 // The replacements a recovering job waits for are its own: a job queued
 // meanwhile does not take the first to register (the recovering one then
 // waited for a third it could never have, until its queue timeout).

@@ -912,19 +912,29 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   }
   // Survivors first (in stage order), then spare READY workers: those no
   // plan was refused with first (a plan with them is new), then the spares
-  // a refusal for memory dropped (they may yet fit beside a newcomer).
+  // a refusal for memory dropped (they may yet fit beside a newcomer),
+  // roomiest first: the cut at max_workers below then drops the smallest.
+  // (In id order, a too-small spare with a low id stayed in and each pass
+  // cut the replacement refused last: two replacements took turns with it,
+  // a new refused plan every pass, and the job neither ran nor timed out.)
   const auto refused_with = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return MarkedInIncarnation(record.refused_for_memory, w, IncarnationOf(w));
   };
   std::vector<std::string> chosen = alive;
   const std::vector<std::string> spares = SparesForLocked(record, *reserved);
   for (const bool refused_pass : {false, true}) {
+    std::vector<std::string> group;
     for (const std::string& w : spares) {
       if (refused_with(w) == refused_pass &&
           std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
-        chosen.push_back(w);
+        group.push_back(w);
       }
     }
+    if (refused_pass) {
+      group = RoomiestFirstLocked(std::move(group),
+                                  MaxJobWorkers(record) - static_cast<int>(chosen.size()));
+    }
+    chosen.insert(chosen.end(), group.begin(), group.end());
   }
   if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
     chosen.resize(MaxJobWorkers(record));

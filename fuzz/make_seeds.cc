@@ -160,7 +160,7 @@ std::string FrameInput(const std::vector<std::vector<v1::TensorFrame>>& tensors)
 TensorAddress Address(v1::TensorKind kind, int micro_batch, int unit) {
   TensorAddress a;
   a.job_id = "fuzz-job";
-  a.iteration = 3;
+  a.iteration = 3;  // frame_fuzzer opens the job at 3
   a.kind = kind;
   a.micro_batch = micro_batch;
   a.unit = unit;

@@ -213,6 +213,22 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
                                                   const std::string& out, int64_t vocab) {
   CheckpointManifest manifest;
   absl::StatusOr<std::vector<UnitState>> units = ReadCheckpoint(at, &manifest);
+  // A running job keeps only its newest spec.checkpoint.keep checkpoints:
+  // the one being read may go meanwhile: its directory, or first the
+  // manifest Locate found. Said so, not a worker's volume hint, nor
+  // "export an older one", which goes first.
+  const auto gone = [](const std::string& path) {
+    struct stat info;
+    return lstat(path.c_str(), &info) != 0 && errno == ENOENT;
+  };
+  if ((absl::IsNotFound(units.status()) || absl::IsUnavailable(units.status())) &&
+      (gone(at.path()) ||
+       (at.newest_of_job && gone(absl::StrCat(at.path(), "/", kCheckpointManifestName))))) {
+    return absl::NotFoundError(absl::StrCat(
+        at.path(),
+        " was removed while it was read (a running job keeps only its newest "
+        "spec.checkpoint.keep checkpoints); copy it elsewhere first, or export again"));
+  }
   if (!units.ok() && at.newest_of_job) {
     return WithHint(units.status(),
                     absl::StrCat(" (", at.dir,

@@ -240,6 +240,24 @@ TEST_F(CheckpointExportTest, RunCheckpoint_JobIdWithATerminalEscape_PrintedInert
 // An export interrupted mid-write left its temporary beside --out (up to
 // the model's size) for good: the next export to that name removes what no
 // living writer holds, and says so.
+// A running job removes its older checkpoints as it writes new ones: the
+// newest when located may be gone when read. Said so, not a worker's
+// volume hint and "export an older one" (which goes first).
+TEST_F(CheckpointExportTest, ExportCheckpoint_RemovedAfterItWasLocated_NotFoundSaysSo) {
+  WriteCheckpoint(MakeSnapshot(10));
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(absl::StrCat(root_, "/", kJobDir));
+  ASSERT_TRUE(at.ok()) << at.status();
+  ASSERT_TRUE(at->newest_of_job);
+  ASSERT_EQ(system(("rm -rf '" + StepPath(10) + "'").c_str()), 0);
+  absl::StatusOr<CheckpointExport> done = ExportCheckpoint(*at, out_, 0);
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kNotFound) << done.status();
+  EXPECT_EQ(done.status().message(),
+            StepPath(10) +
+                " was removed while it was read (a running job keeps only its newest "
+                "spec.checkpoint.keep checkpoints); copy it elsewhere first, or export again");
+  EXPECT_EQ(ListDir(out_dir_), std::vector<std::string>{});
+}
+
 TEST_F(CheckpointExportTest, Export_RemovesAnInterruptedExportsTemporary) {
   WriteCheckpoint(MakeSnapshot(10));
   const std::string name = out_.substr(out_.rfind('/') + 1);

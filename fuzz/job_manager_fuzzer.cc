@@ -32,7 +32,6 @@
 // background work run): a job that failed or was cancelled left nothing in
 // the output directory (its temporary removed, no file renamed in), and
 // one that succeeded left exactly its weights file.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -51,6 +50,7 @@
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
+#include "fuzz/scratch_dir.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace {
@@ -63,37 +63,6 @@ pipetrain::v1::JobSpec TwoStageSpec() {
   pipetrain::v1::JobSpec spec = pipetrain::SmallJobSpec(2);
   spec.mutable_output()->set_weights_path(kWeightsName);
   return spec;
-}
-
-// The names in `dir` (not . and ..).
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> names;
-  std::unique_ptr<DIR, int (*)(DIR*)> listing(opendir(dir.c_str()), closedir);
-  PT_CHECK(listing != nullptr) << "cannot list " << dir;
-  while (const dirent* entry = readdir(listing.get())) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  return names;
-}
-
-void Empty(const std::string& dir) {
-  for (const std::string& name : Entries(dir)) unlink((dir + "/" + name).c_str());
-}
-
-// The scratch --output-dir, created once and removed at exit.
-const std::string& OutputDir() {
-  static const std::string* dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/jobs-fuzz.XXXXXX";
-    PT_CHECK(mkdtemp(pattern.data()) != nullptr) << "cannot create " << pattern;
-    std::atexit([] {  // leave /tmp as found
-      Empty(OutputDir());
-      rmdir(OutputDir().c_str());
-    });
-    return new std::string(pattern);
-  }();
-  return *dir;
 }
 
 bool Ended(pipetrain::v1::JobState state) {
@@ -110,8 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   }();
   (void)quiet;
-  const std::string& output_dir = OutputDir();
-  Empty(output_dir);
+  const std::string& output_dir = ScratchDir("jobs-fuzz");
+  EmptyDir(output_dir);
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
@@ -199,7 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   background.RunAll();  // a weights sync in flight ends, committed or not
   absl::StatusOr<v1::Job> last = jobs.Get(job_id);
   if (!last.ok()) __builtin_trap();
-  const std::vector<std::string> left = Entries(output_dir);
+  const std::vector<std::string> left = DirEntries(output_dir);
   if (last->state() == v1::JOB_STATE_SUCCEEDED) {
     if (left != std::vector<std::string>{kWeightsName}) __builtin_trap();
   } else if (Ended(last->state()) && !left.empty()) {

@@ -5,7 +5,10 @@
 // registry and the job manager from it (JobManager::Restore trusts stored
 // plans, checkpoints, layouts and profiles only after its own checks), then
 // registers two workers and lets time pass, so that restored jobs are
-// planned again, resumed or failed, on a fake clock.
+// planned again, resumed or failed, on a fake clock. The job manager has a
+// scratch --output-dir (emptied before each input): without one, Restore
+// fails every unfinished job that writes checkpoints or weights, and no
+// input reached a recovery.
 //
 // Input: records until it ends, each a byte choosing the table ((byte & 3)
 // % 3: jobs/, workers/, profiles/) and, with bit 2, that the value is a
@@ -42,6 +45,7 @@
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/state.pb.h"
 #include "fuzz/fuzz_input.h"
+#include "fuzz/scratch_dir.h"
 
 namespace {
 
@@ -110,8 +114,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (known.ok()) registry.Restore(*known);
   AssignmentHub hub;
   BackgroundQueue background;  // outlives jobs
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.state = &state, .background_runner = background.Runner()});
+  const std::string& output_dir = ScratchDir("restore-fuzz");
+  EmptyDir(output_dir);
+  JobManager jobs(
+      &registry, &hub, &clock,
+      JobManagerOptions{
+          .output_dir = output_dir, .state = &state, .background_runner = background.Runner()});
   if (!jobs.Restore().ok()) return 0;
   // Every job stored under its own id is restored (failed if it does not
   // fit): the harness would otherwise fuzz nothing past LoadJobs unnoticed.

@@ -39,7 +39,9 @@
 // at once cannot deadlock; its free blocks stay.
 //
 // Thread-safe: one mutex guards all state, and it is held across raw
-// allocator calls (the raw allocator must not call back into this object).
+// allocator calls (the raw allocator must not call back into this object),
+// except ReleaseStream's raw frees, and an Allocate refused meanwhile,
+// which waits for them (up to a minute) with the mutex released.
 // Each pool has a mutex of its own, taken after a cache's (never before),
 // and a cache's destructor leaves its pool before taking its own.
 #ifndef PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
@@ -94,7 +96,9 @@ class CachingAllocator {
     int64_t raw_allocations = 0;   // successful raw Allocate calls
     int64_t raw_frees = 0;         // raw Free calls
     int64_t cache_hits = 0;        // Allocate calls served from the cache
-    int64_t oom_retries = 0;       // caches emptied after RESOURCE_EXHAUSTED
+    // Retries after RESOURCE_EXHAUSTED: the cache emptied, or a wait for a
+    // ReleaseStream's frees (one Allocate may count both).
+    int64_t oom_retries = 0;
     int64_t pool_releases = 0;     // retries after the pool's other caches gave blocks back
   };
 

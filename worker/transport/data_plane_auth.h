@@ -59,7 +59,8 @@ std::string StreamProof(absl::string_view link_key, absl::string_view job_id, in
 // worker agent refuses assignments without keys).
 // Returns the sender's index. Errors: UNAUTHENTICATED without a job entry;
 // FAILED_PRECONDITION when this worker runs no job or another one (the
-// sender is out of step; the message names both); UNAUTHENTICATED for a
+// sender is out of step; the message names only the job the caller sent,
+// never this worker's: the caller is not yet authenticated); UNAUTHENTICATED for a
 // missing or malformed stage, or a proof that does not match.
 absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
                                      absl::string_view receive_key, absl::string_view sent_job,

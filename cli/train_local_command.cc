@@ -364,12 +364,14 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
       }
     }
     if (o.checkpoint_interval > 0 && r.step % o.checkpoint_interval == 0) {
-      // Diverged weights (FAILED_PRECONDITION) or a failed device end the
-      // run with no output. A write that failed (a full disk, an I/O
-      // error) stops it there, as a --log that fails does: --save, perhaps
-      // on another disk, must not be lost with it.
-      absl::Status saved = SaveCheckpoint(o.checkpoint, trainer);
-      if (absl::IsFailedPrecondition(saved)) return saved;
+      // Diverged weights (told by `diverged`: a write's EBUSY or EISDIR is
+      // FAILED_PRECONDITION too) or a failed device end the run with no
+      // output. A write that failed (a full disk, an I/O error) stops it
+      // there, as a --log that fails does: --save, perhaps on another
+      // disk, must not be lost with it.
+      bool diverged = false;
+      absl::Status saved = SaveCheckpoint(o.checkpoint, trainer, &diverged);
+      if (diverged) return saved;
       RETURN_IF_ERROR(trainer.model().backend()->status());
       if (!saved.ok()) {
         *output_failed = absl::Status(

@@ -124,7 +124,7 @@ std::vector<Parameter*> CheckpointTensors(LocalTrainer& trainer, std::vector<Par
 
 }  // namespace
 
-absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
+absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer, bool* diverged) {
   const TrainConfig& c = trainer.config();
   Backend* backend = trainer.model().backend();
   std::vector<Parameter> m = MomentViews(trainer, kMomentM, true);
@@ -135,6 +135,7 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
   // As a job's checkpoints (unit_checkpoint.h): diverged weights must not
   // replace the last good file, the one --resume would take.
   if (absl::Status finite = CheckParametersFinite(host); !finite.ok()) {
+    if (diverged != nullptr) *diverged = true;
     return absl::FailedPreconditionError(
         absl::StrCat("not writing the checkpoint of step ", trainer.step(), " to ", path, ": ",
                      finite.message(), " (training diverged; the file keeps what it held)"));

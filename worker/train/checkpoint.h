@@ -25,7 +25,11 @@
 
 namespace pipetrain {
 
-absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
+// FAILED_PRECONDITION ("training diverged") without writing when a value
+// or moment is not finite, and then `*diverged` (if given) is set: a write
+// error may map to FAILED_PRECONDITION too (EBUSY, EISDIR, ...).
+absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer,
+                            bool* diverged = nullptr);
 
 // Restores parameters, moments and step into `trainer`, all or nothing.
 // The header's metadata is checked first, without reading the data; then

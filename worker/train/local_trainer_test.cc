@@ -2,6 +2,8 @@
 // determinism, checkpoint resume, and that a small model actually learns.
 #include "worker/train/local_trainer.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -107,6 +109,23 @@ TEST(LocalTrainerTest, Resume_TenPlusTenEqualsTwenty) {
   EXPECT_EQ(AllWeights(*resumed), AllWeights(*straight));
 }
 
+// A write that fails is not divergence, whatever its code: a directory at
+// the path fails the rename with EISDIR, which absl maps to
+// FAILED_PRECONDITION, as it maps a diverged run's refusal (train-local
+// stops with its outputs on the first, without them on the second).
+TEST(LocalTrainerTest, Save_WriteFailsAsFailedPrecondition_NotDiverged) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 1);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/a-directory.ckpt";
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  std::ofstream(path + "/inside") << "x";
+  bool diverged = false;
+  absl::Status status = SaveCheckpoint(path, *trainer, &diverged);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_FALSE(diverged) << status;
+}
+
 // A diverged trainer's checkpoint would replace the last good file, the
 // one --resume takes: it is refused and the file keeps its bytes.
 TEST(LocalTrainerTest, Save_NanWeight_RefusedAndTheFileKept) {
@@ -119,7 +138,9 @@ TEST(LocalTrainerTest, Save_NanWeight_RefusedAndTheFileKept) {
   RunSteps(*trainer, 1);
   Parameter* broken = trainer->model().parameters()[3];
   broken->value[1] = std::nanf("");
-  absl::Status status = SaveCheckpoint(path, *trainer);
+  bool diverged = false;
+  absl::Status status = SaveCheckpoint(path, *trainer, &diverged);
+  EXPECT_TRUE(diverged);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(status.message(), "not writing the checkpoint of step 3 to " + path + ": " +
                                   broken->name +

@@ -660,11 +660,13 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
       progress.Message("found the coordinator again");
       lost_since.reset();
     }
-    // Before its first step, why the job waits ("waiting for 2 READY
+    // Before its first plan, why the job waits ("waiting for 2 READY
     // workers ..."): each state and reason once, as they change, so that a
     // job that cannot be placed does not look hung until queue_timeout.
-    if (job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_PROFILING ||
-        job.state() == v1::JOB_STATE_PLANNING) {
+    // (Re-plans have their own line below.)
+    if (last_version == 0 &&
+        (job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_PROFILING ||
+         job.state() == v1::JOB_STATE_PLANNING)) {
       std::string line = EnumShortName(job.state());
       if (!job.reason().empty()) absl::StrAppend(&line, ": ", TerminalSafe(job.reason()));
       if (line != said_waiting) progress.Message(line);

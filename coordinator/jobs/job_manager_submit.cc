@@ -161,13 +161,15 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
                      "coordinator's --output-dir"));
   }
   const std::string path = real.get();
-  // Saved with the job (init_weights, init_checkpoint.dir) and sent in
-  // assignments as proto3 strings, which must be UTF-8: a stored job that
-  // is not would not parse back, and no coordinator would start. `from` is
-  // UTF-8 (a proto string), but a link under it may lead to any bytes.
-  if (ValidUtf8(path) != path) {
+  // Saved with the job (init_weights, init_checkpoint.dir: the part under
+  // the output directory) and sent in assignments as proto3 strings, which
+  // must be UTF-8: a stored job that is not would not parse back, and no
+  // coordinator would start. `from` is UTF-8 (a proto string), but a link
+  // under it may lead to any bytes.
+  if (const std::string under = path.substr(std::strlen(root.get()) + 1);
+      ValidUtf8(under) != under) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.init.from: ", from, " resolves to ", ValidUtf8(path),
+        absl::StrCat("spec.init.from: ", from, " resolves to ", ValidUtf8(under),
                      ", a path that is not UTF-8; a job's paths are saved and sent as UTF-8: "
                      "rename it, or name it through no link"));
   }

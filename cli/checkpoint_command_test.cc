@@ -237,9 +237,6 @@ TEST_F(CheckpointExportTest, RunCheckpoint_JobIdWithATerminalEscape_PrintedInert
   EXPECT_NE(printed.find(absl::StrCat(kJobId, "\\x1b[2J")), std::string::npos) << printed;
 }
 
-// An export interrupted mid-write left its temporary beside --out (up to
-// the model's size) for good: the next export to that name removes what no
-// living writer holds, and says so.
 // A running job removes its older checkpoints as it writes new ones: the
 // newest when located may be gone when read. Said so, not a worker's
 // volume hint and "export an older one" (which goes first).
@@ -258,6 +255,9 @@ TEST_F(CheckpointExportTest, ExportCheckpoint_RemovedAfterItWasLocated_NotFoundS
   EXPECT_EQ(ListDir(out_dir_), std::vector<std::string>{});
 }
 
+// An export interrupted mid-write left its temporary beside --out (up to
+// the model's size) for good: the next export to that name removes what no
+// living writer holds, and says so.
 TEST_F(CheckpointExportTest, Export_RemovesAnInterruptedExportsTemporary) {
   WriteCheckpoint(MakeSnapshot(10));
   const std::string name = out_.substr(out_.rfind('/') + 1);

@@ -119,9 +119,13 @@ BIN="$COORDINATOR" expect_exit coordinator_worker_tls_name_alone 2 \
 # A --state-dir inside --output-dir is refused (jobs name files there),
 # also one that does not exist yet, named through a link with a trailing
 # slash (it is resolved through its parent).
+# Under timeout: a coordinator that missed the overlap would serve on
+# (exit 124 then fails the check).
 mkdir -p "$TMP/overlap-out"
 ln -sfn "$TMP/overlap-out" "$TMP/overlap-link"
-BIN="$COORDINATOR" expect_exit coordinator_state_dir_inside_output 2 \
+printf '#!/bin/bash\nexec timeout 20 "%s" "$@"\n' "$COORDINATOR" >"$TMP/coordinator-20s.sh"
+chmod +x "$TMP/coordinator-20s.sh"
+BIN="$TMP/coordinator-20s.sh" expect_exit coordinator_state_dir_inside_output 2 \
   "--state-dir $TMP/overlap-link/state/ and --output-dir $TMP/overlap-out overlap" -- \
   --insecure --output-dir="$TMP/overlap-out" --state-dir="$TMP/overlap-link/state/" \
   --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,20 +23,6 @@ namespace pipetrain {
 namespace {
 
 constexpr char kAcceptedFormats[] = "auto, text, uint16, uint16-header";
-
-// Closes a file descriptor on every return path.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-
- private:
-  int fd_;
-};
 
 absl::Status Invalid(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
@@ -60,25 +47,26 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
                                           bool checked_real, const std::atomic<bool>* stop) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
-  int fd = -1;
+  ScopedFd file;
   if (checked_real) {
     absl::StatusOr<ScopedFd> opened = OpenRealPathNoLinks("spec.data.path", path);
     if (opened.status().code() == absl::StatusCode::kResourceExhausted) {
       return OutOfDescriptors(path, opened.status().message());
     }
     RETURN_IF_ERROR(opened.status());
-    fd = opened->release();
+    file = std::move(*opened);
   } else {
-    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {
-      return OutOfDescriptors(path, std::strerror(errno));
+    file = ScopedFd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    const int open_errno = errno;
+    if (file.get() < 0 && (open_errno == EMFILE || open_errno == ENFILE || open_errno == ENOMEM)) {
+      return OutOfDescriptors(path, std::strerror(open_errno));
+    }
+    if (file.get() < 0) {
+      return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
+                                              std::strerror(open_errno), "); check the path"));
     }
   }
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
-                                            std::strerror(errno), "); check the path"));
-  }
-  FdCloser closer(fd);
+  const int fd = file.get();
   struct stat info;
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     return absl::NotFoundError(absl::StrCat(path, ": not a regular file; check the path"));

@@ -93,6 +93,16 @@ class ObservingStore : public Store {
   Store* inner_;
 };
 
+// Workers that hold a third of ElasticSpec(3, ...)'s model each: three
+// stages fit (108000 bytes on the busiest), two do not (148000).
+constexpr int64_t kThirdModelMemory = 120000;
+
+// Workers w1, w2, w3 (ports 7001-7003) of kThirdModelMemory each, running
+// `spec` (ElasticSpec(3, 5) or a variant) to its checkpoint at step 5.
+struct ThreeThirdsJob {
+  std::string id, w1, w2, w3;
+};
+
 class JobManagerElasticTest : public ::testing::Test {
  protected:
   JobManagerElasticTest() : registry_(RegistryOptions()) { Reset(/*with_state=*/false); }
@@ -291,6 +301,41 @@ class JobManagerElasticTest : public ::testing::Test {
       Step(id, step);
       if (step % 5 == 0) CheckpointAll(id, step);
     }
+  }
+
+  // Starts `spec` on three new workers of kThirdModelMemory and runs it to
+  // its checkpoint at step 5 (see ThreeThirdsJob).
+  void StartThreeThirdsJob(const v1::JobSpec& spec, ThreeThirdsJob* run) {
+    run->w1 = AddWorker(7001, kThirdModelMemory);
+    run->w2 = AddWorker(7002, kThirdModelMemory);
+    run->w3 = AddWorker(7003, kThirdModelMemory);
+    run->id = Submit(spec).value().id();
+    const v1::Job job = jobs_->Get(run->id).value();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+    StepCheckpointingEvery5(run->id, 5);
+  }
+
+  // A three-thirds job (StartThreeThirdsJob) loses w2 and w3; they register
+  // again one by one. With the first back the job still waits (two workers
+  // cannot hold the model); with both it runs on all three from step 5.
+  void ExpectReplacementsOneByOneTriedTogether(const v1::JobSpec& spec) {
+    ThreeThirdsJob run;
+    ASSERT_NO_FATAL_FAILURE(StartThreeThirdsJob(spec, &run));
+    registry_.MarkLost(run.w2, incarnations_[run.w2], "killed");
+    registry_.MarkLost(run.w3, incarnations_[run.w3], "killed");
+    HeartbeatAllAndSchedule({run.w1});
+    ASSERT_EQ(jobs_->Get(run.id).value().state(), v1::JOB_STATE_RECOVERING);
+    ASSERT_EQ(AddWorker(7002, kThirdModelMemory), run.w2);
+    HeartbeatAllAndSchedule({run.w1, run.w2});
+    v1::Job job = jobs_->Get(run.id).value();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+    EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
+    ASSERT_EQ(AddWorker(7003, kThirdModelMemory), run.w3);
+    HeartbeatAllAndSchedule({run.w1, run.w2, run.w3});
+    job = jobs_->Get(run.id).value();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+    EXPECT_EQ(job.worker_ids_size(), 3);
+    EXPECT_EQ(job.progress().step(), 5);
   }
 
   // The unit files a complete checkpoint's manifest lists, under the output
@@ -2714,38 +2759,12 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
 }
 
-// A worker lost from a job whose model the survivor cannot hold: the job
-// waits for a worker (a restarted process registering again, here) rather
-// than failing at once, and fails after spec.scheduling.queue_timeout
-// without one, saying why.
 // Two of three workers lost, each holding a third of the model: the
 // survivor cannot hold it, nor can it with the first replacement (which is
 // then not marked unfit: the model needs more workers, not other ones);
 // with the second it goes on on all three.
 TEST_F(JobManagerElasticTest, TwoWorkersLost_ReplacementsRegisteringOneByOne_TriedTogether) {
-  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
-  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
-                    w3 = AddWorker(7003, kThird);
-  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
-      << jobs_->Get(id).value().reason();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  registry_.MarkLost(w2, incarnations_[w2], "killed");
-  registry_.MarkLost(w3, incarnations_[w3], "killed");
-  HeartbeatAllAndSchedule({w1});
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
-  ASSERT_EQ(AddWorker(7002, kThird), w2);
-  HeartbeatAllAndSchedule({w1, w2});
-  v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
-  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
-  ASSERT_EQ(AddWorker(7003, kThird), w3);
-  HeartbeatAllAndSchedule({w1, w2, w3});
-  job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(job.worker_ids_size(), 3);
-  EXPECT_EQ(job.progress().step(), 5);
+  ASSERT_NO_FATAL_FAILURE(ExpectReplacementsOneByOneTriedTogether(ElasticSpec(3, 5)));
 }
 
 // As above with elastic.min_workers 2: the survivor alone is below the
@@ -2755,31 +2774,9 @@ TEST_F(JobManagerElasticTest, TwoWorkersLost_ReplacementsRegisteringOneByOne_Tri
 // timeout with all three READY. Now the refused set is kept together and
 // the job waits for another worker, then plans on all three.
 TEST_F(JobManagerElasticTest, TwoWorkersLost_BelowMinWorkersWithoutThem_ReplacementsTriedTogether) {
-  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
-  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
-                    w3 = AddWorker(7003, kThird);
   v1::JobSpec spec = ElasticSpec(3, 5);
   spec.mutable_elastic()->set_min_workers(2);
-  const std::string id = Submit(spec).value().id();
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
-      << jobs_->Get(id).value().reason();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  registry_.MarkLost(w2, incarnations_[w2], "killed");
-  registry_.MarkLost(w3, incarnations_[w3], "killed");
-  HeartbeatAllAndSchedule({w1});
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
-  ASSERT_EQ(AddWorker(7002, kThird), w2);
-  HeartbeatAllAndSchedule({w1, w2});
-  v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
-  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
-  ASSERT_EQ(AddWorker(7003, kThird), w3);
-  HeartbeatAllAndSchedule({w1, w2, w3});
-  job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(job.worker_ids_size(), 3);
-  EXPECT_EQ(job.progress().step(), 5);
+  ASSERT_NO_FATAL_FAILURE(ExpectReplacementsOneByOneTriedTogether(spec));
 }
 
 // As above, but the spare tried first with the survivor is too small for
@@ -2820,29 +2817,23 @@ TEST_F(JobManagerElasticTest, TooSmallSpareKeptWithTheSurvivor_DroppedOnceANewco
 // [w1, e, tiny], and so on, every pass, never waiting (so never timing
 // out) and never running. The roomiest refused spares are retried first.
 TEST_F(JobManagerElasticTest, TooSmallSpareThenTwoNewReplacements_RunsOnTheReplacements) {
-  constexpr int64_t kThird = 120000;  // 3 stages fit (108000), 2 do not (148000)
-  const std::string w1 = AddWorker(7001, kThird), w2 = AddWorker(7002, kThird),
-                    w3 = AddWorker(7003, kThird);
-  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
-      << jobs_->Get(id).value().reason();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
+  ThreeThirdsJob run;
+  ASSERT_NO_FATAL_FAILURE(StartThreeThirdsJob(ElasticSpec(3, 5), &run));
   const std::string tiny = AddWorker(7004, 4096);
-  registry_.MarkLost(w2, incarnations_[w2], "killed");
-  registry_.MarkLost(w3, incarnations_[w3], "killed");
-  HeartbeatAllAndSchedule({w1, tiny});
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
-  const std::string d = AddWorker(7005, kThird);
-  HeartbeatAllAndSchedule({w1, tiny, d});
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
-  const std::string e = AddWorker(7006, kThird);
-  for (int pass = 0; pass < 3; ++pass) HeartbeatAllAndSchedule({w1, tiny, d, e});
-  const v1::Job job = jobs_->Get(id).value();
+  registry_.MarkLost(run.w2, incarnations_[run.w2], "killed");
+  registry_.MarkLost(run.w3, incarnations_[run.w3], "killed");
+  HeartbeatAllAndSchedule({run.w1, tiny});
+  ASSERT_EQ(jobs_->Get(run.id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string d = AddWorker(7005, kThirdModelMemory);
+  HeartbeatAllAndSchedule({run.w1, tiny, d});
+  ASSERT_EQ(jobs_->Get(run.id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string e = AddWorker(7006, kThirdModelMemory);
+  for (int pass = 0; pass < 3; ++pass) HeartbeatAllAndSchedule({run.w1, tiny, d, e});
+  const v1::Job job = jobs_->Get(run.id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   std::vector<std::string> workers(job.worker_ids().begin(), job.worker_ids().end());
   std::sort(workers.begin(), workers.end());
-  std::vector<std::string> want = {w1, d, e};
+  std::vector<std::string> want = {run.w1, d, e};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(workers, want);
   EXPECT_EQ(job.progress().step(), 5);
@@ -2885,6 +2876,10 @@ TEST_F(JobManagerElasticTest, Recovering_ReplacementsNotTakenByAQueuedJob) {
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_RUNNING) << waiting.reason();
 }
 
+// A worker lost from a job whose model the survivor cannot hold: the job
+// waits for a worker (a restarted process registering again, here) rather
+// than failing at once, and fails after spec.scheduling.queue_timeout
+// without one, saying why.
 TEST_F(JobManagerElasticTest, WorkerLost_SurvivorCannotHoldTheModel_WaitsForItsRestartOrTimesOut) {
   const std::string w1 = AddWorker(7001, kHalfModelMemory), w2 = AddWorker(7002, kHalfModelMemory);
   v1::JobSpec spec = ElasticSpec(2, 5);

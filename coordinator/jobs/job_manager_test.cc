@@ -59,6 +59,21 @@ v1::WeightsChunk WholeTensor(const std::string& worker, const std::string& job,
 // Defined with the profiling tests below.
 v1::ModelProfile FakeProfile(const v1::ProfileRequest& request = {});
 
+// Every weight of `spec`'s model, zeros, as a weights file holds them (a
+// tied tensor once).
+std::vector<NamedTensor> ZeroWeightsOf(const v1::JobSpec& spec) {
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  std::vector<NamedTensor> tensors;
+  std::set<std::string> names;  // a tied tensor is in two units, once in the file
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (!names.insert(p.name).second) continue;
+      tensors.push_back({p.name, Tensor::Zeros(Shape(p.shape.begin(), p.shape.end()))});
+    }
+  }
+  return tensors;
+}
+
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
@@ -1513,16 +1528,7 @@ TEST_F(JobManagerTest, InitFrom_WeightsMissingOrMisshapen_RefusedNamingTheTensor
 // nor start from a file a live job replaces when it ends (by its resolved
 // name: through a link too). Both are free once the other job has ended.
 TEST_F(JobManagerTest, InitFromWeights_AndALiveJobsWeightsPath_RefusedEitherWay) {
-  v1::JobSpec spec = SmallSpec(1);
-  const GptConfig model = ResolveJobSpec(spec).value().train.model;
-  std::vector<NamedTensor> tensors;
-  std::set<std::string> names;  // a tied tensor is in two units, once in the file
-  for (int u = 0; u < NumUnits(model); ++u) {
-    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      if (!names.insert(p.name).second) continue;
-      tensors.push_back({p.name, Tensor::Zeros(Shape(p.shape.begin(), p.shape.end()))});
-    }
-  }
+  const std::vector<NamedTensor> tensors = ZeroWeightsOf(SmallSpec(1));
   for (const char* dir : {"/start", "/next"})
     ASSERT_EQ(mkdir((OutputDir() + dir).c_str(), 0700), 0);
   for (const char* file : {"/start/w.safetensors", "/next/w.safetensors"}) {
@@ -1594,6 +1600,24 @@ TEST_F(JobManagerTest, InitFrom_ResolvesToAPathNotUtf8_RefusedBeforeItIsSaved) {
       absl::StrContains(refused.message(), "latin1-\\xe9/step-00000002, a path that is not UTF-8"))
       << refused;
   EXPECT_TRUE(jobs_.List().empty());
+}
+
+// The output directory's own name need not be UTF-8 (the operator chose
+// it): only the part under it is saved with the job and sent to workers,
+// and that part is checked (above).
+TEST_F(JobManagerTest, InitFrom_OutputDirNameNotUtf8_Accepted) {
+  const std::string root = OutputDir() + "/root-\xe9";
+  ASSERT_EQ(mkdir(root.c_str(), 0700), 0);
+  v1::JobSpec spec = SmallSpec(1);
+  const absl::Status written = WriteSafetensors(root + "/w.safetensors", ZeroWeightsOf(spec));
+  ASSERT_TRUE(written.ok()) << written;
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = root, .background_runner = background_.Runner()});
+  spec.mutable_init()->set_from("w.safetensors");
+  const absl::StatusOr<v1::Job> job = jobs.Submit(spec);
+  background_.RunAll();
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(jobs.Get(job->id()).value().state(), v1::JOB_STATE_QUEUED);
 }
 
 // Completeness is by the elements covered, not by values counted: a chunk

@@ -7,8 +7,9 @@
 #   bash scripts/fuzz.sh 5            # every target, 5 s each (CI smoke run)
 #   bash scripts/fuzz.sh 60 codec_fuzzer frame_fuzzer
 # Prints one row per target (executions, exec/s, libFuzzer's final cov and
-# ft, corpus files, crashes), then "fuzz: N targets, M crashes". A crash,
-# hang (-timeout), out-of-memory or sanitizer report counts as a crash: the
+# ft, corpus files, crashes), then "fuzz: N targets, M crashes; build B s,
+# runs R s" (the seconds the clang build and the runs took). A crash, hang
+# (-timeout), out-of-memory or sanitizer report counts as a crash: the
 # script prints the report, keeps the input (path printed) and exits 1.
 # The build uses its own Bazel output base (PIPETRAIN_FUZZ_OUTPUT_BASE,
 # default ~/.cache/pipetrain-fuzz), so it never invalidates the GCC build.
@@ -81,10 +82,13 @@ for t in "${TARGETS[@]}"; do labels+=("//fuzz:$t"); done
 # --symlink_prefix=/: no bazel-* links in the workspace. Links into this
 # output base would replace the main build's and make `bazel test //...`
 # descend into it.
+build_start=$SECONDS
 if ! bazel_fuzz build --config=fuzz --symlink_prefix=/ "${labels[@]}"; then
   echo "fuzz: build failed"
   exit 1
 fi
+build_seconds=$((SECONDS - build_start))
+run_start=$SECONDS
 bin="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
 
 # Readable stacks in sanitizer reports; a UBSan finding stops the run.
@@ -133,5 +137,5 @@ echo
 printf '%-22s %8s %12s %8s %6s %7s %8s %8s\n' target seconds executions exec/s cov ft corpus crashes
 printf '%s\n' "${rows[@]}"
 echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-echo "fuzz: ${#TARGETS[@]} targets, $crashes crashes"
+echo "fuzz: ${#TARGETS[@]} targets, $crashes crashes; build $build_seconds s, runs $((SECONDS - run_start)) s"
 [ "$crashes" -eq 0 ]

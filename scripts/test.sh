@@ -10,7 +10,7 @@
 # Ends with a line "tests: N passed, M failed; GPU tests: ...", then checks
 # the layering and (without arguments) the coordinator image's libraries,
 # runs each fuzz target for 5 s (scripts/fuzz.sh) and ends with "fuzz: N
-# targets, M crashes".
+# targets, M crashes; build B s, runs R s".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1

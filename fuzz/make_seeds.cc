@@ -349,6 +349,29 @@ void RestSeeds(const std::string& dir) {
                        "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999\r\n\r\n",
                        "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nHost: t\r\nRange: bytes=0-1,2-3\r\n"
                        "Expect: 100-continue\r\n\r\n"}));
+  // Paths under the fuzzer's --data-root and --output-dir: one of each
+  // kind that resolves (a job that reads corpus.txt, writes its weights
+  // and checkpoints), then ones that try to leave the roots.
+  const auto spec_with = [](const std::string& path_fields) {
+    return absl::StrCat(R"({"model": {"nLayer": 4, "nHead": 2, "dModel": 64},)"
+                        R"( "training": {"seqLen": 32, "batchSize": 8, "microBatches": 4,)"
+                        R"( "steps": 20}, "parallelism": {"stages": 2}, )",
+                        path_fields, "}");
+  };
+  WriteSeed(
+      dir, "confined_paths",
+      RequestSequence(
+          {HttpRequestBytes("POST", "/v1/jobs",
+                            spec_with(R"("data": {"path": "corpus.txt"},)"
+                                      R"( "output": {"weightsPath": "runs/w.safetensors"},)"
+                                      R"( "checkpoint": {"intervalSteps": 5, "dir": "runs/ck"})"),
+                            true),
+           HttpRequestBytes("POST", "/v1/jobs", spec_with(R"("data": {"path": "/etc/passwd"})"),
+                            true),
+           HttpRequestBytes("POST", "/v1/jobs",
+                            spec_with(R"("output": {"weightsPath": "../w.safetensors"})"), true),
+           HttpRequestBytes("POST", "/v1/jobs",
+                            spec_with(R"("init": {"from": "runs/ck/step-00000005"})"), true)}));
   // Lines near httplib's 8 KiB limits, without and with the token: it
   // also raises libFuzzer's default input size limit to this seed's, so
   // that long requests are explored.

@@ -7,7 +7,12 @@
 // two workers is RUNNING for the next one: its plan, timelines, the
 // workers' pages and a drain are answered as for a real job. Each input
 // starts from a fresh coordinator, so that a crash replays from its input
-// alone.
+// alone. The coordinator has an --output-dir and a --data-root, as a
+// deployed one does, so that the paths a spec names (spec.data.path,
+// spec.output.weights_path, spec.checkpoint.dir, spec.init.from) are
+// resolved and confined, not refused for want of a root: both under a
+// scratch directory, <scratch>/out (emptied before each input) and
+// <scratch>/data (holding corpus.txt, which a seed names).
 //
 // Input: up to kMaxRequests requests, each uint16-length-prefixed but the
 // last, which is the rest; they run in order against the same coordinator
@@ -19,12 +24,19 @@
 //  - authentication: a 2xx answer to a request that does not carry the
 //    token in its head (request line and headers; the body does not count)
 //    is the only public route's (/metrics, Prometheus text): no REST
-//    method answers a caller without the token.
+//    method answers a caller without the token;
+//  - confinement: the scratch directory holds only out/ and data/, and
+//    data/ only corpus.txt, as made: nothing a request names is written
+//    beside the output directory or into the data root.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
@@ -38,11 +50,21 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
+#include "fuzz/scratch_dir.h"
 
 namespace {
 
 constexpr int kMaxRequests = 4;
 constexpr char kToken[] = "fuzz-token-5b1d2a7c9e3f4061";
+constexpr char kCorpusName[] = "corpus.txt";
+
+// Traps unless `dir` holds exactly `names` (in any order).
+void ExpectEntries(const std::string& dir, std::vector<std::string> names) {
+  std::vector<std::string> found = pipetrain::DirEntries(dir);
+  std::sort(found.begin(), found.end());
+  std::sort(names.begin(), names.end());
+  if (found != names) __builtin_trap();  // something written outside --output-dir
+}
 
 }  // namespace
 
@@ -53,6 +75,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return true;
   }();
   (void)quiet;
+  const std::string& scratch = ScratchDir("rest-fuzz");
+  const std::string output_dir = scratch + "/out", data_root = scratch + "/data";
+  static const bool made = [&] {
+    PT_CHECK(mkdir(output_dir.c_str(), 0700) == 0 && mkdir(data_root.c_str(), 0700) == 0);
+    std::ofstream(data_root + "/" + kCorpusName) << "a small corpus for spec.data.path\n";
+    return true;
+  }();
+  (void)made;
+  EmptyDir(output_dir);
   FakeClock clock;
   WorkerRegistry workers{WorkerRegistry::Options{.clock = &clock}};
   for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
@@ -63,7 +94,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   AssignmentHub hub;
   BackgroundQueue background;  // outlives jobs
   JobManager jobs{&workers, &hub, &clock,
-                  JobManagerOptions{.background_runner = background.Runner()}};
+                  JobManagerOptions{.output_dir = output_dir,
+                                    .data_roots = {data_root},
+                                    .background_runner = background.Runner()}};
   CoordinatorMetrics metrics{&workers, &jobs};
   HttpServer server(HttpServer::Options{.bearer_token = kToken});
   RegisterRestRoutes(server, &workers, &jobs);
@@ -91,5 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       __builtin_trap();  // a REST method answered without the token
     }
   }
+  ExpectEntries(scratch, {"out", "data"});
+  ExpectEntries(data_root, {kCorpusName});
   return 0;
 }

@@ -50,6 +50,10 @@ AnnotatedMutex& RegistryMutex() {
 struct CachingAllocator::Pool {
   AnnotatedMutex mu;
   std::vector<CachingAllocator*> members ABSL_GUARDED_BY(mu);
+  // Blocks the members' ReleaseStreams are freeing outside their mutexes,
+  // and how many such ReleaseStreams have finished.
+  size_t releasing ABSL_GUARDED_BY(mu) = 0;
+  uint64_t releases_done ABSL_GUARDED_BY(mu) = 0;
 };
 
 CachingAllocator::Pool* CachingAllocator::PoolNamed(const std::string& name) {
@@ -129,6 +133,9 @@ void* CachingAllocator::TakeCachedLocked(size_t size, StreamId stream) {
 
 absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t requested,
                                                           StreamId stream) {
+  // A release of the pool that ends after this point frees memory the
+  // first raw call may have lacked (AwaitPoolReleases).
+  const uint64_t pool_releases_seen = pool_ != nullptr ? PoolReleasesDone() : 0;
   absl::StatusOr<void*> ptr = raw_->Allocate(size);
   if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && !free_.empty()) {
     // Cached blocks of other sizes or streams may be what the raw allocator
@@ -149,6 +156,14 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
                          absl::Minutes(1));
     ptr = raw_->Allocate(size);
   }
+  // So are those the pool's other caches' ReleaseStreams are freeing (the
+  // same device's memory). Waited for with this cache's mutex held: a
+  // ReleaseStream needs only the pool's mutex to say it is done.
+  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && pool_ != nullptr &&
+      AwaitPoolReleases(pool_releases_seen)) {
+    ++stats_.oom_retries;
+    ptr = raw_->Allocate(size);
+  }
   if (ptr.ok() && *ptr == nullptr) {
     ptr = absl::InternalError("the raw allocator returned nullptr without an error");
   }
@@ -165,6 +180,21 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
   }
   return absl::Status(ptr.status().code(), absl::StrCat(options_.name, ": allocating ", size,
                                                         " bytes failed: ", ptr.status().message()));
+}
+
+uint64_t CachingAllocator::PoolReleasesDone() const {
+  AnnotatedMutexLock lock(&pool_->mu);
+  return pool_->releases_done;
+}
+
+bool CachingAllocator::AwaitPoolReleases(uint64_t releases_seen) const {
+  Pool* const pool = pool_;
+  AnnotatedMutexLock lock(&pool->mu);
+  if (pool->releasing == 0) return pool->releases_done != releases_seen;
+  pool->mu.AwaitWithTimeout(
+      [pool]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->mu) { return pool->releasing == 0; },
+      absl::Minutes(1));
+  return true;
 }
 
 size_t CachingAllocator::EmptyOtherCachesOfPool() const {
@@ -227,11 +257,23 @@ size_t CachingAllocator::ReleaseStream(StreamId stream) {
     stats_.raw_frees += static_cast<int64_t>(blocks.size());
     stats_.bytes_cached -= released;
     releasing_ += blocks.size();
+    if (pool_ != nullptr && !blocks.empty()) {
+      AnnotatedMutexLock pool_lock(&pool_->mu);
+      pool_->releasing += blocks.size();
+    }
   }
   // Outside the lock: cudaFree waits for the whole device, a job's NCCL
   // kernels waiting on a peer included, and that job's thread must still
   // allocate the scratch for the send its peer waits for.
   for (void* block : blocks) raw_->Free(block);
+  // The pool's count first, without this cache's mutex: an Allocate of
+  // another cache waits for it holding its own, and one of this cache may
+  // hold this one (AwaitPoolReleases).
+  if (pool_ != nullptr && !blocks.empty()) {
+    AnnotatedMutexLock pool_lock(&pool_->mu);
+    pool_->releasing -= blocks.size();
+    ++pool_->releases_done;
+  }
   AnnotatedMutexLock lock(&mu_);
   releasing_ -= blocks.size();
   return released;

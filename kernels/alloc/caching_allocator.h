@@ -41,7 +41,10 @@
 // Thread-safe: one mutex guards all state, and it is held across raw
 // allocator calls (the raw allocator must not call back into this object),
 // except ReleaseStream's raw frees, and an Allocate refused meanwhile,
-// which waits for them (up to a minute) with the mutex released.
+// which waits for them (up to a minute) with the mutex released. Refused
+// still, it waits (up to a minute, its mutex held) for the raw frees of
+// every ReleaseStream of its pool: the memory of the other caches of the
+// device, about to come back.
 // Each pool has a mutex of its own, taken after a cache's (never before),
 // and a cache's destructor leaves its pool before taking its own.
 #ifndef PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
@@ -97,7 +100,8 @@ class CachingAllocator {
     int64_t raw_frees = 0;         // raw Free calls
     int64_t cache_hits = 0;        // Allocate calls served from the cache
     // Retries after RESOURCE_EXHAUSTED: the cache emptied, or a wait for a
-    // ReleaseStream's frees (one Allocate may count both).
+    // ReleaseStream's frees, this cache's or its pool's (one Allocate may
+    // count several).
     int64_t oom_retries = 0;
     int64_t pool_releases = 0;     // retries after the pool's other caches gave blocks back
   };
@@ -168,6 +172,14 @@ class CachingAllocator {
   // Empties the caches of this one's pool other than this one that are not
   // busy; returns the bytes they gave back.
   size_t EmptyOtherCachesOfPool() const;
+  // The ReleaseStreams of the pool that have finished freeing blocks so
+  // far. Needs pool_.
+  uint64_t PoolReleasesDone() const;
+  // Waits (up to a minute) until no ReleaseStream of the pool is freeing
+  // blocks. True when memory may have come back since PoolReleasesDone()
+  // returned `releases_seen` (one was under way, or one finished since);
+  // false, at once, otherwise. Needs pool_.
+  bool AwaitPoolReleases(uint64_t releases_seen) const;
   void MarkInUseLocked(void* ptr, size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RawAllocator* const raw_;

@@ -433,6 +433,27 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_PoolsOtherCacheGivesBlocksBack) 
   second.Free(ptr);
 }
 
+// The memory another cache of the pool is releasing (ReleaseStream, its
+// raw free waiting) is the device's, about to come back: an allocation the
+// raw allocator refuses meanwhile waits for it rather than failing.
+TEST(CachingAllocatorTest, Allocate_OutOfMemory_WaitsForThePoolsOtherCachesRelease) {
+  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
+  BlockingFreeRawAllocator raw(&fake);
+  CachingAllocator first(&raw, PoolOptions("first", "device pool-release"));
+  CachingAllocator second(&raw, PoolOptions("second", "device pool-release"));
+  std::thread release = StartBlockedRelease(first, raw);
+  std::thread let_go([&] {
+    EXPECT_TRUE(raw.AwaitRefusal());
+    raw.LetGo();
+  });
+  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
+  let_go.join();
+  release.join();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(second.GetStats().oom_retries, 1);
+  second.Free(*whole);
+}
+
 TEST(CachingAllocatorTest, Allocate_OutOfMemory_OtherPoolsBlocksStay) {
   FakeRawAllocator raw(/*capacity=*/8 * kKiB);
   CachingAllocator first(&raw, PoolOptions("first", "device 0"));

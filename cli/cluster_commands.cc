@@ -608,10 +608,9 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
                                const LocalWatch& watch = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
-  int64_t last_version = 0, timed_step = -1;
+  int64_t timed_step = -1;
   JobProgressView view;
-  bool said_recovering = false;
-  std::string said_waiting;  // the last state and reason shown before the first step
+  JobNewsView news_view;
   v1::CoordinatorService::Stub* current = &stub;
   std::unique_ptr<v1::CoordinatorService::Stub> found;
   std::optional<absl::Time> lost_since;
@@ -660,35 +659,12 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
       progress.Message("found the coordinator again");
       lost_since.reset();
     }
-    // Before its first plan, why the job waits ("waiting for 2 READY
-    // workers ..."): each state and reason once, as they change, so that a
-    // job that cannot be placed does not look hung until queue_timeout.
-    // (Re-plans have their own line below.)
-    if (last_version == 0 &&
-        (job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_PROFILING ||
-         job.state() == v1::JOB_STATE_PLANNING)) {
-      std::string line = EnumShortName(job.state());
-      if (!job.reason().empty()) absl::StrAppend(&line, ": ", TerminalSafe(job.reason()));
-      if (line != said_waiting) progress.Message(line);
-      said_waiting = std::move(line);
-    }
-    // Recoveries and re-plans are news: each on a line of its own.
-    if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering) {
-      progress.Message(TerminalSafe(job.reason()));
-      said_recovering = true;
-    }
-    if (job.plan_version() > last_version && job.plan_history_size() > 0) {
-      const v1::PlanVersion& v = job.plan_history(job.plan_history_size() - 1);
-      if (last_version > 0) {
-        progress.Message(absl::StrFormat(
-            "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
-            absl::StrJoin(v.worker_ids(), ", "), v.start_step(), TerminalSafe(v.reason())));
-        // The step time compared with the prediction is the new plan's.
-        if (timing != nullptr) *timing = StepTiming();
-      }
-      last_version = job.plan_version();
-      said_recovering = false;
-    }
+    // Why the job waits before its first plan, recoveries and re-plans:
+    // each on a line of its own.
+    const JobNewsView::News news = news_view.Poll(job);
+    for (const std::string& line : news.lines) progress.Message(line);
+    // The step time compared with the prediction is the new plan's.
+    if (news.replanned && timing != nullptr) *timing = StepTiming();
     // A job started from a checkpoint begins at its step, with no loss of
     // its own yet ("loss 0.0000, 0 tok/s"): progress shows the steps run
     // since the first poll, and their rate.

@@ -1,5 +1,13 @@
 #include "cli/job_progress.h"
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/enum_names.h"
+#include "common/terminal_safe.h"
+
 namespace pipetrain {
 
 std::optional<ProgressSample> JobProgressView::Poll(const v1::Job& job, absl::Time now) {
@@ -31,6 +39,34 @@ std::optional<ProgressSample> JobProgressView::Poll(const v1::Job& job, absl::Ti
   }
   last_step_ = step;
   return sample;
+}
+
+JobNewsView::News JobNewsView::Poll(const v1::Job& job) {
+  News news;
+  if (last_version_ == 0 &&
+      (job.state() == v1::JOB_STATE_QUEUED || job.state() == v1::JOB_STATE_PROFILING ||
+       job.state() == v1::JOB_STATE_PLANNING)) {
+    std::string line = EnumShortName(job.state());
+    if (!job.reason().empty()) absl::StrAppend(&line, ": ", TerminalSafe(job.reason()));
+    if (line != said_waiting_) news.lines.push_back(line);
+    said_waiting_ = std::move(line);
+  }
+  if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering_) {
+    news.lines.push_back(TerminalSafe(job.reason()));
+    said_recovering_ = true;
+  }
+  if (job.plan_version() > last_version_ && job.plan_history_size() > 0) {
+    const v1::PlanVersion& v = job.plan_history(job.plan_history_size() - 1);
+    if (last_version_ > 0) {
+      news.lines.push_back(absl::StrFormat(
+          "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
+          absl::StrJoin(v.worker_ids(), ", "), v.start_step(), TerminalSafe(v.reason())));
+      news.replanned = true;
+    }
+    last_version_ = job.plan_version();
+    said_recovering_ = false;
+  }
+  return news;
 }
 
 }  // namespace pipetrain

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "cli/progress.h"
@@ -34,6 +36,27 @@ class JobProgressView {
   int64_t last_val_step_ = 0;
   int64_t rate_step_ = -1;  // the step the ETA's rate counts from
   absl::Time rate_since_;
+};
+
+// The lines of news successive polls of a job bring besides its steps,
+// terminal-safe: before its first plan, each state and reason while it
+// waits (QUEUED, PROFILING, PLANNING), once per change, so that a job that
+// cannot be placed does not look hung until its queue timeout; each
+// recovery's reason, once; and each plan after the first ("plan 2 on 3
+// workers (...), from step 5: <why>"). A re-plan's PLANNING is not
+// repeated: its plan line says it. Not thread-safe.
+class JobNewsView {
+ public:
+  struct News {
+    std::vector<std::string> lines;
+    bool replanned = false;  // a plan after the first came: its steps time anew
+  };
+  News Poll(const v1::Job& job);
+
+ private:
+  int64_t last_version_ = 0;
+  std::string said_waiting_;  // the last state and reason shown before the first plan
+  bool said_recovering_ = false;
 };
 
 }  // namespace pipetrain

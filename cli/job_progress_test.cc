@@ -1,5 +1,8 @@
 #include "cli/job_progress.h"
 
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -18,6 +21,61 @@ v1::Job JobAt(int64_t step, int64_t val_step = 0, float val_loss = 0) {
 }
 
 const absl::Time kStart = absl::FromUnixSeconds(1000);
+
+v1::Job JobIn(v1::JobState state, const std::string& reason, int plans = 0) {
+  v1::Job job;
+  job.set_state(state);
+  job.set_reason(reason);
+  job.set_plan_version(plans);
+  for (int v = 1; v <= plans; ++v) {
+    v1::PlanVersion* plan = job.add_plan_history();
+    plan->set_version(v);
+    plan->set_start_step(5 * (v - 1));
+    plan->set_reason(v == 1 ? "initial plan" : "w-2 lost");
+    plan->add_worker_ids("w-1");
+    if (v > 1) plan->add_worker_ids("w-3");
+  }
+  return job;
+}
+
+using Lines = std::vector<std::string>;
+
+// Before the first plan each state and reason once, as they change; the
+// first plan itself is not news (the steps that follow are).
+TEST(JobNewsViewTest, BeforeTheFirstPlan_EachWaitingStateOnce) {
+  JobNewsView news;
+  const v1::Job queued = JobIn(v1::JOB_STATE_QUEUED, "waiting for 2 READY workers (1 ready)");
+  EXPECT_EQ(news.Poll(queued).lines, Lines{"QUEUED: waiting for 2 READY workers (1 ready)"});
+  EXPECT_TRUE(news.Poll(queued).lines.empty());
+  EXPECT_EQ(news.Poll(JobIn(v1::JOB_STATE_PLANNING, "")).lines, Lines{"PLANNING"});
+  const JobNewsView::News running = news.Poll(JobIn(v1::JOB_STATE_RUNNING, "", 1));
+  EXPECT_TRUE(running.lines.empty());
+  EXPECT_FALSE(running.replanned);
+}
+
+// After the first plan: a recovery's reason once, no waiting line for the
+// re-plan's PLANNING (the plan line says it), then the new plan.
+TEST(JobNewsViewTest, AfterTheFirstPlan_RecoveryOnceThenThePlanLineOnly) {
+  JobNewsView news;
+  news.Poll(JobIn(v1::JOB_STATE_RUNNING, "", 1));
+  const v1::Job recovering = JobIn(v1::JOB_STATE_RECOVERING, "w-2 lost: recovering", 1);
+  EXPECT_EQ(news.Poll(recovering).lines, Lines{"w-2 lost: recovering"});
+  EXPECT_TRUE(news.Poll(recovering).lines.empty());
+  EXPECT_TRUE(news.Poll(JobIn(v1::JOB_STATE_PLANNING, "re-planning", 1)).lines.empty());
+  const JobNewsView::News replanned = news.Poll(JobIn(v1::JOB_STATE_RUNNING, "", 2));
+  EXPECT_EQ(replanned.lines, Lines{"plan 2 on 2 workers (w-1, w-3), from step 5: w-2 lost"});
+  EXPECT_TRUE(replanned.replanned);
+  // A second recovery is news again.
+  EXPECT_EQ(news.Poll(JobIn(v1::JOB_STATE_RECOVERING, "w-3 lost", 2)).lines, Lines{"w-3 lost"});
+}
+
+// A reason is the coordinator's text, which a job's fields feed: what acts
+// on a terminal is shown escaped.
+TEST(JobNewsViewTest, Reasons_TerminalSafe) {
+  JobNewsView news;
+  EXPECT_EQ(news.Poll(JobIn(v1::JOB_STATE_QUEUED, "held\x1b[2J")).lines,
+            Lines{"QUEUED: held\\x1b[2J"});
+}
 
 TEST(JobProgressViewTest, FirstPoll_IsTheStartAndNoNews) {
   JobProgressView view;

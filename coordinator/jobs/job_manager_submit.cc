@@ -24,6 +24,7 @@
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "spec/job_spec.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/model/gpt_config.h"
 
@@ -108,6 +109,19 @@ absl::Status AsSubmitPathError(absl::Status status) {
   }
   if (absl::IsResourceExhausted(status)) return absl::UnavailableError(status.message());
   return status;
+}
+
+// spec.checkpoint.dir given while interval_steps is 0: no checkpoint
+// would be taken, and a user who named where to keep them would learn it
+// only when a lost worker fails the job. (Not keep: a job's spec as Get
+// shows it has keep filled in, and may be submitted again as it is.) At
+// submit only: a job stored before this check existed runs on as it was.
+absl::Status CheckCheckpointDirHasAnInterval(const v1::CheckpointSpec& checkpoint) {
+  if (checkpoint.interval_steps() > 0 || checkpoint.dir().empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.checkpoint.dir: given, but spec.checkpoint.interval_steps is 0, so no checkpoint "
+      "would be taken; set interval_steps (1 to ",
+      kMaxCheckpointInterval, ") or leave dir out"));
 }
 
 }  // namespace
@@ -444,6 +458,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     if (earlier != nullptr) return earlier->job;
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
+  RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
   ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));

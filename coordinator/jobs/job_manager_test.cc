@@ -1602,6 +1602,27 @@ TEST_F(JobManagerTest, InitFrom_ResolvesToAPathNotUtf8_RefusedBeforeItIsSaved) {
   EXPECT_TRUE(jobs_.List().empty());
 }
 
+// A checkpoint directory named without an interval would be a promise
+// the job does not keep (no checkpoint, and a lost worker fails it): refused
+// at submit. A job's spec as Get shows it (keep filled in, no directory)
+// is accepted again as it is.
+TEST_F(JobManagerTest, CheckpointDir_WithoutAnInterval_Refused) {
+  v1::JobSpec spec = SmallSpec(1);
+  ASSERT_EQ(spec.checkpoint().interval_steps(), 0);
+  spec.mutable_checkpoint()->set_dir("runs/ck");
+  const absl::Status refused = Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.checkpoint.dir: given, but spec.checkpoint.interval_steps is 0, so no "
+            "checkpoint would be taken; set interval_steps (1 to 1000000) or leave dir out");
+  EXPECT_TRUE(jobs_.List().empty());
+  spec.mutable_checkpoint()->clear_dir();
+  const v1::Job job = Submit(spec).value();
+  ASSERT_TRUE(job.spec().checkpoint().has_keep());
+  const absl::StatusOr<v1::Job> again = Submit(job.spec());
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 // The output directory's own name need not be UTF-8 (the operator chose
 // it): only the part under it is saved with the job and sent to workers,
 // and that part is checked (above).

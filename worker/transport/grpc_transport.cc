@@ -18,6 +18,7 @@
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_wire.h"
+#include "worker/transport/stream_hold.h"
 
 namespace pipetrain {
 namespace {
@@ -93,10 +94,11 @@ std::vector<grpc::ByteBuffer> EncodeFrameBuffers(int source_stage, const TensorA
 // One long-lived DataPlane/Stream to a peer.
 //
 // Lifetime: Start() takes a hold, so gRPC keeps the call alive while Send
-// threads may still start writes from outside any reaction; only Close()
-// removes it. The owner must call Close() and destroys the stream after it
-// returns (OnDone has run by then). Not a reaction: context_ may hold the
-// last reference to the channel, and gRPC teardown stays on our threads (a
+// threads may still start writes from outside any reaction; it goes once
+// Close() asked and no such write is still to be started (stream_hold.h).
+// The owner must call Close() and destroys the stream after it returns
+// (OnDone has run by then). Not a reaction: context_ may hold the last
+// reference to the channel, and gRPC teardown stays on our threads (a
 // variant that let OnDone drop the last reference once hit a double free
 // inside gRPC's callback completion queue under ASan).
 // gRPC operations are never started while mu_ is held.
@@ -178,8 +180,19 @@ class FrameStream final : public StreamReactor {
       for (grpc::ByteBuffer& f : frames) queue_.push_back(std::move(f));
       queued_bytes_ += bytes;
       write = NextWriteLocked();
+      // Started below, outside the lock and outside any reaction: the
+      // hold must outlast it (stream_hold.h).
+      if (write.frame != nullptr) hold_.WriteClaimed();
     }
-    if (write.frame != nullptr) StartWrite(write.frame, write.options);
+    if (write.frame != nullptr) {
+      StartWrite(write.frame, write.options);
+      bool remove_hold = false;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        remove_hold = hold_.WriteStarted();
+      }
+      if (remove_hold) RemoveHold();  // a Close came while we started it
+    }
     return absl::OkStatus();
   }
 
@@ -240,7 +253,14 @@ class FrameStream final : public StreamReactor {
       } else {
         context_.TryCancel();
       }
-      RemoveHold();
+      // Not while an Enqueue is between claiming a write and starting it
+      // (possible when cancelling): that Enqueue removes it.
+      bool remove_hold = false;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        remove_hold = hold_.CloseAsked();
+      }
+      if (remove_hold) RemoveHold();
     }
     auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
     bool done = false;
@@ -395,6 +415,7 @@ class FrameStream final : public StreamReactor {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;  // Abort(): nothing more is written
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  StreamHoldRelease hold_ ABSL_GUARDED_BY(mu_);  // who removes Start()'s hold
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::string rejection_ ABSL_GUARDED_BY(mu_);
   int more_rejections_ ABSL_GUARDED_BY(mu_) = 0;

@@ -133,36 +133,47 @@ void* CachingAllocator::TakeCachedLocked(size_t size, StreamId stream) {
 
 absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t requested,
                                                           StreamId stream) {
-  // A release of the pool that ends after this point frees memory the
-  // first raw call may have lacked (AwaitPoolReleases).
-  const uint64_t pool_releases_seen = pool_ != nullptr ? PoolReleasesDone() : 0;
-  absl::StatusOr<void*> ptr = raw_->Allocate(size);
+  // Each raw call notes the pool's finished releases first: one that ends
+  // after the last call frees memory that call may have lacked
+  // (AwaitPoolReleases).
+  uint64_t pool_releases_seen = 0;
+  const auto raw_allocate = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pool_ != nullptr) pool_releases_seen = PoolReleasesDone();
+    return raw_->Allocate(size);
+  };
+  absl::StatusOr<void*> ptr = raw_allocate();
   if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && !free_.empty()) {
     // Cached blocks of other sizes or streams may be what the raw allocator
     // lacks: give them back and try once more.
     ++stats_.oom_retries;
     EmptyCacheLocked();
-    ptr = raw_->Allocate(size);
+    ptr = raw_allocate();
   }
   if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && pool_ != nullptr &&
       EmptyOtherCachesOfPool() > 0) {
     ++stats_.pool_releases;
-    ptr = raw_->Allocate(size);
+    ptr = raw_allocate();
   }
   // Blocks a ReleaseStream is freeing are memory about to come back.
   if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && releasing_ > 0) {
     ++stats_.oom_retries;
     mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return releasing_ == 0; },
                          absl::Minutes(1));
-    ptr = raw_->Allocate(size);
+    ptr = raw_allocate();
   }
   // So are those the pool's other caches' ReleaseStreams are freeing (the
-  // same device's memory). Waited for with this cache's mutex held: a
-  // ReleaseStream needs only the pool's mutex to say it is done.
-  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && pool_ != nullptr &&
-      AwaitPoolReleases(pool_releases_seen)) {
-    ++stats_.oom_retries;
-    ptr = raw_->Allocate(size);
+  // same device's memory). Waited for with this cache's mutex released, as
+  // for its own: the thread whose work a cudaFree waits for may need this
+  // cache meanwhile. Not when this cache's own release is still under way
+  // (its wait above timed out: what it waits for is stuck).
+  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && pool_ != nullptr && releasing_ == 0) {
+    mu_.Unlock();
+    const bool came_back = AwaitPoolReleases(pool_releases_seen);
+    mu_.Lock();
+    if (came_back) {
+      ++stats_.oom_retries;
+      ptr = raw_allocate();
+    }
   }
   if (ptr.ok() && *ptr == nullptr) {
     ptr = absl::InternalError("the raw allocator returned nullptr without an error");

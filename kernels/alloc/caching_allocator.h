@@ -36,15 +36,18 @@
 // Allocate has the pool's other caches return their free blocks and
 // retries once more. A cache of the pool that is busy at that moment (its
 // mutex held) is skipped rather than waited for, so two caches running out
-// at once cannot deadlock; its free blocks stay.
+// at once cannot deadlock; its free blocks stay. Last, blocks that a
+// ReleaseStream of this cache or of another of the pool is freeing are
+// waited for (see below) and the raw call is tried again.
 //
 // Thread-safe: one mutex guards all state, and it is held across raw
 // allocator calls (the raw allocator must not call back into this object),
 // except ReleaseStream's raw frees, and an Allocate refused meanwhile,
 // which waits for them (up to a minute) with the mutex released. Refused
-// still, it waits (up to a minute, its mutex held) for the raw frees of
-// every ReleaseStream of its pool: the memory of the other caches of the
-// device, about to come back.
+// still, it waits (up to a minute, its mutex released) for the raw frees
+// of every ReleaseStream of its pool, the device's memory about to come
+// back, and retries once if one was under way or ended since its last try;
+// not after its own ReleaseStream's wait timed out.
 // Each pool has a mutex of its own, taken after a cache's (never before),
 // and a cache's destructor leaves its pool before taking its own.
 #ifndef PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
@@ -178,8 +181,8 @@ class CachingAllocator {
   // Waits (up to a minute) until no ReleaseStream of the pool is freeing
   // blocks. True when memory may have come back since PoolReleasesDone()
   // returned `releases_seen` (one was under way, or one finished since);
-  // false, at once, otherwise. Needs pool_.
-  bool AwaitPoolReleases(uint64_t releases_seen) const;
+  // false, at once, otherwise. Needs pool_; called without mu_.
+  bool AwaitPoolReleases(uint64_t releases_seen) const ABSL_LOCKS_EXCLUDED(mu_);
   void MarkInUseLocked(void* ptr, size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RawAllocator* const raw_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -269,10 +270,22 @@ class BlockingFreeRawAllocator : public RawAllocator {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     absl::StatusOr<void*> ptr = inner_->Allocate(bytes);
     if (absl::IsResourceExhausted(ptr.status())) {
-      AnnotatedMutexLock lock(&mu_);
-      refused_ = true;
+      std::function<void()> on_refusal;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        refused_ = true;
+        on_refusal = std::move(on_refusal_);
+        on_refusal_ = nullptr;
+      }
+      if (on_refusal) on_refusal();  // before the refusal is returned
     }
     return ptr;
+  }
+  // Runs `f` at the next refusal, on the refused caller's thread, before
+  // the refusal is returned.
+  void OnNextRefusal(std::function<void()> f) {
+    AnnotatedMutexLock lock(&mu_);
+    on_refusal_ = std::move(f);
   }
   void Free(void* ptr) override {
     {
@@ -314,6 +327,7 @@ class BlockingFreeRawAllocator : public RawAllocator {
   bool in_blocked_free_ ABSL_GUARDED_BY(mu_) = false;
   bool let_go_ ABSL_GUARDED_BY(mu_) = false;
   bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_refusal_ ABSL_GUARDED_BY(mu_);
 };
 
 // Caches a 4096-byte block of stream 1 and starts its ReleaseStream on a
@@ -449,6 +463,29 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_WaitsForThePoolsOtherCachesRelea
   absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
   let_go.join();
   release.join();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(second.GetStats().oom_retries, 1);
+  second.Free(*whole);
+}
+
+// The other cache's release ends between the refused raw call and the
+// wait: nothing is under way any more, but the memory came back since the
+// try, so the allocation is tried once more.
+TEST(CachingAllocatorTest, Allocate_OutOfMemory_APoolReleaseEndedSinceTheTry_TriedAgain) {
+  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
+  BlockingFreeRawAllocator raw(&fake);
+  CachingAllocator first(&raw, PoolOptions("first", "device pool-release-ended"));
+  CachingAllocator second(&raw, PoolOptions("second", "device pool-release-ended"));
+  std::thread release = StartBlockedRelease(first, raw);
+  raw.OnNextRefusal([&] {
+    raw.LetGo();
+    release.join();
+  });
+  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
+  if (release.joinable()) {  // the refusal never came: fail, not hang
+    raw.LetGo();
+    release.join();
+  }
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(second.GetStats().oom_retries, 1);
   second.Free(*whole);

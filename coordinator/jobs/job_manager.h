@@ -963,8 +963,10 @@ class JobManager {
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `workers` reordered so that the `need` with the most memory between
-  // them (RoomiestWorkers) come first; the rest follow in their order.
-  std::vector<std::string> RoomiestFirstLocked(std::vector<std::string> workers, int need) const
+  // them and `beside` (the plan's workers already chosen; RoomiestWorkers)
+  // come first; the rest follow in their order.
+  std::vector<std::string> RoomiestFirstLocked(std::vector<std::string> workers, int need,
+                                               const std::vector<std::string>& beside = {}) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsDrainedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same, of the registry's record `worker` (its id and incarnation).

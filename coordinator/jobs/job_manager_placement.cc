@@ -931,8 +931,10 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       }
     }
     if (refused_pass) {
+      // Beside those chosen: a spare on a host they share has only its
+      // share of the host's RAM.
       group = RoomiestFirstLocked(std::move(group),
-                                  MaxJobWorkers(record) - static_cast<int>(chosen.size()));
+                                  MaxJobWorkers(record) - static_cast<int>(chosen.size()), chosen);
     }
     chosen.insert(chosen.end(), group.begin(), group.end());
   }

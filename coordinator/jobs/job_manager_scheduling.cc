@@ -137,22 +137,26 @@ void JobManager::ScheduleQueued() {
   }
 }
 
-std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string> workers,
-                                                         int need) const {
-  std::vector<v1::Worker> infos;
-  for (const std::string& w : workers) {
-    absl::StatusOr<v1::Worker> info = registry_->Get(w);
-    // One gone since it was counted: last (StartLocked then finds it gone),
-    // as a budget of one byte (an empty one would read as unlimited).
-    if (!info.ok()) {
-      info = v1::Worker();
-      info->mutable_device()->set_memory_bytes(1);
+std::vector<std::string> JobManager::RoomiestFirstLocked(
+    std::vector<std::string> workers, int need, const std::vector<std::string>& beside) const {
+  const auto infos_of = [this](const std::vector<std::string>& ids) {
+    std::vector<v1::Worker> infos;
+    for (const std::string& w : ids) {
+      absl::StatusOr<v1::Worker> info = registry_->Get(w);
+      // One gone since it was counted: last (StartLocked then finds it
+      // gone), as a budget of one byte (an empty one would read as
+      // unlimited).
+      if (!info.ok()) {
+        info = v1::Worker();
+        info->mutable_device()->set_memory_bytes(1);
+      }
+      infos.push_back(*std::move(info));
     }
-    infos.push_back(*std::move(info));
-  }
+    return infos;
+  };
   std::vector<std::string> ordered;
   std::vector<bool> taken(workers.size(), false);
-  for (size_t i : RoomiestWorkers(infos, need)) {
+  for (size_t i : RoomiestWorkers(infos_of(workers), need, infos_of(beside))) {
     ordered.push_back(workers[i]);
     taken[i] = true;
   }

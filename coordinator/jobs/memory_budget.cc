@@ -98,7 +98,8 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
   return out;
 }
 
-std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count) {
+std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,
+                                    const std::vector<v1::Worker>& beside) {
   constexpr double kUnlimited = std::numeric_limits<double>::infinity();
   std::vector<Budget> budgets;
   for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
@@ -115,6 +116,19 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
   };
   std::map<std::string, Divided> divided;
   double own_min = kUnlimited;  // the smallest budget that is not divided
+  // Adds a chosen worker (or one of `beside`) to the memories it divides.
+  const auto add = [&](const Budget& b) {
+    const double whole = b.bytes > 0 ? b.bytes : kUnlimited;
+    if (!b.shared.empty()) {
+      Divided& d = divided[b.shared];
+      ++d.sharers;
+      d.fewest_bytes = std::min(d.fewest_bytes, whole);
+    } else {
+      own_min = std::min(own_min, whole);
+      if (!b.claims_from.empty()) divided[b.claims_from].claims += b.bytes;
+    }
+  };
+  for (const v1::Worker& w : beside) add(BudgetOf(w));
   std::vector<bool> taken(workers.size(), false);
   std::vector<size_t> chosen;
   while (static_cast<int>(chosen.size()) < count && chosen.size() < workers.size()) {
@@ -165,16 +179,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
     }
     taken[best] = true;
     chosen.push_back(best);
-    const Budget& b = budgets[best];
-    const double whole = b.bytes > 0 ? b.bytes : kUnlimited;
-    if (!b.shared.empty()) {
-      Divided& d = divided[b.shared];
-      ++d.sharers;
-      d.fewest_bytes = std::min(d.fewest_bytes, whole);
-    } else {
-      own_min = std::min(own_min, whole);
-      if (!b.claims_from.empty()) divided[b.claims_from].claims += b.bytes;
-    }
+    add(budgets[best]);
   }
   return chosen;
 }

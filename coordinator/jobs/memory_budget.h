@@ -48,9 +48,13 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
 // divides them (a sharer divides its memory once more; a limit of its own
 // leaves its host's sharers less), then the one whose own budget is the
 // largest, then the earlier; an unlimited budget (0) counts as the
-// largest. Fewer indices when there are fewer workers.
+// largest. Fewer indices when there are fewer workers. `beside`: workers
+// the plan has already (a recovering job's survivors), counted among the
+// chosen from the start: a spare on a host they share divides its RAM
+// with them too.
 // A placement refused for memory is tried once more on these (JobManager).
-std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count);
+std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,
+                                    const std::vector<v1::Worker>& beside = {});
 
 }  // namespace pipetrain
 

@@ -110,6 +110,20 @@ TEST(RoomiestWorkersTest, SpreadsOverHostsBeforeSharingOne) {
   EXPECT_TRUE(RoomiestWorkers(w, 0).empty());
 }
 
+// A recovering job's survivors are in the plan already: a spare on their
+// host divides its RAM with them. Alone, vm's spare (30 GiB) looks roomier
+// than other's 12 GiB; beside the two survivors on vm it would leave each
+// of the three 10 GiB, while other's keeps them at 15 and has 12 itself.
+TEST(RoomiestWorkersTest, BesideSurvivorsOnAHost_ASpareThereCountsItsShare) {
+  const std::vector<v1::Worker> survivors = {CpuWorker("vm", 30 * kGiB, 30 * kGiB),
+                                             CpuWorker("vm", 30 * kGiB, 30 * kGiB)};
+  const std::vector<v1::Worker> spares = {CpuWorker("vm", 30 * kGiB, 30 * kGiB),
+                                          CpuWorker("other", 12 * kGiB, 12 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(spares, 1), (std::vector<size_t>{0}));
+  EXPECT_EQ(RoomiestWorkers(spares, 1, survivors), (std::vector<size_t>{1}));
+  EXPECT_EQ(RoomiestWorkers(spares, 2, survivors), (std::vector<size_t>{1, 0}));
+}
+
 // A worker with a limit of its own leaves the RAM its host's sharers split
 // smaller: after node's first sharer (64 GiB), its second (32 GiB each)
 // comes before the 40 GiB limit, which would leave the first 24; then the

@@ -58,9 +58,10 @@ JobNewsView::News JobNewsView::Poll(const v1::Job& job) {
   if (job.plan_version() > last_version_ && job.plan_history_size() > 0) {
     const v1::PlanVersion& v = job.plan_history(job.plan_history_size() - 1);
     if (last_version_ > 0) {
-      news.lines.push_back(absl::StrFormat(
-          "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
-          absl::StrJoin(v.worker_ids(), ", "), v.start_step(), TerminalSafe(v.reason())));
+      news.lines.push_back(absl::StrFormat("plan %d on %d workers (%s), from step %d: %s",
+                                           v.version(), v.worker_ids_size(),
+                                           TerminalSafe(absl::StrJoin(v.worker_ids(), ", ")),
+                                           v.start_step(), TerminalSafe(v.reason())));
       news.replanned = true;
     }
     last_version_ = job.plan_version();

@@ -90,7 +90,8 @@ absl::Status JobManager::CheckOutputDirGiven(const ResolvedJobSpec& resolved) co
   if (resolved.spec.checkpoint().interval_steps() > 0) {
     return absl::InvalidArgumentError(
         "spec.checkpoint: this coordinator keeps no checkpoints (it was started without "
-        "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
+        "--output-dir); leave spec.checkpoint out (interval_steps 0, no dir) or ask the "
+        "operator");
   }
   return absl::OkStatus();
 }

@@ -254,7 +254,8 @@ class FrameStream final : public StreamReactor {
         context_.TryCancel();
       }
       // Not while an Enqueue is between claiming a write and starting it
-      // (possible when cancelling): that Enqueue removes it.
+      // (when cancelling, before it started; drained, after it started and
+      // completed but before the Enqueue said so): that Enqueue removes it.
       bool remove_hold = false;
       {
         AnnotatedMutexLock lock(&mu_);

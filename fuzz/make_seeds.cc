@@ -349,9 +349,11 @@ void RestSeeds(const std::string& dir) {
                        "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999\r\n\r\n",
                        "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nHost: t\r\nRange: bytes=0-1,2-3\r\n"
                        "Expect: 100-continue\r\n\r\n"}));
-  // Paths under the fuzzer's --data-root and --output-dir: one of each
-  // kind that resolves (a job that reads corpus.txt, writes its weights
-  // and checkpoints), then ones that try to leave the roots.
+  // Paths under the fuzzer's --data-root and --output-dir: a job naming
+  // one of each kind, accepted (it would read corpus.txt and write its
+  // weights and checkpoints there), then a data path and a weights path
+  // outside the roots, refused, and an init.from of a checkpoint that
+  // does not exist, refused.
   const auto spec_with = [](const std::string& path_fields) {
     return absl::StrCat(R"({"model": {"nLayer": 4, "nHead": 2, "dModel": 64},)"
                         R"( "training": {"seqLen": 32, "batchSize": 8, "microBatches": 4,)"

@@ -11,8 +11,10 @@
 // deployed one does, so that the paths a spec names (spec.data.path,
 // spec.output.weights_path, spec.checkpoint.dir, spec.init.from) are
 // resolved and confined, not refused for want of a root: both under a
-// scratch directory, <scratch>/out (emptied before each input) and
-// <scratch>/data (holding corpus.txt, which a seed names).
+// scratch directory, <scratch>/roots/out (emptied before each input) and
+// <scratch>/roots/data (holding corpus.txt, which a seed names). Nothing
+// on the REST path writes files today (weights and checkpoints come from
+// workers over gRPC): the check below guards that.
 //
 // Input: up to kMaxRequests requests, each uint16-length-prefixed but the
 // last, which is the rest; they run in order against the same coordinator
@@ -25,8 +27,11 @@
 //    token in its head (request line and headers; the body does not count)
 //    is the only public route's (/metrics, Prometheus text): no REST
 //    method answers a caller without the token;
-//  - confinement: the scratch directory holds only out/ and data/, and
-//    data/ only corpus.txt, as made: nothing a request names is written
+//  - confinement: <scratch> holds only roots/, roots/ only out/ and
+//    data/, and data/ only corpus.txt with its first content: nothing a
+//    request names is written one or two levels above the output
+//    directory, beside it or into the data root (and no file there is
+//    replaced).
 //    beside the output directory or into the data root.
 #include <sys/stat.h>
 
@@ -34,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +63,7 @@ namespace {
 constexpr int kMaxRequests = 4;
 constexpr char kToken[] = "fuzz-token-5b1d2a7c9e3f4061";
 constexpr char kCorpusName[] = "corpus.txt";
+constexpr char kCorpusText[] = "a small corpus for spec.data.path\n";
 
 // Traps unless `dir` holds exactly `names` (in any order).
 void ExpectEntries(const std::string& dir, std::vector<std::string> names) {
@@ -76,10 +83,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }();
   (void)quiet;
   const std::string& scratch = ScratchDir("rest-fuzz");
-  const std::string output_dir = scratch + "/out", data_root = scratch + "/data";
+  const std::string roots = scratch + "/roots";
+  const std::string output_dir = roots + "/out", data_root = roots + "/data";
   static const bool made = [&] {
-    PT_CHECK(mkdir(output_dir.c_str(), 0700) == 0 && mkdir(data_root.c_str(), 0700) == 0);
-    std::ofstream(data_root + "/" + kCorpusName) << "a small corpus for spec.data.path\n";
+    PT_CHECK(mkdir(roots.c_str(), 0700) == 0 && mkdir(output_dir.c_str(), 0700) == 0 &&
+             mkdir(data_root.c_str(), 0700) == 0);
+    std::ofstream(data_root + "/" + kCorpusName) << kCorpusText;
     return true;
   }();
   (void)made;
@@ -124,7 +133,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       __builtin_trap();  // a REST method answered without the token
     }
   }
-  ExpectEntries(scratch, {"out", "data"});
+  ExpectEntries(scratch, {"roots"});
+  ExpectEntries(roots, {"out", "data"});
   ExpectEntries(data_root, {kCorpusName});
+  std::ifstream corpus(data_root + "/" + kCorpusName);
+  const std::string text((std::istreambuf_iterator<char>(corpus)),
+                         std::istreambuf_iterator<char>());
+  if (text != kCorpusText) __builtin_trap();  // the data root's file was replaced
   return 0;
 }

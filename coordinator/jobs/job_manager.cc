@@ -38,6 +38,18 @@ JobManager::~JobManager() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  {
+    // The saves and deletions that failed (the scheduling loop retried
+    // them every second) get a last try, queued on io_, which runs them
+    // before it goes: without it a restart, or the next leader, restored
+    // the job as saved last (an ended job RUNNING again, a pruned one
+    // back). A try that fails again is logged.
+    AnnotatedMutexLock lock(&mu_);
+    next_save_retry_ = next_delete_retry_ = next_settle_ = absl::InfinitePast();
+    RetryUnsavedLocked();
+    RetryDeletesLocked();
+    SettleSubmitsLocked();
+  }
   if (cancel_fetches_) cancel_fetches_();  // none starts once stopping_ is set
   AwaitProfiling();
   // A plan being computed ends and is dropped (stopping_); those queued

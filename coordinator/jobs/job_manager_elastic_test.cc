@@ -4093,6 +4093,36 @@ TEST_F(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByA
   EXPECT_TRUE(restarted.List().empty());
 }
 
+// A stop (SIGTERM: the job manager destroyed) right after a save failed,
+// before the retry a second later: the job manager tries the save, and a
+// pruned job's deletion, once more as it goes, so the next start (or the
+// next leader) does not restore the cancelled job QUEUED again, nor the
+// pruned one at all.
+TEST_F(JobManagerStoreTest, StoppedWithASaveAndADeleteFailed_BothTriedAgainAsItStops) {
+  JobManagerOptions options = StoreOptions();
+  options.max_ended_jobs = 1;
+  std::string cancelled, pruned;
+  {
+    JobManager jobs(&registry_, &hub_, &clock_, options);
+    pruned = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
+    cancelled = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
+    ASSERT_TRUE(jobs.Cancel(pruned).ok());
+    clock_.Advance(absl::Seconds(1));  // ended before the next: pruned first
+    store_.failing = true;
+    EXPECT_EQ(jobs.Cancel(cancelled).status().code(), absl::StatusCode::kUnavailable);
+    // Prunes the first (its delete fails) and retries the save (failing
+    // again): both are next due a second later, which never comes.
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    ASSERT_EQ(jobs.Get(pruned).status().code(), absl::StatusCode::kNotFound);
+    store_.failing = false;
+  }
+  const std::vector<store::StoredJob> jobs = state_.LoadJobs().value();
+  std::map<std::string, v1::JobState> stored;
+  for (const store::StoredJob& s : jobs) stored[s.job().id()] = s.job().state();
+  EXPECT_EQ(stored, (std::map<std::string, v1::JobState>{{cancelled, v1::JOB_STATE_CANCELLED}}));
+}
+
 // Submit saves the job off the job lock: while its commit waits (a slow
 // disk, etcd), the other calls go on; the job is not listed yet, but its
 // weights path is taken. A failed save leaves nothing: not listed, the

@@ -173,6 +173,11 @@ class Collectives {
   // sends them, and both sum the two decoded contributions in member order
   // (x0^ + x1^, the same bits on both): the sum of the quantized
   // contributions, not quantized again, in one round of the same bytes.
+  // All of this goes in rounds of whole rows, about kExchangeWindowsAhead
+  // exchange windows of fp32 each (InRounds says why; a tensor of up to a
+  // round goes in one), each round's rows segmented and chunked as above:
+  // a member that starts late finds about one round of payloads waiting,
+  // not a whole stage's gradient. Every member cuts the same rounds.
   // Payloads are checked on receipt: an unencoded message, another codec, or
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects

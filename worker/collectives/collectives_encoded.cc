@@ -2,6 +2,8 @@
 // messages are codec payloads, for AccTFM's compressed tensor-parallel sums.
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -56,7 +58,8 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   const int n = size();
   const int64_t width = data.numel() / rows;
   const std::string spec = codec.name();
-  const auto bounds = SegmentBounds(rows, n);
+  // The current round's segments (rows of `data`; see the rounds below).
+  std::vector<std::pair<int64_t, int64_t>> bounds;
   // Each segment goes in chunks of whole rows, at most chunk_bytes of fp32
   // each (one row at least), so that a chunk travels while the next is
   // coded and a member sums and sends on its first chunks while the rest
@@ -176,19 +179,21 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // Chunks are views of `data` (rows [begin, end) of [rows, width]).
   const Tensor matrix = data.Reshape({rows, width});
 
-  if (n == 2) {
-    // One exchange: every chunk of the whole tensor to the other member,
-    // then each chunk summed from the two decoded contributions.
+  // Two members: one exchange of the round's rows [first, first + count):
+  // every chunk to the other member, then each chunk summed from the two
+  // decoded contributions.
+  const auto exchange = [&](int64_t first, int64_t count) -> absl::Status {
     const int other = 1 - rank_;
+    const int64_t last_row = first + count;
     std::vector<Tensor> own;
-    for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
-      const int64_t end = std::min(rows, begin + chunk_rows);
+    for (int64_t begin = first; begin < last_row; begin += chunk_rows) {
+      const int64_t end = std::min(last_row, begin + chunk_rows);
       ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
       RETURN_IF_ERROR(send(other, coded, Shape{end - begin, width}, /*last=*/true));
       own.push_back(std::move(coded.decoded));
     }
-    for (int64_t begin = 0, c = 0; begin < rows; begin += chunk_rows, ++c) {
-      const int64_t end = std::min(rows, begin + chunk_rows);
+    for (int64_t begin = first, c = 0; begin < last_row; begin += chunk_rows, ++c) {
+      const int64_t end = std::min(last_row, begin + chunk_rows);
       ASSIGN_OR_RETURN(const Tensor theirs, receive(other, Shape{end - begin, width}));
       const Tensor& mine = own[static_cast<size_t>(c)];
       if (theirs.numel() != mine.numel()) {
@@ -204,87 +209,114 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       // alike, as with three or more.
       if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) went_raw = true;
     }
-    return finish();
-  }
+    return absl::OkStatus();
+  };
 
-  // Phase 1: every member's segment s to member s, encoded chunk by chunk
-  // (chunk c to every member before chunk c + 1); this member's own
-  // segment through the codec as well. All of it is encoded before phase 2
-  // writes `data`.
-  int64_t most_chunks = 0;
-  for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
-  std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
-  std::vector<bool> own_raw(static_cast<size_t>(chunks_of(rank_)), false);
-  for (int64_t c = 0; c < most_chunks; ++c) {
-    for (int k = 0; k < n; ++k) {
-      const int to = (rank_ + k) % n;
-      if (c >= chunks_of(to)) continue;
-      const auto [begin, end] = chunk_range(to, c);
-      ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
-      if (to == rank_) {
-        own_raw[static_cast<size_t>(c)] = coded.raw;
-        own_contribution[static_cast<size_t>(c)] = std::move(coded.decoded);
+  // Three or more: the round's rows in segments, in two phases.
+  const auto reduce_scatter_gather = [&]() -> absl::Status {
+    // Phase 1: every member's segment s to member s, encoded chunk by chunk
+    // (chunk c to every member before chunk c + 1); this member's own
+    // segment through the codec as well. All of it is encoded before phase 2
+    // writes `data`.
+    int64_t most_chunks = 0;
+    for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
+    std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
+    std::vector<bool> own_raw(static_cast<size_t>(chunks_of(rank_)), false);
+    for (int64_t c = 0; c < most_chunks; ++c) {
+      for (int k = 0; k < n; ++k) {
+        const int to = (rank_ + k) % n;
+        if (c >= chunks_of(to)) continue;
+        const auto [begin, end] = chunk_range(to, c);
+        ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
+        if (to == rank_) {
+          own_raw[static_cast<size_t>(c)] = coded.raw;
+          own_contribution[static_cast<size_t>(c)] = std::move(coded.decoded);
+        } else {
+          RETURN_IF_ERROR(send(to, coded, chunk_shape(to, c), /*last=*/true));
+        }
+      }
+    }
+    // Phase 2, chunk by chunk as the contributions arrive: this member's
+    // chunk, the decoded contributions summed in member order straight from
+    // where they were decoded, encoded to every member; every member (this
+    // one too) keeps the decoded payload, so all hold the same bits.
+    for (int64_t c = 0; c < chunks_of(rank_); ++c) {
+      const Shape shape = chunk_shape(rank_, c);
+      const int64_t length = shape[0] * width;
+      std::vector<Tensor> contributions(n);
+      std::vector<const float*> parts(n);
+      // A contribution that went raw makes the sum go raw too, even where it
+      // would encode (a refused 70000 and a -10000 sum to what fp16
+      // carries): every member must meet a raw chunk and refuse alike.
+      bool raw_contribution = own_raw[static_cast<size_t>(c)];
+      for (int m = 0; m < n; ++m) {
+        if (m == rank_) {
+          contributions[m] = std::move(own_contribution[static_cast<size_t>(c)]);
+        } else {
+          ASSIGN_OR_RETURN(contributions[m], receive(m, shape));
+          raw_contribution = raw_contribution || last_received_raw;
+        }
+        if (contributions[m].numel() != length) {
+          return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
+                                                  contributions[m].numel(), " values where ",
+                                                  length, " were due"));
+        }
+        parts[m] = contributions[m].data();
+      }
+      Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
+      MemberOrderTreeSum(parts, length, 0, n, summed.data());
+      // Raw when a contribution went raw, or the sum is not finite or refused.
+      Coded coded;
+      if (raw_contribution) {
+        coded = Coded{"", summed.Clone(), true};
       } else {
-        RETURN_IF_ERROR(send(to, coded, chunk_shape(to, c), /*last=*/true));
+        ASSIGN_OR_RETURN(coded, code(summed));
+      }
+      for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
+      const Tensor& mine = coded.decoded;
+      std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),
+                  static_cast<size_t>(length) * sizeof(float));
+      if (coding_error != nullptr && !coded.raw) {
+        // What the second encoding dropped of the sum goes into the summing
+        // member's feedback (one member's only): the members' coding errors
+        // then add up to exactly what the result lacks of the sum.
+        float* error = coding_error->data() + chunk_range(rank_, c).first * width;
+        for (int64_t i = 0; i < length; ++i) error[i] += summed.data()[i] - mine.data()[i];
       }
     }
-  }
-  // Phase 2, chunk by chunk as the contributions arrive: this member's
-  // chunk, the decoded contributions summed in member order straight from
-  // where they were decoded, encoded to every member; every member (this
-  // one too) keeps the decoded payload, so all hold the same bits.
-  for (int64_t c = 0; c < chunks_of(rank_); ++c) {
-    const Shape shape = chunk_shape(rank_, c);
-    const int64_t length = shape[0] * width;
-    std::vector<Tensor> contributions(n);
-    std::vector<const float*> parts(n);
-    // A contribution that went raw makes the sum go raw too, even where it
-    // would encode (a refused 70000 and a -10000 sum to what fp16
-    // carries): every member must meet a raw chunk and refuse alike.
-    bool raw_contribution = own_raw[static_cast<size_t>(c)];
-    for (int m = 0; m < n; ++m) {
-      if (m == rank_) {
-        contributions[m] = std::move(own_contribution[static_cast<size_t>(c)]);
-      } else {
-        ASSIGN_OR_RETURN(contributions[m], receive(m, shape));
-        raw_contribution = raw_contribution || last_received_raw;
+    // The other members' summed chunks.
+    for (int k = 1; k < n; ++k) {
+      const int s = (rank_ + k) % n;
+      for (int64_t c = 0; c < chunks_of(s); ++c) {
+        ASSIGN_OR_RETURN(const Tensor segment, receive(s, chunk_shape(s, c)));
+        std::memcpy(data.data() + chunk_range(s, c).first * width, segment.data(),
+                    static_cast<size_t>(segment.numel()) * sizeof(float));
       }
-      if (contributions[m].numel() != length) {
-        return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
-                                                contributions[m].numel(), " values where ", length,
-                                                " were due"));
-      }
-      parts[m] = contributions[m].data();
     }
-    Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
-    MemberOrderTreeSum(parts, length, 0, n, summed.data());
-    // Raw when a contribution went raw, or the sum is not finite or refused.
-    Coded coded;
-    if (raw_contribution) {
-      coded = Coded{"", summed.Clone(), true};
-    } else {
-      ASSIGN_OR_RETURN(coded, code(summed));
+    return absl::OkStatus();
+  };
+
+  // In rounds of whole rows, about kExchangeWindowsAhead exchange windows
+  // of fp32 each (InRounds says why; one round below that, so a tensor of
+  // up to a round goes exactly as in one): a member that starts late finds
+  // at most about one round of its peers' payloads waiting, not a whole
+  // stage's gradient, which could pass --mailbox-limit. Every member cuts
+  // the same rounds and chunks, so all still hold the same bits; a refusal
+  // waits until every round's messages are exchanged, so all members
+  // refuse alike.
+  const int64_t round_rows = std::max<int64_t>(1, kExchangeWindowsAhead * ExchangeWindow() / width);
+  for (int64_t first = 0; first < rows; first += round_rows) {
+    const int64_t count = std::min(round_rows, rows - first);
+    if (n == 2) {
+      RETURN_IF_ERROR(exchange(first, count));
+      continue;
     }
-    for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
-    const Tensor& mine = coded.decoded;
-    std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),
-                static_cast<size_t>(length) * sizeof(float));
-    if (coding_error != nullptr && !coded.raw) {
-      // What the second encoding dropped of the sum goes into the summing
-      // member's feedback (one member's only): the members' coding errors
-      // then add up to exactly what the result lacks of the sum.
-      float* error = coding_error->data() + chunk_range(rank_, c).first * width;
-      for (int64_t i = 0; i < length; ++i) error[i] += summed.data()[i] - mine.data()[i];
+    bounds = SegmentBounds(count, n);
+    for (auto& [begin, end] : bounds) {
+      begin += first;
+      end += first;
     }
-  }
-  // The other members' summed chunks.
-  for (int k = 1; k < n; ++k) {
-    const int s = (rank_ + k) % n;
-    for (int64_t c = 0; c < chunks_of(s); ++c) {
-      ASSIGN_OR_RETURN(const Tensor segment, receive(s, chunk_shape(s, c)));
-      std::memcpy(data.data() + chunk_range(s, c).first * width, segment.data(),
-                  static_cast<size_t>(segment.numel()) * sizeof(float));
-    }
+    RETURN_IF_ERROR(reduce_scatter_gather());
   }
   return finish();
 }

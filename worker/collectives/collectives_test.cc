@@ -253,13 +253,13 @@ class CountingTransport : public Transport {
       : inner_(std::move(inner)), in_flight_(in_flight) {}
   int stage() const override { return inner_->stage(); }
   absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
-    in_flight_->Sent(stage(), wire.tensor.size_bytes());  // before it can be taken
+    in_flight_->Sent(stage(), wire.wire_bytes());  // before it can be taken
     return inner_->SendWire(peer, address, wire);
   }
   absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
                                       absl::Duration timeout) override {
     absl::StatusOr<WireTensor> got = inner_->RecvWire(peer, address, timeout);
-    if (got.ok()) in_flight_->Taken(peer, got->tensor.size_bytes());
+    if (got.ok()) in_flight_->Taken(peer, got->wire_bytes());
     return got;
   }
 
@@ -877,6 +877,67 @@ TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsB
   ASSERT_GT(ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3),
             ExpectedEncodedBytes(*piecewise, 37, 3, 0, 37));
   EXPECT_EQ(run.stats[0].sent_bytes, ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3));
+}
+
+// The encoded all-reduce goes in rounds as the ring does. `members`
+// members, the last joining once the others wait for it, over a tensor of
+// about ten rounds (512 KiB of fp32 each): each member's fp16 payloads
+// waiting at the others stay within about a round's fp32 bytes (a round's
+// payloads, and chunks in flight), not what one exchange of the whole
+// tensor left waiting (the whole payload with two members, a third of it
+// per peer and phase with three: over 1.4 MB each); and every member holds
+// the exact sums (fp16 carries the integers and their sums exactly).
+void ExpectEncodedLateMemberWithinARound(int members) {
+  constexpr int64_t kRows = 80000;  // of 16 values: 5.12 MB of fp32
+  CollectiveOptions options;
+  options.chunk_bytes = int64_t{64} << 10;
+  options.exchange_bytes = int64_t{64} << 10;
+  options.exchange_window_bytes = int64_t{256} << 10;
+  InProcessFabric fabric(members);
+  InFlight in_flight;
+  Blocked blocked;
+  std::vector<std::unique_ptr<CountingTransport>> counting;
+  std::vector<std::unique_ptr<ProbingTransport>> transports;
+  CollectiveGroup group{{}, "j"};
+  for (int r = 0; r < members; ++r) {
+    counting.push_back(std::make_unique<CountingTransport>(fabric.Connect(r), &in_flight));
+    transports.push_back(std::make_unique<ProbingTransport>(counting.back().get(), &blocked));
+    group.members.push_back(r);
+  }
+  const std::unique_ptr<Codec> codec = MakeFp16Codec();
+  std::vector<std::vector<float>> got(members);
+  std::vector<absl::Status> status(members);
+  const auto run = [&](int r) {
+    Collectives c(transports[r].get(), group, options);
+    Tensor t = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, /*integers=*/true));
+    status[r] = c.AllReduceEncoded(/*iteration=*/3, /*tag=*/1, *codec, kRows, t);
+    got[r] = t.ToVector();
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r + 1 < members; ++r) threads.emplace_back(run, r);
+  EXPECT_TRUE(blocked.AwaitWaiting(members - 1));  // on, to end the threads, if not
+  threads.emplace_back(run, members - 1);
+  for (std::thread& t : threads) t.join();
+  const int64_t round_bytes = kExchangeWindowsAhead * options.exchange_window_bytes;
+  for (int r = 0; r < members; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_EQ(got[r], got[0]) << "rank " << r;
+    EXPECT_LE(in_flight.most(r), round_bytes + 2 * options.chunk_bytes) << "member " << r;
+  }
+  std::vector<float> exact(got[0].size(), 0.0f);
+  for (int m = 0; m < members; ++m) {
+    const std::vector<float> input = EncodedInput(m, kRows, /*integers=*/true);
+    for (size_t i = 0; i < exact.size(); ++i) exact[i] += input[i];
+  }
+  EXPECT_EQ(got[0], exact);
+}
+
+TEST(CollectivesTest, Encoded_TwoMembersLateOne_AtMostAboutOneRoundWaitsForIt) {
+  ExpectEncodedLateMemberWithinARound(2);
+}
+
+TEST(CollectivesTest, Encoded_ThreeMembersLateOne_AtMostAboutOneRoundWaitsForIt) {
+  ExpectEncodedLateMemberWithinARound(3);
 }
 
 // AllReduceEncoded of n members' EncodedInput (10 rows of 16, in chunks of

@@ -270,7 +270,7 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
       close(dir_fd);
     }
   }
-  RETURN_IF_ERROR(WriteSafetensors(out, tensors));
+  RETURN_IF_ERROR(WriteSafetensors(out, tensors, HfWeightsMetadata()));
   result.tensors = static_cast<int64_t>(tensors.size());
   for (const NamedTensor& t : tensors) result.parameters += t.tensor.numel();
   struct stat st;

@@ -249,6 +249,14 @@ for f in "$TMP/full.ckpt" "$TMP/full.safetensors"; do
     fail log_write_fails_outputs "$f is missing or empty"
   fi
 done
+# --save is Hugging Face GPT-2 weights: its header carries the metadata the
+# Hub's own file does, {"format": "pt"}, which older transformers loaders
+# require.
+if head -c 4096 "$TMP/full.safetensors" | grep -a -q '"__metadata__":{"format":"pt"}'; then
+  passed=$((passed + 1))
+else
+  fail save_hf_metadata "$TMP/full.safetensors has no __metadata__ {\"format\":\"pt\"}"
+fi
 # The message names only the outputs that were asked for.
 expect_exit log_write_fails_save_only 1 "training stopped there, as an interrupt would (--save is written)" -- \
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \

@@ -407,7 +407,7 @@ absl::Status InitFrom(const std::string& path, GptModel& model) {
 absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
   std::vector<Parameter> host = HostParameterCopies(model.backend(), model.parameters());
   RETURN_IF_ERROR(model.backend()->status());
-  return SaveWeights(path, ParameterPointers(host));
+  return SaveWeights(path, ParameterPointers(host), HfWeightsMetadata());
 }
 
 absl::Status Run(Options& o) {

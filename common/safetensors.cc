@@ -163,6 +163,18 @@ absl::Status ValidateNames(size_t count, const NameOf& name_of) {
   return absl::OkStatus();
 }
 
+// Metadata a header can hold: UTF-8 keys and values (nlohmann's dump()
+// throws on anything else).
+absl::Status ValidateMetadata(const SafetensorsMetadata& metadata) {
+  for (const auto& [key, value] : metadata) {
+    if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata entry \"", absl::CHexEscape(key), "\" is not valid UTF-8"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
                               const SafetensorsMetadata& metadata) {
   RETURN_IF_ERROR(ValidateNames(tensors.size(),
@@ -173,13 +185,7 @@ absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
           "tensor #", i, " \"", absl::CHexEscape(tensors[i].name), "\" is a null tensor"));
     }
   }
-  for (const auto& [key, value] : metadata) {
-    if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("metadata entry \"", absl::CHexEscape(key), "\" is not valid UTF-8"));
-    }
-  }
-  return absl::OkStatus();
+  return ValidateMetadata(metadata);
 }
 
 // The header JSON padded with spaces so that the data buffer, which follows
@@ -638,9 +644,11 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTe
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Create(
-    int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode) {
+    int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode,
+    const SafetensorsMetadata& metadata) {
   absl::Status valid = ValidateNames(
       tensors.size(), [&](size_t i) -> const std::string& { return tensors[i].name; });
+  if (valid.ok()) valid = ValidateMetadata(metadata);
   for (size_t i = 0; valid.ok() && i < tensors.size(); ++i) {
     for (int64_t d : tensors[i].shape) {
       if (d < 0)
@@ -652,7 +660,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
     return absl::InvalidArgumentError(
         absl::StrCat("cannot write safetensors file ", name, ": ", valid.message()));
   }
-  const std::string header = BuildHeader(tensors, {});
+  const std::string header = BuildHeader(tensors, metadata);
   std::vector<uint64_t> begin;
   uint64_t offset = kLengthBytes + header.size();
   for (const SafetensorsTensorSpec& t : tensors) {

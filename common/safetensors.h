@@ -42,6 +42,15 @@ struct NamedTensor {
 
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
+// The metadata of a file meant for Hugging Face's loaders (a job's final
+// weights, `train-local --save`, `checkpoint export`): {"format": "pt"},
+// as the Hub's own GPT-2 model.safetensors carries; transformers before
+// 4.48 and its Flax loader refuse a file without it.
+inline const SafetensorsMetadata& HfWeightsMetadata() {
+  static const SafetensorsMetadata* const metadata = new SafetensorsMetadata{{"format", "pt"}};
+  return *metadata;
+}
+
 // Writes `tensors` to `path` in the given order, contiguous, dtype "F32", with
 // shapes from Tensor::shape() and `metadata` as "__metadata__" (omitted when
 // empty). The header is padded with spaces so the data buffer starts at an
@@ -117,8 +126,11 @@ class SafetensorsFileWriter {
   // and reserves the whole file's space, so a full disk says so now, not
   // halfway. Errors: INVALID_ARGUMENT for names as WriteSafetensors (or a
   // negative dimension); errno codes naming the file.
+  // `metadata` goes into the header as WriteSafetensors' does (INVALID_ARGUMENT
+  // if a key or value is not UTF-8).
   static absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> Create(
-      int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode);
+      int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode,
+      const SafetensorsMetadata& metadata = {});
   ~SafetensorsFileWriter();
   SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
   SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;

@@ -702,6 +702,35 @@ TEST(SafetensorsFileWriterTest, ChunksOutOfOrder_CommittedFileEqualsTheWholeWrit
   EXPECT_THAT(NamesIn(dir), UnorderedElementsAre("whole.safetensors", "chunked.safetensors"));
 }
 
+// Metadata goes into the header as WriteSafetensors puts it (the same
+// bytes); metadata that is not UTF-8 is refused before anything is made.
+TEST(SafetensorsFileWriterTest, Metadata_AsWriteSafetensorsWritesIt_NotUtf8Refused) {
+  const std::string dir = TestDir();
+  const std::vector<NamedTensor> tensors = SampleTensors();
+  ASSERT_TRUE(WriteSafetensors(dir + "/whole.safetensors", tensors, HfWeightsMetadata()).ok());
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer = SafetensorsFileWriter::Create(
+      dir_fd, "chunked.safetensors", SpecsOf(tensors), 0600, HfWeightsMetadata());
+  const absl::Status refused =
+      SafetensorsFileWriter::Create(dir_fd, "bad.safetensors", SpecsOf(tensors), 0600,
+                                    {{"format", "\xff"}})
+          .status();
+  close(dir_fd);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i].tensor;
+    ASSERT_TRUE((*writer)->Write(i, 0, t.data(), t.numel()).ok());
+  }
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ(ReadBytes(dir + "/chunked.safetensors"), ReadBytes(dir + "/whole.safetensors"));
+  EXPECT_EQ(ReadSafetensors(dir + "/chunked.safetensors").value().metadata,
+            (SafetensorsMetadata{{"format", "pt"}}));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  writer->reset();
+  EXPECT_THAT(NamesIn(dir), UnorderedElementsAre("whole.safetensors", "chunked.safetensors"));
+}
+
 TEST(SafetensorsFileWriterTest, OutsideATensorOrAfterCommit_RefusedNothingWritten) {
   const std::string dir = TestDir();
   const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

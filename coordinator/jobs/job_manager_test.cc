@@ -1383,6 +1383,7 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   ASSERT_EQ(stat(path.c_str(), &info), 0);
   EXPECT_EQ(info.st_mode & 0777, 0600);  // the job's output is its owner's only
   auto file = ReadSafetensors(path).value();
+  EXPECT_EQ(file.metadata, (SafetensorsMetadata{{"format", "pt"}}));  // as the Hub's
   const Tensor* wpe = file.Find("wpe.weight");
   ASSERT_NE(wpe, nullptr);
   EXPECT_EQ((*wpe)[wpe->numel() - 1], float(wpe->numel() - 1));

@@ -245,8 +245,8 @@ absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> JobManager::CreateWeights
     return creation.status;
   }
   RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, creation.job_id);
-  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
-      SafetensorsFileWriter::Create(parent->dir.get(), parent->name, creation.tensors, 0600);
+  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer = SafetensorsFileWriter::Create(
+      parent->dir.get(), parent->name, creation.tensors, 0600, HfWeightsMetadata());
   if (!writer.ok()) {
     // The writer names the file alone; say where it is (a full disk is
     // the output directory's).

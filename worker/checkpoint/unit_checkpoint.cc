@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/confined_path.h"
+#include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 
@@ -306,6 +307,15 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     if (unit.tuned_partitions.has_value()) {
       metadata[kTunedPartitions] = FormatTunedPartitions(*unit.tuned_partitions);
     }
+    // A writer of this unit file that died mid-write (a killed worker whose
+    // step is redone here) left its temporary, up to the whole file's size:
+    // nothing else removes it once the step completes, and a kept
+    // checkpoint would carry it for good. Unlocked temporaries only
+    // (RemoveAbandonedTemporaries): a living writer's stays.
+    for (const std::string& removed : RemoveAbandonedTemporaries(parent.dir.get(), parent.name)) {
+      PT_LOG(INFO) << "checkpoint " << step_dir << ": removed " << removed
+                   << ", left by a writer that died mid-write";
+    }
     RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
     ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
@@ -352,7 +362,28 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
     // INVALID_ARGUMENT, the checkpoint's.
     return absl::UnavailableError(opened.status().message());
   }
-  if (!opened.ok()) return opened.status();
+  if (!opened.ok()) {
+    // A link or a non-directory on the way to the job's checkpoint
+    // directory (spec.checkpoint.dir: an operator moved it to another
+    // volume and left a link) is on the way to every checkpoint of the
+    // job: UNAVAILABLE, not this checkpoint's fault, so that the job does
+    // not drop its checkpoints one after another and start again from
+    // step 0. Only one in the step directory or at the file is this one's.
+    const size_t slash = from.dir().rfind('/');
+    if (slash != std::string::npos && slash > 0) {
+      const std::string job_dir = from.dir().substr(0, slash);
+      const absl::Status shared =
+          OpenConfinedParent(root, kCheckpointRootFlag, "spec.checkpoint.dir",
+                             absl::StrCat(job_dir, "/", StepDirName(0)), /*create_dirs=*/false)
+              .status();
+      if (absl::IsInvalidArgument(shared)) {
+        return absl::UnavailableError(
+            absl::StrCat(shared.message(), " (on the way to every checkpoint of the job, under ",
+                         kCheckpointRootFlag, "; the checkpoint is kept)"));
+      }
+    }
+    return opened.status();
+  }
   ConfinedParent parent = *std::move(opened);
   if (parent.dir.get() < 0) {
     // The coordinator listed this step as complete, so a directory missing

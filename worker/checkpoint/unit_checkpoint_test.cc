@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
 #include "gtest/gtest.h"
@@ -352,6 +353,25 @@ TEST(TunedPartitionsTest, OnlyCanonicalTextParses) {
 // A unit file replaced by a FIFO is refused at once (DATA_LOSS, not a
 // file), not opened until a writer comes: that wedged the worker, which
 // stayed READY and hung the next job placed on it.
+// A writer killed mid-write left its temporary in the step directory; the
+// step written again (a redo after recovery) removes it, so a kept
+// checkpoint does not carry it. A temporary of another unit file stays
+// (its own writer removes it).
+TEST_F(UnitCheckpointTest, RedoneStep_RemovesTheTemporaryADeadWriterLeft) {
+  const std::string step_dir = absl::StrCat(root_, "/ck/job-t-1/", StepDirName(5));
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", step_dir).c_str()), 0);
+  const std::string dead = UnitFileName(1) + ".tmp.999999.1";
+  const std::string other = UnitFileName(3) + ".tmp.999999.2";
+  for (const std::string& name : {dead, other}) {
+    std::ofstream(absl::StrCat(step_dir, "/", name)) << "half a unit file";
+  }
+  Write({MakeUnit(1, 1, true)}, "ck/job-t-1");
+  struct stat st;
+  EXPECT_NE(stat(absl::StrCat(step_dir, "/", dead).c_str(), &st), 0);
+  EXPECT_EQ(stat(absl::StrCat(step_dir, "/", other).c_str(), &st), 0);
+  EXPECT_EQ(stat(absl::StrCat(step_dir, "/", UnitFileName(1)).c_str(), &st), 0);
+}
+
 TEST_F(UnitCheckpointTest, FifoUnitFile_IsDataLossWithoutBlocking) {
   const v1::ResumeFrom from = WriteAll();
   const std::string path = PathOf(from, 1);
@@ -377,6 +397,32 @@ TEST_F(UnitCheckpointTest, SymlinkedUnitFile_RefusedNamingIt) {
                                          "exists and is a symbolic link"),
             std::string::npos)
       << read.status();
+}
+
+// The job's checkpoint directory moved to another volume behind a link:
+// every checkpoint of the job is behind it, so reading is UNAVAILABLE (the
+// worker's trouble: the job recovers and keeps the checkpoint), not
+// INVALID_ARGUMENT, which the coordinator takes for this checkpoint being
+// unusable and drops it, then the next, then trains from step 0. A link at
+// the step directory itself is still the checkpoint's.
+TEST_F(UnitCheckpointTest, JobCheckpointDirBehindALink_UnavailableAndKept) {
+  const v1::ResumeFrom from = WriteAll();  // under ck/job-t-1
+  const std::string ck = root_ + "/ck";
+  ASSERT_EQ(rename(ck.c_str(), (ck + "-moved").c_str()), 0);
+  ASSERT_EQ(symlink("ck-moved", ck.c_str()), 0);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kUnavailable) << read.status();
+  EXPECT_TRUE(absl::StrContains(read.status().message(), "the checkpoint is kept"))
+      << read.status();
+
+  ASSERT_EQ(unlink(ck.c_str()), 0);
+  ASSERT_EQ(rename((ck + "-moved").c_str(), ck.c_str()), 0);
+  const std::string step = absl::StrCat(root_, "/", from.dir());
+  ASSERT_EQ(rename(step.c_str(), (step + ".real").c_str()), 0);
+  ASSERT_EQ(symlink((step + ".real").c_str(), step.c_str()), 0);
+  read = ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
 }
 
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {

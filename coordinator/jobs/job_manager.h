@@ -1039,12 +1039,17 @@ class JobManager {
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);
   // ReportProgress's parts, in the order it takes them.
-  // A stage's error: the job recovers (a peer's failure, or the plan's
-  // resume point unusable while the stage loads it: that checkpoint is
-  // dropped) or FAILS, with the error as its reason.
+  // A stage's error: the job recovers (a peer's failure; the plan's resume
+  // point unusable while the stage loads it: that checkpoint is dropped; a
+  // worker new to this plan failing before its first iteration: the job
+  // goes on without it, kReplanRefused) or FAILS, with the error as its
+  // reason.
   void StageFailedLocked(JobRecord& record, int stage_index,
                          const v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker_id` is in the job's current plan but was not in the one
+  // before it (a joiner or a replacement); false for the first plan.
+  static bool JoinedThisPlanLocked(const JobRecord& record, const std::string& worker_id);
   // INVALID_ARGUMENT when a stage that does not run the model's last unit
   // forward reports a loss (only that stage computes one).
   static absl::Status CheckLossStage(const v1::ReportProgressRequest& request,

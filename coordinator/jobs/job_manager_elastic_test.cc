@@ -2127,6 +2127,54 @@ TEST_F(JobManagerElasticTest, SpareWorker_DrainedBeforeItsBoundary_HistorySaysSo
       << reason;
 }
 
+// A joiner that fails to set up its stage (here: no --checkpoint-root)
+// before its first iteration, not for want of a peer: the job, which ran on
+// the others, goes on without it from the boundary, and does not take it
+// again until it registers anew. It failed the job before.
+TEST_F(JobManagerElasticTest, JoinerFailsBeforeItsFirstIteration_JobGoesOnWithoutIt) {
+  const auto [id, w1, w2, w3, boundary] = StartGrowing();
+  ASSERT_GT(boundary, 2);
+  v1::Job job = PassBoundary(id, 3, boundary);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2, w3}));
+  v1::ReportProgressRequest failed;
+  failed.set_worker_id(w3);
+  failed.set_job_id(id);
+  failed.set_plan_version(job.plan_version());
+  failed.set_error("FAILED_PRECONDITION: this worker has no --checkpoint-root");
+  ASSERT_TRUE(jobs_->ReportProgress(failed).ok());
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "going on without " + w3 + ", which failed as it joined the job"))
+      << job.reason();
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(job.progress().step(), boundary);
+  // Not offered again: the next steps bring no boundary.
+  Schedule();
+  EXPECT_EQ(Step(id, boundary + 1).stop_after_step(), 0);
+}
+
+// An error of a stage the plan did not bring in, or of a joiner after its
+// first iteration, fails the job as before (it is not the joiner's setup).
+TEST_F(JobManagerElasticTest, JoinerFailsAfterItsFirstIteration_JobFails) {
+  const auto [id, w1, w2, w3, boundary] = StartGrowing();
+  ASSERT_GT(boundary, 2);
+  v1::Job job = PassBoundary(id, 3, boundary);
+  ASSERT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2, w3}));
+  Step(id, boundary + 1);
+  v1::ReportProgressRequest failed;
+  failed.set_worker_id(w3);
+  failed.set_job_id(id);
+  failed.set_plan_version(job.plan_version());
+  failed.set_error("INTERNAL: backward without its forward");
+  ASSERT_TRUE(jobs_->ReportProgress(failed).ok());
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
+}
+
 // A loss while a drain's boundary is pending: the recovery overtakes the
 // boundary and leaves the drained worker out too, and its reason names the
 // drain as well as the loss. A drain while it recovers is named as well.

@@ -229,11 +229,35 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
         record, "",
         absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
         RecoveryKind::kCheckpointUnusable);
+  } else if (!r.peer_failure() && record.checkpoints != nullptr &&
+             record.stages[stage_index].iterations_done == 0 &&
+             !record.stages[stage_index].finished && JoinedThisPlanLocked(record, r.worker_id())) {
+    // A worker this re-plan brought in (a joiner, a replacement) failed
+    // before its first iteration, and not for want of a peer: its own
+    // setup (no --checkpoint-root, the data file missing or another copy
+    // on its host). The job ran on the others, so it goes on without it,
+    // from the same checkpoint, and the worker is not offered to it again
+    // unless it registers anew (as a spare a re-plan was refused with).
+    // Failing the job instead ended a healthy one, and the next elastic
+    // job to grow into the worker after it.
+    record.unfit[r.worker_id()] = IncarnationOf(r.worker_id());
+    StartRecoveryLocked(record, r.worker_id(),
+                        absl::StrCat(reason, "; going on without ", r.worker_id(),
+                                     ", which failed as it joined the job"),
+                        RecoveryKind::kReplanRefused);
   } else if (r.peer_failure()) {
     StartRecoveryLocked(record, "", reason, RecoveryKind::kPeerFailure);
   } else {
     EndLocked(record, v1::JOB_STATE_FAILED, reason);
   }
+}
+
+bool JobManager::JoinedThisPlanLocked(const JobRecord& record, const std::string& worker_id) {
+  const int versions = record.job.plan_history_size();
+  if (versions < 2) return false;  // the first plan: every worker is new
+  const v1::PlanVersion& before = record.job.plan_history(versions - 2);
+  return std::find(before.worker_ids().begin(), before.worker_ids().end(), worker_id) ==
+         before.worker_ids().end();
 }
 
 absl::Status JobManager::CheckLossStage(const v1::ReportProgressRequest& r, const JobRecord& record,

@@ -14,7 +14,8 @@ enum class RecoveryKind {
   kCheckpointFailed,    // the checkpoint of a drain's or join's step boundary failed
   kCoordinatorRestart,  // a restarted coordinator resumed the job from its store
   kReplanRefused,       // a boundary's re-plan refused for memory, or refused its
-                        // joining workers and too few are left without them
+                        // joining workers and too few are left without them, or
+                        // a worker new to the plan failed to start its stage
 };
 
 inline constexpr RecoveryKind kAllRecoveryKinds[] = {

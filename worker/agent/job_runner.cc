@@ -43,6 +43,18 @@ int GlobalWorkerIndex(const v1::Assignment& a) {
          a.tensor_rank();
 }
 
+std::string ReportableError(const absl::Status& status) {
+  // The coordinator refuses error texts over 16 KiB; a reason stays readable.
+  // UTF-8, and cut on a character boundary: a report's error is a proto
+  // string, which the coordinator refuses to parse unless it is UTF-8 (the
+  // report, and the failure it tells, would be lost), and the error may
+  // quote a peer's gRPC status or a path with any bytes (a checkpoint
+  // root's name).
+  std::string text = ValidUtf8(status.ToString());
+  if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
+  return text;
+}
+
 namespace {
 
 // Errors of the data plane: a peer that went away or stopped answering. A
@@ -246,13 +258,7 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   r.set_incarnation(options_.incarnation);
   r.set_job_id(assignment_.job_id());
   r.set_plan_version(assignment_.plan_version());
-  // The coordinator refuses error texts over 16 KiB; a reason stays readable.
-  // UTF-8, and cut on a character boundary: the report's error is a proto
-  // string, which the coordinator refuses to parse unless it is UTF-8, and
-  // the error may quote a peer's gRPC status or a path with any bytes.
-  std::string text = ValidUtf8(status.ToString());
-  if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
-  r.set_error(std::move(text));
+  r.set_error(ReportableError(status));
   // A failed device (CUDA errors stick: Backend::status) is recovered from
   // as a lost peer is: this worker exits to be restarted with a fresh
   // context (on_backend_failure), and a job with checkpoints goes on
@@ -562,8 +568,7 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
   } else {
     PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                   << " failed: " << files.status();
-    std::string text = files.status().ToString();
-    c->set_error(std::string(Utf8Prefix(text, 4096)));
+    c->set_error(ReportableError(files.status()));
   }
   // Retried as an iteration's: a job re-planning at a step boundary waits
   // for every stage's report of the boundary's checkpoint.

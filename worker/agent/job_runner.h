@@ -124,6 +124,12 @@ std::string DataPlaneJobId(const v1::Assignment& assignment);
 // CheckAssignmentLayout accepted (unchecked factors can overflow).
 int AssignmentWorkerCount(const v1::Assignment& assignment);
 
+// `status` as a progress report's error (ReportProgressRequest.error,
+// CheckpointWritten.error): its text, made valid UTF-8 (other bytes
+// escaped) and cut to 4096 bytes on a character boundary (" [...]" then
+// follows), so that the coordinator can parse the report.
+std::string ReportableError(const absl::Status& status);
+
 // This worker's index among the job's workers (replica, stage, tensor rank
 // innermost; plan.proto's peer_addresses order): its transport's stage,
 // its device group member and its data-plane key index. Requires a layout

@@ -723,6 +723,23 @@ TEST(JobRunnerTest, ErrorQuotingBytesNotUtf8_ReportedEscapedAndParses) {
   EXPECT_EQ(parsed.error(), report.error());
 }
 
+// Both reports' errors (a failed job's, a failed checkpoint's) go through
+// ReportableError: a checkpoint root named in Latin-1 in a write's error
+// made CheckpointWritten.error unparsable, the report was lost, and a job
+// waiting at a step boundary for that checkpoint's report waited for good.
+TEST(JobRunnerTest, ReportableError_EscapedToUtf8AndCutOnACharacterBoundary) {
+  const std::string error =
+      ReportableError(absl::InternalError("cannot create step-00000005 under /data/caf\xe9"));
+  EXPECT_EQ(error, "INTERNAL: cannot create step-00000005 under /data/caf\\xe9");
+  v1::CheckpointWritten written;
+  written.set_error(error);
+  v1::CheckpointWritten parsed;
+  EXPECT_TRUE(parsed.ParseFromString(written.SerializeAsString()));
+  const std::string long_error = ReportableError(absl::InternalError(std::string(5000, 'a')));
+  EXPECT_EQ(long_error.size(), 4096u + std::string(" [...]").size());
+  EXPECT_TRUE(absl::EndsWith(long_error, " [...]"));
+}
+
 // A data file past a third of the worker's memory limit (text takes 3x its
 // size while it loads) fails the job, naming the limit, before its buffer
 // is allocated: any size was read whole, and a failed allocation threw.

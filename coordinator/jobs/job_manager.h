@@ -78,9 +78,12 @@
 // losses bitwise. A stage that cannot load the checkpoint
 // (checkpoint_unusable, taken only from a stage loading its plan's resume
 // point, before its first iteration) makes the job drop it and resume from the one
-// before. kMaxRecoveriesWithoutProgress recoveries in a row without a
-// checkpoint beyond every earlier one fail the job. Workers a recovering job waits for are
-// not given to other jobs.
+// before. A worker new to the plan (not in the one before it) whose stage
+// fails before the start barrier for a reason of its own (not a peer's,
+// not the checkpoint's) is left out: the job recovers without it, and
+// does not take it again until it registers anew. kMaxRecoveriesWithoutProgress recoveries in a row
+// without a checkpoint beyond every earlier one fail the job. Workers a recovering job waits for
+// are not given to other jobs.
 //
 // Step boundaries (joins and drains): a RUNNING job with checkpoints that
 // has fewer stages than spec.elastic.max_workers grows when a READY worker
@@ -1041,9 +1044,9 @@ class JobManager {
   // ReportProgress's parts, in the order it takes them.
   // A stage's error: the job recovers (a peer's failure; the plan's resume
   // point unusable while the stage loads it: that checkpoint is dropped; a
-  // worker new to this plan failing before its first iteration: the job
-  // goes on without it, kReplanRefused) or FAILS, with the error as its
-  // reason.
+  // worker new to this plan (by id: not one restarted under its id)
+  // failing before the start barrier, for neither of those: the job goes
+  // on without it, kReplanRefused) or FAILS, with the error as its reason.
   void StageFailedLocked(JobRecord& record, int stage_index,
                          const v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

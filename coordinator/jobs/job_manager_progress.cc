@@ -229,18 +229,22 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
         record, "",
         absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
         RecoveryKind::kCheckpointUnusable);
-  } else if (!r.peer_failure() && record.checkpoints != nullptr &&
-             record.stages[stage_index].iterations_done == 0 &&
-             !record.stages[stage_index].finished && JoinedThisPlanLocked(record, r.worker_id())) {
-    // A worker this re-plan brought in (a joiner, a replacement) failed
-    // before its first iteration, and not for want of a peer: its own
-    // setup (no --checkpoint-root, the data file missing or another copy
-    // on its host). The job ran on the others, so it goes on without it,
-    // from the same checkpoint, and the worker is not offered to it again
-    // unless it registers anew (as a spare a re-plan was refused with).
-    // Failing the job instead ended a healthy one, and the next elastic
-    // job to grow into the worker after it.
-    record.unfit[r.worker_id()] = IncarnationOf(r.worker_id());
+  } else if (!r.peer_failure() && !r.checkpoint_unusable() && record.checkpoints != nullptr &&
+             !record.stages[stage_index].ready && record.stages[stage_index].iterations_done == 0 &&
+             JoinedThisPlanLocked(record, r.worker_id())) {
+    // A worker this re-plan brought in (a joiner, a new replacement) failed
+    // before the start barrier, where a stage sets itself up (its data, a
+    // checkpoint it loads: JobRunner), and not for want of a peer nor for
+    // the checkpoint's sake: its own setup (no --checkpoint-root, the data
+    // file missing or another copy on its host). An error after the
+    // barrier may be the plan's (every member of a compressed all-reduce
+    // refuses alike) and is not taken so. The job ran on the others, so it
+    // goes on without it, from the same checkpoint, and the worker is not
+    // offered to it again unless it registers anew (as a spare a re-plan
+    // was refused with). Failing the job instead ended a healthy one, and
+    // the next elastic job to grow into the worker after it.
+    record.unfit[r.worker_id()] =
+        r.incarnation() > 0 ? r.incarnation() : IncarnationOf(r.worker_id());
     StartRecoveryLocked(record, r.worker_id(),
                         absl::StrCat(reason, "; going on without ", r.worker_id(),
                                      ", which failed as it joined the job"),

@@ -32,7 +32,6 @@
 //    request names is written one or two levels above the output
 //    directory, beside it or into the data root (and no file there is
 //    replaced).
-//    beside the output directory or into the data root.
 #include <sys/stat.h>
 
 #include <algorithm>

@@ -369,12 +369,15 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
     // job: UNAVAILABLE, not this checkpoint's fault, so that the job does
     // not drop its checkpoints one after another and start again from
     // step 0. Only one in the step directory or at the file is this one's.
+    // The probe walks to the job's directory and names in it an entry no
+    // checkpoint puts there (unit files live in the step directories): an
+    // existing directory or link at the final name would be refused too.
     const size_t slash = from.dir().rfind('/');
     if (slash != std::string::npos && slash > 0) {
       const std::string job_dir = from.dir().substr(0, slash);
       const absl::Status shared =
           OpenConfinedParent(root, kCheckpointRootFlag, "spec.checkpoint.dir",
-                             absl::StrCat(job_dir, "/", StepDirName(0)), /*create_dirs=*/false)
+                             absl::StrCat(job_dir, "/", UnitFileName(0)), /*create_dirs=*/false)
               .status();
       if (absl::IsInvalidArgument(shared)) {
         return absl::UnavailableError(

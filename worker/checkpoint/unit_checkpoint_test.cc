@@ -350,9 +350,6 @@ TEST(TunedPartitionsTest, OnlyCanonicalTextParses) {
   }
 }
 
-// A unit file replaced by a FIFO is refused at once (DATA_LOSS, not a
-// file), not opened until a writer comes: that wedged the worker, which
-// stayed READY and hung the next job placed on it.
 // A writer killed mid-write left its temporary in the step directory; the
 // step written again (a redo after recovery) removes it, so a kept
 // checkpoint does not carry it. A temporary of another unit file stays
@@ -372,6 +369,9 @@ TEST_F(UnitCheckpointTest, RedoneStep_RemovesTheTemporaryADeadWriterLeft) {
   EXPECT_EQ(stat(absl::StrCat(step_dir, "/", UnitFileName(1)).c_str(), &st), 0);
 }
 
+// A unit file replaced by a FIFO is refused at once (DATA_LOSS, not a
+// file), not opened until a writer comes: that wedged the worker, which
+// stayed READY and hung the next job placed on it.
 TEST_F(UnitCheckpointTest, FifoUnitFile_IsDataLossWithoutBlocking) {
   const v1::ResumeFrom from = WriteAll();
   const std::string path = PathOf(from, 1);
@@ -418,6 +418,9 @@ TEST_F(UnitCheckpointTest, JobCheckpointDirBehindALink_UnavailableAndKept) {
 
   ASSERT_EQ(unlink(ck.c_str()), 0);
   ASSERT_EQ(rename((ck + "-moved").c_str(), ck.c_str()), 0);
+  // With a step-00000000 left in the job's directory too (a job's first
+  // step directory, say), which the probe must not mistake for the link.
+  ASSERT_EQ(mkdir(absl::StrCat(ck, "/job-t-1/", StepDirName(0)).c_str(), 0700), 0);
   const std::string step = absl::StrCat(root_, "/", from.dir());
   ASSERT_EQ(rename(step.c_str(), (step + ".real").c_str()), 0);
   ASSERT_EQ(symlink((step + ".real").c_str(), step.c_str()), 0);

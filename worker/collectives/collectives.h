@@ -150,7 +150,8 @@ class Collectives {
   // A lossy all-reduce whose messages carry `codec`'s payloads (AccTFM's
   // compressed tensor-parallel sum, acctfm.txt §4.3.2): `data` is a host
   // tensor of `rows` rows (numel divisible by rows), the same shape on every
-  // member. The rows split into size() segments (SegmentBounds over rows);
+  // member. It goes in rounds of whole rows (below); within a round, the
+  // round's rows split into size() segments (SegmentBounds over them);
   // every member encodes its segment s and sends it to member s, which
   // decodes the size() contributions (its own encoded and decoded too, so
   // every contribution passes the codec once) and sums them in member
@@ -158,21 +159,22 @@ class Collectives {
   // sends it to every member, and every member, s included, decodes it. So
   // every member ends with bitwise the same `data`, the sum of quantized
   // contributions quantized once more. Each phase sends (N-1)/N of the
-  // encoded tensor per member in one round, like the ring's two phases.
+  // round's encoded rows per member, like the ring's two phases.
   // Segments travel in chunks of whole rows, at most chunk_bytes of fp32
   // each (one row at least; every member cuts the same ones), each encoded
   // on its own (a quantizer with a per-payload range scales each chunk by
-  // its own): all of this member's chunks are encoded and sent first, then
-  // member s sums, encodes and sends on chunk c as soon as every member's
-  // chunk c has arrived, so the two phases overlap on the links rather
-  // than the second waiting for the whole first. Empty segments send
-  // nothing.
+  // its own): all of this member's chunks of the round are encoded and
+  // sent first, then member s sums, encodes and sends on chunk c as soon
+  // as every member's chunk c has arrived, so the two phases overlap on
+  // the links rather than the second waiting for the whole first. Empty
+  // segments send nothing.
   // Two members exchange once instead, as AccTFM's recursive doubling does
   // (acctfm.txt §5 runs its compressed all-reduce so): each encodes its
-  // whole tensor in chunks of whole rows (cut as above, over all rows) and
-  // sends them, and both sum the two decoded contributions in member order
-  // (x0^ + x1^, the same bits on both): the sum of the quantized
-  // contributions, not quantized again, in one round of the same bytes.
+  // round's rows in chunks of whole rows (cut as above, over the round's
+  // rows) and sends them, and both sum the two decoded contributions in
+  // member order (x0^ + x1^, the same bits on both): the sum of the
+  // quantized contributions, not quantized again, in one exchange of the
+  // same bytes.
   // All of this goes in rounds of whole rows, about kExchangeWindowsAhead
   // exchange windows of fp32 each (InRounds says why; a tensor of up to a
   // round goes in one), each round's rows segmented and chunked as above:

@@ -788,35 +788,40 @@ double ExpectPiecewiseWithinBound(const EncodedRun& run, int n, int64_t rows, in
 // up to what the result lacks of the exact sum. With three or more members
 // the summed segments are encoded a second time; that error too must be
 // some member's (it was no one's: a quantizer's feedback lost about as
-// much every step as one member's error).
+// much every step as one member's error). Also in rounds of two rows (the
+// errors land at each round's own rows).
 TEST(CollectivesTest, EncodedAllReduce_CodingErrorsAddUpToWhatTheResultLacks) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(2);
   constexpr int64_t kRows = 9;
-  for (int n : {2, 3, 4}) {
-    SCOPED_TRACE(n);
-    std::vector<std::vector<float>> results(n), errors(n);
-    const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
-      Tensor t = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
-      Tensor error;
-      absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t, nullptr, &error);
-      results[r] = t.ToVector();
-      errors[r] = error.ToVector();
-      return s;
-    });
-    for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
-    double worst = 0, lacking = 0;
-    for (size_t i = 0; i < results[0].size(); ++i) {
-      double exact = 0, fed_back = 0;
-      for (int m = 0; m < n; ++m) {
-        exact += EncodedInput(m, kRows, false)[i];
-        fed_back += errors[m][i];
+  CollectiveOptions in_rounds;
+  in_rounds.exchange_bytes = 16 * 4;         // messages of one row
+  in_rounds.exchange_window_bytes = 16 * 4;  // rounds of kExchangeWindowsAhead (2) rows
+  for (const CollectiveOptions& options : {CollectiveOptions{}, in_rounds})
+    for (int n : {2, 3, 4}) {
+      SCOPED_TRACE(absl::StrCat(n, " members, ", options.exchange_window_bytes, "-byte windows"));
+      std::vector<std::vector<float>> results(n), errors(n);
+      const auto status = RunGroup(n, options, [&](int r, Collectives& c) {
+        Tensor t = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
+        Tensor error;
+        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t, nullptr, &error);
+        results[r] = t.ToVector();
+        errors[r] = error.ToVector();
+        return s;
+      });
+      for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+      double worst = 0, lacking = 0;
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        double exact = 0, fed_back = 0;
+        for (int m = 0; m < n; ++m) {
+          exact += EncodedInput(m, kRows, false)[i];
+          fed_back += errors[m][i];
+        }
+        worst = std::max(worst, std::fabs(results[0][i] + fed_back - exact));
+        lacking = std::max(lacking, std::fabs(results[0][i] - exact));
       }
-      worst = std::max(worst, std::fabs(results[0][i] + fed_back - exact));
-      lacking = std::max(lacking, std::fabs(results[0][i] - exact));
+      EXPECT_GT(lacking, 0.1);  // the codec does drop something
+      EXPECT_LT(worst, 1e-5);
     }
-    EXPECT_GT(lacking, 0.1);  // the codec does drop something
-    EXPECT_LT(worst, 1e-5);
-  }
 }
 
 // fp16 carries small integers exactly, so the encoded all-reduce must give

@@ -311,7 +311,10 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     // step is redone here) left its temporary, up to the whole file's size:
     // nothing else removes it once the step completes, and a kept
     // checkpoint would carry it for good. Unlocked temporaries only
-    // (RemoveAbandonedTemporaries): a living writer's stays.
+    // (RemoveAbandonedTemporaries): a living writer's stays, unless it is
+    // in another process and has not locked its file yet, or on another
+    // host where locks are host-local (a stopped plan's slow writer of the
+    // same step); that write then fails, and nothing is corrupted.
     for (const std::string& removed : RemoveAbandonedTemporaries(parent.dir.get(), parent.name)) {
       PT_LOG(INFO) << "checkpoint " << step_dir << ": removed " << removed
                    << ", left by a writer that died mid-write";

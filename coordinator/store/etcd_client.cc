@@ -213,8 +213,8 @@ EtcdClient::EtcdClient(EtcdOptions options, std::vector<std::unique_ptr<Endpoint
 EtcdClient::~EtcdClient() = default;
 
 template <typename Attempt>
-absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
-                              const Attempt& attempt) const {
+absl::Status EtcdClient::Call(const char* method, absl::Time deadline, const Attempt& attempt,
+                              Resend resend) const {
   const size_t n = endpoints_.size();
   const size_t first = preferred_.load() % n;
   grpc::Status last;
@@ -263,7 +263,17 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
     // was silent failed its first call, and the coordinator exited.
     const bool never_sent = timed_out && !connected &&
                             e.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
-    if (!(TryNextEndpoint(last) || share_ran_out || never_sent) || absl::Now() >= deadline) break;
+    // A read that timed out at a member that is connected but does not
+    // answer (overloaded, or its host stalled after the handshake) goes to
+    // the next one too: sending it again changes nothing. Without this, a
+    // newly elected coordinator's start-up reads (the state's version, the
+    // workers, the jobs) failed at such a first member, and it exited; the
+    // next leader's did the same, while the other members were healthy.
+    const bool resendable = timed_out && resend == Resend::kAfterTimeout;
+    if (!(TryNextEndpoint(last) || share_ran_out || never_sent || resendable) ||
+        absl::Now() >= deadline) {
+      break;
+    }
   }
   if (last.error_code() == grpc::StatusCode::UNAVAILABLE ||
       last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -376,9 +386,12 @@ grpc::Status EtcdClient::TokenAt(const Endpoint& e, absl::Time deadline, std::st
 
 absl::Status EtcdClient::Range(const etcdserverpb::RangeRequest& request,
                                etcdserverpb::RangeResponse* response, absl::Time deadline) const {
-  return Call("Range", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
-    return e.kv->Range(context, request, response);
-  });
+  return Call(
+      "Range", deadline,
+      [&](const Endpoint& e, grpc::ClientContext* context) {
+        return e.kv->Range(context, request, response);
+      },
+      Resend::kAfterTimeout);
 }
 
 absl::Status EtcdClient::Txn(const etcdserverpb::TxnRequest& request,

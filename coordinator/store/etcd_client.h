@@ -14,8 +14,9 @@
 // and moves on when a share runs out too: a member whose host went silent
 // keeps its connection open and answers nothing. One without (the store's)
 // that runs past its attempt deadline returns, and the next call starts at
-// the next endpoint (unless that endpoint never connected, a silent host:
-// then the next is tried within the same call). An attempt at an endpoint that is not connected
+// the next endpoint, unless that endpoint never connected (a silent host)
+// or the call is a Range (a read, safe to send again): then the next is
+// tried within the same call. An attempt at an endpoint that is not connected
 // first waits up to 1 s (at most half its deadline) for the connection, so a dead endpoint costs
 // about a second before the next is tried, and a restarted etcd is found again within about a
 // second. Plaintext, or TLS with EtcdOptions::credentials (etcd's CA, and a client certificate for
@@ -153,9 +154,13 @@ class EtcdClient {
 
   EtcdClient(EtcdOptions options, std::vector<std::unique_ptr<Endpoint>> endpoints);
 
+  // Whether a call that timed out at a connected endpoint (it may have been
+  // applied there) may be sent to the next one within the same call.
+  enum class Resend { kOnlyUnsent, kAfterTimeout };
   // Runs `attempt` against each endpoint in turn (see the file comment).
   template <typename Attempt>
-  absl::Status Call(const char* method, absl::Time deadline, const Attempt& attempt) const;
+  absl::Status Call(const char* method, absl::Time deadline, const Attempt& attempt,
+                    Resend resend = Resend::kOnlyUnsent) const;
   // One attempt at `e` with the login token (logging in first where there
   // is none, and once more where etcd refuses the token).
   template <typename Attempt>

@@ -673,6 +673,39 @@ TEST(EtcdStoreTest, Open_FirstEndpointSilent_UsesTheNext) {
   EXPECT_EQ(all->size(), 1u);
 }
 
+// The first endpoint answered, then its member went silent with the
+// connection open (its host stalled): a read goes on to the next member
+// within the same call, and a write is not sent again (it may have been
+// applied at the silent one) but the next call starts at the next member.
+// Before, the reads failed there too, so a newly elected coordinator, whose
+// first act is to read the state, exited.
+TEST(EtcdStoreTest, ConnectedFirstEndpointGoesSilent_ReadsUseTheNext) {
+  const std::string direct = shared_etcd->endpoint();
+  SilenceableRelay relay(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  EtcdOptions options = SharedOptions(NewPrefix());
+  options.endpoints = {relay.endpoint(), "http://" + direct};
+  options.rpc_timeout = absl::Seconds(1);
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());  // through the relay
+  relay.Freeze();
+  absl::StatusOr<std::optional<std::string>> got = store->Get("k");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::optional<std::string>("v"));
+  // A write, through another relay that answered and then went silent:
+  // it fails there, and the next call goes to the healthy member.
+  SilenceableRelay second(std::stoi(direct.substr(direct.rfind(':') + 1)));
+  options.endpoints = {second.endpoint(), "http://" + direct};
+  std::unique_ptr<EtcdStore> writer = MustOpen(options);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_TRUE(writer->Get("k").ok());  // through the second relay
+  second.Freeze();
+  const absl::Status timed_out = writer->Commit({StoreWrite::Put("k", "w")});
+  EXPECT_EQ(timed_out.code(), absl::StatusCode::kUnavailable) << timed_out;
+  EXPECT_THAT(timed_out.message(), HasSubstr(second.endpoint()));
+  EXPECT_EQ(writer->Commit({StoreWrite::Put("k", "w")}), absl::OkStatus());
+}
+
 // The leader's preferred endpoint goes silent while another member is
 // healthy: each call spends a share of the lease's time there, then goes
 // on to the healthy one, and the leader keeps its lease. Before, the

@@ -716,6 +716,38 @@ TEST_F(JobManagerElasticTest, RestartBeforeTheLateSweep_StepsWrittenAfterTheEndS
   EXPECT_TRUE(reused.ok()) << reused.status();
 }
 
+// init.from through a link to a directory the workers would refuse to
+// open files in (a control character in its name): refused at submit, not
+// when the job's first stage loads it.
+TEST_F(JobManagerElasticTest, InitFromThroughALinkToANameWorkersRefuse_RefusedAtSubmit) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec a = ElasticSpec(1, 7);
+  a.mutable_checkpoint()->set_dir("ctl/a");
+  const std::string first = Submit(a).value().id();
+  for (int step = 1; step <= 7; ++step) Step(first, step);
+  CheckpointAll(first, 7);
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  AwaitEndSweeps();
+  WriteUnitFiles("ctl/a/step-00000007");
+  std::filesystem::rename(OutputDir() + "/ctl/a", OutputDir() + "/ctl/a\x01z");
+  ASSERT_EQ(symlink("a\x01z", (OutputDir() + "/ctl/link").c_str()), 0);
+  v1::JobSpec b = ElasticSpec(1, 9);
+  b.mutable_init()->set_from("ctl/link/step-00000007");
+  const absl::Status refused = jobs_->Submit(b).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "resolves to a directory whose files the workers cannot open "
+                                "(the resolved path: path has a control character at byte 5"))
+      << refused;
+  // Renamed, the link leads to a name that passes: accepted.
+  std::filesystem::rename(OutputDir() + "/ctl/a\x01z", OutputDir() + "/ctl/b");
+  ASSERT_EQ(unlink((OutputDir() + "/ctl/link").c_str()), 0);
+  ASSERT_EQ(symlink("b", (OutputDir() + "/ctl/link").c_str()), 0);
+  const absl::StatusOr<v1::Job> accepted = jobs_->Submit(b);
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
+}
+
 // init.from's unit files are checked at submit against the manifest: a
 // missing or truncated one is refused naming it, not found when the job
 // starts.

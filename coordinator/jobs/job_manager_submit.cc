@@ -296,6 +296,20 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   v1::ResumeFrom checkpoint;
   checkpoint.set_step(manifest->step);
   checkpoint.set_dir(step_dir.substr(std::strlen(root.get()) + 1));
+  // The workers open each unit file by this resolved name under their
+  // root, which must pass the checks every name a job gives does (no
+  // control character, at most kMaxSpecPathBytes): a link may lead to one
+  // that does not, and the job would fail at its first load instead.
+  for (const v1::UnitFile& f : manifest->units) {
+    if (absl::Status name =
+            CheckConfinedName("the resolved path", absl::StrCat(checkpoint.dir(), "/", f.file()));
+        !name.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.init.from: ", from,
+                       " resolves to a directory whose files the workers cannot open (",
+                       name.message(), "); rename it, or name it through no link"));
+    }
+  }
   for (const v1::UnitFile& f : manifest->units) *checkpoint.add_units() = f;
   init.checkpoint = std::move(checkpoint);
   return init;

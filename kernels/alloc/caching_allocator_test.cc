@@ -468,6 +468,28 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_WaitsForThePoolsOtherCachesRelea
   second.Free(*whole);
 }
 
+// While it waits for another cache's release, the waiting cache stays
+// usable by other threads (the one whose work a cudaFree waits for may need
+// it): its mutex is released for the wait. Held, the other thread here
+// blocked for the wait's minute, and the allocation then failed.
+TEST(CachingAllocatorTest, Allocate_WaitingForAPoolRelease_TheCacheStaysUsable) {
+  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
+  BlockingFreeRawAllocator raw(&fake);
+  CachingAllocator first(&raw, PoolOptions("first", "device pool-release-usable"));
+  CachingAllocator second(&raw, PoolOptions("second", "device pool-release-usable"));
+  std::thread release = StartBlockedRelease(first, raw);
+  std::thread other([&] {
+    EXPECT_TRUE(raw.AwaitRefusal());
+    EXPECT_EQ(second.GetStats().bytes_in_use, 0u);  // takes the cache's mutex
+    raw.LetGo();
+  });
+  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
+  other.join();
+  release.join();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  second.Free(*whole);
+}
+
 // The other cache's release ends between the refused raw call and the
 // wait: nothing is under way any more, but the memory came back since the
 // try, so the allocation is tried once more.

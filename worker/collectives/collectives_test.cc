@@ -789,7 +789,7 @@ double ExpectPiecewiseWithinBound(const EncodedRun& run, int n, int64_t rows, in
 // the summed segments are encoded a second time; that error too must be
 // some member's (it was no one's: a quantizer's feedback lost about as
 // much every step as one member's error). Also in rounds of two rows (the
-// errors land at each round's own rows).
+// errors land at each round's own rows, and the stats add up the rounds).
 TEST(CollectivesTest, EncodedAllReduce_CodingErrorsAddUpToWhatTheResultLacks) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(2);
   constexpr int64_t kRows = 9;
@@ -800,15 +800,29 @@ TEST(CollectivesTest, EncodedAllReduce_CodingErrorsAddUpToWhatTheResultLacks) {
     for (int n : {2, 3, 4}) {
       SCOPED_TRACE(absl::StrCat(n, " members, ", options.exchange_window_bytes, "-byte windows"));
       std::vector<std::vector<float>> results(n), errors(n);
+      std::vector<Collectives::EncodedStats> stats(n);
+      std::vector<int64_t> sent(n);
       const auto status = RunGroup(n, options, [&](int r, Collectives& c) {
         Tensor t = Tensor::FromVector({kRows, 16}, EncodedInput(r, kRows, false));
         Tensor error;
-        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t, nullptr, &error);
+        absl::Status s = c.AllReduceEncoded(2, 9, *codec, kRows, t, &stats[r], &error);
         results[r] = t.ToVector();
         errors[r] = error.ToVector();
+        sent[r] = c.sent_bytes();
         return s;
       });
       for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+      // The stats cover every round: the whole contribution's norm, all
+      // bytes sent, and (two members: no second encoding) the whole
+      // coding error's norm.
+      for (int r = 0; r < n; ++r) {
+        double norm = 0, error = 0;
+        for (float v : EncodedInput(r, kRows, false)) norm += double(v) * v;
+        for (float v : errors[r]) error += double(v) * v;
+        EXPECT_NEAR(stats[r].norm_squared, norm, 1e-9 * norm) << "member " << r;
+        EXPECT_EQ(stats[r].sent_bytes, sent[r]) << "member " << r;
+        if (n == 2) EXPECT_NEAR(stats[r].error_squared, error, 1e-6 * error) << "member " << r;
+      }
       double worst = 0, lacking = 0;
       for (size_t i = 0; i < results[0].size(); ++i) {
         double exact = 0, fed_back = 0;

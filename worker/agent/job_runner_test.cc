@@ -1197,6 +1197,37 @@ TEST(JobRunnerTest, UnavailableCheckpointReports_SentAgain) {
   EXPECT_EQ(link.failed(), 2);
 }
 
+// A failed checkpoint's report carries its error escaped to UTF-8 (here a
+// --checkpoint-root named in Latin-1, gone by the time of the write): the
+// report parses at the coordinator, which a job waiting at a step boundary
+// for it needs.
+TEST(JobRunnerTest, FailedCheckpoint_ErrorQuotingBytesNotUtf8_ReportedEscapedAndParses) {
+  v1::Assignment a = OneStageAssignment(2);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("checkpoint-caf\xe9");
+  ASSERT_EQ(rmdir(options.checkpoint_root.c_str()), 0);
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  // Step 1's checkpoint (step 2 is the last), then 2 iterations.
+  ASSERT_TRUE(link.AwaitReports(3));
+  runner.Stop();
+  int failed = 0;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    if (!r.has_checkpoint()) continue;
+    ++failed;
+    EXPECT_TRUE(absl::StrContains(r.checkpoint().error(), "checkpoint-caf\\xe9"))
+        << r.checkpoint().error();
+    v1::ReportProgressRequest parsed;
+    EXPECT_TRUE(parsed.ParseFromString(r.SerializeAsString()));
+    EXPECT_EQ(parsed.checkpoint().error(), r.checkpoint().error());
+  }
+  EXPECT_EQ(failed, 1);
+}
+
 // At a step boundary the coordinator re-plans only once every stage's
 // checkpoint report is in: one given up after a few attempts (the old
 // limit was 4) left the job RUNNING with every stage idle. Reports are now

@@ -42,13 +42,15 @@ absl::Status OutOfDescriptors(const std::string& path, absl::string_view why) {
 // Reads the whole regular file at `path` with one fstat and a read loop (no
 // per-byte stream reads: a 100 MB corpus loads at memory speed); one of more
 // than `max_bytes` (> 0) is refused before its buffer is allocated.
-// `checked_real`, `stop`: TokenFileLoadOptions' fields.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes,
-                                          bool checked_real, const std::atomic<bool>* stop) {
+// `options`: LoadTokenFile's (its name is not used here).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
+                                          const TokenFileLoadOptions& options) {
+  const int64_t max_bytes = options.max_bytes;
+  const std::atomic<bool>* const stop = options.stop;
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
   ScopedFd file;
-  if (checked_real) {
+  if (options.path_is_checked_real) {
     absl::StatusOr<ScopedFd> opened = OpenRealPathNoLinks("spec.data.path", path);
     if (opened.status().code() == absl::StatusCode::kResourceExhausted) {
       return OutOfDescriptors(path, opened.status().message());
@@ -90,10 +92,23 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_b
       return absl::InternalError(
           absl::StrCat(path, ": read failed after ", done, " bytes: ", std::strerror(errno)));
     }
-    if (got == 0) break;  // The file shrank while we read it.
+    if (got == 0) break;  // it shrank while it was read (below)
     done += static_cast<size_t>(got);
+    if (options.after_read_for_test) options.after_read_for_test(done);
   }
-  bytes.resize(done);
+  // Rewritten in place while it was read (a copy over the live file, a
+  // sync tool): what was read may be a prefix, or old and new bytes mixed.
+  // Trained on, it fixed the job's data digest, and the workers that read
+  // it whole were failed as having other tokens. A state that passes: the
+  // next load (a recovery's) reads the finished file.
+  struct stat after;
+  if (done != bytes.size() || fstat(fd, &after) != 0 || after.st_size != info.st_size ||
+      after.st_mtim.tv_sec != info.st_mtim.tv_sec ||
+      after.st_mtim.tv_nsec != info.st_mtim.tv_nsec) {
+    return absl::UnavailableError(absl::StrCat(path, ": the file changed while it was read (",
+                                               info.st_size, " bytes when opened, ", done,
+                                               " read); load it again once it is written"));
+  }
   return bytes;
 }
 
@@ -253,8 +268,7 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, Dat
                                                     int vocab_size,
                                                     const TokenFileLoadOptions& options) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, options.max_bytes,
-                                                    options.path_is_checked_real, options.stop));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, options));
   // The format follows the given name, not the name `path` resolved to.
   return ParseTokenFile(options.name.empty() ? path : options.name, bytes, format, vocab_size);
 }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,9 @@ struct TokenFileLoadOptions {
   // a large file on slow storage does not hold a stop up for minutes.
   // nullptr: read to the end.
   const std::atomic<bool>* stop = nullptr;
+  // Tests: called after each read() with the bytes read so far (one that
+  // changes the file there shows the load noticing). Empty: nothing.
+  std::function<void(size_t read_so_far)> after_read_for_test;
 };
 
 // The most bytes LoadTokenFile reads in one read() call (between checks
@@ -84,7 +88,9 @@ inline constexpr size_t kTokenFileReadChunkBytes = size_t{64} << 20;
 //   NOT_FOUND         the file is missing, unreadable or not a regular file.
 //   RESOURCE_EXHAUSTED the file is larger than options.max_bytes (only then).
 //   UNAVAILABLE       the open failed for want of file descriptors or memory
-//                     (EMFILE, ENFILE, ENOMEM): a state that may pass.
+//                     (EMFILE, ENFILE, ENOMEM), or the file changed while it
+//                     was read (its size or modification time differs after
+//                     the read, or it ended early): states that may pass.
 //   CANCELLED         options.stop was set during the read.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
 //                     vocab_size < 256; odd byte count for kUint16

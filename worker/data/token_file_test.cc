@@ -11,7 +11,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -264,6 +268,41 @@ TEST(TokenFileTest, LoadTokenFile_StopSet_CancelledBeforeItReads) {
   loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->size(), 6u);
+}
+
+// A file rewritten in place while it is read (shorter, longer, or the
+// same size written again) is UNAVAILABLE, not parsed: a prefix or a mix
+// of old and new bytes became the corpus, and its digest the job's.
+TEST(TokenFileTest, LoadTokenFile_ChangedWhileRead_Unavailable) {
+  const std::string path = TempPath("changing.txt");
+  const std::vector<std::pair<std::string, std::function<void()>>> changes = {
+      {"truncated", [&] { ASSERT_EQ(truncate(path.c_str(), 3), 0); }},
+      {"appended", [&] { std::ofstream(path, std::ios::app) << "ghi"; }},
+      {"rewritten",
+       [&] {
+         std::ofstream(path, std::ios::trunc) << "uvwxyz";
+         // Its modification time moved on (a coarse clock could keep it).
+         const timespec later[2] = {{0, UTIME_OMIT}, {time(nullptr) + 10, 0}};
+         ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), later, 0), 0);
+       }},
+  };
+  for (const auto& [what, change] : changes) {
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(WriteBytesFile(path, "abcdef").ok());
+    TokenFileLoadOptions options;
+    options.after_read_for_test = [&, change = change](size_t) { change(); };
+    auto loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+    ExpectError(loaded, "changing.txt", absl::StatusCode::kUnavailable,
+                "the file changed while it was read (6 bytes when opened, 6 read)");
+  }
+  ASSERT_TRUE(WriteBytesFile(path, "abcdef").ok());
+  TokenFileLoadOptions unchanged;
+  int reads = 0;
+  unchanged.after_read_for_test = [&](size_t) { ++reads; };
+  auto loaded = LoadTokenFile(path, DataFormat::kText, 256, unchanged);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 6u);
+  EXPECT_EQ(reads, 1);
 }
 
 TEST(TokenFileTest, LoadTokenFile_LargeRawFile_LoadsEveryToken) {

@@ -267,6 +267,7 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
   // sender could not parse the reply.
   const std::string text = status.ToString();
   error.set_error(std::string(Utf8Prefix(text, kMaxFrameErrorBytes)));
+  error.set_code(static_cast<int32_t>(status.code()));
   return error;
 }
 

@@ -28,6 +28,18 @@ namespace {
 using FrameStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::FrameError>;
 using StreamReactor = grpc::ClientBidiReactor<grpc::ByteBuffer, v1::FrameError>;
 
+// The code a receiver's FrameError gives (its Status's): the sender's Send
+// fails with it, so that a refusal for a job stopped there (ABORTED) is a
+// lost peer to the sender's stage as to the receiver's. OK (a refusal is
+// never one: an older receiver sends no code) and values that are no
+// absl::StatusCode (any peer may send anything) are INTERNAL.
+absl::StatusCode RejectionCode(int32_t code) {
+  if (code <= 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::StatusCode::kInternal;
+  }
+  return static_cast<absl::StatusCode>(code);
+}
+
 // Frames up to this size are written with buffer_hint when another small
 // frame follows (FrameStream::NextWriteLocked).
 constexpr size_t kCoalescedFrameBytes = 256 << 10;
@@ -196,14 +208,16 @@ class FrameStream final : public StreamReactor {
     return absl::OkStatus();
   }
 
-  // The first rejection not yet reported, as INTERNAL; OK if none.
+  // The first rejection not yet reported, with the receiver's code
+  // (RejectionCode); OK if none.
   absl::Status TakeRejection() {
     AnnotatedMutexLock lock(&mu_);
     if (rejection_.empty()) return absl::OkStatus();
-    absl::Status status = absl::InternalError(absl::StrCat(
-        peer_name_, " rejected a tensor sent earlier: ", rejection_,
-        more_rejections_ > 0 ? absl::StrCat(" (and ", more_rejections_, " more, see the log)")
-                             : ""));
+    absl::Status status(rejection_code_,
+                        absl::StrCat(peer_name_, " rejected a tensor sent earlier: ", rejection_,
+                                     more_rejections_ > 0 ? absl::StrCat(" (and ", more_rejections_,
+                                                                         " more, see the log)")
+                                                          : ""));
     rejection_.clear();
     more_rejections_ = 0;
     return status;
@@ -327,8 +341,8 @@ class FrameStream final : public StreamReactor {
     if (error.size() > kMaxFrameErrorBytes) {
       absl::StrAppend(&said, "... (", error.size(), " bytes)");
     }
-    const absl::Status rejected =
-        absl::InternalError(absl::StrCat(peer_name_, " rejected a frame: ", said));
+    const absl::StatusCode code = RejectionCode(incoming_.code());
+    const absl::Status rejected(code, absl::StrCat(peer_name_, " rejected a frame: ", said));
     static LogRateLimiter rejections_log(10, absl::Seconds(10));
     if (int64_t dropped = 0; rejections_log.Allow(&dropped)) {
       PT_LOG(WARNING) << "data plane: " << rejected << LogRateLimiter::Dropped(dropped);
@@ -337,6 +351,7 @@ class FrameStream final : public StreamReactor {
       AnnotatedMutexLock lock(&mu_);
       if (rejection_.empty()) {
         rejection_ = said;
+        rejection_code_ = code;
       } else {
         ++more_rejections_;
       }
@@ -419,6 +434,7 @@ class FrameStream final : public StreamReactor {
   StreamHoldRelease hold_ ABSL_GUARDED_BY(mu_);  // who removes Start()'s hold
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::string rejection_ ABSL_GUARDED_BY(mu_);
+  absl::StatusCode rejection_code_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kInternal;
   int more_rejections_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -453,9 +469,13 @@ class GrpcTransport::PeerLink {
       stream = stream_;
     }
     if (stream != nullptr) {
+      // A break first: it is what the peer's state is now (gone, or on
+      // another plan), and after one exactly one Send says so
+      // (grpc_transport.h); a rejection left on the broken stream is in
+      // the log.
+      if (stream->broken()) return RetireBroken(std::move(stream));
       absl::Status rejected = stream->TakeRejection();
       if (!rejected.ok()) return rejected;
-      if (stream->broken()) return RetireBroken(std::move(stream));
     } else {
       absl::StatusOr<std::shared_ptr<FrameStream>> opened = Open();
       if (!opened.ok()) return opened.status();

@@ -28,9 +28,12 @@
 //     max(max_queued_bytes_per_peer, largest tensor) of payload, and each
 //     Send briefly holds one encoded copy of its tensor besides.
 //
-// Rejections: a FrameError from the peer is logged and returned, as
-// INTERNAL with the peer's error text, by the next Send to that peer (that
-// Send's tensor is not sent); the stream stays open.
+// Rejections: a FrameError from the peer is logged and returned, with the
+// peer's code (its Status's: ABORTED for a job stopped there, which the
+// stage takes for a lost peer; INTERNAL where the peer gives none) and
+// error text, by the next Send to that peer (that Send's tensor is not
+// sent), unless the stream broke since (then that Send is the break's
+// UNAVAILABLE); the stream stays open.
 //
 // No threads of its own: completions run on gRPC's callback threads, which
 // never wait for anything but short mutexes.
@@ -77,7 +80,7 @@ struct GrpcTransportOptions {
   // cancelling it (peer after peer; an Abort before cuts it to nothing).
   absl::Duration shutdown_drain_timeout = absl::Seconds(10);
   // Called, for logs and metrics, when `peer_stage` rejects a frame
-  // (INTERNAL, the peer's text) or its stream breaks (UNAVAILABLE; not after
+  // (the peer's code and text) or its stream breaks (UNAVAILABLE; not after
   // Shutdown). Runs on a gRPC thread: must return quickly and must not call
   // into this transport.
   std::function<void(int peer_stage, const absl::Status& error)> on_peer_error;
@@ -124,8 +127,8 @@ class GrpcTransport final : public Transport {
   // null raw tensor, or an encoded tensor that CheckSendable rejects
   // (unknown codec spec, empty payload); UNAVAILABLE naming the peer if it
   // cannot be reached or its stream broke (the tensor and anything queued
-  // before it are lost); INTERNAL with the peer's text if it rejected an
-  // earlier frame; DEADLINE_EXCEEDED if the queue stayed full for
+  // before it are lost); the peer's code (INTERNAL if none) and text if
+  // it rejected an earlier frame; DEADLINE_EXCEEDED if the queue stayed full for
   // queue_wait_timeout; ABORTED after Shutdown.
   absl::Status SendWire(int peer_stage, const TensorAddress& address,
                         const WireTensor& wire) override;

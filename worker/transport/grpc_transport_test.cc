@@ -349,7 +349,7 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 1, 4), Pattern({100}, 2));
 }
 
-TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
+TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendFailsWithPeersCodeAndText) {
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
                   Pattern({8}, 0));  // the stream is open
   // A backslash in the receiver's text reaches the job's report once: the
@@ -359,13 +359,13 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
   mailboxes_[1]->OpenJob("j\\2", 0);
   ASSERT_TRUE(
       transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
-  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kInternal);
+  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(reported, "tensor for job j-1 but this worker runs j\\2; refused"))
       << reported;
 
   absl::Status next =
       transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
-  EXPECT_EQ(next.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(next, "stage 1 (" + addresses_[1] +
                                  ") rejected a tensor sent earlier: "
                                  "FAILED_PRECONDITION: tensor for job j-1 but this worker runs"))
@@ -374,6 +374,23 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
   // Reported once; the stream stayed open.
   mailboxes_[1]->OpenJob("j-1", 7);
   ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
+}
+
+// The receiver's stage stopped the job (its worker is stopping) while this
+// one still sends: the refusal is ABORTED here too, a lost peer to the
+// sending stage (which recovers), not INTERNAL (which failed the job).
+TEST_F(GrpcTransportTest, Send_PeersJobStopped_NextSendAborted) {
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
+                  Pattern({8}, 0));  // the stream is open
+  mailboxes_[1]->AbortJob("j-1");
+  ASSERT_TRUE(
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 1)).ok());
+  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kAborted);
+  EXPECT_TRUE(Contains(reported, "which was stopped on this worker; refused")) << reported;
+  absl::Status next =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 2));
+  EXPECT_EQ(next.code(), absl::StatusCode::kAborted) << next;
+  EXPECT_TRUE(Contains(next, "rejected a tensor sent earlier")) << next;
 }
 
 // The receiver moves on to another job (its next plan): the data plane ends

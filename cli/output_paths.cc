@@ -9,8 +9,12 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/temp_file.h"
 
 namespace pipetrain {
@@ -30,6 +34,33 @@ DirAndName SplitPath(const std::string& path) {
 std::string WithoutTrailingSlashes(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   return dir;
+}
+
+// `path` with its longest existing prefix resolved (realpath) and the
+// missing rest taken by name ("." dropped, ".." dropping the name before
+// it): two spellings of a directory yet to be created ("run", "./run",
+// "/abs/run/.") compare equal. `path` itself when no prefix resolves.
+std::string ResolvedEvenIfMissing(const std::string& path) {
+  std::string existing = WithoutTrailingSlashes(path.empty() ? "." : path);
+  std::vector<std::string> missing;  // outermost first
+  char real[PATH_MAX];
+  while (realpath(existing.c_str(), real) == nullptr) {
+    const DirAndName split = SplitPath(existing);
+    const std::string parent = WithoutTrailingSlashes(split.dir);
+    if (parent == existing) return path;  // "." or "/" itself does not resolve
+    missing.insert(missing.begin(), split.name);
+    existing = parent;
+  }
+  std::vector<std::string> parts = absl::StrSplit(real, '/', absl::SkipEmpty());
+  for (const std::string& name : missing) {
+    if (name.empty() || name == ".") continue;
+    if (name == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.push_back(name);
+  }
+  return "/" + absl::StrJoin(parts, "/");
 }
 
 }  // namespace
@@ -108,7 +139,7 @@ absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const 
       same = stat(split.dir.c_str(), &parent_info) == 0 && parent_info.st_dev == dir_info.st_dev &&
              parent_info.st_ino == dir_info.st_ino;
     } else {
-      same = WithoutTrailingSlashes(split.dir) == WithoutTrailingSlashes(dir);
+      same = ResolvedEvenIfMissing(split.dir) == ResolvedEvenIfMissing(dir);
     }
     return same ? split.name : "";
   };

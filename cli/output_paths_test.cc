@@ -242,6 +242,19 @@ TEST(CheckNotOwnedFileTest, OwnNameInTheDirectory_Refused) {
       CheckNotOwnedFile("--loss-log", later + "/up.lock", "--out", later + "/", owned).ok());
   EXPECT_TRUE(CheckNotOwnedFile("--loss-log", later + "/x.txt", "--out", later, owned).ok());
   EXPECT_TRUE(CheckNotOwnedFile("--loss-log", "", "--out", later, owned).ok());
+  // Other spellings of it while it does not exist (`up --out ./run
+  // --loss-log run/up.lock` in a fresh directory renamed the log over the
+  // lock), and a link on the way to it.
+  EXPECT_FALSE(CheckNotOwnedFile("--loss-log", later + "/./up.lock", "--out", later, owned).ok());
+  EXPECT_FALSE(CheckNotOwnedFile("--loss-log", TempDir() + "/./owned-later/up.lock", "--out",
+                                 later + "/.", owned)
+                   .ok());
+  EXPECT_FALSE(
+      CheckNotOwnedFile("--loss-log", later + "/sub/../up.lock", "--out", later, owned).ok());
+  EXPECT_FALSE(
+      CheckNotOwnedFile("--loss-log", link + "/../owned-later/up.lock", "--out", later, owned)
+          .ok());
+  EXPECT_TRUE(CheckNotOwnedFile("--loss-log", later + "/sub/up.lock", "--out", later, owned).ok());
   // A link to such a file (written through) is refused too.
   std::ofstream(out + "/up.lock") << "";
   const std::string to_lock = TempDir() + "/to-lock.txt";

@@ -390,6 +390,10 @@ expect_exit up_data_directory 2 "--data $TMP is a directory; name a token or tex
   up --workers 2 --data "$TMP" --out "$TMP/up-bad"
 expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device or FIFO); name a token or text file" -- \
   up --workers 2 --data /dev/zero --out "$TMP/up-bad"
+# The corpus's directory becomes the processes' comma-separated --data-root.
+mkdir -p "$TMP/lr=3e-4,bs=32" && echo "some text" > "$TMP/lr=3e-4,bs=32/corpus.txt"
+expect_exit up_data_dir_with_comma 2 "has a comma, which the coordinator's and workers' --data-root" -- \
+  up --workers 2 --data "$TMP/lr=3e-4,bs=32/corpus.txt" --out "$TMP/up-bad"
 # --loss-log is written when the job ends: a path that cannot be is refused
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \

@@ -834,6 +834,15 @@ int RunUp(const std::vector<std::string>& args) {
         S_ISDIR(info.st_mode) ? " is a directory" : " is not a regular file (a device or FIFO)",
         "; name a token or text file (docs/formats.md)"));
   }
+  // Its directory becomes the processes' --data-root, a comma-separated
+  // list: "runs/lr=3e-4,bs=32" would be two roots, neither the corpus's
+  // (the coordinator then exited, and `up` reported an outage).
+  if (valid.ok() && !o.data.empty() && absl::StrContains(DataRootOf(o.data), ',')) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "--data ", o.data, ": its directory ", DataRootOf(o.data),
+        " has a comma, which the coordinator's and workers' --data-root (a comma-separated "
+        "list) would split; move or copy the corpus to a directory without one"));
+  }
   // The manual solver needs stage ranges, which up has no flag for (the
   // spec's check would name a field the user cannot set here).
   if (valid.ok() && o.solver == "manual") {

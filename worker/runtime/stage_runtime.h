@@ -321,11 +321,10 @@ class StageRuntime {
   // snapshot with no units. A stage whose sends go through PowerSGD keeps
   // its links' warm starts in its first backward unit's state
   // (UnitState::link_warm_q), every replica's, gathered to replica 0 as the
-  // feedback is; with tensor ranks, rank 0's (1-D ranks send the same
-  // replicated tensors, so their warm starts agree; a 3-D cube's ranks send
-  // blocks of their own, whose warm starts are not kept: Restore gives
-  // them rank 0's). A stage with no backward unit has no file to keep them
-  // in. A stage whose tuner has kept its AccTFM partition counts records
+  // feedback is; with tensor ranks, rank 0's (every rank sends the same
+  // replicated tensors, a 3-D cube's too: what leaves a stage is full,
+  // cube_units.h; so their warm starts agree). A stage with no backward
+  // unit has no file to keep them in. A stage whose tuner has kept its AccTFM partition counts records
   // them there too (UnitState::tuned_partitions; every replica and tensor
   // rank keeps the same). Errors: the collective's, or the backend's.
   absl::StatusOr<StageSnapshot> Snapshot(int64_t step);

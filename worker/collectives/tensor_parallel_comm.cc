@@ -47,13 +47,19 @@ int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tenso
   executor_->Post([this, p, tag, iteration = iteration_] {
     const absl::Time start = absl::Now();
     const int64_t sent_before = collectives_->sent_bytes();
-    absl::Status status = absl::AbortedError("an earlier tensor-parallel all-reduce failed");
-    if (!failed_.load()) {
-      status = p->sparse ? SparseSum(p, iteration, tag)
-                         : collectives_->AllReduce(iteration, tag, p->host);
-      if (!status.ok()) failed_.store(true);
+    absl::Status earlier;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      earlier = first_failure_;
     }
+    absl::Status status =
+        earlier.ok() ? (p->sparse ? SparseSum(p, iteration, tag)
+                                  : collectives_->AllReduce(iteration, tag, p->host))
+                     : absl::Status(earlier.code(),
+                                    absl::StrCat("an earlier tensor-parallel all-reduce failed: ",
+                                                 earlier.message()));
     AnnotatedMutexLock lock(&mu_);
+    if (!status.ok() && first_failure_.ok()) first_failure_ = status;
     p->status = std::move(status);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - start);
     p->wire_bytes = collectives_->sent_bytes() - sent_before;
@@ -176,7 +182,8 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   norm_squared_ += p.norm_squared;
   error_squared_ += p.error_squared;
   if (!p.status.ok()) {
-    // The first failure sticks (an ABORTED follower only if nothing came first).
+    // The first failure waited sticks: a follower's carries the first
+    // background failure's code and words (first_failure_).
     if (status_.ok()) status_ = p.status;
   } else {
     if (status_.ok() && p.host.data() != p.target.data()) {

@@ -27,7 +27,6 @@
 #ifndef PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
 #define PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -161,8 +160,14 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   double waited_seconds_ = 0;
   int next_ticket_ = 0;
   std::map<int, std::unique_ptr<Pending>> pending_;  // by ticket
-  std::atomic<bool> failed_{false};                  // a background all-reduce failed
   AnnotatedMutex mu_;  // guards each Pending's status, seconds and done
+  // The first background all-reduce's failure: every later one fails with
+  // it (its code and words), so that whichever ticket is waited first
+  // tells the cause. A streamed unit's tickets may be waited after a later
+  // one's (a token score's), and a follower's own ABORTED there read as a
+  // lost peer: the job recovered, replayed the same failure, and failed
+  // with no cause named.
+  absl::Status first_failure_ ABSL_GUARDED_BY(mu_);
   // Last: destroyed first, running what is queued while pending_ exists.
   std::unique_ptr<SerialExecutor> executor_ = std::make_unique<SerialExecutor>();
 };

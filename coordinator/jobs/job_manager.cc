@@ -188,15 +188,21 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     cancelled.mutable_progress()->clear_loss_history();
   }
   // This save only (io_ runs in order: the end's file work queued before it
-  // is done too), not every job's file work queued since: the cancel runs
-  // on the thread registrations and submits share.
+  // is done too), not every job's file work queued since, and for at most
+  // cancel_save_wait: the cancel runs on the thread submits and drains
+  // share, and a backlog on io_ (checkpoint removals on slow storage, a
+  // slow store) held them all, and the client past its deadline.
   absl::Status save_status;
   {
     AnnotatedMutexLock lock(&saved->mu);
-    saved->mu.AwaitWithTimeout([&]()
-                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(saved->mu) { return saved->done; },
-                               absl::InfiniteDuration());
-    save_status = saved->status;
+    const bool done = saved->mu.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(saved->mu) { return saved->done; },
+        options_.cancel_save_wait);
+    save_status = done ? saved->status
+                       : absl::DeadlineExceededError(absl::StrCat(
+                             "its save still waits behind the coordinator's other file and "
+                             "store work after ",
+                             absl::FormatDuration(options_.cancel_save_wait)));
   }
   {
     AnnotatedMutexLock lock(&mu_);

@@ -259,6 +259,12 @@ struct JobManagerOptions {
   // workers to register again before it re-plans without them, and a
   // restored queued job before its queue timeout may fail it.
   absl::Duration restart_grace = absl::Seconds(15);
+  // How long Cancel waits for the store to record the cancel (behind the
+  // other file and store work queued before it) before it answers
+  // UNAVAILABLE "not yet recorded": within a client's default deadline
+  // (the CLI's --timeout, 10 s), so that a backlog holds neither the
+  // client nor the gRPC thread that submits, cancels and drains share.
+  absl::Duration cancel_save_wait = absl::Seconds(8);
   // Judges how long things have taken (only differences of its readings
   // count): queue and recovery timeouts, the restart grace, step and
   // recovery times. The coordinator gives MonotonicClock(), so that a step
@@ -361,10 +367,11 @@ class JobManager {
   // Answers once the state store has the cancel, with the job in the basic
   // view (no progress.loss_history, as List). NOT_FOUND;
   // FAILED_PRECONDITION when the job already ended; UNAVAILABLE when the
-  // store did not record it: the job is cancelled here (its workers are
-  // stopped) and the save is retried every second, but a coordinator that
-  // stops before one succeeds restores the job and runs it again. Asked
-  // again then, Cancel saves once more and answers as for a first cancel.
+  // store did not record it, or not within options.cancel_save_wait: the
+  // job is cancelled here (its workers are stopped) and the save is
+  // retried every second (or still queued), but a coordinator that stops
+  // before one succeeds restores the job and runs it again. Asked again
+  // then, Cancel saves once more and answers as for a first cancel.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The
   // measured timeline (Plan.measured_*) is drawn after the lock is let go.

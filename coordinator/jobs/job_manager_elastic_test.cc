@@ -4342,6 +4342,33 @@ TEST_F(JobManagerStoreTest, SavesWhileOneWaits_BecomeOneOfTheNewestState) {
   EXPECT_EQ(restored.Get(id).value().progress().step(), 51);
 }
 
+// A cancel whose save waits behind a stalled store answers UNAVAILABLE
+// after options.cancel_save_wait rather than holding its caller (and the
+// gRPC thread submits and drains share) until the store moves; the save
+// goes through once it does, and asked again the cancel is confirmed.
+TEST_F(JobManagerStoreTest, CancelSaveStalled_UnavailableAfterTheWaitThenRecorded) {
+  JobManagerOptions options = StoreOptions();
+  options.cancel_save_wait = absl::Milliseconds(50);
+  JobManager jobs(&registry_, &hub_, &clock_, options);
+  const std::string id = jobs.Submit(ElasticSpec(1, 5)).value().id();
+  jobs.FlushIo();
+  store_.Hold();
+  const absl::StatusOr<v1::Job> waiting = jobs.Cancel(id);
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kUnavailable) << waiting.status();
+  EXPECT_TRUE(absl::StrContains(waiting.status().message(),
+                                "its save still waits behind the coordinator's other file and "
+                                "store work after 50ms"))
+      << waiting.status();
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  store_.Release();
+  jobs.FlushIo();
+  JobManager restored(&registry_, &hub_, &clock_, StoreOptions());
+  ASSERT_TRUE(restored.Restore().ok());
+  EXPECT_EQ(restored.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   auto restored_state = [&](const std::string& id) {
     JobManager fresh(&registry_, &hub_, &clock_, StoreOptions());

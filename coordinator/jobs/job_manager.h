@@ -972,6 +972,15 @@ class JobManager {
   // READY workers no job holds or waits for, not drained, ascending id.
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The `need` of `ready` (in order of preference) that `record` is placed
+  // on: the first `need`, but for a job with replicas or tensor ranks
+  // (given, not auto) a set whose every stage is of one kind, GPUs or CPUs
+  // (ArrangeByDeviceKind; its planning refuses stages that mix them:
+  // CheckReplicaDevices), in position order; nullopt when `ready` holds
+  // no such set. Requires `need` <= ready.size().
+  std::optional<std::vector<std::string>> OneKindPerStageLocked(
+      const JobRecord& record, const std::vector<std::string>& ready, int need) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `workers` reordered so that the `need` with the most memory between
   // them and `beside` (the plan's workers already chosen; RoomiestWorkers)
   // come first; the rest follow in their order.

@@ -15,6 +15,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
+#include "coordinator/planner/data_parallel_layout.h"
 
 namespace pipetrain {
 
@@ -71,15 +72,34 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
     const int need = JobWorkers(record.resolved);
+    // Enough of them, the set it is placed on: each stage of one kind
+    // where replicas or tensor ranks must be (the first READY workers in id
+    // order could mix GPUs and CPUs, and its planning failed the job for
+    // good while enough of one kind were READY).
+    std::optional<std::vector<std::string>> placed_on;
+    if (static_cast<int>(ready.size()) >= need) {
+      if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
+      placed_on = OneKindPerStageLocked(record, ready, need);
+    }
     // Short of workers past its queue timeout: failed, whether or not
     // another job is being profiled meanwhile (a profile takes up to a
     // few minutes, and would not give this one more workers).
-    if (static_cast<int>(ready.size()) < need) {
+    if (!placed_on.has_value()) {
       const bool cpu_only = record.resolved.tensor_mode == "3d";
-      const std::string waiting = absl::StrCat(
-          "waiting for ", need, cpu_only ? " READY CPU workers (" : " READY workers (",
-          ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready), drained_ready()),
-          cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU backend only)" : ")");
+      const std::string waiting =
+          static_cast<int>(ready.size()) >= need
+              ? absl::StrCat("waiting for ", need,
+                             " READY workers whose kinds (GPU or CPU) give each stage's ",
+                             record.resolved.data_parallel * record.resolved.tensor_parallel,
+                             " replicas and tensor ranks one kind (", ready.size(),
+                             " READY, in counts that do not)")
+              : absl::StrCat("waiting for ", need,
+                             cpu_only ? " READY CPU workers (" : " READY workers (",
+                             ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready),
+                                        drained_ready()),
+                             cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU "
+                                        "backend only)"
+                                      : ")");
       const absl::Duration waited = now - record.queued_since;
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
@@ -98,8 +118,7 @@ void JobManager::ScheduleQueued() {
           absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
       continue;
     }
-    if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
-    ready.resize(need);
+    ready = *std::move(placed_on);
     absl::Status started = StartLocked(record, ready);
     if (!started.ok()) {
       // A worker counted READY above changed since (lost, or gone): none
@@ -135,6 +154,27 @@ void JobManager::ScheduleQueued() {
       record.boundary_held = joining;
     }
   }
+}
+
+std::optional<std::vector<std::string>> JobManager::OneKindPerStageLocked(
+    const JobRecord& record, const std::vector<std::string>& ready, int need) const {
+  const ResolvedJobSpec& r = record.resolved;
+  std::vector<std::string> first(ready.begin(), ready.begin() + need);
+  if (r.data_parallel == kDataParallelAuto || r.data_parallel * r.tensor_parallel <= 1) {
+    return first;  // an auto layout has single-rank, single-replica ones
+  }
+  std::vector<bool> gpu;
+  for (const std::string& w : ready) {
+    // One gone since it was counted: a CPU (StartLocked then finds it gone).
+    absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    gpu.push_back(info.ok() && !info->device().gpu_model().empty());
+  }
+  std::optional<std::vector<size_t>> picked =
+      ArrangeByDeviceKind(gpu, r.data_parallel, r.stages, r.tensor_parallel);
+  if (!picked.has_value()) return std::nullopt;
+  std::vector<std::string> out;
+  for (size_t i : *picked) out.push_back(ready[i]);
+  return out;
 }
 
 std::vector<std::string> JobManager::RoomiestFirstLocked(

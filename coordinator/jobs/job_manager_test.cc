@@ -338,6 +338,28 @@ void ExpectDataPlaneKeysFit(const std::vector<v1::Assignment>& assignments,
   }
 }
 
+// READY workers of both kinds: a data-parallel job is placed on a set
+// whose every stage is of one kind (its planning refuses replicas that mix
+// GPUs and CPUs); the first two in id order, a GPU and a CPU, failed it.
+// While no such set is READY it waits, saying so.
+TEST_F(JobManagerTest, DataParallel_MixedKindsReady_PlacedOnOneKindPerStage) {
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_parallelism()->set_data(2);
+  const std::string gpu1 = AddGpuModelWorker(7001);
+  const std::string cpu1 = AddWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(jobs_.Get(id).value().reason(),
+            "waiting for 2 READY workers whose kinds (GPU or CPU) give each stage's 2 replicas "
+            "and tensor ranks one kind (2 READY, in counts that do not)");
+  const std::string gpu2 = AddGpuModelWorker(7003);
+  Schedule();
+  const v1::Job job = jobs_.Get(id).value();
+  ASSERT_NE(job.state(), v1::JOB_STATE_FAILED) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{gpu1, gpu2}));
+}
+
 // spec.parallelism.data 2 x 2 stages: four workers, replica r's stage s on
 // worker r * 2 + s, every assignment naming all four data-plane peers and
 // its replica's program of one micro-batch (2 / 2).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -221,6 +223,50 @@ absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int s
     }
   }
   return absl::OkStatus();
+}
+
+std::optional<std::vector<size_t>> ArrangeByDeviceKind(const std::vector<bool>& gpu, int replicas,
+                                                       int stages, int tensor) {
+  PT_CHECK(replicas >= 1 && stages >= 1 && tensor >= 1)
+      << replicas << " x " << stages << " x " << tensor;
+  const size_t need = static_cast<size_t>(replicas) * stages * tensor;
+  const int64_t per_stage = int64_t{replicas} * tensor;
+  if (gpu.size() < need) return std::nullopt;
+  const int64_t gpus = std::count(gpu.begin(), gpu.end(), true);
+  const int64_t cpus = static_cast<int64_t>(gpu.size()) - gpus;
+  // GPU stages k with k stages' workers among the GPUs, the rest among the
+  // CPUs.
+  const int64_t fewest = std::max<int64_t>(0, stages - cpus / per_stage);
+  const int64_t most = std::min<int64_t>(stages, gpus / per_stage);
+  if (fewest > most) return std::nullopt;
+  const auto stage_of = [&](size_t position) {
+    return static_cast<int>((position / static_cast<size_t>(tensor)) % stages);
+  };
+  // The first `need` candidates' GPUs, in all and by the stage each would
+  // take.
+  std::vector<int64_t> stage_gpus(stages, 0);
+  for (size_t p = 0; p < need; ++p) stage_gpus[stage_of(p)] += gpu[p] ? 1 : 0;
+  const int64_t first_gpus = std::accumulate(stage_gpus.begin(), stage_gpus.end(), int64_t{0});
+  const int64_t gpu_stages =
+      std::clamp<int64_t>((first_gpus + per_stage / 2) / per_stage, fewest, most);
+  std::vector<int> by_gpus(stages);
+  std::iota(by_gpus.begin(), by_gpus.end(), 0);
+  std::stable_sort(by_gpus.begin(), by_gpus.end(),
+                   [&](int a, int b) { return stage_gpus[a] > stage_gpus[b]; });
+  std::vector<bool> gpu_stage(stages, false);
+  for (int64_t i = 0; i < gpu_stages; ++i) gpu_stage[by_gpus[i]] = true;
+  // Each kind's candidates, in order of preference, to its positions in
+  // order.
+  size_t next_gpu = 0, next_cpu = 0;
+  const auto next_of = [&](bool want_gpu) {
+    size_t& next = want_gpu ? next_gpu : next_cpu;
+    while (gpu[next] != want_gpu) ++next;  // the counts above ensure one
+    return next++;
+  };
+  std::vector<size_t> picked;
+  picked.reserve(need);
+  for (size_t p = 0; p < need; ++p) picked.push_back(next_of(gpu_stage[stage_of(p)]));
+  return picked;
 }
 
 ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel) {

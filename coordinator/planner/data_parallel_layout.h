@@ -24,6 +24,7 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -137,6 +138,20 @@ ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
 // optimizer step and gradient norm round differently from a CPU's.
 // Requires the sizes to multiply to the cluster's size.
 absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor);
+
+// Picks `replicas` x `stages` x `tensor` of the candidate workers whose
+// kinds are `gpu` (true: a GPU worker), listed in the order they are
+// preferred, such that CheckReplicaDevices accepts them: the workers of
+// each stage (its replicas' ranks) all of one kind. Returns the picked
+// candidates' indices in position order ((r * stages + s) * tensor + t),
+// or nullopt when the candidates hold no such set. Of the choices, the
+// one whose count of GPU stages is nearest the first `need` candidates'
+// GPUs (in whole stages); the stages that held the most GPUs among those
+// are the GPU ones; each kind's candidates go to its positions in order
+// of preference. First `need` candidates that pass already are returned
+// as they are. Requires positive sizes.
+std::optional<std::vector<size_t>> ArrangeByDeviceKind(const std::vector<bool>& gpu, int replicas,
+                                                       int stages, int tensor);
 
 // Tensor parallelism: one entry per group of `tensor_parallel` consecutive
 // workers (a stage's tensor ranks), named by their names joined with "+",

@@ -1,6 +1,7 @@
 #include "coordinator/planner/data_parallel_layout.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -279,6 +280,75 @@ TEST(CheckReplicaDevicesTest, MixedTensorGroup_FailedPreconditionNamingBoth) {
   EXPECT_THAT(std::string(replica.message()),
               HasSubstr("the tensor-parallel ranks of stage 0 replica 0 would run on GPU worker "
                         "w1 and CPU worker w0"));
+}
+
+// ArrangeByDeviceKind on every kind pattern of up to 8 candidates and every
+// layout that fits: a set is returned exactly when some subset of the
+// candidates can be laid out with each stage of one kind (brute force over
+// subsets), the set returned passes CheckReplicaDevices with distinct
+// candidates, and first candidates that pass already are kept as they are.
+TEST(ArrangeByDeviceKindTest, AgainstBruteForce_SmallInstances) {
+  int arranged = 0, refused = 0;
+  for (int n = 1; n <= 8; ++n) {
+    for (uint32_t pattern = 0; pattern < (1u << n); ++pattern) {
+      std::vector<bool> gpu(n);
+      for (int i = 0; i < n; ++i) gpu[i] = (pattern >> i) & 1;
+      for (int replicas = 1; replicas <= 4; ++replicas)
+        for (int stages = 1; stages <= 4; ++stages)
+          for (int tensor = 1; tensor <= 2; ++tensor) {
+            const int need = replicas * stages * tensor;
+            if (need > n) continue;
+            SCOPED_TRACE(absl::StrCat("pattern ", pattern, " of ", n, ", ", replicas, " x ", stages,
+                                      " x ", tensor));
+            // Some subset of `need` whose GPUs fill whole stages?
+            bool possible = false;
+            for (uint32_t subset = 0; subset < (1u << n) && !possible; ++subset) {
+              if (__builtin_popcount(subset) != need) continue;
+              const int gpus = __builtin_popcount(subset & pattern);
+              possible = gpus % (replicas * tensor) == 0;
+            }
+            const std::optional<std::vector<size_t>> picked =
+                ArrangeByDeviceKind(gpu, replicas, stages, tensor);
+            ASSERT_EQ(picked.has_value(), possible);
+            if (!picked) {
+              ++refused;
+              continue;
+            }
+            ++arranged;
+            ASSERT_EQ(picked->size(), static_cast<size_t>(need));
+            ClusterSpec cluster = Identical(need, 0, 0);
+            std::vector<bool> used(n, false);
+            for (int p = 0; p < need; ++p) {
+              const size_t c = (*picked)[p];
+              ASSERT_LT(c, static_cast<size_t>(n));
+              ASSERT_FALSE(used[c]) << "candidate " << c << " picked twice";
+              used[c] = true;
+              cluster.workers[p].gpu = gpu[c];
+            }
+            EXPECT_TRUE(CheckReplicaDevices(cluster, replicas, stages, tensor).ok());
+            ClusterSpec first = Identical(need, 0, 0);
+            for (int p = 0; p < need; ++p) first.workers[p].gpu = gpu[p];
+            if (CheckReplicaDevices(first, replicas, stages, tensor).ok()) {
+              for (int p = 0; p < need; ++p) EXPECT_EQ((*picked)[p], static_cast<size_t>(p));
+            }
+          }
+    }
+  }
+  EXPECT_GT(arranged, 1000);
+  EXPECT_GT(refused, 100);
+}
+
+// The review's case: [G, C, G, C] for 2 replicas of 1 stage takes the two
+// GPUs (the first candidate's kind: as many GPU stages as the first two
+// held, rounded); for 2 x 2 the order is already right.
+TEST(ArrangeByDeviceKindTest, MixedReadyWorkers_OneKindPerStage) {
+  const std::vector<bool> gcgc = {true, false, true, false};
+  EXPECT_EQ(ArrangeByDeviceKind(gcgc, 2, 1, 1), (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(ArrangeByDeviceKind(gcgc, 2, 2, 1), (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(ArrangeByDeviceKind({true, false, false, true}, 2, 2, 1),
+            (std::vector<size_t>{0, 1, 3, 2}));
+  EXPECT_EQ(ArrangeByDeviceKind({true, false, false}, 2, 1, 1), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(ArrangeByDeviceKind({true, false, true}, 1, 1, 3), std::nullopt);
 }
 
 // `pipetrain plan --data auto` skips such layouts: [G, G, C, C] as 2 x 2

@@ -1,7 +1,6 @@
 #include "cli/checkpoint_command.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,19 +255,9 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
   // An export interrupted mid-write (Ctrl-C, a closed terminal) left its
   // temporary beside --out, up to the whole model's size; nothing else
   // removes it (the coordinator cleans only its own weights files).
-  {
-    const size_t slash = out.rfind('/');
-    const std::string dir =
-        slash == std::string::npos ? "." : out.substr(0, std::max<size_t>(slash, 1));
-    const std::string name = slash == std::string::npos ? out : out.substr(slash + 1);
-    const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {
-      for (const std::string& removed : RemoveAbandonedTemporaries(dir_fd, name)) {
-        result.warnings.push_back(absl::StrCat("removed ", dir, "/", removed,
-                                               ", left by an export that was interrupted"));
-      }
-      close(dir_fd);
-    }
+  for (const std::string& removed : RemoveAbandonedTemporariesOf(out)) {
+    result.warnings.push_back(
+        absl::StrCat("removed ", removed, ", left by an export that was interrupted"));
   }
   RETURN_IF_ERROR(WriteSafetensors(out, tensors, HfWeightsMetadata()));
   result.tensors = static_cast<int64_t>(tensors.size());

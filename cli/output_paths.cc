@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/safetensors.h"
 #include "common/temp_file.h"
 
 namespace pipetrain {
@@ -320,6 +321,19 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> RemoveAbandonedTemporariesOf(const std::string& path) {
+  std::vector<std::string> removed;
+  if (path.empty()) return removed;
+  const DirAndName split = SplitPath(path);
+  const int dir_fd = open(split.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return removed;
+  for (const std::string& name : RemoveAbandonedTemporaries(dir_fd, split.name)) {
+    removed.push_back(split.dir == "/" ? "/" + name : absl::StrCat(split.dir, "/", name));
+  }
+  close(dir_fd);
+  return removed;
 }
 
 }  // namespace pipetrain

@@ -83,6 +83,16 @@ absl::Status CheckNotOwnedFile(const char* flag, const std::string& path, const 
                                const std::string& dir,
                                const std::function<bool(absl::string_view)>& owned);
 
+// Removes the temporaries a killed writer of `path` left beside it (its
+// directory's "<name>.tmp.*" that no living writer holds:
+// RemoveAbandonedTemporaries, common/safetensors.h). A command killed
+// mid-write (SIGKILL past a grace period, the OOM killer) leaves one of
+// up to the file's size, which nothing else removes: repeated, they fill
+// the volume. Returns the paths removed, for a warning each. Best effort:
+// a directory that cannot be opened is left alone. To be called before
+// this process writes `path`.
+std::vector<std::string> RemoveAbandonedTemporariesOf(const std::string& path);
+
 // Removes `path` when it is a regular file (not through a symbolic link):
 // an output flag may name a device (/dev/null, /dev/stdout), which must
 // never be unlinked, least of all by root.

@@ -262,6 +262,24 @@ expect_exit log_write_fails_save_only 1 "training stopped there, as an interrupt
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
   --steps 3 --log /dev/full --save "$TMP/full.safetensors"
 
+# --- Temporaries a killed run left --------------------------------------------------
+# A run killed mid-write (SIGKILL past a grace period) leaves "<file>.tmp.*"
+# of up to the checkpoint's size, which the next run to that file removes,
+# saying so; a name that only starts alike stays.
+echo "half a checkpoint" > "$TMP/killed.ckpt.tmp.4000000.7"
+echo "half the weights" > "$TMP/killed.safetensors.tmp.4000001.2"
+echo "not ours" > "$TMP/killed.ckpt.tmpfile"
+expect_exit killed_run_temporaries 0 \
+  "removed $TMP/killed.ckpt.tmp.4000000.7, left by a run killed while writing $TMP/killed.ckpt" \
+  "removed $TMP/killed.safetensors.tmp.4000001.2, left by a run killed while writing $TMP/killed.safetensors" -- \
+  train-local "${TINY[@]}" --checkpoint "$TMP/killed.ckpt" --save "$TMP/killed.safetensors"
+if [[ ! -e "$TMP/killed.ckpt.tmp.4000000.7" && ! -e "$TMP/killed.safetensors.tmp.4000001.2" &&
+      -e "$TMP/killed.ckpt.tmpfile" ]]; then
+  passed=$((passed + 1))
+else
+  fail killed_run_temporaries_removed "$(ls "$TMP" | grep killed)"
+fi
+
 # --- A --checkpoint-interval write that fails -------------------------------------
 # Files past 150 KiB refused (EFBIG; SIGXFSZ ignored): the checkpoint
 # (~260 KB) cannot be written, the weights (~90 KB) can. The run stops at

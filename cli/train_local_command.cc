@@ -421,6 +421,15 @@ absl::Status Run(Options& o) {
     RETURN_IF_ERROR(CheckWeightsFitMemory(o.train.model, ProcessMemoryLimit()));
   }
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
+  // A run killed while writing one (SIGKILL past a scheduler's grace
+  // period, the OOM killer) left a temporary of up to three times the
+  // model's size beside it: removed before this run writes there.
+  for (const std::string* out : {&o.checkpoint, &o.save}) {
+    for (const std::string& removed : RemoveAbandonedTemporariesOf(*out)) {
+      std::fprintf(stderr, "removed %s, left by a run killed while writing %s\n", removed.c_str(),
+                   out->c_str());
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));
   if (!o.init_from.empty()) {

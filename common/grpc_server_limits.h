@@ -20,6 +20,9 @@
 //   plane, the worker's WorkerControlService, health) take no threads of
 //   their own, so held reflection streams keep none of their calls out:
 //   every service a client with credentials needs must be a callback one.
+// - Pings: clients may ping every kMinClientPingIntervalMs, with or
+//   without a call open (a worker's keepalive to the coordinator); faster
+//   ones are answered GOAWAY, as gRPC does.
 #ifndef PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
 #define PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
 
@@ -29,6 +32,9 @@ namespace pipetrain {
 
 inline constexpr int kMaxStreamsPerConnection = 32;
 inline constexpr int kMaxSyncServerThreads = 16;
+// The most often a client may ping without data (its keepalive) before
+// the server answers GOAWAY: every 10 s.
+inline constexpr int kMinClientPingIntervalMs = 10000;
 
 // Applies the limits above to `builder`; `name` names its resource quota
 // (gRPC's debug output).

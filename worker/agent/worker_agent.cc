@@ -7,6 +7,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "worker/agent/coordinator_channel.h"
 #include "worker/agent/device_info.h"
 
 namespace pipetrain {
@@ -100,14 +101,9 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       session_(options_.session != nullptr ? options_.session : &own_session_) {
   auto credentials = options_.credentials ? options_.credentials
                                           : grpc::InsecureChannelCredentials();
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(64 << 20);
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // A coordinator that comes back (a restart, a new leader) is found within
-  // 2 s: gRPC's default backoff grows to 2 minutes, and a worker that
-  // registers after --restart-grace-seconds (15) misses its job's resume.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Reconnecting within 2 s, and pinging a coordinator that may have
+  // vanished without closing the connection (coordinator_channel.h).
+  const grpc::ChannelArguments args = CoordinatorChannelArguments();
   // Several addresses: highly available coordinators; calls follow the
   // leader (common/coordinator_endpoints.h).
   std::vector<std::string> addresses =

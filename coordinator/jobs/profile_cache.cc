@@ -146,14 +146,23 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
                           absl::StrCat("is ", unit.activation_bytes(), ", not the model's ",
                                        expected.activation_bytes));
       }
-      const std::pair<const char*, std::pair<double, double>> at_most_twice[] = {
+      const std::pair<const char*, std::pair<double, double>> within_twice[] = {
           {"stash_bytes", {unit.stash_bytes(), expected.stash_bytes}},
           {"transient_bytes", {unit.transient_bytes(), expected.transient_bytes}}};
-      for (const auto& [name, sizes] : at_most_twice) {
+      for (const auto& [name, sizes] : within_twice) {
         if (sizes.first > 2 * sizes.second) {
           return BadProfile(
               at + "." + name,
               absl::StrCat("is ", sizes.first, ", over twice the model's ", sizes.second));
+        }
+        // Nor under half (a transient of 0 is "not measured": the model's
+        // stands in, FromProto): plans of the model would take its
+        // activations for free and fit what runs out of memory.
+        const bool unmeasured = std::string(name) == "transient_bytes" && sizes.first == 0;
+        if (!unmeasured && 2 * sizes.first < sizes.second) {
+          return BadProfile(
+              at + "." + name,
+              absl::StrCat("is ", sizes.first, ", under half the model's ", sizes.second));
         }
       }
       const std::pair<const char*, std::pair<double, double>> passes[] = {

@@ -85,7 +85,8 @@ inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 // unit count, only through this. With `model_sizes` (the sizes the model's
 // shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
 // and activation_bytes must equal them and its stash_bytes and
-// transient_bytes be at most twice them, and its fwd_seconds and bwd_seconds must be at least the
+// transient_bytes be within a factor of two of them (a transient_bytes of
+// 0 is not measured and passes), and its fwd_seconds and bwd_seconds must be at least the
 // unit's FLOPs at kMaxProfileFlopsPerSecond (above 0 where it has any),
 // each partition timing's at least 1 / count of them:
 // the profile is cached for every job of the model on that kind of

@@ -245,8 +245,8 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
 }
 
 // Held to the model's sizes: a worker cannot cache a profile whose weights,
-// activations or stash would make other users' plans of the model refuse
-// (or overcommit) memory. Times are the worker's to measure.
+// activations, stash or transient would make other users' plans of the
+// model refuse (over twice) or overcommit (under half) memory. Times are the worker's to measure.
 TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) {
   v1::ProfileRequest request = Request();
   request.add_partitions(2);
@@ -284,6 +284,11 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
        [](v1::ModelProfile& p) { p.mutable_units(2)->set_stash_bytes(2001); }},
       {"units[1].transient_bytes is 6001, over twice the model's 3000",
        [](v1::ModelProfile& p) { p.mutable_units(1)->set_transient_bytes(6001); }},
+      // Nor under half: other users' plans would take the memory for free.
+      {"units[2].stash_bytes is 0, under half the model's 1000",
+       [](v1::ModelProfile& p) { p.mutable_units(2)->set_stash_bytes(0); }},
+      {"units[1].transient_bytes is 1, under half the model's 3000",
+       [](v1::ModelProfile& p) { p.mutable_units(1)->set_transient_bytes(1); }},
       // 1e10 FLOPs in 1e-8 s is 1e18 FLOP/s; zero time, infinitely fast.
       {"units[1].fwd_seconds is 1e-08 s for 1e+10 FLOPs: faster than 1e+17 FLOP/s",
        [](v1::ModelProfile& p) { p.mutable_units(1)->set_fwd_seconds(1e-8); }},
@@ -298,8 +303,12 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
       {"units[2].partitions[0].bwd_seconds is 0 s for 1e+10 FLOPs",
        [](v1::ModelProfile& p) { p.mutable_units(2)->mutable_partitions(0)->set_bwd_seconds(0); }},
   };
-  // At the bound, and a unit without FLOPs at 0 s, pass.
+  // At the bound, and a unit without FLOPs at 0 s, pass; so do half the
+  // model's sizes, and a transient not measured (0).
   v1::ModelProfile fastest = good;
+  fastest.mutable_units(2)->set_stash_bytes(500);
+  fastest.mutable_units(1)->set_transient_bytes(1500);
+  fastest.mutable_units(3)->set_transient_bytes(0);
   fastest.mutable_units(1)->set_fwd_seconds(1e10 / kMaxProfileFlopsPerSecond);
   fastest.mutable_units(0)->set_fwd_seconds(0);
   fastest.mutable_units(1)->mutable_partitions(0)->set_fwd_seconds(5e9 / kMaxProfileFlopsPerSecond);

@@ -234,7 +234,13 @@ double PowerSgdAllReduceSecondsPerByte(const ModelProfile& profile, int rank) {
   const auto& costs = profile.codec_all_reduce_seconds_per_byte;
   auto one = costs.find("powersgd:rank=1"), eight = costs.find("powersgd:rank=8");
   if (one == costs.end() || eight == costs.end()) return 0;
-  return std::max(0.0, one->second + (eight->second - one->second) * (rank - 1) / 7.0);
+  const double slope = (eight->second - one->second) / 7.0;
+  // Between the two measurements, on their line (at least the smaller, so
+  // above 0). Past rank 8 the GEMMs only grow: a rank 8 measured faster
+  // than rank 1 (timing noise on a small matrix, or a worker's say) was
+  // extended downward, to 0 ("not modelled", so free) for large ranks.
+  if (rank <= 8) return one->second + slope * (rank - 1);
+  return eight->second + std::max(0.0, slope) * (rank - 8);
 }
 
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {

@@ -71,9 +71,11 @@ struct ModelProfile {
 // depends on the width), else 0 (not measured).
 double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::string& quantizer);
 
-// The same for PowerSGD of `rank`: the line through the profile's
+// The same for PowerSGD of `rank` (>= 1): the line through the profile's
 // "powersgd:rank=1" and "powersgd:rank=8" entries (its GEMMs grow with the
-// rank, its error feedback does not), at least 0; 0 when either is missing.
+// rank, its error feedback does not), past rank 8 never below the rank 8
+// entry (a line falling from rank 1 to 8 is noise: beyond, it reached 0,
+// read as free); 0 when either is missing.
 double PowerSgdAllReduceSecondsPerByte(const ModelProfile& profile, int rank);
 
 struct WorkerSpec {

@@ -66,6 +66,15 @@ TEST(ProfileTest, ParseProfile_CodecTimingsRoundTripAndAreBounded) {
   p.codec_all_reduce_seconds_per_byte["powersgd:rank=8"] = 8e-9;
   EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 4), 4e-9);
   EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 15), 15e-9);
+  // Rank 8 measured faster than rank 1: on their line between them, and
+  // never below rank 8's past it (it fell to 0, "free", for large ranks).
+  p.codec_all_reduce_seconds_per_byte["powersgd:rank=8"] = 0.3e-9;
+  EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 8), 0.3e-9);
+  EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 1), 1e-9);
+  EXPECT_GT(PowerSgdAllReduceSecondsPerByte(p, 4), 0.3e-9);
+  for (int rank : {9, 12, 64, 1024}) {
+    EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, rank), 0.3e-9) << rank;
+  }
   const std::string units =
       R"("units": [{"name": "embed", "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 4,
           "activation_bytes": 4}])";

@@ -186,7 +186,8 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
                                      double* reference_gflops) {
   const v1::ProfileRequest request = ProfileRequestFor(record);
   const std::string kind = DeviceKind(workers[0].device());
-  const std::string key = ProfileKey(request, ProfileDeviceKey(workers[0].device()));
+  const std::string key =
+      ProfileKey(request, ProfileDeviceKey(workers[0].device(), workers[0].build()));
   std::optional<v1::ModelProfile> cached = profiles_.Get(key);
   // As workers[0] runs attention: the key's device part says the same.
   const AnalyticAttention attention = AnalyticAttentionOf(workers[0].device());

@@ -2288,7 +2288,8 @@ TEST_F(JobManagerTest, ProfileReplyUnknownFields_NotCached) {
   background_.RunAll();
   ASSERT_EQ(jobs_.profiles().size(), 1);
   const std::optional<v1::ModelProfile> cached =
-      jobs_.profiles().Get(ProfileKey(asked, ProfileDeviceKey(registry_.Get(w1).value().device())));
+      jobs_.profiles().Get(ProfileKey(asked, ProfileDeviceKey(registry_.Get(w1).value().device(),
+                                                              registry_.Get(w1).value().build())));
   ASSERT_TRUE(cached.has_value());
   EXPECT_TRUE(cached->GetReflection()->GetUnknownFields(*cached).empty());
   EXPECT_EQ(cached->SerializeAsString(), FakeProfile().SerializeAsString());

@@ -30,7 +30,7 @@ std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_ki
                       partitions, " @ ", kind);
 }
 
-std::string ProfileDeviceKey(const v1::DeviceInfo& device) {
+std::string ProfileDeviceKey(const v1::DeviceInfo& device, const v1::BuildIdentity& build) {
   std::string setup;
   const std::string& backend = device.backend();
   // "cuda:N (<name>), <modes>": the modes.
@@ -42,7 +42,12 @@ std::string ProfileDeviceKey(const v1::DeviceInfo& device) {
   if (device.compute_threads() > 0) {
     absl::StrAppend(&setup, setup.empty() ? "" : ", ", device.compute_threads(), " threads");
   }
-  return setup.empty() ? DeviceKind(device) : absl::StrCat(DeviceKind(device), " | ", setup);
+  std::string key =
+      setup.empty() ? DeviceKind(device) : absl::StrCat(DeviceKind(device), " | ", setup);
+  if (!build.version().empty() || !build.commit().empty()) {
+    absl::StrAppend(&key, " | build ", build.version(), " (", build.commit(), ")");
+  }
+  return key;
 }
 
 AnalyticAttention AnalyticAttentionOf(const v1::DeviceInfo& device) {

@@ -42,7 +42,12 @@ std::string ProfileKey(const v1::ProfileRequest& request, const std::string& dev
 // workers with GEMM attention understated their memory by a T x T matrix
 // a head, and one measured on 1 thread made 16-thread workers look 16
 // times slower.
-std::string ProfileDeviceKey(const v1::DeviceInfo& device);
+// With the worker's `build` (its version and commit, when it reports
+// them): the timings are its kernels', and an upgrade to faster ones (or
+// another CUDA library under the same modes) kept serving the old build's
+// profiles, refreshed at each use, to every job of the model.
+std::string ProfileDeviceKey(const v1::DeviceInfo& device,
+                             const v1::BuildIdentity& build = v1::BuildIdentity());
 
 // How `device`'s worker runs attention, for analytic sizes: from its
 // DeviceInfo.backend (Backend::Describe), which names a CUDA backend's

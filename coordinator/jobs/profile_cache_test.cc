@@ -56,6 +56,14 @@ TEST(ProfileKeyTest, DeviceKey_ModesAndThreadsPartOfIt_DeviceOrdinalNot) {
   v1::DeviceInfo older;  // reported neither
   older.set_cpu_model("Xeon");
   EXPECT_EQ(ProfileDeviceKey(older), "cpu:Xeon");
+  // Another build's kernels: another profile.
+  v1::BuildIdentity build;
+  build.set_version("0.1.0");
+  build.set_commit("abc1234");
+  EXPECT_EQ(ProfileDeviceKey(cpu, build), "cpu:Xeon | 1 threads | build 0.1.0 (abc1234)");
+  v1::BuildIdentity next = build;
+  next.set_commit("def5678");
+  EXPECT_NE(ProfileDeviceKey(cpu, next), ProfileDeviceKey(cpu, build));
   EXPECT_NE(ProfileKey(Request(), ProfileDeviceKey(wide)),
             ProfileKey(Request(), ProfileDeviceKey(cpu)));
 }

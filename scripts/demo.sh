@@ -12,5 +12,7 @@ cd "$(dirname "$0")/.."
 PIPETRAIN_SETUP_BUILD_ONLY=1 bash scripts/setup.sh
 bazel build //cli:pipetrain
 bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
-out="${PIPETRAIN_DEMO_OUT:-/tmp/pipetrain-demo}"
+# Per user: `up` refuses an --out another user owns (its tokens would be
+# theirs to read), so a shared /tmp/pipetrain-demo was the first user's.
+out="${PIPETRAIN_DEMO_OUT:-/tmp/pipetrain-demo-$(id -u)}"
 exec "$bin" up --out "$out" "$@"

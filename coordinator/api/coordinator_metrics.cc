@@ -278,6 +278,7 @@ JobEvents CoordinatorMetrics::Events() {
 }
 
 void CoordinatorMetrics::Refresh() {
+  AnnotatedMutexLock scrape(&scrape_mu_);
   const std::map<v1::WorkerState, int> workers = workers_->CountByState();
   for (int s = v1::WorkerState_MIN + 1; s <= v1::WorkerState_MAX; ++s) {
     const auto state = static_cast<v1::WorkerState>(s);
@@ -342,21 +343,24 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<JobManager::JobSumm
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
     if (it->step > it->init_step) current = &*it;
   }
-  if (current == nullptr) return;
-  job_loss_->Set(current->loss);
-  job_val_loss_->Set(current->val_loss);
+  // None (the last one pruned), or its plan unreadable: 0 and no stage
+  // series, rather than a job's that is gone, or another job's plan
+  // beside this one's loss.
+  job_loss_->Set(current == nullptr ? 0 : current->loss);
+  job_val_loss_->Set(current == nullptr ? 0 : current->val_loss);
   absl::StatusOr<v1::Plan> plan =
-      jobs_->GetPlan(current->id, JobManager::PlanParts::kWithoutDrawings);
+      current == nullptr ? absl::StatusOr<v1::Plan>(absl::NotFoundError("no current job"))
+                         : jobs_->GetPlan(current->id, JobManager::PlanParts::kWithoutDrawings);
+  std::vector<double> busy, idle;
+  plan_predicted_seconds_->Set(plan.ok() ? plan->predicted_iteration_seconds() : 0);
+  plan_version_->Set(plan.ok() ? static_cast<double>(plan->version()) : 0);
   if (plan.ok()) {
-    plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
-    plan_version_->Set(static_cast<double>(plan->version()));
     // Per pipeline stage (the stage label as pipetrain_stage_busy_seconds_
     // total's), the largest over its replicas and tensor ranks; beyond the
     // label cap a gauge could not tell the stages apart.
     const int workers = plan->stages_size();
     const int replicas = std::max(1, plan->data_parallel());
     const int tensor = std::max(1, plan->tensor_parallel());
-    std::vector<double> busy, idle;
     for (int g = 0; g < workers; ++g) {
       const int stage = PipelineStageOf(g, workers, replicas, tensor);
       if (stage >= kMaxStageLabel) continue;
@@ -364,20 +368,20 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<JobManager::JobSumm
       busy[stage] = std::max(busy[stage], plan->stages(g).predicted_busy_seconds());
       idle[stage] = std::max(idle[stage], plan->stages(g).predicted_idle_seconds());
     }
-    const int shown = static_cast<int>(busy.size());
-    AnnotatedMutexLock lock(&refresh_mu_);
-    for (int stage = 0; stage < shown; ++stage) {
-      const prometheus::Labels labels = {{"stage", StageLabel(stage)}};
-      plan_stage_busy_->Add(labels).Set(busy[stage]);
-      plan_stage_idle_->Add(labels).Set(idle[stage]);
-    }
-    for (int g = shown; g < predicted_stages_shown_; ++g) {
-      const prometheus::Labels labels = {{"stage", StageLabel(g)}};
-      plan_stage_busy_->Remove(&plan_stage_busy_->Add(labels));
-      plan_stage_idle_->Remove(&plan_stage_idle_->Add(labels));
-    }
-    predicted_stages_shown_ = shown;
   }
+  const int shown = static_cast<int>(busy.size());
+  AnnotatedMutexLock lock(&refresh_mu_);
+  for (int stage = 0; stage < shown; ++stage) {
+    const prometheus::Labels labels = {{"stage", StageLabel(stage)}};
+    plan_stage_busy_->Add(labels).Set(busy[stage]);
+    plan_stage_idle_->Add(labels).Set(idle[stage]);
+  }
+  for (int g = shown; g < predicted_stages_shown_; ++g) {
+    const prometheus::Labels labels = {{"stage", StageLabel(g)}};
+    plan_stage_busy_->Remove(&plan_stage_busy_->Add(labels));
+    plan_stage_idle_->Remove(&plan_stage_idle_->Add(labels));
+  }
+  predicted_stages_shown_ = shown;
 }
 
 void CoordinatorMetrics::CountTokens(const std::vector<JobManager::JobSummary>& jobs) {

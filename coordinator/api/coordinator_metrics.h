@@ -41,6 +41,9 @@
 //                                                          background thread), computing
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
+//   pipetrain_jobs_checkpoint_failing             gauge    jobs not ended whose checkpoint
+//                                                          writes failed since their last
+//                                                          complete checkpoint
 //   pipetrain_workers_drained                     gauge    drained workers not gone (also in
 //                                                          pipetrain_workers, READY included)
 //   pipetrain_jobs_ended_total{state}             counter  jobs that ended (SUCCEEDED, FAILED,
@@ -59,7 +62,9 @@
 //
 // (*) of the "current" job: the most recently submitted RUNNING job, or, when
 // none runs, the most recently submitted job that completed a step (so the
-// final values of a finished job stay visible); 0 before any step.
+// final values of a finished job stay visible); 0 (and no stage series)
+// before any step and once no listed job qualifies (the last one pruned),
+// the plan's gauges also while its plan cannot be read.
 //
 // Labels are bounded: state and method come from the protos (state without
 // its enum's prefix: "LOST", "RUNNING"), stage is the
@@ -201,6 +206,14 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Histogram>* plan_seconds_;
   prometheus::Counter* checkpoint_bytes_;
 
+  // Held through a whole Refresh, so that scrapes (several at once: an HA
+  // Prometheus pair) apply their job listings in the order they took them.
+  // Overlapping, an older listing still naming a job a newer one had
+  // dropped (pruned) brought it back at its first step, and its whole
+  // training was counted in pipetrain_job_tokens_total again. Taken before
+  // the job manager's and the registry's locks; nothing holding those
+  // takes it.
+  AnnotatedMutex scrape_mu_;
   AnnotatedMutex refresh_mu_;
   // Per job id, the highest step whose tokens pipetrain_job_tokens_total
   // holds.

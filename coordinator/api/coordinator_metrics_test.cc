@@ -131,6 +131,44 @@ TEST(CoordinatorMetricsTest, CurrentJob_NotOneThatOnlyStartsFromACheckpoint) {
   EXPECT_EQ(SeriesValue(text, "pipetrain_job_loss"), 2.5) << text;
 }
 
+// The last job that trained is pruned (ended jobs past max_ended_jobs):
+// its loss is no current job's any more, so the gauges read 0, not a job
+// that `pipetrain jobs` no longer knows (and that a restart would show as
+// 0).
+TEST(CoordinatorMetricsTest, CurrentJob_PrunedJobsGaugesGoBackToZero) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  MemoryStore store;
+  CoordinatorState state(&store);
+  store::StoredJob trained;
+  trained.mutable_job()->set_id("job-7");
+  *trained.mutable_job()->mutable_spec() = TinySpec();
+  trained.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
+  trained.mutable_job()->set_state(v1::JOB_STATE_SUCCEEDED);
+  trained.mutable_job()->mutable_progress()->set_step(50);
+  trained.mutable_job()->mutable_progress()->set_loss(2.5f);
+  trained.mutable_job()->mutable_create_time()->set_seconds(100);
+  ASSERT_TRUE(state.SaveJob(trained).ok());
+  JobManagerOptions options;
+  options.state = &state;
+  options.max_ended_jobs = 1;
+  JobManager jobs(&workers, &hub, &clock, options);
+  ASSERT_TRUE(jobs.Restore().ok());
+  CoordinatorMetrics metrics(&workers, &jobs);
+  metrics.Refresh();
+  std::string text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  ASSERT_EQ(SeriesValue(text, "pipetrain_job_loss"), 2.5) << text;
+  const std::string next = jobs.Submit(TinySpec()).value().id();
+  ASSERT_TRUE(jobs.Cancel(next).ok());
+  jobs.ScheduleQueued();  // prunes job-7, keeping the newest ended job
+  ASSERT_FALSE(jobs.Get("job-7").ok());
+  metrics.Refresh();
+  text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  EXPECT_EQ(SeriesValue(text, "pipetrain_job_loss"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_plan_version"), 0) << text;
+}
+
 // Metrics over an empty registry and job manager, scraped as /metrics is.
 class ScrapedMetricsTest : public ::testing::Test {
  protected:

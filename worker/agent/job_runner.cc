@@ -1037,6 +1037,10 @@ absl::Status JobRunner::RunJob() {
         assignment_.backward_units().end() > assignment_.backward_units().begin() &&
         (replica_zero || runtime->SnapshotsEveryReplica());
     if (writer != nullptr && snapshots && (step % checkpoints.interval_steps() == 0 || boundary)) {
+      // The previous write first (Submit waits for it anyway): its
+      // snapshot, three host copies of the stage's stepped weights, is
+      // freed before this one is taken, not held beside it.
+      if (replica_zero && assignment_.tensor_rank() == 0) writer->Wait();
       absl::StatusOr<StageSnapshot> snapshot = runtime->Snapshot(step);
       if (!snapshot.ok()) {
         if (!stop_.load()) ReportError(snapshot.status());

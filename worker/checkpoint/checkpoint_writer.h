@@ -3,10 +3,10 @@
 // The runner snapshots its units to the host between two iterations (the
 // only part on the critical path) and Submits the snapshot; a thread of the
 // writer writes the files (unit_checkpoint.h) and calls `done` with what it
-// wrote, or the error. At most one snapshot waits besides the one being
-// written: Submit waits for the previous write to end first, so a disk
-// slower than the checkpoint interval slows training rather than filling
-// memory.
+// wrote, or the error. Submit waits for the previous write to end first,
+// so a disk slower than the checkpoint interval slows training rather than
+// filling memory; a caller that Waits before taking its next snapshot (the
+// job runner does) holds one snapshot at a time, not two.
 //
 // Thread-safe; `done` runs on the writer's thread, one call at a time.
 #ifndef PIPETRAIN_WORKER_CHECKPOINT_CHECKPOINT_WRITER_H_

@@ -29,6 +29,7 @@
 #include "cli/coordinator_client.h"
 #include "cli/exit_codes.h"
 #include "cli/flag_names.h"
+#include "cli/interrupt.h"
 #include "cli/job_progress.h"
 #include "cli/job_report.h"
 #include "cli/job_spec_file.h"
@@ -65,20 +66,10 @@ constexpr int64_t kLossHistorySteps = 10000;
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
 // The signal that stopped the run (SIGINT, SIGTERM, SIGHUP, SIGPIPE for a
-// closed stdout), 0 while none came: the command exits 128 + it, as a shell
+// closed stdout; cli/interrupt.h): the command exits 128 + it, as a shell
 // reports a process that signal ended, so a script can tell Ctrl-C (130)
 // from a supervisor's SIGTERM (143) and a reader gone (141).
-std::atomic<int> g_signal{0};
-extern "C" void OnInterrupt(int signal) { g_signal.store(signal); }
-// Catches `signal` with OnInterrupt unless it is ignored: `nohup` ignores
-// SIGHUP so that a run outlives its terminal, which a catch would undo.
-void CatchUnlessIgnored(int signal) {
-  struct sigaction current {};
-  if (sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) return;
-  std::signal(signal, OnInterrupt);
-}
-bool Interrupted() { return g_signal.load() != 0; }
-int InterruptedExitCode() { return kExitSignalBase + g_signal.load(); }
+int InterruptedExitCode() { return kExitSignalBase + InterruptSignal(); }
 
 // What the last Connect() used, for Fail's hints: where the user token
 // came from ("" when none was sent) and the --coordinator value.
@@ -591,8 +582,8 @@ constexpr absl::Duration kRefindWindow = absl::Seconds(60);
 // command's --coordinator list, its leader found again (FindCoordinator).
 using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>>()>;
 
-// Polls the job until it ends (or Ctrl-C, or a closed stdout: both set
-// g_signal), drawing progress. Returns the last Job. `timing`, when
+// Polls the job until it ends (or Ctrl-C, or a closed stdout: both
+// interrupt, cli/interrupt.h), drawing progress. Returns the last Job. `timing`, when
 // given, gets the step sightings of the job's last plan. With `reconnect`,
 // a coordinator that stops answering is looked for again for up to
 // kRefindWindow (the job goes on without it; a new leader or a restarted
@@ -616,12 +607,20 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
   std::optional<absl::Time> lost_since;
   while (!Interrupted()) {
     if (StdoutReaderGone()) {
-      g_signal.store(SIGPIPE);
+      Interrupt(SIGPIPE);
       break;
     }
     v1::GetJobRequest request;
     request.set_id(id);
-    grpc::Status s = current->GetJob(WithDeadline(timeout).get(), request, &job);
+    const std::unique_ptr<grpc::ClientContext> context = WithDeadline(timeout);
+    grpc::Status s;
+    {
+      // Ctrl-C ends a call waiting on a coordinator that answers nothing
+      // at once, not after --timeout.
+      const CancelOnInterrupt cancel(context.get());
+      s = current->GetJob(context.get(), request, &job);
+    }
+    if (Interrupted()) break;
     if (watch) {
       std::vector<std::string> news;
       const absl::Status going_on = watch(!s.ok(), &news);
@@ -633,8 +632,8 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     }
     if (!s.ok()) {
       // CANCELLED: a coordinator shutting down (SIGTERM: a restart, a
-      // rolling update) ends the calls it is serving so; nothing here
-      // cancels a call (Ctrl-C ends the loop through g_signal).
+      // rolling update) ends the calls it is serving so (Ctrl-C's own
+      // cancel ended the loop above).
       const bool lost = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                         s.error_code() == grpc::StatusCode::CANCELLED;
@@ -942,14 +941,14 @@ int RunUp(const std::vector<std::string>& args) {
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");
   if (!coordinator.ok()) return Fail("up", coordinator.status());
   if (!worker.ok()) return Fail("up", worker.status());
-  std::signal(SIGINT, OnInterrupt);
-  std::signal(SIGTERM, OnInterrupt);
+  CatchInterrupt(SIGINT);
+  CatchInterrupt(SIGTERM);
   // Its terminal closed: stopped as on Ctrl-C (exit 129), not killed with
   // its cluster left to the kernel's SIGTERMs.
-  CatchUnlessIgnored(SIGHUP);
+  CatchInterrupt(SIGHUP, /*unless_ignored=*/true);
   // A closed stdout (`pipetrain up | head`) ends the run as Ctrl-C does,
   // with the cluster stopped, rather than killing this process outright.
-  std::signal(SIGPIPE, OnInterrupt);
+  CatchInterrupt(SIGPIPE);
   LocalClusterOptions cluster_options;
   cluster_options.coordinator_binary = *coordinator;
   cluster_options.worker_binary = *worker;
@@ -1214,8 +1213,8 @@ int RunSubmit(const std::vector<std::string>& args) {
   // A closed stdout likewise (`submit --follow | true`): SIGPIPE's default
   // ended the process before it said the job keeps running, or its id.
   if (o.follow) {
-    std::signal(SIGINT, OnInterrupt);
-    std::signal(SIGPIPE, OnInterrupt);
+    CatchInterrupt(SIGINT);
+    CatchInterrupt(SIGPIPE);
   }
   std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   if (!o.follow) return kExitOk;

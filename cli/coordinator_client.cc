@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cli/interrupt.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/rpc_status.h"
@@ -62,7 +63,12 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
     auto context = WithDeadline(std::min(each, give_up - absl::Now()));
     v1::GetJobRequest probe;
     v1::Job job;
-    const grpc::Status s = stub->GetJob(context.get(), probe, &job);
+    grpc::Status s;
+    {
+      const CancelOnInterrupt cancel(context.get());  // Ctrl-C ends the search at once
+      s = stub->GetJob(context.get(), probe, &job);
+    }
+    if (Interrupted()) return absl::CancelledError("interrupted while looking for the leader");
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return stub;
@@ -82,7 +88,8 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
     if (++tries % addresses.size() == 0) {  // a round: let a takeover proceed
       absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
     }
-  } while (absl::Now() < give_up);
+  } while (absl::Now() < give_up && !Interrupted());
+  if (Interrupted()) return absl::CancelledError("interrupted while looking for the leader");
   const std::string why =
       absl::StrCat("no coordinator of ", absl::StrJoin(addresses, ", "), " led within ",
                    absl::FormatDuration(timeout), " (--timeout); the last refusal: ", last);

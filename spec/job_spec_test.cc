@@ -1230,14 +1230,21 @@ TEST(ResolveJobSpec, GeneratedSplitsTooShort_RejectedNamingTheField) {
   EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
 }
 
-// A pipeline link's PowerSGD rank below d_model passes; at it, or above
-// it inside token_topk, the factors would outgrow the tensor (and the
-// encode cost grows with the rank squared): refused naming both.
+// A pipeline link's PowerSGD rank at d_model, or above it inside
+// token_topk, makes factors that outgrow the tensor (and the encode cost
+// grows with the rank squared): refused naming both. Below d_model too
+// when its factors still outweigh the link's tensor: here [4, 8, 16], 32
+// rows of 16, smaller only below rank 32 x 16 / 48 = 10.7 (less the
+// header).
 TEST(ResolveJobSpec, PowerSgdRankNotBelowDModel_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   const int d_model = spec.model().d_model();
-  spec.mutable_compression()->set_forward(absl::StrCat("powersgd:rank=", d_model - 1));
+  spec.mutable_compression()->set_forward("powersgd:rank=8");
   EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
+  spec.mutable_compression()->set_forward(absl::StrCat("powersgd:rank=", d_model - 1));
+  ExpectRejected(spec,
+                 "spec.compression.forward: \"powersgd:rank=15\" sends 2914 bytes for each link "
+                 "tensor [4, 8, 16], more than its 2048 bytes in fp32");
   spec.mutable_compression()->set_forward(absl::StrCat("powersgd:rank=", d_model));
   ExpectRejected(spec, absl::StrCat("spec.compression.forward: powersgd: rank ", d_model,
                                     " is not below d_model ", d_model));

@@ -221,8 +221,12 @@ void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& req
 grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights(
     grpc::CallbackServerContext* context, v1::UploadWeightsResponse*) {
   // The credential is read when the stream opens; every chunk must name its worker.
-  return NewWeightsUpload(context, AuthorizationOf(*context), auth_, metrics_, jobs_, &executor_,
-                          &open_uploads_);
+  return NewWeightsUpload(
+      context, AuthorizationOf(*context), auth_, metrics_, jobs_,
+      [this](const std::string& worker_id) {
+        return &upload_strands_[std::hash<std::string>()(worker_id) % upload_strands_.size()];
+      },
+      &open_uploads_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,

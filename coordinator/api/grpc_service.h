@@ -45,6 +45,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <array>
 #include <functional>
 
 #include "absl/strings/string_view.h"
@@ -161,6 +162,14 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // Last members: destroyed (joined) first, while everything their tasks use
   // still exists.
   SerialExecutor executor_;
+  // UploadWeights streams, each on the strand of its worker (by hash): a
+  // job's first chunk reserves the whole weights file (fallocate, which a
+  // file system without it emulates block by block: minutes for a large
+  // model on NFS), and on one shared queue that held every other job's
+  // uploads, their ends (so a broken stream's slot stayed taken and its
+  // retry was refused past the worker's retry window) and the scheduling
+  // passes posted after registrations.
+  std::array<SerialExecutor, 4> upload_strands_;
   SerialExecutor own_store_calls_;    // used when no runner was given
   SerialExecutor own_registrations_;  // the same
   Runner store_calls_;

@@ -18,19 +18,23 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
  public:
   WeightsUpload(grpc::CallbackServerContext* context, WorkerRegistry::SessionIdentity caller,
                 CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor,
-                OpenUploads* open)
+                OpenUploads* open, uint64_t ticket)
       : context_(context),
         caller_(std::move(caller)),
         metrics_(metrics),
         jobs_(jobs),
         executor_(executor),
-        open_(open) {
+        open_(open),
+        ticket_(ticket) {
     AnnotatedMutexLock lock(&mu_);
     StartRead(&chunk_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
+      // Abandoned by the client (its stream broke): its retry may come
+      // before this end's turn on the strand, behind other uploads' work.
+      if (context_->IsCancelled()) open_->Close(caller_.worker_id, ticket_);
       executor_->Post([this] { HandleEnd(); });
       return;
     }
@@ -42,7 +46,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   void OnDone() override {
     {
       AnnotatedMutexLock lock(&mu_);  // also orders the last task before the delete
-      if (!closed_) open_->Close(caller_.worker_id);
+      open_->Close(caller_.worker_id, ticket_);
     }
     delete this;
   }
@@ -77,8 +81,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   // OnDone only after the client has the status, and a worker that uploads
   // again at once must not be refused as if this call were still open.
   void End(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    open_->Close(caller_.worker_id);
-    closed_ = true;
+    open_->Close(caller_.worker_id, ticket_);
     Finish(status);
   }
 
@@ -102,6 +105,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   JobManager* const jobs_;
   SerialExecutor* const executor_;
   OpenUploads* const open_;
+  const uint64_t ticket_;  // this stream's hold on its worker's slot in open_
 
   // Held by each executor task (and taken by OnDone) so TSan sees the tasks
   // ordered before the delete; gRPC's own hand-offs are invisible to it.
@@ -110,7 +114,6 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   int64_t chunks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::string job_id_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // the slot in open_ freed (End)
 };
 
 // Ends the call with `status` without reading anything; deletes itself.
@@ -124,31 +127,36 @@ class RefusedUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
 
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
-    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor, OpenUploads* open) {
+    CoordinatorMetrics* metrics, JobManager* jobs, const UploadStrandOf& strand_of,
+    OpenUploads* open) {
   absl::StatusOr<WorkerRegistry::SessionIdentity> caller = auth->AuthenticateWorker(authorization);
   if (!caller.ok()) {
     metrics->CountRefused(kMethod, caller.status().code());
     return new RefusedUpload(caller.status());
   }
-  if (!open->TryOpen(caller->worker_id)) {
-    // UNAVAILABLE, which the worker retries: the usual cause is its own
-    // earlier stream, broken on its side and not yet closed here (its end
-    // waits on the executor behind other uploads' chunks).
+  const std::optional<uint64_t> ticket = open->TryOpen(caller->worker_id);
+  if (!ticket.has_value()) {
+    // UNAVAILABLE, which the worker retries: its earlier stream, broken on
+    // its side and not yet seen to end here.
     return new RefusedUpload(absl::UnavailableError(
         absl::StrCat("worker ", caller->worker_id,
                      " has an upload open already (one at a time); retry once it has closed")));
   }
-  return new WeightsUpload(context, *std::move(caller), metrics, jobs, executor, open);
+  SerialExecutor* const strand = strand_of(caller->worker_id);
+  return new WeightsUpload(context, *std::move(caller), metrics, jobs, strand, open, *ticket);
 }
 
-bool OpenUploads::TryOpen(const std::string& worker_id) {
+std::optional<uint64_t> OpenUploads::TryOpen(const std::string& worker_id) {
   AnnotatedMutexLock lock(&mu_);
-  return open_.insert(worker_id).second;
+  const uint64_t ticket = next_ticket_++;
+  if (!open_.emplace(worker_id, ticket).second) return std::nullopt;
+  return ticket;
 }
 
-void OpenUploads::Close(const std::string& worker_id) {
+void OpenUploads::Close(const std::string& worker_id, uint64_t ticket) {
   AnnotatedMutexLock lock(&mu_);
-  open_.erase(worker_id);
+  auto it = open_.find(worker_id);
+  if (it != open_.end() && it->second == ticket) open_.erase(it);
 }
 
 }  // namespace pipetrain

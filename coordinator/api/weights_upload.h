@@ -6,11 +6,15 @@
 // credential's worker (else PERMISSION_DENIED) and the same job (the first
 // chunk sets it). Each chunk goes to JobManager::AddWeightsChunk and, at the
 // end of the stream, JobManager::FinishWeights completes the stage (and may
-// write the job's safetensors file). Both run on the service's executor, not
-// in a gRPC reaction: they wait on JobManager's lock, which a weights write
-// can hold for a while. The next read starts after a chunk is stored, so a
+// write the job's safetensors file). Both run on an executor the service
+// picks for the caller's worker (a strand: one of a few, shared by hash),
+// not in a gRPC reaction: a job's first chunk creates its weights file,
+// reserving the model's bytes (JobManager::WeightsFileCreation), and a
+// write may be slow. The next read starts after a chunk is stored, so a
 // stream holds at most one chunk in memory beyond what JobManager keeps and
-// gRPC flow control slows a fast sender.
+// gRPC flow control slows a fast sender. A stream the client abandoned
+// (cancelled) frees its worker's slot at once, not when its end's turn on
+// the strand comes: the worker's retry is not refused meanwhile.
 //
 // The call ends with
 //   OK                   after FinishWeights succeeded,
@@ -31,7 +35,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <set>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -50,23 +57,32 @@ namespace pipetrain {
 // coordinator without end). Thread-safe.
 class OpenUploads {
  public:
-  // False when `worker_id` has one open already; else records it.
-  bool TryOpen(const std::string& worker_id);
-  void Close(const std::string& worker_id);
+  // Nullopt when `worker_id` has one open already; else records it and
+  // returns its ticket.
+  std::optional<uint64_t> TryOpen(const std::string& worker_id);
+  // Frees the worker's slot if `ticket` still holds it (a stream closing
+  // twice, or after a newer one of the worker opened, frees nothing).
+  void Close(const std::string& worker_id, uint64_t ticket);
 
  private:
   AnnotatedMutex mu_;
-  std::set<std::string> open_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> open_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The executor a worker's upload runs on; the same for every stream of a
+// worker (its tasks stay in order).
+using UploadStrandOf = std::function<SerialExecutor*(const std::string& worker_id)>;
 
 // A reactor for one UploadWeights call; it deletes itself when done.
 // `authorization` is the call's credential (AuthorizationOf). A second
 // upload of a worker that has one open ends UNAVAILABLE (retry). `auth`,
-// `metrics`, `jobs`, `executor` and `open` are not owned and must outlive
-// the call.
+// `metrics`, `jobs`, the executors `strand_of` gives and `open` are not
+// owned and must outlive the call.
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
-    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor, OpenUploads* open);
+    CoordinatorMetrics* metrics, JobManager* jobs, const UploadStrandOf& strand_of,
+    OpenUploads* open);
 
 }  // namespace pipetrain
 

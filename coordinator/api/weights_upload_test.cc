@@ -120,8 +120,9 @@ class WeightsUploadTest : public ::testing::Test {
   }
   grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader,
                                                   const std::string& authorization) {
-    grpc::ServerReadReactor<v1::WeightsChunk>* reactor =
-        NewWeightsUpload(&context_, authorization, &auth_, &metrics_, &jobs_, &executor_, &open_);
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor = NewWeightsUpload(
+        &context_, authorization, &auth_, &metrics_, &jobs_,
+        [this](const std::string&) { return &executor_; }, &open_);
     reader.Bind(reactor);
     return reactor;
   }
@@ -186,6 +187,24 @@ TEST_F(WeightsUploadTest, SecondUploadWhileOneIsOpen_UnavailableToRetry) {
   ASSERT_TRUE(third.EndStream());
   ASSERT_TRUE(third.AwaitStatus().has_value());
   again->OnDone();
+}
+
+// A worker's slot is held by a ticket: a stream that closes it late (its
+// end behind other work, after the client abandoned it and the slot was
+// freed early) frees nothing of a newer stream's.
+TEST(OpenUploadsTest, CloseWithAStaleTicket_LeavesTheNewerStreamsSlot) {
+  OpenUploads open;
+  const std::optional<uint64_t> first = open.TryOpen("w-1");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(open.TryOpen("w-1").has_value());
+  EXPECT_TRUE(open.TryOpen("w-2").has_value());  // another worker's
+  open.Close("w-1", *first);
+  const std::optional<uint64_t> second = open.TryOpen("w-1");
+  ASSERT_TRUE(second.has_value());
+  open.Close("w-1", *first);  // the first stream's end, late
+  EXPECT_FALSE(open.TryOpen("w-1").has_value());
+  open.Close("w-1", *second);
+  EXPECT_TRUE(open.TryOpen("w-1").has_value());
 }
 
 TEST_F(WeightsUploadTest, ChunkPastTheTensor_FinishesInvalidArgument) {

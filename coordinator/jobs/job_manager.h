@@ -498,7 +498,9 @@ class JobManager {
   // A job's weights file, created off the lock by the first upload that
   // needs it (it reserves the whole model's bytes: posix_fallocate, which
   // a file system without it emulates by writing every block, seconds for
-  // GPT-2 on NFS); other uploads wait for it here, not on the manager.
+  // GPT-2 on NFS); the job's other uploads wait for it here, not on the
+  // manager (the API runs uploads on a few strands by worker, so other
+  // jobs' uploads on the same strand wait too: weights_upload.h).
   struct WeightsFileCreation {
     // Set under the manager's lock, before any upload waits; read-only after.
     std::string output_dir, name, job_id;

@@ -133,7 +133,8 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     index = record->weights_index.at(c.tensor_name());
   }
   // Straight to the file, outside the lock (a slow disk holds up this
-  // upload only): the coordinator keeps none of the weights in memory.
+  // upload, and those on its strand, not the manager): the coordinator
+  // keeps none of the weights in memory.
   const absl::Status written = file->Write(index, c.offset(), c.values().data(), c.values_size());
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(c.job_id());

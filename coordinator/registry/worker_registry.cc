@@ -315,7 +315,6 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.clear_current_instruction();
   entry.stopping = false;  // a new process runs nothing yet
   entry.released_job.clear();
-  entry.reported_last_job.reset();
   entry.restored_unheard = false;
   entry.lost_why.clear();
   TouchLocked(entry, clock_->Now());
@@ -350,8 +349,6 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
-  entry->reported_last_job =
-      request.has_last_job_id() ? std::optional<std::string>(request.last_job_id()) : std::nullopt;
   // Idle after the job it was released from, not before it took that job
   // (a heartbeat sent then, arriving after the job ended).
   const bool idle_after_release = !request.has_last_job_id() || entry->released_job.empty() ||
@@ -551,15 +548,9 @@ void WorkerRegistry::Release(const std::string& job_id) {
     if (entry.worker.state() == v1::WORKER_STATE_ASSIGNED) {
       SetStateLocked(entry, v1::WORKER_STATE_READY);
       entry.worker.clear_job_id();
-      // Its last report was this job's work, or idle from before it took
-      // this job (naming another as its last: the RUN may have come
-      // since, and the worker be loading the job's data): until it says
-      // it is idle after this job, it may be stopping still, or hung
-      // (heard from no more).
-      const bool idle_after_this_job =
-          IsIdleInstruction(entry.worker.current_instruction()) &&
-          (!entry.reported_last_job.has_value() || *entry.reported_last_job == job_id);
-      if (!idle_after_this_job) {
+      // Its last report was this job's work: until it says it is idle, it
+      // may be stopping still, or hung (heard from no more).
+      if (!IsIdleInstruction(entry.worker.current_instruction())) {
         entry.stopping = true;
         entry.worker.set_current_instruction(
             absl::StrCat("stopping job ", job_id, " (no heartbeat since)"));

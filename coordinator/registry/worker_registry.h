@@ -290,9 +290,7 @@ class WorkerRegistry {
   absl::Status Assign(const std::vector<std::string>& worker_ids, const std::string& job_id);
   // Returns the job's ASSIGNED workers to READY and clears their job_id.
   // One whose last heartbeat reported an instruction of the job (not
-  // "idle"), or idle but naming another job as its last (sent before it
-  // took this one's assignment, which it may still be setting up), has
-  // yet to be heard stopping it: it is left out of
+  // "idle") has yet to be heard stopping it: it is left out of
   // ReadyWorkers, and shows "stopping job J (no heartbeat since)", until a
   // heartbeat reports it idle after the job (its last_job_id the job's; a
   // live worker sends one as soon as its STOP is done). A worker that hangs is thus not given the
@@ -360,11 +358,6 @@ class WorkerRegistry {
     // names it (HeartbeatRequest.last_job_id) clears `stopping` and moves
     // last_idle. Empty: none since it registered.
     std::string released_job;
-    // The last heartbeat's HeartbeatRequest.last_job_id, when it carried
-    // one (a worker that sends none is an older one): an idle report that
-    // names another job than the one released was sent before the worker
-    // took it (Release).
-    std::optional<std::string> reported_last_job;
     // The last heartbeat that reported the worker idle (running no job).
     absl::Time last_idle = absl::InfinitePast();
     // Restored LOST and not heard from since: the process may still be

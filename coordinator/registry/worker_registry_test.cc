@@ -1057,34 +1057,6 @@ TEST(WorkerRegistryTest, Release_IdleHeartbeatFromBeforeTheJob_NeitherReadiesNor
   EXPECT_TRUE(registry.StoppedSince("w-2", ended));
 }
 
-// Released while its last heartbeat, idle, named another job (sent before
-// it took this job's RUN, which it may still be setting up: reading the
-// corpus, which a stop cannot interrupt): not offered for the next job
-// until it is heard idle after this one. An idle heartbeat naming this job
-// (its stage had finished, or its STOP was handled) is offered at once, as
-// is a worker that sends no last_job_id (older).
-TEST(WorkerRegistryTest, Release_LastHeardIdleBeforeTheJob_NotReadyUntilHeardIdleAfterIt) {
-  FakeClock clock;
-  WorkerRegistry registry(MakeOptions(&clock));
-  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
-  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "idle", "job-a")).ok());
-  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-2", "idle", "")).ok());
-  ASSERT_TRUE(registry.Assign({"w-1", "w-2", "w-3"}, "job-b").ok());
-  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-3", "idle", "job-b")).ok());  // done with it
-  registry.Release("job-b");
-  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-3"));
-  EXPECT_EQ(registry.Get("w-1").value().current_instruction(),
-            "stopping job job-b (no heartbeat since)");
-  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "idle", "job-b")).ok());
-  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-2", "idle", "job-b")).ok());
-  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
-  // An older worker (no last_job_id): its idle report counts, as before.
-  ASSERT_TRUE(registry.Assign({"w-1"}, "job-c").ok());
-  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "idle")).ok());
-  registry.Release("job-c");
-  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
-}
-
 // StoppedSince: an idle heartbeat at or after the instant, or a worker
 // that is gone (LOST, LEFT, unknown); not a busy heartbeat, nor an idle one
 // from before.

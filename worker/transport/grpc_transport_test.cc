@@ -520,8 +520,13 @@ TEST_F(GrpcTransportTest, Abort_EndsASendWaitingForRoomAndLaterOnes) {
   ASSERT_TRUE(sender->AwaitSendsWaitingForRoom(1, kPatience));
   sender->Abort();
   sending.join();
+  // The waiting Send ends "the job stopped"; rarely (1 run in 40 here) it
+  // had got room just before the Abort (the queue drained a little
+  // further), and the next Send found the transport aborted instead.
   EXPECT_EQ(last.code(), absl::StatusCode::kAborted) << last;
-  EXPECT_TRUE(Contains(last, "the job stopped; not sending to stage 1")) << last;
+  EXPECT_TRUE(Contains(last, "the job stopped; not sending to stage 1") ||
+              Contains(last, "transport shut down; not sending to stage 1"))
+      << last;
   EXPECT_TRUE(sender->AwaitSendsWaitingForRoom(0, kPatience));
   EXPECT_EQ(sender->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({1}, 1)).code(),
             absl::StatusCode::kAborted);

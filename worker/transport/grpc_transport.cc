@@ -471,10 +471,15 @@ class GrpcTransport::PeerLink {
     if (stream != nullptr) {
       // A break first: it is what the peer's state is now (gone, or on
       // another plan), and after one exactly one Send says so
-      // (grpc_transport.h); a rejection left on the broken stream is in
-      // the log.
-      if (stream->broken()) return RetireBroken(std::move(stream));
+      // (grpc_transport.h). Unless a rejection on the broken stream names
+      // a fault of this job's own (a refused frame, a mailbox limit): a
+      // break alone reads as a lost peer, and the job would recover into
+      // the same fault again and again; that rejection is returned.
       absl::Status rejected = stream->TakeRejection();
+      const bool own_fault = !rejected.ok() && !absl::IsAborted(rejected) &&
+                             !absl::IsUnavailable(rejected) && !absl::IsDeadlineExceeded(rejected);
+      if (own_fault) return rejected;  // the next Send reports a break
+      if (stream->broken()) return RetireBroken(std::move(stream));
       if (!rejected.ok()) return rejected;
     } else {
       absl::StatusOr<std::shared_ptr<FrameStream>> opened = Open();

@@ -32,8 +32,10 @@
 // peer's code (its Status's: ABORTED for a job stopped there, which the
 // stage takes for a lost peer; INTERNAL where the peer gives none) and
 // error text, by the next Send to that peer (that Send's tensor is not
-// sent), unless the stream broke since (then that Send is the break's
-// UNAVAILABLE); the stream stays open.
+// sent); if the stream broke since, that Send is the break's UNAVAILABLE
+// instead, unless the refusal names a fault of the job's own (a code other
+// than ABORTED, UNAVAILABLE or DEADLINE_EXCEEDED): then the refusal, and
+// the Send after it the break. The stream stays open.
 //
 // No threads of its own: completions run on gRPC's callback threads, which
 // never wait for anything but short mutexes.

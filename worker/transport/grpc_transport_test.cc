@@ -393,6 +393,29 @@ TEST_F(GrpcTransportTest, Send_PeersJobStopped_NextSendAborted) {
   EXPECT_TRUE(Contains(next, "rejected a tensor sent earlier")) << next;
 }
 
+// A refusal that names a fault of the job's own (here FAILED_PRECONDITION)
+// and then a break on the same stream: the next Send reports the refusal
+// (a break alone reads as a lost peer, and the job would recover into the
+// same fault), the one after it the break.
+TEST_F(GrpcTransportTest, Send_RejectedThenBroken_RefusalFirstThenTheBreak) {
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
+                  Pattern({8}, 0));  // the stream is open
+  mailboxes_[1]->OpenJob("j-other", 0);
+  ASSERT_TRUE(
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
+  ASSERT_EQ(peer_errors_.WaitFor(absl::StatusCode::kFailedPrecondition).code(),
+            absl::StatusCode::kFailedPrecondition);
+  servers_[1]->SetJob("j-1/2", 2, KeysOf("j-1/2", 1).receive_key);
+  ASSERT_EQ(peer_errors_.WaitFor(absl::StatusCode::kUnavailable).code(),
+            absl::StatusCode::kUnavailable);
+  const absl::Status refused =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  const absl::Status broken =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
+  EXPECT_EQ(broken.code(), absl::StatusCode::kUnavailable) << broken;
+}
+
 // The receiver moves on to another job (its next plan): the data plane ends
 // the old job's stream at once, and the sender's next Send says so instead
 // of its frames being refused one by one.

@@ -850,7 +850,11 @@ int RunUp(const std::vector<std::string>& args) {
         "job spec with them and run `pipetrain submit` (or pick uniform, pipedream, bipartition "
         "or auto)");
   }
-  if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
+  if (valid.ok()) {
+    absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(UpSpec(o));
+    absl::Status checked = resolved.ok() ? CheckLinkCodecsSmaller(*resolved) : resolved.status();
+    valid = NameFlags(checked, kUpFlagNames);
+  }
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) {
     valid = CheckWritableParent("--loss-log", o.loss_log, o.out, OutputWrite::kThroughLinks);

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -614,15 +616,12 @@ absl::Status CheckOutput(const v1::OutputSpec& output) {
 }
 
 // A pipeline link's codec field: "" and "none" mean raw (normalised to
-// "none"); anything else must be a codec spec kernels/compress accepts,
-// whose encoding of a link's tensor, [micro_batch_size, seq_len, d_model]
-// activations and gradients, is smaller than its fp32 bytes: PowerSGD's
-// factors are only below rank rows x cols / (rows + cols) (4r(rows + cols)
-// bytes against 4 rows cols; rows the tokens, or those token_topk keeps),
-// and encoding costs rows x rank^2. A codec that sends more than raw
-// costs bandwidth and accuracy for nothing (the link has no raw fallback).
-absl::Status ResolveCodec(absl::string_view path, bool has, int d_model, int micro_batch_size,
-                          int seq_len, std::string* codec) {
+// "none"); anything else must be a codec spec kernels/compress accepts.
+// The links carry [.., d_model] activations and gradients: PowerSGD's
+// factors outgrow them unless its rank is below d_model (4r(rows + cols)
+// bytes against 4 rows cols), and encoding costs rows x rank^2 (the size
+// itself: CheckLinkCodecsSmaller, at submit).
+absl::Status ResolveCodec(absl::string_view path, bool has, int d_model, std::string* codec) {
   if (!has || codec->empty()) *codec = kCodecNone;
   RETURN_IF_ERROR(RequireMaxBytes(path, *codec, kMaxCodecSpecBytes));
   if (*codec == kCodecNone) return absl::OkStatus();
@@ -636,26 +635,14 @@ absl::Status ResolveCodec(absl::string_view path, bool has, int d_model, int mic
                                         ": its factors would be larger than the tensor"));
     }
   }
-  absl::StatusOr<std::unique_ptr<Codec>> made = MakeCodec(*codec);
-  if (!made.ok()) return Invalid(path, made.status().message());
-  const Shape link = {micro_batch_size, seq_len, d_model};
-  const int64_t raw = int64_t{4} * micro_batch_size * seq_len * d_model;
-  if (const int64_t encoded = (*made)->EncodedBytes(link); encoded >= raw) {
-    return Invalid(
-        path, absl::StrCat("\"", *codec, "\" sends ", encoded, " bytes for each link tensor [",
-                           micro_batch_size, ", ", seq_len, ", ", d_model, "], more than its ", raw,
-                           " bytes in fp32: lower the rank (PowerSGD is smaller only "
-                           "below rows x cols / (rows + cols)), or use none"));
-  }
   return absl::OkStatus();
 }
 
-absl::Status ResolveCompression(v1::CompressionSpec* c, int d_model, int micro_batch_size,
-                                int seq_len) {
-  RETURN_IF_ERROR(ResolveCodec("spec.compression.forward", c->has_forward(), d_model,
-                               micro_batch_size, seq_len, c->mutable_forward()));
-  RETURN_IF_ERROR(ResolveCodec("spec.compression.backward", c->has_backward(), d_model,
-                               micro_batch_size, seq_len, c->mutable_backward()));
+absl::Status ResolveCompression(v1::CompressionSpec* c, int d_model) {
+  RETURN_IF_ERROR(
+      ResolveCodec("spec.compression.forward", c->has_forward(), d_model, c->mutable_forward()));
+  RETURN_IF_ERROR(
+      ResolveCodec("spec.compression.backward", c->has_backward(), d_model, c->mutable_backward()));
   if (!c->has_error_feedback()) c->set_error_feedback(false);
   if (!c->has_epilogue_only()) c->set_epilogue_only(false);
   // Both act on the backward codec only; accepting them without one would
@@ -998,6 +985,32 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
 
 }  // namespace
 
+absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved) {
+  const v1::JobSpec& spec = resolved.spec;
+  const int64_t micro_batch_size =
+      spec.training().batch_size() / std::max(1, spec.training().micro_batches());
+  const int64_t seq_len = spec.training().seq_len();
+  const int64_t d_model = spec.model().d_model();
+  const int64_t raw = 4 * micro_batch_size * seq_len * d_model;
+  const std::pair<const char*, const std::string*> links[] = {
+      {"spec.compression.forward", &spec.compression().forward()},
+      {"spec.compression.backward", &spec.compression().backward()}};
+  for (const auto& [path, codec] : links) {
+    if (codec->empty() || *codec == kCodecNone) continue;
+    absl::StatusOr<std::unique_ptr<Codec>> made = MakeCodec(*codec);
+    if (!made.ok()) return Invalid(path, made.status().message());
+    const int64_t encoded = (*made)->EncodedBytes({micro_batch_size, seq_len, d_model});
+    if (encoded >= raw) {
+      return Invalid(path, absl::StrCat("\"", *codec, "\" sends ", encoded,
+                                        " bytes for each link tensor [", micro_batch_size, ", ",
+                                        seq_len, ", ", d_model, "], more than its ", raw,
+                                        " bytes in fp32: lower the rank (PowerSGD is smaller "
+                                        "only below rows x cols / (rows + cols)), or use none"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int JobWorkers(const ResolvedJobSpec& resolved) {
   if (resolved.data_parallel == kDataParallelAuto) return resolved.layout_workers;
   return resolved.data_parallel * resolved.stages * resolved.tensor_parallel;
@@ -1185,9 +1198,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckGeneratedSplits(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
-  RETURN_IF_ERROR(ResolveCompression(out.mutable_compression(), out.model().d_model(),
-                                     out.training().batch_size() / out.training().micro_batches(),
-                                     out.training().seq_len()));
+  RETURN_IF_ERROR(ResolveCompression(out.mutable_compression(), out.model().d_model()));
   RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank,
                                                  &resolved.data_parallel_quantizer));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));

@@ -227,6 +227,16 @@ struct ResolvedJobSpec {
 // The first violation found is reported.
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 
+// OK when each pipeline link codec of `resolved` (compression.forward,
+// .backward) encodes a link's tensor, [batch_size / micro_batches,
+// seq_len, d_model], in fewer bytes than its fp32 ones; INVALID_ARGUMENT
+// naming the field and both sizes otherwise: such a codec costs bandwidth
+// and accuracy for nothing (the link has no raw fallback; PowerSGD's
+// factors are smaller only below rank rows x cols / (rows + cols)). Checked
+// at submit (and by `up`), not by ResolveJobSpec: a stored job of an
+// earlier version that fails it would otherwise fail at the next restart.
+absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved);
+
 // The workers a job is placed on: layout_workers with data
 // kDataParallelAuto, else data_parallel x stages x tensor_parallel.
 int JobWorkers(const ResolvedJobSpec& resolved);

@@ -474,6 +474,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
+  RETURN_IF_ERROR(CheckLinkCodecsSmaller(resolved));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
   ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));

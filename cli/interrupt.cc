@@ -18,7 +18,7 @@ namespace {
 std::atomic<int> g_signal{0};
 // Written by the handler (write(2) is async-signal-safe), read by the
 // watcher thread, which cancels the registered calls.
-int g_wake_write = -1;
+std::atomic<int> g_wake_write{-1};
 
 // The calls in flight that an interrupt cancels.
 struct Calls {
@@ -38,10 +38,10 @@ void CancelCalls() {
 
 extern "C" void OnInterruptSignal(int signal) {
   g_signal.store(signal);  // the latest, as a shell reports the one that ended it
-  if (g_wake_write >= 0) {
+  if (const int wake = g_wake_write.load(); wake >= 0) {
     const int saved = errno;
     const char byte = 1;
-    (void)!write(g_wake_write, &byte, 1);  // a full pipe has a wake pending
+    (void)!write(wake, &byte, 1);  // a full pipe has a wake pending
     errno = saved;
   }
 }
@@ -54,7 +54,7 @@ void StartWatcher() {
     const int read_end = fds[0];
     // Blocking reads; the handler's writes stay non-blocking.
     fcntl(read_end, F_SETFL, fcntl(read_end, F_GETFL) & ~O_NONBLOCK);
-    g_wake_write = fds[1];
+    g_wake_write.store(fds[1]);
     std::thread([read_end] {
       char byte;
       while (true) {

@@ -159,8 +159,9 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   CoordinatorMetrics* const metrics_;
   const CallerAuth* const auth_;
   AssignmentStreams streams_;
+  OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
   // Last members: destroyed (joined) first, while everything their tasks use
-  // still exists.
+  // still exists (open_uploads_ included).
   SerialExecutor executor_;
   // UploadWeights streams, each on the strand of its worker (by hash): a
   // job's first chunk reserves the whole weights file (fallocate, which a
@@ -174,7 +175,6 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   SerialExecutor own_registrations_;  // the same
   Runner store_calls_;
   Runner registrations_;
-  OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
 };
 
 }  // namespace pipetrain

@@ -224,7 +224,8 @@ absl::Status EtcdClient::Call(const char* method, absl::Time deadline, const Att
   // host went silent keeps its connection open, and each call there waits
   // for its deadline; with the whole deadline spent there, a leader with
   // a healthy quorum let its lease run out. Calls without one (the
-  // store's) keep one attempt's deadline, rpc_timeout, as before.
+  // store's) give each endpoint one attempt's deadline, rpc_timeout: one
+  // endpoint's for a write, up to every endpoint's for a read (below).
   const bool bounded = deadline != absl::InfiniteFuture();
   for (size_t i = 0; i < n; ++i) {
     tried = (first + i) % n;

@@ -2,7 +2,13 @@
 
 #include <grpc/grpc.h>
 
+#include "common/grpc_server_limits.h"
+
 namespace pipetrain {
+
+// The coordinator's server answers pings faster than this with GOAWAY.
+static_assert(kCoordinatorKeepalive >= absl::Milliseconds(kMinClientPingIntervalMs),
+              "a worker's keepalive must not ping the coordinator faster than it allows");
 
 grpc::ChannelArguments CoordinatorChannelArguments(absl::Duration keepalive) {
   grpc::ChannelArguments args;

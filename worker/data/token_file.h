@@ -90,7 +90,9 @@ inline constexpr size_t kTokenFileReadChunkBytes = size_t{64} << 20;
 //   UNAVAILABLE       the open failed for want of file descriptors or memory
 //                     (EMFILE, ENFILE, ENOMEM), or the file changed while it
 //                     was read (its size or modification time differs after
-//                     the read, or it ended early): states that may pass.
+//                     the read, or it ended early): states that may pass. A
+//                     rewrite of the same size within one tick of the file
+//                     system's modification-time clock is not seen.
 //   CANCELLED         options.stop was set during the read.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
 //                     vocab_size < 256; odd byte count for kUint16

@@ -1625,6 +1625,20 @@ TEST_F(JobManagerTest, InitFrom_ResolvesToAPathNotUtf8_RefusedBeforeItIsSaved) {
   EXPECT_TRUE(jobs_.List().empty());
 }
 
+// A link codec that would send more than the link's fp32 bytes is refused
+// at submit (CheckLinkCodecsSmaller), not by ResolveJobSpec, which a
+// restart also runs on the jobs it restores.
+TEST_F(JobManagerTest, LinkCodecLargerThanTheTensor_RefusedAtSubmit) {
+  v1::JobSpec spec = SmallSpec(2);  // links [2, 8, 16]: 1024 bytes
+  spec.mutable_compression()->set_forward("powersgd:rank=12");
+  const absl::Status refused = Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "more than its 1024 bytes in fp32")) << refused;
+  EXPECT_TRUE(jobs_.List().empty());
+  spec.mutable_compression()->set_forward("powersgd:rank=4");
+  EXPECT_TRUE(Submit(spec).ok());
+}
+
 // A checkpoint directory named without an interval would be a promise
 // the job does not keep (no checkpoint, and a lost worker fails it): refused
 // at submit. A job's spec as Get shows it (keep filled in, no directory)

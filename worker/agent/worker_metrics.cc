@@ -74,8 +74,9 @@ WorkerMetrics::WorkerMetrics()
                            .Register(*registry_)),
       link_error_(prometheus::BuildGauge()
                       .Name("pipetrain_link_compression_error")
-                      .Help("Relative error ||x - decoded|| / ||x|| of compressed sends, mean "
-                            "of the last iteration's samples")
+                      .Help("Relative error ||x - decoded|| / ||x|| of compressed sends (with "
+                            "error feedback ||y - decoded|| / ||y||, y = x + the carried "
+                            "residual), mean of the last iteration's samples")
                       .Register(*registry_)),
       loss_(prometheus::BuildGauge()
                 .Name("pipetrain_stage_loss")

@@ -15,10 +15,12 @@
 // starting point for the power iteration, not an error term), and so it is
 // what a checkpoint keeps of a link (WarmStarts, SetWarmStart).
 //
-// Error sampling: the relative error ||x - x^|| / ||x|| of a compressed send
-// is measured on error-feedback sends (where decoding is needed anyway) and
-// otherwise on the first compressed send per link and iteration (one extra
-// decode).
+// Error sampling: the relative error of a compressed send, measured on
+// error-feedback sends (where decoding is needed anyway; there it is
+// ErrorFeedback's ||y - y^|| / ||y|| for y = x + the carried residual: the
+// new residual's size, error carried to the next send rather than lost)
+// and otherwise on the first compressed send per link and iteration
+// (||x - x^|| / ||x||, one extra decode).
 //
 // Not thread-safe: use an instance from one thread at a time (StageRuntime
 // keeps one for its send thread and one for its receives).

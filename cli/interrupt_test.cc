@@ -1,12 +1,8 @@
 #include "cli/interrupt.h"
 
 #include <grpcpp/create_channel.h>
-#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 #include <signal.h>
 
 #include <chrono>
@@ -15,6 +11,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/testing/idle_grpc_server.h"
 #include "common/testing/silenceable_relay.h"
 #include "gtest/gtest.h"
 
@@ -26,14 +23,8 @@ namespace {
 // after its deadline: `submit --follow` swallowed each Ctrl-C for up to
 // --timeout. A call begun after the signal is cancelled at its start.
 TEST(InterruptTest, CtrlC_CancelsACallWaitingOnASilentPeer) {
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  grpc::CallbackGenericService nothing;
-  builder.RegisterCallbackGenericService(&nothing);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  SilenceableRelay relay(port);
+  IdleGrpcServer server;
+  SilenceableRelay relay(server.port());
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(relay.endpoint(), grpc::InsecureChannelCredentials());
   ASSERT_TRUE(
@@ -60,8 +51,9 @@ TEST(InterruptTest, CtrlC_CancelsACallWaitingOnASilentPeer) {
     return status;
   };
   const absl::Time start = absl::Now();
-  std::thread ctrl_c([] {
-    absl::SleepFor(absl::Milliseconds(200));  // lets the call start; the test passes either way
+  std::thread ctrl_c([&relay] {
+    // Once the call has reached the silent peer: in flight.
+    EXPECT_TRUE(relay.AwaitDroppedBytes(1, absl::Seconds(30)));
     raise(SIGINT);
   });
   const grpc::Status cancelled = call();
@@ -71,7 +63,6 @@ TEST(InterruptTest, CtrlC_CancelsACallWaitingOnASilentPeer) {
   EXPECT_TRUE(Interrupted());
   EXPECT_EQ(InterruptSignal(), SIGINT);
   EXPECT_EQ(call().error_code(), grpc::StatusCode::CANCELLED);  // after the signal
-  server->Shutdown(std::chrono::system_clock::now());
 }
 
 }  // namespace

@@ -44,6 +44,12 @@ SilenceableRelay::~SilenceableRelay() {
 
 std::string SilenceableRelay::endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
 
+bool SilenceableRelay::AwaitDroppedBytes(int64_t bytes, absl::Duration timeout) {
+  AnnotatedMutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return dropped_ >= bytes; }, timeout);
+}
+
 void SilenceableRelay::Accept() {
   while (true) {
     const int client = accept(listener_, nullptr, nullptr);
@@ -77,7 +83,11 @@ void SilenceableRelay::Pump(int from, int to) {
   while (true) {
     const ssize_t n = read(from, buffer, sizeof buffer);
     if (n <= 0) return;
-    if (frozen_.load()) continue;
+    if (frozen_.load()) {
+      AnnotatedMutexLock lock(&mu_);
+      dropped_ += n;
+      continue;
+    }
     for (ssize_t done = 0; done < n;) {
       const ssize_t w = write(to, buffer + done, n - done);
       if (w <= 0) return;

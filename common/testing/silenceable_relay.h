@@ -4,7 +4,8 @@
 // moving bytes but keeps every connection open, as a peer whose host
 // powered off or was cut off without a reset looks to its clients (their
 // calls wait for their deadlines; only keepalives notice). Bytes read
-// while frozen are dropped, so a connection is never usable again.
+// while frozen are dropped (and counted), so a connection is never usable
+// again.
 //
 // Thread-safe; the destructor closes every connection and joins its
 // threads.
@@ -12,11 +13,13 @@
 #define PIPETRAIN_COMMON_TESTING_SILENCEABLE_RELAY_H_
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 
 namespace pipetrain {
@@ -33,6 +36,9 @@ class SilenceableRelay {
   // "127.0.0.1:<port>" to connect to.
   std::string endpoint() const;
   void Freeze() { frozen_.store(true); }
+  // Waits up to `timeout` until frozen connections have dropped at least
+  // `bytes` (a call sent to the silent peer); false on timeout.
+  bool AwaitDroppedBytes(int64_t bytes, absl::Duration timeout);
 
  private:
   void Accept();
@@ -49,6 +55,7 @@ class SilenceableRelay {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
+  int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;  // bytes read while frozen
 };
 
 }  // namespace pipetrain

@@ -296,11 +296,11 @@ TEST(HybridCompressionTest, MaskedSum_EmptyMaskOfZeroRows_Ok) {
   }
 }
 
-// The summed token scores choose the kept tokens by their order, which a
-// NaN (a peer's, or a diverged rank's) does not have: both ranks' sums
-// fail with DATA_LOSS naming the row, and no rank sums over a mask drawn
-// from it.
-TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
+// Rank 1's token scores hold a NaN: every rank's comm status after
+// `waits` (given the comm, the data and rank's scores) over token_topk.
+std::vector<absl::Status> StatusesWithANanScore(
+    const std::function<void(CollectivesTensorParallelComm&, Tensor&, std::vector<float>&)>&
+        waits) {
   InProcessFabric fabric(kRanks);
   std::vector<absl::Status> status(kRanks);
   std::vector<std::thread> threads;
@@ -314,12 +314,15 @@ TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
       Tensor data = Tensor::Filled({4, 8}, 1.f);  // one sample of 4 tokens
       std::vector<float> scores = {1, 2, 3, 4};
       if (r == 1) scores[2] = std::nanf("");
-      std::vector<uint8_t> kept;
-      comm.WaitAllReduce(comm.StartTokenSparseSum(data, scores, /*seq_len=*/4, &kept));
+      waits(comm, data, scores);
       status[r] = comm.status();
     });
   }
   for (std::thread& t : threads) t.join();
+  return status;
+}
+
+void ExpectNanScoreDataLoss(const std::vector<absl::Status>& status) {
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kDataLoss) << "rank " << r << ": " << status[r];
     EXPECT_NE(status[r].message().find("token scores summed over the group: row 2 is nan"),
@@ -328,40 +331,32 @@ TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
   }
 }
 
+// The summed token scores choose the kept tokens by their order, which a
+// NaN (a peer's, or a diverged rank's) does not have: both ranks' sums
+// fail with DATA_LOSS naming the row, and no rank sums over a mask drawn
+// from it.
+TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
+  ExpectNanScoreDataLoss(StatusesWithANanScore(
+      [](CollectivesTensorParallelComm& comm, Tensor& data, std::vector<float>& scores) {
+        std::vector<uint8_t> kept;
+        comm.WaitAllReduce(comm.StartTokenSparseSum(data, scores, /*seq_len=*/4, &kept));
+      }));
+}
+
 // A later sum waited before the failed one (a streamed unit's partitions
 // are waited by the next unit, after this unit's token scores): the
 // comm's status still names the first failure, with its code, not an
 // ABORTED "an earlier all-reduce failed" that the stage took for a lost
 // peer (the job recovered and replayed the same failure).
 TEST(HybridCompressionTest, FailedSumWaitedAfterALaterOne_StatusIsTheFirstFailure) {
-  InProcessFabric fabric(kRanks);
-  std::vector<absl::Status> status(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Transport> transport = fabric.Connect(r);
-      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
-      CollectivesTensorParallelComm comm(
-          &collectives, CpuBackend(), *MakeTensorParallelCompression("token_topk:keep=0.5", "f"));
-      comm.BeginIteration(0);
-      Tensor data = Tensor::Filled({4, 8}, 1.f);
-      std::vector<float> scores = {1, 2, 3, 4};
-      if (r == 1) scores[2] = std::nanf("");
-      std::vector<uint8_t> kept;
-      const int failing = comm.StartTokenSparseSum(data, scores, /*seq_len=*/4, &kept);
-      Tensor later = Tensor::Filled({2, 8}, 1.f);
-      comm.WaitAllReduce(comm.StartAllReduceSum(later));
-      comm.WaitAllReduce(failing);
-      status[r] = comm.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(status[r].code(), absl::StatusCode::kDataLoss) << "rank " << r << ": " << status[r];
-    EXPECT_NE(status[r].message().find("token scores summed over the group: row 2 is nan"),
-              std::string::npos)
-        << status[r];
-  }
+  ExpectNanScoreDataLoss(StatusesWithANanScore(
+      [](CollectivesTensorParallelComm& comm, Tensor& data, std::vector<float>& scores) {
+        std::vector<uint8_t> kept;
+        const int failing = comm.StartTokenSparseSum(data, scores, /*seq_len=*/4, &kept);
+        Tensor later = Tensor::Filled({2, 8}, 1.f);
+        comm.WaitAllReduce(comm.StartAllReduceSum(later));
+        comm.WaitAllReduce(failing);
+      }));
 }
 
 // AccTFM's pipeline across units under its hybrid compression, over the

@@ -422,8 +422,9 @@ absl::Status Run(Options& o) {
   }
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   // A run killed while writing one (SIGKILL past a scheduler's grace
-  // period, the OOM killer) left a temporary of up to three times the
-  // model's size beside it: removed before this run writes there.
+  // period, the OOM killer) left a temporary beside it, up to three times
+  // the model's size for --checkpoint (weights and both AdamW moments),
+  // its size for --save: removed before this run writes there.
   for (const std::string* out : {&o.checkpoint, &o.save}) {
     for (const std::string& removed : RemoveAbandonedTemporariesOf(*out)) {
       std::fprintf(stderr, "removed %s, left by a run killed while writing %s\n", removed.c_str(),

@@ -35,6 +35,22 @@ v1::JobSpec TinySpec() {
   return spec;
 }
 
+// A stored job of TinySpec for 50 steps, at `step` with `loss`, created at
+// `created` seconds (Restore orders jobs by it).
+store::StoredJob StoredTinyJob(const std::string& id, v1::JobState state, int64_t step,
+                               float loss = 0, int64_t created = 100) {
+  store::StoredJob stored;
+  v1::Job* job = stored.mutable_job();
+  job->set_id(id);
+  *job->mutable_spec() = TinySpec();
+  job->mutable_spec()->mutable_training()->set_steps(50);
+  job->set_state(state);
+  job->mutable_progress()->set_step(step);
+  job->mutable_progress()->set_loss(loss);
+  job->mutable_create_time()->set_seconds(created);
+  return stored;
+}
+
 TEST(CoordinatorMetricsTest, TokenCounter_ForgetsPrunedJobs) {
   FakeClock clock;
   WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
@@ -75,14 +91,7 @@ TEST(CoordinatorMetricsTest, TokenCounter_JobsRestoredAfterTheMetrics_NotCounted
   AssignmentHub hub;
   MemoryStore store;
   CoordinatorState state(&store);
-  store::StoredJob stored;
-  v1::Job* job = stored.mutable_job();
-  job->set_id("job-7");
-  *job->mutable_spec() = TinySpec();
-  job->mutable_spec()->mutable_training()->set_steps(50);
-  job->set_state(v1::JOB_STATE_SUCCEEDED);
-  job->mutable_progress()->set_step(40);
-  ASSERT_TRUE(state.SaveJob(stored).ok());
+  ASSERT_TRUE(state.SaveJob(StoredTinyJob("job-7", v1::JOB_STATE_SUCCEEDED, 40)).ok());
   JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
   CoordinatorMetrics metrics(&workers, &jobs);  // as main.cc orders them
   jobs.SetEvents(metrics.Events());
@@ -102,23 +111,9 @@ TEST(CoordinatorMetricsTest, CurrentJob_NotOneThatOnlyStartsFromACheckpoint) {
   AssignmentHub hub;
   MemoryStore store;
   CoordinatorState state(&store);
-  store::StoredJob trained;
-  trained.mutable_job()->set_id("job-7");
-  *trained.mutable_job()->mutable_spec() = TinySpec();
-  trained.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
-  trained.mutable_job()->set_state(v1::JOB_STATE_SUCCEEDED);
-  trained.mutable_job()->mutable_progress()->set_step(40);
-  trained.mutable_job()->mutable_progress()->set_loss(2.5f);
-  trained.mutable_job()->mutable_create_time()->set_seconds(100);
-  ASSERT_TRUE(state.SaveJob(trained).ok());
-  store::StoredJob from_checkpoint;
-  from_checkpoint.mutable_job()->set_id("job-8");
-  *from_checkpoint.mutable_job()->mutable_spec() = TinySpec();
-  from_checkpoint.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
-  from_checkpoint.mutable_job()->set_state(v1::JOB_STATE_QUEUED);
-  from_checkpoint.mutable_job()->mutable_progress()->set_step(10);
+  ASSERT_TRUE(state.SaveJob(StoredTinyJob("job-7", v1::JOB_STATE_SUCCEEDED, 40, 2.5f)).ok());
+  store::StoredJob from_checkpoint = StoredTinyJob("job-8", v1::JOB_STATE_QUEUED, 10, 0, 200);
   from_checkpoint.mutable_job()->mutable_progress()->set_loss_history_start(10);
-  from_checkpoint.mutable_job()->mutable_create_time()->set_seconds(200);
   from_checkpoint.mutable_init_checkpoint()->set_step(10);
   from_checkpoint.mutable_init_checkpoint()->set_dir("a/step-00000010");
   ASSERT_TRUE(state.SaveJob(from_checkpoint).ok());
@@ -141,15 +136,7 @@ TEST(CoordinatorMetricsTest, CurrentJob_PrunedJobsGaugesGoBackToZero) {
   AssignmentHub hub;
   MemoryStore store;
   CoordinatorState state(&store);
-  store::StoredJob trained;
-  trained.mutable_job()->set_id("job-7");
-  *trained.mutable_job()->mutable_spec() = TinySpec();
-  trained.mutable_job()->mutable_spec()->mutable_training()->set_steps(50);
-  trained.mutable_job()->set_state(v1::JOB_STATE_SUCCEEDED);
-  trained.mutable_job()->mutable_progress()->set_step(50);
-  trained.mutable_job()->mutable_progress()->set_loss(2.5f);
-  trained.mutable_job()->mutable_create_time()->set_seconds(100);
-  ASSERT_TRUE(state.SaveJob(trained).ok());
+  ASSERT_TRUE(state.SaveJob(StoredTinyJob("job-7", v1::JOB_STATE_SUCCEEDED, 50, 2.5f)).ok());
   JobManagerOptions options;
   options.state = &state;
   options.max_ended_jobs = 1;

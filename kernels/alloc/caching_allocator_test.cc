@@ -447,25 +447,42 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_PoolsOtherCacheGivesBlocksBack) 
   second.Free(ptr);
 }
 
+// Two caches of one pool on an 8 KiB device, `first`'s release of its
+// cached 4 KiB block under way and its raw free waiting (StartBlockedRelease)
+// until the test lets it go.
+struct PoolWithABlockedRelease {
+  explicit PoolWithABlockedRelease(const std::string& device)
+      : first(&raw, PoolOptions("first", device)),
+        second(&raw, PoolOptions("second", device)),
+        release(StartBlockedRelease(first, raw)) {}
+  ~PoolWithABlockedRelease() {
+    if (release.joinable()) {  // the test's wait never came: fail, not hang
+      raw.LetGo();
+      release.join();
+    }
+  }
+  FakeRawAllocator fake{/*capacity=*/8 * kKiB};
+  BlockingFreeRawAllocator raw{&fake};
+  CachingAllocator first;
+  CachingAllocator second;
+  std::thread release;
+};
+
 // The memory another cache of the pool is releasing (ReleaseStream, its
 // raw free waiting) is the device's, about to come back: an allocation the
 // raw allocator refuses meanwhile waits for it rather than failing.
 TEST(CachingAllocatorTest, Allocate_OutOfMemory_WaitsForThePoolsOtherCachesRelease) {
-  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
-  BlockingFreeRawAllocator raw(&fake);
-  CachingAllocator first(&raw, PoolOptions("first", "device pool-release"));
-  CachingAllocator second(&raw, PoolOptions("second", "device pool-release"));
-  std::thread release = StartBlockedRelease(first, raw);
+  PoolWithABlockedRelease pool("device pool-release");
   std::thread let_go([&] {
-    EXPECT_TRUE(raw.AwaitRefusal());
-    raw.LetGo();
+    EXPECT_TRUE(pool.raw.AwaitRefusal());
+    pool.raw.LetGo();
   });
-  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
+  absl::StatusOr<void*> whole = pool.second.Allocate(8 * kKiB, 2);
   let_go.join();
-  release.join();
+  pool.release.join();
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(second.GetStats().oom_retries, 1);
-  second.Free(*whole);
+  EXPECT_EQ(pool.second.GetStats().oom_retries, 1);
+  pool.second.Free(*whole);
 }
 
 // While it waits for another cache's release, the waiting cache stays
@@ -473,44 +490,32 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_WaitsForThePoolsOtherCachesRelea
 // it): its mutex is released for the wait. Held, the other thread here
 // blocked for the wait's minute, and the allocation then failed.
 TEST(CachingAllocatorTest, Allocate_WaitingForAPoolRelease_TheCacheStaysUsable) {
-  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
-  BlockingFreeRawAllocator raw(&fake);
-  CachingAllocator first(&raw, PoolOptions("first", "device pool-release-usable"));
-  CachingAllocator second(&raw, PoolOptions("second", "device pool-release-usable"));
-  std::thread release = StartBlockedRelease(first, raw);
+  PoolWithABlockedRelease pool("device pool-release-usable");
   std::thread other([&] {
-    EXPECT_TRUE(raw.AwaitRefusal());
-    EXPECT_EQ(second.GetStats().bytes_in_use, 0u);  // takes the cache's mutex
-    raw.LetGo();
+    EXPECT_TRUE(pool.raw.AwaitRefusal());
+    EXPECT_EQ(pool.second.GetStats().bytes_in_use, 0u);  // takes the cache's mutex
+    pool.raw.LetGo();
   });
-  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
+  absl::StatusOr<void*> whole = pool.second.Allocate(8 * kKiB, 2);
   other.join();
-  release.join();
+  pool.release.join();
   ASSERT_TRUE(whole.ok()) << whole.status();
-  second.Free(*whole);
+  pool.second.Free(*whole);
 }
 
 // The other cache's release ends between the refused raw call and the
 // wait: nothing is under way any more, but the memory came back since the
 // try, so the allocation is tried once more.
 TEST(CachingAllocatorTest, Allocate_OutOfMemory_APoolReleaseEndedSinceTheTry_TriedAgain) {
-  FakeRawAllocator fake(/*capacity=*/8 * kKiB);
-  BlockingFreeRawAllocator raw(&fake);
-  CachingAllocator first(&raw, PoolOptions("first", "device pool-release-ended"));
-  CachingAllocator second(&raw, PoolOptions("second", "device pool-release-ended"));
-  std::thread release = StartBlockedRelease(first, raw);
-  raw.OnNextRefusal([&] {
-    raw.LetGo();
-    release.join();
+  PoolWithABlockedRelease pool("device pool-release-ended");
+  pool.raw.OnNextRefusal([&] {
+    pool.raw.LetGo();
+    pool.release.join();
   });
-  absl::StatusOr<void*> whole = second.Allocate(8 * kKiB, 2);
-  if (release.joinable()) {  // the refusal never came: fail, not hang
-    raw.LetGo();
-    release.join();
-  }
+  absl::StatusOr<void*> whole = pool.second.Allocate(8 * kKiB, 2);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(second.GetStats().oom_retries, 1);
-  second.Free(*whole);
+  EXPECT_EQ(pool.second.GetStats().oom_retries, 1);
+  pool.second.Free(*whole);
 }
 
 TEST(CachingAllocatorTest, Allocate_OutOfMemory_OtherPoolsBlocksStay) {

@@ -983,6 +983,22 @@ class JobManager {
   std::optional<std::vector<std::string>> OneKindPerStageLocked(
       const JobRecord& record, const std::vector<std::string>& ready, int need) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The most of `candidates` (in order of preference, kept in it) that a
+  // re-plan of `record` can use, at most `most`: the first UsableWorkers;
+  // for a job with replicas or tensor ranks (given, not auto) the largest
+  // such count with a set whose every stage can be of one kind
+  // (OneKindPerStageLocked), empty when no count has one. Recoveries,
+  // boundaries and growth choose with it: by count alone they took a
+  // worker of the other kind into a stage, planning refused the mix, and
+  // the spares were marked unfit for the job while enough of one kind were
+  // READY. BeginPlacementLocked puts the set in position order.
+  std::vector<std::string> UsableSetLocked(const JobRecord& record,
+                                           const std::vector<std::string>& candidates,
+                                           int most) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether each of `workers` is a GPU worker (one gone since it was
+  // counted: a CPU; StartLocked and BeginPlacementLocked then find it gone).
+  std::vector<bool> GpuKindsLocked(const std::vector<std::string>& workers) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `workers` reordered so that the `need` with the most memory between
   // them and `beside` (the plan's workers already chosen; RoomiestWorkers)
   // come first; the rest follow in their order.
@@ -1055,8 +1071,13 @@ class JobManager {
   // WorkersPerStage; for an auto layout, the largest multiple of
   // WorkerStep that has a layout (AutoLayoutDegrees); 0 when none.
   static int UsableWorkers(const JobRecord& record, int workers);
-  // Cuts `workers` to UsableWorkers of them (the last ones go).
-  static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
+  // Whether each of `record`'s stages must run on one kind of worker (GPUs
+  // or CPUs): it has replicas or tensor ranks it named. (An auto layout
+  // chooses among layouts that include single-rank, single-replica ones.)
+  static bool StagesOfOneKind(const JobRecord& record);
+  // Why a job with enough READY workers (`count` says how many) still
+  // waits: no `need` of them give each stage workers of one kind.
+  static std::string WaitingForKinds(const JobRecord& record, int need, const std::string& count);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);
   // ReportProgress's parts, in the order it takes them.

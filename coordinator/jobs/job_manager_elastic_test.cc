@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -16,8 +17,10 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -177,9 +180,35 @@ class JobManagerElasticTest : public ::testing::Test {
     v1::RegisterWorkerRequest request;
     request.set_data_address("127.0.0.1:" + std::to_string(port));
     if (memory_limit > 0) request.mutable_device()->set_memory_limit_bytes(memory_limit);
+    return Register(request);
+  }
+
+  // Registers a GPU worker (DeviceInfo.gpu_model set) at 127.0.0.1:`port`.
+  std::string AddGpuWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_hostname("gpu-host");
+    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
+    request.mutable_device()->set_gpu_index(port % 8);
+    return Register(request);
+  }
+
+  std::string Register(const v1::RegisterWorkerRequest& request) {
     auto response = registry_.Register(request).value();
     incarnations_[response.worker_id()] = response.incarnation();
     return response.worker_id();
+  }
+
+  // Whether every stage of job `id`'s current plan runs its replicas on
+  // workers of one kind (GPU or CPU).
+  bool EveryStageOfOneKind(const std::string& id) {
+    std::map<int, std::set<bool>> kinds;
+    const v1::Job job = jobs_->Get(id).value();
+    for (const std::string& w : job.worker_ids()) {
+      kinds[AssignmentOf(w).stage()].insert(!registry_.Get(w).value().device().gpu_model().empty());
+    }
+    return std::all_of(kinds.begin(), kinds.end(),
+                       [](const auto& k) { return k.second.size() == 1; });
   }
 
   void Heartbeat(const std::string& worker) {
@@ -221,7 +250,9 @@ class JobManagerElasticTest : public ::testing::Test {
   // last stage (every tensor rank) with `micro_batches` losses: the
   // coordinator keeps replica 0's rank 0's. For layouts with replicas or
   // tensor ranks, where Step's "the last worker has the losses" is wrong.
-  void StepEveryWorker(const std::string& id, int64_t step, int micro_batches) {
+  // Returns the step a boundary was asked for after (0: none).
+  int64_t StepEveryWorker(const std::string& id, int64_t step, int micro_batches) {
+    int64_t stop_after = 0;
     const v1::Job job = jobs_->Get(id).value();
     for (const std::string& worker : job.worker_ids()) {
       const v1::Assignment a = AssignmentOf(worker);
@@ -235,8 +266,10 @@ class JobManagerElasticTest : public ::testing::Test {
       }
       auto response = jobs_->ReportProgress(r);
       EXPECT_TRUE(response.ok()) << worker << ": " << response.status();
+      if (response.ok()) stop_after = std::max(stop_after, response->stop_after_step());
     }
     RunPlans();
+    return stop_after;
   }
 
   // Stage `s` reports its units of checkpoint `step`.
@@ -488,7 +521,7 @@ class JobManagerElasticTest : public ::testing::Test {
   WorkerRegistry registry_;
   AssignmentHub hub_;
   BackgroundQueue background_;  // outlives jobs_
-  bool hold_plans_ = false;  // Step and Checkpoint leave the jobs PLANNING
+  bool hold_plans_ = false;     // Step and Checkpoint leave the jobs PLANNING
   MemoryStore store_;
   ObservingStore observing_{&store_};
   std::unique_ptr<CoordinatorState> state_;
@@ -1318,6 +1351,89 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   ASSERT_TRUE(a.has_resume());
   EXPECT_EQ(a.resume().step(), 5);
   EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::ACTION_STOP);
+}
+
+// A data-parallel job (2 replicas) on two GPUs grows by a stage with
+// spares of both kinds READY, the first two by id a CPU and a GPU: it takes
+// the two CPUs, so the new stage's replicas are of one kind. By id it took
+// the CPU and the GPU, the boundary's plan was refused (a stage mixing
+// them), and both were marked unfit for the job.
+TEST_F(JobManagerElasticTest, DataParallelGrowth_SparesOfBothKinds_NewStageOfOneKind) {
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_elastic()->set_max_workers(2);
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  StepEveryWorker(id, 1, 1);
+  const std::string c3 = AddWorker(7003), g4 = AddGpuWorker(7004), c5 = AddWorker(7005);
+  Schedule();
+  const int64_t boundary = StepEveryWorker(id, 2, 1);
+  ASSERT_GT(boundary, 2) << jobs_->Get(id).value().reason();
+  for (int64_t step = 3; step <= boundary; ++step) StepEveryWorker(id, step, 1);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  std::vector<std::string> placed = WorkerIdsOf(job);
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<std::string>{g1, g2, c3, c5}));
+  EXPECT_TRUE(EveryStageOfOneKind(id));
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), c3 + ", " + c5 + " joined"))
+      << job.plan_history(1).reason();
+  EXPECT_EQ(registry_.Get(g4).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A data-parallel job on four GPUs loses one; the spares are a CPU (first
+// by id) and a GPU: it recovers on the three GPUs and the spare GPU. In id
+// order it took the CPU into a GPU stage, and the plan was refused.
+TEST_F(JobManagerElasticTest, DataParallelRecovery_SparesOfBothKinds_TakesTheOneOfItsKind) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_parallelism()->set_data(2);
+  std::vector<std::string> g;
+  for (int k = 0; k < 4; ++k) g.push_back(AddGpuWorker(7001 + k));
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  for (int64_t step = 1; step <= 5; ++step) StepEveryWorker(id, step, 1);
+  CheckpointAll(id, 5);
+  const std::string c5 = AddWorker(7005), g6 = AddGpuWorker(7006);
+  registry_.MarkLost(g[3], incarnations_[g[3]], "killed");
+  HeartbeatAllAndSchedule({g[0], g[1], g[2]});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  std::vector<std::string> placed = WorkerIdsOf(job);
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<std::string>{g[0], g[1], g[2], g6}));
+  EXPECT_EQ(registry_.Get(c5).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A recovering data-parallel job whose survivors and spares are enough in
+// number but not of one kind per stage waits, saying why, and runs once a
+// worker of its kind comes.
+TEST_F(JobManagerElasticTest, DataParallelRecovery_OnlyTheOtherKindSpare_WaitsSayingWhy) {
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_parallelism()->set_data(2);
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  for (int64_t step = 1; step <= 5; ++step) StepEveryWorker(id, step, 1);
+  CheckpointAll(id, 5);
+  const std::string c3 = AddWorker(7003);
+  registry_.MarkLost(g2, incarnations_[g2], "killed");
+  HeartbeatAllAndSchedule({g1});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "waiting for 2 READY workers whose kinds (GPU or CPU) give each "
+                                "stage's 2 replicas and tensor ranks one kind (2 ready"))
+      << job.reason();
+  const std::string g4 = AddGpuWorker(7004);
+  HeartbeatAllAndSchedule({g1});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  std::vector<std::string> placed = WorkerIdsOf(job);
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<std::string>{g1, g4}));
+  EXPECT_EQ(registry_.Get(c3).value().state(), v1::WORKER_STATE_READY);
 }
 
 // An explicit compressed stage that a re-plan onto fewer stages no longer
@@ -3847,7 +3963,7 @@ class FlakyStore final : public Store {
   std::atomic<bool> failing{false};
   std::atomic<bool> puts_unconfirmed{false};  // commits with a put applied, then UNAVAILABLE
   std::atomic<bool> deletes_fail{false};      // commits of deletes only fail
-  std::atomic<int> commits{0};  // that succeeded
+  std::atomic<int> commits{0};                // that succeeded
 
  private:
   MemoryStore store_;

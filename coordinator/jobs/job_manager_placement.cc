@@ -179,8 +179,18 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   if (!pending.resume.has_value() && record.init_checkpoint.has_value()) {
     pending.resume = record.init_checkpoint;
   }
+  // Replica r's stage s, rank t on position (r * stages + s) * tensor + t
+  // (PlanPlacement): the workers in an order whose every stage is of one
+  // kind where the set has one (recoveries, boundaries and growth choose
+  // sets by kind in order of preference, UsableSetLocked). A set that has
+  // none stays as it is, and planning says why (CheckReplicaDevices).
+  std::vector<std::string> positions = workers;
+  if (std::optional<std::vector<std::string>> arranged =
+          OneKindPerStageLocked(record, workers, static_cast<int>(workers.size()))) {
+    positions = *std::move(arranged);
+  }
   std::vector<v1::Worker> infos;
-  for (const std::string& w : workers) {
+  for (const std::string& w : positions) {
     ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
     infos.push_back(worker);
   }
@@ -240,10 +250,10 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   SetSlowestHostDataPlane(infos, &cluster);
   // Held for this job from now on: a worker lost while the job is planned
   // is the job's loss (OnWorkerLost), and no other job takes these.
-  RETURN_IF_ERROR(registry_->Assign(workers, id));
+  RETURN_IF_ERROR(registry_->Assign(positions, id));
   input.job_id = id;
   input.version = record.plan.version() + 1;
-  input.workers = static_cast<int>(workers.size());
+  input.workers = static_cast<int>(positions.size());
   input.resolved = record.resolved;
   input.auto_layout_workers = record.auto_layout_workers;
   input.auto_layout_compression = record.auto_layout_compression;
@@ -252,13 +262,13 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   input.profile_source = record.profile_source;
   input.reason = pending.reason;
   input.queued_at = elapsed_clock_->Now();
-  pending.workers = workers;
+  pending.workers = positions;
   pending.infos = std::move(infos);
   pending.version = input.version;
   record.pending = std::move(pending);
   const int64_t placement = ++record.placement;
   record.job.set_state(v1::JOB_STATE_PLANNING);
-  record.job.set_reason(absl::StrCat("planning on ", absl::StrJoin(workers, ", ")));
+  record.job.set_reason(absl::StrCat("planning on ", absl::StrJoin(positions, ", ")));
   TouchLocked(record);
   // Shutting down: nobody would take the plan (the job is restored from
   // its stored state, which is not PLANNING).
@@ -434,11 +444,16 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
   for (std::string& w : ThatCanRunLocked(record, SpareWorkersLocked(HeldWorkersLocked()))) {
     candidates.push_back(std::move(w));
   }
+  // The set ScheduleQueued would place it on (each stage of one kind where
+  // it must be): compared by memory alone, a roomiest set that mixed kinds
+  // differed from these while the set placed next could be these again,
+  // planned and refused a second time.
   const int need = static_cast<int>(pending.workers.size());
-  std::vector<std::string> roomiest = RoomiestFirstLocked(std::move(candidates), need);
-  roomiest.resize(need);
-  if (std::set<std::string>(roomiest.begin(), roomiest.end()) ==
-      std::set<std::string>(pending.workers.begin(), pending.workers.end())) {
+  std::optional<std::vector<std::string>> roomiest =
+      OneKindPerStageLocked(record, RoomiestFirstLocked(std::move(candidates), need), need);
+  if (!roomiest.has_value() ||
+      std::set<std::string>(roomiest->begin(), roomiest->end()) ==
+          std::set<std::string>(pending.workers.begin(), pending.workers.end())) {
     return false;  // no other READY workers have more: the refusal stands
   }
   registry_->Release(record.job.id());
@@ -462,7 +477,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
       rest.push_back(w);
     }
   }
-  KeepWholeReplicas(record, &rest);
+  rest = UsableSetLocked(record, rest, MaxJobWorkers(record));
   const bool for_memory = refusal.code() == absl::StatusCode::kResourceExhausted;
   // The spares a refusal for memory kept together with these workers
   // before (below), and those new since.
@@ -487,7 +502,7 @@ bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& 
   if (for_memory && !earlier.empty() && !newcomers.empty()) {
     std::vector<std::string> with_newcomers = rest;
     with_newcomers.insert(with_newcomers.end(), newcomers.begin(), newcomers.end());
-    KeepWholeReplicas(record, &with_newcomers);
+    with_newcomers = UsableSetLocked(record, with_newcomers, MaxJobWorkers(record));
     if (static_cast<int>(with_newcomers.size()) >= MinJobWorkers(record)) {
       dropped = earlier;
       next = std::move(with_newcomers);
@@ -938,13 +953,11 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     }
     chosen.insert(chosen.end(), group.begin(), group.end());
   }
-  if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
-    chosen.resize(MaxJobWorkers(record));
-  }
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
-  const std::vector<std::string> counted = chosen;
-  KeepWholeReplicas(record, &chosen);
+  const std::vector<std::string> counted(
+      chosen.begin(), chosen.begin() + std::min<int>(chosen.size(), MaxJobWorkers(record)));
+  chosen = UsableSetLocked(record, chosen, MaxJobWorkers(record));
   // Why it waits rather than plans; empty: it plans. The very workers a
   // plan was refused on for memory (with the spares dropped before it)
   // would be refused again, so it waits for another as for too few
@@ -957,7 +970,9 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   std::string waiting_for;
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     waiting_for =
-        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (", count(), ")");
+        UsableWorkers(record, counted.size()) >= MinJobWorkers(record)
+            ? WaitingForKinds(record, MinJobWorkers(record), count())
+            : absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (", count(), ")");
   } else if (!record.refused_for_memory.empty() &&
              chosen.size() == record.refused_for_memory.size() &&
              std::all_of(chosen.begin(), chosen.end(), refused_with)) {
@@ -995,8 +1010,9 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
           ? absl::StrCat("checkpoint step ", pending.resume_step)
           : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));
   pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
-  if (chosen.size() > alive.size())
-    pending.joiners.assign(chosen.begin() + alive.size(), chosen.end());
+  for (const std::string& w : chosen) {
+    if (std::find(alive.begin(), alive.end(), w) == alive.end()) pending.joiners.push_back(w);
+  }
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
     // A chosen worker went since it was counted: none was assigned, and the

@@ -88,11 +88,7 @@ void JobManager::ScheduleQueued() {
       const bool cpu_only = record.resolved.tensor_mode == "3d";
       const std::string waiting =
           static_cast<int>(ready.size()) >= need
-              ? absl::StrCat("waiting for ", need,
-                             " READY workers whose kinds (GPU or CPU) give each stage's ",
-                             record.resolved.data_parallel * record.resolved.tensor_parallel,
-                             " replicas and tensor ranks one kind (", ready.size(),
-                             " READY, in counts that do not)")
+              ? WaitingForKinds(record, need, absl::StrCat(ready.size(), " READY"))
               : absl::StrCat("waiting for ", need,
                              cpu_only ? " READY CPU workers (" : " READY workers (",
                              ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready),
@@ -147,7 +143,22 @@ void JobManager::ScheduleQueued() {
     // the same workers would be asked for again, step after step.
     want = std::max(0, UsableWorkers(record, current + want) - current);
     if (want == 0) continue;
-    const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
+    // Its workers first, then the spares: each new stage of one kind where
+    // it must be (the first spares by id could mix a GPU and a CPU; the
+    // boundary's plan was refused and they were marked unfit for it).
+    std::vector<std::string> candidates(record.job.worker_ids().begin(),
+                                        record.job.worker_ids().end());
+    candidates.insert(candidates.end(), spare.begin(), spare.end());
+    const std::vector<std::string> grown = UsableSetLocked(record, candidates, current + want);
+    std::vector<std::string> joining;
+    for (const std::string& w : grown) {
+      if (std::find(record.job.worker_ids().begin(), record.job.worker_ids().end(), w) ==
+          record.job.worker_ids().end()) {
+        joining.push_back(w);
+      }
+    }
+    // None, or a set without one of its workers: it keeps its plan.
+    if (joining.empty() || grown.size() != current + joining.size()) continue;
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
       for (const std::string& w : joining) reserved.insert(w);
       record.boundary_joiners = joining;
@@ -158,23 +169,42 @@ void JobManager::ScheduleQueued() {
 
 std::optional<std::vector<std::string>> JobManager::OneKindPerStageLocked(
     const JobRecord& record, const std::vector<std::string>& ready, int need) const {
-  const ResolvedJobSpec& r = record.resolved;
   std::vector<std::string> first(ready.begin(), ready.begin() + need);
-  if (r.data_parallel == kDataParallelAuto || r.data_parallel * r.tensor_parallel <= 1) {
-    return first;  // an auto layout has single-rank, single-replica ones
-  }
-  std::vector<bool> gpu;
-  for (const std::string& w : ready) {
-    // One gone since it was counted: a CPU (StartLocked then finds it gone).
-    absl::StatusOr<v1::Worker> info = registry_->Get(w);
-    gpu.push_back(info.ok() && !info->device().gpu_model().empty());
-  }
-  std::optional<std::vector<size_t>> picked =
-      ArrangeByDeviceKind(gpu, r.data_parallel, r.stages, r.tensor_parallel);
+  if (!StagesOfOneKind(record)) return first;
+  if (need == 0 || need % WorkersPerStage(record) != 0) return std::nullopt;  // no whole stages
+  std::optional<std::vector<size_t>> picked = ArrangeByDeviceKind(
+      GpuKindsLocked(ready), Replicas(record), need / WorkersPerStage(record), TensorRanks(record));
   if (!picked.has_value()) return std::nullopt;
   std::vector<std::string> out;
   for (size_t i : *picked) out.push_back(ready[i]);
   return out;
+}
+
+std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
+                                                     const std::vector<std::string>& candidates,
+                                                     int most) const {
+  int count = UsableWorkers(record, std::clamp<int>(most, 0, candidates.size()));
+  if (!StagesOfOneKind(record)) return {candidates.begin(), candidates.begin() + count};
+  const std::vector<bool> gpu = GpuKindsLocked(candidates);
+  for (; count > 0; count -= WorkersPerStage(record)) {
+    std::optional<std::vector<size_t>> picked = ArrangeByDeviceKind(
+        gpu, Replicas(record), count / WorkersPerStage(record), TensorRanks(record));
+    if (!picked.has_value()) continue;
+    std::sort(picked->begin(), picked->end());  // back in their order of preference
+    std::vector<std::string> set;
+    for (size_t i : *picked) set.push_back(candidates[i]);
+    return set;
+  }
+  return {};
+}
+
+std::vector<bool> JobManager::GpuKindsLocked(const std::vector<std::string>& workers) const {
+  std::vector<bool> gpu;
+  for (const std::string& w : workers) {
+    absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    gpu.push_back(info.ok() && !info->device().gpu_model().empty());
+  }
+  return gpu;
 }
 
 std::vector<std::string> JobManager::RoomiestFirstLocked(
@@ -485,7 +515,6 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
                                      record.job.worker_ids().end());
   std::set<std::string> reserved = HeldWorkersLocked();
   reserved.insert(old.begin(), old.end());
-  const size_t own = chosen.size();
   // Past its minimum, a job takes only the spares held for this boundary,
   // or any once no other job waits for workers (as ScheduleQueued grows
   // jobs): a drain's boundary took a spare a recovering or queued job was
@@ -499,12 +528,14 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   std::stable_partition(spares.begin(), spares.end(),
                         [&held_for_it](const std::string& w) { return held_for_it.count(w) > 0; });
   for (const std::string& w : spares) {
-    if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
     const bool past_minimum = static_cast<int>(chosen.size()) >= MinJobWorkers(record);
     if (past_minimum && !may_grow && held_for_it.count(w) == 0) continue;
     chosen.push_back(w);
   }
-  KeepWholeReplicas(record, &chosen);
+  chosen = UsableSetLocked(record, chosen, MaxJobWorkers(record));
+  const auto was_its = [&old](const std::string& w) {
+    return std::find(old.begin(), old.end(), w) != old.end();
+  };
   // A growth boundary whose joiner was drained or lost before it: the
   // reason says so, rather than naming a join that did not happen.
   for (const std::string& w : record.boundary_joiners) {
@@ -518,11 +549,12 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
   // Spares it takes that no join named (in a drained worker's place, or a
   // lost joiner's): named too.
-  std::vector<std::string> unnamed;
-  for (size_t i = own; i < chosen.size(); ++i) {
-    if (std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), chosen[i]) ==
-        0) {
-      unnamed.push_back(chosen[i]);
+  std::vector<std::string> unnamed, joiners;
+  for (const std::string& w : chosen) {
+    if (was_its(w)) continue;
+    joiners.push_back(w);
+    if (std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), w) == 0) {
+      unnamed.push_back(w);
     }
   }
   if (!unnamed.empty() && static_cast<int>(chosen.size()) >= MinJobWorkers(record)) {
@@ -536,7 +568,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   const std::string reason = record.boundary_reason;
   const std::string same = sorted_old == sorted_chosen ? " on the same workers" : "";
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
-    // A spare went away meanwhile: wait for workers as a recovery does.
+    // A spare went away meanwhile (or those left hold no set whose stages
+    // are each of one kind): wait for workers as a recovery does.
     return StartRecoveryLocked(record, "", reason, RecoveryKind::kWorkerLost);
   }
   // Those the new plan leaves out stop now: once released, another job may
@@ -552,7 +585,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   pending.resume = *record.checkpoints->Latest();
   pending.reason = absl::StrCat(reason, "; re-planned at step ", step, same);
   pending.failure_prefix = absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ");
-  if (chosen.size() > own) pending.joiners.assign(chosen.begin() + own, chosen.end());
+  pending.joiners = std::move(joiners);
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
     // A chosen worker went since it was counted: recover as from its loss
@@ -744,8 +777,17 @@ int JobManager::UsableWorkers(const JobRecord& record, int workers) {
   return usable;
 }
 
-void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
-  workers->resize(UsableWorkers(record, static_cast<int>(workers->size())));
+std::string JobManager::WaitingForKinds(const JobRecord& record, int need,
+                                        const std::string& count) {
+  return absl::StrCat("waiting for ", need,
+                      " READY workers whose kinds (GPU or CPU) give each stage's ",
+                      WorkersPerStage(record), " replicas and tensor ranks one kind (", count,
+                      ", in counts that do not)");
+}
+
+bool JobManager::StagesOfOneKind(const JobRecord& record) {
+  return record.auto_layout_workers == 0 && record.resolved.data_parallel != kDataParallelAuto &&
+         WorkersPerStage(record) > 1;
 }
 
 }  // namespace pipetrain

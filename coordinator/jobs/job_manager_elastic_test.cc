@@ -97,8 +97,9 @@ class ObservingStore : public Store {
 };
 
 // Workers that hold a third of ElasticSpec(3, ...)'s model each: three
-// stages fit (108000 bytes on the busiest), two do not (148000).
-constexpr int64_t kThirdModelMemory = 120000;
+// stages fit (171648 bytes on the busiest, its checkpoint snapshot
+// included), two do not (223424).
+constexpr int64_t kThirdModelMemory = 200000;
 
 // Workers w1, w2, w3 (ports 7001-7003) of kThirdModelMemory each, running
 // `spec` (ElasticSpec(3, 5) or a variant) to its checkpoint at step 5.
@@ -2914,8 +2915,9 @@ TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
 }
 
 // Workers that hold half of ElasticSpec(2, ...)'s model each but not all
-// of it (it needs 191232 bytes on one worker).
-constexpr int64_t kHalfModelMemory = 180000;
+// of it (it needs 281280 bytes on one worker, its checkpoint snapshot
+// included; 223424 on the busiest of two).
+constexpr int64_t kHalfModelMemory = 260000;
 
 // A worker whose job's model does not fit on the others is drained: the
 // boundary's re-plan without it is refused for memory. The job recovers
@@ -2933,7 +2935,7 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   v1::Job job = PassBoundary(id, 5, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
-                                                  " would need 191232 bytes"))
+                                                  " would need 281280 bytes"))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
   // Not planned on w1 alone again, pass after pass.

@@ -113,6 +113,18 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
                        p.memory_bytes[w]));
     }
   }
+  if (!p.stepped_weight_copies.empty() && p.stepped_weight_copies.size() != P) {
+    return absl::InvalidArgumentError(absl::StrCat("stepped_weight_copies has ",
+                                                   p.stepped_weight_copies.size(), " entries for ",
+                                                   P, " workers"));
+  }
+  for (size_t w = 0; w < p.stepped_weight_copies.size(); ++w) {
+    if (!(p.stepped_weight_copies[w] >= 0 && p.stepped_weight_copies[w] <= 1e4)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", w, ": stepped_weight_copies must be in [0, 1e4], got ",
+                       p.stepped_weight_copies[w]));
+    }
+  }
   if (std::isnan(p.bandwidth)) {
     return absl::InvalidArgumentError("bandwidth is NaN; use <= 0 for unlimited");
   }
@@ -157,6 +169,8 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
       objective_(p.objective),
       speeds_(p.speeds),
       memory_(p.memory_bytes.empty() ? std::vector<double>(p.speeds.size(), 0.0) : p.memory_bytes),
+      stepped_copies_(p.stepped_weight_copies.empty() ? std::vector<double>(p.speeds.size(), 0.0)
+                                                      : p.stepped_weight_copies),
       pf_(Prefix(p.fwd, p.fwd.size())),
       pb_(Prefix(p.bwd, p.fwd.size())),
       pw_(Prefix(p.weight_bytes, p.fwd.size())),
@@ -253,17 +267,23 @@ double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) cons
       recomputes_after_f ? (stash_count_[worker] - 1) * activation_[f.end - 1] : 0.0;
   // Both ends of the model on this worker: wte's value once, and its
   // moments once when it steps both (memory_i's tied term).
-  double tied = 0;
+  double tied = 0, stepped_tied = 0;
   if (tied_ > 0) {
     const auto holds = [](const Range& r, int u) { return r.begin <= u && u < r.end; };
     const int last = units_ - 1;
     if ((holds(f, 0) || holds(b, 0)) && (holds(f, last) || holds(b, last))) tied += tied_;
-    if (holds(b, 0) && holds(b, last)) tied += 2 * tied_;
+    if (holds(b, 0) && holds(b, last)) stepped_tied = tied_;
+    tied += 2 * stepped_tied;
   }
   const double forward_only_peak = forward_only_peak_max_.OfMinus(f, b);  // over F \ B
+  // The weights it steps, copied c_i times beside (a CPU worker's
+  // checkpoint snapshot): the tied wte's once. Non-decreasing as B grows,
+  // since tied_ is at most either end's weight_bytes.
+  const double stepped_copies = stepped_copies_[worker] * (Sum(pw_, b) - stepped_tied);
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) + SumMinus(pw_, f, b) +
          stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
-         std::max({transient_max_.Of(f), transient_max_.Of(b), forward_only_peak}) - tied;
+         std::max({transient_max_.Of(f), transient_max_.Of(b), forward_only_peak}) - tied +
+         stepped_copies;
 }
 
 bool BiPartitionCosts::Fits(int worker, const Range& f, const Range& b) const {

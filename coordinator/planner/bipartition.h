@@ -47,24 +47,24 @@
 //              + max(max_{u in F_i ∪ B_i} transient_bytes[u],
 //                    max_{u in F_i \ B_i} (transient_bytes[u] + stash_bytes[u]))
 //              - tied · ([F_i ∪ B_i holds units 0 and L-1] + 2 [B_i holds both])
+//              + c_i · (sum_{u in B_i} weight_bytes[u] - tied · [B_i holds both])
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
-// (the micro-batches whose stash worker i holds at once). The last four
-// terms are not the paper's. The kept outputs: a run of B_i \ F_i right
-// after F_i recomputes from F_i's last output, which the worker keeps from
-// each micro-batch's forward pass to its backward pass (n_i at once; the
-// one being recomputed is in its first unit's stash). Other activations
-// are freed after their last reader (a send, the forward pass they feed:
-// StageRuntime), so no other term holds them. Not counted: a routed input
-// (the full objective's a[B_i.begin-1]) waits in the receiver's mailbox
-// from the sender's forward pass to the receiver's backward, up to the
-// micro-batches in flight between them: host memory, a CPU worker's own
-// (a term for it would break memory_i's monotonicity, which the solvers
-// rely on). A recomputed unit (B_i \ F_i) holds its stash
-// for one micro-batch at a time: the compiler's Recompute comes right
-// before that micro-batch's Backward, which frees it. The last term: the most one pass of a unit
-// allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its stash),
-// once, since a worker runs one unit at a time. A forward-only unit (F_i \ B_i) is charged its
-// forward-and-backward transient plus its stash there: its forward pass fills a whole stash
+// (the micro-batches whose stash worker i holds at once). The last five
+// terms are not the paper's. c_i (stepped_weight_copies): copies of the
+// weights it steps that the worker holds beside these, a CPU worker's
+// checkpoint snapshot (its stepped weights and both AdamW moments). The kept outputs: a run of B_i
+// \ F_i right after F_i recomputes from F_i's last output, which the worker keeps from each
+// micro-batch's forward pass to its backward pass (n_i at once; the one being recomputed is in its
+// first unit's stash). Other activations are freed after their last reader (a send, the forward
+// pass they feed: StageRuntime), so no other term holds them. Not counted: a routed input (the full
+// objective's a[B_i.begin-1]) waits in the receiver's mailbox from the sender's forward pass to the
+// receiver's backward, up to the micro-batches in flight between them: host memory, a CPU worker's
+// own (a term for it would break memory_i's monotonicity, which the solvers rely on). A recomputed
+// unit (B_i \ F_i) holds its stash for one micro-batch at a time: the compiler's Recompute comes
+// right before that micro-batch's Backward, which frees it. The last term: the most one pass of a
+// unit allocates beyond its stash (the head's [B·T, vocab] logit gradient is as large as its
+// stash), once, since a worker runs one unit at a time. A forward-only unit (F_i \ B_i) is charged
+// its forward-and-backward transient plus its stash there: its forward pass fills a whole stash
 // (UnitContext) that the runtime drops after the pass, so its peak is both; and its weights
 // twice, as the runtime gives every parameter it holds a gradient buffer. The tied term: a
 // worker holding both ends of the model shares the embedding's wte value
@@ -104,6 +104,10 @@ struct BiPartitionProblem {
   std::vector<double> stash_bytes;       // per unit and micro-batch; empty: all 0
   std::vector<double> transient_bytes;   // per unit, above its stash; empty: all 0
   std::vector<double> memory_bytes;      // per worker, 0 = unlimited; empty: all unlimited
+  // Per worker, in [0, 1e4]: memory_i's c_i, the copies of its stepped
+  // weights it holds beside them (3 for a CPU worker's checkpoint snapshot
+  // of weights and AdamW moments); empty: all 0.
+  std::vector<double> stepped_weight_copies;
   // The tied wte's bytes (the head's copy of the embedding's; 0: none), for
   // the memory of a worker holding both ends (above).
   double tied_weight_bytes = 0;
@@ -170,7 +174,7 @@ class BiPartitionCosts {
  private:
   int units_ = 0;
   BiPartitionObjective objective_;
-  std::vector<double> speeds_, memory_, stash_count_;
+  std::vector<double> speeds_, memory_, stash_count_, stepped_copies_;
   std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
   // The largest of per-unit values over a range, in O(1) (a sparse table:
   // level k holds the largest of each run of 2^k units).

@@ -139,6 +139,11 @@ BiPartitionProblem RandomProblem(uint64_t seed) {
   p.schedule = draw(9, 1, 2) == 0 ? BiPartitionSchedule::kOneFOneB : BiPartitionSchedule::kGPipe;
   // Often a tied embedding (clamped to the ends' weights by the costs).
   p.tied_weight_bytes = draw(15, 0, 2) == 0 ? 0.0 : draw(15, 1, 30);
+  // Sometimes copies of the stepped weights beside (a CPU worker's
+  // checkpoint snapshot).
+  if (draw(16, 0, 3) == 0) {
+    for (int w = 0; w < P; ++w) p.stepped_weight_copies.push_back(draw(17, w, 4));
+  }
   const int memory_mode = static_cast<int>(draw(10, 0, 4));
   if (memory_mode > 0) {
     const double scale = memory_mode == 1 ? 8.0 : memory_mode == 2 ? 4.0 / P + 1.0 : 1.0;
@@ -408,6 +413,29 @@ TEST(BiPartitionCostsTest, Memory_BothEndsOnOneWorker_TiedWeightsCountedOnce) {
   p.tied_weight_bytes = 5000;
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 5}, {0, 5}), all - 3 * 1000);
   p.tied_weight_bytes = -1;
+  EXPECT_FALSE(ValidateProblem(p).ok());
+}
+
+// Copies of the weights a worker steps beside memory_i's (c_i: a CPU
+// worker's checkpoint snapshot of its weights and both AdamW moments): the
+// tied wte's once when it steps both ends, nothing for units it only runs
+// forward.
+TEST(BiPartitionCostsTest, Memory_SteppedWeightCopies_ChargedOnTheBackwardRange) {
+  BiPartitionProblem p = FiveUnits();
+  p.tied_weight_bytes = 600;
+  const double without = BiPartitionCosts(p).Memory(0, {0, 5}, {0, 5});
+  const double forward_only = BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1});
+  const double second = BiPartitionCosts(p).Memory(1, {0, 5}, {0, 5});
+  p.stepped_weight_copies = {3, 0};
+  const BiPartitionCosts costs(p);
+  EXPECT_EQ(costs.Memory(0, {0, 5}, {0, 5}), without + 3 * (31000 - 600));
+  EXPECT_EQ(costs.Memory(0, {0, 3}, {0, 1}), forward_only + 3 * 1000);
+  EXPECT_EQ(costs.Memory(1, {0, 5}, {0, 5}), second);
+  p.stepped_weight_copies = {3};
+  EXPECT_FALSE(ValidateProblem(p).ok());
+  p.stepped_weight_copies = {-1, 0};
+  EXPECT_FALSE(ValidateProblem(p).ok());
+  p.stepped_weight_copies = {std::nan(""), 0};
   EXPECT_FALSE(ValidateProblem(p).ok());
 }
 

@@ -140,6 +140,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   options.objective = r.objective;
   options.micro_batches = r.train.micro_batches / replicas;  // each replica's share
   options.data_parallel = replicas;
+  // Each stage's writer (replica 0, tensor rank 0) snapshots what it steps
+  // while a checkpoint is written; rank 0 gathers its stage's ranks'.
+  // Budgeted for every position: the replicas' least memory plans them.
+  if (r.spec.checkpoint().interval_steps() > 0) options.cpu_stepped_weight_copies = 3.0 * tensor;
   ASSIGN_OR_RETURN(options.schedule, ParseSchedule(r.schedule));
   for (const v1::ManualStage& s : r.spec.parallelism().manual_stages()) {
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});

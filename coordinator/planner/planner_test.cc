@@ -245,6 +245,43 @@ TEST(PlanJobMemory, TheHeadsLogitGradientCountsAgainstItsWorker) {
   EXPECT_TRUE(planned.ok()) << planned.status();
 }
 
+// A job with checkpoints: each CPU worker also holds its checkpoint's
+// snapshot of what it steps (weights and both AdamW moments, 3x their
+// bytes) while one is written, so a worker that fits everything else but
+// that is refused. A GPU worker's snapshot is in host memory, not its
+// GPU's.
+TEST(PlanJobMemory, CheckpointSnapshotCountsAgainstACpuWorkerOnly) {
+  v1::JobSpec spec = SmallSpec(2, 2);  // uniform: units 0-2 | 3-5
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  ClusterSpec cluster = testing::TestCluster(2, 0, 0);
+  const double without =
+      BiPartitionCosts(MakeBiPartitionProblem(profile, cluster)).Memory(1, {3, 6}, {3, 6});
+  double stepped = 0;
+  for (int u = 3; u < 6; ++u) stepped += profile.units[u].weight_bytes;
+  ASSERT_GT(stepped, 0);
+  cluster.workers[1].memory_bytes = std::ceil(without) + 1024;
+  absl::StatusOr<CompiledPlan> refused = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "worker w1 would need"))
+      << refused.status();
+  // Without checkpoints it fits; so it does with room for the snapshot.
+  v1::JobSpec no_checkpoints = spec;
+  no_checkpoints.mutable_checkpoint()->set_interval_steps(0);
+  EXPECT_TRUE(
+      PlanJob(ResolveJobSpec(no_checkpoints).value(), "job", 1, profile, cluster, "analytic").ok());
+  cluster.workers[1].memory_bytes = std::ceil(without + 3 * stepped);
+  absl::StatusOr<CompiledPlan> planned = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_TRUE(planned.ok()) << planned.status();
+  // On GPUs, the room the plan needs is without it.
+  cluster.workers[1].memory_bytes = std::ceil(without) + 1024;
+  for (WorkerSpec& w : cluster.workers) w.gpu = true;
+  planned = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_TRUE(planned.ok()) << planned.status();
+}
+
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
   v1::JobSpec spec = SmallSpec(2, 4);
   absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);

@@ -25,6 +25,11 @@ absl::StatusOr<BiPartitionProblem> MakeProblem(const ModelProfile& profile,
                                                const PlanOptions& options) {
   BiPartitionProblem problem = MakeBiPartitionProblem(profile, cluster);
   problem.micro_batches = options.micro_batches;
+  if (options.cpu_stepped_weight_copies != 0) {
+    for (const WorkerSpec& w : cluster.workers) {
+      problem.stepped_weight_copies.push_back(w.gpu ? 0.0 : options.cpu_stepped_weight_copies);
+    }
+  }
   problem.schedule = options.schedule == Schedule::kGPipe ? BiPartitionSchedule::kGPipe
                                                           : BiPartitionSchedule::kOneFOneB;
   if (options.objective == "paper") {

@@ -164,6 +164,11 @@ absl::Status CheckIdArgument(absl::string_view field, absl::string_view id);
 // Profiles a job tries on workers that leave during them (JobManager::
 // FinishProfiling) before it plans on the analytic profile.
 inline constexpr int kMaxProfileAttempts = 3;
+// How long a profile that ran past the fetch's deadline keeps later jobs
+// of the same model, device and build from profiling it (they plan on the
+// analytic profile), and how many such keys are remembered.
+inline constexpr absl::Duration kProfileTimeoutMemory = absl::Hours(1);
+inline constexpr size_t kMaxProfileTimeouts = 64;
 
 // How long after a job ended its checkpoint directory's second sweep waits
 // at most for the job's workers to report that they stopped: a worker
@@ -770,7 +775,8 @@ class JobManager {
   // profile_error and the analytic profile; but a failure of a worker that
   // has since been drained or left (its profile was cut short as it
   // stopped) leaves the job to be profiled again on another worker, up to
-  // kMaxProfileAttempts times.
+  // kMaxProfileAttempts times. A fetch past its deadline is remembered for
+  // later jobs (profile_timeouts_).
   void FinishProfiling(const std::string& job_id, const std::string& key, const std::string& worker,
                        const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
@@ -1278,6 +1284,17 @@ class JobManager {
   std::function<void(const std::string&)> cancel_fetches_to_;  // likewise; may be empty
   JobEvents events_;        // likewise
   ProfileCache profiles_;
+  // Profile keys whose fetch ran past its deadline (the model takes longer
+  // to profile there than the coordinator waits, which a later try would
+  // too): until when (elapsed_clock_) their jobs plan on the analytic
+  // profile without trying, and why. Each such job held every later one
+  // (they wait while a job is profiled) for the whole deadline, then
+  // planned on the analytic profile anyway. At most kMaxProfileTimeouts.
+  struct ProfileTimeout {
+    absl::Time until;
+    std::string error;
+  };
+  std::map<std::string, ProfileTimeout> profile_timeouts_ ABSL_GUARDED_BY(mu_);
   // Profile fetches in flight or done and not yet joined: a finished one is
   // joined when the next starts (ReapProfilersLocked), so a long-lived
   // coordinator holds no thread per profiled job.

@@ -220,6 +220,19 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   // runs each of its units on one worker, and such units killed workers
   // (out of memory) before the plan was refused.
   const std::string unfit = NotProfiledForMemory(record, request, workers);
+  if (auto timed_out = profile_timeouts_.find(key);
+      timed_out != profile_timeouts_.end() && record.profile_error.empty()) {
+    const absl::Duration left = timed_out->second.until - elapsed_clock_->Now();
+    if (left > absl::ZeroDuration()) {
+      record.profile_error =
+          absl::StrCat("an earlier job's profile of this model (on ", kind,
+                       ") ran past the coordinator's deadline (", timed_out->second.error,
+                       "); not tried again for another ",
+                       absl::FormatDuration(absl::Ceil(left, absl::Minutes(1))));
+    } else {
+      profile_timeouts_.erase(timed_out);
+    }
+  }
   if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
     ReapProfilersLocked();
     auto done = std::make_shared<std::atomic<bool>>(false);
@@ -326,6 +339,16 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
         // fetcher quoted, or the stored job would not parse back.
         record->profile_error = ValidUtf8(profile.status().ToString());
         PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
+        if (profile.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          if (profile_timeouts_.size() >= kMaxProfileTimeouts && !profile_timeouts_.count(key)) {
+            // The one that expires first goes.
+            profile_timeouts_.erase(std::min_element(
+                profile_timeouts_.begin(), profile_timeouts_.end(),
+                [](const auto& a, const auto& b) { return a.second.until < b.second.until; }));
+          }
+          profile_timeouts_[key] = {elapsed_clock_->Now() + kProfileTimeoutMemory,
+                                    record->profile_error};
+        }
       }
     }
     if (record != nullptr && record->job.state() == v1::JOB_STATE_PROFILING) {

@@ -2422,6 +2422,48 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   EXPECT_EQ(plan.candidates_size(), 3);
 }
 
+// A profile that ran past the fetch's deadline would again: later jobs of
+// the model plan on the analytic profile at once, saying why, rather than
+// each hold the queue for the whole deadline; an hour later it is tried
+// again. Another failure (a worker gone) is not remembered.
+TEST_F(JobManagerTest, ProfilingTimesOut_LaterJobsOfTheModelDoNotWaitForItAgain) {
+  int calls = 0;
+  absl::Status answer = absl::DeadlineExceededError("Deadline Exceeded");
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    return answer;
+  });
+  int port = 7001;
+  const auto run_one = [&] {  // on two new workers (the clock moves past the others' heartbeats)
+    AddWorker(port++);
+    AddWorker(port++);
+    const std::string id = Submit(SmallSpec(2)).value().id();
+    jobs_.AwaitProfiling();
+    background_.RunAll();
+    EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+    const std::string source = jobs_.GetPlan(id).value().profile_source();
+    EXPECT_TRUE(jobs_.Cancel(id).ok());
+    return source;
+  };
+  EXPECT_TRUE(absl::StrContains(run_one(), "profiling failed: DEADLINE_EXCEEDED"));
+  EXPECT_EQ(calls, 1);
+  clock_.Advance(absl::Minutes(30));
+  const std::string second = run_one();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(absl::StrContains(second,
+                                "profiling failed: an earlier job's profile of this model (on "
+                                "cpu:) ran past the coordinator's deadline (DEADLINE_EXCEEDED: "
+                                "Deadline Exceeded); not tried again for another 30m"))
+      << second;
+  clock_.Advance(absl::Minutes(31));
+  answer = absl::UnavailableError("worker gone");
+  EXPECT_TRUE(absl::StrContains(run_one(), "profiling failed: UNAVAILABLE: worker gone"));
+  EXPECT_EQ(calls, 2);
+  run_one();
+  EXPECT_EQ(calls, 3);
+}
+
 // A worker's error text may hold any bytes (gRPC decodes a status
 // message's %XX escapes): saved with the job in the plan's profile_source,
 // one that is not UTF-8 would not parse back, and the coordinator would

@@ -32,6 +32,7 @@
 #include "common/clock.h"
 #include "common/data_plane_keys.h"
 #include "common/proto_time.h"
+#include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/small_spec_testing.h"
@@ -65,7 +66,8 @@ v1::JobSpec AutoLayoutSpec(int workers, int tensor) {
   return spec;
 }
 
-std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
+// Each case's own (job ids restart at job-1 in every case).
+std::string OutputDir() { return TestCaseDir(); }
 
 // A job's workers, in stage order, as a vector to compare.
 std::vector<std::string> WorkerIdsOf(const v1::Job& job) {

@@ -23,6 +23,7 @@
 #include "common/device_kind.h"
 #include "common/link_model.h"
 #include "common/proto_time.h"
+#include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
@@ -38,7 +39,8 @@ namespace {
 v1::JobSpec SmallSpec(int stages) { return SmallJobSpec(stages); }
 
 // The test's output directory (the coordinator's --output-dir).
-std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
+// Each case's own (job ids restart at job-1 in every case).
+std::string OutputDir() { return TestCaseDir(); }
 
 // One chunk carrying a whole tensor of the model, values 0, 1, 2, ...
 v1::WeightsChunk WholeTensor(const std::string& worker, const std::string& job,

@@ -194,6 +194,16 @@ class ElasticClusterTest : public ::testing::Test {
     cluster_->worker(process).Signal(SIGKILL);
     return victim;
   }
+  // The job's last plan went on from a checkpoint (every 5 steps), not
+  // from step 0: training is deterministic, so a recovery that ignored the
+  // checkpoint and started over would still end as train-local does.
+  static void ExpectResumedFromACheckpoint(const v1::Job& job) {
+    ASSERT_GE(job.plan_history_size(), 2);
+    const v1::PlanVersion& last = job.plan_history(job.plan_history_size() - 1);
+    EXPECT_GT(last.start_step(), 0) << last.reason();
+    EXPECT_EQ(last.start_step() % 5, 0) << last.reason();
+    EXPECT_TRUE(absl::StrContains(last.reason(), "resumed from checkpoint step")) << last.reason();
+  }
   // Runs the job to its end and checks it against train-local.
   v1::Job Finish(const std::string& id) {
     const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
@@ -359,6 +369,7 @@ TEST_F(ElasticClusterTest, DataParallelReplicaWorkerKilled_RecoversWithWholeRepl
   EXPECT_EQ(job.progress().recoveries(), 1);
   ASSERT_EQ(job.plan_history_size(), 2);
   EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
+  ExpectResumedFromACheckpoint(job);
   ExpectCloseToTrainLocal(job);
 }
 
@@ -431,6 +442,7 @@ TEST_F(ElasticClusterTest, AutoLayoutWorkerKilled_LayoutChosenAgainOnTheRest) {
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
                                 "1 replica x 3 stages chosen by spec.parallelism.data 0 (auto)"))
       << job.plan_history(1).reason();
+  ExpectResumedFromACheckpoint(job);
   ExpectCloseToTrainLocal(job);
 }
 
@@ -543,6 +555,7 @@ TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {
   ASSERT_FALSE(KillAtStep(id, 17, 3).empty());  // stage 3 holds the head and its wte copy
   const v1::Job job = Finish(id);
   EXPECT_EQ(job.progress().recoveries(), 1);
+  ExpectResumedFromACheckpoint(job);
 }
 
 TEST_F(ElasticClusterTest, BiPartitionPlan_WorkerKilled_ReplannedWithBiPartition) {

@@ -19,7 +19,9 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -197,18 +199,27 @@ TEST_F(CubePipelineClusterTest, CubeOverTwoStages_MatchesTrainLocal) {
 // The sum over the cluster's 8 workers of the metric samples whose line
 // starts with `prefix` (name and labels, e.g.
 // pipetrain_collectives_total{purpose="tensor_parallel"}).
-double SumOverWorkers(const std::string& prefix) {
-  double total = 0;
+// Per worker process (8), the sum of its metric lines that start with
+// `prefix`.
+std::vector<double> PerWorker(const std::string& prefix) {
+  std::vector<double> totals;
   for (int w = 0; w < 8; ++w) {
     const std::string text = testing::ScrapeMetrics(testing::WorkerMetricsPort("tp", w));
+    double total = 0;
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
       if (!absl::StartsWith(line, prefix)) continue;
       double value = 0;
       EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
       total += value;
     }
+    totals.push_back(total);
   }
-  return total;
+  return totals;
+}
+
+double SumOverWorkers(const std::string& prefix) {
+  const std::vector<double> totals = PerWorker(prefix);
+  return std::accumulate(totals.begin(), totals.end(), 0.0);
 }
 
 // The units' all-reduces show in the workers' metrics: per micro-batch and
@@ -274,9 +285,16 @@ TEST_F(TensorParallelClusterTest, HybridCompression_TwelveTimesFewerBytesJobTrai
   EXPECT_GE(raw_bytes / wire_bytes, 12.0) << raw_bytes << " fp32 bytes, " << wire_bytes << " sent";
   std::printf("compressed tensor-parallel all-reduces: %.0f fp32 bytes, %.0f sent (%.1fx)\n",
               raw_bytes, wire_bytes, raw_bytes / wire_bytes);
-  const double error = SumOverWorkers("pipetrain_tensor_parallel_compression_error ");
-  EXPECT_GT(error, 0);
-  EXPECT_LT(error, 8);  // each of the 8 workers' below 1
+  // Each of the job's 4 workers (T = 2 x 2 stages) reports its last
+  // relative error, in (0, 1): better than sending zeros. (A sum over the
+  // 8 workers, 4 of them at 0, allowed one rank's 7.9.)
+  int reporting = 0;
+  for (double error : PerWorker("pipetrain_tensor_parallel_compression_error ")) {
+    EXPECT_GE(error, 0);
+    EXPECT_LT(error, 1);
+    reporting += error > 0 ? 1 : 0;
+  }
+  EXPECT_GE(reporting, 4);
 }
 
 // Bad input: INVALID_ARGUMENT naming the field, before anything runs.

@@ -30,11 +30,16 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
     StartRead(&chunk_);
   }
 
+  // Abandoned by the client (its stream broke, or its deadline passed):
+  // the worker's slot is freed now, whether a read is pending or a chunk
+  // waits on the strand (behind other uploads' work, or a job's weights
+  // file being reserved). The worker's retry may come before this stream's
+  // turn there, and was refused until then. (The ticket keeps this late
+  // close from freeing a newer stream's slot.)
+  void OnCancel() override { open_->Close(caller_.worker_id, ticket_); }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // Abandoned by the client (its stream broke): its retry may come
-      // before this end's turn on the strand, behind other uploads' work.
-      if (context_->IsCancelled()) open_->Close(caller_.worker_id, ticket_);
       executor_->Post([this] { HandleEnd(); });
       return;
     }

@@ -54,6 +54,12 @@ class FakeReader final : public grpc::ServerCallbackReader<v1::WeightsChunk> {
   // Ends the client's side of the stream.
   bool EndStream() { return Complete(nullptr); }
 
+  // Whether the reactor finished the call already (no wait).
+  bool Finished() {
+    AnnotatedMutexLock lock(&mu_);
+    return status_.has_value();
+  }
+
   // The call's status once the reactor finished it.
   std::optional<grpc::Status> AwaitStatus() {
     AnnotatedMutexLock lock(&mu_);
@@ -119,7 +125,7 @@ class WeightsUploadTest : public ::testing::Test {
     return Start(reader, authorization_);
   }
   grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader,
-                                                  const std::string& authorization) {
+                                                   const std::string& authorization) {
     grpc::ServerReadReactor<v1::WeightsChunk>* reactor = NewWeightsUpload(
         &context_, authorization, &auth_, &metrics_, &jobs_,
         [this](const std::string&) { return &executor_; }, &open_);
@@ -186,6 +192,42 @@ TEST_F(WeightsUploadTest, SecondUploadWhileOneIsOpen_UnavailableToRetry) {
   fourth_call->OnDone();
   ASSERT_TRUE(third.EndStream());
   ASSERT_TRUE(third.AwaitStatus().has_value());
+  again->OnDone();
+}
+
+// A stream the client abandons while its chunk waits on the strand (no
+// read pending: a job's weights file being reserved, or a slow write, holds
+// the strand) frees its worker's slot at once: the worker's retry is read,
+// not refused UNAVAILABLE until the abandoned chunk's turn comes.
+TEST_F(WeightsUploadTest, CancelledWhileItsChunkWaitsOnTheStrand_RetryNotRefused) {
+  AnnotatedMutex gate_mu;
+  bool open_gate = false;
+  executor_.Post([&] {  // holds the strand until the test opens the gate
+    AnnotatedMutexLock lock(&gate_mu);
+    EXPECT_TRUE(gate_mu.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu) { return open_gate; }, kWait));
+  });
+  FakeReader first;
+  grpc::ServerReadReactor<v1::WeightsChunk>* abandoned = Start(first);
+  ASSERT_TRUE(first.Deliver(Chunk(job_id_, 0)));  // queued behind the gate
+  abandoned->OnCancel();                          // as gRPC does when the client goes away
+  FakeReader retry;
+  grpc::ServerReadReactor<v1::WeightsChunk>* again = Start(retry);
+  EXPECT_FALSE(retry.Finished()) << retry.AwaitStatus()->error_message();
+  {
+    AnnotatedMutexLock lock(&gate_mu);
+    open_gate = true;
+  }
+  // The abandoned stream's chunk is handled and its next read fails.
+  ASSERT_TRUE(first.EndStream());
+  ASSERT_TRUE(first.AwaitStatus().has_value());
+  abandoned->OnDone();  // late: frees nothing of the retry's
+  ASSERT_TRUE(retry.Deliver(Chunk(job_id_, 0)));
+  ASSERT_TRUE(retry.Deliver(Chunk(job_id_, 4)));
+  ASSERT_TRUE(retry.EndStream());
+  const std::optional<grpc::Status> status = retry.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
   again->OnDone();
 }
 

@@ -232,11 +232,14 @@ class JobRunner {
   // readiness or a failure said twice is said once.
   absl::StatusOr<v1::ReportProgressResponse> ReportWithRetries(const v1::ReportProgressRequest& r);
   // The final weights' upload, sent again whole as reports are (the same
-  // waits, for as long, not after a stop): a coordinator that restarted or
-  // lost its leadership while this stage uploaded has no part of the file,
-  // and one that lost only the answer takes the same chunks twice (each
-  // chunk rewrites its own range; the job completes only after this
-  // stage's final report, which follows the upload).
+  // waits, for as long, not after a stop): a coordinator unreachable for a
+  // while (UNAVAILABLE, no answer) may have none of the stream, and one
+  // that lost only the answer takes the same chunks twice (each chunk
+  // rewrites its own range; the job completes only after this stage's
+  // final report, which follows the upload). A coordinator that restarted
+  // or lost its leadership meanwhile refuses this worker's old session
+  // (UNAUTHENTICATED, not retried): its job resumes from its last
+  // checkpoint instead.
   absl::Status UploadWeightsWithRetries(const std::vector<Parameter*>& params);
   // Calls `attempt` until it returns OK or an error whose outcome is known
   // (OutcomeUnknown: UNAVAILABLE, DEADLINE_EXCEEDED), the runner stops, or

@@ -1273,8 +1273,7 @@ TEST(JobRunnerTest, CheckpointReport_SentAgainThroughALongOutage) {
 }
 
 // The final weights' upload is sent again, whole, when the coordinator
-// could not take it (UNAVAILABLE: a restart or a leader change mid-stream),
-// as reports are; before, the stage failed the job at its very end. An
+// could not take it (UNAVAILABLE: unreachable for a while), as reports are; before, the stage failed the job at its very end. An
 // error that says the upload is wrong is not retried: the stage reports it.
 TEST(JobRunnerTest, WeightsUpload_SentAgainAfterUnavailable_OtherErrorsNot) {
   for (const absl::StatusCode code :

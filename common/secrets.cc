@@ -49,14 +49,27 @@ bool IsSha256Hex(absl::string_view s) {
 }
 
 std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces) {
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  PT_CHECK(context != nullptr && EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) == 1);
-  for (absl::string_view piece : pieces) {
-    PT_CHECK(EVP_DigestUpdate(context.get(), piece.data(), piece.size()) == 1);
-  }
+  Sha256Stream sha;
+  for (absl::string_view piece : pieces) sha.Update(piece);
+  return sha.FinishHex();
+}
+
+// OpenSSL's digest calls fail only for a broken library or out of memory,
+// which no input can cause.
+Sha256Stream::Sha256Stream() : context_(EVP_MD_CTX_new()) {
+  PT_CHECK(context_ != nullptr && EVP_DigestInit_ex(context_, EVP_sha256(), nullptr) == 1);
+}
+
+Sha256Stream::~Sha256Stream() { EVP_MD_CTX_free(context_); }
+
+void Sha256Stream::Update(absl::string_view data) {
+  PT_CHECK(EVP_DigestUpdate(context_, data.data(), data.size()) == 1);
+}
+
+std::string Sha256Stream::FinishHex() {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  PT_CHECK(EVP_DigestFinal_ex(context.get(), digest, &length) == 1);
+  PT_CHECK(EVP_DigestFinal_ex(context_, digest, &length) == 1);
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
 }
 

@@ -17,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX (Sha256Stream)
+
 namespace pipetrain {
 
 // Longest secret accepted from a flag, file or request (bytes): far above a
@@ -55,6 +57,23 @@ std::string Sha256Hex(absl::string_view data);
 // SHA-256 of the concatenation of `pieces`, without concatenating them
 // (a training checkpoint's tensors: gigabytes).
 std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces);
+
+// SHA-256 of data given piece by piece, for data not held whole at any
+// time (a checkpoint file read back in chunks). Not thread-safe.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+
+  void Update(absl::string_view data);
+  // The digest of everything given, lowercase hex; call once, last.
+  std::string FinishHex();
+
+ private:
+  ::evp_md_ctx_st* context_;  // OpenSSL's EVP_MD_CTX
+};
 
 // Whether `s` has Sha256Hex's form: 64 lowercase hex digits (a digest a
 // peer or a file sends, checked before it is compared or shown).

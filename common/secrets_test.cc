@@ -64,6 +64,19 @@ TEST(Sha256HexTest, KnownDigests_WholeAndInPieces) {
   EXPECT_FALSE(IsSha256Hex(std::string(62, 'a') + "\xc3\xa9"));  // 64 bytes, not hex
 }
 
+// FIPS 180-2's million 'a's, given in uneven chunks.
+TEST(Sha256StreamTest, MillionAs_InChunks) {
+  Sha256Stream sha;
+  const std::string chunk(4093, 'a');
+  int64_t given = 0;
+  while (given + 4093 <= 1000000) {
+    sha.Update(chunk);
+    given += 4093;
+  }
+  sha.Update(std::string(1000000 - given, 'a'));
+  EXPECT_EQ(sha.FinishHex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
 // A token or key file: readable by others is what the warning is about;
 // owner- or group-only (a Kubernetes Secret volume's 0440) is not.
 TEST(ReadableByOthersTest, ModesOfTheFile) {

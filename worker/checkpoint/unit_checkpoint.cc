@@ -71,13 +71,14 @@ absl::Status ReaderTrouble(int error, absl::string_view what, const std::string&
                                              " (this worker's trouble, not the checkpoint's)"));
 }
 
-// Reads the whole file `name` in `dir_fd` (not through a symbolic link).
-// `recorded_bytes` >= 0: the size the file must have, checked before
-// anything is allocated for it (DATA_LOSS otherwise). A missing file is
-// NOT_FOUND and a symbolic link ELOOP's code (the checkpoint's fault);
-// any other failure to open, stat or read is UNAVAILABLE (ReaderTrouble).
-absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
-                                   int64_t recorded_bytes = -1) {
+// Opens the file `name` in `dir_fd` (not through a symbolic link) to read
+// it whole, and says its size. `recorded_bytes` >= 0: the size the file
+// must have, checked before anything is read (DATA_LOSS otherwise). A
+// missing file is NOT_FOUND and a symbolic link ELOOP's code (the
+// checkpoint's fault); any other failure to open or stat is UNAVAILABLE
+// (ReaderTrouble).
+absl::StatusOr<ScopedFd> OpenToReadAt(int dir_fd, const std::string& name, const std::string& path,
+                                      int64_t recorded_bytes, int64_t* size) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
   ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
@@ -97,7 +98,17 @@ absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const st
   if (st.st_size > kMaxUnitFileBytes) {
     return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; too large"));
   }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  *size = st.st_size;
+  return fd;
+}
+
+// Reads the whole file `name` in `dir_fd` (OpenToReadAt's checks and
+// codes); a failure to read is UNAVAILABLE.
+absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
+                                   int64_t recorded_bytes = -1) {
+  int64_t size = 0;
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenToReadAt(dir_fd, name, path, recorded_bytes, &size));
+  std::string bytes(static_cast<size_t>(size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
@@ -108,6 +119,28 @@ absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const st
   }
   bytes.resize(done);
   return bytes;
+}
+
+// The size and SHA-256 of the file `name` in `dir_fd` (OpenToReadAt's
+// checks and codes), read in chunks of 1 MiB: a unit file read back whole
+// to hash it added its size to the writer's memory beside the stage's
+// snapshot (3x the unit's weights), which the plan does not budget.
+absl::StatusOr<std::pair<int64_t, std::string>> SizeAndSha256At(int dir_fd, const std::string& name,
+                                                                const std::string& path) {
+  int64_t size = 0;
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenToReadAt(dir_fd, name, path, -1, &size));
+  Sha256Stream sha;
+  std::string chunk(size_t{1} << 20, '\0');
+  int64_t done = 0;
+  for (;;) {
+    const ssize_t n = read(fd.get(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ReaderTrouble(errno, "cannot read", path);
+    if (n == 0) break;
+    sha.Update(absl::string_view(chunk.data(), static_cast<size_t>(n)));
+    done += n;
+  }
+  return std::make_pair(done, sha.FinishHex());
 }
 
 SafetensorsMetadata MetadataFor(const CheckpointIdentity& id, int unit, int64_t step,
@@ -321,12 +354,12 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     }
     RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
-    ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
+    ASSIGN_OR_RETURN(const auto size_and_sha, SizeAndSha256At(parent.dir.get(), parent.name, path));
     v1::UnitFile file;
     file.set_unit(unit.unit);
     file.set_file(parent.name);
-    file.set_bytes(static_cast<int64_t>(bytes.size()));
-    file.set_sha256(Sha256Hex(bytes));
+    file.set_bytes(size_and_sha.first);
+    file.set_sha256(size_and_sha.second);
     files.push_back(std::move(file));
     last_dir = std::move(parent.dir);
   }

@@ -2452,6 +2452,55 @@ TEST_F(JobManagerElasticTest, Drain_LostOrLeftWorker_RefusedSayingSo) {
   EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
 }
 
+// Across a coordinator restart: a drain whose answer was lost (or was
+// UNAVAILABLE, "drain again") but that the store recorded is answered as
+// done; and a worker restored LOST, not yet heard from, may be drained: its
+// process registering again is drained. Both were refused as LOST ("a new
+// incarnation this drain would not cover"), and a worker whose drain was
+// not recorded went back into its recovering job at once. One lost in
+// this coordinator's own time is still refused.
+TEST(DrainAcrossARestartTest, RecordedDrainAnsweredAndRestoredWorkerDrainable) {
+  FakeClock clock;
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  WorkerRegistry::Options options{"", absl::Seconds(1), absl::Seconds(5), &clock};
+  options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
+  const auto request = [](int port) {
+    v1::RegisterWorkerRequest r;
+    r.set_data_address("127.0.0.1:" + std::to_string(port));
+    return r;
+  };
+  {
+    WorkerRegistry before(options);
+    for (int port : {7001, 7002, 7003}) ASSERT_TRUE(before.Register(request(port)).ok());
+    ASSERT_TRUE(before.MarkDrained("w-1", 1).ok());  // its answer lost
+  }
+  const absl::StatusOr<std::vector<v1::Worker>> saved = state.LoadWorkers();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  WorkerRegistry after(options);
+  after.Restore(*saved);
+  AssignmentHub hub;
+  JobManager jobs(&after, &hub, &clock, JobManagerOptions{.output_dir = OutputDir()});
+  absl::StatusOr<v1::Worker> drained = jobs.Drain("w-1");
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(drained->drained());
+  drained = jobs.Drain("w-2");
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(drained->drained());
+  v1::RegisterWorkerRequest same = request(7002);
+  same.set_previous_incarnation(1);
+  ASSERT_TRUE(after.Register(same).ok());
+  EXPECT_TRUE(after.Get("w-2")->drained());
+  EXPECT_TRUE(jobs.IsDrained(after.Get("w-2").value()));
+  // w-3 registers as a new process, then is lost here: refused.
+  ASSERT_TRUE(after.Register(request(7003)).ok());
+  after.MarkLost("w-3", after.Get("w-3")->incarnation(), "killed");
+  const absl::Status refused = jobs.Drain("w-3").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "is LOST")) << refused;
+}
+
 // A JOINING worker's registration may yet fail to save, and the process
 // then registers again as an incarnation the drain would not cover, while
 // the drain had answered OK: refused as retryable until it is READY.

@@ -624,10 +624,26 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
 
 absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id) {
   ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
+  // Idempotent: asked again, nothing more happens (the boundary's reason
+  // would otherwise grow with every call, and with it the stored job). So
+  // too across a restart: a drain answered UNAVAILABLE ("drain again"), or
+  // not answered, that the store recorded is restored with the worker,
+  // LOST until its process registers again, and kept then.
+  if (IsDrainedLocked(worker)) {
+    worker.set_drained(true);
+    return worker;
+  }
   // A LOST or LEFT incarnation is out of service already, and the drain
   // would not cover the next one (drained_ holds the incarnation): saying
   // "draining" would tell the operator something that is not happening.
-  if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
+  // But one LOST only because this coordinator restored it may be alive:
+  // its process registering again keeps a drain of the restored
+  // incarnation (WorkerRegistry::MarkDrained), and its recovering job
+  // would otherwise take it back at once.
+  const bool restored_unheard =
+      worker.state() == v1::WORKER_STATE_LOST && registry_->RestoredUnheard(worker_id);
+  if ((worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) &&
+      !restored_unheard) {
     return absl::FailedPreconditionError(absl::StrCat(
         worker_id, " is ", EnumShortName(worker.state()),
         ": out of service already; a process that registers again under this id is a new "
@@ -656,7 +672,7 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
     record = RecoveryCountingOnLocked(worker_id);
     counted_spare = record != nullptr;
   }
-  if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
+  if (record != nullptr && !IsTerminal(record->job.state())) {
     if (record->checkpoints == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           worker_id, " runs job ", record->job.id(),
@@ -682,12 +698,6 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
                           : "",
           "; add a worker first"));
     }
-  }
-  // Idempotent: asked again, nothing more happens (the boundary's reason
-  // would otherwise grow with every call, and with it the stored job).
-  if (IsDrainedLocked(worker_id)) {
-    worker.set_drained(true);
-    return worker;
   }
   drained_[worker_id] = worker.incarnation();
   PT_LOG(INFO) << "draining " << worker_id;

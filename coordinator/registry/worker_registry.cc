@@ -655,6 +655,13 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
   }
 }
 
+bool WorkerRegistry::RestoredUnheard(const std::string& worker_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(worker_id);
+  return entry != nullptr && entry->restored_unheard &&
+         entry->worker.state() == v1::WORKER_STATE_LOST;
+}
+
 absl::Status WorkerRegistry::MarkDrained(const std::string& worker_id, int64_t incarnation) {
   std::future<absl::Status> saving;
   {

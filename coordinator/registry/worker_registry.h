@@ -245,6 +245,11 @@ class WorkerRegistry {
   // UNAVAILABLE with persist's message when the save failed (the flag stays
   // set here).
   absl::Status MarkDrained(const std::string& worker_id, int64_t incarnation);
+  // Whether `worker_id` is LOST only because this coordinator restored it
+  // (Restore) and has not heard from it since: its process may still be
+  // alive and register again as the same process (previous_incarnation),
+  // which keeps a drain marked on the restored incarnation.
+  bool RestoredUnheard(const std::string& worker_id) const;
 
   // The coordinator knows incarnation `incarnation` of the worker is gone
   // before its lease runs out (its assignment stream closed): if it is

@@ -837,7 +837,7 @@ absl::Status JobRunner::RunJob() {
                const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
           ReportCheckpoint(step, seconds, files);
         },
-        options_.checkpoint_hold);
+        options_.checkpoint_hold, [this] { return stop_.load(); });
   }
   // In a device group a receive returns before its data arrive, so nothing
   // else keeps the host from queuing iterations far ahead of its GPU (each

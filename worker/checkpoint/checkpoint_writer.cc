@@ -8,12 +8,13 @@
 namespace pipetrain {
 
 CheckpointWriter::CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity,
-                                   Done done, CheckpointHold hold)
+                                   Done done, CheckpointHold hold, std::function<bool()> stopped)
     : root_(std::move(root)),
       dir_(std::move(dir)),
       identity_(std::move(identity)),
       done_(std::move(done)),
-      hold_(std::move(hold)) {}
+      hold_(std::move(hold)),
+      stopped_(std::move(stopped)) {}
 
 CheckpointWriter::~CheckpointWriter() { Wait(); }
 
@@ -28,7 +29,7 @@ void CheckpointWriter::Submit(StageSnapshot snapshot) {
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<v1::UnitFile>> files =
-        WriteStageCheckpoint(root_, dir_, snapshot, identity_);
+        WriteStageCheckpoint(root_, dir_, snapshot, identity_, stopped_);
     done_(snapshot.step, absl::ToDoubleSeconds(absl::Now() - start), files);
   });
 }

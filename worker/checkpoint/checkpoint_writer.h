@@ -30,8 +30,12 @@ class CheckpointWriter {
                                   const absl::StatusOr<std::vector<v1::UnitFile>>& files)>;
 
   // `hold`: a test's (checkpoint_hold.h); a write it claims never ends.
+  // `stopped` (may be empty): once true, a write in progress ends after its
+  // current unit file, CANCELLED (WriteStageCheckpoint), so a stopped
+  // stage's STOP and its job's recovery do not wait for a write nobody
+  // takes, nor does it leave files in an ended job's swept directories.
   CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity, Done done,
-                   CheckpointHold hold = {});
+                   CheckpointHold hold = {}, std::function<bool()> stopped = nullptr);
   ~CheckpointWriter();  // Wait()
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -46,6 +50,7 @@ class CheckpointWriter {
   const CheckpointIdentity identity_;
   const Done done_;
   const CheckpointHold hold_;
+  const std::function<bool()> stopped_;
   AnnotatedMutex mu_;  // serialises Submit and Wait
   std::thread writing_ ABSL_GUARDED_BY(mu_);
 };

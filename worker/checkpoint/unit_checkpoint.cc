@@ -301,15 +301,19 @@ std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step
 
 std::string UnitFileName(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
 
-absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string& root,
-                                                               const std::string& dir,
-                                                               const StageSnapshot& snapshot,
-                                                               const CheckpointIdentity& identity) {
+absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
+    const std::string& root, const std::string& dir, const StageSnapshot& snapshot,
+    const CheckpointIdentity& identity, const std::function<bool()>& stopped) {
   RETURN_IF_ERROR(CheckSnapshotFinite(snapshot));
   const std::string step_dir = absl::StrCat(dir, "/", StepDirName(snapshot.step));
   std::vector<v1::UnitFile> files;
   ScopedFd last_dir;
   for (const UnitState& unit : snapshot.units) {
+    if (stopped && stopped()) {
+      return absl::CancelledError(absl::StrCat("checkpoint ", step_dir,
+                                               ": the stage stopped after ", files.size(), " of ",
+                                               snapshot.units.size(), " unit files"));
+    }
     const std::string relative = absl::StrCat(step_dir, "/", UnitFileName(unit.unit));
     ASSIGN_OR_RETURN(ConfinedParent parent,
                      OpenConfinedParent(root, kCheckpointRootFlag, "spec.checkpoint.dir", relative,

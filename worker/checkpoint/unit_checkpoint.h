@@ -45,6 +45,7 @@
 #define PIPETRAIN_WORKER_CHECKPOINT_UNIT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -168,11 +169,14 @@ std::string UnitFileName(int unit);
 // file is written: an infinite gradient element makes NaN weights while
 // its step's loss is still finite (the next step's loss stops the job,
 // worker/train/divergence.h), and such a checkpoint would become the
-// latest, the one a resume or an export takes.
-absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string& root,
-                                                               const std::string& dir,
-                                                               const StageSnapshot& snapshot,
-                                                               const CheckpointIdentity& identity);
+// latest, the one a resume or an export takes. `stopped` (may be empty)
+// is asked before each unit: once true, CANCELLED and no more files nor
+// directories (the stage stopped: the coordinator takes no report of this
+// write, and an ended job's step directories are swept, which a write
+// going on would create again).
+absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
+    const std::string& root, const std::string& dir, const StageSnapshot& snapshot,
+    const CheckpointIdentity& identity, const std::function<bool()>& stopped = nullptr);
 
 // Reads unit `expected.unit` of checkpoint `from` (from.dir relative to
 // `root`), checking in order: the root and the directories on the way

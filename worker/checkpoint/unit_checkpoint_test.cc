@@ -667,6 +667,30 @@ TEST_F(UnitCheckpointTest, NonFiniteState_IsRefusedAndWritesNothing) {
   }
 }
 
+// A stage that stops while its checkpoint is written: the write ends after
+// the unit file in progress, CANCELLED, and writes nothing more (a STOP
+// and the job's recovery waited for the whole write, whose report nobody
+// takes; an ended job's swept step directory was created again).
+TEST_F(UnitCheckpointTest, StoppedDuringTheWrite_CancelledAfterTheCurrentUnit) {
+  const std::vector<UnitState> units = {MakeUnit(0, 0, true), MakeUnit(1, 1, true),
+                                        MakeUnit(2, 2, true)};
+  int asked = 0;
+  absl::StatusOr<std::vector<v1::UnitFile>> files = WriteStageCheckpoint(
+      root_, "ck/stopped", StageSnapshot{5, 5, units}, id_, [&asked] { return ++asked > 1; });
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled) << files.status();
+  EXPECT_TRUE(absl::StrContains(files.status().message(), "stopped after 1 of 3 unit files"))
+      << files.status();
+  const std::string step_dir = absl::StrCat(root_, "/ck/stopped/", StepDirName(5));
+  struct stat st;
+  EXPECT_EQ(stat(absl::StrCat(step_dir, "/", UnitFileName(0)).c_str(), &st), 0);
+  EXPECT_NE(stat(absl::StrCat(step_dir, "/", UnitFileName(1)).c_str(), &st), 0);
+  // Stopped before the first unit: not even the step directory.
+  files = WriteStageCheckpoint(root_, "ck/stopped-early", StageSnapshot{5, 5, units}, id_,
+                               [] { return true; });
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(stat(absl::StrCat(root_, "/ck/stopped-early").c_str(), &st), 0);
+}
+
 TEST_F(UnitCheckpointTest, EscapingDir_IsRefusedAndWritesNothing) {
   StageSnapshot snapshot{5, 5, {MakeUnit(0, 0, true)}};
   EXPECT_EQ(WriteStageCheckpoint(root_, "../escape", snapshot, id_).status().code(),

@@ -702,7 +702,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
       << data_plane_keys.size() << " keys for " << workers.size() << " workers, plan version "
       << record.plan.version() << " vs " << version;
   // What the plan gave each worker, as PlanMemoryBudgets shared it out.
-  const std::vector<double> budgets = PlanMemoryBudgets(infos);
+  const std::vector<double> host_ram = HostRamBudgets(infos);
   for (size_t g = 0; g < workers.size(); ++g) {
     const int s = static_cast<int>(g) / tensor % stages;  // the replica's stage
     v1::Assignment a;
@@ -728,7 +728,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     a.set_start_iteration(start_step);
     a.set_data_sha256(record.job.data_sha256());
     // Its corpus lives in the host's RAM, whatever its device's memory.
-    if (infos[g].device().gpu_model().empty()) a.set_host_memory_budget_bytes(budgets[g]);
+    a.set_host_memory_budget_bytes(host_ram[g]);
     for (int t = 0; t < stages; ++t) {
       const v1::UnitRange& b = record.plan.stages(t * tensor).backward();
       if (b.end() > b.begin()) a.add_optimizer_stages(t);

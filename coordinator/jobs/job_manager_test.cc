@@ -1117,6 +1117,28 @@ TEST_F(JobManagerTest, WorkersSharingAHostsRam_EachAssignedItsShare) {
   EXPECT_EQ(AssignmentOf(b).host_memory_budget_bytes(), kRam / 2);
 }
 
+// So does a GPU worker: its corpus lives in the host's RAM, not its GPU's
+// memory, and it was sent no share (each held its corpus to a third of the
+// whole RAM).
+TEST_F(JobManagerTest, GpuWorkersSharingAHostsRam_EachAssignedItsShare) {
+  constexpr int64_t kRam = 1000000;
+  std::vector<std::string> w;
+  for (int g = 0; g < 2; ++g) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(7001 + g));
+    request.mutable_device()->set_hostname("dgx");
+    request.mutable_device()->set_memory_bytes(kRam);
+    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
+    request.mutable_device()->set_gpu_index(g);
+    request.mutable_device()->set_gpu_memory_bytes(int64_t{80} << 30);
+    w.push_back(registry_.Register(request).value().worker_id());
+  }
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  EXPECT_EQ(AssignmentOf(w[0]).host_memory_budget_bytes(), kRam / 2);
+  EXPECT_EQ(AssignmentOf(w[1]).host_memory_budget_bytes(), kRam / 2);
+}
+
 TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsReported) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);

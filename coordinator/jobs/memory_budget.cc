@@ -98,6 +98,12 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
   return out;
 }
 
+std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers) {
+  std::vector<v1::Worker> on_the_host = workers;
+  for (v1::Worker& w : on_the_host) w.mutable_device()->clear_gpu_model();
+  return PlanMemoryBudgets(on_the_host);
+}
+
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,
                                     const std::vector<v1::Worker>& beside) {
   constexpr double kUnlimited = std::numeric_limits<double>::infinity();

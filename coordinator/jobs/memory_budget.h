@@ -42,6 +42,14 @@ namespace pipetrain {
 std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
                                       std::string* shared = nullptr);
 
+// Each worker's share of its host's RAM in a plan (bytes; 0: unlimited),
+// as PlanMemoryBudgets divides it among CPU workers, with GPU workers
+// counted as CPU ones: a GPU worker's corpus and host copies live in the
+// host's RAM, whatever its device's memory (Assignment.host_memory_budget_
+// bytes). Eight GPU workers of a host without limits of their own each
+// held their corpus to a third of the whole RAM.
+std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
+
 // Which `count` of `workers` have the most memory for a plan: indices into
 // `workers`, chosen greedily, each next the worker that leaves the chosen
 // ones (itself included) the largest smallest budget as PlanMemoryBudgets

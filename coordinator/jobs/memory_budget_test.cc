@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -91,6 +92,22 @@ TEST(PlanMemoryBudgetsTest, GpuWorkers_ShareOneGpuOnly) {
 }
 
 // Unreported memory (0) stays "unlimited".
+// A GPU worker's corpus lives in its host's RAM: the RAM shares count GPU
+// workers as CPU ones (eight GPU workers of a 64 GiB host without limits
+// of their own: 8 GiB each), one with a limit of its own keeps it.
+TEST(HostRamBudgetsTest, GpuWorkersOfOneHost_ShareItsRam) {
+  std::vector<v1::Worker> w;
+  for (int g = 0; g < 8; ++g) w.push_back(GpuWorker("dgx", absl::StrCat("bus", g), g, 80 * kGiB));
+  w.push_back(GpuWorker("other", "bus0", 0, 80 * kGiB));
+  std::vector<double> expected(8, 8.0 * kGiB);
+  expected.push_back(64.0 * kGiB);
+  EXPECT_EQ(HostRamBudgets(w), expected);
+  EXPECT_EQ(PlanMemoryBudgets(w)[0], 80.0 * kGiB);  // the plan's budget stays the GPU's
+  w[0].mutable_device()->set_memory_limit_bytes(4 * kGiB);
+  EXPECT_EQ(HostRamBudgets(w)[0], 4.0 * kGiB);
+  EXPECT_EQ(HostRamBudgets(w)[1], 60.0 * kGiB / 7);
+}
+
 TEST(PlanMemoryBudgetsTest, Unreported_StaysUnlimited) {
   const std::vector<v1::Worker> w(3, CpuWorker("vm", 0, 0));
   EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{0, 0, 0}));

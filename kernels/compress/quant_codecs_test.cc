@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,16 @@ float PayloadF32(const std::string& payload, int64_t offset) {
   return v;
 }
 
+// Piecewise quantization's interval width for a magnitude `a` of a tensor
+// whose largest magnitude is `m`, with `n` clusters, restated from the
+// paper rather than taken from the codec (a wrong width there would widen
+// the bound it is checked against by as much): eq. (9)'s cluster
+// k = min(floor(a N / M), N - 1) and eq. (12)'s U_k = M / (N 2^(N-1)) 2^k.
+double PaperPiecewiseInterval(double a, double m, int n) {
+  const int k = std::min(static_cast<int>(std::floor(a * n / m)), n - 1);
+  return m / (n * std::ldexp(1.0, n - 1)) * std::ldexp(1.0, k);
+}
+
 // The per-element bound each header promises, plus float32 rounding of the
 // decoded value (half an ulp; we allow 2^-23 |x| to cover the double->float
 // step and the float step/max stored in the payload).
@@ -74,8 +85,10 @@ double ErrorBound(const Spec& s, const std::string& payload, int rank, float x) 
     case Kind::kFp16: return std::max(std::ldexp(ax, -11), std::ldexp(1.0, -25));
     case Kind::kBf16: return std::max(std::ldexp(ax, -8), std::ldexp(1.0, -134));
     case Kind::kLinear: return PayloadF32(payload, params) / 2.0 + rounding;
-    case Kind::kPiecewise:
-      return PiecewiseIntervalFor(x, PayloadF32(payload, params), s.bits) / 2.0 + rounding;
+    case Kind::kPiecewise: {
+      const double m = PayloadF32(payload, params);
+      return m > 0 ? PaperPiecewiseInterval(ax, m, s.bits) / 2.0 + rounding : rounding;
+    }
   }
   return 0;
 }
@@ -356,6 +369,40 @@ TEST(QuantCodecs, PiecewiseLevels_N2_MatchPaperGrid) {
   EXPECT_EQ(PiecewiseIntervalFor(3.9f, 8.0f, 2), 2.0);
   EXPECT_EQ(PiecewiseIntervalFor(4.0f, 8.0f, 2), 4.0);
   EXPECT_EQ(PiecewiseIntervalFor(8.0f, 8.0f, 2), 4.0);  // a == M: last cluster.
+}
+
+// Every N: a fine sweep of [0, M] decodes to exactly 2^N magnitudes (2^N - 1
+// intervals, eq. 11), each a level of the paper's grid, C_k + j U_k with
+// C_k = k M / N (eq. 8) and U_k as eq. (12).
+TEST(QuantCodecs, PiecewiseLevels_EveryN_ThePapersGrid) {
+  constexpr double kM = 8.0;
+  constexpr int kSweep = 200001;
+  for (int n = kPiecewiseMinClusters; n <= kPiecewiseMaxClusters; ++n) {
+    SCOPED_TRACE(n);
+    std::vector<float> in(kSweep);
+    for (int i = 0; i < kSweep; ++i) in[i] = static_cast<float>(kM * i / (kSweep - 1));
+    auto pw = *MakePiecewiseCodec(n);
+    const std::vector<float> out =
+        pw->Decode(*pw->Encode(Tensor::FromVector({kSweep}, in), nullptr))->ToVector();
+    std::vector<double> grid;
+    for (int k = 0; k < n; ++k) {
+      const double u = kM / (n * std::ldexp(1.0, n - 1)) * std::ldexp(1.0, k);
+      for (int64_t j = 0; j <= (int64_t{1} << (n - 1 - k)); ++j) grid.push_back(k * kM / n + j * u);
+    }
+    std::sort(grid.begin(), grid.end());
+    grid.erase(std::unique(grid.begin(), grid.end(),
+                           [](double a, double b) { return std::fabs(a - b) < 1e-9; }),
+               grid.end());
+    ASSERT_EQ(grid.size(), size_t{1} << n);
+    const std::set<float> seen(out.begin(), out.end());
+    EXPECT_EQ(seen.size(), size_t{1} << n);
+    for (float v : seen) {
+      const auto nearest = std::min_element(grid.begin(), grid.end(), [v](double a, double b) {
+        return std::fabs(a - v) < std::fabs(b - v);
+      });
+      EXPECT_LE(std::fabs(*nearest - v), 1e-6 * kM) << v;
+    }
+  }
 }
 
 TEST(QuantCodecs, PiecewiseN1_IsSignAndMax) {

@@ -2966,7 +2966,7 @@ TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
 }
 
 // Workers that hold half of ElasticSpec(2, ...)'s model each but not all
-// of it (it needs 281280 bytes on one worker, its checkpoint snapshot
+// of it (it needs 330816 bytes on one worker, its checkpoint snapshot
 // included; 223424 on the busiest of two).
 constexpr int64_t kHalfModelMemory = 260000;
 
@@ -2986,7 +2986,7 @@ TEST_F(JobManagerElasticTest, Drain_TheRestCannotHoldTheModel_WaitsForAWorkerNot
   v1::Job job = PassBoundary(id, 5, boundary);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "the plan on " + w1 + " does not fit (worker " + w1 +
-                                                  " would need 281280 bytes"))
+                                                  " would need 330816 bytes"))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for more READY workers")) << job.reason();
   // Not planned on w1 alone again, pass after pass.

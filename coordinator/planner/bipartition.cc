@@ -267,19 +267,18 @@ double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) cons
       recomputes_after_f ? (stash_count_[worker] - 1) * activation_[f.end - 1] : 0.0;
   // Both ends of the model on this worker: wte's value once, and its
   // moments once when it steps both (memory_i's tied term).
-  double tied = 0, stepped_tied = 0;
+  double tied = 0;
   if (tied_ > 0) {
     const auto holds = [](const Range& r, int u) { return r.begin <= u && u < r.end; };
     const int last = units_ - 1;
     if ((holds(f, 0) || holds(b, 0)) && (holds(f, last) || holds(b, last))) tied += tied_;
-    if (holds(b, 0) && holds(b, last)) stepped_tied = tied_;
-    tied += 2 * stepped_tied;
+    if (holds(b, 0) && holds(b, last)) tied += 2 * tied_;
   }
   const double forward_only_peak = forward_only_peak_max_.OfMinus(f, b);  // over F \ B
   // The weights it steps, copied c_i times beside (a CPU worker's
-  // checkpoint snapshot): the tied wte's once. Non-decreasing as B grows,
-  // since tied_ is at most either end's weight_bytes.
-  const double stepped_copies = stepped_copies_[worker] * (Sum(pw_, b) - stepped_tied);
+  // checkpoint snapshot): the tied wte's twice, since the snapshot copies
+  // every unit's parameters, the head's shared wte among them.
+  const double stepped_copies = stepped_copies_[worker] * Sum(pw_, b);
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) + SumMinus(pw_, f, b) +
          stash_count_[worker] * SumBoth(pstash_, f, b) + SumMinus(pstash_, b, f) + kept_outputs +
          std::max({transient_max_.Of(f), transient_max_.Of(b), forward_only_peak}) - tied +

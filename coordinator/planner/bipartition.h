@@ -47,13 +47,14 @@
 //              + max(max_{u in F_i ∪ B_i} transient_bytes[u],
 //                    max_{u in F_i \ B_i} (transient_bytes[u] + stash_bytes[u]))
 //              - tied · ([F_i ∪ B_i holds units 0 and L-1] + 2 [B_i holds both])
-//              + c_i · (sum_{u in B_i} weight_bytes[u] - tied · [B_i holds both])
+//              + c_i · sum_{u in B_i} weight_bytes[u]
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
 // (the micro-batches whose stash worker i holds at once). The last five
 // terms are not the paper's. c_i (stepped_weight_copies): copies of the
 // weights it steps that the worker holds beside these, a CPU worker's
-// checkpoint snapshot (its stepped weights and both AdamW moments). The kept outputs: a run of B_i
-// \ F_i right after F_i recomputes from F_i's last output, which the worker keeps from each
+// checkpoint snapshot (its stepped weights and both AdamW moments, per
+// unit: a tied wte twice) and data-parallel error-feedback residuals. The kept outputs: a run of
+// B_i \ F_i right after F_i recomputes from F_i's last output, which the worker keeps from each
 // micro-batch's forward pass to its backward pass (n_i at once; the one being recomputed is in its
 // first unit's stash). Other activations are freed after their last reader (a send, the forward
 // pass they feed: StageRuntime), so no other term holds them. Not counted: a routed input (the full

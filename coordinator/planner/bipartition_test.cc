@@ -418,8 +418,9 @@ TEST(BiPartitionCostsTest, Memory_BothEndsOnOneWorker_TiedWeightsCountedOnce) {
 
 // Copies of the weights a worker steps beside memory_i's (c_i: a CPU
 // worker's checkpoint snapshot of its weights and both AdamW moments): the
-// tied wte's once when it steps both ends, nothing for units it only runs
-// forward.
+// tied wte's twice when it steps both ends (the snapshot copies each
+// unit's parameters, the head's shared wte among them), nothing for units
+// it only runs forward.
 TEST(BiPartitionCostsTest, Memory_SteppedWeightCopies_ChargedOnTheBackwardRange) {
   BiPartitionProblem p = FiveUnits();
   p.tied_weight_bytes = 600;
@@ -428,7 +429,7 @@ TEST(BiPartitionCostsTest, Memory_SteppedWeightCopies_ChargedOnTheBackwardRange)
   const double second = BiPartitionCosts(p).Memory(1, {0, 5}, {0, 5});
   p.stepped_weight_copies = {3, 0};
   const BiPartitionCosts costs(p);
-  EXPECT_EQ(costs.Memory(0, {0, 5}, {0, 5}), without + 3 * (31000 - 600));
+  EXPECT_EQ(costs.Memory(0, {0, 5}, {0, 5}), without + 3 * 31000);
   EXPECT_EQ(costs.Memory(0, {0, 3}, {0, 1}), forward_only + 3 * 1000);
   EXPECT_EQ(costs.Memory(1, {0, 5}, {0, 5}), second);
   p.stepped_weight_copies = {3};

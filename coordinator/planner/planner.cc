@@ -19,6 +19,7 @@
 #include "coordinator/planner/tensor_partitions.h"
 #include "coordinator/planner/timeline_render.h"
 #include "kernels/compress/codec_spec.h"
+#include "worker/runtime/feedback_limits.h"
 
 namespace pipetrain {
 
@@ -104,6 +105,26 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
   return absl::OkStatus();
 }
 
+double CpuSteppedWeightCopies(const ResolvedJobSpec& r) {
+  const int replicas = std::max(1, r.data_parallel);
+  const int tensor = std::max(1, r.tensor_parallel);
+  const bool dp_compressed =
+      replicas > 1 && (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty());
+  // Data-parallel compression keeps one residual per gradient between
+  // steps (each rank its shards').
+  double copies = dp_compressed ? 1 : 0;
+  if (r.spec.checkpoint().interval_steps() > 0) {
+    // Each stage's writer (replica 0, tensor rank 0) snapshots its weights
+    // and both moments while a checkpoint is written, and with compression
+    // every replica's residuals (their sum past kMaxFeedbackReplicasKept);
+    // rank 0 gathers its stage's ranks'. Budgeted for every position: the
+    // replicas' least memory plans them.
+    const int residuals = !dp_compressed ? 0 : replicas <= kMaxFeedbackReplicasKept ? replicas : 1;
+    copies += static_cast<double>(tensor) * (3 + residuals);
+  }
+  return copies;
+}
+
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& measured_cluster,
@@ -140,10 +161,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   options.objective = r.objective;
   options.micro_batches = r.train.micro_batches / replicas;  // each replica's share
   options.data_parallel = replicas;
-  // Each stage's writer (replica 0, tensor rank 0) snapshots what it steps
-  // while a checkpoint is written; rank 0 gathers its stage's ranks'.
-  // Budgeted for every position: the replicas' least memory plans them.
-  if (r.spec.checkpoint().interval_steps() > 0) options.cpu_stepped_weight_copies = 3.0 * tensor;
+  options.cpu_stepped_weight_copies = CpuSteppedWeightCopies(r);
   ASSIGN_OR_RETURN(options.schedule, ParseSchedule(r.schedule));
   for (const v1::ManualStage& s : r.spec.parallelism().manual_stages()) {
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});

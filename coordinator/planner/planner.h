@@ -49,6 +49,14 @@ inline constexpr int64_t kMaxStageMicroBatches = 16384;
 // EstimatePlanningWork(resolved) exceeds it.
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 
+// Copies of the weights it steps that each CPU worker of `resolved`'s plan
+// holds beside memory_i's terms (bipartition.h c_i): with data-parallel
+// compression one residual per gradient; with checkpoints the writer's
+// host snapshot while one is written, 3 (weights and both AdamW moments)
+// plus, with compression, every replica's residuals (one, their sum, past
+// kMaxFeedbackReplicasKept), times the tensor ranks its rank 0 gathers.
+double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
+
 // Requires cluster.workers.size() == resolved.stages x
 // resolved.data_parallel x resolved.tensor_parallel, replica r's stage s,
 // tensor rank t at (r * stages + s) * tensor_parallel + t, named by worker

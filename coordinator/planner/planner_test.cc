@@ -282,6 +282,31 @@ TEST(PlanJobMemory, CheckpointSnapshotCountsAgainstACpuWorkerOnly) {
   EXPECT_TRUE(planned.ok()) << planned.status();
 }
 
+// What a CPU worker holds beside its stepped weights (c_i): a
+// checkpoint's snapshot (3x), with data-parallel compression one residual
+// per gradient and every replica's (their sum past 8) in the snapshot,
+// times the tensor ranks rank 0 gathers.
+TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
+  const auto copies = [](int data, int tensor, int interval, const std::string& codec) {
+    v1::JobSpec spec = SmallSpec(1, 16);
+    spec.mutable_training()->set_batch_size(32);
+    spec.mutable_parallelism()->set_data(data);
+    spec.mutable_parallelism()->set_tensor(tensor);
+    spec.mutable_checkpoint()->set_interval_steps(interval);
+    if (!codec.empty()) spec.mutable_compression()->mutable_data_parallel()->set_codec(codec);
+    absl::StatusOr<ResolvedJobSpec> r = ResolveJobSpec(spec);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? CpuSteppedWeightCopies(*r) : -1;
+  };
+  EXPECT_EQ(copies(1, 1, 0, ""), 0);
+  EXPECT_EQ(copies(1, 1, 5, ""), 3);
+  EXPECT_EQ(copies(1, 2, 5, ""), 6);
+  EXPECT_EQ(copies(2, 1, 0, "bf16"), 1);
+  EXPECT_EQ(copies(2, 1, 5, "bf16"), 1 + 3 + 2);
+  EXPECT_EQ(copies(2, 2, 5, "powersgd:rank=2"), 1 + 2 * (3 + 2));
+  EXPECT_EQ(copies(16, 1, 5, "bf16"), 1 + 3 + 1);
+}
+
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
   v1::JobSpec spec = SmallSpec(2, 4);
   absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);

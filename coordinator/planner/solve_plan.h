@@ -57,10 +57,9 @@ struct PlanOptions {
   Schedule schedule = Schedule::kOneFOneB;
   int data_parallel = 1;  // replicas of the pipeline, >= 1
   // Copies of its stepped weights each CPU worker of `cluster` holds beside
-  // them (BiPartitionProblem::stepped_weight_copies), in [0, 1e4]: for a
-  // job with checkpoints, its host snapshot while one is written (weights
-  // and both AdamW moments: 3; on tensor rank 0 the whole stage's, gathered:
-  // 3 x ranks). A GPU worker's snapshot is in host memory, which its
+  // them (BiPartitionProblem::stepped_weight_copies), in [0, 1e4]
+  // (CpuSteppedWeightCopies: a checkpoint's host snapshot, data-parallel
+  // error feedback). A GPU worker's are in host memory, which its
   // memory_bytes (the GPU's) does not hold.
   double cpu_stepped_weight_copies = 0;
   // Solver "manual" only: one range per worker each.

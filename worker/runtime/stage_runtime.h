@@ -51,6 +51,7 @@
 #include "worker/model/device_collective.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/device_link_encoder.h"
+#include "worker/runtime/feedback_limits.h"
 #include "worker/runtime/link_compressor.h"
 #include "worker/runtime/partition_tuner.h"
 #include "worker/runtime/send_queue.h"
@@ -59,10 +60,6 @@
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
-
-// StageSetup::max_feedback_replicas' default: up to 8 replicas' residuals
-// in a checkpoint (8 x the compressed gradients at most).
-inline constexpr int kMaxFeedbackReplicasKept = 8;
 
 // How long a receive waits at a time while this stage's sends are queued,
 // between looks at whether one failed (StageRuntime::RecvWireWatchingSends).

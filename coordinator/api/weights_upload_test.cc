@@ -218,17 +218,26 @@ TEST_F(WeightsUploadTest, CancelledWhileItsChunkWaitsOnTheStrand_RetryNotRefused
     AnnotatedMutexLock lock(&gate_mu);
     open_gate = true;
   }
-  // The abandoned stream's chunk is handled and its next read fails.
-  ASSERT_TRUE(first.EndStream());
-  ASSERT_TRUE(first.AwaitStatus().has_value());
-  abandoned->OnDone();  // late: frees nothing of the retry's
+  // The retry uploads the whole tensor and completes the stage.
   ASSERT_TRUE(retry.Deliver(Chunk(job_id_, 0)));
   ASSERT_TRUE(retry.Deliver(Chunk(job_id_, 4)));
   ASSERT_TRUE(retry.EndStream());
   const std::optional<grpc::Status> status = retry.AwaitStatus();
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(status->ok()) << status->error_message();
+  // Only then does the abandoned stream's read end (this fake's context is
+  // never cancelled, so it ends as a finished stream would, refused now),
+  // and its late close frees nothing of another's.
+  ASSERT_TRUE(first.EndStream());
+  ASSERT_TRUE(first.AwaitStatus().has_value());
+  abandoned->OnDone();
   again->OnDone();
+  FakeReader third;
+  grpc::ServerReadReactor<v1::WeightsChunk>* later = Start(third);
+  EXPECT_FALSE(third.Finished());  // its slot was free
+  ASSERT_TRUE(third.EndStream());
+  ASSERT_TRUE(third.AwaitStatus().has_value());
+  later->OnDone();
 }
 
 // A worker's slot is held by a ticket: a stream that closes it late (its

@@ -701,7 +701,8 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   PT_CHECK(data_plane_keys.size() == workers.size() && record.plan.version() == version)
       << data_plane_keys.size() << " keys for " << workers.size() << " workers, plan version "
       << record.plan.version() << " vs " << version;
-  // What the plan gave each worker, as PlanMemoryBudgets shared it out.
+  // Each worker's share of its host's RAM in this plan (HostRamBudgets),
+  // which bounds its corpus.
   const std::vector<double> host_ram = HostRamBudgets(infos);
   for (size_t g = 0; g < workers.size(); ++g) {
     const int s = static_cast<int>(g) / tensor % stages;  // the replica's stage

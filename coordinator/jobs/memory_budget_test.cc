@@ -91,7 +91,6 @@ TEST(PlanMemoryBudgetsTest, GpuWorkers_ShareOneGpuOnly) {
             "workers");
 }
 
-// Unreported memory (0) stays "unlimited".
 // A GPU worker's corpus lives in its host's RAM: the RAM shares count GPU
 // workers as CPU ones (eight GPU workers of a 64 GiB host without limits
 // of their own: 8 GiB each), one with a limit of its own keeps it.
@@ -108,6 +107,7 @@ TEST(HostRamBudgetsTest, GpuWorkersOfOneHost_ShareItsRam) {
   EXPECT_EQ(HostRamBudgets(w)[1], 60.0 * kGiB / 7);
 }
 
+// Unreported memory (0) stays "unlimited".
 TEST(PlanMemoryBudgetsTest, Unreported_StaysUnlimited) {
   const std::vector<v1::Worker> w(3, CpuWorker("vm", 0, 0));
   EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{0, 0, 0}));

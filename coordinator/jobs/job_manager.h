@@ -1001,6 +1001,14 @@ class JobManager {
   std::vector<std::string> UsableSetLocked(const JobRecord& record,
                                            const std::vector<std::string>& candidates,
                                            int most) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `spares` (in order) without those of a kind none of `record`'s own
+  // workers (OwnWorkersLocked) is, for a job whose stages must each be of
+  // one kind (none left: all): the spares a recovery waits for, a drain
+  // counts on and a boundary holds. A GPU job waiting for a GPU held every
+  // READY CPU worker meanwhile, from queued CPU jobs and from growth.
+  std::vector<std::string> OfItsKindsLocked(const JobRecord& record,
+                                            std::vector<std::string> spares) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether each of `workers` is a GPU worker (one gone since it was
   // counted: a CPU; StartLocked and BeginPlacementLocked then find it gone).
   std::vector<bool> GpuKindsLocked(const std::vector<std::string>& workers) const

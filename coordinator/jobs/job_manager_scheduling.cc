@@ -61,7 +61,9 @@ void JobManager::ScheduleQueued() {
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::JOB_STATE_RECOVERING) continue;
-    for (std::string& w : SparesForLocked(record, reserved)) reserved.insert(std::move(w));
+    for (std::string& w : OfItsKindsLocked(record, SparesForLocked(record, reserved))) {
+      reserved.insert(std::move(w));
+    }
   }
   // A job being profiled is being placed: the worker it profiles on stays
   // READY meanwhile, so later jobs wait rather than take it (and say so).
@@ -198,6 +200,20 @@ std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
   return {};
 }
 
+std::vector<std::string> JobManager::OfItsKindsLocked(const JobRecord& record,
+                                                      std::vector<std::string> spares) const {
+  if (!StagesOfOneKind(record)) return spares;
+  const std::vector<bool> own = GpuKindsLocked(OwnWorkersLocked(record));
+  if (own.empty()) return spares;  // no worker left to say which
+  const std::set<bool> kinds(own.begin(), own.end());
+  const std::vector<bool> gpu = GpuKindsLocked(spares);
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < spares.size(); ++i) {
+    if (kinds.count(gpu[i]) > 0) kept.push_back(std::move(spares[i]));
+  }
+  return kept;
+}
+
 std::vector<bool> JobManager::GpuKindsLocked(const std::vector<std::string>& workers) const {
   std::vector<bool> gpu;
   for (const std::string& w : workers) {
@@ -321,7 +337,7 @@ std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) co
   if (holding) {
     for (const std::string& w : record.boundary_held) reserved.erase(w);
   }
-  std::vector<std::string> spares = SparesForLocked(record, reserved);
+  std::vector<std::string> spares = OfItsKindsLocked(record, SparesForLocked(record, reserved));
   if (holding) {
     std::stable_partition(spares.begin(), spares.end(), [&](const std::string& w) {
       return std::count(record.boundary_held.begin(), record.boundary_held.end(), w) > 0;
@@ -497,7 +513,8 @@ bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved
     // minimum, or survivors to go idle): spares it could use are its own.
     // Grown into another job, one by one, they left it waiting until its
     // queue timeout failed it.
-    if (state == v1::JOB_STATE_RECOVERING && !SparesForLocked(record, reserved).empty()) {
+    if (state == v1::JOB_STATE_RECOVERING &&
+        !OfItsKindsLocked(record, SparesForLocked(record, reserved)).empty()) {
       return false;
     }
   }

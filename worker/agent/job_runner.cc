@@ -528,11 +528,13 @@ absl::Status JobRunner::UploadWeightsWithRetries(const std::vector<Parameter*>& 
 absl::Status JobRunner::RetryWhileOutcomeUnknown(const std::string& what,
                                                  const std::function<absl::Status()>& attempt) {
   absl::Duration backoff = options_.report_retry_backoff;
-  const absl::Time give_up = absl::Now() + options_.report_retry_for;
+  std::optional<absl::Time> give_up;  // set at the first failure
   while (true) {
     const absl::Status status = attempt();
+    if (!give_up.has_value()) give_up = absl::Now() + options_.report_retry_for;
     if (status.code() == absl::StatusCode::kUnauthenticated) session_refused_.store(true);
-    if (status.ok() || !OutcomeUnknown(status) || absl::Now() + backoff > give_up || stop_.load()) {
+    if (status.ok() || !OutcomeUnknown(status) || absl::Now() + backoff > *give_up ||
+        stop_.load()) {
       return status;
     }
     PT_LOG(WARNING) << "job " << assignment_.job_id() << ": " << what << " failed (" << status

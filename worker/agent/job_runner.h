@@ -108,7 +108,7 @@ struct JobRunnerOptions {
   int64_t memory_limit_bytes = 0;
   // How reports and the weights upload the coordinator could not take are
   // sent again (RetryWhileOutcomeUnknown): the first wait, doubled up to 8 times it, for at
-  // most `report_retry_for` in all. Tests shorten them.
+  // most `report_retry_for` after the first failure. Tests shorten them.
   absl::Duration report_retry_backoff = absl::Milliseconds(500);
   absl::Duration report_retry_for = absl::Seconds(60);
 };
@@ -218,7 +218,7 @@ class JobRunner {
   // A report (an iteration's, a checkpoint's, the start barrier's or a
   // failure's), sent again after UNAVAILABLE or DEADLINE_EXCEEDED (a
   // coordinator restarting, a leader change, a lost answer) until
-  // options_.report_retry_for (60 s) has passed since the first attempt,
+  // options_.report_retry_for (60 s) has passed since the first failure,
   // 0.5 s, 1 s, 2 s and then 4 s apart, unless the runner stops: an outage must not end a
   // stage whose data plane is fine, nor leave a step boundary waiting for a
   // checkpoint report that never came (the coordinator re-plans only once
@@ -244,7 +244,10 @@ class JobRunner {
   // Calls `attempt` until it returns OK or an error whose outcome is known
   // (OutcomeUnknown: UNAVAILABLE, DEADLINE_EXCEEDED), the runner stops, or
   // the next wait would end past options_.report_retry_for since the first
-  // call; `what` names the call in the warnings. Returns the last result.
+  // call failed (not since it began: an upload of a large stage may run for
+  // minutes, and one broken after 60 s was never sent again, failing a job
+  // that had trained every step); `what` names the call in the warnings.
+  // Returns the last result.
   absl::Status RetryWhileOutcomeUnknown(const std::string& what,
                                         const std::function<absl::Status()>& attempt);
 

@@ -106,6 +106,12 @@ class FakeLink : public CoordinatorLink {
     if (upload_fail_left_ > 0) {
       --upload_fail_left_;
       ++failed_;
+      // A stream that ran a while before it broke (a large stage's).
+      if (upload_fail_after_ > absl::ZeroDuration()) {
+        lock.unlock();
+        absl::SleepFor(upload_fail_after_);
+        lock.lock();
+      }
       // Part of the tensors got through before the stream broke.
       if (!params.empty()) uploaded_.push_back(params[0]->name);
       return absl::Status(upload_fail_code_, "the upload stream broke");
@@ -113,11 +119,13 @@ class FakeLink : public CoordinatorLink {
     for (const Parameter* p : params) uploaded_.push_back(p->name);
     return absl::OkStatus();
   }
-  // The next `n` weights uploads fail with `code` after the first tensor.
-  void FailUploads(int n, absl::StatusCode code) {
+  // The next `n` weights uploads fail with `code` after the first tensor,
+  // each `after` into its stream.
+  void FailUploads(int n, absl::StatusCode code, absl::Duration after = absl::ZeroDuration()) {
     std::lock_guard<std::mutex> lock(mu_);
     upload_fail_left_ = n;
     upload_fail_code_ = code;
+    upload_fail_after_ = after;
   }
   int upload_attempts() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -188,6 +196,7 @@ class FakeLink : public CoordinatorLink {
   int upload_attempts_ = 0;
   int upload_fail_left_ = 0;
   absl::StatusCode upload_fail_code_ = absl::StatusCode::kUnavailable;
+  absl::Duration upload_fail_after_ = absl::ZeroDuration();
   int uploads_stalled_ = 0;
   std::mutex cancel_mu_;
   std::condition_variable cancel_cv_;
@@ -1311,6 +1320,29 @@ TEST(JobRunnerTest, WeightsUpload_SentAgainAfterUnavailable_OtherErrorsNot) {
       EXPECT_TRUE(absl::StrContains(last.error(), "the upload stream broke")) << last.error();
     }
   }
+}
+
+// An upload whose stream broke after running longer than the retry window
+// (a large stage's, minutes long) is sent again: the window counts from the
+// failure, not from the first attempt's start, which left the job failed
+// at its very end.
+TEST(JobRunnerTest, WeightsUpload_BrokenAfterALongStream_SentAgain) {
+  JobRunnerOptions options{"w", 1};
+  options.report_retry_backoff = absl::Milliseconds(1);
+  options.report_retry_for = absl::Milliseconds(50);
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailUploads(1, absl::StatusCode::kUnavailable, absl::Milliseconds(200));
+  JobRunner runner(OneStageAssignment(2, /*weights=*/true), &fabric.mailbox(0),
+                   FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));
+  runner.Stop();
+  EXPECT_EQ(link.upload_attempts(), 2);
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  ASSERT_FALSE(reports.empty());
+  EXPECT_TRUE(reports.back().finished());
+  EXPECT_TRUE(reports.back().error().empty()) << reports.back().error();
 }
 
 // on_completed runs once, after the last step's report and with

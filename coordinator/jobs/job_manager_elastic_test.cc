@@ -187,14 +187,7 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   // Registers a GPU worker (DeviceInfo.gpu_model set) at 127.0.0.1:`port`.
-  std::string AddGpuWorker(int port) {
-    v1::RegisterWorkerRequest request;
-    request.set_data_address("127.0.0.1:" + std::to_string(port));
-    request.mutable_device()->set_hostname("gpu-host");
-    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
-    request.mutable_device()->set_gpu_index(port % 8);
-    return Register(request);
-  }
+  std::string AddGpuWorker(int port) { return Register(GpuWorkerRequest(port)); }
 
   std::string Register(const v1::RegisterWorkerRequest& request) {
     auto response = registry_.Register(request).value();

@@ -118,12 +118,7 @@ class JobManagerTest : public ::testing::Test {
 
   // A worker that computes on a GPU (DeviceInfo.gpu_model set).
   std::string AddGpuModelWorker(int port) {
-    v1::RegisterWorkerRequest request;
-    request.set_data_address("127.0.0.1:" + std::to_string(port));
-    request.mutable_device()->set_hostname("gpu-host");
-    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
-    request.mutable_device()->set_gpu_index(port % 8);
-    return registry_.Register(request).value().worker_id();
+    return registry_.Register(GpuWorkerRequest(port)).value().worker_id();
   }
 
   // Answers every profile request with FakeProfile(), counting them in
@@ -1124,12 +1119,8 @@ TEST_F(JobManagerTest, GpuWorkersSharingAHostsRam_EachAssignedItsShare) {
   constexpr int64_t kRam = 1000000;
   std::vector<std::string> w;
   for (int g = 0; g < 2; ++g) {
-    v1::RegisterWorkerRequest request;
-    request.set_data_address("127.0.0.1:" + std::to_string(7001 + g));
-    request.mutable_device()->set_hostname("dgx");
+    v1::RegisterWorkerRequest request = GpuWorkerRequest(7001 + g);
     request.mutable_device()->set_memory_bytes(kRam);
-    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
-    request.mutable_device()->set_gpu_index(g);
     request.mutable_device()->set_gpu_memory_bytes(int64_t{80} << 30);
     w.push_back(registry_.Register(request).value().worker_id());
   }

@@ -74,6 +74,13 @@ std::vector<std::string> WorkerIdsOf(const v1::Job& job) {
   return {job.worker_ids().begin(), job.worker_ids().end()};
 }
 
+// A job's workers in id order (which workers, whatever their positions).
+std::vector<std::string> SortedWorkerIdsOf(const v1::Job& job) {
+  std::vector<std::string> ids = WorkerIdsOf(job);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 // A store that shows each commit to `on_commit` (on the committing
 // thread) before handing it on: what was on disk when a record was saved.
 class ObservingStore : public Store {
@@ -1370,9 +1377,7 @@ TEST_F(JobManagerElasticTest, DataParallelGrowth_SparesOfBothKinds_NewStageOfOne
   CheckpointAll(id, boundary);
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  std::vector<std::string> placed = WorkerIdsOf(job);
-  std::sort(placed.begin(), placed.end());
-  EXPECT_EQ(placed, (std::vector<std::string>{g1, g2, c3, c5}));
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g2, c3, c5}));
   EXPECT_TRUE(EveryStageOfOneKind(id));
   ASSERT_EQ(job.plan_history_size(), 2);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), c3 + ", " + c5 + " joined"))
@@ -1397,9 +1402,7 @@ TEST_F(JobManagerElasticTest, DataParallelRecovery_SparesOfBothKinds_TakesTheOne
   HeartbeatAllAndSchedule({g[0], g[1], g[2]});
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  std::vector<std::string> placed = WorkerIdsOf(job);
-  std::sort(placed.begin(), placed.end());
-  EXPECT_EQ(placed, (std::vector<std::string>{g[0], g[1], g[2], g6}));
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g[0], g[1], g[2], g6}));
   EXPECT_EQ(registry_.Get(c5).value().state(), v1::WORKER_STATE_READY);
 }
 
@@ -1433,9 +1436,7 @@ TEST_F(JobManagerElasticTest, DataParallelRecovery_OnlyTheOtherKindSpare_WaitsSa
   HeartbeatAllAndSchedule({g1});
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  std::vector<std::string> placed = WorkerIdsOf(job);
-  std::sort(placed.begin(), placed.end());
-  EXPECT_EQ(placed, (std::vector<std::string>{g1, g4}));
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g4}));
 }
 
 // An explicit compressed stage that a re-plan onto fewer stages no longer

@@ -12,8 +12,9 @@
 namespace pipetrain {
 
 // $TEST_TMPDIR/<suite>.<case> (a parameterised case's "/" kept as
-// subdirectories), emptied and created the first time a case asks in this
-// process, and the same path for the rest of that case. Thread-safe.
+// subdirectories), emptied and created the first time a case asks after it
+// started (again when it runs again: --gtest_repeat), and the same path for
+// the rest of that run of the case. Thread-safe.
 // Requires a running gtest case and TEST_TMPDIR (bazel test sets it).
 std::string TestCaseDir();
 

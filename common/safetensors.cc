@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -216,11 +217,15 @@ std::string BuildHeader(const std::vector<NamedTensor>& tensors,
 }
 
 absl::Status WriteContents(int fd, const std::string& header,
-                           const std::vector<NamedTensor>& tensors, const std::string& path) {
+                           const std::vector<NamedTensor>& tensors, const std::string& path,
+                           const std::function<bool()>& stopped = nullptr) {
   uint64_t length = header.size();
   RETURN_IF_ERROR(WriteAll(fd, &length, sizeof(length), path));
   RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), path));
   for (const NamedTensor& t : tensors) {
+    if (stopped && stopped()) {
+      return absl::CancelledError(absl::StrCat(path, ": the writer stopped before ", t.name));
+    }
     if (t.tensor.numel() == 0) continue;
     // Host memory only: a device tensor's pointer cannot be written.
     PT_CHECK(!t.tensor.on_device()) << t.name << " is on a device: write a host copy";
@@ -369,7 +374,8 @@ absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
 // `dir_fd`, with `shown` naming the file in messages.
 absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::string& shown,
                               const std::vector<NamedTensor>& tensors,
-                              const SafetensorsMetadata& metadata, mode_t mode) {
+                              const SafetensorsMetadata& metadata, mode_t mode,
+                              const std::function<bool()>& stopped = nullptr) {
   absl::Status valid = ValidateForWrite(tensors, metadata);
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
@@ -379,7 +385,8 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
   const std::string tmp = TempNameFor(name);
   ASSIGN_OR_RETURN(const int fd, CreateLockedTemporary(dir_fd, tmp, mode));
   // Errors name the file the caller asked for, not the temporary.
-  return CommitTemporary(dir_fd, fd, tmp, name, shown, WriteContents(fd, header, tensors, shown));
+  return CommitTemporary(dir_fd, fd, tmp, name, shown,
+                         WriteContents(fd, header, tensors, shown, stopped));
 }
 
 // ---------------------------------------------------------------------------
@@ -768,8 +775,9 @@ std::vector<std::string> RemoveAbandonedTemporaries(int dir_fd, const std::strin
 
 absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
                                 const std::vector<NamedTensor>& tensors,
-                                const SafetensorsMetadata& metadata, mode_t mode) {
-  return WriteInDirectory(dir_fd, name, name, tensors, metadata, mode);
+                                const SafetensorsMetadata& metadata, mode_t mode,
+                                const std::function<bool()>& stopped) {
+  return WriteInDirectory(dir_fd, name, name, tensors, metadata, mode, stopped);
 }
 
 const Tensor* SafetensorsContents::Find(std::string_view name) const {

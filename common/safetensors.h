@@ -79,9 +79,13 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTe
 // temporary file is created with O_EXCL | O_NOFOLLOW and renamed over
 // `name`, so a symbolic link at either name is never written through (see
 // common/confined_path.h). Errors as WriteSafetensors, naming `name`.
+// `stopped` (may be empty) is asked before each tensor: once true, the
+// temporary is removed and the answer is CANCELLED (a checkpoint writer
+// whose stage stopped, with a unit file of gigabytes to go).
 absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
                                 const std::vector<NamedTensor>& tensors,
-                                const SafetensorsMetadata& metadata, mode_t mode);
+                                const SafetensorsMetadata& metadata, mode_t mode,
+                                const std::function<bool()>& stopped = nullptr);
 
 // Removes the temporary files that writers of `name` in `dir_fd` left when
 // they died mid-write (a crash, a kill): entries "<name>.tmp.<pid>.<n>"

@@ -356,7 +356,8 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
       PT_LOG(INFO) << "checkpoint " << step_dir << ": removed " << removed
                    << ", left by a writer that died mid-write";
     }
-    RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
+    RETURN_IF_ERROR(
+        WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600, stopped));
     // Checksummed as written to disk (read back from the page cache).
     ASSIGN_OR_RETURN(const auto size_and_sha, SizeAndSha256At(parent.dir.get(), parent.name, path));
     v1::UnitFile file;

@@ -170,10 +170,10 @@ std::string UnitFileName(int unit);
 // its step's loss is still finite (the next step's loss stops the job,
 // worker/train/divergence.h), and such a checkpoint would become the
 // latest, the one a resume or an export takes. `stopped` (may be empty)
-// is asked before each unit: once true, CANCELLED and no more files nor
-// directories (the stage stopped: the coordinator takes no report of this
-// write, and an ended job's step directories are swept, which a write
-// going on would create again).
+// is asked before each unit and each tensor: once true, CANCELLED, the
+// unit file in progress removed, and no more files nor directories (the stage stopped: the
+// coordinator takes no report of this write, and an ended job's step directories are swept, which a
+// write going on would create again).
 absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     const std::string& root, const std::string& dir, const StageSnapshot& snapshot,
     const CheckpointIdentity& identity, const std::function<bool()>& stopped = nullptr);

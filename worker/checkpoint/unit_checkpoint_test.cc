@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -674,16 +675,29 @@ TEST_F(UnitCheckpointTest, NonFiniteState_IsRefusedAndWritesNothing) {
 TEST_F(UnitCheckpointTest, StoppedDuringTheWrite_CancelledAfterTheCurrentUnit) {
   const std::vector<UnitState> units = {MakeUnit(0, 0, true), MakeUnit(1, 1, true),
                                         MakeUnit(2, 2, true)};
-  int asked = 0;
-  absl::StatusOr<std::vector<v1::UnitFile>> files = WriteStageCheckpoint(
-      root_, "ck/stopped", StageSnapshot{5, 5, units}, id_, [&asked] { return ++asked > 1; });
+  const std::string step_dir = absl::StrCat(root_, "/ck/stopped/", StepDirName(5));
+  struct stat st;
+  // Stopped once unit 0's file is in place.
+  const auto unit0_written = [&] {
+    return stat(absl::StrCat(step_dir, "/", UnitFileName(0)).c_str(), &st) == 0;
+  };
+  absl::StatusOr<std::vector<v1::UnitFile>> files =
+      WriteStageCheckpoint(root_, "ck/stopped", StageSnapshot{5, 5, units}, id_, unit0_written);
   EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled) << files.status();
   EXPECT_TRUE(absl::StrContains(files.status().message(), "stopped after 1 of 3 unit files"))
       << files.status();
-  const std::string step_dir = absl::StrCat(root_, "/ck/stopped/", StepDirName(5));
-  struct stat st;
-  EXPECT_EQ(stat(absl::StrCat(step_dir, "/", UnitFileName(0)).c_str(), &st), 0);
+  EXPECT_TRUE(unit0_written());
   EXPECT_NE(stat(absl::StrCat(step_dir, "/", UnitFileName(1)).c_str(), &st), 0);
+  // Stopped within a unit file (before its second tensor): that file and
+  // its temporary are gone, nothing else is written.
+  int asked = 0;
+  files = WriteStageCheckpoint(root_, "ck/stopped-within", StageSnapshot{5, 5, units}, id_,
+                               [&asked] { return ++asked > 2; });
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled) << files.status();
+  EXPECT_TRUE(absl::StrContains(files.status().message(), "the writer stopped before"))
+      << files.status();
+  const std::string within = absl::StrCat(root_, "/ck/stopped-within/", StepDirName(5));
+  EXPECT_TRUE(std::filesystem::is_empty(within)) << within;
   // Stopped before the first unit: not even the step directory.
   files = WriteStageCheckpoint(root_, "ck/stopped-early", StageSnapshot{5, 5, units}, id_,
                                [] { return true; });

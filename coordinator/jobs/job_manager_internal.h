@@ -1,9 +1,10 @@
 // What JobManager's source files (job_manager*.cc) share beyond the class
-// itself: a bound and three helpers used by more than one of them. Not for
+// itself: a bound and the helpers used by more than one of them. Not for
 // use outside JobManager.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_INTERNAL_H_
 #define PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -34,6 +35,18 @@ inline bool MarkedInIncarnation(const std::map<std::string, int64_t>& marks,
                                 const std::string& worker_id, int64_t incarnation) {
   auto it = marks.find(worker_id);
   return it != marks.end() && it->second == incarnation;
+}
+
+// The ids in `ids` that are not in `among` (a job's worker_ids, its
+// survivors, a placement's joiners), in the order of `ids`: the workers a
+// new set adds, or those it leaves out.
+template <typename Ids>
+std::vector<std::string> NotAmong(const std::vector<std::string>& ids, const Ids& among) {
+  std::vector<std::string> out;
+  for (const std::string& id : ids) {
+    if (std::find(among.begin(), among.end(), id) == among.end()) out.push_back(id);
+  }
+  return out;
 }
 
 // Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,

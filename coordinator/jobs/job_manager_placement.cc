@@ -27,6 +27,7 @@ namespace pipetrain {
 
 using job_manager_internal::HostGflops;
 using job_manager_internal::MarkedInIncarnation;
+using job_manager_internal::NotAmong;
 
 namespace job_manager_internal {
 
@@ -471,13 +472,8 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
 bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                            const absl::Status& refusal) {
   if (pending.origin == PlacementOrigin::kInitial || pending.joiners.empty()) return false;
-  std::vector<std::string> rest;
-  for (const std::string& w : pending.workers) {
-    if (std::find(pending.joiners.begin(), pending.joiners.end(), w) == pending.joiners.end()) {
-      rest.push_back(w);
-    }
-  }
-  rest = UsableSetLocked(record, rest, MaxJobWorkers(record));
+  const std::vector<std::string> rest =
+      UsableSetLocked(record, NotAmong(pending.workers, pending.joiners), MaxJobWorkers(record));
   const bool for_memory = refusal.code() == absl::StatusCode::kResourceExhausted;
   // The spares a refusal for memory kept together with these workers
   // before (below), and those new since.
@@ -1011,9 +1007,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
           ? absl::StrCat("checkpoint step ", pending.resume_step)
           : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));
   pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
-  for (const std::string& w : chosen) {
-    if (std::find(alive.begin(), alive.end(), w) == alive.end()) pending.joiners.push_back(w);
-  }
+  pending.joiners = NotAmong(chosen, alive);
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
     // A chosen worker went since it was counted: none was assigned, and the

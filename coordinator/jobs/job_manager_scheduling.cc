@@ -20,6 +20,7 @@
 namespace pipetrain {
 
 using job_manager_internal::MarkedInIncarnation;
+using job_manager_internal::NotAmong;
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
@@ -152,13 +153,7 @@ void JobManager::ScheduleQueued() {
                                         record.job.worker_ids().end());
     candidates.insert(candidates.end(), spare.begin(), spare.end());
     const std::vector<std::string> grown = UsableSetLocked(record, candidates, current + want);
-    std::vector<std::string> joining;
-    for (const std::string& w : grown) {
-      if (std::find(record.job.worker_ids().begin(), record.job.worker_ids().end(), w) ==
-          record.job.worker_ids().end()) {
-        joining.push_back(w);
-      }
-    }
+    const std::vector<std::string> joining = NotAmong(grown, record.job.worker_ids());
     // None, or a set without one of its workers: it keeps its plan.
     if (joining.empty() || grown.size() != current + joining.size()) continue;
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
@@ -550,9 +545,6 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     chosen.push_back(w);
   }
   chosen = UsableSetLocked(record, chosen, MaxJobWorkers(record));
-  const auto was_its = [&old](const std::string& w) {
-    return std::find(old.begin(), old.end(), w) != old.end();
-  };
   // A growth boundary whose joiner was drained or lost before it: the
   // reason says so, rather than naming a join that did not happen.
   for (const std::string& w : record.boundary_joiners) {
@@ -566,14 +558,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
   // Spares it takes that no join named (in a drained worker's place, or a
   // lost joiner's): named too.
-  std::vector<std::string> unnamed, joiners;
-  for (const std::string& w : chosen) {
-    if (was_its(w)) continue;
-    joiners.push_back(w);
-    if (std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), w) == 0) {
-      unnamed.push_back(w);
-    }
-  }
+  std::vector<std::string> joiners = NotAmong(chosen, old);
+  const std::vector<std::string> unnamed = NotAmong(joiners, record.boundary_joiners);
   if (!unnamed.empty() && static_cast<int>(chosen.size()) >= MinJobWorkers(record)) {
     absl::StrAppend(&record.boundary_reason, "; ", absl::StrJoin(unnamed, ", "), " joined");
   }
@@ -591,11 +577,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
   // Those the new plan leaves out stop now: once released, another job may
   // take them before this plan is in.
-  for (const std::string& w : old) {
-    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end()) {
-      StopWorkerLocked(record, w);
-    }
-  }
+  for (const std::string& w : NotAmong(old, chosen)) StopWorkerLocked(record, w);
   registry_->Release(record.job.id());
   PendingPlacement pending;
   pending.origin = PlacementOrigin::kBoundary;

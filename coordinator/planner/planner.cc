@@ -191,12 +191,12 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   } else if (tensor > 1) {
     // AccTFM's hybrid compression shrinks the block units' all-reduces.
     const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
-    ASSIGN_OR_RETURN(
-        const double wire_fraction,
-        TensorParallelWireFraction(r.tensor_compression, tokens, r.train.model.d_model));
+    ASSIGN_OR_RETURN(const double wire_fraction,
+                     TensorParallelWireFraction(r.tensor_compression, tokens, r.train.seq_len,
+                                                r.train.model.d_model));
     // And its coding takes CPU time, as the profile measured the codec.
-    ASSIGN_OR_RETURN(const double coding,
-                     TensorParallelCodingSecondsPerByte(r.tensor_compression, profile));
+    ASSIGN_OR_RETURN(const double coding, TensorParallelCodingSecondsPerByte(
+                                              r.tensor_compression, r.train.seq_len, profile));
     // A fixed count splits the block units; embed and head are never
     // partitioned (1), as in Alg. 1's choice.
     partitions_forward.assign(computed.units.size(), 1);

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/elem_topk_codec.h"
 #include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
@@ -100,27 +101,36 @@ bool IsTensorParallelBlockUnit(const UnitProfile& unit) {
 }
 
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
-                                                  int64_t d_model) {
+                                                  int seq_len, int64_t d_model) {
   ASSIGN_OR_RETURN(TensorParallelCompression compression,
                    MakeTensorParallelCompression(spec, "spec.parallelism.tensor_compression"));
-  if (tokens < 1 || d_model < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a [", tokens, ", ", d_model, "] all-reduce has no bytes"));
+  if (tokens < 1 || d_model < 1 || seq_len < 1 || tokens % seq_len != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a [", tokens, ", ", d_model,
+                                                   "] all-reduce of samples of ", seq_len,
+                                                   " tokens has no bytes"));
   }
+  // The rows sent: per sample the rounded-up share the runtime keeps
+  // (KeepTopTokensPerSample), not keep x tokens (2 of 16 rows at keep 0.1,
+  // not 1.6).
+  const int64_t rows = tokens / seq_len * TopKCount(compression.keep, seq_len);
   const double fp32 = 4.0 * static_cast<double>(tokens) * static_cast<double>(d_model);
   const double encoded =
       compression.codec == nullptr
-          ? fp32
-          : static_cast<double>(compression.codec->EncodedBytes({tokens, d_model}));
-  return compression.keep * encoded / fp32;
+          ? 4.0 * static_cast<double>(rows) * static_cast<double>(d_model)
+          : static_cast<double>(compression.codec->EncodedBytes({rows, d_model}));
+  return encoded / fp32;
 }
 
-absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec,
+absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec, int seq_len,
                                                           const ModelProfile& profile) {
   ASSIGN_OR_RETURN(TensorParallelCompression compression,
                    MakeTensorParallelCompression(spec, "spec.parallelism.tensor_compression"));
   if (compression.codec == nullptr) return 0.0;
-  return compression.keep * QuantizedAllReduceSecondsPerByte(profile, compression.codec->name());
+  if (seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("samples of ", seq_len, " tokens"));
+  }
+  const double kept = static_cast<double>(TopKCount(compression.keep, seq_len)) / seq_len;
+  return kept * QuantizedAllReduceSecondsPerByte(profile, compression.codec->name());
 }
 
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,

@@ -68,21 +68,22 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(
 bool IsTensorParallelBlockUnit(const UnitProfile& unit);
 
 // The share of an attention or MLP all-reduce's fp32 bytes that
-// spec.parallelism.tensor_compression `spec` sends: keep x the codec's
-// encoded size of a [tokens, d_model] tensor / its fp32 size (headers
-// included); 1 for "none". INVALID_ARGUMENT for a spec jobs refuse.
+// spec.parallelism.tensor_compression `spec` sends: the codec's encoded
+// size (headers included) of the kept rows, TopKCount(keep, seq_len) per
+// sample of `seq_len` tokens, / the fp32 size of [tokens, d_model]; 1 for
+// "none". INVALID_ARGUMENT for a spec jobs refuse, or tokens not whole
+// samples.
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
-                                                  int64_t d_model);
+                                                  int seq_len, int64_t d_model);
 
 // The CPU seconds AccTFM's hybrid compression `spec` spends coding an
-// attention or MLP all-reduce, per fp32 byte of the whole tensor: keep x
-// the profile's measured cost per byte of AllReduceEncoded through the
-// spec's codec (QuantizedAllReduceSecondsPerByte: its family's 8-bit one
-// when not measured itself); 0 without a codec (token top-k alone sums
-// the kept rows exactly) or without the profile's timings. The
-// all-reduces the costs below count end that much later. INVALID_ARGUMENT
-// for a spec jobs refuse.
-absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec,
+// attention or MLP all-reduce, per fp32 byte of the whole tensor: the kept
+// share (TopKCount(keep, seq_len) / seq_len) x the profile's measured cost per byte of
+// AllReduceEncoded through the spec's codec (QuantizedAllReduceSecondsPerByte: its family's 8-bit
+// one when not measured itself); 0 without a codec (token top-k alone sums the kept rows exactly)
+// or without the profile's timings. The all-reduces the costs below count end that much later.
+// INVALID_ARGUMENT for a spec jobs refuse.
+absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec, int seq_len,
                                                           const ModelProfile& profile);
 
 // The profile as one rank of a tensor-parallel group of `tensor` sees it,

@@ -158,14 +158,20 @@ TEST(TensorParallelUnitCostsTest, StashIsTheRanksShare_NotTheWholeUnits) {
 // keep 0.5 and 4-bit piecewise codes send 1/16 of the fp32 bytes plus the
 // payloads' headers.
 TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
-  EXPECT_EQ(TensorParallelWireFraction("none", 512, 128).value(), 1.0);
+  EXPECT_EQ(TensorParallelWireFraction("none", 512, 64, 128).value(), 1.0);
   const double fraction =
-      TensorParallelWireFraction("token_topk:keep=0.5+piecewise:bits=3", 512, 128).value();
+      TensorParallelWireFraction("token_topk:keep=0.5+piecewise:bits=3", 512, 64, 128).value();
   EXPECT_GT(fraction, 1.0 / 16);
   EXPECT_LT(fraction, 1.0 / 15);
-  EXPECT_NEAR(TensorParallelWireFraction("fp16", 512, 128).value(), 0.5, 1e-3);
-  EXPECT_EQ(TensorParallelWireFraction("powersgd:rank=2", 512, 128).status().code(),
+  EXPECT_NEAR(TensorParallelWireFraction("fp16", 512, 64, 128).value(), 0.5, 1e-3);
+  EXPECT_EQ(TensorParallelWireFraction("powersgd:rank=2", 512, 64, 128).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // The runtime keeps ceil(keep x seq_len) rows per sample: 2 of 16 at
+  // keep 0.1 (not 1.6), 1 of 16 at keep 0.05 (not 0.8).
+  EXPECT_DOUBLE_EQ(TensorParallelWireFraction("token_topk:keep=0.1", 64, 16, 128).value(), 0.125);
+  EXPECT_DOUBLE_EQ(TensorParallelWireFraction("token_topk:keep=0.05", 64, 16, 128).value(), 0.0625);
+  EXPECT_EQ(TensorParallelWireFraction("none", 100, 16, 128).status().code(),
+            absl::StatusCode::kInvalidArgument);  // not whole samples
   const ModelProfile p = Profile(0.01, 8e6);
   const std::vector<int> whole(6, 1);
   absl::StatusOr<ModelProfile> costs = TensorParallelUnitCosts(p, 2, whole, whole, 1e9, 0, 0.25);
@@ -180,20 +186,26 @@ TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
             ChooseTensorPartitions(p, 2, 1e9, 0).value().solution.forward.plan.seconds);
 }
 
-// The hybrid compression's coding: keep x the profile's measured cost per
+// The hybrid compression's coding: the kept share x the profile's measured cost per
 // byte of the codec (its family's 8-bit entry for piecewise:bits=4), added
 // to each block all-reduce for its bytes; none without a codec or timings.
 TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirCoding) {
   ModelProfile p = Profile(0.01, 8e6);
-  EXPECT_EQ(TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", p).value(),
-            0.0);  // not measured
+  EXPECT_EQ(
+      TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", 64, p).value(),
+      0.0);  // not measured
   p.codec_all_reduce_seconds_per_byte["piecewise:bits=8"] = 2e-9;
   EXPECT_DOUBLE_EQ(
-      TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", p).value(), 1e-9);
-  EXPECT_DOUBLE_EQ(TensorParallelCodingSecondsPerByte("piecewise:bits=3", p).value(), 2e-9);
-  EXPECT_EQ(TensorParallelCodingSecondsPerByte("token_topk:keep=0.5", p).value(), 0.0);
-  EXPECT_EQ(TensorParallelCodingSecondsPerByte("none", p).value(), 0.0);
-  EXPECT_EQ(TensorParallelCodingSecondsPerByte("powersgd:rank=2", p).status().code(),
+      TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", 64, p).value(),
+      1e-9);
+  EXPECT_DOUBLE_EQ(TensorParallelCodingSecondsPerByte("piecewise:bits=3", 64, p).value(), 2e-9);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("token_topk:keep=0.5", 64, p).value(), 0.0);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("none", 64, p).value(), 0.0);
+  // The kept share per sample as the runtime rounds it: 2 of 16 rows.
+  EXPECT_DOUBLE_EQ(
+      TensorParallelCodingSecondsPerByte("token_topk:keep=0.1+piecewise:bits=3", 16, p).value(),
+      0.125 * 2e-9);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("powersgd:rank=2", 64, p).status().code(),
             absl::StatusCode::kInvalidArgument);
   // 1e-9 s per byte of 8 MB: 8 ms more on each block all-reduce (halved
   // per partition with 2), none on the embedding's and the head's.

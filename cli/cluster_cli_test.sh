@@ -375,6 +375,10 @@ ended() { for _ in $(seq 1 600); do [[ $(processes_of "$1") -eq 0 ]] && return 0
 UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
 # Bad flags are refused before anything starts, naming the flag.
 expect_exit up_no_workers 2 "--workers must be >= 1, got 0" -- up --workers 0 --out "$TMP/up-bad"
+# Over the coordinator's planning budget (4 stages x (4096 + 16 validation
+# micro-batches) > 16384): refused before anything starts, naming the flag.
+expect_exit up_planning_budget 2 "--micro-batches: 4 stages x (4096 micro-batches + 16 validation" -- \
+  up --workers 4 --batch 4096 --micro-batches 4096 --out "$TMP/up-bad"
 expect_exit up_manual_solver 2 "--solver manual needs spec.parallelism.manual_stages" -- \
   up --workers 2 --solver manual --out "$TMP/up-bad"
 expect_exit up_loss_log_is_out 2 "--loss-log $TMP/up-new is a directory; name a file" -- \

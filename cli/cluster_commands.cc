@@ -50,6 +50,7 @@
 #include "common/terminal_safe.h"
 #include "common/tls_credentials.h"
 #include "coordinator/jobs/plan_drawings.h"
+#include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "spec/job_spec.h"
@@ -853,6 +854,9 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) {
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(UpSpec(o));
     absl::Status checked = resolved.ok() ? CheckLinkCodecsSmaller(*resolved) : resolved.status();
+    // The coordinator's planning budget too: over it, Submit refuses the
+    // job only once the coordinator and every worker have started.
+    if (checked.ok()) checked = CheckPlanningBudget(*resolved);
     valid = NameFlags(checked, kUpFlagNames);
   }
   // Written once the job ends: a path that cannot be must not cost the run.
@@ -1148,8 +1152,9 @@ FlagSet SubmitFlags(SubmitOptions& o) {
       "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow] [--request-id ID]\n"
       "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).\n"
       "A submit that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the job may or may not\n"
-      "exist) is sent again, up to 5 times in about 15 s, with the same request id: a\n"
-      "repeat returns the job the first one made, never a second job.");
+      "exist) is sent again with the same request id, at most 5 attempts in all, 1, 2, 4\n"
+      "and 8 s apart (each waiting up to --timeout for its answer): a repeat returns the\n"
+      "job the first one made, never a second job.");
   o.c.Bind(flags);
   flags.Bool("follow", &o.follow,
              "show progress until the job ends, then what `up` reports (both on stderr)");

@@ -347,8 +347,15 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   PersistLocked(record).IgnoreError();  // logged
   if (sweep) io_.Post(std::move(sweep));  // after the save, on the same queue
   if (events_.ended) events_.ended(state);
-  PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
-               << (reason.empty() ? "" : ": " + reason);
+  const std::string ended = absl::StrCat("job ", record.job.id(), " ", EnumShortName(state),
+                                         reason.empty() ? "" : ": ", reason);
+  // A failure at WARNING: an operator who logs only warnings (or alerts
+  // on them) saw the job's RECOVERING but never its end.
+  if (state == v1::JOB_STATE_FAILED) {
+    PT_LOG(WARNING) << ended;
+  } else {
+    PT_LOG(INFO) << ended;
+  }
 }
 
 void JobManager::RunInBackgroundLocked(std::function<void()> task) {

@@ -527,6 +527,8 @@ absl::Status JobManager::Restore() {
     });
   }
   for (const auto& [id, sweeps] : failed_by_restart) {
+    // Failed here, not by EndLocked: its only other trace is the API.
+    PT_LOG(WARNING) << "job " << id << " FAILED: " << jobs_[id]->job.reason();
     std::function<void()> sweep =
         sweeps ? CheckpointSweepLocked(*jobs_[id], absl::Now()) : std::function<void()>();
     // Else the store says RUNNING, and every restart fails it again (its

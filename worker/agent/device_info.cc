@@ -94,9 +94,13 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string
       digits.pop_back();
     }
   }
-  if (!absl::SimpleAtod(digits, &number) || !(number > 0) || number * unit > std::ldexp(1.0, 50)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, " \"", text, "\" is not a size in (0, 1P] such as 512M, 8G or 1073741824"));
+  // At least a byte: 0.5 truncated to 0, which --memory-limit reads as
+  // none and --mailbox-limit as room for nothing.
+  if (!absl::SimpleAtod(digits, &number) || !(number * unit >= 1) ||
+      number * unit > std::ldexp(1.0, 50)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " \"", text,
+                     "\" is not a size in [1, 1P] bytes such as 512M, 8G or 1073741824"));
   }
   return static_cast<int64_t>(number * unit);
 }

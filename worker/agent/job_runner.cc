@@ -635,7 +635,10 @@ absl::Status JobRunner::RunJob() {
   const int64_t share = HostMemoryShare(assignment_);
   const bool shared = share > 0 && share < options_.memory_limit_bytes;
   const int64_t memory = shared ? share : options_.memory_limit_bytes;
-  corpus.max_bytes = memory / 3;
+  // 0 (no limit) stays none; any limit bounds it, a share of 1 or 2 bytes
+  // too (a host whose RAM the others' limits claim), where 0 would mean
+  // no bound.
+  corpus.max_bytes = memory > 0 ? std::max<int64_t>(1, memory / 3) : 0;
   corpus.stop = &stop_;
   absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
   if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {

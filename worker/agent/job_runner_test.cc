@@ -809,6 +809,13 @@ TEST(JobRunnerTest, GeneratedTextPastAThirdOfTheHostShare_ResourceExhaustedNamin
             "RESOURCE_EXHAUSTED: spec.data.synthetic_bytes: 3001 bytes of generated text exceeds "
             "the limit of 3000 bytes (a third of this worker's share of its host's memory, 9000 "
             "bytes: the plan's workers on the host share its RAM); use less generated text");
+  // A share of 2 bytes (the others' limits claim the host's RAM) bounds
+  // the corpus too: a third of it, 0, read as no bound.
+  a.set_host_memory_budget_bytes(2);
+  const v1::ReportProgressRequest tiny = FirstReportOfOneStage(a, options);
+  EXPECT_NE(tiny.error().find("exceeds the limit of 1 bytes (a third of this worker's share"),
+            std::string::npos)
+      << tiny.error();
   // A share above the worker's own limit, or out of bounds, changes nothing.
   for (double budget : {1e6, -1.0, std::numeric_limits<double>::quiet_NaN(), 1e300}) {
     a.set_host_memory_budget_bytes(budget);

@@ -358,10 +358,11 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   StartServer(MailboxLimits{.max_bytes = 1024});
   grpc::ClientContext context;
   std::unique_ptr<FrameStream> stream = Open(context);
+  // Larger than the whole limit, said as such (not "mailbox full": no
+  // wait would let it in).
   const std::string full =
-      "RESOURCE_EXHAUSTED: mailbox full: 0 bytes wait, 0 more are reserved for tensors being "
-      "received, and a tensor of 2048 bytes would pass the limit of 1024 (--mailbox-limit); "
-      "refused";
+      "RESOURCE_EXHAUSTED: a tensor of 2048 bytes is larger than this worker's whole mailbox "
+      "limit of 1024 bytes (--mailbox-limit); refused: raise the limit above it";
   Write(*stream, At(kStageIteration, 1), Values(512, 1.f));  // 2048 bytes
   std::string error = NextError(*stream);
   EXPECT_NE(error.find(full), std::string::npos) << error;
@@ -379,7 +380,7 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   const absl::StatusOr<WireTensor> waited =
       mailbox_->Take(0, At(kStageIteration, 1), absl::Hours(1));
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kResourceExhausted) << waited.status();
-  EXPECT_NE(waited.status().message().find("this worker refused it: mailbox full"),
+  EXPECT_NE(waited.status().message().find("this worker refused it: a tensor of 2048 bytes"),
             std::string::npos)
       << waited.status();
 

@@ -118,6 +118,13 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
         "mailbox full: ", tensors_.size(), " tensors wait and ", reservations_,
         " are being received, the limit of ", limits_.max_tensors, " tensors; refused"));
   }
+  // Larger than the whole limit: no wait would let it in, and "mailbox
+  // full" would send the operator looking for a stuck peer.
+  if (wire_bytes > limits_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a tensor of ", wire_bytes, " bytes is larger than this worker's whole mailbox limit of ",
+        limits_.max_bytes, " bytes (--mailbox-limit); refused: raise the limit above it"));
+  }
   // Tensors still being received count too: their memory is allocated
   // when their first frame is admitted.
   if (wire_bytes > limits_.max_bytes - bytes_ - reserved_) {

@@ -549,7 +549,15 @@ TEST(MailboxTest, Put_WithinWindowBeyondByteLimit_NotHeldButRefused) {
   EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(2), [] { FAIL(); }), 0);
   absl::Status full = mailbox.Admit(AtIteration(2), 12);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(full.message().find("the limit of 8 (--mailbox-limit); refused"), std::string::npos)
+  EXPECT_NE(full.message().find("larger than this worker's whole mailbox limit of 8 bytes "
+                                "(--mailbox-limit); refused: raise the limit above it"),
+            std::string::npos)
+      << full;
+  // One that would fit an empty mailbox: full now, as the message says.
+  ASSERT_TRUE(mailbox.Put(0, AtIteration(1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  full = mailbox.Admit(AtIteration(2), 8);
+  EXPECT_NE(full.message().find("mailbox full: 4 bytes wait, 0 more are reserved"),
+            std::string::npos)
       << full;
 }
 

@@ -774,11 +774,12 @@ class JobManager {
   // CheckWorkerProfile finds it fit for the job's model, else the job's
   // profile_error and the analytic profile; but a failure of a worker that
   // has since been drained or left (its profile was cut short as it
-  // stopped) leaves the job to be profiled again on another worker, up to
-  // kMaxProfileAttempts times. A fetch past its deadline is remembered for
-  // later jobs (profile_timeouts_).
+  // stopped), registered again (not `incarnation`, the one asked) or had
+  // its call cancelled as lost leaves the job to be profiled again on
+  // another worker, up to kMaxProfileAttempts times. A fetch past its
+  // deadline is remembered for later jobs (profile_timeouts_).
   void FinishProfiling(const std::string& job_id, const std::string& key, const std::string& worker,
-                       const v1::ProfileRequest& request,
+                       int64_t incarnation, const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

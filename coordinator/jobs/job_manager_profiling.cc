@@ -239,10 +239,11 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     try {
       // FinishProfiling takes mu_, held here until the state below is set.
       std::thread thread([this, id = record.job.id(), key, worker = workers[0].id(),
+                          incarnation = workers[0].incarnation(),
                           address = workers[0].data_address(),
                           session = registry_->SessionToken(workers[0].id()).value_or(""), request,
                           done] {
-        FinishProfiling(id, key, worker, request, fetcher_(address, session, request));
+        FinishProfiling(id, key, worker, incarnation, request, fetcher_(address, session, request));
         done->store(true);
       });
       profilers_.push_back({std::move(thread), std::move(done)});
@@ -282,7 +283,8 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
 }
 
 void JobManager::FinishProfiling(const std::string& job_id, const std::string& key,
-                                 const std::string& worker, const v1::ProfileRequest& request,
+                                 const std::string& worker, int64_t incarnation,
+                                 const v1::ProfileRequest& request,
                                  const absl::StatusOr<v1::ModelProfile>& fetched) {
   {
     AnnotatedMutexLock lock(&mu_);
@@ -326,8 +328,13 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
     } else if (record != nullptr) {
       // A worker that left meanwhile (SIGTERM drains it, and its profile is
       // cut short) says nothing about the model: another may profile it.
+      // Left as the one asked: by its incarnation, and a call cancelled as
+      // it was lost; a process that restarted (or a lease that lapsed and
+      // was renewed) is READY again by the time this looks, and its
+      // failure planned the job on the analytic profile or not by a race.
       absl::StatusOr<v1::Worker> profiler = registry_->Get(worker);
       const bool left = !profiler.ok() || IsDrainedLocked(*profiler) ||
+                        profiler->incarnation() != incarnation || record->profile_cancel_asked ||
                         (profiler->state() != v1::WORKER_STATE_READY &&
                          profiler->state() != v1::WORKER_STATE_ASSIGNED);
       if (left && ++record->profile_attempts < kMaxProfileAttempts) {

@@ -2165,6 +2165,41 @@ TEST_F(JobManagerTest, ProfilingWorkerLeaves_AnotherProfilesTheModel) {
       << plan.profile_source();
 }
 
+// The worker profiling a job restarts in place (same address: same id, a
+// new incarnation) and its call fails: READY again by the time the answer
+// is taken, it is still the one that left, and another profiles the model
+// (before, the job planned on the analytic profile, saying profiling
+// failed).
+TEST_F(JobManagerTest, ProfilingWorkerRestarts_AnotherProfilesTheModel) {
+  std::vector<std::string> asked;
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string& address, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    asked.push_back(address);
+    if (asked.size() > 1) return FakeProfile();
+    release.WaitForNotification();
+    return absl::UnavailableError("Connection reset by peer");
+  });
+  const std::string w1 = AddWorker(7001);
+  AddWorker(7002);
+  AddWorker(7003);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().reason(), "profiling the model on " + w1);
+  ASSERT_EQ(AddWorker(7001), w1);  // the restarted process
+  ASSERT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(asked.size(), 2u);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  EXPECT_TRUE(absl::StartsWith(jobs_.GetPlan(id).value().profile_source(), "measured on cpu: by "))
+      << jobs_.GetPlan(id).value().profile_source();
+}
+
 // The worker profiling a job is lost (its host vanished: no connection
 // reset reaches the coordinator, and the call would wait out its deadline,
 // minutes, with every later job): the next scheduling pass cancels its call,

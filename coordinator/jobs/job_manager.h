@@ -739,6 +739,11 @@ class JobManager {
   // A job holding a path, as refusals name its state: the state, or for a
   // Submit left unsettled (in no list) what became of it.
   static std::string HolderState(const JobRecord& record);
+  // A Submit refused because `holder` holds a path the spec names:
+  // UNAVAILABLE when that passes by itself (an ended job's leftovers being
+  // removed, an unsettled submit being dropped; a retry succeeds),
+  // INVALID_ARGUMENT while `holder` is live (the spec must change).
+  static absl::Status FilesInUseError(const JobRecord& holder, const std::string& message);
   // The job an earlier Submit with `request_id` made, when its spec had
   // `spec_sha256` (RequestSpecSha256); null when none did or `request_id`
   // is empty. ALREADY_EXISTS when it had another spec; UNAVAILABLE while

@@ -548,6 +548,15 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
                                            " (RUNNING); give this job a directory of its own");
   EXPECT_TRUE(Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
   ASSERT_TRUE(jobs_->Cancel(first).ok());
+  // Ended, its leftovers not yet removed (its workers have not said they
+  // stopped): a retry will succeed, so UNAVAILABLE (clients retry it), not
+  // a spec error that sends the user to another directory.
+  const absl::StatusOr<v1::Job> meanwhile = Submit(spec);
+  EXPECT_EQ(meanwhile.status().code(), absl::StatusCode::kUnavailable) << meanwhile.status();
+  EXPECT_EQ(meanwhile.status().message(),
+            "spec.checkpoint.dir: \"shared/ck\" is in use by job " + first +
+                " (CANCELLED: its leftover files are being removed once its workers have "
+                "stopped, within a minute; retry then)");
   AwaitEndSweeps();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(spec).ok());
 }
@@ -4302,8 +4311,10 @@ TEST_F(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCom
     EXPECT_EQ(retry.code(), absl::StatusCode::kUnavailable) << retry;
     EXPECT_TRUE(absl::StrContains(retry.message(), "whether the state store holds job " + ghost))
         << retry;
+    // Passes by itself (the delete commits): a retry succeeds, so the
+    // client's retry is asked for.
     const absl::Status other = jobs.Submit(spec, "req-2").status();
-    EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
+    EXPECT_EQ(other.code(), absl::StatusCode::kUnavailable) << other;
     EXPECT_TRUE(absl::StrContains(other.message(), "is the output of job " + ghost +
                                                        " (its submit failed unconfirmed; the "
                                                        "coordinator is deleting it"))
@@ -4408,7 +4419,7 @@ TEST_F(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLe
     EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable) << submitted.status();
     EXPECT_EQ(jobs.List().size(), 1u);  // only the cancelled first job
     store_.failing = false;
-    EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kUnavailable);  // unsettled
     jobs.ScheduleQueued();  // deletes it for sure
     jobs.FlushIo();
     EXPECT_TRUE(jobs.Submit(spec).ok());  // the path is free again

@@ -431,6 +431,12 @@ std::string JobManager::HolderState(const JobRecord& record) {
   return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
 }
 
+absl::Status JobManager::FilesInUseError(const JobRecord& holder, const std::string& message) {
+  const bool passes = holder.unsettled || IsTerminal(holder.job.state());
+  return absl::Status(passes ? absl::StatusCode::kUnavailable : absl::StatusCode::kInvalidArgument,
+                      message);
+}
+
 absl::StatusOr<const JobManager::JobRecord*> JobManager::EarlierSubmitLocked(
     const std::string& request_id, const std::string& spec_sha256) const {
   if (request_id.empty()) return nullptr;
@@ -521,13 +527,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
       const std::string& theirs = other->job.spec().output().weights_path();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path: \"", weights, "\" ",
-          weights == theirs
-              ? "is the output"
-              : absl::StrCat(NestingOf(weights, theirs), " \"", theirs, "\", the output"),
-          " of job ", other->job.id(), " (", HolderState(*other),
-          "), which has not ended; give this job a file of its own"));
+      return FilesInUseError(
+          *other, absl::StrCat("spec.output.weights_path: \"", weights, "\" ",
+                               weights == theirs ? "is the output"
+                                                 : absl::StrCat(NestingOf(weights, theirs), " \"",
+                                                                theirs, "\", the output"),
+                               " of job ", other->job.id(), " (", HolderState(*other),
+                               "), which has not ended; give this job a file of its own"));
     }
     // A checkpoint directory's files are replaced by each checkpoint and
     // its step directories deleted as they expire: weights there are lost.
@@ -535,12 +541,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirUserLocked(weights)) {
       const std::string& theirs = other->job.spec().checkpoint().dir();
       const bool inside = PathWithin(weights, theirs);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
-          " the checkpoint directory \"", theirs, "\" of job ", other->job.id(), " (",
-          HolderState(*other),
-          inside ? "), whose checkpoints would replace or delete it; write it elsewhere"
-                 : "), whose checkpoints it would stop; write it elsewhere"));
+      return FilesInUseError(
+          *other,
+          absl::StrCat("spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
+                       " the checkpoint directory \"", theirs, "\" of job ", other->job.id(), " (",
+                       HolderState(*other),
+                       IsTerminal(other->job.state()) ? absl::StrCat(kLeftoversBeingRemoved, ")")
+                       : inside
+                           ? "), whose checkpoints would replace or delete it; write it elsewhere"
+                           : "), whose checkpoints it would stop; write it elsewhere"));
     }
     // Where it starts from, resolved (links followed): a live job expires
     // its older checkpoints, and this job resumes from that one until it has
@@ -557,35 +566,41 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       init_holder = nullptr;
     }
     if (init_holder != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.init.from: \"", resolved.spec.init().from(),
-          "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
-          "\" of job ", init_holder->job.id(), " (", HolderState(*init_holder),
-          IsTerminal(init_holder->job.state())
-              ? absl::StrCat(kLeftoversBeingRemoved, ")")
-              : "), which deletes its older checkpoints as it goes; start from it once that job "
-                "has ended, or from a copy outside that directory"));
+      return FilesInUseError(
+          *init_holder, absl::StrCat("spec.init.from: \"", resolved.spec.init().from(),
+                                     "\" lies in the checkpoint directory \"",
+                                     init_holder->job.spec().checkpoint().dir(), "\" of job ",
+                                     init_holder->job.id(), " (", HolderState(*init_holder),
+                                     IsTerminal(init_holder->job.state())
+                                         ? absl::StrCat(kLeftoversBeingRemoved, ")")
+                                         : "), which deletes its older checkpoints as it goes; "
+                                           "start from it once that job "
+                                           "has ended, or from a copy outside that directory"));
     }
     // A live job reloads what it started from at each recovery before its
     // first checkpoint: this job's weights must not replace it (or a unit
     // file of the checkpoint it is), nor this job start from weights a live
     // job replaces at its end.
     if (const JobRecord* other = weights.empty() ? nullptr : InitSourceHoldingLocked(weights)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.output.weights_path: \"", weights, "\" ",
-          weights == other->init_source ? "is" : "lies in", " \"", other->init_source,
-          "\", where job ", other->job.id(), " (", HolderState(*other),
-          ") started from (spec.init.from) and restarts from until its first checkpoint; "
-          "write it elsewhere"));
+      return FilesInUseError(
+          *other,
+          absl::StrCat(
+              "spec.output.weights_path: \"", weights, "\" ",
+              weights == other->init_source ? "is" : "lies in", " \"", other->init_source,
+              "\", where job ", other->job.id(), " (", HolderState(*other),
+              ") started from (spec.init.from) and restarts from until its first checkpoint; "
+              "write it elsewhere"));
     }
     if (const JobRecord* other = init_source.empty() ? nullptr : WeightsPathInLocked(init_source)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.init.from: \"", resolved.spec.init().from(), "\" ",
-          other->job.spec().output().weights_path() == init_source ? "is" : "holds", " \"",
-          other->job.spec().output().weights_path(), "\", the weights file of job ",
-          other->job.id(), " (", HolderState(*other),
-          "), which replaces it when it ends; start from it once that job has ended, or from a "
-          "copy"));
+      return FilesInUseError(
+          *other,
+          absl::StrCat(
+              "spec.init.from: \"", resolved.spec.init().from(), "\" ",
+              other->job.spec().output().weights_path() == init_source ? "is" : "holds", " \"",
+              other->job.spec().output().weights_path(), "\", the weights file of job ",
+              other->job.id(), " (", HolderState(*other),
+              "), which replaces it when it ends; start from it once that job has ended, or from a "
+              "copy"));
     }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
@@ -609,28 +624,33 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       // other's: refused while the other has not ended.
       if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().checkpoint().dir();
-        return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
-            dir_defaulted ? "(the default, as the spec names none) " : "",
-            theirs == checkpoint->dir() ? "is in use by job"
-                                        : absl::StrCat("overlaps \"", theirs, "\", that of job"),
-            " ", other->job.id(), " (", HolderState(*other),
-            IsTerminal(other->job.state()) ? kLeftoversBeingRemoved : "",
-            "); give this job a directory of its own"));
+        return FilesInUseError(
+            *other, absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+                                 dir_defaulted ? "(the default, as the spec names none) " : "",
+                                 theirs == checkpoint->dir()
+                                     ? "is in use by job"
+                                     : absl::StrCat("overlaps \"", theirs, "\", that of job"),
+                                 " ", other->job.id(), " (", HolderState(*other),
+                                 IsTerminal(other->job.state())
+                                     ? absl::StrCat(kLeftoversBeingRemoved, ")")
+                                     : "); give this job a directory of its own"));
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" holds \"", other->init_source,
-            "\", where job ", other->job.id(), " (", HolderState(*other),
-            ") started from (spec.init.from), which this job's checkpoints could replace or "
-            "delete; give this job a directory of its own"));
+        return FilesInUseError(
+            *other,
+            absl::StrCat(
+                "spec.checkpoint.dir: \"", checkpoint->dir(), "\" holds \"", other->init_source,
+                "\", where job ", other->job.id(), " (", HolderState(*other),
+                ") started from (spec.init.from), which this job's checkpoints could replace or "
+                "delete; give this job a directory of its own"));
       }
       if (const JobRecord* other = WeightsPathUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().output().weights_path();
-        return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
-            NestingOf(checkpoint->dir(), theirs), " \"", theirs, "\", the weights file of job ",
-            other->job.id(), " (", HolderState(*other), "); give this job a directory of its own"));
+        return FilesInUseError(
+            *other, absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+                                 NestingOf(checkpoint->dir(), theirs), " \"", theirs,
+                                 "\", the weights file of job ", other->job.id(), " (",
+                                 HolderState(*other), "); give this job a directory of its own"));
       }
       if (!weights.empty() && PathWithin(checkpoint->dir(), weights)) {
         return absl::InvalidArgumentError(

@@ -67,6 +67,21 @@ JobNewsView::News JobNewsView::Poll(const v1::Job& job) {
     last_version_ = job.plan_version();
     said_recovering_ = false;
   }
+  // Checkpoint writes failing (a full disk): the job trains on, but a
+  // recovery would redo every step since the last complete one. Said when
+  // they start, and when a checkpoint completes again.
+  const int64_t failures = job.progress().checkpoint_failures();
+  if (failures > 0 && said_checkpoint_failures_ == 0) {
+    const int64_t complete = job.progress().checkpoint_step();
+    news.lines.push_back(absl::StrCat(
+        "checkpoint write failed (", TerminalSafe(job.progress().checkpoint_error()),
+        "); training goes on, but a recovery would resume from ",
+        complete > 0 ? absl::StrCat("the checkpoint of step ", complete) : "the job's start"));
+  } else if (failures == 0 && said_checkpoint_failures_ > 0) {
+    news.lines.push_back(
+        absl::StrCat("checkpoints complete again (step ", job.progress().checkpoint_step(), ")"));
+  }
+  said_checkpoint_failures_ = failures;
   return news;
 }
 

@@ -44,7 +44,9 @@ class JobProgressView {
 // cannot be placed does not look hung until its queue timeout; each
 // recovery's reason, once; and each plan after the first ("plan 2 on 3
 // workers (...), from step 5: <why>"). A re-plan's PLANNING is not
-// repeated: its plan line says it. Not thread-safe.
+// repeated: its plan line says it. Checkpoint writes that fail
+// (progress.checkpoint_failures), when they start failing and when one
+// completes again. Not thread-safe.
 class JobNewsView {
  public:
   struct News {
@@ -57,6 +59,7 @@ class JobNewsView {
   int64_t last_version_ = 0;
   std::string said_waiting_;  // the last state and reason shown before the first plan
   bool said_recovering_ = false;
+  int64_t said_checkpoint_failures_ = 0;  // progress.checkpoint_failures last seen
 };
 
 }  // namespace pipetrain

@@ -77,6 +77,26 @@ TEST(JobNewsViewTest, Reasons_TerminalSafe) {
             Lines{"QUEUED: held\\x1b[2J"});
 }
 
+// Checkpoint writes failing (a full disk) are news once, with the error
+// and where a recovery would resume; a checkpoint complete again too.
+TEST(JobNewsViewTest, CheckpointsFailing_SaidOnceThenWhenOneCompletes) {
+  JobNewsView news;
+  v1::Job job = JobIn(v1::JOB_STATE_RUNNING, "", 1);
+  job.mutable_progress()->set_checkpoint_step(40);
+  EXPECT_TRUE(news.Poll(job).lines.empty());
+  job.mutable_progress()->set_checkpoint_failures(1);
+  job.mutable_progress()->set_checkpoint_error("step 50, stage 1: No space left on device\x1b[2J");
+  EXPECT_EQ(news.Poll(job).lines,
+            Lines{"checkpoint write failed (step 50, stage 1: No space left on device\\x1b[2J); "
+                  "training goes on, but a recovery would resume from the checkpoint of step 40"});
+  job.mutable_progress()->set_checkpoint_failures(2);
+  EXPECT_TRUE(news.Poll(job).lines.empty());
+  job.mutable_progress()->set_checkpoint_failures(0);
+  job.mutable_progress()->set_checkpoint_step(70);
+  EXPECT_EQ(news.Poll(job).lines, Lines{"checkpoints complete again (step 70)"});
+  EXPECT_TRUE(news.Poll(job).lines.empty());
+}
+
 TEST(JobProgressViewTest, FirstPoll_IsTheStartAndNoNews) {
   JobProgressView view;
   EXPECT_FALSE(view.Poll(JobAt(0), kStart).has_value());

@@ -54,6 +54,14 @@ std::string FormatJobOutcome(const v1::Job& end) {
   // Reasons carry workers' error messages: printed inert (terminal_safe.h).
   if (!end.reason().empty()) absl::StrAppend(&out, "reason: ", TerminalSafe(end.reason()), "\n");
   if (!end.weights_path().empty()) absl::StrAppend(&out, "weights: ", end.weights_path(), "\n");
+  if (end.progress().checkpoint_failures() > 0) {
+    const int64_t complete = end.progress().checkpoint_step();
+    absl::StrAppendFormat(&out, "checkpoints: %d writes failed since %s; the last: %s\n",
+                          end.progress().checkpoint_failures(),
+                          complete > 0 ? absl::StrCat("the complete one of step ", complete)
+                                       : std::string("the start (none complete)"),
+                          TerminalSafe(end.progress().checkpoint_error()));
+  }
   return out;
 }
 

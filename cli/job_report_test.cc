@@ -52,6 +52,21 @@ TEST(FormatJobOutcome, ReasonWithTerminalControls_PrintedInert) {
       << FormatJobOutcome(job);
 }
 
+// A job whose checkpoint writes fail says so at its end: a run that
+// looked healthy would have redone every step since at a recovery.
+TEST(FormatJobOutcome, CheckpointWritesFailing_Said) {
+  v1::Job job = SucceededJob(1);
+  job.mutable_progress()->set_checkpoint_failures(3);
+  job.mutable_progress()->set_checkpoint_error("step 30, stage 0: No space left on device");
+  EXPECT_TRUE(Has(FormatJobOutcome(job),
+                  "checkpoints: 3 writes failed since the start (none complete); the last: step "
+                  "30, stage 0: No space left on device\n"))
+      << FormatJobOutcome(job);
+  job.mutable_progress()->set_checkpoint_step(20);
+  EXPECT_TRUE(Has(FormatJobOutcome(job), "3 writes failed since the complete one of step 20;"))
+      << FormatJobOutcome(job);
+}
+
 TEST(FormatJobOutcome, StillGoingOrNotStarted) {
   v1::Job job = SucceededJob(30);
   job.set_state(v1::JOB_STATE_RUNNING);

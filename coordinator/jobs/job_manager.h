@@ -152,6 +152,9 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // The most expired checkpoints a job's stored record lists for removal
 // after a restart (store::StoredJob.expiring; about 40 bytes each).
 inline constexpr size_t kMaxStoredExpiring = 64;
+// The most bytes of a stored recovery cause (store::StoredJob.
+// recovery_reason) a restart keeps in the job's reason.
+inline constexpr size_t kMaxStoredRecoveryReason = 2048;
 // The longest SubmitJobRequest.request_id: a UUID (36) with room to spare.
 inline constexpr size_t kMaxRequestIdBytes = 128;
 // The longest job or worker id a call may name (GetJob, CancelJob, GetPlan,

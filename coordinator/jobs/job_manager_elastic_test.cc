@@ -1015,6 +1015,32 @@ TEST_F(JobManagerElasticTest, ManifestMissingAtARestart_WrittenByTheNextCoordina
   EXPECT_FALSE(std::filesystem::exists(step_dir));
 }
 
+// A coordinator restarting while a job recovers keeps what it recovers
+// from in the job's reason (before, "the coordinator restarted" replaced
+// it, and a later queue timeout named only that); once, however many
+// restarts follow.
+TEST_F(JobManagerElasticTest, RestartWhileRecovering_KeepsTheCauseOnce) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "its host went down");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  for (int restart = 0; restart < 2; ++restart) {
+    RestartCoordinator({w1, w2});
+    const v1::Job job = jobs_->Get(id).value();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+    EXPECT_TRUE(
+        absl::StartsWith(job.reason(), "recovering: the coordinator restarted (while recovering: "))
+        << job.reason();
+    EXPECT_TRUE(absl::StrContains(job.reason(), "its host went down")) << job.reason();
+    const std::string restarted = "the coordinator restarted";
+    EXPECT_EQ(job.reason().find(restarted, job.reason().find(restarted) + 1), std::string::npos)
+        << job.reason();
+  }
+}
+
 // A step one stage never reported (its write failed) cannot complete once
 // a later one has: its directory, with what the other stages wrote, goes.
 TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) {

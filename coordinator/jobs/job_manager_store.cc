@@ -6,7 +6,9 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
 #include "common/status_macros.h"
@@ -50,6 +52,9 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
   stored.set_furthest_checkpoint_step(record.furthest_checkpoint_step);
+  if (record.job.state() == v1::JOB_STATE_RECOVERING) {
+    stored.set_recovery_reason(record.recovery_reason);
+  }
   stored.set_request_spec_sha256(record.request_spec_sha256);
   if (record.init_checkpoint.has_value())
     *stored.mutable_init_checkpoint() = *record.init_checkpoint;
@@ -406,9 +411,21 @@ absl::Status JobManager::Restore() {
       } else {
         // As a recovery from the loss of every worker, which get the grace
         // period to come back.
+        // A recovery under way keeps its cause: a later failure (its queue
+        // timeout) named only the restart, the cause left in the old
+        // process's log. Once: a cause that is itself a restart is kept
+        // as it is, not nested at every restart.
+        std::string why = "the coordinator restarted";
+        const std::string cause =
+            ValidUtf8(s.recovery_reason().substr(0, kMaxStoredRecoveryReason));
+        if (state == v1::JOB_STATE_RECOVERING && !cause.empty()) {
+          why = absl::StartsWith(cause, why)
+                    ? cause
+                    : absl::StrCat(why, " (while recovering: ", cause, ")");
+        }
         record->job.set_state(v1::JOB_STATE_RECOVERING);
-        record->recovery_reason = "the coordinator restarted";
-        record->job.set_reason("recovering: the coordinator restarted");
+        record->recovery_reason = why;
+        record->job.set_reason(absl::StrCat("recovering: ", why));
         record->recovery_started = elapsed_now;
         record->restart_grace_until = elapsed_now + options_.restart_grace;
         record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());

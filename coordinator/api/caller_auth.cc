@@ -40,6 +40,11 @@ absl::StatusOr<WorkerRegistry::SessionIdentity> CallerAuth::AuthenticateWorker(
   return workers_->AuthenticateSession(token);
 }
 
+bool CallerAuth::IsStaleWorkerSession(absl::string_view authorization) const {
+  const absl::string_view token = BearerToken(authorization);
+  return !token.empty() && workers_->IsStaleSession(token);
+}
+
 absl::StatusOr<WorkerRegistry::SessionIdentity> CallerAuth::CheckWorker(
     absl::string_view authorization, absl::string_view worker_id) const {
   absl::StatusOr<WorkerRegistry::SessionIdentity> who = AuthenticateWorker(authorization);

@@ -50,6 +50,10 @@ class CallerAuth {
   absl::StatusOr<WorkerRegistry::SessionIdentity> AuthenticateWorker(
       absl::string_view authorization) const;
 
+  // Whether the call's worker credential, refused, is a worker's own
+  // session gone stale (WorkerRegistry::IsStaleSession): for metrics only.
+  bool IsStaleWorkerSession(absl::string_view authorization) const;
+
   // OK when `session` may act for `worker_id`; else PERMISSION_DENIED.
   static absl::Status CheckActsFor(const WorkerRegistry::SessionIdentity& session,
                                    absl::string_view worker_id);

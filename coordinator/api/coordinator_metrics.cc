@@ -151,6 +151,14 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                           "a worker credential used for another worker, or over REST a "
                           "cross-origin or DNS-rebinding request).")
                       .Register(*registry_);
+  rpc_stale_sessions_ = &prometheus::BuildCounter()
+                             .Name("pipetrain_rpc_stale_sessions_total")
+                             .Help(
+                                 "Worker calls refused (UNAUTHENTICATED) for a session of "
+                                 "their own gone stale, by method: after a coordinator restart "
+                                 "or a re-registration, until the worker registers again. Not "
+                                 "in pipetrain_rpc_refused_total.")
+                             .Register(*registry_);
   // Each CoordinatorService method's UNAUTHENTICATED series exists from the
   // first scrape, so that rate() sees the first stranger's call (method
   // names as CountRefused gets them: the short ones). PERMISSION_DENIED and
@@ -427,6 +435,10 @@ void CoordinatorMetrics::CountRefused(absl::string_view method, absl::StatusCode
   }
   rpc_refused_->Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
       .Increment();
+}
+
+void CoordinatorMetrics::CountStaleSession(absl::string_view method) {
+  rpc_stale_sessions_->Add({{"method", std::string(method)}}).Increment();
 }
 
 void CoordinatorMetrics::AddStageTime(int stage, double busy_seconds, double idle_seconds) {

@@ -55,6 +55,10 @@
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED;
 //                                                          REST 401s and 403s as method
 //                                                          "GET /v1/jobs")
+//   pipetrain_rpc_stale_sessions_total{method}    counter  worker calls refused for a session
+//                                                          of their own gone stale (after a
+//                                                          coordinator restart); not in
+//                                                          pipetrain_rpc_refused_total
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
 //   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
@@ -151,6 +155,10 @@ class CoordinatorMetrics {
   // UNAUTHENTICATED and PERMISSION_DENIED are counted: the label stays
   // bounded). rpc()'s interceptor times refused calls too, with their code.
   void CountRefused(absl::string_view method, absl::StatusCode code);
+  // A worker's call of `method` was refused for its own session gone
+  // stale (CallerAuth::IsStaleWorkerSession): every worker's next calls
+  // after a coordinator restart, which must not read as strangers.
+  void CountStaleSession(absl::string_view method);
   // A stage reported an iteration's compute and receive-wait time (from
   // ReportProgress). Negative or non-finite values are ignored: they come
   // from workers, and counters only go up.
@@ -197,6 +205,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* stage_busy_;
   prometheus::Family<prometheus::Counter>* stage_idle_;
   prometheus::Family<prometheus::Counter>* rpc_refused_;
+  prometheus::Family<prometheus::Counter>* rpc_stale_sessions_;
   prometheus::Family<prometheus::Counter>* recoveries_;
   prometheus::Histogram* recovery_seconds_;
   prometheus::Counter* steps_redone_;

@@ -48,6 +48,16 @@ absl::Status CoordinatorGrpcService::WorkerCall(const grpc::CallbackServerContex
   return auth_->CheckWorker(AuthorizationOf(context), worker_id).status();
 }
 
+void CoordinatorGrpcService::CountRefusal(const grpc::CallbackServerContext& context,
+                                          absl::string_view method, const absl::Status& refused) {
+  if (refused.code() == absl::StatusCode::kUnauthenticated &&
+      auth_->IsStaleWorkerSession(AuthorizationOf(context))) {
+    metrics_->CountStaleSession(method);
+  } else {
+    metrics_->CountRefused(method, refused.code());
+  }
+}
+
 void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
 
 template <typename Handler>
@@ -57,7 +67,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Respond(grpc::CallbackServerCo
                                                           Handler handler, const Runner& run) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!authorized.ok()) {
-    metrics_->CountRefused(method, authorized.code());
+    CountRefusal(*context, method, authorized);
     reactor->Finish(ToGrpcStatus(authorized));
     return reactor;
   }
@@ -174,7 +184,7 @@ grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignmen
     grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) {
   absl::Status valid = WorkerCall(*context, request->worker_id());
   if (!valid.ok()) {
-    metrics_->CountRefused("WatchAssignments", valid.code());
+    CountRefusal(*context, "WatchAssignments", valid);
   } else {
     valid = CheckWatcher(*request);
   }

@@ -151,6 +151,10 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   absl::Status WorkerCall(const grpc::CallbackServerContext& context,
                           absl::string_view worker_id) const;
   absl::Status CheckWatcher(const v1::WatchAssignmentsRequest& request) const;
+  // Counts a call refused by authentication: as a worker's stale session
+  // (CallerAuth::IsStaleWorkerSession), or as refused.
+  void CountRefusal(const grpc::CallbackServerContext& context, absl::string_view method,
+                    const absl::Status& refused);
   void RecordProgress(const v1::ReportProgressRequest& request,
                       const JobManager::ProgressCounted& counted);
 

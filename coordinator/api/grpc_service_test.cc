@@ -759,6 +759,40 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
       "SubmitJob\"} 0\n"));
 }
 
+// A worker's own session gone stale (it registered again: a restart of
+// either side) is refused as any other credential, but counted apart:
+// after a coordinator restart every worker's next calls are, and the
+// refusals operators alert on are strangers'. A token naming no known
+// worker still counts as refused.
+TEST_F(GrpcServiceTest, StaleSessionOfAKnownWorker_RefusedAndCountedApartFromStrangers) {
+  v1::RegisterWorkerResponse first, second;
+  ASSERT_TRUE(Register(kJoinToken, &first).ok());
+  ASSERT_TRUE(Register(kJoinToken, &second).ok());  // same address: new incarnation
+  ASSERT_EQ(second.incarnation(), 2);
+  auto heartbeat = [&](const std::string& worker_id, int64_t incarnation,
+                       const std::string& token) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    request.set_incarnation(incarnation);
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    AddBearer(context, token);
+    return raw_->Heartbeat(&context, request, &response).error_code();
+  };
+  EXPECT_EQ(heartbeat("w-1", 1, first.session_token()), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(heartbeat("w-9", 1, "w-9.1." + std::string(64, 'a')),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(heartbeat("w-1", 2, second.session_token()), grpc::StatusCode::OK);
+  const std::string text = MetricsText();
+  EXPECT_TRUE(
+      absl::StrContains(text, "pipetrain_rpc_stale_sessions_total{method=\"Heartbeat\"} 1\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"Heartbeat\"} 1\n"))
+      << text;
+}
+
 // SubmitJob, CancelJob, RegisterWorker and DrainWorker wait for the state
 // store, so the reaction hands them to the service's store threads (STYLE.md
 // item 6): none is answered until that thread has run it. A refused call is

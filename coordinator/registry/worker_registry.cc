@@ -262,6 +262,20 @@ absl::StatusOr<WorkerRegistry::SessionIdentity> WorkerRegistry::AuthenticateSess
   return SessionIdentity{entry->worker.id(), incarnation};
 }
 
+bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
+  const std::vector<absl::string_view> parts = absl::StrSplit(token, kSessionSeparator);
+  int64_t incarnation = 0;
+  if (token.size() > kMaxSecretBytes || parts.size() != 3 ||
+      !absl::SimpleAtoi(parts[1], &incarnation) || incarnation < 1) {
+    return false;
+  }
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(std::string(parts[0]));
+  if (entry == nullptr) return false;
+  return incarnation < entry->worker.incarnation() ||
+         (incarnation == entry->worker.incarnation() && entry->restored_unheard);
+}
+
 absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(worker_id);

@@ -205,6 +205,14 @@ class WorkerRegistry {
   // worker, or is not the current incarnation's (the message says to
   // register again; it never says which part was wrong).
   absl::StatusOr<SessionIdentity> AuthenticateSession(absl::string_view token) const;
+  // Whether a token AuthenticateSession refuses is a worker's own session
+  // gone stale, for metrics only (the caller is refused all the same): it
+  // names a known worker and an earlier incarnation, or the current one of
+  // a worker restored from the store and not heard from since (a
+  // coordinator restart gives each a new secret). A coordinator restart
+  // has every worker's next calls refused once: counted apart from
+  // strangers' (pipetrain_rpc_stale_sessions_total).
+  bool IsStaleSession(absl::string_view token) const;
   // The current incarnation's session credential, for the coordinator's own
   // calls to the worker (WorkerControl). NOT_FOUND for an unknown id.
   absl::StatusOr<std::string> SessionToken(const std::string& worker_id) const;

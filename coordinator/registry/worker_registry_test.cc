@@ -900,12 +900,19 @@ TEST(WorkerRegistryTest, Restore_NoSessionUntilTheWorkerRegistersAgain) {
     EXPECT_EQ(after.AuthenticateSession(token).status().code(), absl::StatusCode::kUnauthenticated)
         << token;
   }
+  // The worker's own session from before the restart: stale, not a
+  // stranger's (metrics count them apart); an unknown worker's is not.
+  EXPECT_TRUE(after.IsStaleSession(old_token));
+  EXPECT_FALSE(after.IsStaleSession("w-2.1.abc"));
+  EXPECT_FALSE(after.IsStaleSession("w-1.2.abc"));  // a later incarnation than it has
+  EXPECT_FALSE(after.IsStaleSession("garbage"));
   const auto again = after.Register(Request(1));
   ASSERT_TRUE(again.ok());
   const auto identity = after.AuthenticateSession(again->session_token());
   ASSERT_TRUE(identity.ok()) << identity.status();
   EXPECT_EQ(identity->worker_id, "w-1");
   EXPECT_EQ(identity->incarnation, 2);
+  EXPECT_TRUE(after.IsStaleSession(old_token));  // an earlier incarnation's now
 }
 
 TEST(WorkerRegistryTest, Register_PersistFails_UnavailableNothingAcknowledged) {

@@ -30,6 +30,25 @@ constexpr char kBadSession[] =
     "session credential not recognised: it is malformed, or its worker incarnation is not "
     "current (the coordinator restarted, or the worker registered again); register again";
 
+// A session credential's parts, "<worker id>.<incarnation>.<secret>";
+// nullopt when malformed (or longer than any the registry hands out).
+struct SessionParts {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  absl::string_view secret;
+};
+std::optional<SessionParts> ParseSessionToken(absl::string_view token) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(token, kSessionSeparator);
+  SessionParts out;
+  if (token.size() > kMaxSecretBytes || parts.size() != 3 ||
+      !absl::SimpleAtoi(parts[1], &out.incarnation)) {
+    return std::nullopt;
+  }
+  out.worker_id = std::string(parts[0]);
+  out.secret = parts[2];
+  return out;
+}
+
 // What a heartbeat reports for a worker that runs no job: "idle", or
 // nothing (a worker that never reported one). A stage between steps says
 // "between steps", and one being stopped "stopping job J".
@@ -242,20 +261,17 @@ std::string WorkerRegistry::SessionTokenOf(const Entry& entry) {
 
 absl::StatusOr<WorkerRegistry::SessionIdentity> WorkerRegistry::AuthenticateSession(
     absl::string_view token) const {
-  const std::vector<absl::string_view> parts = absl::StrSplit(token, kSessionSeparator);
-  int64_t incarnation = 0;
-  if (token.size() > kMaxSecretBytes || parts.size() != 3 ||
-      !absl::SimpleAtoi(parts[1], &incarnation)) {
-    return absl::UnauthenticatedError(kBadSession);
-  }
+  const std::optional<SessionParts> parts = ParseSessionToken(token);
+  if (!parts.has_value()) return absl::UnauthenticatedError(kBadSession);
+  const int64_t incarnation = parts->incarnation;
   AnnotatedMutexLock lock(&mu_);
-  const Entry* entry = FindLocked(std::string(parts[0]));
+  const Entry* entry = FindLocked(parts->worker_id);
   // The secret is compared even for a stale incarnation, so the time taken
   // does not tell a guesser which part was wrong.
   // An entry without a secret has no session (defence in depth: every
   // path that makes an entry sets one).
   const bool secret_ok = entry != nullptr && !entry->session_secret.empty() &&
-                         ConstantTimeEquals(parts[2], entry->session_secret);
+                         ConstantTimeEquals(parts->secret, entry->session_secret);
   if (!secret_ok || incarnation != entry->worker.incarnation()) {
     return absl::UnauthenticatedError(kBadSession);
   }
@@ -263,17 +279,13 @@ absl::StatusOr<WorkerRegistry::SessionIdentity> WorkerRegistry::AuthenticateSess
 }
 
 bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
-  const std::vector<absl::string_view> parts = absl::StrSplit(token, kSessionSeparator);
-  int64_t incarnation = 0;
-  if (token.size() > kMaxSecretBytes || parts.size() != 3 ||
-      !absl::SimpleAtoi(parts[1], &incarnation) || incarnation < 1) {
-    return false;
-  }
+  const std::optional<SessionParts> parts = ParseSessionToken(token);
+  if (!parts.has_value() || parts->incarnation < 1) return false;
   AnnotatedMutexLock lock(&mu_);
-  const Entry* entry = FindLocked(std::string(parts[0]));
+  const Entry* entry = FindLocked(parts->worker_id);
   if (entry == nullptr) return false;
-  return incarnation < entry->worker.incarnation() ||
-         (incarnation == entry->worker.incarnation() && entry->restored_unheard);
+  return parts->incarnation < entry->worker.incarnation() ||
+         (parts->incarnation == entry->worker.incarnation() && entry->restored_unheard);
 }
 
 absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {

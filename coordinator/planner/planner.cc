@@ -197,6 +197,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     // And its coding takes CPU time, as the profile measured the codec.
     ASSIGN_OR_RETURN(const double coding, TensorParallelCodingSecondsPerByte(
                                               r.tensor_compression, r.train.seq_len, profile));
+    // Through a codec the block units' all-reduces run the ring; without
+    // one, as Collectives::AllReduce chooses by size.
+    ASSIGN_OR_RETURN(const bool encoded, TensorParallelEncoded(r.tensor_compression));
     // A fixed count splits the block units; embed and head are never
     // partitioned (1), as in Alg. 1's choice.
     partitions_forward.assign(computed.units.size(), 1);
@@ -207,9 +210,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     }
     partitions_backward = partitions_forward;
     if (r.tensor_partitions == 0) {
-      ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
-                       ChooseTensorPartitions(computed, tensor, cluster.bandwidth_bytes_per_second,
-                                              cluster.latency_seconds, wire_fraction, coding));
+      ASSIGN_OR_RETURN(
+          TensorPartitionPlan chosen,
+          ChooseTensorPartitions(computed, tensor, cluster.bandwidth_bytes_per_second,
+                                 cluster.latency_seconds, wire_fraction, coding, encoded));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
     }
@@ -225,7 +229,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
                                         computed, tensor, partitions_forward, partitions_backward,
                                         cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
-                                        wire_fraction, coding));
+                                        wire_fraction, coding, encoded));
     planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
   // Stage positions on one host's cores also take from each other where

@@ -164,7 +164,10 @@ double AllReduceBytes(const Range& units, const SimulationCosts& costs);
 // link.bandwidth_bytes_per_second; else the ring's 2(D-1) *
 // link.latency_seconds + 2(D-1)/D * bytes / link.bandwidth_bytes_per_second
 // (the bytes term 0 for bandwidth <= 0). A quantized all-reduce
-// (AllReduceEncoded) runs so too.
+// (AllReduceEncoded) runs so too. For a power-of-two D the runtime does
+// recursive doubling below 64 KiB (all_reduce_algorithm.h), which this
+// does not model: the bytes here are a stage's whole gradient, and its
+// buckets (kDataParallelBucketBytes) are that small only in toy models.
 double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link);
 
 // The messages each member sends in an exact all-reduce over `replicas`

@@ -6,24 +6,35 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/compress/elem_topk_codec.h"
+#include "worker/collectives/all_reduce_algorithm.h"
 #include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
 
 namespace {
 
-// Eq. 3 for the group's all-reduce as Collectives::AllReduce (and
-// AllReduceEncoded, compressed) runs it: the ring, or for two ranks one
-// exchange (recursive doubling's c1 = c2 = 1).
+// The group's links for eq. 3; the algorithm is each all-reduce's own
+// (GroupAllReduceSeconds).
 AllReduceModel RuntimeModel(int tensor, double bandwidth_bytes_per_second, double latency_seconds) {
   AllReduceModel model;
   model.alpha_seconds = latency_seconds;
   model.beta_seconds_per_byte =
       bandwidth_bytes_per_second > 0 ? 1.0 / bandwidth_bytes_per_second : 0.0;
   model.group_size = tensor;
-  model.algorithm =
-      tensor == 2 ? AllReduceAlgorithm::kRecursiveDoubling : AllReduceAlgorithm::kRing;
   return model;
+}
+
+// Eq. 3 for one all-reduce of `bytes` on the wire as the group runs it:
+// Collectives::AllReduce's recursive doubling for two ranks, or a power of
+// two below kSmallAllReduceBytes (log2 T exchanges: 3 latencies at T = 8
+// where the ring pays 14); else the ring. Through a codec
+// (AllReduceEncoded) two ranks exchange once too, and more run the ring
+// at any size.
+absl::StatusOr<double> GroupAllReduceSeconds(AllReduceModel model, double bytes, bool encoded) {
+  const bool doubling =
+      encoded ? model.group_size == 2 : AllReduceRunsRecursiveDoubling(model.group_size, bytes);
+  model.algorithm = doubling ? AllReduceAlgorithm::kRecursiveDoubling : AllReduceAlgorithm::kRing;
+  return AllReduceSeconds(model, bytes);
 }
 
 // One of K micro-partitions of the unit on one rank of `tensor`: measured
@@ -43,7 +54,7 @@ absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int
                                                 double bandwidth_bytes_per_second,
                                                 double latency_seconds, double block_wire_fraction,
                                                 double block_coding_seconds_per_byte,
-                                                std::vector<int>* layer_units) {
+                                                bool block_encoded, std::vector<int>* layer_units) {
   const AllReduceModel model = RuntimeModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   AccTfmProblem problem;
   layer_units->clear();
@@ -55,7 +66,8 @@ absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int
       layer.fwd_compute_seconds.push_back(PartitionSeconds(unit, k, true, tensor));
       layer.bwd_compute_seconds.push_back(PartitionSeconds(unit, k, false, tensor));
       ASSIGN_OR_RETURN(const double seconds,
-                       AllReduceSeconds(model, unit.activation_bytes * block_wire_fraction / k));
+                       GroupAllReduceSeconds(model, unit.activation_bytes * block_wire_fraction / k,
+                                             block_encoded));
       layer.allreduce_seconds.push_back(seconds +
                                         block_coding_seconds_per_byte * unit.activation_bytes / k);
     }
@@ -121,6 +133,12 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
   return encoded / fp32;
 }
 
+absl::StatusOr<bool> TensorParallelEncoded(const std::string& spec) {
+  ASSIGN_OR_RETURN(TensorParallelCompression compression,
+                   MakeTensorParallelCompression(spec, "spec.parallelism.tensor_compression"));
+  return compression.codec != nullptr;
+}
+
 absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec, int seq_len,
                                                           const ModelProfile& profile) {
   ASSIGN_OR_RETURN(TensorParallelCompression compression,
@@ -137,16 +155,17 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
                                                            double bandwidth_bytes_per_second,
                                                            double latency_seconds,
                                                            double block_wire_fraction,
-                                                           double block_coding_seconds_per_byte) {
+                                                           double block_coding_seconds_per_byte,
+                                                           bool block_encoded) {
   if (tensor < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("AccTFM partitions need a tensor-parallel group of 2 or more, got ", tensor));
   }
   std::vector<int> layer_units;  // the profile's index of each layer
-  ASSIGN_OR_RETURN(
-      const AccTfmProblem problem,
-      BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
-                        block_wire_fraction, block_coding_seconds_per_byte, &layer_units));
+  ASSIGN_OR_RETURN(const AccTfmProblem problem,
+                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                                     block_wire_fraction, block_coding_seconds_per_byte,
+                                     block_encoded, &layer_units));
   if (problem.layers.empty()) {
     return absl::InvalidArgumentError("the profile has no attention or MLP unit to partition");
   }
@@ -165,10 +184,11 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
   const auto runtime_seconds =
       [&](const std::vector<int>& forward,
           const std::vector<int>& backward) -> absl::StatusOr<std::pair<double, double>> {
-    ASSIGN_OR_RETURN(const std::vector<TensorParallelUnitLanes> passes,
-                     TensorParallelUnitPasses(profile, tensor, forward, backward,
-                                              bandwidth_bytes_per_second, latency_seconds,
-                                              block_wire_fraction, block_coding_seconds_per_byte));
+    ASSIGN_OR_RETURN(
+        const std::vector<TensorParallelUnitLanes> passes,
+        TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
+                                 latency_seconds, block_wire_fraction,
+                                 block_coding_seconds_per_byte, block_encoded));
     std::pair<double, double> sum{0, 0};
     for (int u : layer_units) {
       sum.first += PassSeconds(passes[u].forward);
@@ -199,7 +219,7 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
 absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction, double block_coding_seconds_per_byte) {
+    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded) {
   if (tensor < 2 || forward.size() != profile.units.size() ||
       backward.size() != profile.units.size()) {
     return absl::InvalidArgumentError(
@@ -225,28 +245,29 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
         pass->partitions = k;
         pass->compute_seconds = k * PartitionSeconds(in, k, pass == &lanes.forward, tensor);
         ASSIGN_OR_RETURN(pass->all_reduce_seconds,
-                         AllReduceSeconds(model, in.activation_bytes * block_wire_fraction / k));
+                         GroupAllReduceSeconds(model, in.activation_bytes * block_wire_fraction / k,
+                                               block_encoded));
         pass->all_reduce_seconds += block_coding_seconds_per_byte * in.activation_bytes / k;
       }
     } else if (u == 0) {
       ASSIGN_OR_RETURN(lanes.forward.all_reduce_seconds,
-                       AllReduceSeconds(model, in.activation_bytes));
+                       GroupAllReduceSeconds(model, in.activation_bytes, false));
     } else if (u + 1 == profile.units.size()) {
       // The row maxima and the exp sums are a few floats a token: their
       // latency only, twice.
-      ASSIGN_OR_RETURN(const double small, AllReduceSeconds(model, 0));
+      ASSIGN_OR_RETURN(const double small, GroupAllReduceSeconds(model, 0, false));
       lanes.forward.all_reduce_seconds = 2 * small;
       ASSIGN_OR_RETURN(lanes.backward.all_reduce_seconds,
-                       AllReduceSeconds(model, profile.units[u - 1].activation_bytes));
+                       GroupAllReduceSeconds(model, profile.units[u - 1].activation_bytes, false));
     }
   }
   // The block units stream into each other: charge each its share of the
   // run's timeline instead of its timeline alone.
   std::vector<int> layer_units;
-  ASSIGN_OR_RETURN(
-      const AccTfmProblem problem,
-      BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
-                        block_wire_fraction, block_coding_seconds_per_byte, &layer_units));
+  ASSIGN_OR_RETURN(const AccTfmProblem problem,
+                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                                     block_wire_fraction, block_coding_seconds_per_byte,
+                                     block_encoded, &layer_units));
   if (problem.layers.empty()) return out;
   std::vector<int> forward_sizes, backward_sizes;
   for (int u : layer_units) {
@@ -267,11 +288,12 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
 absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction, double block_coding_seconds_per_byte) {
-  ASSIGN_OR_RETURN(const std::vector<TensorParallelUnitLanes> passes,
-                   TensorParallelUnitPasses(profile, tensor, forward, backward,
-                                            bandwidth_bytes_per_second, latency_seconds,
-                                            block_wire_fraction, block_coding_seconds_per_byte));
+    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded) {
+  ASSIGN_OR_RETURN(
+      const std::vector<TensorParallelUnitLanes> passes,
+      TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
+                               latency_seconds, block_wire_fraction, block_coding_seconds_per_byte,
+                               block_encoded));
   return TensorParallelCostsOf(profile, tensor, passes);
 }
 

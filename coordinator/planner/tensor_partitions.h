@@ -8,9 +8,11 @@
 //     coordinator asks the profiler for when tensor_partitions is 0) / T,
 //     or without it (analytic profiles) the whole pass / T / K (the split
 //     divides the unit's FLOPs by T; a partition does 1/K of the samples),
-//   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
-//     a ring of T (T = 2: one exchange, c1 = c2 = 1, as
-//     Collectives::AllReduce and AllReduceEncoded run two ranks) with
+//   all-reduce of one micro-partition: eq. 3 for activation_bytes / K as
+//     the group runs it (GroupAllReduceSeconds in the .cc): one exchange
+//     for T = 2 (c1 = c2 = 1); recursive doubling (c1 = c2 = log2 T) for
+//     a power of two below kSmallAllReduceBytes without a codec
+//     (Collectives::AllReduce); else a ring of T; with
 //     alpha = the link's latency, beta = 1 / bandwidth,
 //     the bytes times `block_wire_fraction` (what AccTFM's hybrid
 //     compression sends of the fp32 size, TensorParallelWireFraction; 1
@@ -57,11 +59,15 @@ struct TensorPartitionPlan {
 
 // INVALID_ARGUMENT when tensor < 2, the profile has no attention or MLP
 // unit (names "attn_*", "mlp_*"), or a cost is invalid (SolveAccTfm's
-// message). bandwidth 0 means unlimited.
+// message). bandwidth 0 means unlimited. `block_encoded`: the block units'
+// all-reduces go through a codec (AllReduceEncoded, always the ring;
+// TensorParallelEncoded); else each runs as Collectives::AllReduce
+// chooses by its size (AllReduceRunsRecursiveDoubling), as the embedding's
+// and the head's do.
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(
     const ModelProfile& profile, int tensor, double bandwidth_bytes_per_second,
     double latency_seconds, double block_wire_fraction = 1.0,
-    double block_coding_seconds_per_byte = 0.0);
+    double block_coding_seconds_per_byte = 0.0, bool block_encoded = false);
 
 // Whether a profile's unit is an attention or MLP unit ("attn_*",
 // "mlp_*"), the units tensor parallelism splits and partitions.
@@ -83,6 +89,12 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
 // one when not measured itself); 0 without a codec (token top-k alone sums the kept rows exactly)
 // or without the profile's timings. The all-reduces the costs below count end that much later.
 // INVALID_ARGUMENT for a spec jobs refuse.
+// Whether spec.parallelism.tensor_compression `spec` sends the block
+// units' all-reduces through a codec (AllReduceEncoded); token_topk alone
+// sums the kept rows exactly (AllReduce). INVALID_ARGUMENT for a spec jobs
+// refuse.
+absl::StatusOr<bool> TensorParallelEncoded(const std::string& spec);
+
 absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec, int seq_len,
                                                           const ModelProfile& profile);
 
@@ -124,12 +136,14 @@ absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spe
 absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0);
+    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0,
+    bool block_encoded = false);
 
 absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0);
+    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0,
+    bool block_encoded = false);
 
 // TensorParallelUnitCosts from passes TensorParallelUnitPasses computed (one
 // per unit of `profile`, checked by the caller): each unit's weights / T and

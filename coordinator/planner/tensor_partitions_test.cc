@@ -1,6 +1,8 @@
 #include "coordinator/planner/tensor_partitions.h"
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
@@ -152,6 +154,47 @@ TEST(TensorParallelUnitCostsTest, StashIsTheRanksShare_NotTheWholeUnits) {
   EXPECT_NEAR(rank->units[0].weight_bytes, wte / T + wpe, 8 * d);
   EXPECT_NEAR(rank->units[5].weight_bytes, (wte + 8 * d) / T, 1);
   EXPECT_NEAR(rank->units[1].weight_bytes, whole.units[1].weight_bytes / T, 1);
+}
+
+// Each all-reduce is priced as Collectives::AllReduce runs it: below 64
+// KiB a power-of-two group does recursive doubling (log2 T latencies), the
+// ring above; through a codec (AllReduceEncoded) the ring at any size.
+// Before, every group of more than 2 was priced as a ring: the head's two
+// small all-reduces at T = 8 cost 14 latencies each, not 3.
+TEST(TensorParallelUnitCostsTest, SmallAllReducesOfPowerOfTwoGroups_RecursiveDoubling) {
+  const double alpha = 1e-3;
+  const std::vector<int> whole(6, 1);
+  for (const auto& [tensor, doubling_steps, ring_steps] :
+       std::vector<std::tuple<int, int, int>>{{4, 2, 6}, {8, 3, 14}}) {
+    // 32 KiB activations: recursive doubling for every exact all-reduce.
+    absl::StatusOr<std::vector<TensorParallelUnitLanes>> small =
+        TensorParallelUnitPasses(Profile(0.01, 32 << 10), tensor, whole, whole, 0, alpha);
+    ASSERT_TRUE(small.ok()) << small.status();
+    EXPECT_NEAR(small->back().forward.all_reduce_seconds, 2 * doubling_steps * alpha, 1e-12);
+    EXPECT_NEAR(small->back().backward.all_reduce_seconds, doubling_steps * alpha, 1e-12);
+    EXPECT_NEAR(small->front().forward.all_reduce_seconds, doubling_steps * alpha, 1e-12);
+    EXPECT_NEAR((*small)[1].forward.all_reduce_seconds, doubling_steps * alpha, 1e-12);
+    // Through a codec the block units' run the ring; embed and head's not.
+    absl::StatusOr<std::vector<TensorParallelUnitLanes>> encoded = TensorParallelUnitPasses(
+        Profile(0.01, 32 << 10), tensor, whole, whole, 0, alpha, 0.5, 0, /*block_encoded=*/true);
+    ASSERT_TRUE(encoded.ok()) << encoded.status();
+    EXPECT_NEAR((*encoded)[1].forward.all_reduce_seconds, ring_steps * alpha, 1e-12);
+    EXPECT_NEAR(encoded->back().backward.all_reduce_seconds, doubling_steps * alpha, 1e-12);
+    // 1 MB activations: the ring; the head's few floats a token still not.
+    absl::StatusOr<std::vector<TensorParallelUnitLanes>> large =
+        TensorParallelUnitPasses(Profile(0.01, 1e6), tensor, whole, whole, 0, alpha);
+    ASSERT_TRUE(large.ok()) << large.status();
+    EXPECT_NEAR((*large)[1].forward.all_reduce_seconds, ring_steps * alpha, 1e-12);
+    EXPECT_NEAR(large->back().forward.all_reduce_seconds, 2 * doubling_steps * alpha, 1e-12);
+  }
+  // Three ranks (not a power of two): the ring at any size.
+  absl::StatusOr<std::vector<TensorParallelUnitLanes>> three =
+      TensorParallelUnitPasses(Profile(0.01, 32 << 10), 3, whole, whole, 0, alpha);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_NEAR(three->back().forward.all_reduce_seconds, 2 * 4 * alpha, 1e-12);
+  EXPECT_TRUE(TensorParallelEncoded("piecewise:bits=3").value());
+  EXPECT_FALSE(TensorParallelEncoded("token_topk:keep=0.5").value());
+  EXPECT_FALSE(TensorParallelEncoded("none").value());
 }
 
 // AccTFM's hybrid compression shrinks only the block units' all-reduces:

@@ -10,8 +10,6 @@
 namespace pipetrain {
 namespace {
 
-bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Whole floats in a message of at most `bytes`, at least one.
@@ -264,7 +262,8 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   // (the whole tensor each way) in one round instead of two, a latency
   // less, and sums alike: the ring's segments are x0 + x1 and x1 + x0,
   // bitwise equal.
-  if (size() == 2 || (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes)) {
+  if (AllReduceRunsRecursiveDoubling(size(), static_cast<double>(data.size_bytes()),
+                                     options_.small_bytes)) {
     return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   }
   // The ring, in rounds (InRounds says why).

@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"
+#include "worker/collectives/all_reduce_algorithm.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -73,7 +74,8 @@ struct CollectiveOptions {
   int64_t chunk_bytes = int64_t{1} << 20;
   // Recursive doubling below this (two members: at any size, which sums
   // bitwise as the ring does, so 0 still means the ring's sums).
-  int64_t small_bytes = int64_t{64} << 10;
+  // (AllReduceRunsRecursiveDoubling, all_reduce_algorithm.h.)
+  int64_t small_bytes = kSmallAllReduceBytes;
   absl::Duration timeout = absl::Seconds(60);
   // Recursive doubling's messages: at most this and chunk_bytes
   // (Collectives::ExchangeChunk says why this is smaller than the ring's).

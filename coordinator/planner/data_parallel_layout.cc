@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/data_plane_cost.h"
+#include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/host_sharing.h"
 #include "coordinator/planner/simulator.h"
 #include "spec/job_spec.h"
@@ -111,8 +112,13 @@ Solved SolveLayout(const ModelProfile& measured, const ClusterSpec& given, int d
   SimulationCosts costs =
       SimulationCostsFromProfile(profile, out.stage_cluster, TiedGradientBytes(profile));
   costs.data_parallel = d;
-  const auto simulate = [&](const std::vector<v1::Program>& programs) {
-    return SimulateWithSharedCores(programs, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
+  const auto simulate =
+      [&](const std::vector<v1::Program>& programs) -> absl::StatusOr<SimulationResult> {
+    std::vector<v1::Program> run = programs;
+    if (d > 1 && options.fused_embedding_sync) {
+      RETURN_IF_ERROR(FuseEmbeddingSyncOfPrograms(&run).status());
+    }
+    return SimulateWithSharedCores(run, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
   };
   plan_options.simulate = simulate;  // out.plan.simulation is this one
   absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, out.stage_cluster, plan_options);

@@ -42,6 +42,10 @@ struct LayoutOptions {
   int micro_batches = 1;    // m: a step's micro-batches over ALL replicas
                             // (spec training.micro_batches); D must divide it
   double distpar_beta = 1;  // DistPar's beta: weight of communication, >= 0
+  // With D > 1, each layout is priced with the tied embedding's sync
+  // fused (spec parallelism.fused_embedding_sync, whose default this is):
+  // as its workers would run it (planner.cc).
+  bool fused_embedding_sync = true;
   // Solver, objective, schedule and manual ranges for every layout. Its
   // micro_batches and data_parallel are ignored: each layout sets m / D and D.
   PlanOptions plan;

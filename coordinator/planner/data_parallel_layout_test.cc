@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/philox.h"
+#include "common/status_macros.h"
+#include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/simulator.h"
 #include "coordinator/planner/solve_plan.h"
 #include "gmock/gmock.h"
@@ -196,8 +198,10 @@ TEST(PlanDataParallelTest, ExplicitD_PlansOneReplicaWithItsShareOfMicroBatches) 
   EXPECT_EQ(layout.plan.programs.size(), 2u);
   EXPECT_EQ(MaxMicroBatch(layout.plan.programs), 3);  // 8 / 2 = 4 per replica
   EXPECT_EQ(layout.candidates[0].step_seconds, layout.plan.simulation.iteration_seconds);
-  // The head's stage: one exchange of its 1600 B.
-  EXPECT_DOUBLE_EQ(layout.candidates[0].max_all_reduce_seconds, 1e-3 + 1600 / 1e6);
+  // The head's stage: its 1600 B are the tied wte's, all-reduced by the 4
+  // owners of the fused embedding sync (4 latencies, 1.5 x 1600 B), which
+  // leaves its step nothing to all-reduce.
+  EXPECT_NEAR(layout.candidates[0].max_all_reduce_seconds, 4 * 1e-3 + 1.5 * 1600 / 1e6, 1e-15);
   EXPECT_EQ(layout.candidates[0].distpar.total, DistParLayoutCost(layout.plan, profile, 1).total);
 }
 
@@ -500,6 +504,15 @@ BruteForce BruteForceLayout(const ModelProfile& profile, const ClusterSpec& clus
     PlanOptions o = plan_options;
     o.micro_batches = m / d;
     o.data_parallel = d;
+    // Priced as its workers run it: with replicas, the tied embedding's
+    // sync fused (LayoutOptions::fused_embedding_sync's default).
+    SimulationCosts costs = SimulationCostsFromProfile(profile, stages, TiedGradientBytes(profile));
+    costs.data_parallel = d;
+    o.simulate = [&](const std::vector<v1::Program>& programs) -> absl::StatusOr<SimulationResult> {
+      std::vector<v1::Program> run = programs;
+      if (d > 1) RETURN_IF_ERROR(FuseEmbeddingSyncOfPrograms(&run).status());
+      return SimulateIteration(run, costs);
+    };
     absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, stages, o);
     if (!plan.ok()) {
       if (best.error == absl::StatusCode::kOk) best.error = plan.status().code();

@@ -1,5 +1,7 @@
 #include "coordinator/planner/fused_embedding_sync.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
@@ -64,6 +66,22 @@ absl::StatusOr<bool> FuseEmbeddingSync(const std::vector<Range>& backward,
     if (!fused.ok()) return fused;
   }
   return true;
+}
+
+absl::StatusOr<bool> FuseEmbeddingSyncOfPrograms(std::vector<v1::Program>* programs) {
+  std::vector<Range> backward(programs->size(), Range{0, 0});
+  for (size_t s = 0; s < programs->size(); ++s) {
+    bool any = false;
+    for (const v1::Instruction& in : (*programs)[s].instructions()) {
+      if (!in.has_backward()) continue;
+      const v1::UnitRange& units = in.backward().units();
+      backward[s] = any ? Range{std::min(backward[s].begin, units.begin()),
+                                std::max(backward[s].end, units.end())}
+                        : Range{units.begin(), units.end()};
+      any = true;
+    }
+  }
+  return FuseEmbeddingSync(backward, programs);
 }
 
 double UnfusedEmbeddingSyncVolume(double bytes, int replicas) {

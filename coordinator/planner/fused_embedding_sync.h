@@ -28,6 +28,12 @@ namespace pipetrain {
 absl::StatusOr<bool> FuseEmbeddingSync(const std::vector<Range>& backward,
                                        std::vector<v1::Program>* programs);
 
+// FuseEmbeddingSync with each stage's backward range read from its
+// program (the span of its Backward instructions' units): for programs
+// whose ranges the caller no longer has (the solver's candidates, which
+// the simulator prices as the workers will run them).
+absl::StatusOr<bool> FuseEmbeddingSyncOfPrograms(std::vector<v1::Program>* programs);
+
 // The costs of eq. 15 and 16 for a tied embedding of `bytes` over D
 // replicas, in bytes sent per owner (the cost model's volume units).
 double UnfusedEmbeddingSyncVolume(double bytes, int replicas);  // eq. 15

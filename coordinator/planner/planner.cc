@@ -252,18 +252,28 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
   }
   const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
-  options.simulate = [&](const std::vector<v1::Program>& programs) {
-    std::vector<v1::Program> compressed = programs;
-    MarkCompression(r.spec.compression(), &compressed);
-    return SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
-                                   stretch.factor, compute_share, nullptr);
+  // The programs as the workers get them: the tied embedding's sync fused
+  // (priced as eq. 16's one all-reduce, not eq. 15's exchange and ring),
+  // and the links' codecs marked.
+  const bool fuse_sync = replicas > 1 && r.spec.parallelism().fused_embedding_sync();
+  const auto as_run =
+      [&](const std::vector<v1::Program>& programs) -> absl::StatusOr<std::vector<v1::Program>> {
+    std::vector<v1::Program> out = programs;
+    if (fuse_sync) RETURN_IF_ERROR(FuseEmbeddingSyncOfPrograms(&out).status());
+    MarkCompression(r.spec.compression(), &out);
+    return out;
+  };
+  options.simulate =
+      [&](const std::vector<v1::Program>& programs) -> absl::StatusOr<SimulationResult> {
+    ASSIGN_OR_RETURN(const std::vector<v1::Program> run, as_run(programs));
+    return SimulateWithSharedCores(run, costs, cluster, replicas, r.stages, tensor, stretch.factor,
+                                   compute_share, nullptr);
   };
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   double overlap_stretch = 1;
   std::vector<int> dp_compressed_stages;  // selective stage compression's
   {
-    std::vector<v1::Program> compressed = solved.programs;
-    MarkCompression(r.spec.compression(), &compressed);
+    ASSIGN_OR_RETURN(const std::vector<v1::Program> compressed, as_run(solved.programs));
     ASSIGN_OR_RETURN(solved.simulation,
                      SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
                                              stretch.factor, compute_share, &overlap_stretch));

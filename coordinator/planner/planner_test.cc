@@ -358,6 +358,27 @@ TEST(PlanJobCompression, DataParallelQuantizerShortensThePrediction) {
             0.6 * exact->plan.predicted_iteration_seconds());
 }
 
+// The prediction prices the tied embedding's sync as the workers run it:
+// fused (the default with replicas), one all-reduce over the 2D owners
+// (eq. 16), not the owners' exchange and each one's ring (eq. 15), which
+// the workers no longer do. On a slow link the fused plan is predicted
+// shorter.
+TEST(PlanJobDataParallel, FusedEmbeddingSync_PricedAsItRuns) {
+  v1::JobSpec spec = SmallSpec(2, 4);
+  spec.mutable_parallelism()->set_data(2);
+  const auto plan = [&](bool fused) {
+    spec.mutable_parallelism()->set_fused_embedding_sync(fused);
+    const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+    const ModelProfile profile = AnalyticProfile(
+        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+    return PlanJob(job, "job", 1, profile, testing::TestCluster(4, 1e6, 1e-4), "analytic");
+  };
+  absl::StatusOr<CompiledPlan> fused = plan(true), unfused = plan(false);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  EXPECT_LT(fused->plan.predicted_iteration_seconds(), unfused->plan.predicted_iteration_seconds());
+}
+
 // The quantized all-reduce's own CPU time, from the profile, for a model
 // of several 4 MiB buckets: on hosts of their own (8 cores, 1 thread each)
 // it lengthens only the buckets, which overlap the backward pass; with both

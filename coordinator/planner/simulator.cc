@@ -140,12 +140,18 @@ const char* InstructionProblem(const v1::Instruction& in, int w, int workers, in
     case v1::Instruction::kRecv:
       ok = key_ok(in.recv().tensor()) && peer_ok(in.recv().peer_stage());
       break;
-    case v1::Instruction::kAddTiedGradient:
+    case v1::Instruction::kAddTiedGradient: {
+      // Fused: the two owners are workers here, this one of them.
+      const v1::Instruction::AddTiedGradient& add = in.add_tied_gradient();
+      ok = !add.fused() || (add.embed_stage() != add.head_stage() &&
+                            (w == add.embed_stage() || w == add.head_stage()) &&
+                            peer_ok(w == add.embed_stage() ? add.head_stage() : add.embed_stage()));
       break;
+    }
     case v1::Instruction::OP_NOT_SET:
       return "has no op";
   }
-  return ok ? nullptr : "unit range, tensor key or peer out of range";
+  return ok ? nullptr : "unit range, tensor key, peer or tied-gradient owners out of range";
 }
 
 absl::Status ValidatePrograms(const std::vector<v1::Program>& programs, int units) {
@@ -180,13 +186,15 @@ class Simulator {
         busy_(programs.size(), 0.0),
         all_reduce_(programs.size(), 0.0),
         pc_(programs.size(), 0),
-        lanes_(programs.size()) {
+        lanes_(programs.size()),
+        fused_tied_(programs.size(), false) {
     // Where each unit's gradient is final: its last Backward on the worker.
     for (size_t w = 0; w < programs.size(); ++w) {
       Lane& lane = lanes_[w];
       lane.final_backward.assign(costs.units.size(), -1);
       for (int i = 0; i < programs[w].instructions_size(); ++i) {
         const v1::Instruction& in = programs[w].instructions(i);
+        if (in.has_add_tied_gradient() && in.add_tied_gradient().fused()) fused_tied_[w] = true;
         if (!in.has_backward()) continue;
         for (int u = in.backward().units().begin(); u < in.backward().units().end(); ++u) {
           lane.final_backward[u] = i;
@@ -239,8 +247,10 @@ class Simulator {
         if (!Receive(w, in.recv())) return;  // parked until the send is issued
         break;
       case v1::Instruction::kAddTiedGradient:
+        if (!FusedTiedAllReduce(w, in.add_tied_gradient())) return;  // parked for the other owner
+        break;
       case v1::Instruction::OP_NOT_SET:
-        break;  // no time (OP_NOT_SET is rejected earlier)
+        break;  // rejected earlier
     }
     ++pc_[w];
     ready_.push({clock_[w], w});
@@ -347,12 +357,13 @@ class Simulator {
   // without units.
   void AllReduce(int w, const v1::UnitRange& r) {
     if (costs_.data_parallel <= 1 || r.begin() >= r.end()) return;
-    // The tied wte's bytes here (exact), and the others'.
+    // The tied wte's bytes here (exact; none where its sync is fused, as
+    // FusedTiedAllReduce reduced them), and the others'.
     const double all = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
     double others = 0;
     for (int u = r.begin(); u < r.end(); ++u) others += BucketBytes(u);
     others = std::min(others, all);
-    const double tied = all - others;
+    const double tied = fused_tied_[w] ? 0.0 : all - others;
     if (Overlaps(w)) {
       Lane& lane = lanes_[w];
       LaunchBucket(w, clock_[w]);
@@ -426,6 +437,41 @@ class Simulator {
       ready_.push({clock_[parked->second], parked->second});
       parked_.erase(parked);
     }
+  }
+
+  // A fused AddTiedGradient (header: the model): false while the other
+  // owner has not arrived (w parks until it does); else both go on after
+  // the 2D owners' all-reduce. An unfused one, or D = 1: no time.
+  bool FusedTiedAllReduce(int w, const v1::Instruction::AddTiedGradient& add) {
+    if (!add.fused() || costs_.data_parallel <= 1) return true;
+    if (tied_done_.erase(w) > 0) return true;  // the other owner finished it for both
+    const int other = w == add.embed_stage() ? add.head_stage() : add.embed_stage();
+    auto arrived = tied_arrival_.find(other);
+    if (arrived == tied_arrival_.end()) {
+      tied_arrival_[w] = clock_[w];
+      return false;
+    }
+    const int owners = 2 * costs_.data_parallel;
+    const double start = std::max(clock_[w], arrived->second);
+    const double end =
+        start + MemberOrderAllReduceSeconds(owners, costs_.tied_grad_bytes, costs_.replica_link);
+    for (int owner : {w, other}) {
+      if (start > clock_[owner]) {  // the first to arrive idles until the other does
+        TimelineEvent& wait = AddEvent(owner, TimelineEventKind::kRecvWait, clock_[owner], start);
+        wait.peer = owner == w ? other : w;
+        wait.tensor_kind = v1::TENSOR_KIND_TIED_EMBEDDING_GRAD;
+        wait.label = absl::StrCat("wait for ", wait.peer, " at the fused embedding sync");
+      }
+      TimelineEvent& e = AddEvent(owner, TimelineEventKind::kAllReduce, start, end);
+      e.bytes = costs_.tied_grad_bytes;
+      e.label = absl::StrCat("fused embedding sync x", owners, " owners");
+      all_reduce_[owner] += end - start;
+      clock_[owner] = end;
+    }
+    tied_arrival_.erase(arrived);
+    tied_done_.insert(other);
+    ready_.push({clock_[other], other});
+    return true;
   }
 
   // False when the tensor has not been sent yet: w parks until it is.
@@ -535,6 +581,12 @@ class Simulator {
   std::map<std::pair<int, int>, double> link_free_;  // (src, dst) -> free from
   std::map<MessageKey, InFlight> in_flight_;         // sent, not yet received
   std::map<MessageKey, int> parked_;                 // key -> worker waiting for it
+  // Fused embedding sync: per worker whether its program has a fused
+  // AddTiedGradient; the owner waiting in it (-> its arrival); the owner
+  // whose one the other finished.
+  std::vector<bool> fused_tied_;
+  std::map<int, double> tied_arrival_;
+  std::set<int> tied_done_;
   std::vector<TimelineEvent> events_;
 };
 
@@ -562,6 +614,16 @@ double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link) 
       link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
   const AllReduceMessages messages = AllReduceMessagesFor(replicas);
   return messages.count * (link.latency_seconds + messages.fraction * wire);
+}
+
+double MemberOrderAllReduceSeconds(int members, double bytes, const LinkParameters& link) {
+  if (members <= 1) return 0;
+  const double wire =
+      link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
+  if (members == 2) return link.latency_seconds + wire;  // one exchange
+  // Each member's n - 1 segments at once (one latency), then the ring's
+  // all-gather (n - 1 steps): eq. 3 with c1 = n, c2 = 2(n - 1)/n.
+  return members * link.latency_seconds + 2.0 * (members - 1) / members * wire;
 }
 
 AllReduceMessages AllReduceMessagesFor(int replicas) {

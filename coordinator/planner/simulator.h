@@ -9,7 +9,14 @@
 //    Backward(units, mb) takes sum bwd_seconds[u] / speed[w];
 //    OptimizerStep(units) takes
 //      optimizer_seconds_per_byte * sum weight_bytes[u] / speed[w];
-//    AddTiedGradient takes no time.
+//    AddTiedGradient takes no time, unless fused (Optimus-CC §6,
+//    fused_embedding_sync.h) with D > 1: then it is one all-reduce of
+//    tied_grad_bytes over the 2D owners of the tied embedding (eq. 16),
+//    which both owners of the simulated replica enter: the first waits
+//    for the other (a kRecvWait event), and both go on after
+//    MemberOrderAllReduceSeconds(2D, tied_grad_bytes, replica_link) from
+//    the later one's arrival (a kAllReduce event on each, all-reduce time).
+//    Their OptimizerStep's all-reduce then leaves the tied wte out.
 //  - Data parallelism (DESIGN.md §12): the programs are ONE replica's, and
 //    costs.data_parallel = D >= 1 replicas run the same programs on workers
 //    of the same speeds (the caller passes, per stage position, the slowest
@@ -18,7 +25,8 @@
 //    replicas' copies of the stage (a ring: reduce-scatter + all-gather over
 //    costs.replica_link), then steps. Of AllReduceBytes(units), the tied
 //    wte's (tied_grad_bytes if the units hold the first or the last unit of
-//    the model) go whole and the rest times all_reduce_byte_fraction[w]
+//    the model; none where the sync is fused, above) go whole and the rest
+//    times all_reduce_byte_fraction[w]
 //    (selective compression); the all-reduce of those b bytes takes
 //      AllReduceSeconds(D, b, replica_link)
 //        = 2(D-1) * latency + 2(D-1)/D * bytes / bandwidth
@@ -169,6 +177,13 @@ double AllReduceBytes(const Range& units, const SimulationCosts& costs);
 // does not model: the bytes here are a stage's whole gradient, and its
 // buckets (kDataParallelBucketBytes) are that small only in toy models.
 double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link);
+
+// Seconds of Collectives::AllReduceInMemberOrder over `members` (the
+// fused embedding sync's): 0 for members <= 1; for 2 one exchange; else
+// each member's n - 1 segments sent at once (one latency) and the ring's
+// all-gather: n * latency + 2(n-1)/n * bytes / bandwidth (eq. 3's form;
+// the bytes term 0 for bandwidth <= 0).
+double MemberOrderAllReduceSeconds(int members, double bytes, const LinkParameters& link);
 
 // The messages each member sends in an exact all-reduce over `replicas`
 // copies as Collectives::AllReduce runs it (eq. 3's c1), each `fraction` of

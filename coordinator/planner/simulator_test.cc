@@ -519,6 +519,57 @@ TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   EXPECT_DOUBLE_EQ(r.bubble_fraction, 24.0 / 69.0);
 }
 
+// The fused embedding sync (Optimus-CC eq. 16): the owners' fused
+// AddTiedGradient is one all-reduce over the 2D owners, which the head
+// stage (there at 4) waits for the embedding's (there at 6); both go on
+// after the 4 owners' all-reduce (AllReduceInMemberOrder: one latency for
+// the segments, three for the all-gather, 1.5 x 100 B at 100 B/s); the
+// steps' all-reduces then leave the tied wte out. Unfused, each step
+// all-reduces it over the D = 2 replicas (1 s) instead.
+TEST(SimulatorTest, FusedEmbeddingSync_OneAllReduceOverTheTwoDOwners) {
+  auto tied = [](bool fused) {
+    v1::Instruction in;
+    in.mutable_add_tied_gradient()->set_fused(fused);
+    in.mutable_add_tied_gradient()->set_embed_stage(0);
+    in.mutable_add_tied_gradient()->set_head_stage(1);
+    return in;
+  };
+  auto programs = [&](bool fused) {
+    return std::vector<v1::Program>{
+        Program({Compute("F", 0, 1, 0), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1),
+                 Recv(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 1), Compute("B", 0, 1, 0), tied(fused),
+                 Compute("Opt", 0, 1, -1)}),
+        Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Compute("F", 1, 2, 0),
+                 Compute("B", 1, 2, 0), Send(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 0), tied(fused),
+                 Compute("Opt", 1, 2, -1)})};
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 2, 0, 100}, {1, 2, 0, 100}};  // each unit's weights: the tied wte
+  costs.tied_grad_bytes = 100;
+  costs.worker_speeds = {1, 1};
+  costs.data_parallel = 2;
+  costs.replica_link = {100, 0};
+  const SimulationResult fused = SimulateIteration(programs(true), costs).value();
+  EXPECT_EQ(Timeline(fused, 1),
+            (std::vector<std::string>{"wait ACTIVATION u0 mb0 from 0@0-1", "F mb0 [1,2)@1-2",
+                                      "B mb0 [1,2)@2-4", "send ACTIVATION_GRAD u1 mb0 to 0@4-4",
+                                      "wait for 0 at the fused embedding sync@4-6",
+                                      "fused embedding sync x4 owners@6-7.5",
+                                      "AllReduce [1,2) x2 replicas@7.5-7.5", "Opt [1,2)@7.5-7.5"}));
+  EXPECT_EQ(Timeline(fused, 0)[4], "fused embedding sync x4 owners@6-7.5");
+  EXPECT_DOUBLE_EQ(fused.iteration_seconds, 7.5);
+  EXPECT_DOUBLE_EQ(fused.all_reduce_seconds[1], 1.5);  // the wait is not all-reduce time
+  // Latency: one for the segments, three for the ring's all-gather.
+  EXPECT_DOUBLE_EQ(MemberOrderAllReduceSeconds(4, 100, {100, 0.5}), 4 * 0.5 + 1.5);
+  EXPECT_DOUBLE_EQ(MemberOrderAllReduceSeconds(2, 100, {100, 0.5}), 0.5 + 1);
+  const SimulationResult unfused = SimulateIteration(programs(false), costs).value();
+  EXPECT_DOUBLE_EQ(unfused.iteration_seconds, 7);  // B to 6, then 1 s for the wte
+  // The owners must be two workers of the programs, this one among them.
+  std::vector<v1::Program> bad = programs(true);
+  bad[1].mutable_instructions(4)->mutable_add_tied_gradient()->set_head_stage(5);
+  EXPECT_EQ(SimulateIteration(bad, costs).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SimulatorTest, DataParallelOne_AddsNothing) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
   SimulationCosts plain = UniformCosts(4, 1, 2, 100, 2);

@@ -236,18 +236,7 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanPart
                              " before it was planned: it has no plan")
               : absl::StrCat("job ", job_id, " has no plan yet (", EnumShortName(state), ")"));
     }
-    if (parts == PlanParts::kWithoutDrawings) {
-      // The stored drawings are set aside for the copy and put back (O(1)
-      // swaps), as List does with the loss history.
-      v1::Plan& stored = it->second->plan;
-      std::string timeline, trace;
-      timeline.swap(*stored.mutable_timeline_svg());
-      trace.swap(*stored.mutable_chrome_trace_json());
-      plan = stored;
-      timeline.swap(*stored.mutable_timeline_svg());
-      trace.swap(*stored.mutable_chrome_trace_json());
-      return plan;
-    }
+    if (parts == PlanParts::kWithoutDrawings) return PlanCopyWithoutDrawings(it->second->plan);
     plan = it->second->plan;
     measured = CopyMeasuredStep(*it->second);
   }

@@ -27,10 +27,11 @@ using job_manager_internal::RemoveCheckpointDirs;
 store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
-  *stored.mutable_plan() = record.plan;
   // Drawings, not state (plan.proto): a large job's would outgrow the
   // store's record limit, and every later save of the job would fail.
-  DropPlanDrawings(*stored.mutable_plan());
+  // Left out of the copy, not copied and dropped: tens of megabytes at the
+  // planning budget, under the lock, at every save (once a second).
+  *stored.mutable_plan() = PlanCopyWithoutDrawings(record.plan);
   if (record.checkpoints != nullptr) {
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
   }

@@ -16,6 +16,17 @@ void DropPlanDrawings(v1::Plan& plan) {
   std::string().swap(*plan.mutable_measured_chrome_trace_json());
 }
 
+v1::Plan PlanCopyWithoutDrawings(v1::Plan& plan) {
+  std::string drawings[4];
+  std::string* fields[4] = {plan.mutable_timeline_svg(), plan.mutable_chrome_trace_json(),
+                            plan.mutable_measured_timeline_svg(),
+                            plan.mutable_measured_chrome_trace_json()};
+  for (int i = 0; i < 4; ++i) drawings[i].swap(*fields[i]);
+  v1::Plan copy = plan;
+  for (int i = 0; i < 4; ++i) drawings[i].swap(*fields[i]);
+  return copy;
+}
+
 absl::Status NoTimelineError(const std::string& job_id, v1::JobState state, bool ended) {
   return absl::FailedPreconditionError(absl::StrCat(
       "job ", job_id, ended ? absl::StrCat(" ended ", EnumShortName(state), " and its") : "'s",

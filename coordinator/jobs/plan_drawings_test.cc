@@ -26,5 +26,28 @@ TEST(PlanDrawingsTest, Dropped_EmptyAndTheirMemoryFreed) {
   EXPECT_EQ(plan.stages_size(), 1);  // the plan itself is kept
 }
 
+// The copy lacks the drawings; the plan keeps them, in the same buffers
+// (set aside and put back, never copied).
+TEST(PlanDrawingsTest, CopyWithoutDrawings_PlanKeepsThem) {
+  v1::Plan plan;
+  plan.set_timeline_svg(std::string(1 << 20, 's'));
+  plan.set_chrome_trace_json(std::string(1 << 20, 'c'));
+  plan.set_measured_timeline_svg(std::string(1 << 20, 'm'));
+  plan.set_measured_chrome_trace_json(std::string(1 << 20, 't'));
+  plan.add_stages();
+  const char* const buffer = plan.timeline_svg().data();
+  const v1::Plan copy = PlanCopyWithoutDrawings(plan);
+  EXPECT_TRUE(copy.timeline_svg().empty());
+  EXPECT_TRUE(copy.chrome_trace_json().empty());
+  EXPECT_TRUE(copy.measured_timeline_svg().empty());
+  EXPECT_TRUE(copy.measured_chrome_trace_json().empty());
+  EXPECT_EQ(copy.stages_size(), 1);
+  EXPECT_EQ(plan.timeline_svg(), std::string(1 << 20, 's'));
+  EXPECT_EQ(plan.timeline_svg().data(), buffer);
+  EXPECT_EQ(plan.chrome_trace_json(), std::string(1 << 20, 'c'));
+  EXPECT_EQ(plan.measured_timeline_svg(), std::string(1 << 20, 'm'));
+  EXPECT_EQ(plan.measured_chrome_trace_json(), std::string(1 << 20, 't'));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -89,7 +89,7 @@ void JobManager::DropEndedJobDetail(JobRecord& record) {
   // assignment), the traced steps the measured timeline is drawn from, and
   // the weights upload's bookkeeping. Moved out, so the memory is freed.
   DropPlanDrawings(record.plan);
-  std::vector<v1::Assignment>().swap(record.assignments);
+  std::vector<JobRecord::AssignedStage>().swap(record.assignments);
   record.traced = record.tracing = JobRecord::TracedStep{};
   std::map<std::string, std::pair<int, Shape>>().swap(record.weight_owner);
   std::map<std::string, size_t>().swap(record.weights_index);
@@ -287,7 +287,7 @@ JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& recor
   const int lanes = LeadingLanesWithin(timings, kMaxMeasuredTimelineTimings);
   for (const auto& [stage, trace] : record.traced.by_stage) {
     if (static_cast<int>(copy.traces.size()) == lanes) break;
-    copy.programs.push_back(record.assignments[stage].program());
+    copy.programs.push_back(record.assignments[stage].program);
     copy.traces.push_back(trace);
     copy.names.push_back(record.job.worker_ids(stage));
   }

@@ -531,7 +531,15 @@ class JobManager {
     v1::Job job;
     ResolvedJobSpec resolved;
     v1::Plan plan;
-    std::vector<v1::Assignment> assignments;  // per stage
+    // Per stage, what the coordinator reads back of its Assignment (the
+    // hub holds the whole one): not its n data-plane keys and peer
+    // addresses, which a 1024-worker job's n stages made a second copy of
+    // n^2 strings (about 190 MiB), kept past the job's end.
+    struct AssignedStage {
+      v1::Program program;
+      std::optional<v1::ResumeFrom> resume;
+    };
+    std::vector<AssignedStage> assignments;
     std::map<std::string, int> stage_of;     // worker id -> stage
     // Tensor name -> (owning stage, shape): what UploadWeights may carry.
     std::map<std::string, std::pair<int, Shape>> weight_owner;

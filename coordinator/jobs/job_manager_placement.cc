@@ -748,7 +748,8 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     RecordWeightOwners(record, static_cast<int>(g));
     record.job.add_worker_ids(workers[g]);
     record.job.mutable_progress()->add_stage_times()->set_worker_id(workers[g]);
-    record.assignments.push_back(a);
+    record.assignments.push_back(
+        {a.program(), a.has_resume() ? std::optional<v1::ResumeFrom>(a.resume()) : std::nullopt});
     hub_->Set(workers[g], std::move(a));
   }
   v1::PlanVersion* history = record.job.add_plan_history();

@@ -77,7 +77,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
           absl::StrCat("job ", r.job_id(), " has no program for stage ", stage_index, " yet"));
     }
     RETURN_IF_ERROR(
-        CheckStepTrace(r.trace(), r.iteration(), record->assignments[stage_index].program()));
+        CheckStepTrace(r.trace(), r.iteration(), record->assignments[stage_index].program));
   }
   response.set_stop_after_step(record->stop_at);
   // Data parallelism: replica 0 speaks for all (the replicas hold the same
@@ -196,14 +196,14 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
   // member). Only then is the claim taken, and only that checkpoint
   // dropped: said at any other time it is an error like any other, so that
   // one worker cannot drop a job's checkpoints one after another.
-  const v1::Assignment* assigned = stage_index < static_cast<int>(record.assignments.size())
-                                       ? &record.assignments[stage_index]
-                                       : nullptr;
+  const JobRecord::AssignedStage* assigned =
+      stage_index < static_cast<int>(record.assignments.size()) ? &record.assignments[stage_index]
+                                                                : nullptr;
   std::optional<v1::ResumeFrom> dropped;
   if (r.checkpoint_unusable() && record.checkpoints != nullptr && assigned != nullptr &&
-      assigned->has_resume() && record.stages[stage_index].iterations_done == 0 &&
+      assigned->resume.has_value() && record.stages[stage_index].iterations_done == 0 &&
       !record.stages[stage_index].finished) {
-    dropped = record.checkpoints->Drop(assigned->resume().step());
+    dropped = record.checkpoints->Drop(assigned->resume->step());
   }
   if (dropped.has_value()) {
     // Its files go now, manifest first, as those of any step that cannot

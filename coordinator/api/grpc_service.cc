@@ -114,7 +114,13 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
       [this, request, response]() -> absl::Status {
         ASSIGN_OR_RETURN(*response, workers_->Register(*request));
         streams_.Supersede(response->worker_id(), response->incarnation());
-        executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
+        // One pass for the registrations until it begins: it sees them all.
+        if (!schedule_posted_.exchange(true)) {
+          executor_.Post([this] {
+            schedule_posted_.store(false);
+            jobs_->ScheduleQueued();
+          });
+        }
         return absl::OkStatus();
       },
       registrations_);

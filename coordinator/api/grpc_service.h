@@ -46,6 +46,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <array>
+#include <atomic>
 #include <functional>
 
 #include "absl/strings/string_view.h"
@@ -164,6 +165,11 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   const CallerAuth* const auth_;
   AssignmentStreams streams_;
   OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
+  // A scheduling pass posted after a registration and not yet begun: the
+  // registrations meanwhile need no pass of their own (a fleet of 4096
+  // re-registering after a failover queued 4096 passes, each under the job
+  // manager's lock).
+  std::atomic<bool> schedule_posted_{false};
   // Last members: destroyed (joined) first, while everything their tasks use
   // still exists (open_uploads_ included).
   SerialExecutor executor_;

@@ -48,9 +48,6 @@ constexpr int64_t kMaxLinkPeers = 1024;
 constexpr int64_t kMaxLinkWarmQRank = 65536;
 // PowerSGD's rank bound (spec.compression.data_parallel.codec).
 constexpr int64_t kMaxWarmQRank = 1024;
-// A unit file is read whole to check its checksum; no unit of a model within
-// the spec bounds comes near this, a corrupt size field might.
-constexpr int64_t kMaxUnitFileBytes = int64_t{64} << 30;
 
 absl::Status Errno(int error, absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
@@ -91,12 +88,17 @@ absl::StatusOr<ScopedFd> OpenToReadAt(int dir_fd, const std::string& name, const
   if (fstat(fd.get(), &st) != 0) return ReaderTrouble(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is not a file"));
   // A file of another size than recorded is refused from its size alone,
-  // not after reading (and allocating) up to kMaxUnitFileBytes.
+  // not after reading (and allocating) up to kMaxReadableUnitFileBytes.
   if (recorded_bytes >= 0 && st.st_size != recorded_bytes) {
     return SizeDiffers(path, st.st_size, recorded_bytes);
   }
-  if (st.st_size > kMaxUnitFileBytes) {
-    return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; too large"));
+  // This reader's limit, not the file's fault: RESOURCE_EXHAUSTED, which
+  // does not have the coordinator drop (and delete) a checkpoint that may
+  // be whole. (The writer refuses to write one this large.)
+  if (st.st_size > kMaxReadableUnitFileBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, " is ", st.st_size, " bytes, above the ",
+                                                     kMaxReadableUnitFileBytes,
+                                                     " a worker reads back whole"));
   }
   *size = st.st_size;
   return fd;
@@ -355,6 +357,17 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     for (const std::string& removed : RemoveAbandonedTemporaries(parent.dir.get(), parent.name)) {
       PT_LOG(INFO) << "checkpoint " << step_dir << ": removed " << removed
                    << ", left by a writer that died mid-write";
+    }
+    // One no worker would read back (kMaxReadableUnitFileBytes) is not written: the
+    // coordinator would record it complete, and every resume from it fail.
+    int64_t data_bytes = 0;
+    for (const NamedTensor& t : tensors) data_bytes += t.tensor.size_bytes();
+    if (data_bytes > kMaxReadableUnitFileBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "checkpoint ", step_dir, ": unit ", unit.unit, "'s file would hold ", data_bytes,
+          " bytes of tensors, above the ", kMaxReadableUnitFileBytes,
+          " a worker reads back whole (each data-parallel replica's error-feedback residual is "
+          "kept: fewer compressed replicas, or more stages)"));
     }
     RETURN_IF_ERROR(
         WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600, stopped));

@@ -163,7 +163,9 @@ std::string UnitFileName(int unit);
 // to open it, their errno's code); INVALID_ARGUMENT for a bad `dir`, or a
 // link or directory at a unit's file name; the errno's code for an I/O failure (a full disk is
 // RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
-// partial checkpoint is never recorded complete. A snapshot whose weights,
+// partial checkpoint is never recorded complete. RESOURCE_EXHAUSTED before
+// a unit file of more than kMaxReadableUnitFileBytes of tensors is written. A
+// snapshot whose weights,
 // moments, error-feedback residuals or warm starts hold a NaN or an
 // infinity is FAILED_PRECONDITION before any
 // file is written: an infinite gradient element makes NaN weights while
@@ -174,6 +176,12 @@ std::string UnitFileName(int unit);
 // unit file in progress removed, and no more files nor directories (the stage stopped: the
 // coordinator takes no report of this write, and an ended job's step directories are swept, which a
 // write going on would create again).
+// The largest unit file a worker reads back (ReadUnitCheckpoint reads it
+// whole to check its checksum) and so writes: 64 GiB. A unit with error
+// feedback keeps every compressed replica's residual beside its weights
+// and moments, which past about d_model 13000 and 5 replicas reaches it.
+inline constexpr int64_t kMaxReadableUnitFileBytes = int64_t{64} << 30;
+
 absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     const std::string& root, const std::string& dir, const StageSnapshot& snapshot,
     const CheckpointIdentity& identity, const std::function<bool()>& stopped = nullptr);
@@ -182,7 +190,8 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // `root`), checking in order: the root and the directories on the way
 // open (UNAVAILABLE: this reader's trouble, e.g. too many open files or a
 // missing root, not the checkpoint's; INVALID_ARGUMENT for a link or a
-// non-directory on the way), the file exists (NOT_FOUND), its size and
+// non-directory on the way), the file exists (NOT_FOUND), at most
+// kMaxReadableUnitFileBytes (RESOURCE_EXHAUSTED: this reader's limit), its size and
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
 // corrupt), its metadata names this format, unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s

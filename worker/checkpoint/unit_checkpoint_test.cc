@@ -453,6 +453,22 @@ TEST_F(UnitCheckpointTest, GrownFile_IsDataLossBeforeItIsRead) {
                          from.units(1).bytes(), " (truncated or replaced)"));
 }
 
+// A file recorded at a size past what a worker reads back whole is this
+// reader's limit, not corruption: RESOURCE_EXHAUSTED, which does not have
+// the coordinator drop (and delete) the checkpoint (DATA_LOSS did).
+TEST_F(UnitCheckpointTest, RecordedPastTheReadLimit_ResourceExhaustedNotDataLoss) {
+  v1::ResumeFrom from = WriteAll();
+  const off_t size = off_t{kMaxReadableUnitFileBytes} + 1;
+  ASSERT_EQ(truncate(PathOf(from, 1).c_str(), size), 0);
+  from.mutable_units(1)->set_bytes(size);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kResourceExhausted) << read.status();
+  EXPECT_EQ(read.status().message(),
+            absl::StrCat(PathOf(from, 1), " is ", size, " bytes, above the ",
+                         kMaxReadableUnitFileBytes, " a worker reads back whole"));
+}
+
 TEST_F(UnitCheckpointTest, FlippedByte_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   const std::string path = PathOf(from, 2);

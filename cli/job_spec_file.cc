@@ -48,6 +48,16 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
 // conversion, which copies every use, stops at these limits.
 constexpr int64_t kMaxYamlNodes = 100000;
 constexpr int kMaxYamlDepth = 64;
+// And the text the copies hold (every scalar and key, each time used): a
+// node count alone let a 1 MiB anchored string used 1000 times make a
+// gigabyte of JSON (bad_alloc, and the CLI ended on std::terminate).
+constexpr int64_t kMaxYamlTextBytes = 4 * kMaxJobSpecFileBytes;
+
+// What the conversion may still produce (the limits above).
+struct YamlBudget {
+  int64_t nodes = kMaxYamlNodes;
+  int64_t text_bytes = kMaxYamlTextBytes;
+};
 
 // Thrown when the conversion passes a limit or meets a mapping it cannot
 // convert faithfully (the message says which); caught in YamlToJson.
@@ -55,8 +65,17 @@ struct Refused {
   std::string what;
 };
 
-nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
-  if (--budget < 0) {
+// Takes `text` from the budget's bytes.
+void SpendText(const std::string& text, YamlBudget& budget) {
+  budget.text_bytes -= static_cast<int64_t>(text.size());
+  if (budget.text_bytes < 0) {
+    throw Refused{absl::StrCat("more than ", kMaxYamlTextBytes,
+                               " bytes of text with aliases expanded; a job spec is far smaller")};
+  }
+}
+
+nlohmann::json NodeToJson(const YAML::Node& node, int depth, YamlBudget& budget) {
+  if (--budget.nodes < 0) {
     throw Refused{absl::StrCat("more than ", kMaxYamlNodes,
                                " nodes with aliases expanded; a job spec is far smaller")};
   }
@@ -75,9 +94,12 @@ nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
         if (!kv.first.IsScalar()) {
           throw Refused{absl::StrCat("line ", line, ": a key must be a name, not a list or map")};
         }
+        SpendText(kv.first.Scalar(), budget);
         if (out.contains(kv.first.Scalar())) {
-          throw Refused{absl::StrCat("line ", line, ": key \"", absl::CHexEscape(kv.first.Scalar()),
-                                     "\" given twice in one mapping")};
+          throw Refused{
+              absl::StrCat("line ", line, ": key \"",
+                           absl::CHexEscape(absl::string_view(kv.first.Scalar()).substr(0, 64)),
+                           "\" given twice in one mapping")};
         }
         out[kv.first.Scalar()] = NodeToJson(kv.second, depth + 1, budget);
       }
@@ -88,7 +110,9 @@ nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
       for (const auto& item : node) out.push_back(NodeToJson(item, depth + 1, budget));
       return out;
     }
-    case YAML::NodeType::Scalar: return ScalarToJson(node);
+    case YAML::NodeType::Scalar:
+      SpendText(node.Scalar(), budget);
+      return ScalarToJson(node);
     default: return nullptr;
   }
 }
@@ -169,7 +193,7 @@ absl::Status CheckOneNamePerField(const nlohmann::json& root) {
 
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
   try {
-    int64_t budget = kMaxYamlNodes;
+    YamlBudget budget;
     // YAML::Load reads the first document only: a second ("---") would be
     // dropped unseen.
     if (HasSecondDocument(yaml)) {

@@ -118,6 +118,23 @@ TEST(JobSpecFileTest, YamlToJson_AliasBomb_InvalidArgumentNamingTheLimit) {
   EXPECT_TRUE(YamlToJson(yaml.substr(0, yaml.find("a4:"))).ok());
 }
 
+// Few nodes, much text: a 1 MiB anchored string used 5000 times would copy
+// 5 GB into the JSON (bad_alloc, and the CLI ended on std::terminate); the
+// text is budgeted as well as the nodes. The anchor and 14 uses fit.
+TEST(JobSpecFileTest, YamlToJson_AliasedLongString_InvalidArgumentNamingTheLimit) {
+  const std::string anchored = "s: &s \"" + std::string(1 << 20, 'x') + "\"\n";
+  std::string yaml = anchored + "b: [*s";
+  for (int i = 1; i < 5000; ++i) yaml += ", *s";
+  yaml += "]\n";
+  auto json = YamlToJson(yaml);
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(json.status().message().find("more than 16777216 bytes of text"), std::string::npos)
+      << json.status();
+  std::string fits = anchored + "b: [*s";
+  for (int i = 1; i < 14; ++i) fits += ", *s";
+  EXPECT_TRUE(YamlToJson(fits + "]\n").ok());
+}
+
 // Found by fuzz/job_spec_yaml_fuzzer: an alias inside its own anchor made
 // the conversion recurse until the stack overflowed.
 TEST(JobSpecFileTest, YamlToJson_AliasInsideItsAnchor_InvalidArgument) {

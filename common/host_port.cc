@@ -32,6 +32,11 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
   absl::string_view host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
+  } else if (absl::StrContains(host, ':')) {
+    // gRPC reads "fd00::1:7100" as a host alone, with its default port
+    // (443): an IPv6 address takes brackets, as in a URL.
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " \"", address, "\": an IPv6 address goes in brackets: write [ADDRESS]:PORT"));
   }
   if (host.empty()) {  // "[]:80"
     return absl::InvalidArgumentError(

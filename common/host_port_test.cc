@@ -39,6 +39,19 @@ TEST(SplitHostPortTest, OutOfRangeOrMalformed_InvalidArgumentNamingTheFlag) {
   }
 }
 
+// gRPC reads an IPv6 address without brackets as the host alone (with
+// port 443): refused, saying how to write it.
+TEST(SplitHostPortTest, Ipv6WithoutBrackets_InvalidArgument) {
+  for (const char* address : {"fd00::1:7100", "::1:80", "::1"}) {
+    absl::StatusOr<HostPort> split = SplitHostPort(address, "--listen");
+    ASSERT_FALSE(split.ok()) << address;
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << address;
+  }
+  EXPECT_EQ(SplitHostPort("fd00::1:7100", "--listen").status().message(),
+            "--listen \"fd00::1:7100\": an IPv6 address goes in brackets: write [ADDRESS]:PORT");
+  EXPECT_TRUE(SplitHostPort("[fd00::1]:7100", "--listen").ok());
+}
+
 TEST(SplitHostPortTest, EmptyBracketedHost_InvalidArgument) {
   absl::StatusOr<HostPort> split = SplitHostPort("[]:80", "--listen");
   ASSERT_FALSE(split.ok());

@@ -20,7 +20,10 @@ absl::Status Invalid(const std::string& field, const std::string& what) {
 absl::StatusOr<double> Number(const json& object, const std::string& key, const std::string& field) {
   if (!object.contains(key)) return Invalid(field, "missing");
   const json& v = object.at(key);
-  if (!v.is_number()) return Invalid(field, absl::StrCat("must be a number, got ", v.dump()));
+  // The file's text, echoed cut and escaped (it is printed on a terminal).
+  if (!v.is_number()) {
+    return Invalid(field, absl::StrCat("must be a number, got ", EchoInput(v.dump())));
+  }
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < 0) return Invalid(field, absl::StrCat("must be >= 0, got ", v.dump()));
   return x;

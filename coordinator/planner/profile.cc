@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +10,7 @@
 #include "common/echo_input.h"
 #include "common/json_unique_keys.h"
 #include "common/status_macros.h"
+#include "common/terminal_safe.h"
 #include "kernels/compress/codec_spec.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
@@ -85,18 +87,16 @@ absl::StatusOr<int> Count(const json& object, const std::string& key, const std:
 absl::StatusOr<json> Parse(const std::string& text) { return ParseJsonUniqueKeys(text); }
 
 // A name printed in plans and tables: 1 to `max_bytes` bytes without
-// control characters (an escape sequence in a file would act on the
-// terminal of whoever plans with it).
+// characters that act on a terminal (FirstTerminalControl: an escape
+// sequence, a C1 control such as U+009B, a bidirectional override in a
+// file would act on the terminal of whoever plans with it).
 absl::Status CheckName(const json& name, size_t max_bytes, const std::string& field) {
   const std::string what =
       absl::StrCat("must be a string of 1 to ", max_bytes, " bytes without control characters");
   if (!name.is_string()) return Invalid(field, what);
   const std::string& text = name.get_ref<const std::string&>();
   if (text.empty() || text.size() > max_bytes) return Invalid(field, what);
-  for (const char c : text) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) return Invalid(field, what);
-  }
+  if (FirstTerminalControl(text).has_value()) return Invalid(field, what);
   return absl::OkStatus();
 }
 
@@ -338,12 +338,36 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
       worker.host = w["host"].get<std::string>();
     }
     ASSIGN_OR_RETURN(worker.host_cores, Count(w, "host_cores", where, 65536));
+    // One host, one count: which of two won depended on the order a layout
+    // visited its workers in, and `--data auto` ranked layouts on either.
+    if (!worker.host.empty() && worker.host_cores > 0) {
+      for (size_t other = 0; other < cluster.workers.size(); ++other) {
+        const WorkerSpec& o = cluster.workers[other];
+        if (o.host == worker.host && o.host_cores > 0 && o.host_cores != worker.host_cores) {
+          return Invalid(where + ".host_cores",
+                         absl::StrCat(worker.host_cores, " for host \"", EchoInput(worker.host),
+                                      "\", which workers[", other, "] gives ", o.host_cores,
+                                      " cores; a host has one count"));
+        }
+      }
+    }
     ASSIGN_OR_RETURN(worker.compute_threads, Count(w, "compute_threads", where, 65536));
     if (w.contains("gpu")) {
       if (!w["gpu"].is_boolean()) return Invalid(where + ".gpu", "must be true or false");
       worker.gpu = w["gpu"].get<bool>();
     }
     cluster.workers.push_back(worker);
+  }
+  // A worker that names a host but not its cores takes the count the
+  // others give it (its threads counted against the host, as a registered
+  // worker's are: each registers its host's count).
+  std::map<std::string, int> host_cores;
+  for (const WorkerSpec& w : cluster.workers) {
+    if (!w.host.empty() && w.host_cores > 0) host_cores[w.host] = w.host_cores;
+  }
+  for (WorkerSpec& w : cluster.workers) {
+    auto known = host_cores.find(w.host);
+    if (w.host_cores == 0 && known != host_cores.end()) w.host_cores = known->second;
   }
   return cluster;
 }

@@ -263,6 +263,12 @@ TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
             "units[1].name: " + unit_name_rule);
   EXPECT_EQ(ParseProfileJson(unit_named(R"("")", R"("b")")).status().message(),
             "units[0].name: " + unit_name_rule);
+  // C1 controls (U+009B: CSI on xterm) and bidirectional overrides act on a
+  // terminal too.
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("a")", R"("\u009b2J")")).status().message(),
+            "units[1].name: " + unit_name_rule);
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("a")", R"("exe.\u202ejpg")")).status().message(),
+            "units[1].name: " + unit_name_rule);
   EXPECT_EQ(ParseProfileJson(unit_named(R"("a")", "\"" + std::string(129, 'x') + "\""))
                 .status()
                 .message(),
@@ -287,6 +293,9 @@ TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
        "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
       {R"({"workers": [{"memory_bytes": 1.5}]})",
        "workers[0].memory_bytes: must be a whole number of bytes"},
+      {R"({"workers": [{"host": "n1", "host_cores": 8}, {"host": "n1", "host_cores": 64}]})",
+       "workers[1].host_cores: 64 for host \"n1\", which workers[0] gives 8 cores; a host has "
+       "one count"},
       {R"({"workers": [{"name": "a"}, {"name": "a"}]})",
        "workers[1].name: \"a\" names two workers"},
       {R"({"workers": [{}], "data_plane_overhead_seconds": 0.5})",
@@ -341,6 +350,18 @@ TEST(ProfileTest, ParseCluster_DataPlaneCostRoundTrips) {
   EXPECT_FALSE(plain.links_emulated);
   EXPECT_EQ(plain.data_plane_overhead_seconds, 0);
   EXPECT_EQ(ClusterToJson(plain).find("data_plane"), std::string::npos);
+}
+
+// A worker naming a host without its cores takes the count the host's
+// other workers give (its threads then count against the host).
+TEST(ParseClusterJsonTest, HostCoresGivenOnce_TakenByTheHostsOtherWorkers) {
+  absl::StatusOr<ClusterSpec> cluster = ParseClusterJson(
+      R"({"workers": [{"host": "n1", "compute_threads": 4}, {"host": "n1", "host_cores": 8},
+                      {"host": "n2"}]})");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ(cluster->workers[0].host_cores, 8);
+  EXPECT_EQ(cluster->workers[1].host_cores, 8);
+  EXPECT_EQ(cluster->workers[2].host_cores, 0);  // no count known for n2
 }
 
 }  // namespace

@@ -69,17 +69,23 @@ absl::StatusOr<bool> FuseEmbeddingSync(const std::vector<Range>& backward,
 }
 
 absl::StatusOr<bool> FuseEmbeddingSyncOfPrograms(std::vector<v1::Program>* programs) {
-  std::vector<Range> backward(programs->size(), Range{0, 0});
-  for (size_t s = 0; s < programs->size(); ++s) {
+  // Stages' backward ranges follow each other: a stage without a Backward
+  // (Bi-Partition lets a worker have none) runs the empty range where the
+  // one before ended, so that the last stage's end stays the model's.
+  std::vector<Range> backward;
+  int end = 0;
+  for (const v1::Program& program : *programs) {
+    Range range{end, end};
     bool any = false;
-    for (const v1::Instruction& in : (*programs)[s].instructions()) {
+    for (const v1::Instruction& in : program.instructions()) {
       if (!in.has_backward()) continue;
       const v1::UnitRange& units = in.backward().units();
-      backward[s] = any ? Range{std::min(backward[s].begin, units.begin()),
-                                std::max(backward[s].end, units.end())}
-                        : Range{units.begin(), units.end()};
+      range = any ? Range{std::min(range.begin, units.begin()), std::max(range.end, units.end())}
+                  : Range{units.begin(), units.end()};
       any = true;
     }
+    backward.push_back(range);
+    end = range.end;
   }
   return FuseEmbeddingSync(backward, programs);
 }

@@ -47,6 +47,29 @@ TEST(FuseEmbeddingSync, OwnersOnTwoStages_ExchangeGoneAddFused) {
   }
 }
 
+// The ranges read from the programs give the rewrite the plan's own,
+// stages without a Backward included (Bi-Partition lets a worker have
+// none, the last one too): the simulator prices what the workers run.
+TEST(FuseEmbeddingSync, OfPrograms_SameAsWithThePlansRanges) {
+  for (const auto& [forward, backward] :
+       std::vector<std::pair<std::vector<Range>, std::vector<Range>>>{
+           {{{0, 2}, {2, 4}, {4, 6}}, {{0, 2}, {2, 4}, {4, 6}}},
+           {{{0, 2}, {2, 4}, {4, 6}}, {{0, 2}, {2, 6}, {6, 6}}},
+           {{{0, 2}, {2, 4}, {4, 6}}, {{0, 3}, {3, 3}, {3, 6}}},
+           {{{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}}}) {
+    auto programs =
+        CompileBiPartitionPrograms(forward, backward, 6, 2, Schedule::kOneFOneB).value();
+    auto by_plan = programs;
+    ASSERT_TRUE(FuseEmbeddingSync(backward, &by_plan).value());
+    absl::StatusOr<bool> fused = FuseEmbeddingSyncOfPrograms(&programs);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    EXPECT_TRUE(*fused);
+    for (size_t s = 0; s < programs.size(); ++s) {
+      EXPECT_EQ(programs[s].SerializeAsString(), by_plan[s].SerializeAsString()) << s;
+    }
+  }
+}
+
 TEST(FuseEmbeddingSync, OneOwner_Unchanged) {
   const std::vector<Range> ranges = {{0, 6}};
   auto programs = CompileBiPartitionPrograms(ranges, ranges, 6, 2, Schedule::kGPipe).value();

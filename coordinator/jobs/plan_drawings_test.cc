@@ -7,13 +7,19 @@
 namespace pipetrain {
 namespace {
 
-TEST(PlanDrawingsTest, Dropped_EmptyAndTheirMemoryFreed) {
+// A plan of one stage with a megabyte in each drawing.
+v1::Plan PlanWithDrawings() {
   v1::Plan plan;
   plan.set_timeline_svg(std::string(1 << 20, 's'));
   plan.set_chrome_trace_json(std::string(1 << 20, 'c'));
   plan.set_measured_timeline_svg(std::string(1 << 20, 'm'));
   plan.set_measured_chrome_trace_json(std::string(1 << 20, 't'));
   plan.add_stages();
+  return plan;
+}
+
+TEST(PlanDrawingsTest, Dropped_EmptyAndTheirMemoryFreed) {
+  v1::Plan plan = PlanWithDrawings();
   DropPlanDrawings(plan);
   // An empty string's inline capacity: no heap buffer behind the field.
   const size_t inline_capacity = std::string().capacity();
@@ -29,12 +35,7 @@ TEST(PlanDrawingsTest, Dropped_EmptyAndTheirMemoryFreed) {
 // The copy lacks the drawings; the plan keeps them, in the same buffers
 // (set aside and put back, never copied).
 TEST(PlanDrawingsTest, CopyWithoutDrawings_PlanKeepsThem) {
-  v1::Plan plan;
-  plan.set_timeline_svg(std::string(1 << 20, 's'));
-  plan.set_chrome_trace_json(std::string(1 << 20, 'c'));
-  plan.set_measured_timeline_svg(std::string(1 << 20, 'm'));
-  plan.set_measured_chrome_trace_json(std::string(1 << 20, 't'));
-  plan.add_stages();
+  v1::Plan plan = PlanWithDrawings();
   const char* const buffer = plan.timeline_svg().data();
   const v1::Plan copy = PlanCopyWithoutDrawings(plan);
   EXPECT_TRUE(copy.timeline_svg().empty());

@@ -229,7 +229,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
                                         computed, tensor, partitions_forward, partitions_backward,
                                         cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
-                                        wire_fraction, coding, encoded));
+                                        wire_fraction, coding, encoded, tokens));
     planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
   // Stage positions on one host's cores also take from each other where

@@ -108,9 +108,10 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> CubeTensorParallelUnitPasse
                             bandwidth_bytes_per_second, latency_seconds));
   // Embed and head: the 1-D group's costs, unchanged.
   const std::vector<int> whole(profile.units.size(), 1);
-  ASSIGN_OR_RETURN(std::vector<TensorParallelUnitLanes> out,
-                   TensorParallelUnitPasses(profile, tensor, whole, whole,
-                                            bandwidth_bytes_per_second, latency_seconds));
+  ASSIGN_OR_RETURN(
+      std::vector<TensorParallelUnitLanes> out,
+      TensorParallelUnitPasses(profile, tensor, whole, whole, bandwidth_bytes_per_second,
+                               latency_seconds, 1.0, 0.0, false, micro_batch_samples * seq_len));
   const double seconds_per_float =
       bandwidth_bytes_per_second > 0 ? sizeof(float) / bandwidth_bytes_per_second : 0.0;
   const auto seconds = [&](int64_t floats, const CollectiveCount& collectives) {

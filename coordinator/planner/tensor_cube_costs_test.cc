@@ -135,8 +135,9 @@ TEST(CubeTensorParallelUnitPassesTest, EmbedAndHead_EqualThe1dCosts) {
   const std::vector<int> whole(6, 1);
   absl::StatusOr<std::vector<TensorParallelUnitLanes>> cube =
       CubeTensorParallelUnitPasses(profile, 8, 4, 16, 16, 4, 1e9, 1e-5);
+  // The micro-batch's 4 x 16 tokens size the head's small all-reduces.
   absl::StatusOr<std::vector<TensorParallelUnitLanes>> flat =
-      TensorParallelUnitPasses(profile, 8, whole, whole, 1e9, 1e-5);
+      TensorParallelUnitPasses(profile, 8, whole, whole, 1e9, 1e-5, 1.0, 0, false, 4 * 16);
   ASSERT_TRUE(cube.ok() && flat.ok()) << cube.status() << flat.status();
   for (int u : {0, 5}) {
     SCOPED_TRACE(u);

@@ -219,7 +219,8 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
 absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded) {
+    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded,
+    int64_t tokens) {
   if (tensor < 2 || forward.size() != profile.units.size() ||
       backward.size() != profile.units.size()) {
     return absl::InvalidArgumentError(
@@ -253,10 +254,13 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
       ASSIGN_OR_RETURN(lanes.forward.all_reduce_seconds,
                        GroupAllReduceSeconds(model, in.activation_bytes, false));
     } else if (u + 1 == profile.units.size()) {
-      // The row maxima and the exp sums are a few floats a token: their
-      // latency only, twice.
-      ASSIGN_OR_RETURN(const double small, GroupAllReduceSeconds(model, 0, false));
-      lanes.forward.all_reduce_seconds = 2 * small;
+      // The row maxima [T, tokens] and the softmax partials [2, tokens]: a
+      // few floats a token, each all-reduced by the algorithm its size
+      // gets (head_unit.cc).
+      const double n = static_cast<double>(tokens);
+      ASSIGN_OR_RETURN(const double maxima, GroupAllReduceSeconds(model, 4.0 * tensor * n, false));
+      ASSIGN_OR_RETURN(const double partials, GroupAllReduceSeconds(model, 8.0 * n, false));
+      lanes.forward.all_reduce_seconds = maxima + partials;
       ASSIGN_OR_RETURN(lanes.backward.all_reduce_seconds,
                        GroupAllReduceSeconds(model, profile.units[u - 1].activation_bytes, false));
     }
@@ -288,12 +292,13 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
 absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded) {
+    double block_wire_fraction, double block_coding_seconds_per_byte, bool block_encoded,
+    int64_t tokens) {
   ASSIGN_OR_RETURN(
       const std::vector<TensorParallelUnitLanes> passes,
       TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
                                latency_seconds, block_wire_fraction, block_coding_seconds_per_byte,
-                               block_encoded));
+                               block_encoded, tokens));
   return TensorParallelCostsOf(profile, tensor, passes);
 }
 

@@ -82,26 +82,30 @@ bool IsTensorParallelBlockUnit(const UnitProfile& unit);
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
                                                   int seq_len, int64_t d_model);
 
-// The CPU seconds AccTFM's hybrid compression `spec` spends coding an
-// attention or MLP all-reduce, per fp32 byte of the whole tensor: the kept
-// share (TopKCount(keep, seq_len) / seq_len) x the profile's measured cost per byte of
-// AllReduceEncoded through the spec's codec (QuantizedAllReduceSecondsPerByte: its family's 8-bit
-// one when not measured itself); 0 without a codec (token top-k alone sums the kept rows exactly)
-// or without the profile's timings. The all-reduces the costs below count end that much later.
-// INVALID_ARGUMENT for a spec jobs refuse.
 // Whether spec.parallelism.tensor_compression `spec` sends the block
 // units' all-reduces through a codec (AllReduceEncoded); token_topk alone
 // sums the kept rows exactly (AllReduce). INVALID_ARGUMENT for a spec jobs
 // refuse.
 absl::StatusOr<bool> TensorParallelEncoded(const std::string& spec);
 
+// The CPU seconds AccTFM's hybrid compression `spec` spends coding an
+// attention or MLP all-reduce, per fp32 byte of the whole tensor: the kept
+// share (TopKCount(keep, seq_len) / seq_len) x the profile's measured cost
+// per byte of AllReduceEncoded through the spec's codec
+// (QuantizedAllReduceSecondsPerByte: its family's 8-bit one when not
+// measured itself); 0 without a codec (token top-k alone sums the kept
+// rows exactly) or without the profile's timings. The all-reduces the
+// costs below count end that much later. INVALID_ARGUMENT for a spec jobs
+// refuse.
 absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec, int seq_len,
                                                           const ModelProfile& profile);
 
 // The profile as one rank of a tensor-parallel group of `tensor` sees it,
 // for the planner and the simulator (the group is planned as one worker):
 // per unit the compute / T plus the all-reduces the rank waits for, each
-// by eq. 3 over a ring of T on the link (T = 2: one exchange):
+// by eq. 3 for the algorithm the group runs for its size (one exchange at
+// T = 2; recursive doubling below 64 KiB for a power of two without a
+// codec; else the ring):
 //   attention, MLP: K = forward[u] (backward[u]) partitions, the all-reduce
 //     of partition j (its bytes times block_wire_fraction, and its bytes
 //     times block_coding_seconds_per_byte of coding) overlapping the
@@ -116,8 +120,9 @@ absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spe
 //     under-estimate of at most one partition's all-reduce per cut and
 //     pass). The lane fields still describe the unit alone, for drawing;
 //   embed: forward + one all-reduce of its output; backward compute only;
-//   head: forward + two all-reduces of a few floats per token (their
-//     latency only);
+//   head: forward + two all-reduces of a few floats per token, the row
+//     maxima [T, tokens] and the softmax partials [2, tokens] (`tokens`:
+//     a micro-batch's; 0, not known: their latency only);
 //     backward + one all-reduce of its input's size.
 // Weights are divided by T (the shards; replicated vectors are small), but
 // for the embedding's wpe, whole on every rank (the embedding's weights
@@ -137,13 +142,13 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
     double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0,
-    bool block_encoded = false);
+    bool block_encoded = false, int64_t tokens = 0);
 
 absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
     double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0,
-    bool block_encoded = false);
+    bool block_encoded = false, int64_t tokens = 0);
 
 // TensorParallelUnitCosts from passes TensorParallelUnitPasses computed (one
 // per unit of `profile`, checked by the caller): each unit's weights / T and

@@ -187,6 +187,13 @@ TEST(TensorParallelUnitCostsTest, SmallAllReducesOfPowerOfTwoGroups_RecursiveDou
     EXPECT_NEAR((*large)[1].forward.all_reduce_seconds, ring_steps * alpha, 1e-12);
     EXPECT_NEAR(large->back().forward.all_reduce_seconds, 2 * doubling_steps * alpha, 1e-12);
   }
+  // The head's two all-reduces by their own sizes: at T = 8 and 4096 tokens
+  // the row maxima are 128 KiB (the ring, 14 latencies) and the softmax
+  // partials 32 KiB (recursive doubling, 3).
+  absl::StatusOr<std::vector<TensorParallelUnitLanes>> head = TensorParallelUnitPasses(
+      Profile(0.01, 32 << 10), 8, whole, whole, 0, alpha, 1.0, 0, false, /*tokens=*/4096);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_NEAR(head->back().forward.all_reduce_seconds, (14 + 3) * alpha, 1e-12);
   // Three ranks (not a power of two): the ring at any size.
   absl::StatusOr<std::vector<TensorParallelUnitLanes>> three =
       TensorParallelUnitPasses(Profile(0.01, 32 << 10), 3, whole, whole, 0, alpha);

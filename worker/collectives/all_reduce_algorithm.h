@@ -17,7 +17,8 @@ inline constexpr int64_t kSmallAllReduceBytes = int64_t{64} << 10;
 // Whether Collectives::AllReduce over `members` of a tensor of `bytes` runs
 // recursive doubling (log2 n exchanges of the whole tensor) rather than the
 // ring: for two members at any size (one exchange), and for a power of two
-// below `small_bytes`. AllReduceEncoded always runs the ring.
+// below `small_bytes`. AllReduceEncoded does one exchange for two members
+// and the ring for more, at any size.
 inline bool AllReduceRunsRecursiveDoubling(int members, double bytes,
                                            int64_t small_bytes = kSmallAllReduceBytes) {
   const bool power_of_two = members > 0 && (members & (members - 1)) == 0;

@@ -1208,8 +1208,10 @@ int RunSubmit(const std::vector<std::string>& args) {
       });
   if (!submitted.ok()) {
     const int exit_code = Fail("submit", submitted.status());
-    if (OutcomeUnknown(submitted.status())) {
-      // Whether the job exists is unknown: the id makes asking again safe.
+    // Whether the job exists is unknown (the id makes asking again safe),
+    // unless the coordinator said nothing was submitted (a path held a
+    // minute more, the state store refusing the job).
+    if (OutcomeUnknown(submitted.status()) && !SaysNothingSubmitted(submitted.status())) {
       std::fprintf(stderr,
                    "pipetrain submit: the job may or may not have been created; running this "
                    "command again with --request-id %s never creates a second one\n",

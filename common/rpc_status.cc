@@ -1,5 +1,6 @@
 #include "common/rpc_status.h"
 
+#include "absl/strings/match.h"
 #include "common/proto_wire.h"
 #include "nlohmann/json.hpp"
 
@@ -93,6 +94,10 @@ std::string RpcStatusJson(const absl::Status& status) {
 bool OutcomeUnknown(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+bool SaysNothingSubmitted(const absl::Status& status) {
+  return absl::StrContains(status.message(), kNothingSubmitted);
 }
 
 }  // namespace pipetrain

@@ -71,6 +71,13 @@ std::string RpcStatusJson(const absl::Status& status);
 // or DEADLINE_EXCEEDED.
 bool OutcomeUnknown(const absl::Status& status);
 
+// What a coordinator's UNAVAILABLE says when it is sure nothing was done
+// (the state store refused the job, a path is held for a minute more): a
+// retry is welcome, and the outcome is known. SaysNothingSubmitted: the
+// message holds it.
+inline constexpr char kNothingSubmitted[] = "nothing was submitted";
+bool SaysNothingSubmitted(const absl::Status& status);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_RPC_STATUS_H_

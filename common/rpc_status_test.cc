@@ -50,6 +50,15 @@ TEST(RpcStatus, Json_IsGoogleRpcStatusInProto3Json) {
 
 // Only the two codes after which the call may have happened: every other
 // failure was surely refused, and OK is not a failure.
+// A coordinator that is sure nothing was done says so: the CLI then does
+// not tell the user the job may exist.
+TEST(RpcStatus, SaysNothingSubmitted_TheCoordinatorsWords) {
+  EXPECT_TRUE(SaysNothingSubmitted(absl::UnavailableError(
+      "spec.checkpoint.dir: \"x\" is in use by job j (CANCELLED: ...; retry then); nothing was "
+      "submitted")));
+  EXPECT_FALSE(SaysNothingSubmitted(absl::UnavailableError("failed to connect to all addresses")));
+}
+
 TEST(RpcStatus, OutcomeUnknown_OnlyUnavailableAndDeadlineExceeded) {
   for (int code = 0; code <= 16; ++code) {
     const absl::Status status(static_cast<absl::StatusCode>(code), code == 0 ? "" : "failed");

@@ -556,7 +556,7 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   EXPECT_EQ(meanwhile.status().message(),
             "spec.checkpoint.dir: \"shared/ck\" is in use by job " + first +
                 " (CANCELLED: its leftover files are being removed once its workers have "
-                "stopped, within a minute; retry then)");
+                "stopped, within a minute; retry then); nothing was submitted");
   AwaitEndSweeps();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(spec).ok());
 }

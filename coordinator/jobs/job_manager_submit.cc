@@ -18,6 +18,7 @@
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
+#include "common/rpc_status.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
@@ -432,9 +433,15 @@ std::string JobManager::HolderState(const JobRecord& record) {
 }
 
 absl::Status JobManager::FilesInUseError(const JobRecord& holder, const std::string& message) {
-  const bool passes = holder.unsettled || IsTerminal(holder.job.state());
-  return absl::Status(passes ? absl::StatusCode::kUnavailable : absl::StatusCode::kInvalidArgument,
-                      message);
+  if (holder.unsettled) {
+    return absl::UnavailableError(absl::StrCat(message,
+                                               "; or retry once the coordinator has deleted job ",
+                                               holder.job.id(), " (", kNothingSubmitted, ")"));
+  }
+  if (IsTerminal(holder.job.state())) {
+    return absl::UnavailableError(absl::StrCat(message, "; ", kNothingSubmitted));
+  }
+  return absl::InvalidArgumentError(message);
 }
 
 absl::StatusOr<const JobManager::JobRecord*> JobManager::EarlierSubmitLocked(
@@ -744,8 +751,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     std::unique_ptr<JobRecord> record = std::move(it->second);
     submitting_.erase(it);
     if (!saved.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "could not record the job durably; nothing was submitted: ", saved.message()));
+      return absl::UnavailableError(absl::StrCat("could not record the job durably; ",
+                                                 kNothingSubmitted, ": ", saved.message()));
     }
     // By creation time, not by when the save returned (submits save in
     // parallel): the list, its pages and the queue's order agree.

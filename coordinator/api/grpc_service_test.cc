@@ -783,13 +783,16 @@ TEST_F(GrpcServiceTest, StaleSessionOfAKnownWorker_RefusedAndCountedApartFromStr
   EXPECT_EQ(heartbeat("w-1", 1, first.session_token()), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(heartbeat("w-9", 1, "w-9.1." + std::string(64, 'a')),
             grpc::StatusCode::UNAUTHENTICATED);
+  // The right worker and incarnation with a guessed secret: a stranger's.
+  EXPECT_EQ(heartbeat("w-1", 1, "w-1.1." + std::string(64, 'a')),
+            grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(heartbeat("w-1", 2, second.session_token()), grpc::StatusCode::OK);
   const std::string text = MetricsText();
   EXPECT_TRUE(
       absl::StrContains(text, "pipetrain_rpc_stale_sessions_total{method=\"Heartbeat\"} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
-      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"Heartbeat\"} 1\n"))
+      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"Heartbeat\"} 2\n"))
       << text;
 }
 

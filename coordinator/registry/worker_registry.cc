@@ -284,8 +284,17 @@ bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(parts->worker_id);
   if (entry == nullptr) return false;
-  return parts->incarnation < entry->worker.incarnation() ||
-         (parts->incarnation == entry->worker.incarnation() && entry->restored_unheard);
+  // The incarnation before the current one, with its own secret: proven.
+  if (parts->incarnation + 1 == entry->worker.incarnation()) {
+    return !entry->previous_secret.empty() &&
+           ConstantTimeEquals(parts->secret, entry->previous_secret);
+  }
+  // The current one of a worker restored from the store: its secret died
+  // with the old coordinator, so the token cannot be checked; taken for
+  // one lease after the restore only (the burst of a restart), so that a
+  // stranger naming a dead worker's id is not hidden for good.
+  return parts->incarnation == entry->worker.incarnation() && entry->restored_unheard &&
+         clock_->Now() - entry->restored_at <= options_.lease;
 }
 
 absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {
@@ -315,6 +324,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
                           request.previous_incarnation() > 0 &&
                           request.previous_incarnation() <= worker.incarnation();
   worker.set_incarnation(worker.incarnation() + 1);
+  entry.previous_secret = std::move(entry.session_secret);
   entry.session_secret = RandomToken();
   *worker.mutable_device() = request.device();
   // Fields this version does not know are kept by protobuf and bounded by
@@ -678,6 +688,7 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
     SetStateLocked(entry, left ? v1::WORKER_STATE_LEFT : v1::WORKER_STATE_LOST);
     entry.restored_unheard = !left;
+    entry.restored_at = now;
   }
 }
 

@@ -206,11 +206,12 @@ class WorkerRegistry {
   // register again; it never says which part was wrong).
   absl::StatusOr<SessionIdentity> AuthenticateSession(absl::string_view token) const;
   // Whether a token AuthenticateSession refuses is a worker's own session
-  // gone stale, for metrics only (the caller is refused all the same): it
-  // names a known worker and an earlier incarnation, or the current one of
-  // a worker restored from the store and not heard from since (a
-  // coordinator restart gives each a new secret). A coordinator restart
-  // has every worker's next calls refused once: counted apart from
+  // gone stale, for metrics only (the caller is refused all the same): the
+  // incarnation before a known worker's current one, with that
+  // incarnation's secret; or, within one lease of a coordinator restart
+  // (which gives every restored worker a new secret, the old ones unknown),
+  // the current incarnation of a restored worker not heard from since. A
+  // restart has every worker's next calls refused once: counted apart from
   // strangers' (pipetrain_rpc_stale_sessions_total).
   bool IsStaleSession(absl::string_view token) const;
   // The current incarnation's session credential, for the coordinator's own
@@ -364,6 +365,8 @@ class WorkerRegistry {
     std::string nccl_unique_id;    // current; empty: none
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
     std::string session_secret;    // the current incarnation's (hex)
+    // The incarnation before's (IsStaleSession); empty after a restore.
+    std::string previous_secret;
     // Released from a job while its last report was one of that job's
     // instructions, and no idle heartbeat since (see Release).
     bool stopping = false;
@@ -376,6 +379,7 @@ class WorkerRegistry {
     // Restored LOST and not heard from since: the process may still be
     // running a job of the old coordinator's (StoppedSince).
     bool restored_unheard = false;
+    absl::Time restored_at = absl::InfinitePast();  // when Restore made it (clock_)
     // Why the current incarnation is LOST (a heartbeat refused then says
     // it): its lease expired, or its assignment stream closed.
     std::string lost_why;

@@ -901,18 +901,27 @@ TEST(WorkerRegistryTest, Restore_NoSessionUntilTheWorkerRegistersAgain) {
         << token;
   }
   // The worker's own session from before the restart: stale, not a
-  // stranger's (metrics count them apart); an unknown worker's is not.
+  // stranger's (metrics count them apart), within a lease of the restore
+  // (its secret cannot be checked); an unknown worker's is not.
   EXPECT_TRUE(after.IsStaleSession(old_token));
   EXPECT_FALSE(after.IsStaleSession("w-2.1.abc"));
   EXPECT_FALSE(after.IsStaleSession("w-1.2.abc"));  // a later incarnation than it has
   EXPECT_FALSE(after.IsStaleSession("garbage"));
+  clock.Advance(options.lease + absl::Seconds(1));
+  EXPECT_FALSE(after.IsStaleSession(old_token));  // past the restart's burst: a stranger's
   const auto again = after.Register(Request(1));
   ASSERT_TRUE(again.ok());
   const auto identity = after.AuthenticateSession(again->session_token());
   ASSERT_TRUE(identity.ok()) << identity.status();
   EXPECT_EQ(identity->worker_id, "w-1");
   EXPECT_EQ(identity->incarnation, 2);
-  EXPECT_TRUE(after.IsStaleSession(old_token));  // an earlier incarnation's now
+  // Superseded by a registration: its own secret proves it stale; the
+  // pre-restart token's cannot (that secret is gone).
+  const auto third = after.Register(Request(1));
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(after.IsStaleSession(again->session_token()));
+  EXPECT_FALSE(after.IsStaleSession("w-1.2.abc"));
+  EXPECT_FALSE(after.IsStaleSession(old_token));
 }
 
 TEST(WorkerRegistryTest, Register_PersistFails_UnavailableNothingAcknowledged) {

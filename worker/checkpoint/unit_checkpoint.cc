@@ -96,9 +96,11 @@ absl::StatusOr<ScopedFd> OpenToReadAt(int dir_fd, const std::string& name, const
   // does not have the coordinator drop (and delete) a checkpoint that may
   // be whole. (The writer refuses to write one this large.)
   if (st.st_size > kMaxReadableUnitFileBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(path, " is ", st.st_size, " bytes, above the ",
-                                                     kMaxReadableUnitFileBytes,
-                                                     " a worker reads back whole"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path, " is ", st.st_size, " bytes, above the ", kMaxReadableUnitFileBytes,
+                     " a worker reads back whole; a unit this large "
+                     "cannot be resumed (its error-feedback "
+                     "residuals: fewer compressed replicas)"));
   }
   *size = st.st_size;
   return fd;
@@ -360,9 +362,11 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     }
     // One no worker would read back (kMaxReadableUnitFileBytes) is not written: the
     // coordinator would record it complete, and every resume from it fail.
+    // With room for the header (at most 16 MiB, safetensors.h): the reader
+    // bounds the whole file.
     int64_t data_bytes = 0;
     for (const NamedTensor& t : tensors) data_bytes += t.tensor.size_bytes();
-    if (data_bytes > kMaxReadableUnitFileBytes) {
+    if (data_bytes > kMaxReadableUnitFileBytes - (int64_t{16} << 20)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "checkpoint ", step_dir, ": unit ", unit.unit, "'s file would hold ", data_bytes,
           " bytes of tensors, above the ", kMaxReadableUnitFileBytes,

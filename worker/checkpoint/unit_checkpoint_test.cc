@@ -464,9 +464,11 @@ TEST_F(UnitCheckpointTest, RecordedPastTheReadLimit_ResourceExhaustedNotDataLoss
   absl::StatusOr<UnitState> read =
       ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kResourceExhausted) << read.status();
-  EXPECT_EQ(read.status().message(),
-            absl::StrCat(PathOf(from, 1), " is ", size, " bytes, above the ",
-                         kMaxReadableUnitFileBytes, " a worker reads back whole"));
+  EXPECT_EQ(
+      read.status().message(),
+      absl::StrCat(PathOf(from, 1), " is ", size, " bytes, above the ", kMaxReadableUnitFileBytes,
+                   " a worker reads back whole; a unit this large cannot be resumed (its "
+                   "error-feedback residuals: fewer compressed replicas)"));
 }
 
 TEST_F(UnitCheckpointTest, FlippedByte_IsDataLoss) {

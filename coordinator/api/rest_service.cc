@@ -179,10 +179,10 @@ namespace {
 // One of job `id`'s plan drawings as an image (`drawing` picks it), or
 // FAILED_PRECONDITION from `missing` saying why the plan has none (an
 // empty image with 200 would look like a drawing of nothing).
-HttpResponse PlanSvg(JobManager& jobs, const std::string& id,
+HttpResponse PlanSvg(JobManager& jobs, const std::string& id, JobManager::PlanParts parts,
                      const std::function<const std::string&(const v1::Plan&)>& drawing,
                      absl::Status (*missing)(const std::string&, v1::JobState, bool)) {
-  absl::StatusOr<v1::Plan> plan = jobs.GetPlan(id);
+  absl::StatusOr<v1::Plan> plan = jobs.GetPlan(id, parts);
   if (!plan.ok()) return StatusResponse(plan.status());
   if (drawing(*plan).empty()) {
     absl::StatusOr<v1::Job> job = jobs.Get(id);
@@ -213,7 +213,7 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
   // The plan's simulated timeline as an image a browser shows directly.
   server.Get(absl::StrCat(kJob, "/timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
                return PlanSvg(
-                   *jobs, r.path_params[0],
+                   *jobs, r.path_params[0], JobManager::PlanParts::kWithoutMeasured,
                    [](const v1::Plan& plan) -> const std::string& { return plan.timeline_svg(); },
                    NoTimelineError);
              }));
@@ -221,7 +221,7 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
   server.Get(
       absl::StrCat(kJob, "/measured-timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
         return PlanSvg(
-            *jobs, r.path_params[0],
+            *jobs, r.path_params[0], JobManager::PlanParts::kAll,
             [](const v1::Plan& plan) -> const std::string& { return plan.measured_timeline_svg(); },
             NoMeasuredTimelineError);
       }));

@@ -238,6 +238,7 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanPart
     }
     if (parts == PlanParts::kWithoutDrawings) return PlanCopyWithoutDrawings(it->second->plan);
     plan = it->second->plan;
+    if (parts == PlanParts::kWithoutMeasured) return plan;
     measured = CopyMeasuredStep(*it->second);
   }
   AddMeasuredTimeline(measured, &plan);

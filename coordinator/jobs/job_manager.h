@@ -385,8 +385,10 @@ class JobManager {
   // measured timeline (Plan.measured_*) is drawn after the lock is let go.
   // kWithoutDrawings: the plan without any drawing (plan_drawings.h), for
   // callers that read only its numbers (each /metrics scrape): neither
-  // copied nor drawn.
-  enum class PlanParts { kAll, kWithoutDrawings };
+  // copied nor drawn. kWithoutMeasured: with the predicted drawings but
+  // without drawing the measured timeline (REST's timeline.svg drew it, up
+  // to tens of megabytes, at every request to throw it away).
+  enum class PlanParts { kAll, kWithoutDrawings, kWithoutMeasured };
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id,
                                    PlanParts parts = PlanParts::kAll) const;
 

@@ -2776,6 +2776,12 @@ TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
   const v1::Plan newer = jobs.GetPlan(ids[1]).value();
   EXPECT_FALSE(newer.timeline_svg().empty());
   EXPECT_FALSE(newer.measured_timeline_svg().empty());
+  // The predicted drawings alone (REST's timeline.svg): the measured one
+  // is not drawn.
+  const v1::Plan predicted = jobs.GetPlan(ids[1], JobManager::PlanParts::kWithoutMeasured).value();
+  EXPECT_EQ(predicted.timeline_svg(), newer.timeline_svg());
+  EXPECT_TRUE(predicted.measured_timeline_svg().empty());
+  EXPECT_TRUE(predicted.measured_chrome_trace_json().empty());
   // A job cancelled before it was planned has no drawings, and takes no
   // place from a job that has.
   const std::string unplanned = jobs.Submit(SmallSpec(3)).value().id();  // one worker: queued

@@ -3,11 +3,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
-namespace {
 
 bool CommitKnown(const std::string& commit) { return !commit.empty() && commit != kUnknownCommit; }
-
-}  // namespace
 
 v1::BuildIdentity ToBuildIdentity(const BuildInfo& info) {
   v1::BuildIdentity build;

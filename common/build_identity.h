@@ -22,6 +22,9 @@ inline constexpr char kUnknownCommit[] = "unknown";
 // How many hex digits of the commit a stamp keeps.
 inline constexpr size_t kStampedCommitDigits = 12;
 
+// Whether `commit` names one (not "" nor kUnknownCommit).
+bool CommitKnown(const std::string& commit);
+
 // `info`'s version and commit.
 v1::BuildIdentity ToBuildIdentity(const BuildInfo& info);
 // This process's build (GetBuildInfo()).

@@ -31,6 +31,12 @@ TEST(BuildIdentityTest, SameBuild_VersionAndKnownCommitsMustMatch) {
   EXPECT_FALSE(SameBuild(Build("0.1.0", "3635b2d"), Build("0.1.0", "3635b2d1a2b3")));
 }
 
+TEST(BuildIdentityTest, CommitKnown_NeitherEmptyNorUnknown) {
+  EXPECT_TRUE(CommitKnown("3635b2d1a2b3"));
+  EXPECT_FALSE(CommitKnown(""));
+  EXPECT_FALSE(CommitKnown(kUnknownCommit));
+}
+
 TEST(BuildIdentityTest, SameBuild_UnknownCommitComparesTheVersionOnly) {
   for (const std::string unknown : {"", "unknown"}) {
     EXPECT_TRUE(SameBuild(Build("0.1.0", unknown), Build("0.1.0", "3635b2d1a2b3"))) << unknown;

@@ -401,6 +401,14 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   // One cluster, one build (common/build_identity.h): a rolling upgrade
   // replaces the coordinator and its workers together, or allows mixing.
   if (!flags.allow_mixed_builds) options.required_build = ThisBuild();
+  // Unstamped, the check compares the version alone, which every build of
+  // a release shares: say so once, where an operator looks.
+  if (options.required_build.has_value() && !CommitKnown(options.required_build->commit())) {
+    PT_LOG(WARNING) << "this coordinator's build is not stamped with a commit ("
+                    << DescribeBuild(*options.required_build)
+                    << "): workers of any build of that version register; build with "
+                       "PIPETRAIN_COMMIT set (or from a git checkout) to check commits";
+  }
   return options;
 }
 

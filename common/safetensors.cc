@@ -43,8 +43,8 @@ constexpr char kMetadataKey[] = "__metadata__";
 // JSON costs some 15 times its size to parse (a header of a million empty
 // tensors), and a coordinator parses init.from's at submit: 16 MiB, not
 // more.
-constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
-constexpr uint64_t kLengthBytes = 8;
+constexpr uint64_t kMaxHeaderBytes = kMaxSafetensorsHeaderBytes;
+constexpr uint64_t kLengthBytes = kSafetensorsLengthBytes;
 constexpr uint64_t kDataAlignment = 8;
 
 // ---------------------------------------------------------------------------

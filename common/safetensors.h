@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,6 +35,13 @@
 #include "common/tensor.h"
 
 namespace pipetrain {
+
+// A file's layout bounds: the 8-byte header length, then a header of at
+// most 16 MiB (readers refuse a longer one: it would drive a huge
+// allocation and parse), then the tensors' data. A writer that must stay
+// readable (a checkpoint's unit file) counts these beside its data.
+inline constexpr uint64_t kSafetensorsLengthBytes = 8;
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{16} << 20;
 
 struct NamedTensor {
   std::string name;

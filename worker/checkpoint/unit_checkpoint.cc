@@ -362,11 +362,12 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     }
     // One no worker would read back (kMaxReadableUnitFileBytes) is not written: the
     // coordinator would record it complete, and every resume from it fail.
-    // With room for the header (at most 16 MiB, safetensors.h): the reader
+    // With room for the length and the header (safetensors.h): the reader
     // bounds the whole file.
     int64_t data_bytes = 0;
     for (const NamedTensor& t : tensors) data_bytes += t.tensor.size_bytes();
-    if (data_bytes > kMaxReadableUnitFileBytes - (int64_t{16} << 20)) {
+    if (data_bytes > kMaxReadableUnitFileBytes - static_cast<int64_t>(kSafetensorsLengthBytes +
+                                                                      kMaxSafetensorsHeaderBytes)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "checkpoint ", step_dir, ": unit ", unit.unit, "'s file would hold ", data_bytes,
           " bytes of tensors, above the ", kMaxReadableUnitFileBytes,

@@ -752,6 +752,10 @@ class JobManager {
   // A job holding a path, as refusals name its state: the state, or for a
   // Submit left unsettled (in no list) what became of it.
   static std::string HolderState(const JobRecord& record);
+  // " (<HolderState>)" then, for an ended holder whose leftovers are being
+  // removed, when to retry (inside the parentheses), else `live_advice`
+  // (e.g. ", give this job a directory of its own").
+  static std::string HolderStateAndAdvice(const JobRecord& record, absl::string_view live_advice);
   // A Submit refused because `holder` holds a path the spec names:
   // UNAVAILABLE when that passes by itself (an ended job's leftovers being
   // removed, an unsettled submit being dropped; a retry succeeds),

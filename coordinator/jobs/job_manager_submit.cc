@@ -432,6 +432,14 @@ std::string JobManager::HolderState(const JobRecord& record) {
   return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
 }
 
+std::string JobManager::HolderStateAndAdvice(const JobRecord& record,
+                                             absl::string_view live_advice) {
+  if (IsTerminal(record.job.state())) {
+    return absl::StrCat(" (", HolderState(record), kLeftoversBeingRemoved, ")");
+  }
+  return absl::StrCat(" (", HolderState(record), ")", live_advice);
+}
+
 absl::Status JobManager::FilesInUseError(const JobRecord& holder, const std::string& message) {
   if (holder.unsettled) {
     return absl::UnavailableError(absl::StrCat(message,
@@ -550,13 +558,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       const bool inside = PathWithin(weights, theirs);
       return FilesInUseError(
           *other,
-          absl::StrCat("spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
-                       " the checkpoint directory \"", theirs, "\" of job ", other->job.id(), " (",
-                       HolderState(*other),
-                       IsTerminal(other->job.state()) ? absl::StrCat(kLeftoversBeingRemoved, ")")
-                       : inside
-                           ? "), whose checkpoints would replace or delete it; write it elsewhere"
-                           : "), whose checkpoints it would stop; write it elsewhere"));
+          absl::StrCat(
+              "spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
+              " the checkpoint directory \"", theirs, "\" of job ", other->job.id(),
+              HolderStateAndAdvice(
+                  *other, inside ? ", whose checkpoints would replace or delete it; write "
+                                   "it elsewhere"
+                                 : ", whose checkpoints it would stop; write it elsewhere")));
     }
     // Where it starts from, resolved (links followed): a live job expires
     // its older checkpoints, and this job resumes from that one until it has
@@ -574,15 +582,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     if (init_holder != nullptr) {
       return FilesInUseError(
-          *init_holder, absl::StrCat("spec.init.from: \"", resolved.spec.init().from(),
-                                     "\" lies in the checkpoint directory \"",
-                                     init_holder->job.spec().checkpoint().dir(), "\" of job ",
-                                     init_holder->job.id(), " (", HolderState(*init_holder),
-                                     IsTerminal(init_holder->job.state())
-                                         ? absl::StrCat(kLeftoversBeingRemoved, ")")
-                                         : "), which deletes its older checkpoints as it goes; "
-                                           "start from it once that job "
-                                           "has ended, or from a copy outside that directory"));
+          *init_holder,
+          absl::StrCat(
+              "spec.init.from: \"", resolved.spec.init().from(),
+              "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
+              "\" of job ", init_holder->job.id(),
+              HolderStateAndAdvice(*init_holder,
+                                   ", which deletes its older checkpoints as it goes; start "
+                                   "from it once that job has ended, or from a copy outside "
+                                   "that directory")));
     }
     // A live job reloads what it started from at each recovery before its
     // first checkpoint: this job's weights must not replace it (or a unit
@@ -632,15 +640,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().checkpoint().dir();
         return FilesInUseError(
-            *other, absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
-                                 dir_defaulted ? "(the default, as the spec names none) " : "",
-                                 theirs == checkpoint->dir()
-                                     ? "is in use by job"
-                                     : absl::StrCat("overlaps \"", theirs, "\", that of job"),
-                                 " ", other->job.id(), " (", HolderState(*other),
-                                 IsTerminal(other->job.state())
-                                     ? absl::StrCat(kLeftoversBeingRemoved, ")")
-                                     : "); give this job a directory of its own"));
+            *other,
+            absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+                         dir_defaulted ? "(the default, as the spec names none) " : "",
+                         theirs == checkpoint->dir()
+                             ? "is in use by job"
+                             : absl::StrCat("overlaps \"", theirs, "\", that of job"),
+                         " ", other->job.id(),
+                         HolderStateAndAdvice(*other, "; give this job a directory of its own")));
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
         return FilesInUseError(

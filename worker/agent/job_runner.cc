@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/data_plane_keys.h"
 #include "common/echo_input.h"
@@ -531,17 +532,17 @@ absl::Status JobRunner::RetryWhileOutcomeUnknown(const std::string& what,
   std::optional<absl::Time> give_up;  // set at the first failure
   while (true) {
     const absl::Status status = attempt();
-    if (!give_up.has_value()) give_up = absl::Now() + options_.report_retry_for;
+    if (!give_up.has_value()) give_up = MonotonicClock()->Now() + options_.report_retry_for;
     if (status.code() == absl::StatusCode::kUnauthenticated) session_refused_.store(true);
-    if (status.ok() || !OutcomeUnknown(status) || absl::Now() + backoff > *give_up ||
+    if (status.ok() || !OutcomeUnknown(status) || MonotonicClock()->Now() + backoff > *give_up ||
         stop_.load()) {
       return status;
     }
     PT_LOG(WARNING) << "job " << assignment_.job_id() << ": " << what << " failed (" << status
                     << "); again in " << absl::FormatDuration(backoff);
     // In slices, so that a STOP is not held up by the wait.
-    const absl::Time until = absl::Now() + backoff;
-    while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+    const absl::Time until = MonotonicClock()->Now() + backoff;
+    while (!stop_.load() && MonotonicClock()->Now() < until) absl::SleepFor(absl::Milliseconds(20));
     backoff = std::min(backoff * 2, options_.report_retry_backoff * 8);
   }
 }
@@ -820,9 +821,9 @@ absl::Status JobRunner::RunJob() {
       if (!stop_.load()) ReportError(root);
       return root;
     }
-    const absl::Time load_start = absl::Now();
+    const absl::Time load_start = MonotonicClock()->Now();
     absl::Status loaded = LoadResume(*runtime, identity);
-    resume_load_seconds_ = absl::ToDoubleSeconds(absl::Now() - load_start);
+    resume_load_seconds_ = absl::ToDoubleSeconds(MonotonicClock()->Now() - load_start);
     if (!loaded.ok()) {
       // A device that failed (now or before: the runtime's setup does not
       // check) may have made any step of the load fail: the worker's
@@ -946,9 +947,9 @@ absl::Status JobRunner::RunJob() {
     double eval_seconds = 0;
     const int interval = job.train.eval_interval;
     if (interval > 0 && ((it + 1) % interval == 0 || last)) {
-      const absl::Time eval_start = absl::Now();
+      const absl::Time eval_start = MonotonicClock()->Now();
       absl::StatusOr<std::optional<float>> evaluated = runtime->RunEval(it + 1);
-      eval_seconds = absl::ToDoubleSeconds(absl::Now() - eval_start);
+      eval_seconds = absl::ToDoubleSeconds(MonotonicClock()->Now() - eval_start);
       if (!evaluated.ok()) {
         if (!stop_.load()) ReportError(evaluated.status());
         return evaluated.status();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -27,10 +28,10 @@ void CheckpointWriter::Submit(StageSnapshot snapshot) {
                       << " waits until this process ends";
       for (;;) pause();  // returns after each signal handled
     }
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicClock()->Now();
     absl::StatusOr<std::vector<v1::UnitFile>> files =
         WriteStageCheckpoint(root_, dir_, snapshot, identity_, stopped_);
-    done_(snapshot.step, absl::ToDoubleSeconds(absl::Now() - start), files);
+    done_(snapshot.step, absl::ToDoubleSeconds(MonotonicClock()->Now() - start), files);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "kernels/compress/elem_topk_codec.h"
 #include "kernels/compress/token_topk_codec.h"
@@ -45,7 +46,7 @@ int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tenso
   if (p->sparse && !p->mask_given) p->score_tag = next_tag_++;
   const int tag = next_tag_++;
   executor_->Post([this, p, tag, iteration = iteration_] {
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicClock()->Now();
     const int64_t sent_before = collectives_->sent_bytes();
     absl::Status earlier;
     {
@@ -61,7 +62,7 @@ int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tenso
     AnnotatedMutexLock lock(&mu_);
     if (!status.ok() && first_failure_.ok()) first_failure_ = status;
     p->status = std::move(status);
-    p->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    p->seconds = absl::ToDoubleSeconds(MonotonicClock()->Now() - start);
     p->wire_bytes = collectives_->sent_bytes() - sent_before;
     p->done = true;
   });
@@ -167,12 +168,12 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   auto it = pending_.find(ticket);
   if (it == pending_.end()) return;
   Pending& p = *it->second;
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicClock()->Now();
   {
     AnnotatedMutexLock lock(&mu_);
     mu_.AwaitWithTimeout([&p] { return p.done; }, absl::InfiniteDuration());
   }
-  waited_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  waited_seconds_ += absl::ToDoubleSeconds(MonotonicClock()->Now() - start);
   seconds_ += p.seconds;
   wire_bytes_ += p.wire_bytes;
   if (p.sparse) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -77,10 +78,16 @@ int64_t CollectivesCubeComm::sent_bytes() const {
   return total;
 }
 
+void CollectivesCubeComm::Done(absl::Time start) {
+  // On the monotonic clock: a step of the wall clock must not make it
+  // negative (or add the step).
+  seconds_ += absl::ToDoubleSeconds(MonotonicClock()->Now() - start);
+}
+
 absl::Status CollectivesCubeComm::AllGather(CubeAxis axis, absl::Span<const float> segment,
                                             absl::Span<float> out) {
   RETURN_IF_ERROR(status_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicClock()->Now();
   RETURN_IF_ERROR(CheckSize("AllGather", "out", out.size(), p_ * int64_t(segment.size())));
   ASSIGN_OR_RETURN(const Tensor all,
                    Group(axis).AllGather(iteration_, NextTag(axis), FromSpan(segment), out.size()));
@@ -92,7 +99,7 @@ absl::Status CollectivesCubeComm::AllGather(CubeAxis axis, absl::Span<const floa
 absl::Status CollectivesCubeComm::ReduceScatter(CubeAxis axis, absl::Span<const float> data,
                                                 absl::Span<float> out) {
   RETURN_IF_ERROR(status_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicClock()->Now();
   RETURN_IF_ERROR(CheckSize("ReduceScatter", "data", data.size(), p_ * int64_t(out.size())));
   ASSIGN_OR_RETURN(const Tensor mine,
                    Group(axis).ReduceScatter(iteration_, NextTag(axis), FromSpan(data)));
@@ -103,7 +110,7 @@ absl::Status CollectivesCubeComm::ReduceScatter(CubeAxis axis, absl::Span<const 
 
 absl::Status CollectivesCubeComm::AllReduce(CubeAxis axis, absl::Span<float> data) {
   RETURN_IF_ERROR(status_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicClock()->Now();
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).AllReduce(iteration_, NextTag(axis), t));
   ToSpan(t, data);
@@ -113,7 +120,7 @@ absl::Status CollectivesCubeComm::AllReduce(CubeAxis axis, absl::Span<float> dat
 
 absl::Status CollectivesCubeComm::Broadcast(CubeAxis axis, int root, absl::Span<float> data) {
   RETURN_IF_ERROR(status_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicClock()->Now();
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).Broadcast(iteration_, NextTag(axis), root, t));
   ToSpan(t, data);

@@ -70,8 +70,8 @@ class CollectivesCubeComm : public CubeComm {
     ++collectives_;
     return tag_base_ + tags_[static_cast<int>(axis)]++;
   }
-  // Adds the seconds since `start` to seconds_.
-  void Done(absl::Time start) { seconds_ += absl::ToDoubleSeconds(absl::Now() - start); }
+  // Adds the seconds since `start` (MonotonicClock) to seconds_.
+  void Done(absl::Time start);
 
   const int p_;
   CubeCoord coord_;

@@ -758,6 +758,21 @@ absl::Status JobRunner::RunJob() {
     device_channel_ = nullptr;
     replica_collective_ = nullptr;
   };
+  // This worker's own shortcomings before the start barrier (which a
+  // device or replica group passes first): a stage that fails before it is
+  // ready is one the job can do without (a joiner is left out), one that
+  // fails after it fails the job.
+  if ((job.spec.checkpoint().interval_steps() > 0 || assignment_.has_resume()) &&
+      options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "job has checkpoints (spec.checkpoint) but this worker was started without "
+        "--checkpoint-root; start it with the coordinator's --output-dir (a shared directory)");
+  }
+  if (!assignment_.init_weights().empty() && options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "spec.init.from names weights, but this worker was started without --checkpoint-root "
+        "(the coordinator's --output-dir, shared)");
+  }
   const bool in_group = assignment_.device_group().stages_size() > 0;
   if (in_group) {
     // Joining waits for every member (up to the receive timeout, or a
@@ -798,18 +813,7 @@ absl::Status JobRunner::RunJob() {
   };
   const v1::CheckpointSpec& checkpoints = job.spec.checkpoint();
   const CheckpointIdentity identity{assignment_.job_id(), job.train.model, job.train.seed};
-  if ((checkpoints.interval_steps() > 0 || assignment_.has_resume()) &&
-      options_.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "job has checkpoints (spec.checkpoint) but this worker was started without "
-        "--checkpoint-root; start it with the coordinator's --output-dir (a shared directory)");
-  }
   if (!assignment_.init_weights().empty()) {
-    if (options_.checkpoint_root.empty()) {
-      return absl::FailedPreconditionError(
-          "spec.init.from names weights, but this worker was started without --checkpoint-root "
-          "(the coordinator's --output-dir, shared)");
-    }
     RETURN_IF_ERROR(stopped("setting up"));
     RETURN_IF_ERROR(LoadInitWeights(*runtime, job.train.model));
   }

@@ -19,4 +19,12 @@ void ApplyGrpcServerLimits(grpc::ServerBuilder& builder, const char* name) {
   builder.SetResourceQuota(quota);
 }
 
+void PingIdleClients(grpc::ServerBuilder& builder, absl::Duration every, absl::Duration timeout) {
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(every)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
 }  // namespace pipetrain

@@ -28,6 +28,8 @@
 
 #include <grpcpp/server_builder.h>
 
+#include "absl/time/time.h"
+
 namespace pipetrain {
 
 inline constexpr int kMaxStreamsPerConnection = 32;
@@ -39,6 +41,13 @@ inline constexpr int kMinClientPingIntervalMs = 10000;
 // Applies the limits above to `builder`; `name` names its resource quota
 // (gRPC's debug output).
 void ApplyGrpcServerLimits(grpc::ServerBuilder& builder, const char* name);
+
+// Has the server ping each connection idle for `every`, and close one
+// whose answer takes longer than `timeout`, for as long as it is open (not
+// gRPC's two pings without data): a client that vanished without closing
+// (a host lost, a partition) would otherwise keep its streams, and what
+// they hold, until TCP gave up (hours when nothing is being sent).
+void PingIdleClients(grpc::ServerBuilder& builder, absl::Duration every, absl::Duration timeout);
 
 }  // namespace pipetrain
 

@@ -240,6 +240,11 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   return absl::OkStatus();
 }
 
+// How often the coordinator pings an idle client connection, and how long
+// it waits for the answer before it closes it.
+constexpr absl::Duration kCoordinatorServerKeepalive = absl::Seconds(60);
+constexpr absl::Duration kCoordinatorServerKeepaliveTimeout = absl::Seconds(20);
+
 // Binds the gRPC server; `port` receives the bound port.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
                                                         const std::string& address,
@@ -253,6 +258,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
   ApplyGrpcServerLimits(builder, "coordinator");
+  // A WatchAssignments stream sends nothing between a worker's assignments:
+  // one from a host that vanished without closing stayed open (its reactor,
+  // connection and last message) for up to gRPC's default 2 h.
+  PingIdleClients(builder, kCoordinatorServerKeepalive, kCoordinatorServerKeepaliveTimeout);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -62,9 +62,16 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   }
 
   void OnWriteDone(bool ok) override {
+    v1::Assignment sent;
     {
       AnnotatedMutexLock lock(&mu_);
       writing_ = false;
+      // Written: gRPC is done with it. Not kept until the next assignment
+      // (at a job's end), which for a RUN of a large job held a second copy
+      // of its program, peers and keys per stream all its life. Swapped
+      // out, not cleared (Clear keeps the strings' memory), and freed
+      // outside the lock.
+      sent.Swap(&message_);
     }
     // A write that failed and was not ours to end: the watcher went away,
     // as OnCancel says. Its End wins, so OnCancel's End that may follow

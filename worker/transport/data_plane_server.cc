@@ -614,14 +614,9 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   // A peer that vanished without closing (a host lost, a partition) would
   // keep its stream, and its slot, for hours (TCP's own keepalive): pings
   // end such a connection within kDataPlaneKeepalive + its timeout.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             static_cast<int>(absl::ToInt64Milliseconds(kDataPlaneKeepalive)));
-  builder.AddChannelArgument(
-      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-      static_cast<int>(absl::ToInt64Milliseconds(kDataPlaneKeepaliveTimeout)));
   // Pings go on while the server sends nothing (it only ever replies with
-  // errors); gRPC would otherwise stop after two.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // errors).
+  PingIdleClients(builder, kDataPlaneKeepalive, kDataPlaneKeepaliveTimeout);
   builder.RegisterService(service.get());
   if (control != nullptr) builder.RegisterService(control);
   if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -824,6 +824,33 @@ else
   fail follow_through_restart "exit $follow_rc; stdout: $(cat "$TMP/follow.out"); stderr: $(tail -c 600 "$TMP/follow.err")"
 fi
 
+# A follow that loses its job once submitted (here a coordinator restarted
+# without its --state-dir, which forgot it) exits 3 saying the job was
+# submitted: not NOT_FOUND's 69 (or UNAVAILABLE's 78), which a script could
+# take for a submit that never got through, and submit the job again.
+"$BIN" submit "$TMP/long.json" --follow --coordinator="$raddr" --token-file="$TMP/user.token" \
+  >"$TMP/forgot.out" 2>"$TMP/forgot.err" &
+follow_pid=$!
+pids+=("$follow_pid")
+ok forgot_submitted await_file "$TMP/forgot.out"
+forgot_id=$(cut -d' ' -f1 "$TMP/forgot.out")
+kill -KILL "$coordinator_pid"
+wait "$coordinator_pid" 2>/dev/null
+"$COORDINATOR" --grpc-address="$raddr" --http-address=127.0.0.1:0 --join-token=j \
+  --user-token-file="$TMP/user.token" >>"$TMP/restart-coordinator.log" 2>&1 &
+coordinator_pid=$!
+pids+=($coordinator_pid)
+for _ in $(seq 1 1200); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
+kill -KILL "$follow_pid" 2>/dev/null  # still following after 60 s: fails below
+wait "$follow_pid"
+follow_rc=$?
+if [[ $follow_rc -eq 3 && -n "$forgot_id" ]] && grep -q "NOT_FOUND" "$TMP/forgot.err" &&
+  grep -q "job $forgot_id was submitted and may still be running" "$TMP/forgot.err"; then
+  passed=$((passed + 1))
+else
+  fail follow_loses_its_job "exit $follow_rc; stderr: $(tail -c 600 "$TMP/forgot.err")"
+fi
+
 # SIGHUP (a closed terminal, or the reload habit) killed both daemons
 # outright, with no drain and no deregistration; it now stops them as
 # SIGTERM does, saying that nothing is reloaded.

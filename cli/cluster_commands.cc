@@ -1237,7 +1237,15 @@ int RunSubmit(const std::vector<std::string>& args) {
   auto done = Follow(
       **stub, job.id(), o.c.timeout, &timing, [&o] { return o.c.Connect(); }, &reconnected);
   if (reconnected != nullptr) *stub = std::move(reconnected);  // for the report below
-  if (!done.ok()) return Fail("submit", done.status());
+  if (!done.ok()) {
+    Fail("submit", done.status());
+    std::fprintf(stderr,
+                 "pipetrain submit: stopped following; job %s was submitted and may still be "
+                 "running (pipetrain job %s shows it, pipetrain cancel %s stops it): submitting "
+                 "it again would start a second one\n",
+                 job.id().c_str(), job.id().c_str(), job.id().c_str());
+    return kExitFollowFailed;
+  }
   if (Interrupted()) {
     // Ctrl-C stops the following, not the job (it runs on the cluster):
     // saying so keeps the user from assuming it was cancelled.

@@ -6,6 +6,8 @@
 //
 //   0   success                      2   bad command line (usage)
 //   1   the job ended, not SUCCEEDED 130 interrupted (Ctrl-C)
+//   3   `submit --follow`: the job was submitted, then following it
+//       failed (the coordinator lost, the job no longer found)
 //   129, 141, 143 `up` stopped by a hangup, a closed stdout or SIGTERM
 //                 (128 + the signal); 141 also `submit --follow`'s
 //   65  CANCELLED          66 UNKNOWN            67 INVALID_ARGUMENT
@@ -24,6 +26,11 @@ namespace pipetrain {
 constexpr int kExitOk = 0;
 constexpr int kExitJobNotSucceeded = 1;
 constexpr int kExitUsage = 2;
+// `submit --follow` after the job was created (its id printed): following
+// it failed. Not the failed call's own code: 78 or 69 there read as a
+// submit that never got through, and a script retrying on them would start
+// a second job.
+constexpr int kExitFollowFailed = 3;
 // A command stopped by signal N (SIGINT, SIGTERM, a closed stdout's
 // SIGPIPE) after cleaning up exits kExitSignalBase + N, as a shell reports
 // a process that signal ended: 130, 143, 141.

@@ -33,6 +33,7 @@ TEST(ExitCodesTest, ExitCodeFor_Errors_DistinctAndClearOfTheFixedCodes) {
   std::set<int> seen = {kExitOk,
                         kExitJobNotSucceeded,
                         kExitUsage,
+                        kExitFollowFailed,
                         kExitSignalBase + SIGINT,
                         kExitSignalBase + SIGTERM,
                         kExitSignalBase + SIGPIPE};

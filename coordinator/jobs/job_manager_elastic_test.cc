@@ -2244,6 +2244,29 @@ TEST_F(JobManagerElasticTest, Drain_SecondWorkerOfTheJob_CountsTheFirstDrainAsGo
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// A recovering job's survivor that died since the recovery began (released,
+// so its loss names no job) is no worker a drain may count on: the re-plan
+// leaves it out. Before, w4 was counted, the drain of w2 accepted, and the
+// job left one short of its minimum.
+TEST_F(JobManagerElasticTest, Drain_RecoveringJob_CountsNoSurvivorDeadSince) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003),
+                    w4 = AddWorker(7004);
+  v1::JobSpec spec = ElasticSpec(4, 1);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().worker_ids_size(), 4);
+  Step(id, 1);
+  CheckpointAll(id, 1);
+  registry_.MarkLost(w1, incarnations_[w1], "killed");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  registry_.MarkLost(w4, incarnations_[w4], "killed");
+  const absl::Status refused = jobs_->Drain(w2).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 2 workers")) << refused;
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
+  EXPECT_TRUE(jobs_->Drain(w3).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
 // A drain allowed because a spare can take the worker's place holds that
 // spare until the boundary. Before, nothing held it: a drain of the spare
 // itself, or a job submitted meanwhile, took it, and the boundary left the

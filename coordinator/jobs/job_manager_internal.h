@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
@@ -35,6 +36,13 @@ inline bool MarkedInIncarnation(const std::map<std::string, int64_t>& marks,
                                 const std::string& worker_id, int64_t incarnation) {
   auto it = marks.find(worker_id);
   return it != marks.end() && it->second == incarnation;
+}
+
+// Whether a worker as the registry answered for it is gone: unknown
+// (forgotten), LOST or LEFT.
+inline bool IsGoneWorker(const absl::StatusOr<v1::Worker>& worker) {
+  return !worker.ok() || worker->state() == v1::WORKER_STATE_LOST ||
+         worker->state() == v1::WORKER_STATE_LEFT;
 }
 
 // The ids in `ids` that are not in `among` (a job's worker_ids, its

@@ -26,6 +26,7 @@
 namespace pipetrain {
 
 using job_manager_internal::HostGflops;
+using job_manager_internal::IsGoneWorker;
 using job_manager_internal::MarkedInIncarnation;
 using job_manager_internal::NotAmong;
 
@@ -894,8 +895,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   for (const std::string& w : record.survivors) {
     if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
-    const bool gone = !worker.ok() || worker->state() == v1::WORKER_STATE_LOST ||
-                      worker->state() == v1::WORKER_STATE_LEFT;
+    const bool gone = IsGoneWorker(worker);
     if (gone && elapsed_clock_->Now() < record.restart_grace_until) {
       waiting = true;  // after a restart: it may still register again
       continue;

@@ -19,6 +19,7 @@
 
 namespace pipetrain {
 
+using job_manager_internal::IsGoneWorker;
 using job_manager_internal::MarkedInIncarnation;
 using job_manager_internal::NotAmong;
 
@@ -384,8 +385,14 @@ std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record) c
   if (record.pending.has_value()) {
     workers = record.pending->workers;
   } else if (record.job.state() == v1::JOB_STATE_RECOVERING) {
+    // Not one gone since (LOST or LEFT once released, no loss names it for
+    // the job) past a restart's grace: the re-plan leaves it out too
+    // (TryReplanLocked), and a drain counting on it left the job short.
+    const bool in_grace = elapsed_clock_->Now() < record.restart_grace_until;
     for (const std::string& w : record.survivors) {
-      if (!IsLostLocked(record, w)) workers.push_back(w);
+      if (IsLostLocked(record, w)) continue;
+      if (!in_grace && IsGoneWorker(registry_->Get(w))) continue;
+      workers.push_back(w);
     }
   } else {
     workers.assign(record.job.worker_ids().begin(), record.job.worker_ids().end());

@@ -1,6 +1,7 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -452,7 +453,12 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
       !written_before.has_value() || manifest_whatever_its_time ||
       (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
        removable(st))) {
-    unlinkat(parent.dir.get(), kCheckpointManifestName, 0);
+    // A manifest left would name the files removed below: a checkpoint
+    // that looks complete and is not.
+    if (unlinkat(parent.dir.get(), kCheckpointManifestName, 0) != 0 && errno != ENOENT) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot remove ", output_dir, "/", from.dir(),
+                                                     "/", kCheckpointManifestName));
+    }
   }
   // Then every file a writer left there: the units, and temporary files of
   // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>").

@@ -3592,6 +3592,39 @@ TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointLeftByAStop_RemovedUnless
   }
 }
 
+// An expired checkpoint whose removal fails stays listed in the stored
+// job's `expiring`, to be tried again: forgotten, it stayed on disk for
+// good, manifest and all. (The failure here: its step directory is a
+// symbolic link, which the removal never follows.)
+TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointNotRemovable_StaysListed) {
+  const std::string id = CheckpointedJobInStore();
+  const std::string step_dir = jobs_->Get(id).value().spec().checkpoint().dir() + "/step-00000005";
+  const std::string elsewhere = absl::StrCat(OutputDir(), "/elsewhere");
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::remove_all(absl::StrCat(OutputDir(), "/", step_dir));
+  std::filesystem::create_directories(
+      std::filesystem::path(absl::StrCat(OutputDir(), "/", step_dir)).parent_path());
+  std::filesystem::create_directory_symlink(elsewhere, absl::StrCat(OutputDir(), "/", step_dir));
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    *s.add_expiring() = s.checkpoints(0);
+    s.clear_checkpoints();
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();
+  jobs_->FlushIo();
+  int found = 0;
+  const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  for (const store::StoredJob& s : stored) {
+    if (s.job().id() != id) continue;
+    ++found;
+    ASSERT_EQ(s.expiring_size(), 1);
+    EXPECT_EQ(s.expiring(0).dir(), step_dir);
+  }
+  EXPECT_EQ(found, 1);
+  EXPECT_TRUE(std::filesystem::is_symlink(absl::StrCat(OutputDir(), "/", step_dir)));
+}
+
 // keep x units x (file, size, checksum) must fit the job's stored record:
 // a spec that would outgrow it is refused at submit, saying how many fit.
 TEST_F(JobManagerElasticTest, CheckpointsThatWouldOutgrowTheStoredRecord_Refused) {

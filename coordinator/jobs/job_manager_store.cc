@@ -22,8 +22,6 @@
 
 namespace pipetrain {
 
-using job_manager_internal::RemoveCheckpointDirs;
-
 store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
@@ -175,17 +173,27 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // (the last of its files; one filesystem's clock, whichever hosts wrote
   // them). Without a manifest, those older than the expiry, by this host's
   // clock.
+  // Those that could not be removed (a file system's passing error: ESTALE,
+  // EIO) stay listed, and are tried again after the job's next save or at
+  // a restart: forgotten, a whole checkpoint stayed on disk for good,
+  // manifest and all (the end-of-job sweeps take only incomplete ones).
+  std::set<std::string> removed;
   for (const ExpiredCheckpoint& d : dirs) {
     const std::optional<absl::Time> manifest = CheckpointManifestTime(options_.output_dir, d.from);
-    RemoveCheckpointDirs(options_.output_dir, id, {d.from},
-                         manifest.has_value() ? *manifest + absl::Nanoseconds(1) : d.at);
+    const absl::Status status =
+        RemoveCheckpointDir(options_.output_dir, d.from,
+                            manifest.has_value() ? *manifest + absl::Nanoseconds(1) : d.at);
+    if (status.ok()) {
+      removed.insert(d.from.dir());
+    } else {
+      PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
+                      << " not removed (tried again after the job's next save): " << status;
+    }
   }
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(id);
   if (record == nullptr) return;
-  // The job's next save stops listing them.
-  std::set<std::string> removed;
-  for (const ExpiredCheckpoint& d : dirs) removed.insert(d.from.dir());
+  // The job's next save stops listing those removed.
   std::vector<ExpiredCheckpoint>& expiring = record->expiring;
   expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
                                 [&removed](const ExpiredCheckpoint& e) {

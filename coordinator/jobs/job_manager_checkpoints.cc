@@ -32,11 +32,12 @@ void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_
 namespace {
 
 // Removes the step directories of `checkpoint_dir` that have no manifest,
-// but those named in `keep`: their files written before `written_before`.
-// On io_.
+// but those named in `keep`: their files written before `written_before`
+// (all of them without it). On io_.
 void RemoveStepDirsWithoutManifest(const std::string& output_dir, const std::string& job_id,
                                    const std::string& checkpoint_dir,
-                                   const std::set<std::string>& keep, absl::Time written_before) {
+                                   const std::set<std::string>& keep,
+                                   std::optional<absl::Time> written_before) {
   std::vector<v1::ResumeFrom> doomed;
   for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
     if (keep.count(dir.dir()) == 0) doomed.push_back(std::move(dir));
@@ -236,19 +237,25 @@ void JobManager::SweepStoppedJobsLocked() {
     if (record->late_sweep_workers.empty()) continue;
     // (A lambda may not name a structured binding in C++17: clang refuses.)
     const absl::Time since = record->late_sweep_since;
-    const bool stopped =
-        now >= record->late_sweep_by ||
+    const bool all_stopped =
         std::all_of(record->late_sweep_workers.begin(), record->late_sweep_workers.end(),
                     [&](const std::string& w) { return registry_->StoppedSince(w, since); });
-    if (!stopped) continue;
+    if (!all_stopped && now < record->late_sweep_by) continue;
     record->late_sweep_workers.clear();
     // Every step directory without a manifest but those this job holds
-    // complete (a manifest whose write failed); files up to now.
+    // complete (a manifest whose write failed). Every file in them once
+    // every worker has stopped: none writes there any more, and the
+    // directory is still the job's (reserved until its sweeps end). A
+    // time filter would compare this host's clock with the file system's
+    // (the file server's, or the writing host's): one running ahead kept
+    // the files for good. Files up to now when the wait ran out instead.
     std::set<std::string> complete;
     for (const v1::ResumeFrom& c : record->checkpoints->Complete()) complete.insert(c.dir());
+    std::optional<absl::Time> until;
+    if (!all_stopped) until = absl::Now();
     io_.Post([this, output_dir = options_.output_dir, id = id,
               checkpoint_dir = record->resolved.spec.checkpoint().dir(),
-              complete = std::move(complete), until = absl::Now()] {
+              complete = std::move(complete), until] {
       RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, complete, until);
       AnnotatedMutexLock lock(&mu_);
       if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;

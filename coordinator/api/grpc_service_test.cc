@@ -787,12 +787,21 @@ TEST_F(GrpcServiceTest, StaleSessionOfAKnownWorker_RefusedAndCountedApartFromStr
   EXPECT_EQ(heartbeat("w-1", 1, "w-1.1." + std::string(64, 'a')),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(heartbeat("w-1", 2, second.session_token()), grpc::StatusCode::OK);
+  // The weights upload (a stream, authenticated on its own) alike.
+  EXPECT_EQ(Upload(*raw_, first.session_token(), {}).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   const std::string text = MetricsText();
   EXPECT_TRUE(
       absl::StrContains(text, "pipetrain_rpc_stale_sessions_total{method=\"Heartbeat\"} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"Heartbeat\"} 2\n"))
+      << text;
+  EXPECT_TRUE(
+      absl::StrContains(text, "pipetrain_rpc_stale_sessions_total{method=\"UploadWeights\"} 1\n"))
+      << text;
+  EXPECT_FALSE(absl::StrContains(
+      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"UploadWeights\"} 1"))
       << text;
 }
 

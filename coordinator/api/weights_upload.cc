@@ -136,7 +136,14 @@ grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     OpenUploads* open) {
   absl::StatusOr<WorkerRegistry::SessionIdentity> caller = auth->AuthenticateWorker(authorization);
   if (!caller.ok()) {
-    metrics->CountRefused(kMethod, caller.status().code());
+    // A worker's own stale session counted apart, as for the unary calls
+    // (CoordinatorGrpcService::CountRefusal).
+    if (caller.status().code() == absl::StatusCode::kUnauthenticated &&
+        auth->IsStaleWorkerSession(authorization)) {
+      metrics->CountStaleSession(kMethod);
+    } else {
+      metrics->CountRefused(kMethod, caller.status().code());
+    }
     return new RefusedUpload(caller.status());
   }
   const std::optional<uint64_t> ticket = open->TryOpen(caller->worker_id);

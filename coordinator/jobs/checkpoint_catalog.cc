@@ -472,11 +472,20 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
     }
     closedir(dir);
   }
+  // A file that cannot be unlinked (a passing I/O error) fails the
+  // removal: the directory then stays non-empty, which with
+  // `written_before` would read as files kept on purpose.
+  int unlink_errno = 0;
   for (const std::string& name : names) {
     struct stat st;
-    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st)) {
-      unlinkat(parent.dir.get(), name.c_str(), 0);
+    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st) &&
+        unlinkat(parent.dir.get(), name.c_str(), 0) != 0 && errno != ENOENT && unlink_errno == 0) {
+      unlink_errno = errno;
     }
+  }
+  if (unlink_errno != 0) {
+    return absl::ErrnoToStatus(
+        unlink_errno, absl::StrCat("cannot remove a file of ", output_dir, "/", from.dir()));
   }
   // Then the (now empty) step directory itself, from its parent: ".." of a
   // directory reached without following links is its real parent.

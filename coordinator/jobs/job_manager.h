@@ -152,6 +152,11 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // The most expired checkpoints a job's stored record lists for removal
 // after a restart (store::StoredJob.expiring; about 40 bytes each).
 inline constexpr size_t kMaxStoredExpiring = 64;
+// How many times (in this process) the removal of an expired checkpoint's
+// directory is tried before it is given up, logged for the operator: a
+// file system's passing error passes, a lasting one (a link put there,
+// files the coordinator may not remove) would be tried at every save.
+inline constexpr int kMaxExpiredRemovalTries = 3;
 // The most bytes of a stored recovery cause (store::StoredJob.
 // recovery_reason) a restart keeps in the job's reason.
 inline constexpr size_t kMaxStoredRecoveryReason = 2048;
@@ -528,6 +533,11 @@ class JobManager {
   struct ExpiredCheckpoint {
     v1::ResumeFrom from;
     absl::Time at;
+    // Its removals that failed (RemoveExpiring keeps it listed, to try
+    // again, up to kMaxExpiredRemovalTries in all), and the time the first
+    // took its files' bound from: its manifest may be gone by a retry.
+    int failed_removals = 0;
+    std::optional<absl::Time> files_before;
   };
   struct JobRecord {
     v1::Job job;
@@ -901,12 +911,13 @@ class JobManager {
   JobRecord* RecoveryCountingOnLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's own workers, drained ones included: a placement's while it
-  // is planned, a recovery's survivors not lost, else its plan's.
+  // is planned, a recovery's survivors neither lost nor gone since
+  // (LOST, LEFT or forgotten past a restart's grace), else its plan's.
   std::vector<std::string> OwnWorkersLocked(const JobRecord& record) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many workers `record` could re-plan on once `without` is gone
-  // ("": as it is): its own (a placement's, a recovery's survivors not
-  // lost, or its plan's) not drained, and the spares it may count on
+  // ("": as it is): its own (OwnWorkersLocked) not drained, and the
+  // spares it may count on
   // (OwnSparesLocked).
   int WorkersLeftLocked(const JobRecord& record, const std::string& without) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -1244,10 +1255,12 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the directories of `dirs`, expired checkpoints of job `id` that
   // no stored state names as complete (on io_, off the lock), then drops
-  // them from its `expiring`. Those no longer in `expiring` stay: a step
-  // reported again since (redone) writes into the same directory. Files
-  // modified after the expired checkpoint's manifest stay too: a redo may
-  // have written them and not reported yet.
+  // those removed from its `expiring` (and those that failed
+  // kMaxExpiredRemovalTries times; the others stay, to be tried again).
+  // Those no longer in `expiring` stay: a step reported again since
+  // (redone) writes into the same directory. Files modified after the
+  // expired checkpoint's manifest stay too: a redo may have written them
+  // and not reported yet.
   // `save_after`: then saves the job (a restart's removal: the stored state
   // lists them until a save).
   void RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& dirs,

@@ -199,7 +199,14 @@ std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
 std::vector<std::string> JobManager::OfItsKindsLocked(const JobRecord& record,
                                                       std::vector<std::string> spares) const {
   if (!StagesOfOneKind(record)) return spares;
-  const std::vector<bool> own = GpuKindsLocked(OwnWorkersLocked(record));
+  // A recovering job's survivors gone since (not its own any more) still
+  // say which kinds it runs on: with every survivor gone, spares of any
+  // kind would count.
+  std::vector<std::string> workers = OwnWorkersLocked(record);
+  if (workers.empty() && record.job.state() == v1::JOB_STATE_RECOVERING) {
+    workers = record.survivors;
+  }
+  const std::vector<bool> own = GpuKindsLocked(workers);
   if (own.empty()) return spares;  // no worker left to say which
   const std::set<bool> kinds(own.begin(), own.end());
   const std::vector<bool> gpu = GpuKindsLocked(spares);

@@ -2,6 +2,7 @@
 // record as it changes, retrying saves that failed, and Restore after a
 // restart. Contracts: job_manager.h.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -172,19 +173,34 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // the expired checkpoint's go, those written no later than its manifest
   // (the last of its files; one filesystem's clock, whichever hosts wrote
   // them). Without a manifest, those older than the expiry, by this host's
-  // clock.
+  // clock. A retry keeps the first try's bound (the manifest may be gone).
   // Those that could not be removed (a file system's passing error: ESTALE,
   // EIO) stay listed, and are tried again after the job's next save or at
-  // a restart: forgotten, a whole checkpoint stayed on disk for good,
-  // manifest and all (the end-of-job sweeps take only incomplete ones).
+  // a restart, up to kMaxExpiredRemovalTries: forgotten at once, a whole
+  // checkpoint stayed on disk for good, manifest and all (the end-of-job
+  // sweeps take only incomplete ones).
   std::set<std::string> removed;
+  std::map<std::string, absl::Time> failed;  // dir -> the bound it was tried with
   for (const ExpiredCheckpoint& d : dirs) {
-    const std::optional<absl::Time> manifest = CheckpointManifestTime(options_.output_dir, d.from);
-    const absl::Status status =
-        RemoveCheckpointDir(options_.output_dir, d.from,
-                            manifest.has_value() ? *manifest + absl::Nanoseconds(1) : d.at);
+    absl::Time files_before = d.at;
+    if (d.files_before.has_value()) {
+      files_before = *d.files_before;
+    } else if (const std::optional<absl::Time> manifest =
+                   CheckpointManifestTime(options_.output_dir, d.from);
+               manifest.has_value()) {
+      files_before = *manifest + absl::Nanoseconds(1);
+    }
+    const absl::Status status = RemoveCheckpointDir(options_.output_dir, d.from, files_before);
     if (status.ok()) {
       removed.insert(d.from.dir());
+      continue;
+    }
+    failed[d.from.dir()] = files_before;
+    if (d.failed_removals + 1 >= kMaxExpiredRemovalTries) {
+      removed.insert(d.from.dir());  // given up
+      PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
+                      << " not removed after " << kMaxExpiredRemovalTries
+                      << " tries; given up (remove it by hand): " << status;
     } else {
       PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
                       << " not removed (tried again after the job's next save): " << status;
@@ -193,13 +209,19 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(id);
   if (record == nullptr) return;
-  // The job's next save stops listing those removed.
+  // The job's next save stops listing those removed (or given up).
   std::vector<ExpiredCheckpoint>& expiring = record->expiring;
   expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
                                 [&removed](const ExpiredCheckpoint& e) {
                                   return removed.count(e.from.dir()) > 0;
                                 }),
                  expiring.end());
+  for (ExpiredCheckpoint& e : expiring) {
+    if (auto it = failed.find(e.from.dir()); it != failed.end()) {
+      ++e.failed_removals;
+      e.files_before = it->second;
+    }
+  }
   if (save_after) PersistLocked(*record).IgnoreError();  // logged, and retried
 }
 

@@ -33,6 +33,12 @@ constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
 
 }  // namespace
 
+absl::Duration WeightsUploadDeadline(int64_t bytes) {
+  return std::max(absl::Minutes(10),
+                  absl::Seconds(static_cast<double>(std::max<int64_t>(0, bytes)) /
+                                kWeightsUploadFloorBytesPerSecond));
+}
+
 // CoordinatorLink over the coordinator's gRPC service.
 class WorkerAgent::GrpcLink : public CoordinatorLink {
  public:
@@ -56,7 +62,9 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     grpc::ClientContext context;
     const CallCancel::Scope cancellable(cancel, [&context] { context.TryCancel(); });
     if (!cancellable.active()) return absl::CancelledError("the weights upload was cancelled");
-    SetDeadline(&context, absl::Minutes(10));
+    int64_t bytes = 0;
+    for (const Parameter* p : params) bytes += p->value.numel() * int64_t{sizeof(float)};
+    SetDeadline(&context, WeightsUploadDeadline(bytes));
     AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;
     const CoordinatorStub coordinator = agent_->Stub();

@@ -41,6 +41,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
@@ -53,6 +54,16 @@
 #include "worker/transport/data_plane_server.h"
 
 namespace pipetrain {
+
+// How long a stage's final weights upload (UploadWeights, `bytes` of
+// values) may take: 10 minutes, or as long as those bytes take at
+// kWeightsUploadFloorBytesPerSecond, whichever is longer. Every stage
+// uploads at once at a job's end, into the coordinator's few write
+// strands; a fixed 10 minutes failed large stages' uploads, which the job
+// took for a peer failure and retrained from its last checkpoint, again
+// and again.
+inline constexpr int64_t kWeightsUploadFloorBytesPerSecond = int64_t{4} << 20;
+absl::Duration WeightsUploadDeadline(int64_t bytes);
 
 struct WorkerAgentOptions {
   // host:port, or a comma-separated list of highly available coordinators

@@ -116,6 +116,15 @@ class ForgetfulCoordinator final : public NoAssignmentsCoordinator {
   std::atomic<int> heartbeats_{0};
 };
 
+// 10 minutes, longer for a stage whose weights take that at 4 MiB/s: a
+// GPT-2 1.5B stage of 8 GB gets about 34 minutes.
+TEST(WeightsUploadDeadlineTest, TenMinutesOrTheBytesAtTheFloorRate) {
+  EXPECT_EQ(WeightsUploadDeadline(0), absl::Minutes(10));
+  EXPECT_EQ(WeightsUploadDeadline(int64_t{500} << 20), absl::Minutes(10));  // 125 s at 4 MiB/s
+  EXPECT_EQ(WeightsUploadDeadline(int64_t{8} << 30), absl::Seconds(2048));
+  EXPECT_EQ(WeightsUploadDeadline(-1), absl::Minutes(10));
+}
+
 TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   ForgetfulCoordinator coordinator;
   Mailbox mailbox;

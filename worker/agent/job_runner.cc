@@ -284,16 +284,18 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   r.set_resume_load_seconds(resume_load_seconds_);
   r.set_data_sha256(data_sha256_);
   // Not the data plane's receive timeout: the stages load their data and
-  // their checkpoints before the barrier, and one that loads a large
-  // stage, or from a slower mount, may come minutes after the others
-  // (each tensor rank reads and hashes its stage's unit files whole). A
+  // their checkpoints before the barrier (those of a device or replica
+  // group after it, which they pass before they join the group), and one
+  // that loads a large stage, or from a slower mount, may come minutes
+  // after the others (each tensor rank reads and hashes its stage's unit
+  // files whole). A
   // stage given up here was a peer failure, the recovery loaded the same
   // checkpoint with the same gap, and the job failed at its recovery
   // limit, blaming the fast stage. A dead peer does not wait this out:
   // the coordinator sees its stream end (or its lease lapse), recovers,
   // and this runner is stopped.
   const absl::Duration wait = std::max(options_.recv_timeout, kMinStartBarrierWait);
-  const absl::Time deadline = absl::Now() + wait;
+  const absl::Time deadline = MonotonicClock()->Now() + wait;
   // Polls the coordinator's barrier: soon at first (the last stage to come
   // is answered at once), then at most every 20 ms, so that many workers
   // waiting do not flood the coordinator.
@@ -302,7 +304,7 @@ absl::Status JobRunner::AwaitAllStagesReady() {
     // A brief outage (a leader change) must not end the stage here either.
     ASSIGN_OR_RETURN(v1::ReportProgressResponse response, ReportWithRetries(r));
     if (response.all_ready()) return absl::OkStatus();
-    if (absl::Now() > deadline) {
+    if (MonotonicClock()->Now() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("the other stages of job ", assignment_.job_id(), " were not ready within ",
                        absl::FormatDuration(wait), "; check the other workers' logs"));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -60,7 +61,7 @@ int64_t InProcessDeviceHub::PendingFromLocked(int from) const {
 
 absl::Status InProcessDeviceHub::Drain(int from, absl::Duration timeout,
                                        const std::function<bool()>& cancelled) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicClock()->Now() + timeout;
   while (true) {
     int64_t left = 0;
     {
@@ -69,7 +70,8 @@ absl::Status InProcessDeviceHub::Drain(int from, absl::Duration timeout,
         return aborted_ || PendingFromLocked(from) == 0;
       };
       const absl::Duration slice =
-          std::max(absl::ZeroDuration(), std::min(absl::Milliseconds(10), deadline - absl::Now()));
+          std::max(absl::ZeroDuration(),
+                   std::min(absl::Milliseconds(10), deadline - MonotonicClock()->Now()));
       const bool done = mu_.AwaitWithTimeout(drained, slice);
       if (aborted_) {
         return absl::AbortedError(absl::StrCat("device channel of stage ", from, " was aborted"));
@@ -77,7 +79,7 @@ absl::Status InProcessDeviceHub::Drain(int from, absl::Duration timeout,
       if (done) return absl::OkStatus();
       left = PendingFromLocked(from);
     }
-    if (absl::Now() >= deadline) {
+    if (MonotonicClock()->Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("device channel of stage ", from, ": ", left,
                                                       " sent tensor(s) not taken within ",
                                                       absl::FormatDuration(timeout)));

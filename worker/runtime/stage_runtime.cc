@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/clock.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/program_text.h"
@@ -88,7 +89,7 @@ bool SendsThroughPowerSgd(const v1::Program& program) {
   return false;
 }
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // `parts`' values one after another (host tensors), as one flat tensor: what
 // a checkpoint's gather over the replicas sends.
@@ -116,17 +117,17 @@ Tensor ThisRanksPart(const Tensor& full, const ParameterShard& shard) {
 
 // Adds one collective to result->collectives[purpose].
 void CountCollective(IterationResult* result, const char* purpose, int64_t bytes,
-                     Clock::time_point start, int64_t wire_bytes = -1) {
+                     SteadyClock::time_point start, int64_t wire_bytes = -1) {
   if (result == nullptr) return;
   IterationResult::CollectiveStats& stats = result->collectives[purpose];
   ++stats.count;
   stats.bytes += bytes;
   stats.wire_bytes += wire_bytes < 0 ? bytes : wire_bytes;
-  stats.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  stats.seconds += std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
 // A result's time spent waiting so far: in receives, and for the
@@ -1151,7 +1152,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
     trace->set_iteration(iteration);
     *trace->mutable_start_time() = ToProtoTimestamp(absl::Now());
   }
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   const auto& instructions = setup_.program.instructions();
   // A traced step's timings go into one buffer sized before the step and
   // become the proto after it. With a protobuf message allocated per
@@ -1277,7 +1278,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
 
 absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
                                    IterationResult* result) {
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status status;
   const char* phase = nullptr;
   switch (in.op_case()) {
@@ -1614,7 +1615,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   // the payload crosses to the host. Links the backend answers UNIMPLEMENTED
   // for (the CPU backend: all) take the host path below.
   if (!s.codec().empty()) {
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     absl::StatusOr<std::string> payload = device_encoder_.Encode(s, tensor, scores);
     if (payload.ok()) {
       const double seconds = SecondsSince(start);
@@ -1648,7 +1649,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
 
 absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
                                                                const TensorAddress& address) {
-  const absl::Time deadline = absl::Now() + setup_.recv_timeout;
+  const absl::Time deadline = MonotonicClock()->Now() + setup_.recv_timeout;
   // While this stage's sends are queued, one may fail here (a codec that
   // refuses non-finite values, a refused frame): the peer waiting for it
   // then waits too, and this receive, often the very answer to it, would
@@ -1661,7 +1662,7 @@ absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
   bool sliced = false;
   while (sends_.pending() > 0) {
     sliced = true;
-    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - MonotonicClock()->Now());
     absl::StatusOr<WireTensor> wire =
         transport_->RecvWire(peer, address, std::min(kSendWatchSlice, left));
     if (!absl::IsDeadlineExceeded(wire.status())) return wire;
@@ -1669,8 +1670,8 @@ absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
     if (left <= kSendWatchSlice) return WholeWait(wire.status(), setup_.recv_timeout);
   }
   RETURN_IF_ERROR(SendFailedFirst());
-  absl::StatusOr<WireTensor> wire =
-      transport_->RecvWire(peer, address, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  absl::StatusOr<WireTensor> wire = transport_->RecvWire(
+      peer, address, std::max(absl::ZeroDuration(), deadline - MonotonicClock()->Now()));
   if (sliced && absl::IsDeadlineExceeded(wire.status())) {
     return WholeWait(wire.status(), setup_.recv_timeout);
   }
@@ -1697,7 +1698,7 @@ absl::Status StageRuntime::SendFailedFirst() {
 }
 
 absl::Status StageRuntime::DrainSends(IterationResult* result) {
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   absl::Status status = sends_.Drain();
   if (result != nullptr) {
     result->phase_seconds["send"] += SecondsSince(start);
@@ -1763,7 +1764,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   // A payload the backend can decode on its device is decoded there: no
   // fp32 copy crosses from the host (packed weights are unpacked on the host).
   if (wire.encoded() && weights_of == nullptr) {
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     absl::StatusOr<Tensor> decoded =
         setup_.backend->DecodeOnDevice(wire.codec, wire.payload, expected);
     if (decoded.ok()) {
@@ -1826,7 +1827,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
   // Replica order: the gather is in the step's micro-batch order.
   Collectives collectives(transport_, ReplicaGroup(), RingSumOptions(setup_.recv_timeout));
   RETURN_IF_ERROR(collectives.status());
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   ASSIGN_OR_RETURN(Tensor all,
                    collectives.AllGather(iteration, kLossGatherTag,
                                          Tensor::FromVector({share}, result->micro_batch_losses),
@@ -1906,7 +1907,7 @@ int StageRuntime::GroupTags(const std::vector<Parameter*>& params) const {
 absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                                           const std::vector<Parameter*>& params,
                                           IterationResult::CollectiveStats* stats) {
-  auto count = [stats](int64_t bytes, int64_t wire_bytes, Clock::time_point start) {
+  auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
     ++stats->count;
     stats->bytes += bytes;
     stats->wire_bytes += wire_bytes;
@@ -1923,7 +1924,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     }
     Tensor g = OnHost(p->grad).Clone();
     const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
                                       /*error_feedback=*/true, g, &dp_feedback_[p->name]));
     tag += 2;
@@ -1943,7 +1944,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     std::memcpy(flat.data() + offset, g.data(), g.size_bytes());
     offset += g.numel();
   }
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   if (dp_quantizer_ != nullptr) {
     // Error feedback: what the codec dropped of each gradient's last
     // contribution goes with this one (every replica's residual is its
@@ -2024,7 +2025,7 @@ absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& p
     bytes += p->grad.size_bytes();
   }
   if (grads.empty()) return absl::OkStatus();
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(grads));
   // The time to queue it (the stand-in's: the whole sum); what crossed is
   // counted as fp32, as the exact host branch counts it.
@@ -2067,7 +2068,7 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   }
   if (tied != nullptr && !tied_reduced_) {
     Tensor g = OnHost(tied->grad);
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kDataParallelTagBase + 1, g));
     CountCollective(result, "data_parallel", g.size_bytes(), start);
     if (tied->grad.on_device()) setup_.backend->CopyFromHost(g, &tied->grad);
@@ -2087,7 +2088,7 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     // buckets, then the rest): its own phase, not the optimizer's.
     ShowActivity(
         absl::StrCat(step, ": all-reduce of the gradients over ", setup_.replicas, " replicas"));
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     const absl::Status reduced = AllReduceGradients(iteration, result);
     if (result != nullptr) result->phase_seconds["all_reduce"] += SecondsSince(start);
     ShowActivity(step);
@@ -2143,7 +2144,7 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     for (int root = 0; root < static_cast<int>(group.size()); ++root) {
       Tensor buffer = root == collectives.rank() ? mine : Tensor::Zeros({slots});
       // Broadcast copies bytes: the doubles arrive exactly.
-      const auto start = Clock::now();
+      const auto start = SteadyClock::now();
       RETURN_IF_ERROR(collectives.Broadcast(iteration, kGradClipTagBase + root, root, buffer));
       CountCollective(result, "grad_clip", buffer.size_bytes(), start);
       all.push_back(buffer);
@@ -2174,7 +2175,7 @@ absl::Status StageRuntime::SumTensorRankSquares(
   std::vector<Tensor> ranks;
   for (int root = 0; root < tp_collectives_->size(); ++root) {
     Tensor buffer = root == tp_collectives_->rank() ? mine->Clone() : Tensor::Zeros(mine->shape());
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     RETURN_IF_ERROR(
         tp_collectives_->Broadcast(iteration, kGradClipTensorTagBase + root, root, buffer));
     CountCollective(result, "grad_clip", buffer.size_bytes(), start);
@@ -2215,7 +2216,7 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
                             RingSumOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(collectives.status());
     Tensor g = OnHost(holder->grad);
-    const auto start = Clock::now();
+    const auto start = SteadyClock::now();
     RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kEmbeddingSyncTag, g));
     CountCollective(result, "embedding_sync", g.size_bytes(), start);
     if (holder->grad.on_device()) setup_.backend->CopyFromHost(g, &holder->grad);

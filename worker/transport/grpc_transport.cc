@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/echo_input.h"
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
@@ -245,7 +246,7 @@ class FrameStream final : public StreamReactor {
   // for gRPC to finish. Returns the call's final status. Safe to call from
   // several threads; only the first does the closing.
   grpc::Status Close(absl::Duration drain) {
-    const absl::Time deadline = absl::Now() + drain;
+    const absl::Time deadline = MonotonicClock()->Now() + drain;
     bool first = false;
     bool drained = false;
     {
@@ -256,7 +257,7 @@ class FrameStream final : public StreamReactor {
         return broken_ || (queue_.empty() && !writing_);
       };
       if (first) {
-        mu_.AwaitWithTimeout(idle, deadline - absl::Now());
+        mu_.AwaitWithTimeout(idle, deadline - MonotonicClock()->Now());
         drained = !broken_ && queue_.empty() && !writing_;
         cancelled_ = !drained;  // Stops OnWriteDone from starting more writes.
       }
@@ -281,7 +282,7 @@ class FrameStream final : public StreamReactor {
     bool done = false;
     {
       AnnotatedMutexLock lock(&mu_);
-      done = mu_.AwaitWithTimeout(finished, deadline - absl::Now());
+      done = mu_.AwaitWithTimeout(finished, deadline - MonotonicClock()->Now());
     }
     if (!done) context_.TryCancel();  // The peer did not finish the call in time.
     AnnotatedMutexLock lock(&mu_);

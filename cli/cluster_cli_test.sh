@@ -837,11 +837,13 @@ forgot_id=$(cut -d' ' -f1 "$TMP/forgot.out")
 kill -KILL "$coordinator_pid"
 wait "$coordinator_pid" 2>/dev/null
 "$COORDINATOR" --grpc-address="$raddr" --http-address=127.0.0.1:0 --join-token=j \
-  --user-token-file="$TMP/user.token" >>"$TMP/restart-coordinator.log" 2>&1 &
+  --user-token-file="$TMP/user.token" --ports-file="$TMP/forgot.ports" \
+  >>"$TMP/restart-coordinator.log" 2>&1 &
 coordinator_pid=$!
 pids+=($coordinator_pid)
-for _ in $(seq 1 1200); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
-kill -KILL "$follow_pid" 2>/dev/null  # still following after 60 s: fails below
+ok forgetful_coordinator_up await_file "$TMP/forgot.ports"
+for _ in $(seq 1 1800); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
+kill -KILL "$follow_pid" 2>/dev/null  # still following after 90 s: fails below
 wait "$follow_pid"
 follow_rc=$?
 if [[ $follow_rc -eq 3 && -n "$forgot_id" ]] && grep -q "NOT_FOUND" "$TMP/forgot.err" &&

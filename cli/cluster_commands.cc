@@ -1157,7 +1157,8 @@ FlagSet SubmitFlags(SubmitOptions& o) {
       "job the first one made, never a second job.");
   o.c.Bind(flags);
   flags.Bool("follow", &o.follow,
-             "show progress until the job ends, then what `up` reports (both on stderr)");
+             "show progress until the job ends, then what `up` reports (both on stderr); exit "
+             "1 if it did not succeed, 3 if following it failed (the job may still run)");
   flags.String("request-id", &o.request_id,
                "the submission's request id (at most 128 of A-Z a-z 0-9 . _ : -); running the "
                "command again with the same id and spec returns the same job. Default: a "

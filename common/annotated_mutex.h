@@ -25,7 +25,7 @@
 // wait sleeps on a std::condition_variable against std::chrono's
 // steady_clock (pthread_cond_clockwait with CLOCK_MONOTONIC), and a thread
 // releasing the mutex evaluates the predicates of those waiting, as Abseil
-// does for its own waits, and wakes the one whose predicate now holds.
+// does for its own waits, and wakes each whose predicate now holds.
 //
 // Thread-safe, like absl::Mutex. Exclusive locking only.
 #ifndef PIPETRAIN_COMMON_ANNOTATED_MUTEX_H_

@@ -25,6 +25,9 @@ void PingIdleClients(grpc::ServerBuilder& builder, absl::Duration every, absl::D
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(timeout)));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // With no call open too (ApplyGrpcServerLimits sets it as well, for
+  // clients' pings).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
 }
 
 }  // namespace pipetrain

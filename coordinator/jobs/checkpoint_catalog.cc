@@ -378,6 +378,9 @@ std::vector<v1::ResumeFrom> StepDirsByManifest(const std::string& output_dir,
     if (step_dir.get() < 0) continue;  // unreadable
     const bool has_manifest =
         fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    // Not known either way (EIO, ESTALE on NFS): neither list has it. Read
+    // as "no manifest", a sweep would remove a complete checkpoint.
+    if (!has_manifest && errno != ENOENT) continue;
     if (has_manifest != complete) continue;
     v1::ResumeFrom from;
     from.set_step(step);

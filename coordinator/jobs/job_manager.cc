@@ -29,7 +29,10 @@ JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* cloc
       clock_(clock),
       elapsed_clock_(options.elapsed_clock != nullptr ? options.elapsed_clock : clock),
       options_(std::move(options)) {
-  if (!options_.background_runner) background_ = std::make_unique<SerialExecutor>();
+  if (!options_.background_runner) {
+    background_ = std::make_unique<SerialExecutor>();
+    weights_sync_ = std::make_unique<SerialExecutor>();
+  }
 }
 
 JobManager::~JobManager() {
@@ -56,6 +59,7 @@ JobManager::~JobManager() {
   // behind it are not computed.
   planning_stopped_.store(true, std::memory_order_release);
   background_.reset();
+  weights_sync_.reset();
 }
 
 void JobManager::AwaitBackgroundWork() {
@@ -357,6 +361,15 @@ void JobManager::RunInBackgroundLocked(std::function<void()> task) {
   }
 }
 
+void JobManager::RunWeightsSyncLocked(std::function<void()> task) {
+  ++background_in_flight_;
+  if (options_.background_runner) {
+    options_.background_runner(std::move(task));
+  } else {
+    weights_sync_->Post(std::move(task));
+  }
+}
+
 void JobManager::PruneLocked() {
   const absl::Time oldest_kept = clock_->Now() - options_.ended_job_retention;
   // The ended jobs, the latest to end first (an ended job's update_time is
@@ -381,8 +394,15 @@ void JobManager::PruneLocked() {
       // Not while its checkpoint directory is being swept: the sweeps find
       // their job by id (the second one runs only for jobs still here, up
       // to a minute after the end), and the directory stays reserved until
-      // they are done. A later pass prunes it.
-      if (record.checkpoint_sweeps_pending == 0) prune[index] = true;
+      // they are done. Nor while manifests of its complete checkpoints wait
+      // for its next good save (a state store failing): pruned, they were
+      // never written, and those checkpoints (kept by the sweeps as
+      // complete) could be neither resumed nor exported. A later pass
+      // prunes it.
+      if (record.checkpoint_sweeps_pending == 0 &&
+          manifests_after_save_.count(record.job.id()) == 0) {
+        prune[index] = true;
+      }
       continue;
     }
     // Only a planned job has drawings: one cancelled while queued takes no

@@ -1233,6 +1233,10 @@ class JobManager {
   // Hands `task` to the background runner (options.background_runner, or
   // background_). Requires !stopping_.
   void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a finished job's weights file sync, on weights_sync_ by
+  // default: behind it on background_, a recovery's re-plan (and every
+  // first placement) waited for another job's fsync of gigabytes.
+  void RunWeightsSyncLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops ended jobs beyond the retention options (those that ended
   // longest ago first), and the detail of those past the drawings' count.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -1382,6 +1386,9 @@ class JobManager {
   // The default background runner (null with options.background_runner);
   // reset first in the destructor.
   std::unique_ptr<SerialExecutor> background_;
+  // Weights file syncs (RunWeightsSyncLocked); null, and reset, with
+  // background_.
+  std::unique_ptr<SerialExecutor> weights_sync_;
 };
 
 }  // namespace pipetrain

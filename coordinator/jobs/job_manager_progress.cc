@@ -499,7 +499,7 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     TouchLocked(record);
     std::shared_ptr<SafetensorsFileWriter> file = record.weights_file;
     DropWeightsFile(record);
-    return RunInBackgroundLocked([this, id = record.job.id(), path, file] {
+    return RunWeightsSyncLocked([this, id = record.job.id(), path, file] {
       FinishWritingWeights(id, path, *file, file->Sync());
     });
   }

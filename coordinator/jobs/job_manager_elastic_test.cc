@@ -4333,6 +4333,73 @@ TEST_F(JobManagerStoreTest, SavesFailing_HeldManifestsBoundedByKeep) {
   EXPECT_FALSE(manifest(45));
 }
 
+// An ended job whose complete checkpoint's manifest waits for a good save
+// is not pruned (even past max_ended_jobs 0): pruned, the manifest was
+// never written, and the checkpoint could be neither resumed nor exported.
+// Once the store is back, the save writes it, and the job goes.
+TEST_F(JobManagerStoreTest, SavesFailing_EndedJobWithHeldManifestNotPruned) {
+  BackgroundQueue background;
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .max_ended_jobs = 0,
+                                    .state = &state_,
+                                    .background_runner = background.Runner()});
+  v1::RegisterWorkerRequest join;
+  join.set_data_address("127.0.0.1:7001");
+  const std::string w = registry_.Register(join).value().worker_id();
+  v1::JobSpec spec = ElasticSpec(1, 5, 100);
+  spec.mutable_checkpoint()->set_dir("checkpoints/held-pruned");
+  const std::string id = jobs.Submit(spec).value().id();
+  background.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const int64_t version = jobs.Get(id).value().plan_version();
+  store_.failing = true;
+  for (int64_t step = 1; step <= 5; ++step) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_iteration(step - 1);
+    r.add_micro_batch_losses(1.0f);
+    r.add_micro_batch_losses(1.0f);
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+  }
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w);
+  r.set_job_id(id);
+  r.set_plan_version(version);
+  r.set_iteration(4);
+  r.mutable_checkpoint()->set_step(5);
+  for (int u = 0; u < 4; ++u) {
+    v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+    f->set_unit(u);
+    f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+    f->set_bytes(100);
+    f->set_sha256(std::string(64, 'a'));
+  }
+  ASSERT_TRUE(jobs.ReportProgress(r).ok());
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.HeldManifestsForTesting(id), 1u);
+  (void)jobs.Cancel(id);  // ended here; its save fails (retried)
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  // Past the late sweep's wait: the sweeps end, which alone no longer
+  // holds the job.
+  clock_.Advance(kLateSweepWait + absl::Seconds(1));
+  for (int pass = 0; pass < 3; ++pass) {
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  ASSERT_TRUE(jobs.Get(id).ok()) << "pruned with its manifest unwritten";
+  const std::string manifest =
+      absl::StrCat(OutputDir(), "/checkpoints/held-pruned/step-00000005/manifest.json");
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+  store_.failing = false;
+  RetryPass(jobs);
+  EXPECT_TRUE(std::filesystem::exists(manifest));
+  RetryPass(jobs);
+  EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+}
+
 // The step written again meanwhile (redone after the later checkpoints
 // were dropped) and reported, not yet complete: the redo's files stay, the
 // old manifest goes (kept, it named checksums the files no longer have,

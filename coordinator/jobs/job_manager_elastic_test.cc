@@ -677,11 +677,16 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
 // Stages still write a step or two after a cancel (it reaches them tens of
 // ms later). Those files come after the end's sweep; a second sweep
 // removes them once every worker of the job has reported idle since the
-// end, and not before.
+// end, and not before; whatever the file's time says (here the file
+// server's clock an hour ahead of the coordinator's: a time filter kept it
+// for good).
 TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWorkersStopped) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   std::string late;
   const std::string id = CancelledWithALateStep("late/a", &late);
+  const timespec ahead = absl::ToTimespec(absl::Now() + absl::Hours(1));
+  const timespec times[2] = {ahead, ahead};
+  ASSERT_EQ(utimensat(AT_FDCWD, (late + "/unit-0000.safetensors").c_str(), times, 0), 0);
   const auto exists = [](const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;

@@ -1722,6 +1722,35 @@ TEST(JobRunnerTest, DeviceGroupThenReplicaJoinFails_StopLeavesTheDeadChannelAlon
       << link.reports()[0].error();
 }
 
+// A stage of a device group without the --checkpoint-root its job's
+// checkpoints need fails before the start barrier, never reporting ready:
+// past the barrier (marked ready) its failure failed the whole job, where
+// a joiner outside a group is left out. (Before, it reported ready, then
+// waited for the group's other member to join.)
+TEST(JobRunnerTest, DeviceGroupWithoutCheckpointRoot_FailsBeforeReportingReady) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(20));
+  FakeLink link(/*stages=*/1);
+  GroupedCpu backend(&hub);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  v1::Assignment a = GroupAssignment(0, 2);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(st);
+      },
+      &link, options);
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  runner.Stop();
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  ASSERT_FALSE(reports.empty());
+  EXPECT_FALSE(reports[0].ready()) << "reported ready before failing its own setup";
+  EXPECT_NE(reports[0].error().find("--checkpoint-root"), std::string::npos) << reports[0].error();
+}
+
 // --- Replica device groups: the CPU posing as GPUs, collectives of an
 // in-process hub.
 

@@ -154,7 +154,7 @@ Tensor Tensor::Slice(int64_t begin, int64_t end) const {
 Tensor Tensor::Clone() const {
   if (is_null()) return Tensor();
   PT_CHECK(!on_device_) << "Clone of a device tensor: use its Backend";
-  Tensor t = Zeros(shape_);
+  Tensor t = Uninitialized(shape_);  // every element written next: no zero fill first
   t.CopyFrom(*this);
   return t;
 }

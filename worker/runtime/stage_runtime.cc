@@ -1937,7 +1937,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     }
   }
   if (numel == 0) return absl::OkStatus();
-  Tensor flat = Tensor::Zeros({numel});
+  Tensor flat = Tensor::Uninitialized({numel});  // every element written next
   int64_t offset = 0;
   for (const Parameter* p : flat_params) {
     const Tensor g = OnHost(p->grad);

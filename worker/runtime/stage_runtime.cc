@@ -1248,6 +1248,14 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   for (const auto& [mb, loss] : losses_) {
     result.micro_batch_losses.push_back(LossValue(setup_.backend, loss));
   }
+  // Reading the losses may be the step's first wait on the device (its
+  // work is queued without one): a fault seen there leaves NaN losses,
+  // which would read as a diverged model (the job FAILED) where a failed
+  // device is what the worker must report (a peer failure: it recovers).
+  if (const absl::Status device = setup_.backend->status(); !device.ok()) {
+    return absl::Status(device.code(), absl::StrCat(OwnStageName(), ", iteration ", iteration,
+                                                    ", reading the losses: ", device.message()));
+  }
   // The stage that runs head's forward pass has the losses. A stage with no
   // forward pass (Bi-Partition can leave the last one none) has an empty
   // range ending at num_units_ too.

@@ -69,6 +69,57 @@ TEST(StageRuntimeBackendErrorTest, BackendError_FailsTheInstructionThatHitIt) {
       << result.status();
 }
 
+// Healthy for its first `healthy` status() calls, failed from then on: a
+// device fault the step's last wait (reading the losses) is the first to
+// see.
+class FailsAfterStatusCalls : public ForwardingBackend {
+ public:
+  explicit FailsAfterStatusCalls(int healthy)
+      : ForwardingBackend(CpuBackend()), healthy_(healthy) {}
+  absl::Status status() const override {
+    if (++calls_ > healthy_) return absl::InternalError("an illegal memory access");
+    return absl::OkStatus();
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  const int healthy_;
+  mutable std::atomic<int> calls_{0};
+};
+
+// A fault seen only once every instruction has run (when the losses are
+// read) fails the iteration, naming where: its losses (NaN on a device)
+// would otherwise be reported, and read as a diverged model.
+TEST(StageRuntimeBackendErrorTest, FaultSeenWhenTheLossesAreRead_FailsTheIteration) {
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  const int units = NumUnits(c.model);
+  auto programs = CompilePrograms({{0, units}}, units, c.micro_batches, Schedule::kOneFOneB);
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  const auto run = [&](Backend* backend) {
+    InProcessFabric fabric(1);
+    std::unique_ptr<Transport> transport = fabric.Connect(0);
+    StageSetup setup{
+        "job-err",       c, 0, 1, ToUnitRange({0, units}), ToUnitRange({0, units}), (*programs)[0],
+        absl::Seconds(5)};
+    setup.backend = backend;
+    auto runtime = StageRuntime::Create(setup, &data, transport.get());
+    EXPECT_TRUE(runtime.ok()) << runtime.status();
+    return runtime.ok() ? (*runtime)->RunIteration(0)
+                        : absl::StatusOr<IterationResult>(runtime.status());
+  };
+  FailsAfterStatusCalls counting(/*healthy=*/1 << 30);
+  ASSERT_TRUE(run(&counting).ok());
+  // Healthy for every check but the iteration's last.
+  FailsAfterStatusCalls backend(counting.calls() - 1);
+  absl::StatusOr<IterationResult> result = run(&backend);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(),
+                                "stage 0, iteration 0, reading the losses: an illegal memory"))
+      << result.status();
+}
+
 // Fails after `healthy` GELU backward passes (one per MLP unit and
 // micro-batch); `failed` is notified once status() has said so.
 class FailsAfterGeluBackwards : public ForwardingBackend {

@@ -710,6 +710,31 @@ TEST_F(JobManagerTest, TensorParallel_OnlyRankZeroReportsCheckpoints) {
   ASSERT_TRUE(jobs_.Cancel(id).ok());
 }
 
+// A quantizer that scales by chunk (linear, piecewise) on the replicas'
+// all-reduce beside tensor ranks is refused at submit: the tensors every
+// rank holds alike would drift apart. fp16 (element by element) is not.
+TEST_F(JobManagerTest, Submit_ChunkScaledDataParallelQuantizerBesideTensorRanks_Refused) {
+  for (const char* codec : {"linear:bits=8", "piecewise:bits=8", "fp16"}) {
+    for (const int tensor : {2, 1}) {
+      SCOPED_TRACE(absl::StrCat(codec, " tensor ", tensor));
+      v1::JobSpec spec = SmallSpec(1);
+      spec.mutable_parallelism()->set_data(2);
+      spec.mutable_parallelism()->set_tensor(tensor);
+      spec.mutable_compression()->mutable_data_parallel()->set_codec(codec);
+      const absl::StatusOr<v1::Job> job = Submit(spec);
+      const bool refused = std::string(codec) != "fp16" && tensor != 1;
+      if (refused) {
+        EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+        EXPECT_TRUE(absl::StrContains(job.status().message(), "use fp16, bf16 or powersgd"))
+            << job.status();
+      } else {
+        EXPECT_FALSE(absl::StrContains(job.status().message(), "drift apart")) << job.status();
+        if (job.ok()) ASSERT_TRUE(jobs_.Cancel(job->id()).ok());
+      }
+    }
+  }
+}
+
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
   v1::Job job = Submit(SmallSpec(2)).value();

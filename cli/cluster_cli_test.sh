@@ -422,6 +422,8 @@ done
 # --synthetic-bytes sizes generated text: with --data it was ignored.
 expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
   up --workers 2 --data "$TMP/corpus.txt" --synthetic-bytes 5000 --out "$TMP/up-bad"
+expect_exit up_min_lr_constant 2 "--min-lr is the cosine schedule's floor" -- \
+  up --workers 2 --lr 1e-3 --min-lr 1e-4 --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
 # A CUDA device this machine lacks is refused up front too, not by the

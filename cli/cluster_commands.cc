@@ -814,6 +814,13 @@ int RunUp(const std::vector<std::string>& args) {
       }
     }
   }
+  // The floor of a cosine decay: with the constant schedule it was
+  // silently ignored.
+  if (valid.ok() && o.min_lr > 0 && o.lr_schedule != "cosine") {
+    valid = absl::InvalidArgumentError(
+        "--min-lr is the cosine schedule's floor, and has no effect with --lr-schedule constant; "
+        "add --lr-schedule cosine or leave it out");
+  }
   // It sizes generated text: given with --data, it was silently ignored.
   if (valid.ok() && !o.data.empty() && o.synthetic_bytes_given) {
     valid = absl::InvalidArgumentError(

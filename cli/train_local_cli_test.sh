@@ -26,6 +26,9 @@ expect_exit format_without_data 2 "--format uint16 reads a --data file; without 
 echo "a little text to train on" >"$TMP/tiny-corpus.txt"
 expect_exit synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
   train-local --data "$TMP/tiny-corpus.txt" --synthetic-bytes 5000
+# --min-lr floors the cosine schedule: with the constant one it was ignored.
+expect_exit min_lr_constant 2 "--min-lr is the cosine schedule's floor" -- \
+  train-local --lr 1e-3 --min-lr 1e-4
 expect_exit steps_negative 2 "steps: must be >= 0, got -1" -- train-local --steps -1
 expect_exit lr_zero 2 "lr: must be > 0 and finite, got 0" -- train-local --lr 0
 expect_exit lr_nan 2 "--lr: cannot parse 'nan'" -- train-local --lr nan

@@ -189,6 +189,13 @@ absl::Status Resolve(Options& o) {
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
   RETURN_IF_ERROR(ParseLrSchedule("--lr-schedule", o.lr_schedule, &o.train.lr_schedule));
+  // The floor of a cosine decay: with the constant schedule it was
+  // silently ignored, the run at --lr throughout.
+  if (o.train.min_lr > 0 && o.train.lr_schedule != LrSchedule::kCosine) {
+    return absl::InvalidArgumentError(
+        "--min-lr is the cosine schedule's floor, and has no effect with --lr-schedule constant; "
+        "add --lr-schedule cosine or leave it out");
+  }
   {
     // auto is the CPU where no CUDA device is visible: GPU-only modes are a
     // flag combination this host refuses, exit 2 before any work, as `up`
@@ -307,9 +314,13 @@ absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepRe
 // why then, and the run stops as an interrupt does, its checkpoint and
 // weights still written). Returns the validation
 // loss of the last step taken when that step evaluated, so it is not
-// computed twice.
+// computed twice. `*checkpoint_saved_at`: the step of the last
+// --checkpoint-interval write that succeeded (-1: none), which the final
+// write need not repeat.
 absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer,
-                                           absl::Status* output_failed) {
+                                           absl::Status* output_failed,
+                                           int64_t* checkpoint_saved_at) {
+  *checkpoint_saved_at = -1;
   std::ofstream log;
   if (!o.log.empty()) {
     // A FIFO's write end held while the stream opens its own: a blocking
@@ -344,7 +355,10 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     }
     const double step_seconds = std::chrono::duration<double>(t1 - t0).count();
     std::optional<float> val;
-    if (c.eval_interval > 0 && (r.step % c.eval_interval == 0 || r.step == c.steps)) {
+    // Not once told to stop: a validation pass of a large model runs for
+    // tens of seconds, past a scheduler's grace before its SIGKILL.
+    if (c.eval_interval > 0 && g_signal.load() == 0 &&
+        (r.step % c.eval_interval == 0 || r.step == c.steps)) {
       ASSIGN_OR_RETURN(val, trainer.Evaluate());
     }
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
@@ -373,6 +387,7 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
       absl::Status saved = SaveCheckpoint(o.checkpoint, trainer, &diverged);
       if (diverged) return saved;
       RETURN_IF_ERROR(trainer.model().backend()->status());
+      if (saved.ok()) *checkpoint_saved_at = r.step;
       if (!saved.ok()) {
         *output_failed = absl::Status(
             saved.code(), absl::StrCat(saved.message(), " at step ", r.step,
@@ -465,7 +480,9 @@ absl::Status Run(Options& o) {
                backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
   absl::Status output_failed = absl::OkStatus();
   const int64_t first_step = trainer->step();
-  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer, &output_failed);
+  int64_t checkpoint_saved_at = -1;
+  absl::StatusOr<std::optional<float>> trained =
+      Train(o, *trainer, &output_failed, &checkpoint_saved_at);
   // A run that trained no step (stopped before its first, or resumed at
   // --steps already) leaves --checkpoint as it is: it would be the resumed
   // checkpoint again under this run's settings, or an untrained model over
@@ -488,8 +505,12 @@ absl::Status Run(Options& o) {
   // returned): one bad output must not lose the other. The checkpoint
   // again after an interval's write failed: the trouble may have passed.
   absl::Status saved_checkpoint = absl::OkStatus(), saved_weights = absl::OkStatus();
+  // Not again when the last step's interval write holds it already (the
+  // same bytes: gigabytes, hashed and synced, twice).
   if (write_checkpoint && trained.ok()) {
-    saved_checkpoint = SaveCheckpoint(o.checkpoint, *trainer);
+    if (checkpoint_saved_at != trainer->step()) {
+      saved_checkpoint = SaveCheckpoint(o.checkpoint, *trainer);
+    }
     o.checkpoint_written = saved_checkpoint.ok();
   }
   RETURN_IF_ERROR(trained.status());

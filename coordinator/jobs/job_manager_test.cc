@@ -735,6 +735,21 @@ TEST_F(JobManagerTest, Submit_ChunkScaledDataParallelQuantizerBesideTensorRanks_
   }
 }
 
+// training.min_lr floors the cosine schedule; with the constant one it
+// would be ignored, and is refused.
+TEST_F(JobManagerTest, Submit_MinLrWithTheConstantSchedule_Refused) {
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_lr(1e-3f);
+  spec.mutable_training()->set_min_lr(1e-4f);
+  const absl::Status refused = Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "spec.training.min_lr")) << refused;
+  spec.mutable_training()->set_lr_schedule("cosine");
+  const absl::StatusOr<v1::Job> job = Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(jobs_.Cancel(job->id()).ok());
+}
+
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
   v1::Job job = Submit(SmallSpec(2)).value();

@@ -422,6 +422,11 @@ done
 # --synthetic-bytes sizes generated text: with --data it was ignored.
 expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
   up --workers 2 --data "$TMP/corpus.txt" --synthetic-bytes 5000 --out "$TMP/up-bad"
+# up trains byte-level text: a token file of GPT-2 ids failed every
+# worker's load once the cluster had started.
+printf 'abcd' >"$TMP/tokens.bin"
+expect_exit up_token_file 2 "reads as a file of token ids" -- \
+  up --workers 2 --data "$TMP/tokens.bin" --out "$TMP/up-bad"
 expect_exit up_min_lr_constant 2 "--min-lr is the cosine schedule's floor" -- \
   up --workers 2 --lr 1e-3 --min-lr 1e-4 --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.

@@ -54,6 +54,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "spec/job_spec.h"
+#include "worker/data/token_file.h"
 #include "worker/model/backend_select.h"
 
 namespace pipetrain {
@@ -352,7 +353,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int64("warmup-steps", &o.warmup_steps, "linear learning-rate warm-up steps");
   f.Float("min-lr", &o.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
-  f.String("data", &o.data, "training corpus; empty = generated English text");
+  f.String("data", &o.data,
+           "training corpus, byte-level text (not a token file); empty = generated English "
+           "text");
   f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
   f.String("solver", &o.solver, "uniform | pipedream | bipartition | auto");
   f.String("schedule", &o.schedule, "1f1b | gpipe");
@@ -840,6 +843,25 @@ int RunUp(const std::vector<std::string>& args) {
         "--data ", o.data,
         S_ISDIR(info.st_mode) ? " is a directory" : " is not a regular file (a device or FIFO)",
         "; name a token or text file (docs/formats.md)"));
+  }
+  // up trains byte-level text (its model's vocabulary is 256, and it has no
+  // --vocab or --format): a token file (.bin, .u16, or llm.c's header) of
+  // GPT-2 ids failed every worker's load, after the whole cluster started.
+  if (valid.ok() && !o.data.empty()) {
+    int32_t magic = 0;
+    if (std::FILE* f = std::fopen(o.data.c_str(), "rb")) {
+      if (std::fread(&magic, sizeof(magic), 1, f) != 1) magic = 0;
+      std::fclose(f);
+    }
+    if (absl::EndsWith(o.data, ".bin") || absl::EndsWith(o.data, ".u16") ||
+        magic == kTokenFileMagic) {
+      valid = absl::InvalidArgumentError(absl::StrCat(
+          "--data ", o.data,
+          " reads as a file of token ids (its name or its llm.c header), and up trains on "
+          "byte-level text only (a vocabulary of 256, no --vocab or --format flag): submit a job "
+          "spec with spec.model.vocab_size and spec.data.format (pipetrain submit), or run "
+          "train-local --vocab"));
+    }
   }
   // Its directory becomes the processes' --data-root, a comma-separated
   // list: "runs/lr=3e-4,bs=32" would be two roots, neither the corpus's

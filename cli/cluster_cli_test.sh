@@ -390,9 +390,9 @@ expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must b
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
-expect_exit up_data_directory 2 "--data $TMP is a directory; name a token or text file" -- \
+expect_exit up_data_directory 2 "--data $TMP is a directory; name a text file" -- \
   up --workers 2 --data "$TMP" --out "$TMP/up-bad"
-expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device or FIFO); name a token or text file" -- \
+expect_exit up_data_device 2 "--data /dev/zero is not a regular file (a device or FIFO); name a text file" -- \
   up --workers 2 --data /dev/zero --out "$TMP/up-bad"
 # The corpus's directory becomes the processes' comma-separated --data-root.
 mkdir -p "$TMP/lr=3e-4,bs=32" && echo "some text" > "$TMP/lr=3e-4,bs=32/corpus.txt"
@@ -427,6 +427,8 @@ expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated te
 printf 'abcd' >"$TMP/tokens.bin"
 expect_exit up_token_file 2 "reads as a file of token ids" -- \
   up --workers 2 --data "$TMP/tokens.bin" --out "$TMP/up-bad"
+expect_exit up_dp_codec_beside_tensor_ranks 2 "scales each chunk by its largest value" -- \
+  up --workers 4 --data-parallel 2 --tensor-parallel 2 --dp-codec linear:bits=8 --out "$TMP/up-bad"
 expect_exit up_min_lr_constant 2 "--min-lr is the cosine schedule's floor" -- \
   up --workers 2 --lr 1e-3 --min-lr 1e-4 --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.

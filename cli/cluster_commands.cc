@@ -819,7 +819,7 @@ int RunUp(const std::vector<std::string>& args) {
   }
   // The floor of a cosine decay: with the constant schedule it was
   // silently ignored.
-  if (valid.ok() && o.min_lr > 0 && o.lr_schedule != "cosine") {
+  if (valid.ok() && o.min_lr > 0 && o.lr_schedule == "constant") {
     valid = absl::InvalidArgumentError(
         "--min-lr is the cosine schedule's floor, and has no effect with --lr-schedule constant; "
         "add --lr-schedule cosine or leave it out");
@@ -842,7 +842,7 @@ int RunUp(const std::vector<std::string>& args) {
     valid = absl::InvalidArgumentError(absl::StrCat(
         "--data ", o.data,
         S_ISDIR(info.st_mode) ? " is a directory" : " is not a regular file (a device or FIFO)",
-        "; name a token or text file (docs/formats.md)"));
+        "; name a text file (docs/formats.md)"));
   }
   // up trains byte-level text (its model's vocabulary is 256, and it has no
   // --vocab or --format): a token file (.bin, .u16, or llm.c's header) of
@@ -886,6 +886,7 @@ int RunUp(const std::vector<std::string>& args) {
     // The coordinator's planning budget too: over it, Submit refuses the
     // job only once the coordinator and every worker have started.
     if (checked.ok()) checked = CheckPlanningBudget(*resolved);
+    if (checked.ok()) checked = CheckDataParallelQuantizerBesideTensorRanks(resolved->spec);
     valid = NameFlags(checked, kUpFlagNames);
   }
   // Written once the job ends: a path that cannot be must not cost the run.

@@ -106,7 +106,7 @@ std::string UsageText() {
                   "$PIPETRAIN_CA,\n$PIPETRAIN_TLS_CERT, $PIPETRAIN_TLS_KEY and $PIPETRAIN_TOKEN "
                   "when --coordinator,\n--tls-ca, --tls-cert, --tls-key and --token-file are not "
                   "given.\nExit codes: 0 ok, 1 the job did not succeed (submit --follow, up), "
-                  "2 usage,\n3 submit --follow lost the job it submitted (it may still run), "
+                  "2 usage,\n3 submit --follow lost the job it submitted (it may still run),\n"
                   "64 + the gRPC status code of a failed call (e.g. 69 NOT_FOUND, 78 "
                   "UNAVAILABLE,\n80 UNAUTHENTICATED), 128 + N stopped by signal N; "
                   "docs/operations.md has the table.\n");

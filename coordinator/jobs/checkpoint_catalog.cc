@@ -451,11 +451,19 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
     if (!written_before.has_value()) return true;
     return absl::TimeFromTimespec(st.st_mtim) < *written_before;
   };
-  // The manifest first: a checkpoint without it is visibly incomplete.
-  if (struct stat st;
-      !written_before.has_value() || manifest_whatever_its_time ||
-      (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-       removable(st))) {
+  // The manifest first: a checkpoint without it is visibly incomplete. One
+  // whose time cannot be read (EIO, ESTALE) fails the removal: kept, it
+  // would name the files removed below.
+  bool take_manifest = !written_before.has_value() || manifest_whatever_its_time;
+  if (struct stat st; !take_manifest) {
+    if (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      take_manifest = removable(st);
+    } else if (errno != ENOENT) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", output_dir, "/", from.dir(),
+                                                     "/", kCheckpointManifestName));
+    }
+  }
+  if (take_manifest) {
     // A manifest left would name the files removed below: a checkpoint
     // that looks complete and is not.
     if (unlinkat(parent.dir.get(), kCheckpointManifestName, 0) != 0 && errno != ENOENT) {
@@ -475,14 +483,18 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
     }
     closedir(dir);
   }
-  // A file that cannot be unlinked (a passing I/O error) fails the
+  // A file that cannot be read or unlinked (a passing I/O error) fails the
   // removal: the directory then stays non-empty, which with
   // `written_before` would read as files kept on purpose.
   int unlink_errno = 0;
   for (const std::string& name : names) {
     struct stat st;
-    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st) &&
-        unlinkat(parent.dir.get(), name.c_str(), 0) != 0 && errno != ENOENT && unlink_errno == 0) {
+    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT && unlink_errno == 0) unlink_errno = errno;
+      continue;
+    }
+    if (removable(st) && unlinkat(parent.dir.get(), name.c_str(), 0) != 0 && errno != ENOENT &&
+        unlink_errno == 0) {
       unlink_errno = errno;
     }
   }

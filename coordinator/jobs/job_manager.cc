@@ -395,12 +395,12 @@ void JobManager::PruneLocked() {
       // their job by id (the second one runs only for jobs still here, up
       // to a minute after the end), and the directory stays reserved until
       // they are done. Nor while manifests of its complete checkpoints wait
-      // for its next good save (a state store failing): pruned, they were
-      // never written, and those checkpoints (kept by the sweeps as
-      // complete) could be neither resumed nor exported. A later pass
-      // prunes it.
+      // for its next good save (a state store failing), up to the retention
+      // time: pruned, they were never written, and those checkpoints (kept
+      // by the sweeps as complete) could be neither resumed nor exported. A
+      // later pass prunes it.
       if (record.checkpoint_sweeps_pending == 0 &&
-          manifests_after_save_.count(record.job.id()) == 0) {
+          (manifests_after_save_.count(record.job.id()) == 0 || ended_at < oldest_kept)) {
         prune[index] = true;
       }
       continue;

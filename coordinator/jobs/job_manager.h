@@ -152,11 +152,14 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // The most expired checkpoints a job's stored record lists for removal
 // after a restart (store::StoredJob.expiring; about 40 bytes each).
 inline constexpr size_t kMaxStoredExpiring = 64;
-// How many times (in this process) the removal of an expired checkpoint's
-// directory is tried before it is given up, logged for the operator: a
-// file system's passing error passes, a lasting one (a link put there,
-// files the coordinator may not remove) would be tried at every save.
+// The removal of an expired checkpoint's directory that fails is tried
+// again (after the job's next saves) until it has failed this many times
+// and for this long since its first failure in this process, then given
+// up, logged for the operator: a file system's passing error (an NFS
+// failover) passes, a lasting one (a link put there, files the coordinator
+// may not remove) would be tried at every save.
 inline constexpr int kMaxExpiredRemovalTries = 3;
+inline constexpr absl::Duration kExpiredRemovalRetryFor = absl::Hours(1);
 // The most bytes of a stored recovery cause (store::StoredJob.
 // recovery_reason) a restart keeps in the job's reason.
 inline constexpr size_t kMaxStoredRecoveryReason = 2048;
@@ -533,10 +536,13 @@ class JobManager {
   struct ExpiredCheckpoint {
     v1::ResumeFrom from;
     absl::Time at;
-    // Its removals that failed (RemoveExpiring keeps it listed, to try
-    // again, up to kMaxExpiredRemovalTries in all), and the time the first
-    // took its files' bound from: its manifest may be gone by a retry.
+    // Its removals that failed in this process (RemoveExpiring keeps it
+    // listed, to try again: kMaxExpiredRemovalTries,
+    // kExpiredRemovalRetryFor), when the first did (elapsed clock), and the
+    // time that first took its files' bound from: its manifest may be gone
+    // by a retry.
     int failed_removals = 0;
+    absl::Time first_failed = absl::InfiniteFuture();
     std::optional<absl::Time> files_before;
   };
   struct JobRecord {
@@ -1260,7 +1266,8 @@ class JobManager {
   // Removes the directories of `dirs`, expired checkpoints of job `id` that
   // no stored state names as complete (on io_, off the lock), then drops
   // those removed from its `expiring` (and those that failed
-  // kMaxExpiredRemovalTries times; the others stay, to be tried again).
+  // kMaxExpiredRemovalTries times over kExpiredRemovalRetryFor; the
+  // others stay, to be tried again).
   // Those no longer in `expiring` stay: a step reported again since
   // (redone) writes into the same directory. Files modified after the
   // expired checkpoint's manifest stay too: a redo may have written them

@@ -205,6 +205,8 @@ std::vector<std::string> JobManager::OfItsKindsLocked(const JobRecord& record,
   std::vector<std::string> workers = OwnWorkersLocked(record);
   if (workers.empty() && record.job.state() == v1::JOB_STATE_RECOVERING) {
     workers = record.survivors;
+    if (workers.empty())
+      workers.assign(record.job.worker_ids().begin(), record.job.worker_ids().end());
   }
   const std::vector<bool> own = GpuKindsLocked(workers);
   if (own.empty()) return spares;  // no worker left to say which

@@ -176,7 +176,8 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // clock. A retry keeps the first try's bound (the manifest may be gone).
   // Those that could not be removed (a file system's passing error: ESTALE,
   // EIO) stay listed, and are tried again after the job's next save or at
-  // a restart, up to kMaxExpiredRemovalTries: forgotten at once, a whole
+  // a restart, until kMaxExpiredRemovalTries and kExpiredRemovalRetryFor
+  // are both spent: forgotten at once, a whole
   // checkpoint stayed on disk for good, manifest and all (the end-of-job
   // sweeps take only incomplete ones).
   std::set<std::string> removed;
@@ -196,11 +197,15 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
       continue;
     }
     failed[d.from.dir()] = files_before;
-    if (d.failed_removals + 1 >= kMaxExpiredRemovalTries) {
+    const absl::Time now = elapsed_clock_->Now();
+    const absl::Time first_failed = std::min(d.first_failed, now);
+    if (d.failed_removals + 1 >= kMaxExpiredRemovalTries &&
+        now - first_failed >= kExpiredRemovalRetryFor) {
       removed.insert(d.from.dir());  // given up
       PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
-                      << " not removed after " << kMaxExpiredRemovalTries
-                      << " tries; given up (remove it by hand): " << status;
+                      << " not removed after " << d.failed_removals + 1 << " tries over "
+                      << absl::FormatDuration(now - first_failed)
+                      << "; given up (remove it by hand): " << status;
     } else {
       PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
                       << " not removed (tried again after the job's next save): " << status;
@@ -219,6 +224,7 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   for (ExpiredCheckpoint& e : expiring) {
     if (auto it = failed.find(e.from.dir()); it != failed.end()) {
       ++e.failed_removals;
+      e.first_failed = std::min(e.first_failed, elapsed_clock_->Now());
       e.files_before = it->second;
     }
   }

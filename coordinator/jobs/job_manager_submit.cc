@@ -135,29 +135,6 @@ absl::Status CheckMinLrHasACosine(const TrainConfig& train) {
       "spec.training.lr_schedule constant; set lr_schedule to cosine or min_lr to 0");
 }
 
-// A linear or piecewise quantizer on the data-parallel all-reduce beside
-// tensor ranks: each rank codes its bucket (its own shards and the
-// replicated tensors, LayerNorms and biases, together) with steps scaled
-// by each chunk's largest value, so the replicated tensors' sums, error
-// feedback and moments drift apart between ranks that must hold them
-// alike, and a checkpoint keeps rank 0's. fp16, bf16 (element by element)
-// and PowerSGD (matrix by matrix) code identical inputs identically. At
-// submit only: a job stored before this check runs on as it was.
-absl::Status CheckDataParallelQuantizerBesideTensorRanks(const ResolvedJobSpec& resolved) {
-  const std::string& quantizer = resolved.data_parallel_quantizer;
-  if (resolved.spec.parallelism().tensor() == 1 ||
-      !(absl::StartsWith(quantizer, "linear") || absl::StartsWith(quantizer, "piecewise"))) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "spec.compression.data_parallel.codec: ", quantizer.substr(0, 64),
-      " scales each chunk by its largest value, which differs between tensor ranks (each codes "
-      "its own shards with the tensors all ranks hold alike), so those tensors would drift apart; "
-      "with spec.parallelism.tensor ",
-      resolved.spec.parallelism().tensor(),
-      " use fp16, bf16 or powersgd:rank=R, or set spec.parallelism.tensor to 1"));
-}
-
 }  // namespace
 
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
@@ -527,7 +504,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
-  RETURN_IF_ERROR(CheckDataParallelQuantizerBesideTensorRanks(resolved));
+  RETURN_IF_ERROR(CheckDataParallelQuantizerBesideTensorRanks(resolved.spec));
   RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.train));
   RETURN_IF_ERROR(CheckLinkCodecsSmaller(resolved));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));

@@ -117,7 +117,7 @@ class ForgetfulCoordinator final : public NoAssignmentsCoordinator {
 };
 
 // 10 minutes, longer for a stage whose weights take that at 4 MiB/s: a
-// GPT-2 1.5B stage of 8 GB gets about 34 minutes.
+// stage of 8 GiB gets about 34 minutes.
 TEST(WeightsUploadDeadlineTest, TenMinutesOrTheBytesAtTheFloorRate) {
   EXPECT_EQ(WeightsUploadDeadline(0), absl::Minutes(10));
   EXPECT_EQ(WeightsUploadDeadline(int64_t{500} << 20), absl::Minutes(10));  // 125 s at 4 MiB/s

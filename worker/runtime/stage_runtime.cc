@@ -1253,8 +1253,9 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   // which would read as a diverged model (the job FAILED) where a failed
   // device is what the worker must report (a peer failure: it recovers).
   if (const absl::Status device = setup_.backend->status(); !device.ok()) {
-    return absl::Status(device.code(), absl::StrCat(OwnStageName(), ", iteration ", iteration,
-                                                    ", reading the losses: ", device.message()));
+    return absl::Status(device.code(),
+                        absl::StrCat(OwnStageName(), ", iteration ", iteration,
+                                     ", after its instructions: ", device.message()));
   }
   // The stage that runs head's forward pass has the losses. A stage with no
   // forward pass (Bi-Partition can leave the last one none) has an empty

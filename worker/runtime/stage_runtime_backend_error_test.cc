@@ -116,7 +116,7 @@ TEST(StageRuntimeBackendErrorTest, FaultSeenWhenTheLossesAreRead_FailsTheIterati
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
   EXPECT_TRUE(absl::StrContains(result.status().message(),
-                                "stage 0, iteration 0, reading the losses: an illegal memory"))
+                                "stage 0, iteration 0, after its instructions: an illegal memory"))
       << result.status();
 }
 

@@ -557,11 +557,14 @@ class GrpcTransport::PeerLink {
         args);
     // In slices, so that an Abort ends the attempt soon rather than after
     // connect_timeout (gRPC's wait cannot be woken).
-    const absl::Time deadline = absl::Now() + options_.connect_timeout;
-    while (!channel->WaitForConnected(
-        absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectAbortSlice)))) {
+    // The deadline on the monotonic clock (a wall-clock step must not end
+    // or stretch the attempt); each slice's, which gRPC takes as a date,
+    // from the wall clock.
+    const absl::Time deadline = MonotonicClock()->Now() + options_.connect_timeout;
+    while (!channel->WaitForConnected(absl::ToChronoTime(
+        absl::Now() + std::min(kConnectAbortSlice, deadline - MonotonicClock()->Now())))) {
       if (aborted_.load()) return ShutDownError();
-      if (absl::Now() < deadline) continue;
+      if (MonotonicClock()->Now() < deadline) continue;
       // With TLS a refused handshake looks the same to gRPC's channel: the
       // hint names what both ends must agree on.
       const std::string tls_hint =

@@ -353,20 +353,19 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
 }
 
 void JobManager::RunInBackgroundLocked(std::function<void()> task) {
-  ++background_in_flight_;
-  if (options_.background_runner) {
-    options_.background_runner(std::move(task));
-  } else {
-    background_->Post(std::move(task));
-  }
+  RunOnLocked(background_.get(), std::move(task));
 }
 
 void JobManager::RunWeightsSyncLocked(std::function<void()> task) {
+  RunOnLocked(weights_sync_.get(), std::move(task));
+}
+
+void JobManager::RunOnLocked(SerialExecutor* executor, std::function<void()> task) {
   ++background_in_flight_;
   if (options_.background_runner) {
     options_.background_runner(std::move(task));
   } else {
-    weights_sync_->Post(std::move(task));
+    executor->Post(std::move(task));
   }
 }
 

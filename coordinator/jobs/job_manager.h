@@ -1243,6 +1243,10 @@ class JobManager {
   // default: behind it on background_, a recovery's re-plan (and every
   // first placement) waited for another job's fsync of gigabytes.
   void RunWeightsSyncLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Both: `task` to options.background_runner, or else to `executor`,
+  // counted in background_in_flight_.
+  void RunOnLocked(SerialExecutor* executor, std::function<void()> task)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops ended jobs beyond the retention options (those that ended
   // longest ago first), and the detail of those past the drawings' count.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

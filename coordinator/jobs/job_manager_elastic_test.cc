@@ -4268,6 +4268,30 @@ class JobManagerStoreTest : public ::testing::Test {
     jobs.ScheduleQueued();
     jobs.FlushIo();
   }
+  // Worker `w` reports step `step` of job `id` (plan `version`): its
+  // losses, then, with `checkpoint`, its checkpoint of 4 unit files.
+  static void ReportStep(JobManager& jobs, const std::string& w, const std::string& id,
+                         int64_t version, int64_t step, bool checkpoint) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_iteration(step - 1);
+    r.add_micro_batch_losses(1.0f);
+    r.add_micro_batch_losses(1.0f);
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+    if (!checkpoint) return;
+    r.clear_micro_batch_losses();
+    r.mutable_checkpoint()->set_step(step);
+    for (int u = 0; u < 4; ++u) {
+      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+      f->set_unit(u);
+      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+      f->set_bytes(100);
+      f->set_sha256(std::string(64, 'a'));
+    }
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+  }
 };
 
 // A checkpoint expired while the save that drops it failed keeps its
@@ -4301,26 +4325,8 @@ TEST_F(JobManagerStoreTest, SavesFailing_HeldManifestsBoundedByKeep) {
   const int64_t version = jobs.Get(id).value().plan_version();
   store_.failing = true;
   for (int64_t step = 1; step <= 50; ++step) {
-    v1::ReportProgressRequest r;
-    r.set_worker_id(w);
-    r.set_job_id(id);
-    r.set_plan_version(version);
-    r.set_iteration(step - 1);
-    r.add_micro_batch_losses(1.0f);
-    r.add_micro_batch_losses(1.0f);
-    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
-    if (step % 5 != 0) continue;
-    r.clear_micro_batch_losses();
-    r.mutable_checkpoint()->set_step(step);
-    for (int u = 0; u < 4; ++u) {
-      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
-      f->set_unit(u);
-      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
-      f->set_bytes(100);
-      f->set_sha256(std::string(64, 'a'));
-    }
-    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
-    jobs.FlushIo();
+    ASSERT_NO_FATAL_FAILURE(ReportStep(jobs, w, id, version, step, step % 5 == 0));
+    if (step % 5 == 0) jobs.FlushIo();
   }
   EXPECT_EQ(jobs.HeldManifestsForTesting(id), 1u) << "one per failed save kept";
   const auto manifest = [&](int64_t step) {
@@ -4360,29 +4366,8 @@ TEST_F(JobManagerStoreTest, SavesFailing_EndedJobWithHeldManifestNotPruned) {
   const int64_t version = jobs.Get(id).value().plan_version();
   store_.failing = true;
   for (int64_t step = 1; step <= 5; ++step) {
-    v1::ReportProgressRequest r;
-    r.set_worker_id(w);
-    r.set_job_id(id);
-    r.set_plan_version(version);
-    r.set_iteration(step - 1);
-    r.add_micro_batch_losses(1.0f);
-    r.add_micro_batch_losses(1.0f);
-    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+    ASSERT_NO_FATAL_FAILURE(ReportStep(jobs, w, id, version, step, step == 5));
   }
-  v1::ReportProgressRequest r;
-  r.set_worker_id(w);
-  r.set_job_id(id);
-  r.set_plan_version(version);
-  r.set_iteration(4);
-  r.mutable_checkpoint()->set_step(5);
-  for (int u = 0; u < 4; ++u) {
-    v1::UnitFile* f = r.mutable_checkpoint()->add_units();
-    f->set_unit(u);
-    f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
-    f->set_bytes(100);
-    f->set_sha256(std::string(64, 'a'));
-  }
-  ASSERT_TRUE(jobs.ReportProgress(r).ok());
   jobs.FlushIo();
   ASSERT_EQ(jobs.HeldManifestsForTesting(id), 1u);
   (void)jobs.Cancel(id);  // ended here; its save fails (retried)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/nccl_status.h"
@@ -107,7 +108,7 @@ absl::Status PollWithinLimits(const std::function<absl::StatusOr<bool>()>& poll,
     absl::StatusOr<bool> done = poll();
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
-    if (absl::Now() > limits.deadline) {
+    if (MonotonicClock()->Now() > limits.deadline) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": ", pending, " by the deadline"));
     }
     if (limits.cancelled != nullptr && limits.cancelled()) {

@@ -127,6 +127,8 @@ class NcclUniqueId {
 // How long NcclComm::Create may wait for the other ranks, and how its caller
 // stops it early (asked every millisecond while waiting, e.g. "has the job
 // been stopped?"). The default waits forever in a blocking init.
+// `deadline` is a MonotonicClock() reading (common/clock.h), so that a step
+// of the system clock neither cuts a join short nor stretches it.
 struct NcclJoinLimits {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // null: never

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
@@ -402,12 +403,12 @@ TEST(NcclAwaitTest, Error_InternalNamingTheCallAndResult) {
 
 TEST(NcclAwaitTest, NeverReady_DeadlineExceededAtTheDeadline) {
   NcclJoinLimits limits;
-  limits.deadline = absl::Now() + absl::Milliseconds(20);
+  limits.deadline = MonotonicClock()->Now() + absl::Milliseconds(20);
   EXPECT_TRUE(limits.limited());
   const absl::Status s =
       nccl_internal::AwaitNccl([] { return ncclInProgress; }, limits, "ncclCommInitRankConfig");
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_GE(absl::Now(), limits.deadline);
+  EXPECT_GE(MonotonicClock()->Now(), limits.deadline);
   EXPECT_TRUE(Contains(s, "not every rank joined by the deadline")) << s;
 }
 
@@ -626,7 +627,7 @@ TEST_F(NcclGpuTest, Split_OneRank_IndependentCommunicatorOrNone) {
 // A limited (non-blocking) one-rank communicator joins at once and works.
 TEST_F(NcclGpuTest, Create_WithLimits_NonBlockingJoinAndOperationsWork) {
   NcclJoinLimits limits;
-  limits.deadline = absl::Now() + absl::Seconds(60);
+  limits.deadline = MonotonicClock()->Now() + absl::Seconds(60);
   absl::StatusOr<NcclUniqueId> id = NcclUniqueId::Create();
   ASSERT_TRUE(id.ok()) << id.status();
   absl::StatusOr<NcclComm> comm = NcclComm::Create(*id, 1, 0, 0, limits);
@@ -650,7 +651,7 @@ TEST_F(NcclGpuTest, Create_WithLimits_NonBlockingJoinAndOperationsWork) {
 // AbortAll ends parent and part in one group, leaving both handles empty.
 TEST_F(NcclGpuTest, Split_WithLimits_NonBlockingPartWorks_AbortAllEmptiesBoth) {
   NcclJoinLimits limits;
-  limits.deadline = absl::Now() + absl::Seconds(60);
+  limits.deadline = MonotonicClock()->Now() + absl::Seconds(60);
   limits.cancelled = [] { return false; };
   absl::StatusOr<NcclUniqueId> id = NcclUniqueId::Create();
   ASSERT_TRUE(id.ok()) << id.status();

@@ -323,7 +323,7 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
   }
   // The others passed the start barrier too: wait for them as long as for a
   // tensor, and not past a stop.
-  group.join_deadline = absl::Now() + options_.recv_timeout;
+  group.join_deadline = MonotonicClock()->Now() + options_.recv_timeout;
   group.join_cancelled = [this] { return stop_.load(); };
   // And at the end, for our last sends to be taken.
   group.drain_timeout = options_.recv_timeout;
@@ -367,7 +367,7 @@ absl::StatusOr<std::unique_ptr<DeviceCollective>> JobRunner::JoinReplicaGroup() 
   spec.rank = assignment_.replica();
   // As JoinDeviceGroup: as long as for a tensor, not past a stop, and at
   // the end as long for the last sums.
-  spec.join_deadline = absl::Now() + options_.recv_timeout;
+  spec.join_deadline = MonotonicClock()->Now() + options_.recv_timeout;
   spec.join_cancelled = [this] { return stop_.load(); };
   spec.drain_timeout = options_.recv_timeout;
   const std::string what =

@@ -85,8 +85,9 @@ struct DeviceGroupSpec {
   // + s; the stage itself with one replica).
   std::vector<int> stages;
   std::vector<std::pair<int, int>> links;  // (from, to) stages, in the group's order
-  // The join gives up with DEADLINE_EXCEEDED after this, and with
-  // CANCELLED once join_cancelled (asked while waiting; may be null) says so.
+  // The join gives up with DEADLINE_EXCEEDED after this MonotonicClock()
+  // reading (common/clock.h), and with CANCELLED once join_cancelled (asked
+  // while waiting; may be null) says so.
   absl::Time join_deadline = absl::InfiniteFuture();
   std::function<bool()> join_cancelled;
   // How long destroying the channel waits for its transfers still under

@@ -76,8 +76,9 @@ struct DeviceCollectiveSpec {
   std::string id;   // the communicator id's bytes
   int members = 0;  // every replica of the stage: the all-reduce's group
   int rank = 0;     // this member's: its replica
-  // The join gives up with DEADLINE_EXCEEDED after this, and with
-  // CANCELLED once join_cancelled (asked while waiting; may be null) says so.
+  // The join gives up with DEADLINE_EXCEEDED after this MonotonicClock()
+  // reading (common/clock.h), and with CANCELLED once join_cancelled (asked
+  // while waiting; may be null) says so.
   absl::Time join_deadline = absl::InfiniteFuture();
   std::function<bool()> join_cancelled;
   // How long destroying the collective waits for its sums still under way

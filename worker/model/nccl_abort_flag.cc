@@ -1,7 +1,7 @@
 #include "worker/model/nccl_abort_flag.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -20,7 +20,7 @@ absl::Status NcclAbortFlag::Flush(const std::vector<cudaStream_t>& streams, absl
                                   const std::string& what) const {
   RETURN_IF_ERROR(Check());
   NcclJoinLimits limits;
-  limits.deadline = absl::Now() + timeout;
+  limits.deadline = MonotonicClock()->Now() + timeout;
   limits.cancelled = [this, &cancelled] {
     return is_set() || (cancelled != nullptr && cancelled());
   };
@@ -31,7 +31,8 @@ absl::Status NcclAbortFlag::Flush(const std::vector<cudaStream_t>& streams, absl
 
 bool DrainNcclStreams(const std::vector<cudaStream_t>& streams, absl::Duration timeout,
                       const std::string& what) {
-  return AwaitCudaStreams(streams, NcclJoinLimits{absl::Now() + timeout, nullptr}, what).ok();
+  return AwaitCudaStreams(streams, NcclJoinLimits{MonotonicClock()->Now() + timeout, nullptr}, what)
+      .ok();
 }
 
 }  // namespace pipetrain

@@ -38,6 +38,7 @@
 #include "cli/output_paths.h"
 #include "cli/progress.h"
 #include "cli/stage_times.h"
+#include "common/clock.h"
 #include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
@@ -643,11 +644,11 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
                         s.error_code() == grpc::StatusCode::CANCELLED;
       if (!lost || reconnect == nullptr) return ToAbsl(s);
       if (!lost_since.has_value()) {
-        lost_since = absl::Now();
+        lost_since = MonotonicClock()->Now();
         progress.Message(absl::StrCat("lost the coordinator (", TerminalSafe(s.error_message()),
                                       "); looking for it for up to ",
                                       absl::FormatDuration(kRefindWindow)));
-      } else if (absl::Now() - *lost_since > kRefindWindow) {
+      } else if (MonotonicClock()->Now() - *lost_since > kRefindWindow) {
         return ToAbsl(s);
       }
       absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> again = reconnect();
@@ -671,7 +672,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     // A job started from a checkpoint begins at its step, with no loss of
     // its own yet ("loss 0.0000, 0 tok/s"): progress shows the steps run
     // since the first poll, and their rate.
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicClock()->Now();  // differences only
     if (std::optional<ProgressSample> sample = view.Poll(job, now); sample.has_value()) {
       // A line for an evaluation alone repeats its step: not a step time.
       if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING && sample->step != timed_step) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/interrupt.h"
+#include "common/clock.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/rpc_status.h"
@@ -51,7 +52,7 @@ StubFactory StubsWith(const std::shared_ptr<grpc::ChannelCredentials>& credentia
 absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>& addresses,
                                                  const StubFactory& connect,
                                                  absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
+  const absl::Time give_up = MonotonicClock()->Now() + timeout;
   const absl::Duration each = timeout / static_cast<int64_t>(addresses.size());
   std::string candidate = addresses.front();
   size_t at = 0;        // where the round robin stands in addresses
@@ -60,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
   size_t tries = 0;
   do {
     auto stub = connect(candidate);
-    auto context = WithDeadline(std::min(each, give_up - absl::Now()));
+    auto context = WithDeadline(std::min(each, give_up - MonotonicClock()->Now()));
     v1::GetJobRequest probe;
     v1::Job job;
     grpc::Status s;
@@ -86,9 +87,9 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
       candidate = addresses[at];
     }
     if (++tries % addresses.size() == 0) {  // a round: let a takeover proceed
-      absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
+      absl::SleepFor(std::min(absl::Milliseconds(200), give_up - MonotonicClock()->Now()));
     }
-  } while (absl::Now() < give_up && !Interrupted());
+  } while (MonotonicClock()->Now() < give_up && !Interrupted());
   if (Interrupted()) return absl::CancelledError("interrupted while looking for the leader");
   const std::string why =
       absl::StrCat("no coordinator of ", absl::StrJoin(addresses, ", "), " led within ",

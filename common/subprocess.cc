@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/clock.h"
 
 extern char** environ;
 
@@ -162,8 +163,9 @@ std::optional<int> Subprocess::Poll() {
 }
 
 std::optional<int> Subprocess::Wait(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!Poll().has_value() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time deadline = MonotonicClock()->Now() + timeout;
+  while (!Poll().has_value() && MonotonicClock()->Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
   return status_;
 }
 
@@ -188,9 +190,9 @@ void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grac
     p->Signal(SIGCONT);  // a stopped child cannot act on SIGTERM
     p->Signal(SIGTERM);
   }
-  const absl::Time deadline = absl::Now() + grace;
+  const absl::Time deadline = MonotonicClock()->Now() + grace;
   for (Subprocess* p : processes) {
-    if (p != nullptr) p->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (p != nullptr) p->Wait(std::max(deadline - MonotonicClock()->Now(), absl::ZeroDuration()));
   }
   // Those that ended are reaped already; the rest get SIGKILL and are reaped.
   for (Subprocess* p : processes) {
@@ -200,12 +202,12 @@ void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grac
 
 absl::Status WaitForFile(const std::string& path, absl::Duration timeout, Subprocess* writer,
                          const std::string& writer_log, const std::function<bool()>& stop) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicClock()->Now() + timeout;
   auto written = [&path] {
     struct stat st;
     return stat(path.c_str(), &st) == 0 && st.st_size > 0;
   };
-  while (absl::Now() < deadline) {
+  while (MonotonicClock()->Now() < deadline) {
     if (written()) return absl::OkStatus();
     if (writer != nullptr) {
       if (std::optional<int> status = writer->Poll(); status.has_value() && !written()) {

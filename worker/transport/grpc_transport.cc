@@ -641,14 +641,15 @@ class GrpcTransport::PeerLink {
     void Set(const absl::Status& why) {
       AnnotatedMutexLock lock(&mu_);
       why_ = why;
-      at_ = absl::Now();
+      at_ = MonotonicClock()->Now();
     }
     std::string Note() const {
       AnnotatedMutexLock lock(&mu_);
       if (why_.ok()) return "";
-      return absl::StrCat("; this stage's own sends broke ",
-                          absl::FormatDuration(absl::Trunc(absl::Now() - at_, absl::Seconds(1))),
-                          " ago (", why_.message(), "): what it had handed to gRPC then was lost");
+      return absl::StrCat(
+          "; this stage's own sends broke ",
+          absl::FormatDuration(absl::Trunc(MonotonicClock()->Now() - at_, absl::Seconds(1))),
+          " ago (", why_.message(), "): what it had handed to gRPC then was lost");
     }
 
    private:

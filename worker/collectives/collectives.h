@@ -186,11 +186,13 @@ class Collectives {
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects
   // INVALID_ARGUMENT. A chunk that is not finite (NaN or infinite: no codec
-  // takes it) or that the codec refuses (fp16 past 65504), a contribution
-  // or a sum, travels raw and is summed as it is; once every message is
-  // exchanged the call is then INVALID_ARGUMENT on every member alike ("not
-  // finite ... or that <codec> cannot carry"), `data` holding what was
-  // summed. A raw message of the due shape is taken as such a chunk. Stats (may be null, which
+  // takes it), a contribution or a sum, travels raw and is summed as it is;
+  // once every message is exchanged the call is then INVALID_ARGUMENT on
+  // every member alike ("not finite ..."), `data` holding what was summed.
+  // A finite chunk the codec refuses (fp16 past 65504) travels raw as well,
+  // exactly (its coding error 0), and the call goes on: whether it succeeds
+  // does not depend on how many members re-encode a sum. A raw message of
+  // the due shape is taken as such a chunk. Stats (may be null, which
   // spares two passes over the data): this call's payload bytes sent, and the squared L2 norms of
   // this member's contribution and of its coding error (decode(encode(x)) - x over all its
   // segments, or chunks). `coding_error` (may be null) gets, element by element, this member's

@@ -76,21 +76,23 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     const auto [begin, end] = chunk_range(s, c);
     return Shape{end - begin, width};
   };
-  // A chunk that is not finite, which no codec takes, or that the codec
-  // refuses (fp16 past 65504), travels raw and is summed as it is: every
-  // member then meets one (its own, a raw contribution, or a raw sum, as
-  // the plain all-reduce's NaN reaches every member), and once every
-  // message is exchanged all refuse alike. One member refusing alone left
-  // the others waiting out their timeouts.
-  bool went_raw = false;
-  bool last_received_raw = false;  // the latest receive's
-  std::string refused_here;        // the codec's first refusal on this member
+  // A chunk that is not finite, which no codec takes, travels raw and is
+  // summed as it is: every member then meets one (its own, a raw
+  // contribution, or a sum that is not finite, as the plain all-reduce's NaN
+  // reaches every member), and once every message is exchanged all refuse
+  // alike. One member refusing alone left the others waiting out their
+  // timeouts. A finite chunk the codec refuses (fp16 past 65504) travels
+  // raw too, exactly, and the call goes on: whether a sum fits the codec
+  // depends on how many members re-encode it, and a large but finite
+  // gradient is no divergence.
+  bool not_finite = false;
   // One chunk coded for sending: its payload (empty when it goes raw) and
   // what the receivers will decode of it.
   struct Coded {
     std::string payload;
     Tensor decoded;
     bool raw = false;
+    bool finite = true;  // false: raw because not finite
   };
   // One chunk to `to` (its message sequence advances as SendRange's); the
   // payload is moved out where `last` says no other member gets it.
@@ -116,9 +118,8 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
                                Describe(tag)));
     // Raw only for a chunk that is not finite or that the codec refused
     // (above).
-    last_received_raw = !wire.encoded();
     if (!wire.encoded() && wire.tensor.shape() == shape && !wire.tensor.on_device()) {
-      went_raw = true;
+      if (FirstNonFinite(wire.tensor) >= 0) not_finite = true;
       return std::move(wire.tensor);
     }
     if (!wire.encoded() || wire.codec != spec || wire.shape != shape) {
@@ -136,16 +137,12 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // (above).
   const auto code = [&](const Tensor& values) -> absl::StatusOr<Coded> {
     if (FirstNonFinite(values) >= 0) {
-      went_raw = true;
-      return Coded{"", values.Clone(), true};
+      not_finite = true;
+      return Coded{"", values.Clone(), true, false};
     }
     Coded coded;
     absl::StatusOr<std::string> payload = codec.Encode(values, nullptr);
-    if (!payload.ok()) {
-      went_raw = true;
-      if (refused_here.empty()) refused_here = std::string(payload.status().message());
-      return Coded{"", values.Clone(), true};
-    }
+    if (!payload.ok()) return Coded{"", values.Clone(), true};  // exact, error 0
     coded.payload = *std::move(payload);
     ASSIGN_OR_RETURN(coded.decoded, Annotated(codec.Decode(coded.payload), Describe(tag)));
     return coded;
@@ -154,13 +151,15 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // counted.
   const auto encode = [&](const Tensor& chunk, int64_t begin) -> absl::StatusOr<Coded> {
     ASSIGN_OR_RETURN(Coded coded, code(chunk));
-    if (coded.raw) return coded;  // its coding error 0
+    if (!coded.finite) return coded;  // the call refuses (finish)
     const Tensor& decoded = coded.decoded;
     if (stats != nullptr) {  // only who asks pays for the two passes
       local.norm_squared += SquaredNorm(chunk.data(), chunk.numel());
-      local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
+      if (!coded.raw) {  // a raw chunk is exact
+        local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
+      }
     }
-    if (coding_error != nullptr) {
+    if (coding_error != nullptr && !coded.raw) {
       float* error = coding_error->data() + begin * width;
       for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
     }
@@ -169,11 +168,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // Every message exchanged: the refusal all members make alike.
   const auto finish = [&]() -> absl::Status {
     if (stats != nullptr) *stats = local;
-    if (!went_raw) return absl::OkStatus();
+    if (!not_finite) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat(Describe(tag), ": values that are not finite (NaN or infinite), or that ",
-                     spec, " cannot carry, on some member or in their sum (training diverged?)",
-                     refused_here.empty() ? "" : absl::StrCat("; here: ", refused_here)));
+        absl::StrCat(Describe(tag),
+                     ": values that are not finite (NaN or infinite) on some member or in their "
+                     "sum (training diverged?)"));
   };
   if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
   // Chunks are views of `data` (rows [begin, end) of [rows, width]).
@@ -207,7 +206,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       for (int64_t i = 0; i < mine.numel(); ++i) out[i] = parts[0][i] + parts[1][i];
       // A sum that overflows: both members hold the same bits, and refuse
       // alike, as with three or more.
-      if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) went_raw = true;
+      if (FirstNonFinite(matrix.Slice(begin, end)) >= 0) not_finite = true;
     }
     return absl::OkStatus();
   };
@@ -221,7 +220,6 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     int64_t most_chunks = 0;
     for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
     std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
-    std::vector<bool> own_raw(static_cast<size_t>(chunks_of(rank_)), false);
     for (int64_t c = 0; c < most_chunks; ++c) {
       for (int k = 0; k < n; ++k) {
         const int to = (rank_ + k) % n;
@@ -229,7 +227,6 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
         const auto [begin, end] = chunk_range(to, c);
         ASSIGN_OR_RETURN(Coded coded, encode(matrix.Slice(begin, end), begin));
         if (to == rank_) {
-          own_raw[static_cast<size_t>(c)] = coded.raw;
           own_contribution[static_cast<size_t>(c)] = std::move(coded.decoded);
         } else {
           RETURN_IF_ERROR(send(to, coded, chunk_shape(to, c), /*last=*/true));
@@ -245,16 +242,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       const int64_t length = shape[0] * width;
       std::vector<Tensor> contributions(n);
       std::vector<const float*> parts(n);
-      // A contribution that went raw makes the sum go raw too, even where it
-      // would encode (a refused 70000 and a -10000 sum to what fp16
-      // carries): every member must meet a raw chunk and refuse alike.
-      bool raw_contribution = own_raw[static_cast<size_t>(c)];
       for (int m = 0; m < n; ++m) {
         if (m == rank_) {
           contributions[m] = std::move(own_contribution[static_cast<size_t>(c)]);
         } else {
           ASSIGN_OR_RETURN(contributions[m], receive(m, shape));
-          raw_contribution = raw_contribution || last_received_raw;
         }
         if (contributions[m].numel() != length) {
           return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
@@ -265,13 +257,9 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       }
       Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
       MemberOrderTreeSum(parts, length, 0, n, summed.data());
-      // Raw when a contribution went raw, or the sum is not finite or refused.
-      Coded coded;
-      if (raw_contribution) {
-        coded = Coded{"", summed.Clone(), true};
-      } else {
-        ASSIGN_OR_RETURN(coded, code(summed));
-      }
+      // Raw when the sum is not finite (a contribution that was not makes
+      // it so: every member meets it) or the codec refuses it.
+      ASSIGN_OR_RETURN(Coded coded, code(summed));
       for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, coded, shape, k == n - 1));
       const Tensor& mine = coded.decoded;
       std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),

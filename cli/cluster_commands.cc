@@ -818,13 +818,6 @@ int RunUp(const std::vector<std::string>& args) {
       }
     }
   }
-  // The floor of a cosine decay: with the constant schedule it was
-  // silently ignored.
-  if (valid.ok() && o.min_lr > 0 && o.lr_schedule == "constant") {
-    valid = absl::InvalidArgumentError(
-        "--min-lr is the cosine schedule's floor, and has no effect with --lr-schedule constant; "
-        "add --lr-schedule cosine or leave it out");
-  }
   // It sizes generated text: given with --data, it was silently ignored.
   if (valid.ok() && !o.data.empty() && o.synthetic_bytes_given) {
     valid = absl::InvalidArgumentError(
@@ -888,6 +881,7 @@ int RunUp(const std::vector<std::string>& args) {
     // job only once the coordinator and every worker have started.
     if (checked.ok()) checked = CheckPlanningBudget(*resolved);
     if (checked.ok()) checked = CheckDataParallelQuantizerBesideTensorRanks(resolved->spec);
+    if (checked.ok()) checked = CheckMinLrHasACosine(resolved->spec);
     valid = NameFlags(checked, kUpFlagNames);
   }
   // Written once the job ends: a path that cannot be must not cost the run.

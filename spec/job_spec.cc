@@ -1002,6 +1002,15 @@ absl::Status CheckDataParallelQuantizerBesideTensorRanks(const v1::JobSpec& spec
                               "to 1"));
 }
 
+absl::Status CheckMinLrHasACosine(const v1::JobSpec& spec) {
+  if (spec.training().min_lr() <= 0 || spec.training().lr_schedule() == "cosine") {
+    return absl::OkStatus();
+  }
+  return Invalid("spec.training.min_lr",
+                 "the cosine schedule's floor, with no effect under spec.training.lr_schedule "
+                 "constant; set spec.training.lr_schedule to cosine or spec.training.min_lr to 0");
+}
+
 absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved) {
   const v1::JobSpec& spec = resolved.spec;
   const int64_t micro_batch_size =

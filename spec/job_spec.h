@@ -249,6 +249,12 @@ absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved);
 // ResolveJobSpec, as CheckLinkCodecsSmaller.
 absl::Status CheckDataParallelQuantizerBesideTensorRanks(const v1::JobSpec& spec);
 
+// spec.training.min_lr floors the cosine schedule: given (above 0) with
+// the constant one it would be silently ignored, the job at lr throughout:
+// INVALID_ARGUMENT naming both fields. For a resolved spec (lr_schedule
+// set). At submit and by `up`, as above: a stored job runs on as it was.
+absl::Status CheckMinLrHasACosine(const v1::JobSpec& spec);
+
 // The workers a job is placed on: layout_workers with data
 // kDataParallelAuto, else data_parallel x stages x tensor_parallel.
 int JobWorkers(const ResolvedJobSpec& resolved);

@@ -1326,6 +1326,24 @@ TEST(ResolveJobSpec, ValuesJustPastABound_PrintedExactly) {
 
 // The unknown field is named as a path, as the other checks name fields
 // (the BadRequest violation's field then is the field itself, not "spec").
+// min_lr floors the cosine schedule: above 0 with the constant one (the
+// default, given or not) it is refused naming both fields; 0, or cosine,
+// passes.
+TEST(CheckMinLrHasACosine, OnlyWithTheConstantScheduleAndAFloor) {
+  v1::JobSpec spec;
+  EXPECT_TRUE(CheckMinLrHasACosine(spec).ok());
+  spec.mutable_training()->set_min_lr(1e-4f);
+  for (const char* schedule : {"", "constant"}) {
+    if (*schedule != '\0') spec.mutable_training()->set_lr_schedule(schedule);
+    const absl::Status refused = CheckMinLrHasACosine(spec);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << schedule;
+    EXPECT_TRUE(absl::StartsWith(refused.message(), "spec.training.min_lr: ")) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "spec.training.lr_schedule")) << refused;
+  }
+  spec.mutable_training()->set_lr_schedule("cosine");
+  EXPECT_TRUE(CheckMinLrHasACosine(spec).ok());
+}
+
 TEST(JobSpecFromJson, UnknownField_RejectedNamingItsPath) {
   for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
            {R"({"model": {"nLayers": 2}})",

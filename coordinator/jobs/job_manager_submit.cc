@@ -126,15 +126,6 @@ absl::Status CheckCheckpointDirHasAnInterval(const v1::CheckpointSpec& checkpoin
       kMaxCheckpointInterval, ") or leave dir out"));
 }
 
-// spec.training.min_lr floors the cosine schedule: with the constant one it
-// was silently ignored. At submit only (a stored job runs on as it was).
-absl::Status CheckMinLrHasACosine(const TrainConfig& train) {
-  if (train.min_lr <= 0 || train.lr_schedule == LrSchedule::kCosine) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      "spec.training.min_lr: the cosine schedule's floor, with no effect under "
-      "spec.training.lr_schedule constant; set lr_schedule to cosine or min_lr to 0");
-}
-
 }  // namespace
 
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
@@ -505,7 +496,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
   RETURN_IF_ERROR(CheckDataParallelQuantizerBesideTensorRanks(resolved.spec));
-  RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.train));
+  RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.spec));
   RETURN_IF_ERROR(CheckLinkCodecsSmaller(resolved));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));

@@ -35,9 +35,11 @@ v1::JobSpec Spec(int stages, const std::string& solver, const std::string& sched
   t->set_steps(10);
   t->set_lr(1e-3f);
   t->set_seed(5);
-  // Validation after the last step, over 7 windows (micro-batches 2, 2, 2, 1).
+  // Validation after the last step, over 41 windows: 21 micro-batches (20 of
+  // 2 windows, one of 1), more than a mailbox's evaluation window (8 past
+  // the latest taken), so a stage that runs ahead is held back by it.
   t->set_eval_interval(10);
-  t->set_eval_windows(7);
+  t->set_eval_windows(41);
   spec.mutable_data()->set_synthetic_bytes(100000);
   spec.mutable_parallelism()->set_stages(stages);
   spec.mutable_parallelism()->set_solver(solver);

@@ -45,6 +45,12 @@ absl::Status SendQueue::TakeError() {
   return first_error_;
 }
 
+void SendQueue::AwaitPendingAtMost(int64_t most) {
+  AnnotatedMutexLock lock(&mu_);
+  auto few = [this, most]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ <= most; };
+  mu_.AwaitWithTimeout(few, absl::InfiniteDuration());
+}
+
 int64_t SendQueue::pending() const {
   AnnotatedMutexLock lock(&mu_);
   return pending_;

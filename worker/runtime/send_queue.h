@@ -55,6 +55,12 @@ class SendQueue {
   // reports it: Drain then returns OK); OK when none has failed.
   absl::Status TakeError();
 
+  // Waits until at most `most` (>= 0) tasks are queued and not yet
+  // finished: paces a producer nothing else paces (the forward-only
+  // validation pass), so its queued sends, each holding a host copy, stay
+  // few. Errors are not taken: Enqueue or Drain report them as ever.
+  void AwaitPendingAtMost(int64_t most);
+
   // Tasks queued and not yet finished.
   int64_t pending() const;
 

@@ -49,6 +49,39 @@ TEST(SendQueueTest, EnqueueReturnsBeforeTheTaskRuns) {
   EXPECT_TRUE(ran.HasBeenNotified());
 }
 
+// The validation pass paces its sends with AwaitPendingAtMost: it returns
+// once at most that many tasks are left (here after two of three ran, each
+// let go by another thread), and leaves a task's error to Drain.
+TEST(SendQueueTest, AwaitPendingAtMost_ReturnsOnceFewAreLeftAndKeepsTheError) {
+  SendQueue queue;
+  AnnotatedMutex mu;
+  int released = 0;  // guarded by mu
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(queue
+                    .Enqueue([&, i]() -> absl::Status {
+                      AnnotatedMutexLock lock(&mu);
+                      mu.AwaitWithTimeout([&] { return released > i; }, absl::InfiniteDuration());
+                      ++ran;
+                      return i == 2 ? absl::InternalError("last") : absl::OkStatus();
+                    })
+                    .ok());
+  }
+  std::thread releaser([&] {
+    for (int i = 0; i < 3; ++i) {
+      AnnotatedMutexLock lock(&mu);
+      ++released;
+    }
+  });
+  queue.AwaitPendingAtMost(1);
+  EXPECT_GE(ran.load(), 2);
+  EXPECT_LE(queue.pending(), 1);
+  releaser.join();
+  queue.AwaitPendingAtMost(0);
+  EXPECT_EQ(queue.pending(), 0);
+  EXPECT_EQ(queue.Drain().code(), absl::StatusCode::kInternal);
+}
+
 TEST(SendQueueTest, FirstErrorSticksDropsLaterTasksAndDrainClearsIt) {
   SendQueue queue;
   std::atomic<int> ran{0};
@@ -61,14 +94,24 @@ TEST(SendQueueTest, FirstErrorSticksDropsLaterTasksAndDrainClearsIt) {
                   })
                   .ok());
   // Queued before the failure is known: dropped unrun.
-  ASSERT_TRUE(queue.Enqueue([&] { ++ran; return absl::InternalError("second"); }).ok());
+  ASSERT_TRUE(queue
+                  .Enqueue([&] {
+                    ++ran;
+                    return absl::InternalError("second");
+                  })
+                  .ok());
   release.Notify();
   absl::Status drained = queue.Drain();
   EXPECT_EQ(drained.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(drained.message(), "peer 2 gone");
   EXPECT_EQ(ran.load(), 1);
   // Reported once: the queue works again afterwards.
-  ASSERT_TRUE(queue.Enqueue([&] { ++ran; return absl::OkStatus(); }).ok());
+  ASSERT_TRUE(queue
+                  .Enqueue([&] {
+                    ++ran;
+                    return absl::OkStatus();
+                  })
+                  .ok());
   EXPECT_TRUE(queue.Drain().ok());
   EXPECT_EQ(ran.load(), 2);
 }
@@ -80,7 +123,10 @@ TEST(SendQueueTest, EnqueueAfterAFailureReturnsTheErrorWithoutQueueing) {
   // pending() — bounded, since the single task finishes on its own.
   while (queue.pending() != 0) std::this_thread::yield();
   bool ran = false;
-  absl::Status status = queue.Enqueue([&] { ran = true; return absl::OkStatus(); });
+  absl::Status status = queue.Enqueue([&] {
+    ran = true;
+    return absl::OkStatus();
+  });
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(queue
                 .Enqueue([&] {
@@ -103,7 +149,12 @@ TEST(SendQueueTest, DestructorRunsQueuedTasks) {
   {
     SendQueue queue;
     for (int i = 0; i < 10; ++i) {
-      ASSERT_TRUE(queue.Enqueue([&] { ++ran; return absl::OkStatus(); }).ok());
+      ASSERT_TRUE(queue
+                      .Enqueue([&] {
+                        ++ran;
+                        return absl::OkStatus();
+                      })
+                      .ok());
     }
   }
   EXPECT_EQ(ran.load(), 10);

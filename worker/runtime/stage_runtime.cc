@@ -60,6 +60,10 @@ constexpr int kLinkWarmStartCheckpointTag = (1 << 22) + 3;
 // The replicas' sum of their partition tunings (after each one's tensor
 // ranks summed theirs under kTensorParallelTuneTag).
 constexpr int kReplicaTuneTag = (1 << 22) + 4;
+// Validation sends a stage may have queued (each holding a host copy of its
+// activation) before its next forward pass waits: a few keep the link busy
+// while the next micro-batch is computed.
+constexpr int64_t kEvalSendsAhead = 4;
 
 // The options of this runtime's collectives: the default message sizes
 // (the ring's chunks, recursive doubling for small tensors) and the job's
@@ -1490,6 +1494,10 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
       current_ = DescribeInstruction(in);
     }
     absl::Status status = Execute(in, after_step, &ignored);
+    // Nothing else paces a forward-only pass: without this a first stage
+    // queued every validation micro-batch's host copy while the link or
+    // the next stage (its mailbox's evaluation window) held them up.
+    if (in.has_send()) sends_.AwaitPendingAtMost(kEvalSendsAhead);
     if (status.ok()) status = setup_.backend->status();
     if (status.ok() && tp_comm_) status = tp_comm_->status();
     if (status.ok() && cube_group_) status = cube_group_->status();

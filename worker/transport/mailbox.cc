@@ -62,6 +62,8 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
     AnnotatedMutexLock lock(&mu_);
     open_job_ = job_id;
     current_iteration_ = first_iteration;
+    eval_iteration_ = -1;
+    eval_taken_ = -1;
     aborted_jobs_.clear();
     // What is left of earlier jobs (or plan versions) will never be taken,
     // nor will the tensors still being received for them.
@@ -85,12 +87,26 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
 }
 
 bool Mailbox::BeyondWindowLocked(const TensorAddress& address) const {
+  if (address.job_id != open_job_) return false;
   // As a difference, not a sum: current_iteration_ + run_ahead would
   // overflow for a job opened near INT64_MAX. The difference of two int64
   // is exact in uint64 when it is positive.
-  return address.job_id == open_job_ && address.iteration > current_iteration_ &&
-         static_cast<uint64_t>(address.iteration) - static_cast<uint64_t>(current_iteration_) >
-             static_cast<uint64_t>(std::max<int64_t>(0, limits_.run_ahead_iterations));
+  if (address.iteration > current_iteration_ &&
+      static_cast<uint64_t>(address.iteration) - static_cast<uint64_t>(current_iteration_) >
+          static_cast<uint64_t>(std::max<int64_t>(0, limits_.run_ahead_iterations))) {
+    return true;
+  }
+  return BeyondEvalWindowLocked(address);
+}
+
+bool Mailbox::BeyondEvalWindowLocked(const TensorAddress& address) const {
+  if (address.job_id != open_job_ || address.kind != v1::TENSOR_KIND_EVAL_ACTIVATION) {
+    return false;
+  }
+  const int64_t taken = address.iteration == eval_iteration_ ? eval_taken_ : -1;
+  // micro_batch is an int32 and both bounds are far inside int64.
+  return int64_t{address.micro_batch} - taken >
+         std::max<int64_t>(1, std::min<int64_t>(limits_.eval_run_ahead_micro_batches, 1 << 30));
 }
 
 absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {
@@ -98,6 +114,14 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
     return absl::FailedPreconditionError(
         absl::StrCat("tensor for job ", address.job_id.substr(0, 64), " but this worker runs ",
                      open_job_, "; refused"));
+  }
+  if (BeyondEvalWindowLocked(address)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("validation activation of micro-batch ", address.micro_batch, ", iteration ",
+                     address.iteration, " of job ", address.job_id,
+                     " is beyond the evaluation window (this stage has taken micro-batch ",
+                     address.iteration == eval_iteration_ ? eval_taken_ : -1, ", peers may be ",
+                     limits_.eval_run_ahead_micro_batches, " ahead); refused"));
   }
   if (BeyondWindowLocked(address)) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -234,8 +258,19 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   Wakes wakes;
   {
     AnnotatedMutexLock lock(&mu_);
+    bool moved = false;
     if (address.job_id == open_job_ && address.iteration > current_iteration_) {
       current_iteration_ = address.iteration;
+      moved = true;
+    }
+    if (address.job_id == open_job_ && address.kind == v1::TENSOR_KIND_EVAL_ACTIVATION &&
+        (address.iteration != eval_iteration_ || address.micro_batch > eval_taken_)) {
+      if (address.iteration != eval_iteration_) eval_taken_ = -1;
+      eval_iteration_ = address.iteration;
+      eval_taken_ = std::max<int64_t>(eval_taken_, address.micro_batch);
+      moved = true;
+    }
+    if (moved) {
       wakes = ReleaseHoldsLocked([this](const TensorAddress& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
                                      mu_) { return !BeyondWindowLocked(held); });
     }

@@ -30,6 +30,13 @@
 //     than the window (e.g. a last stage that only runs a forward pass and
 //     sends nothing back), so for them the window paces the sender instead
 //     of failing the job.
+//   - evaluation window: the validation pass is forward only, so nothing
+//     paces a stage that sends its EVAL_ACTIVATIONs faster than the next
+//     stage takes them (one iteration holds them all: up to thousands of
+//     micro-batches with a large eval_windows). An EVAL_ACTIVATION of the
+//     open job more than eval_run_ahead_micro_batches past the latest one
+//     a Take asked for in its iteration (or past -1 before any) is beyond
+//     the window too, held back and refused alike.
 // Admit answers the same question before a tensor's frames are assembled,
 // so a refused tensor is never buffered at all; Reserve also sets its bytes
 // aside until it is stored (Put) or given up (the Reservation destroyed), so
@@ -83,6 +90,11 @@ struct MailboxLimits {
   // more than a program keeps in flight (micro-batches x links, a ring's
   // chunks), a few tens of MB of entries at most.
   int64_t max_tensors = 65536;
+  // Validation micro-batches past the latest one taken that EVAL_ACTIVATION
+  // frames may be for (the evaluation window above): enough to keep a
+  // pipeline of forward passes busy, few enough that a stage holds a few
+  // activations, not a whole validation pass.
+  int64_t eval_run_ahead_micro_batches = 8;
 };
 
 class Mailbox {
@@ -190,8 +202,9 @@ class Mailbox {
   static constexpr size_t kMaxRefusalNotes = 1024;
   // Waits up to `timeout` for the key and removes it (see the file comment
   // for DEADLINE_EXCEEDED and ABORTED; a refused tensor: NoteRefused). Asking
-  // for a later iteration of the open job moves the run-ahead window, which
-  // first wakes the holds it releases (on this thread).
+  // for a later iteration of the open job moves the run-ahead window, and
+  // for a later validation micro-batch the evaluation window, which first
+  // wakes the holds it releases (on this thread).
   absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
                                   absl::Duration timeout);
   // Wakes all waiters with ABORTED; later Takes fail at once. Wakes every
@@ -219,7 +232,10 @@ class Mailbox {
   };
   using Wakes = std::vector<WindowWake>;
 
+  // Beyond the run-ahead or the evaluation window.
   bool BeyondWindowLocked(const TensorAddress& address) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BeyondEvalWindowLocked(const TensorAddress& address) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -254,6 +270,10 @@ class Mailbox {
   // The opened job and its current iteration (OpenJob, then Take).
   std::string open_job_ ABSL_GUARDED_BY(mu_);
   int64_t current_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  // The evaluation window (OpenJob, then Take): the iteration of the latest
+  // EVAL_ACTIVATION taken and the highest micro-batch taken in it.
+  int64_t eval_iteration_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t eval_taken_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
   // Tensors held back by the run-ahead window, by ticket.

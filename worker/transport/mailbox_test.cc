@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -443,6 +444,59 @@ TEST(MailboxTest, HoldBeyondWindow_TakeMovesWindowOverIt_WakesOnceOutsideTheLock
   EXPECT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(far.calls(), 1);
   EXPECT_EQ(mailbox.held(), 0u);
+}
+
+TensorAddress EvalActivation(int64_t iteration, int micro_batch) {
+  TensorAddress address = Activation("j-1", 3);
+  address.kind = v1::TENSOR_KIND_EVAL_ACTIVATION;
+  address.iteration = iteration;
+  address.micro_batch = micro_batch;
+  return address;
+}
+
+// The validation pass is forward only: all its EVAL_ACTIVATIONs are of one
+// iteration, so the run-ahead window let a fast stage fill the next one's
+// mailbox with a whole pass (thousands of micro-batches with a large
+// eval_windows) until "mailbox full" failed the job. The evaluation window
+// holds back those more than eval_run_ahead_micro_batches past the latest
+// taken, releases them as the stage takes, starts again at each
+// iteration's pass and at OpenJob, and leaves other kinds alone.
+TEST(MailboxTest, EvalActivations_BeyondTheEvaluationWindow_HeldUntilTakesReachThem) {
+  MailboxLimits limits;
+  limits.eval_run_ahead_micro_batches = 2;
+  Mailbox mailbox(limits);
+  mailbox.OpenJob("j-1", 5);
+  // Before any take: micro-batches 0 and 1 may come, 2 is beyond.
+  EXPECT_TRUE(mailbox.Put(0, EvalActivation(6, 0), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  EXPECT_TRUE(mailbox.Admit(EvalActivation(6, 1), 4).ok());
+  const absl::Status refused = mailbox.Admit(EvalActivation(6, 2), 4);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "beyond the evaluation window")) << refused;
+  TensorAddress training = EvalActivation(6, 50);
+  training.kind = v1::TENSOR_KIND_ACTIVATION;
+  EXPECT_TRUE(mailbox.Admit(training, 4).ok());  // training frames: the iteration window only
+
+  FilingWake second(&mailbox, EvalActivation(6, 2));
+  FilingWake third(&mailbox, EvalActivation(6, 3));
+  EXPECT_GT(mailbox.HoldBeyondWindow(EvalActivation(6, 2), second.Make()), 0);
+  EXPECT_GT(mailbox.HoldBeyondWindow(EvalActivation(6, 3), third.Make()), 0);
+  EXPECT_EQ(mailbox.held(), 2u);
+  EXPECT_TRUE(mailbox.Take(0, EvalActivation(6, 0), absl::ZeroDuration()).ok());
+  EXPECT_EQ(second.calls(), 1);  // within 0 + 2 now
+  EXPECT_TRUE(second.put().ok()) << second.put();
+  EXPECT_EQ(third.calls(), 0);
+  EXPECT_EQ(mailbox.held(), 1u);
+  (void)mailbox.Take(0, EvalActivation(6, 1), absl::ZeroDuration());
+  EXPECT_EQ(third.calls(), 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+
+  // The next validation pass (a later iteration) starts from micro-batch 0.
+  EXPECT_TRUE(mailbox.Admit(EvalActivation(8, 1), 4).ok());
+  EXPECT_EQ(mailbox.Admit(EvalActivation(8, 2), 4).code(), absl::StatusCode::kResourceExhausted);
+  // As does a job opened again (a recovery), at the same iteration.
+  EXPECT_TRUE(mailbox.Admit(EvalActivation(6, 3), 4).ok());  // taken up to 1
+  mailbox.OpenJob("j-1", 5);
+  EXPECT_EQ(mailbox.Admit(EvalActivation(6, 3), 4).code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(MailboxTest, HoldBeyondWindow_TakeOnAnotherThread_WakesTheHold) {

@@ -85,11 +85,30 @@ void ExpectDrainsThenExits(Subprocess& process, const std::shared_ptr<grpc::Chan
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
 }
 
+// Polls (a remote state: 50 ms apart, 30 s at most) until the coordinator
+// lists its one worker as drained; false if it never does.
+bool AwaitListedDrained(v1::CoordinatorService::Stub& stub) {
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (absl::Now() < deadline) {
+    v1::ListWorkersResponse workers;
+    if (stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok() &&
+        workers.workers_size() == 1 && workers.workers(0).drained()) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 class HealthClusterTest : public ::testing::Test {
  protected:
+  // The worker's flags besides the delay.
+  virtual std::vector<std::string> WorkerFlags() const { return {}; }
+
   void SetUp() override {
-    cluster_ = testing::StartTestCluster(kSubdir, 1, {"--shutdown-delay-seconds=60"},
-                                         {"--shutdown-delay-seconds=60"});
+    std::vector<std::string> worker_flags = WorkerFlags();
+    worker_flags.push_back("--shutdown-delay-seconds=60");
+    cluster_ = testing::StartTestCluster(kSubdir, 1, {"--shutdown-delay-seconds=60"}, worker_flags);
     ASSERT_NE(cluster_, nullptr);
     coordinator_ =
         grpc::CreateChannel(cluster_->grpc_address(), grpc::InsecureChannelCredentials());
@@ -99,6 +118,19 @@ class HealthClusterTest : public ::testing::Test {
     ASSERT_TRUE(data_port.ok()) << data_port.status();
     worker_ = ChannelTo(*data_port);
     worker_http_port_ = testing::WorkerMetricsPort(kSubdir, 0);
+  }
+
+  // SIGTERM to the idle worker: the coordinator lists it as drained within
+  // its 60 s delay; a second SIGTERM ends the delay, and it exits 0.
+  void ExpectDrainedBeforeTheDelay() {
+    ASSERT_TRUE(AwaitServing(worker_, ""));
+    auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+    cluster_->worker(0).Signal(SIGTERM);  // then 60 s of serving on
+    EXPECT_TRUE(AwaitListedDrained(*stub));
+    cluster_->worker(0).Signal(SIGTERM);
+    std::optional<int> exit = cluster_->worker(0).Wait(kTimeout);
+    ASSERT_TRUE(exit.has_value());
+    EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
   }
 
   std::unique_ptr<LocalCluster> cluster_;
@@ -133,21 +165,6 @@ TEST_F(HealthClusterTest, Reflection_BothProcesses_ListTheirServices) {
                 "pipetrain.v1.DataPlaneService", "pipetrain.v1.WorkerControlService"}));
 }
 
-// Polls (a remote state: 50 ms apart, 30 s at most) until the coordinator
-// lists its one worker as drained; false if it never does.
-bool AwaitListedDrained(v1::CoordinatorService::Stub& stub) {
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (absl::Now() < deadline) {
-    v1::ListWorkersResponse workers;
-    if (stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok() &&
-        workers.workers_size() == 1 && workers.workers(0).drained()) {
-      return true;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 TEST_F(HealthClusterTest, Sigterm_Worker_NotServingWhileDraining) {
   ASSERT_TRUE(AwaitServing(worker_, ""));
   ExpectDrainsThenExits(cluster_->worker(0), worker_, "pipetrain.v1.DataPlaneService",
@@ -158,14 +175,19 @@ TEST_F(HealthClusterTest, Sigterm_Worker_NotServingWhileDraining) {
 // --shutdown-delay-seconds: in that window it serves on, and a READY one
 // would be given a queued job (or taken as a spare) and then leave it.
 TEST_F(HealthClusterTest, Sigterm_IdleWorker_DrainedBeforeItsShutdownDelay) {
-  ASSERT_TRUE(AwaitServing(worker_, ""));
-  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
-  cluster_->worker(0).Signal(SIGTERM);  // then 60 s of serving on
-  EXPECT_TRUE(AwaitListedDrained(*stub));
-  cluster_->worker(0).Signal(SIGTERM);
-  std::optional<int> exit = cluster_->worker(0).Wait(kTimeout);
-  ASSERT_TRUE(exit.has_value());
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
+  ExpectDrainedBeforeTheDelay();
+}
+
+// With --drain-timeout-seconds 0 the worker waits for no drain, but still
+// asks for one before its delay: it was READY through the delay, and could
+// be given a job it would leave at once.
+class HealthClusterNoDrainWaitTest : public HealthClusterTest {
+ protected:
+  std::vector<std::string> WorkerFlags() const override { return {"--drain-timeout-seconds=0"}; }
+};
+
+TEST_F(HealthClusterNoDrainWaitTest, Sigterm_IdleWorker_DrainedBeforeItsShutdownDelay) {
+  ExpectDrainedBeforeTheDelay();
 }
 
 TEST_F(HealthClusterTest, Sigterm_Coordinator_NotServingWhileDraining) {

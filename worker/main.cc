@@ -167,8 +167,9 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT the worker asks to be drained at once (no job is placed "
                "on it from then on); this is how long it then waits for a job with checkpoints "
-               "to re-plan without it (no step redone) before leaving anyway; 0: no drain, "
-               "leave at once");
+               "to re-plan without it (no step redone) before leaving anyway; 0: no wait, "
+               "leave at once (asked to be drained only with --shutdown-delay-seconds above 0, "
+               "so that no job is placed on it during the delay)");
   flags.Double("shutdown-delay-seconds", &f.shutdown_delay_seconds,
                "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
                "and keep serving this long (drained already: no new job) before waiting for "
@@ -438,8 +439,10 @@ int Run(const std::vector<std::string>& args) {
   });
   // The drain is asked for as soon as the worker is leaving, before the
   // delay below, so that no job is placed on it meanwhile (a READY worker
-  // would be given a queued job, or taken as a spare, and then leave it).
+  // would be given a queued job, or taken as a spare, and then leave it):
+  // also with --drain-timeout-seconds 0, which only waits for none.
   const bool drains = f.drain_timeout_seconds > 0;
+  const bool asks_drain = drains || f.shutdown_delay_seconds > 0;
   std::optional<absl::Status> drain_asked;
   bool hurried = false;  // signalled again during the delay: go on now
   if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
@@ -448,7 +451,7 @@ int Run(const std::vector<std::string>& args) {
                          ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
                          : "");
     health.Drain("draining: shutting down after a signal");
-    if (drains && !device_failed.load()) drain_asked = agent.RequestDrain();
+    if (asks_drain && !device_failed.load()) drain_asked = agent.RequestDrain();
     if (f.shutdown_delay_seconds > 0) {
       PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
                    << " s (--shutdown-delay-seconds; signal again to go on now)";

@@ -245,7 +245,8 @@ absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved);
 // with steps scaled by each chunk's largest value, so those tensors would
 // drift apart between ranks, and a checkpoint keeps rank 0's. fp16, bf16
 // (element by element) and PowerSGD (matrix by matrix) code identical
-// inputs identically. Checked at submit (and by `up`), not by
+// inputs identically. Checked at submit (and by `up`, and for a stored job
+// at a coordinator restart: it would train on with wrong results), not by
 // ResolveJobSpec, as CheckLinkCodecsSmaller.
 absl::Status CheckDataParallelQuantizerBesideTensorRanks(const v1::JobSpec& spec);
 

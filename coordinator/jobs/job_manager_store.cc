@@ -285,9 +285,13 @@ absl::Status JobManager::Restore() {
     const bool ended_before = IsTerminal(record->job.state());
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
     // As at Submit: a job re-plans (a recovery, elastic growth) with no
-    // later check of what planning it costs.
+    // later check of what planning it costs. And a quantizer beside tensor
+    // ranks, which Submit refuses only since 3ee18fb: a job stored before
+    // would go on with ranks drifting apart (wrong results, not a no-op).
     if (resolved.ok()) {
-      if (absl::Status budget = CheckPlanningBudget(*resolved); !budget.ok()) resolved = budget;
+      absl::Status refused = CheckPlanningBudget(*resolved);
+      if (refused.ok()) refused = CheckDataParallelQuantizerBesideTensorRanks(resolved->spec);
+      if (!refused.ok()) resolved = refused;
     }
     const bool spec_resolves = resolved.ok();
     if (!resolved.ok()) {  // a spec this version no longer accepts

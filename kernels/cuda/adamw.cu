@@ -35,9 +35,11 @@ static_assert(sizeof(AdamWBatch) + 64 <= 4096, "kernel arguments are capped at 4
 
 // Grid (blocks per tensor, tensors): block row y updates tensor y, grid
 // stride. The CPU loop body, term for term and in the same order. sqrtf and
-// '/' are IEEE-rounded (nvcc's defaults without -use_fast_math); nvcc may
+// '/' are IEEE-rounded (nvcc's defaults without -use_fast_math), and it is
+// built with -fmad=false (kernels/cuda/BUILD) so that nvcc does not
 // contract multiply-adds into FMAs, which the CPU reference never does (it
-// is built with -ffp-contract=off; see adamw_test.cc).
+// is built with -ffp-contract=off; see adamw_test.cc, whose tolerance
+// predates the flag: bitwise equality is not yet shown on a GPU).
 __global__ void AdamWKernel(AdamWBatch batch, AdamWScalars s) {
   const int t = blockIdx.y;
   float* param = batch.param[t];

@@ -126,6 +126,24 @@ absl::Status CheckCheckpointDirHasAnInterval(const v1::CheckpointSpec& checkpoin
       kMaxCheckpointInterval, ") or leave dir out"));
 }
 
+// A job grows onto joining workers only at a checkpoint boundary (and
+// recovers only from a checkpoint): without checkpoints,
+// spec.elastic.max_workers above the stages was silently ignored, while
+// the planning budget still counted every stage it allowed. At submit
+// only, as the checks above.
+absl::Status CheckGrowthHasCheckpoints(const v1::JobSpec& spec) {
+  if (spec.checkpoint().interval_steps() > 0 ||
+      spec.elastic().max_workers() <= spec.parallelism().stages()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.elastic.max_workers: ", spec.elastic().max_workers(),
+      " is above spec.parallelism.stages ", spec.parallelism().stages(),
+      ", but the job takes no checkpoints (spec.checkpoint.interval_steps 0), and a job grows "
+      "onto joining workers only at a checkpoint; set spec.checkpoint.interval_steps and dir, "
+      "or leave max_workers out"));
+}
+
 }  // namespace
 
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
@@ -495,6 +513,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
+  RETURN_IF_ERROR(CheckGrowthHasCheckpoints(resolved.spec));
   RETURN_IF_ERROR(CheckDataParallelQuantizerBesideTensorRanks(resolved.spec));
   RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.spec));
   RETURN_IF_ERROR(CheckLinkCodecsSmaller(resolved));

@@ -746,6 +746,24 @@ TEST_F(JobManagerTest, Submit_ChunkScaledDataParallelQuantizerBesideTensorRanks_
   EXPECT_TRUE(absl::StrContains(refused.message(), "use fp16, bf16 or powersgd")) << refused;
 }
 
+// A job grows only at a checkpoint: elastic.max_workers above the stages
+// without checkpoints would be ignored, and is refused naming both fields;
+// the default (the stages) passes, and so does growth with checkpoints.
+TEST_F(JobManagerTest, Submit_GrowthWithoutCheckpoints_Refused) {
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_elastic()->set_max_workers(3);
+  const absl::Status refused = Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "spec.elastic.max_workers: 3 is above "))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "spec.checkpoint.interval_steps")) << refused;
+  spec.mutable_elastic()->set_max_workers(2);
+  EXPECT_TRUE(Submit(spec).ok());
+  spec.mutable_elastic()->set_max_workers(3);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  EXPECT_TRUE(Submit(spec).ok());
+}
+
 // training.min_lr floors the cosine schedule; with the constant one it
 // would be ignored, and is refused.
 TEST_F(JobManagerTest, Submit_MinLrWithTheConstantSchedule_Refused) {
@@ -2656,7 +2674,8 @@ TEST_F(JobManagerTest, Submit_ElasticGrowthOverPlanningBudget_ResourceExhausted)
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_model()->set_n_layer(96);  // 194 units: 2 * 194^3 = 1.5e7 steps to start
   spec.mutable_parallelism()->set_solver("bipartition");
-  spec.mutable_elastic()->set_max_workers(64);  // 64 * 194^3 = 4.7e8 once grown
+  spec.mutable_checkpoint()->set_interval_steps(5);  // growth needs checkpoints
+  spec.mutable_elastic()->set_max_workers(64);       // 64 * 194^3 = 4.7e8 once grown
   absl::Status status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(status.message(), "64 stages (spec.elastic.max_workers)"))
@@ -2669,7 +2688,8 @@ TEST_F(JobManagerTest, Submit_ElasticGrowthOverPlanningBudget_ResourceExhausted)
   spec.mutable_model()->set_n_layer(2);  // 6 units
   spec.mutable_training()->set_batch_size(4096);
   spec.mutable_training()->set_micro_batches(4096);  // 2 x 4096 to start
-  spec.mutable_elastic()->set_max_workers(6);        // 6 x 4096 > 16384 once grown
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_elastic()->set_max_workers(6);  // 6 x 4096 > 16384 once grown
   status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StartsWith(

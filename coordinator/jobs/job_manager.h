@@ -561,7 +561,6 @@ class JobManager {
     std::map<std::string, int> stage_of;     // worker id -> stage
     // Tensor name -> (owning stage, shape): what UploadWeights may carry.
     std::map<std::string, std::pair<int, Shape>> weight_owner;
-    std::set<int> tied_embedding_stages;  // stages holding wte.weight
     std::vector<StageProgress> stages;
     absl::Time last_step_time;  // elapsed_clock_
     // Whether a step of the current plan has completed: the first one's

@@ -687,7 +687,6 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.assignments.clear();
   record.stage_of.clear();
   record.weight_owner.clear();
-  record.tied_embedding_stages.clear();
   DropWeightsFile(record);
   record.job.clear_worker_ids();
   record.job.mutable_progress()->clear_stage_times();

@@ -1857,9 +1857,14 @@ TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAlloc
   EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(status.message(),
             "UploadWeights: h.0.ln_2.weight belongs to stage 1, not to " + w1 + "'s stage 0");
-  // Both ends of the tied embedding may send wte.weight.
+  // The tied wte.weight is the embedding's stage's to send: the head's
+  // stage holds a copy, and two uploads wrote the file chunk by chunk,
+  // whichever came last.
   EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
-  EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w2, id, UnitParameterShapes(model, 3)[2])).ok());
+  status = jobs_.AddWeightsChunk(WholeTensor(w2, id, UnitParameterShapes(model, 3)[2]));
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(status.message(),
+            "UploadWeights: wte.weight belongs to stage 0, not to " + w2 + "'s stage 1");
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 

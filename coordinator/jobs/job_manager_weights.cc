@@ -22,7 +22,6 @@ namespace pipetrain {
 namespace {
 
 // The token embedding, which the head ties to (its stage holds a copy).
-constexpr char kTiedEmbeddingName[] = "wte.weight";
 
 // Removes the temporaries of `name` in `dir_fd` that coordinators left when
 // they died during an upload (safetensors.h: RemoveAbandonedTemporaries),
@@ -156,7 +155,6 @@ void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
   const v1::UnitRange& units = record.plan.stages(stage).backward();
   for (int u = units.begin(); u < units.end(); ++u) {
     for (ParameterShape& p : UnitParameterShapes(record.resolved.train.model, u)) {
-      if (p.name == kTiedEmbeddingName) record.tied_embedding_stages.insert(stage);
       record.weight_owner.try_emplace(p.name, stage, Shape(p.shape.begin(), p.shape.end()));
     }
   }
@@ -172,10 +170,9 @@ absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
   }
   const int stage = record.stage_of.at(c.worker_id());
   const auto& [owning_stage, shape] = owner->second;
-  // The tied wte.weight belongs to the embedding's and the head's stages.
-  const bool owned = owning_stage == stage || (c.tensor_name() == kTiedEmbeddingName &&
-                                               record.tied_embedding_stages.count(stage) > 0);
-  if (!owned) {
+  // The tied wte.weight is the first stage's that holds it: the
+  // embedding's (a head's stage holds a copy, and does not send it).
+  if (owning_stage != stage) {
     return absl::PermissionDeniedError(absl::StrCat("UploadWeights: ", c.tensor_name(),
                                                     " belongs to stage ", owning_stage, ", not to ",
                                                     c.worker_id(), "'s stage ", stage));

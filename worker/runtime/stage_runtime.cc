@@ -709,7 +709,17 @@ absl::StatusOr<Tensor> StageRuntime::GatherUnsplit(int64_t iteration, int tag, c
 }
 
 absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int64_t iteration) {
-  std::vector<Parameter> out = HostParameterCopies(setup_.backend, parameters());
+  std::vector<Parameter*> params = parameters();
+  // The tied wte.weight is the embedding's stage's to give: a head's stage
+  // holds a copy of its own, and both uploaded into one file whichever
+  // chunk came last (a CPU and a GPU copy need not be equal), twice the
+  // largest tensor's bytes.
+  if (!IsBackwardUnit(0)) {
+    params.erase(std::remove_if(params.begin(), params.end(),
+                                [](const Parameter* p) { return p->name == "wte.weight"; }),
+                 params.end());
+  }
+  std::vector<Parameter> out = HostParameterCopies(setup_.backend, params);
   RETURN_IF_ERROR(setup_.backend->status());
   if (!tp_collectives_) return out;
   int tag = kTensorParallelGatherTagBase;

@@ -293,7 +293,9 @@ class StageRuntime {
   std::vector<Parameter*> parameters() const;
   AdamWOptimizer& optimizer() { return optimizer_; }
   // Host copies of parameters() as the unsplit model holds them (Hugging
-  // Face shapes): a tensor-parallel stage's shards gathered to its tensor
+  // Face shapes), the tied wte.weight only on the stage holding the
+  // embedding's backward (the final weights' one copy): a tensor-parallel
+  // stage's shards gathered to its tensor
   // rank 0, a collective that every rank calls, after its last step
   // (`iteration` numbers the messages: the step count); the other ranks
   // send their shards and get an empty list (only rank 0 uploads). Without

@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
+#include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
@@ -83,6 +84,34 @@ char AwaitWake(absl::Duration timeout) {
   char byte = 0;
   if (ready > 0 && read(g_wake[0], &byte, 1) != 1) byte = 0;
   return byte;
+}
+
+// WorkerAgent::AwaitDrained for up to `seconds`, in slices, between which
+// the wake pipe is read: a second signal ("go on now", as during the
+// shutdown delay) or a failure ends the wait (CANCELLED) instead of being
+// lost until the drain or its timeout (up to a day).
+absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
+  const absl::Duration timeout = absl::Seconds(seconds);
+  PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
+               << " for the job to re-plan without this worker (signal again to leave now)";
+  constexpr absl::Duration kSlice = absl::Milliseconds(200);
+  const absl::Time until = MonotonicClock()->Now() + timeout;
+  while (true) {
+    const absl::Duration left = until - MonotonicClock()->Now();
+    const absl::Status drained =
+        agent.AwaitDrained(std::max(absl::ZeroDuration(), std::min(left, kSlice)));
+    if (!absl::IsDeadlineExceeded(drained)) return drained;
+    if (left <= kSlice) {
+      return absl::DeadlineExceededError(absl::StrCat("the job did not let this worker go within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    const char why = AwaitWake(absl::ZeroDuration());
+    if (why == kSignalled) {
+      return absl::CancelledError(
+          absl::StrCat("signalled again (", ShutdownSignalName(g_signal), ") while draining"));
+    }
+    if (why == kFailed) return absl::CancelledError("the worker cannot go on (see its log)");
+  }
 }
 
 struct Flags {
@@ -167,7 +196,8 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT the worker asks to be drained at once (no job is placed "
                "on it from then on); this is how long it then waits for a job with checkpoints "
-               "to re-plan without it (no step redone) before leaving anyway; 0: no wait, "
+               "to re-plan without it (no step redone) before leaving anyway (a further signal "
+               "ends the wait); 0: no wait, "
                "leave at once (asked to be drained only with --shutdown-delay-seconds above 0, "
                "so that no job is placed on it during the delay)");
   flags.Double("shutdown-delay-seconds", &f.shutdown_delay_seconds,
@@ -470,7 +500,7 @@ int Run(const std::vector<std::string>& args) {
         !drain_asked.has_value() ||
         (!hurried && (absl::IsUnavailable(*drain_asked) || absl::IsDeadlineExceeded(*drain_asked)));
     absl::Status drained = ask_again ? agent.RequestDrain() : *drain_asked;
-    if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
+    if (drained.ok()) drained = AwaitDrainedOrWake(agent, f.drain_timeout_seconds);
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
   // A stage stuck in a long computation or a send to a stalled peer can

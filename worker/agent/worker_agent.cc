@@ -342,8 +342,6 @@ absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
     AnnotatedMutexLock lock(&mu_);
     if (LetGoLocked()) return absl::OkStatus();
   }
-  PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
-               << " for the job to re-plan without this worker";
   // The job's next plan STOPs this worker (StopRunner clears runner_).
   AnnotatedMutexLock lock(&mu_);
   const bool released = mu_.AwaitWithTimeout(

@@ -158,7 +158,8 @@ class WorkerAgent {
   // worker too).
   absl::Status RequestDrain();
   // Then: waits up to `timeout` for a job running here to let it go. OK
-  // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise.
+  // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise. Logs
+  // nothing: a caller may wait in slices (to hear a second signal).
   absl::Status AwaitDrained(absl::Duration timeout);
 
   std::string worker_id() const;

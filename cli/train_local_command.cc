@@ -24,6 +24,7 @@
 #include "cli/output_paths.h"
 #include "cli/progress.h"
 #include "common/flag_set.h"
+#include "common/signal_names.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
@@ -46,8 +47,24 @@ namespace {
 // after its current step and still writes --checkpoint (if it trained a
 // step), then exits 128 + the signal, as a shell reports one (130, 143,
 // 129). 0: none came.
+// Before the first step (loading the data, a checkpoint) it stops at once,
+// exiting the same way: the corpus loader asks g_stopping between reads,
+// and the set-up between its phases.
 std::atomic<int> g_signal{0};
-extern "C" void OnStopSignal(int signal) { g_signal.store(signal); }
+std::atomic<bool> g_stopping{false};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "set in a signal handler");
+extern "C" void OnStopSignal(int signal) {
+  g_signal.store(signal);
+  g_stopping.store(true);
+}
+
+// CANCELLED once a stop signal came: between the set-up's phases, which
+// may each take minutes on a large model or slow storage.
+absl::Status StopBefore(const char* what) {
+  if (!g_stopping.load()) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat("interrupted before ", what));
+}
 
 struct Options {
   TrainConfig train;
@@ -269,6 +286,7 @@ absl::Status Resolve(Options& o) {
 absl::StatusOr<Dataset> LoadData(const Options& o) {
   ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(o.format));
   CorpusSpec corpus{o.data, format, o.train.model.vocab_size, o.synthetic_bytes, o.train.seed};
+  corpus.stop = &g_stopping;
   // A file (or generated text) past a third of what this process may use is
   // refused before its buffer is allocated, as a worker refuses it: text
   // peaks at 3x its size while it is tokenized, and a failed allocation
@@ -446,8 +464,10 @@ absl::Status Run(Options& o) {
                    out->c_str());
     }
   }
+  RETURN_IF_ERROR(StopBefore("building the model"));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));
+  RETURN_IF_ERROR(StopBefore("loading weights"));
   if (!o.init_from.empty()) {
     RETURN_IF_ERROR(InitFrom(o.init_from, trainer->model()));
     std::fprintf(stderr, "initialised from %s (%zu tensors)\n", o.init_from.c_str(),
@@ -456,6 +476,7 @@ absl::Status Run(Options& o) {
   if (!o.resume.empty()) {
     std::vector<std::string> changes;
     RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get(), &changes));
+    RETURN_IF_ERROR(StopBefore("training"));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
                  static_cast<long long>(trainer->step()));
     if (!changes.empty()) {
@@ -596,6 +617,12 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   // checkpoint is written) instead of killing the process mid-run.
   std::signal(SIGPIPE, SIG_IGN);
   absl::Status status = Run(options);
+  if (const int signal = g_signal.load(); signal != 0 && absl::IsCancelled(status)) {
+    // Stopped while setting up: nothing trained, nothing to write.
+    std::fprintf(stderr, "interrupted (%s): %s\n", ShutdownSignalName(signal),
+                 std::string(status.message()).c_str());
+    return kExitSignalBase + signal;
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", status.ToString().c_str());
     return 1;

@@ -476,7 +476,6 @@ absl::Status Run(Options& o) {
   if (!o.resume.empty()) {
     std::vector<std::string> changes;
     RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get(), &changes));
-    RETURN_IF_ERROR(StopBefore("training"));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
                  static_cast<long long>(trainer->step()));
     if (!changes.empty()) {

@@ -1374,9 +1374,10 @@ namespace {
 
 // The plan in a few lines: solver, prediction, and each stage's ranges.
 void PrintPlanSummary(const v1::Plan& plan) {
-  std::printf("plan v%lld: solver %s, objective %s, %s, %d micro-batches\n",
+  std::printf("plan v%lld: solver %s, objective %s, %s, %s\n",
               static_cast<long long>(plan.version()), plan.solver().c_str(),
-              plan.objective().c_str(), plan.schedule().c_str(), plan.micro_batches());
+              plan.objective().c_str(), plan.schedule().c_str(),
+              FormatPlanMicroBatches(plan).c_str());
   std::printf("predicted iteration %.4g s, bubble %.1f %%, bottleneck %.4g s, solved in %.3g s\n",
               plan.predicted_iteration_seconds(), 100 * plan.bubble_fraction(),
               plan.bottleneck_seconds(), plan.solve_seconds());

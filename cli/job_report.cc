@@ -65,6 +65,17 @@ std::string FormatJobOutcome(const v1::Job& end) {
   return out;
 }
 
+std::string FormatPlanMicroBatches(const v1::Plan& plan) {
+  std::string out = absl::StrCat(plan.micro_batches(), " micro-batches");
+  if (plan.data_parallel() > 1) {
+    absl::StrAppend(&out, " per replica x ", plan.data_parallel(), " replicas");
+  }
+  if (plan.tensor_parallel() > 1) {
+    absl::StrAppend(&out, ", ", plan.tensor_parallel(), " tensor ranks per stage");
+  }
+  return out;
+}
+
 std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const StepTiming& timing) {
   std::string out;
   if (end.plan_history_size() > 0) {

@@ -54,6 +54,12 @@ std::string FormatJobOutcome(const v1::Job& end);
 // then FormatStageTimes' table and FormatPassTimes' (pass_times.h).
 std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const StepTiming& timing);
 
+// A plan's micro-batches as its layout splits them: "8 micro-batches", "4
+// micro-batches per replica x 2 replicas" (plan.micro_batches is per
+// replica: alone, a re-plan onto another D read as a change of the global
+// batch), then ", 2 tensor ranks per stage" with tensor parallelism.
+std::string FormatPlanMicroBatches(const v1::Plan& plan);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_CLI_JOB_REPORT_H_

@@ -21,6 +21,23 @@ v1::Job SucceededJob(int steps) {
   return job;
 }
 
+// plan.micro_batches is per replica: with replicas the line says so (a
+// re-plan from 2 replicas to 1 doubles it, the global batch unchanged).
+TEST(FormatPlanMicroBatches, PerReplicaWithReplicasAndTensorRanks) {
+  v1::Plan plan;
+  plan.set_micro_batches(8);
+  EXPECT_EQ(FormatPlanMicroBatches(plan), "8 micro-batches");
+  plan.set_data_parallel(1);
+  plan.set_tensor_parallel(1);
+  EXPECT_EQ(FormatPlanMicroBatches(plan), "8 micro-batches");
+  plan.set_micro_batches(4);
+  plan.set_data_parallel(2);
+  EXPECT_EQ(FormatPlanMicroBatches(plan), "4 micro-batches per replica x 2 replicas");
+  plan.set_tensor_parallel(2);
+  EXPECT_EQ(FormatPlanMicroBatches(plan),
+            "4 micro-batches per replica x 2 replicas, 2 tensor ranks per stage");
+}
+
 TEST(FormatJobOutcome, FinalLossAndTheMeanOfTheLastSteps) {
   v1::Job job = SucceededJob(30);
   job.mutable_progress()->mutable_loss_history()->Set(29, 4);  // the tail: 19 x 2 and a 4

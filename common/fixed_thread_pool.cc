@@ -32,6 +32,13 @@ void FixedThreadPool::Stop() {
   }
 }
 
+bool FixedThreadPool::AwaitIdle(absl::Duration timeout) {
+  AnnotatedMutexLock lock(&mu_);
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_.empty() && running_ == 0; };
+  return mu_.AwaitWithTimeout(idle, timeout);
+}
+
 void FixedThreadPool::Run() {
   auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); };
   while (true) {
@@ -42,8 +49,12 @@ void FixedThreadPool::Run() {
       if (stopping_) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      ++running_;
     }
     task();
+    task = nullptr;  // what it holds goes before it counts as done
+    AnnotatedMutexLock lock(&mu_);
+    --running_;
   }
 }
 

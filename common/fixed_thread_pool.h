@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 
 namespace pipetrain {
@@ -32,6 +33,10 @@ class FixedThreadPool {
   // unrun): callers must not rely on it running.
   void Post(std::function<void()> task);
 
+  // Waits up to `timeout` until no task is queued or running: whether that
+  // happened. Tasks may still be posted meanwhile (they are waited for).
+  bool AwaitIdle(absl::Duration timeout);
+
   // Drops the tasks still queued, waits for the running ones and joins the
   // threads. Idempotent, but not concurrently with itself or the
   // destructor; not from a task (it would wait for itself).
@@ -42,6 +47,7 @@ class FixedThreadPool {
 
   AnnotatedMutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;  // last: they start after the fields above exist
 };

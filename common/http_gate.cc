@@ -86,6 +86,7 @@ struct HttpGate::Connection {
   bool shut_down = false;  // kLingering: our side sent FIN after the answer
   bool done = false;       // to be closed at the end of this loop turn
   bool probes_only = false;  // admitted past max_connections: probes only
+  bool answered = false;     // by a handler (Answer), not rejected by the gate
 };
 
 // The 503 answer to a connection turned away at max_connections.
@@ -138,6 +139,16 @@ void HttpGate::Respond(uint64_t connection, std::string response) {
   Wake();
 }
 
+void HttpGate::Finish(absl::Time deadline) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    finish_deadline_ = deadline;
+  }
+  Wake();
+}
+
 void HttpGate::Stop() {
   {
     AnnotatedMutexLock lock(&mu_);
@@ -176,10 +187,19 @@ void HttpGate::Loop() {
 bool HttpGate::TakeMail(std::vector<int>& admitted,
                         std::vector<std::pair<uint64_t, std::string>>& answers) {
   AnnotatedMutexLock lock(&mu_);
-  if (stopping_) return false;
+  finishing_seen_ = finishing_;
+  if (stopping_ && !(finishing_ && GateNow() < finish_deadline_ && Writing())) return false;
+  poll_until_ = stopping_ ? finish_deadline_ : absl::InfiniteFuture();
   admitted.swap(admitted_);
   answers.swap(answers_);
   return true;
+}
+
+bool HttpGate::Writing() const {
+  return std::any_of(connections_.begin(), connections_.end(), [](const auto& entry) {
+    const Connection& c = *entry.second;
+    return !c.done && (c.state == State::kWriting || (c.state == State::kLingering && c.answered));
+  });
 }
 
 void HttpGate::Adopt(int fd) {
@@ -252,6 +272,7 @@ void HttpGate::Answer(uint64_t id, std::string response) {
   }
   Send(connection, response);
   connection.state = State::kWriting;
+  connection.answered = true;
   connection.deadline = GateNow() + options_.response_timeout;
   Flush(connection);
   LimitUnsentBytes(connection);
@@ -282,7 +303,7 @@ void HttpGate::LimitUnsentBytes(const Connection& answered) {
 void HttpGate::PollOnce() {
   std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
   std::vector<Connection*> polled;
-  absl::Time next_deadline = absl::InfiniteFuture();
+  absl::Time next_deadline = poll_until_;
   for (auto& [id, connection] : connections_) {
     next_deadline = std::min(next_deadline, connection->deadline);
     short events = connection->written < connection->out.size() ? POLLOUT : 0;
@@ -360,6 +381,10 @@ void HttpGate::Frame(Connection& connection) {
 }
 
 void HttpGate::HandOff(Connection& connection) {
+  if (finishing_seen_) {
+    Reject(connection, 503, "UNAVAILABLE", "the server is shutting down; ask again shortly");
+    return;
+  }
   GatedRequest request;
   request.connection = connection.id;
   request.bytes = connection.in.substr(0, connection.framer.request_bytes());

@@ -116,8 +116,19 @@ class HttpGate {
   // when the connection is gone (Stop, or a second Respond).
   void Respond(uint64_t connection, std::string response);
 
+  // The first step of a graceful stop (HttpServer::Stop with a grace):
+  // from now on a request that arrives whole is answered 503 UNAVAILABLE
+  // ("shutting down") instead of dispatched; requests already dispatched
+  // are still answered, and their answers written, until Stop, which waits
+  // for them until `deadline` (a MonotonicClock() reading). Any thread;
+  // idempotent (the first deadline holds).
+  void Finish(absl::Time deadline);
+
   // Closes every connection (slow clients included), then joins the thread.
-  // Requests already dispatched may still Respond; they are ignored.
+  // After Finish, first waits until `deadline` for the answers being
+  // written (and their clients' reading them: lingering) to go out;
+  // requests dispatched and never answered are not waited for (their
+  // handlers are gone). Requests that Respond after Stop began are ignored.
   // Idempotent, but not concurrently with itself or the destructor.
   void Stop();
 
@@ -134,7 +145,13 @@ class HttpGate {
   // marked done is closed by the next Sweep, so no step frees a connection
   // another step still holds.
   void Loop();
+  // Takes what other threads handed over. False once the loop should end:
+  // Stop was called and, after Finish, nothing is left to write or the
+  // deadline has passed.
   bool TakeMail(std::vector<int>& admitted, std::vector<std::pair<uint64_t, std::string>>& answers);
+  // After Finish and Stop: whether some connection still has an answer
+  // going out (written or lingering for its client to read it).
+  bool Writing() const;
   void Adopt(int fd);
   void Answer(uint64_t id, std::string response);
   void PollOnce();
@@ -173,8 +190,13 @@ class HttpGate {
   std::vector<int> admitted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<uint64_t, std::string>> answers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time finish_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;  // the loop's own
+  bool finishing_seen_ = false;  // the loop's own copy of finishing_, for HandOff
+  // The loop's own: once stopping, its poll wakes by the finish deadline.
+  absl::Time poll_until_ = absl::InfiniteFuture();
   uint64_t next_id_ = 1;                                          // the loop's own
   std::thread thread_;  // last: starts after the fields above exist
 };

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/echo_input.h"
 #include "common/fixed_thread_pool.h"
 #include "common/host_port.h"
@@ -545,14 +546,22 @@ std::string HttpServer::AllowedMethods(const std::string& path) const {
   return absl::StrJoin(methods, ", ");
 }
 
-void HttpServer::Stop() {
+void HttpServer::Stop(absl::Duration grace) {
   if (!thread_.joinable()) return;
   stopping_ = true;  // before the accept loop can end: no error logged for it
   server_->stop();
   thread_.join();    // no more Admit
-  gate_->Stop();     // closes every connection; later Responds are ignored
+  if (grace > absl::ZeroDuration()) {
+    // Requests taken are answered (a submit that did its work must say
+    // so), new ones turned away, within the grace.
+    const absl::Time deadline = MonotonicClock()->Now() + grace;
+    gate_->Finish(deadline);
+    handlers_->AwaitIdle(deadline - MonotonicClock()->Now());
+    probes_->AwaitIdle(deadline - MonotonicClock()->Now());
+  }
   handlers_->Stop();  // drops queued requests, waits for running handlers
   probes_->Stop();
+  gate_->Stop();  // writes what was answered (within the grace), closes every connection
 }
 
 void ServePrometheus(HttpServer& server, const prometheus::Collectable* collectable,

@@ -191,12 +191,18 @@ class HttpServer {
   // ERROR naming host:port.
   absl::StatusOr<int> Start(const std::string& host, int port);
 
-  // Stops accepting, closes every connection (slow clients do not delay
-  // it), waits for the handlers already running (their responses are
-  // dropped) and joins the threads. Idempotent; safe to call when never
-  // started. A stopped server cannot be started again. Not to be called from
-  // a handler (it would wait for itself), nor concurrently with itself.
-  void Stop();
+  // Stops accepting, waits for the handlers already running, closes every
+  // connection (slow clients do not delay it) and joins the threads.
+  // Without a `grace`, queued requests are dropped and an answer not yet
+  // written when the gate stops is cut off. With one, first the requests already taken
+  // (queued or running) are answered and their answers written (and left
+  // for their clients to read: the gate's linger), for up to `grace` in
+  // all, while requests that arrive meanwhile are answered 503 ("shutting
+  // down"): a submit that did its work says so. Idempotent; safe to call
+  // when never started. A stopped server cannot be started again. Not to be
+  // called from a handler (it would wait for itself), nor concurrently
+  // with itself.
+  void Stop(absl::Duration grace = absl::ZeroDuration());
 
   // The bound port after a successful Start, else 0.
   int port() const { return port_; }

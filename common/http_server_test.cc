@@ -162,7 +162,8 @@ TEST(HttpServer, Get_UnroutedPath_Returns404WithJsonError) {
 
 TEST(HttpServer, HandlerError_KeepsHandlerBody) {
   HttpServer server;
-  server.Get("/bad", [](const HttpRequest&) { return JsonError(400, "INVALID_ARGUMENT", "x: bad"); });
+  server.Get("/bad",
+             [](const HttpRequest&) { return JsonError(400, "INVALID_ARGUMENT", "x: bad"); });
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   httplib::Result result = ClientFor(*port)->Get("/bad");
@@ -264,8 +265,7 @@ TEST(HttpServer, Start_PortInUse_Unavailable) {
   HttpServer second;
   absl::StatusOr<int> again = second.Start("127.0.0.1", *port);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(again.status().message(),
-                                "127.0.0.1:" + std::to_string(*port)))
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "127.0.0.1:" + std::to_string(*port)))
       << again.status();
 }
 
@@ -441,8 +441,8 @@ TEST(HttpServer, Get_HeadersOverLimit_Returns431) {
   EXPECT_EQ(result->status, 431);
   nlohmann::json body = nlohmann::json::parse(result->body);
   EXPECT_EQ(body["code"], 8);
-  EXPECT_TRUE(absl::StrContains(body["message"].get<std::string>(),
-                                "exceed the limit of 1024 bytes"))
+  EXPECT_TRUE(
+      absl::StrContains(body["message"].get<std::string>(), "exceed the limit of 1024 bytes"))
       << body;
 }
 
@@ -964,6 +964,51 @@ TEST(HttpServer, Stop_SlowClientsConnected_ReturnsAndClosesThem) {
   ASSERT_TRUE(slow.ok()) << slow.status();
   server.Stop();  // a hang here fails the test by its timeout
   EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 16);
+}
+
+// Whether a TCP connection to 127.0.0.1:`port` is refused (the server no
+// longer listens); asked at most every 10 ms for up to 30 s.
+bool AwaitRefused(int port) {
+  for (int i = 0; i < 3000; ++i) {
+    if (!RawConnection(port, absl::Seconds(1)).connected()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// Stop with a grace answers what it took: requests being handled (a
+// submit that did its work, say) get their 200, where Stop without one
+// closed their connections unanswered.
+TEST(HttpServer, Stop_WithGrace_TakenRequestsAnswered) {
+  HttpServer server({.handler_threads = 2});
+  AnnotatedMutex mu;
+  int started = 0;
+  bool release = false;
+  server.Get("/slow", [&](const HttpRequest&) {
+    AnnotatedMutexLock lock(&mu);
+    ++started;
+    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
+    return JsonResponse(200, "{}");
+  });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection first(*port, absl::Seconds(30)), second(*port, absl::Seconds(30));
+  ASSERT_TRUE(first.connected() && second.connected());
+  ASSERT_TRUE(first.Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  ASSERT_TRUE(second.Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return started == 2; }, absl::Seconds(30)));
+  }
+  std::thread stopping([&] { server.Stop(absl::Seconds(30)); });
+  EXPECT_TRUE(AwaitRefused(*port));  // Stop has begun: it no longer accepts
+  {
+    AnnotatedMutexLock lock(&mu);
+    release = true;
+  }
+  EXPECT_EQ(HttpStatusOf(first.Read()), 200);
+  EXPECT_EQ(HttpStatusOf(second.Read()), 200);
+  stopping.join();
 }
 
 // Records what HttpServer::Options::on_response reports.

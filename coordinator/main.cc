@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -927,8 +928,12 @@ int Serve(const Config& config, const sigset_t& signals) {
   registry.Stop();
   service.Shutdown();  // ends WatchAssignments streams, which never end by themselves
   health.Detach();
+  // The REST API gets the same grace as gRPC, at the same time: a call it
+  // has taken (a submit, a cancel, a drain that did its work) is answered,
+  // not cut off with the connection; new ones are answered 503.
+  std::thread http_stop([&http] { http.Stop(absl::FromChrono(kShutdownGrace)); });
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
-  http.Stop();
+  http_stop.join();
   return 0;  // jobs' destructor stops the scheduling loop
 }
 

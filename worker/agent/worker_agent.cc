@@ -333,6 +333,13 @@ absl::Status WorkerAgent::RequestDrain() {
         static_cast<absl::StatusCode>(s.error_code()),
         absl::StrCat("the coordinator would not drain this worker: ", s.error_message()));
   }
+  if (response.state() == v1::WORKER_STATE_ASSIGNED && !response.job_id().empty()) {
+    AnnotatedMutexLock lock(&mu_);
+    // Bounded: a job id is at most what the coordinator made it.
+    if (runner_ == nullptr || runner_->assignment().job_id() != response.job_id()) {
+      assigned_job_ = response.job_id().substr(0, 256);
+    }
+  }
   PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
   return absl::OkStatus();
 }
@@ -354,8 +361,8 @@ absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
 }
 
 bool WorkerAgent::LetGoLocked() const {
-  if (runner_ != nullptr) return runner_->completed();
-  return !replacing_runner_;
+  if (runner_ != nullptr && assigned_job_.empty()) return runner_->completed();
+  return !replacing_runner_ && assigned_job_.empty();
 }
 
 void WorkerAgent::Stop() {
@@ -576,6 +583,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
         a.action() == v1::Assignment::ACTION_RUN) {
       return;  // already running this plan (a re-sent assignment)
     }
+    // The job the drain said this worker is assigned to has spoken: its
+    // RUN (the runner's completion counts from now) or its STOP.
+    if (a.job_id() == assigned_job_) assigned_job_.clear();
     if (a.action() == v1::Assignment::ACTION_STOP &&
         (!runner_ || runner_->assignment().job_id() != a.job_id())) {
       // Nothing of that job runs here (it ended before this worker took

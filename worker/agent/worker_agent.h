@@ -246,6 +246,12 @@ class WorkerAgent {
   // that for "the job let this worker go" (a re-plan may keep a drained
   // worker until its next boundary).
   bool replacing_runner_ ABSL_GUARDED_BY(mu_) = false;
+  // The job the coordinator's answer to RequestDrain said this worker is
+  // ASSIGNED to while no runner of it had started (a plan being made, or
+  // its RUN on the way): AwaitDrained waits for that job's RUN (then its
+  // runner) or STOP, which clear it, instead of leaving at once, which the
+  // job took for a lost worker (a recovery) rather than a drain.
+  std::string assigned_job_ ABSL_GUARDED_BY(mu_);
   // The job of a runner being stopped (StopRunnerLocked), whose stop is
   // not done: heartbeats say so instead of "idle".
   std::string stopping_job_ ABSL_GUARDED_BY(mu_);

@@ -839,6 +839,19 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
     AnnotatedMutexLock lock(&mu_);
     pushed_.push_back(std::move(next));
   }
+  // What DrainWorker answers from now on (it accepts every drain).
+  void SetDrainAnswer(v1::Worker answer) {
+    AnnotatedMutexLock lock(&mu_);
+    drain_answer_ = std::move(answer);
+  }
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    *response = drain_answer_;
+    response->set_id(request->worker_id());
+    response->set_drained(true);
+    return grpc::Status::OK;
+  }
   // Ends the open assignment stream and any held report (before the
   // server shuts down).
   void Close() {
@@ -854,6 +867,7 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
   AnnotatedMutex mu_;
   std::vector<v1::ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::Assignment> pushed_ ABSL_GUARDED_BY(mu_);
+  v1::Worker drain_answer_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool deregistered_ ABSL_GUARDED_BY(mu_) = false;
   bool hold_finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -1005,6 +1019,41 @@ TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped
   stop.set_job_id(a.job_id());
   coordinator.Push(stop);
   draining_again.join();
+  EXPECT_TRUE(drained.ok()) << drained;
+  coordinator.Close();
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// A drain of a worker that a job's plan (being made, or its RUN on the way)
+// has taken: the coordinator answers ASSIGNED to that job, and the drain
+// waits for the job's word (here its STOP) instead of leaving at once,
+// which the job took for a lost worker (a recovery, counted) rather than a
+// drain (a re-plan at its next boundary).
+TEST(WorkerAgentTest, AwaitDrained_AssignedToAJobNotYetRun_WaitsForItsAssignment) {
+  v1::Assignment stop_other;  // the stream's first: nothing runs here
+  stop_other.set_action(v1::Assignment::ACTION_STOP);
+  stop_other.set_job_id("job-0");
+  ScriptedCoordinator coordinator(stop_other, /*heartbeat_interval_seconds=*/60);
+  v1::Worker assigned;
+  assigned.set_state(v1::WORKER_STATE_ASSIGNED);
+  assigned.set_job_id("job-1");
+  coordinator.SetDrainAnswer(assigned);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(agent.RequestDrain().ok());
+  absl::Status drained = agent.AwaitDrained(absl::Milliseconds(300));
+  EXPECT_EQ(drained.code(), absl::StatusCode::kDeadlineExceeded)
+      << "left while assigned to a job that had not run: " << drained;
+  std::thread draining([&] { drained = agent.AwaitDrained(absl::Seconds(30)); });
+  v1::Assignment stop;
+  stop.set_action(v1::Assignment::ACTION_STOP);
+  stop.set_job_id("job-1");
+  coordinator.Push(stop);
+  draining.join();
   EXPECT_TRUE(drained.ok()) << drained;
   coordinator.Close();
   agent.Stop();

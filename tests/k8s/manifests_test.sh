@@ -10,14 +10,19 @@
 # overlay with the component's one line added) the coordinator's
 # --output-dir and every worker's --checkpoint-root lie on one
 # ReadWriteMany claim, and --state-dir on the coordinator's own volume,
-# outside --output-dir (storage_paths). Broken copies are
+# outside --output-dir (storage_paths); every $(VAR) in a container's args
+# is set by its env or a rendered ConfigMap it reads (unset_vars); each
+# StatefulSet reads a flags ConfigMap of its own, so a changed coordinator
+# flag rolls only the coordinator and a changed worker flag only the
+# workers, and neither changes the submit Job. Broken copies are
 # rejected with the expected messages on every run, so no check can pass
 # vacuously: a schema-invalid manifest (misspelled fields included), pod
 # templates breaking each restricted control, selectors without the
 # component or with no labels at all, tokens on command lines (also through
 # a Secret the set does not render and through env vars), a broken copy of
-# the cpu-demo overlay rendered by kustomize, a second install that reuses
-# the instance label, and a broken use of the shared-checkpoints component.
+# the cpu-demo overlay rendered by kustomize, a coordinator reading the
+# workers' ConfigMap, a second install that reuses the instance label, and a
+# broken use of the shared-checkpoints component.
 # Runs under Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
 set -u
@@ -161,6 +166,43 @@ storage_paths() {
     }' "$MODULES" "$1"
 }
 
+# Every $(VAR) reference in a container's args (and command) that nothing
+# the container reads sets, one line each: "Kind/name container "c": args[i]
+# $(VAR) ...". Set are its env[] names and, with their envFrom prefix, the
+# keys of the rendered ConfigMaps it reads (a Secret's keys are not
+# rendered: they set nothing known here). The kubelet leaves such a
+# reference as it is, so the binary would get the literal text.
+unset_vars() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const text = require("fs").readFileSync(process.argv[2], "utf8");
+    const objects = YAML.parseAllDocuments(text).map((d) => d.toJS()).filter(Boolean);
+    const configMaps = new Map(objects.filter((o) => o.kind === "ConfigMap").map((o) =>
+        [o.metadata.name, Object.keys({...(o.data || {}), ...(o.binaryData || {})})]));
+    for (const o of objects) {
+      const spec = o.spec && o.spec.template && o.spec.template.spec;
+      if (!spec) continue;
+      for (const c of [...(spec.initContainers || []), ...(spec.containers || [])]) {
+        const set = new Set((c.env || []).map((e) => e.name));
+        for (const from of c.envFrom || []) {
+          const ref = from.configMapRef;
+          for (const key of (ref && configMaps.get(ref.name)) || []) set.add((from.prefix || "") + key);
+        }
+        for (const field of ["command", "args"]) {
+          (c[field] || []).forEach((arg, i) => {
+            // $$ is the escape of a literal $.
+            for (const m of String(arg).matchAll(/\$(\$|\(([-._a-zA-Z][-._a-zA-Z0-9]*)\))/g)) {
+              if (m[2] && !set.has(m[2])) {
+                console.log(`${o.kind}/${o.metadata.name} container "${c.name}": ${field}[${i}] ` +
+                    `$(${m[2]}) is set by no env entry and no rendered ConfigMap it reads`);
+              }
+            }
+          });
+        }
+      }
+    }' "$MODULES" "$1"
+}
+
 # kustomize refuses files whose real path leaves the kustomization root, and
 # Bazel's runfiles are symlinks into the source tree: render a real copy.
 mkdir -p "$T/k8s"
@@ -181,10 +223,10 @@ check "no deprecated kustomize fields" fails grep -nE \
   "$T"/k8s/overlays/*/kustomization.yaml
 
 declare -A KINDS=(
-  [cpu-demo]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
-  [gpu]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
-  [shared-checkpoints]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
-  [gpu-shared]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+  [cpu-demo]="valid: ConfigMap 4, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
+  [gpu]="valid: ConfigMap 4, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+  [shared-checkpoints]="valid: ConfigMap 4, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
+  [gpu-shared]="valid: ConfigMap 4, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
 )
 for overlay in $OVERLAYS; do
   out="$T/$overlay.yaml"
@@ -212,6 +254,9 @@ for overlay in $OVERLAYS; do
     "--memory-limit=\$(PIPETRAIN_MEMORY_LIMIT)"
   check "overlay $overlay: the limit from the worker container's resources" has "$out" \
     "resource: limits.memory"
+  unset_vars "$out" > "$T/$overlay.vars.txt"
+  check "overlay $overlay: every \$(VAR) in args is set by the container's env or ConfigMaps" \
+    diff /dev/null "$T/$overlay.vars.txt"
   probes "$out" > "$T/$overlay.probes.txt"
   expect_lines "$T/$overlay.probes.txt" \
     "coordinator startupProbe grpc 7070" "coordinator livenessProbe httpGet http /healthz" \
@@ -270,25 +315,60 @@ for overlay in $OVERLAYS; do
     fails grep -vE '@sha256:[0-9a-f]{64}$' "$T/$overlay.other_images.txt"
   check "overlay $overlay: the other images were read" test -s "$T/$overlay.other_images.txt"
 done
-# A changed flag rolls the StatefulSets but leaves the submit Job's pod
-# template (immutable on a live Job) as it was, so the apply goes through.
-job_template() {
+# Each StatefulSet reads a flags ConfigMap of its own (base/kustomization.yaml):
+# a changed coordinator flag renames pipetrain-coordinator-flags and so
+# rolls the coordinator alone, leaving the workers' pod template as it was;
+# a changed worker flag renames pipetrain-worker-flags and rolls the
+# workers alone. Neither touches the submit Job's pod template (immutable on
+# a live Job), so the apply goes through.
+# The pod template of object KIND/NAME in FILE, as JSON. Usage: pod_template FILE KIND NAME
+pod_template() {
   node -e '
     const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
     for (const doc of YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8"))) {
       const o = doc.toJS();
-      if (o && o.kind === "Job") console.log(JSON.stringify(o.spec.template));
-    }' "$MODULES" "$1"
+      if (o && o.kind === process.argv[3] && o.metadata.name === process.argv[4]) {
+        console.log(JSON.stringify(o.spec.template));
+      }
+    }' "$MODULES" "$1" "$2" "$3"
 }
-cp -RL "$T/k8s/overlays/cpu-demo" "$T/k8s/overlays/flagged"
-sed -i 's/PIPETRAIN_WORKER_THREADS=1/PIPETRAIN_WORKER_THREADS=1\n      - PIPETRAIN_LEASE_SECONDS=15/' \
-  "$T/k8s/overlays/flagged/kustomization.yaml"
-check "kubectl kustomize cpu-demo with a changed flag" render flagged "$T/flagged.yaml"
-check "the changed flag renamed pipetrain-flags" fails cmp -s \
-  <(grep -o 'pipetrain-flags-[a-z0-9]*' "$T/cpu-demo.yaml" | sort -u) \
-  <(grep -o 'pipetrain-flags-[a-z0-9]*' "$T/flagged.yaml" | sort -u)
-check "the submit Job's pod template is unchanged" cmp -s <(job_template "$T/cpu-demo.yaml") \
-  <(job_template "$T/flagged.yaml")
+job_template() { pod_template "$1" Job pipetrain-submit-sample; }
+# The generated (hashed) names of ConfigMap NAME in FILE. Usage: generated FILE NAME
+generated() { grep -o "$2-[a-z0-9]\+" "$1" | sort -u; }
+# A coordinator-only value (the planning hint --network), merged into the
+# coordinator's ConfigMap; a worker-only value (--mailbox-limit) changed in
+# the workers' merge.
+cp -RL "$T/k8s/overlays/cpu-demo" "$T/k8s/overlays/coordinator-flagged"
+sed -i 's|^  - name: pipetrain-sample-job$|  - name: pipetrain-coordinator-flags\n    behavior: merge\n    literals:\n      - PIPETRAIN_NETWORK=25Gbit,20us\n&|' \
+  "$T/k8s/overlays/coordinator-flagged/kustomization.yaml"
+cp -RL "$T/k8s/overlays/cpu-demo" "$T/k8s/overlays/worker-flagged"
+sed -i 's|PIPETRAIN_MAILBOX_LIMIT=256M|PIPETRAIN_MAILBOX_LIMIT=128M|' \
+  "$T/k8s/overlays/worker-flagged/kustomization.yaml"
+for changed in coordinator worker; do
+  other=worker; [ "$changed" = worker ] && other=coordinator
+  new="$T/$changed-flagged.yaml"
+  check "kubectl kustomize cpu-demo with a changed $changed flag" render "$changed-flagged" "$new"
+  check "a changed $changed flag renamed pipetrain-$changed-flags" fails cmp -s \
+    <(generated "$T/cpu-demo.yaml" "pipetrain-$changed-flags") <(generated "$new" "pipetrain-$changed-flags")
+  check "a changed $changed flag rolls pipetrain-$changed" fails cmp -s \
+    <(pod_template "$T/cpu-demo.yaml" StatefulSet "pipetrain-$changed") \
+    <(pod_template "$new" StatefulSet "pipetrain-$changed")
+  check "a changed $changed flag left the name of pipetrain-$other-flags" cmp -s \
+    <(generated "$T/cpu-demo.yaml" "pipetrain-$other-flags") <(generated "$new" "pipetrain-$other-flags")
+  check "a changed $changed flag left pipetrain-$other's pod template unchanged" cmp -s \
+    <(pod_template "$T/cpu-demo.yaml" StatefulSet "pipetrain-$other") \
+    <(pod_template "$new" StatefulSet "pipetrain-$other")
+  check "a changed $changed flag left the submit Job's pod template unchanged" cmp -s \
+    <(job_template "$T/cpu-demo.yaml") <(job_template "$new")
+  check "pipetrain-$changed-flags: one generated name was read" \
+    test "$(generated "$T/cpu-demo.yaml" "pipetrain-$changed-flags" | wc -l)" -eq 1
+  check "pipetrain-$changed's pod template was read" \
+    test -n "$(pod_template "$T/cpu-demo.yaml" StatefulSet "pipetrain-$changed")"
+done
+check "the changed coordinator flag is in the coordinator's ConfigMap" \
+  has "$T/coordinator-flagged.yaml" "PIPETRAIN_NETWORK: 25Gbit,20us"
+check "the changed worker flag is in the workers' ConfigMap" \
+  has "$T/worker-flagged.yaml" "PIPETRAIN_MAILBOX_LIMIT: 128M"
 check "the submit Job's pod template was read" test -n "$(job_template "$T/cpu-demo.yaml")"
 check "PrometheusRule carries the groups of alerts.yml" node "$R/tests/k8s/prometheus_rule.js" \
   --check --modules "$MODULES" --alerts "$ALERTS" \
@@ -406,8 +486,8 @@ B="$T/broken-overlay.yaml"
 run_node "$POLICY" --modules "$MODULES" "$B"
 echo "broken copy of cpu-demo (exit $(cat "$T/run.code")):"; cat "$T/run.txt"
 check "broken copy exits 1" test "$(cat "$T/run.code")" -eq 1
-C="VIOLATION StatefulSet/pipetrain-coordinator ($B, document 7):"
-W="VIOLATION StatefulSet/pipetrain-worker ($B, document 8):"
+C="VIOLATION StatefulSet/pipetrain-coordinator ($B, document 8):"
+W="VIOLATION StatefulSet/pipetrain-worker ($B, document 9):"
 expect_lines "$T/run.txt" \
   "$C pod: host namespaces: hostNetwork must be unset or false" \
   "$C container \"coordinator\": seccomp: seccompProfile.type must be RuntimeDefault or Localhost in the pod or container securityContext" \
@@ -415,7 +495,21 @@ expect_lines "$T/run.txt" \
   "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
   "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
   "$W container \"worker\": token on the command line: args[12] passes JOIN_TOKEN, which comes from a Secret" \
-  "14 objects, 3 pod templates, 6 violations"
+  "15 objects, 3 pod templates, 6 violations"
+
+# A coordinator that reads the workers' ConfigMap: unset_vars names each of
+# its flags that ConfigMap does not set (the shutdown delay it does).
+cp -RL "$TESTDATA/swapped_flags" "$T/k8s/overlays/swapped"
+check "kubectl kustomize the coordinator reading the workers' flags" render swapped "$T/swapped.yaml"
+unset_vars "$T/swapped.yaml" > "$T/swapped.vars.txt"
+echo "coordinator reading the workers' flags:"; cat "$T/swapped.vars.txt"
+U="StatefulSet/pipetrain-coordinator container \"coordinator\":"
+N="is set by no env entry and no rendered ConfigMap it reads"
+check "swapped flags: 3 unset references" test "$(wc -l < "$T/swapped.vars.txt")" -eq 3
+expect_lines "$T/swapped.vars.txt" \
+  "$U args[6] \$(PIPETRAIN_LEASE_SECONDS) $N" \
+  "$U args[7] \$(PIPETRAIN_HEARTBEAT_SECONDS) $N" \
+  "$U args[9] \$(PIPETRAIN_NETWORK) $N"
 
 # Two installs in one namespace: with their own instance label they share
 # nothing; with the same one, every selector picks both installs' pods.
@@ -423,16 +517,21 @@ cp -RL "$TESTDATA/second_install" "$T/k8s/overlays/second"
 cp -RL "$TESTDATA/same_instance_install" "$T/k8s/overlays/same"
 check "kubectl kustomize a second install" render second "$T/second.yaml"
 check "kubectl kustomize a second install with the same instance" render same "$T/same.yaml"
+unset_vars "$T/second.yaml" > "$T/second.vars.txt"
+check "second install: every \$(VAR) in args is set by the container's env or ConfigMaps" \
+  diff /dev/null "$T/second.vars.txt"
+check "second install: its workers dial its own coordinator" \
+  has "$T/second.yaml" "PIPETRAIN_COORDINATOR: second-pipetrain-coordinator:7070"
 run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/second.yaml"
 echo "cpu-demo + a second install: $(tail -n 1 "$T/run.txt")"
 check "two installs share a namespace" test "$(cat "$T/run.code")" -eq 0
-check "two installs: 0 violations" has "$T/run.txt" "28 objects, 6 pod templates, 0 violations"
+check "two installs: 0 violations" has "$T/run.txt" "30 objects, 6 pod templates, 0 violations"
 run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/same.yaml"
 echo "cpu-demo + an install with the same instance (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
 check "same instance label exits 1" test "$(cat "$T/run.code")" -eq 1
 expect_lines "$T/run.txt" \
-  "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 8)" \
-  "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 5): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 7)"
+  "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 9): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 9) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 9)" \
+  "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 6): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 8) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 8)"
 
 # A second install with the shared-checkpoints component gets a claim of its
 # own (kustomize renames the claim and the pods' references to it).
@@ -443,7 +542,7 @@ check "kubectl kustomize a second install with shared checkpoints" render second
 run_node "$POLICY" --modules "$MODULES" "$T/shared-checkpoints.yaml" "$T/second-shared.yaml"
 echo "shared-checkpoints + a second install: $(tail -n 1 "$T/run.txt")"
 check "two installs with shared checkpoints: 0 violations" has "$T/run.txt" \
-  "30 objects, 6 pod templates, 0 violations"
+  "32 objects, 6 pod templates, 0 violations"
 storage_paths "$T/second-shared.yaml" > "$T/second-shared.paths.txt"
 expect_lines "$T/second-shared.paths.txt" \
   "coordinator --output-dir /var/lib/pipetrain/shared on claim second-pipetrain-shared (ReadWriteMany, 100Gi)" \

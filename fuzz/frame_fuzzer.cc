@@ -35,9 +35,13 @@
 #include "worker/transport/transport.h"
 
 namespace {
-constexpr int64_t kFuzzMaxTensorBytes = int64_t{1} << 20;
+// Small enough that inputs of a few KiB cross them: a tensor larger than the
+// whole mailbox (up to the assembler's limit, above the mailbox's), and two
+// streams' tensors that together do not fit.
+constexpr int64_t kFuzzMaxTensorBytes = 1024;
 constexpr pipetrain::MailboxLimits kFuzzMailboxLimits{
-    .max_bytes = 2 * kFuzzMaxTensorBytes, .run_ahead_iterations = 2, .max_tensors = 8};
+    .max_bytes = 768, .run_ahead_iterations = 2, .max_tensors = 8};
+constexpr int kStreams = 2;  // assemblers sharing the mailbox, as a peer's streams do
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -55,9 +59,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const FrameAssembler::Admission admit = [&mailbox](const TensorAddress& address, int64_t bytes) {
     return mailbox.Reserve(address, bytes);
   };
-  FrameAssembler assembler(kFuzzMaxTensorBytes);
+  FrameAssembler streams[kStreams] = {FrameAssembler(kFuzzMaxTensorBytes),
+                                      FrameAssembler(kFuzzMaxTensorBytes)};
   while (!in.empty()) {
-    const uint8_t cut = in.Byte();
+    // Bit 7: the stream; the rest: the slices.
+    const uint8_t byte = in.Byte();
+    FrameAssembler& assembler = streams[(byte >> 7) % kStreams];
+    const uint8_t cut = byte & 0x7f;
     const std::string_view message = in.LengthPrefixed();
     std::vector<absl::string_view> slices;
     const size_t step = cut == 0 ? message.size() + 1 : 1 + cut % 64;
@@ -89,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       __builtin_trap();  // past the mailbox's limits
     }
   }
-  assembler.Abandon();                            // the stream ends
+  for (FrameAssembler& assembler : streams) assembler.Abandon();  // the streams end
   if (mailbox.reserved() != 0) __builtin_trap();  // a reservation outlived its tensor
   mailbox.Shutdown();
   return 0;

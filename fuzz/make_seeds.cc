@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -140,19 +141,23 @@ void CodecSpecSeeds(const std::string& dir) {
 
 // --- data-plane frames
 
+// One message as frame_fuzzer reads it: its byte (bit 7 the stream, the
+// rest the cut: 0 whole, 7 in slices of 8 bytes), length and bytes.
+std::string FrameMessage(const v1::TensorFrame& frame, bool whole, int stream = 0) {
+  const std::string bytes = frame.SerializeAsString();
+  PT_CHECK(bytes.size() <= 0xffff) << "frame too large for a seed";
+  return std::string(1, static_cast<char>((stream << 7) | (whole ? 0 : 7))) +
+         Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+}
+
 // `frames` serialized as frame_fuzzer reads them, after its config byte
-// (num_stages 2, job "fuzz-job"): every other message arrives whole (cut
-// byte 0), the others in slices of 8 bytes (cut byte 7).
+// (num_stages 2, job "fuzz-job"), on stream 0: every other message arrives
+// whole, the others in slices of 8 bytes.
 std::string FrameInput(const std::vector<std::vector<v1::TensorFrame>>& tensors) {
   std::string out(1, '\x01');
   int n = 0;
   for (const auto& frames : tensors) {
-    for (const v1::TensorFrame& frame : frames) {
-      const std::string bytes = frame.SerializeAsString();
-      PT_CHECK(bytes.size() <= 0xffff) << "frame too large for a seed";
-      out += std::string(1, n++ % 2 == 0 ? '\0' : '\x07');
-      out += Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
-    }
+    for (const v1::TensorFrame& frame : frames) out += FrameMessage(frame, n++ % 2 == 0);
   }
   return out;
 }
@@ -191,6 +196,23 @@ void FrameSeeds(const std::string& dir) {
   const auto powersgd = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, 0, 0),
                                            Encoded("powersgd:rank=2", {6, 5}), 64);
   WriteSeed(dir, "powersgd_in_frames", FrameInput({powersgd}));
+  // The mailbox's byte limit (768 in frame_fuzzer): two streams' tensors of
+  // 400 bytes each, interleaved, do not fit together (the second is
+  // refused at its first frame, "mailbox full"), and one of 840 bytes
+  // (within the assembler's 1 KiB) is larger than the whole mailbox.
+  const auto first = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1),
+                                        WireTensor::Raw(Ramp({10, 10})), 160);
+  const auto second = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1),
+                                         WireTensor::Raw(Ramp({10, 10})), 160);
+  const auto large = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 2, 1),
+                                        WireTensor::Raw(Ramp({14, 15})), 4096);
+  PT_CHECK(first.size() >= 2 && second.size() >= 2) << "the tensors must span frames";
+  std::string limits(1, '\x01');
+  limits += FrameMessage(first[0], true, 0) + FrameMessage(second[0], true, 1);
+  for (size_t i = 1; i < first.size(); ++i) limits += FrameMessage(first[i], true, 0);
+  for (size_t i = 1; i < second.size(); ++i) limits += FrameMessage(second[i], true, 1);
+  for (const v1::TensorFrame& frame : large) limits += FrameMessage(frame, false, 0);
+  WriteSeed(dir, "two_streams_over_the_byte_limit", limits);
 }
 
 // --- token files
@@ -463,11 +485,35 @@ std::string ProgressOp(int worker, int64_t iteration, bool last_stage) {
   return ProgressOp(worker, request);
 }
 
-void JobManagerSeeds(const std::string& dir) {
+// Both stages of SmallJobSpec's 3 steps report ready and iterations 0 and 1.
+std::string ReadyAndTwoSteps() {
   v1::ReportProgressRequest ready;
   ready.set_ready(true);
   std::string run = ProgressOp(0, ready) + ProgressOp(1, ready);
-  for (int64_t it = 0; it < 3; ++it) run += ProgressOp(0, it, false) + ProgressOp(1, it, true);
+  for (int64_t it = 0; it < 2; ++it) run += ProgressOp(0, it, false) + ProgressOp(1, it, true);
+  return run;
+}
+
+// Both stages' last iteration (2), reported finished: an iteration is
+// counted once, so a separate report of it said "finished" to no effect.
+std::string LastStepFinished() {
+  std::string run;
+  for (int worker : {0, 1}) {
+    v1::ReportProgressRequest finished;
+    finished.set_iteration(2);
+    finished.set_finished(true);
+    finished.set_weights_digest(std::string(64, 'd'));  // a SHA-256 in hex, as checked
+    if (worker == 1) {                                  // the loss stage
+      finished.add_micro_batch_losses(5.5f);
+      finished.add_micro_batch_losses(5.25f);
+    }
+    run += ProgressOp(worker, finished);
+  }
+  return run;
+}
+
+void JobManagerSeeds(const std::string& dir) {
+  std::string run = ReadyAndTwoSteps();
   v1::WeightsChunk chunk;
   chunk.set_tensor_name("wte.weight");
   chunk.add_shape(256);
@@ -476,13 +522,43 @@ void JobManagerSeeds(const std::string& dir) {
   const std::string chunk_bytes = chunk.SerializeAsString();
   run += std::string(1, 9) + Uint16(static_cast<uint16_t>(chunk_bytes.size())) + chunk_bytes;
   run += std::string(1, 10) + std::string(1, 26);  // both workers finish their weights
-  v1::ReportProgressRequest finished;
-  finished.set_iteration(2);
-  finished.set_finished(true);
-  finished.set_weights_digest(std::string(64, 'd'));  // a SHA-256 in hex, as checked
-  run += ProgressOp(0, finished) + ProgressOp(1, finished);
+  run += LastStepFinished();                       // FAILED: the upload is incomplete
   WriteSeed(dir, "ready_steps_finish_weights", run);
 
+  // The whole model uploaded (every tensor from both workers: the owner's
+  // chunk is taken, the other's refused), both finish, and the job
+  // SUCCEEDS: its weights file committed into the output directory, the
+  // path the fuzzer's end check covers. The model is SmallJobSpec's
+  // (coordinator/jobs/small_spec_testing.h), about 30 KB of values, so
+  // scripts/fuzz.sh lets this target's inputs grow past libFuzzer's default.
+  const GptConfig small{/*vocab_size=*/256, /*max_seq_len=*/8, /*n_layer=*/1, /*n_head=*/2,
+                        /*d_model=*/16};
+  std::string whole = ReadyAndTwoSteps();
+  std::set<std::string> uploaded;
+  for (int u = 0; u < NumUnits(small); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(small, u)) {
+      if (!uploaded.insert(p.name).second) continue;  // the tied wte, once
+      v1::WeightsChunk tensor;
+      tensor.set_tensor_name(p.name);
+      int64_t n = 1;
+      for (int64_t d : p.shape) {
+        tensor.add_shape(d);
+        n *= d;
+      }
+      for (int64_t i = 0; i < n; ++i) tensor.add_values(0.001f * static_cast<float>(i % 100));
+      const std::string bytes = tensor.SerializeAsString();
+      PT_CHECK(bytes.size() <= 0xffff) << p.name << " too large for a seed";
+      for (const char op : {9, 25}) {  // from worker 0, then worker 1
+        whole += std::string(1, op) + Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+      }
+    }
+  }
+  whole += std::string(1, 10) + std::string(1, 26);
+  whole += LastStepFinished();
+  WriteSeed(dir, "whole_model_succeeds", whole);
+
+  v1::ReportProgressRequest ready;
+  ready.set_ready(true);
   v1::ReportProgressRequest failed;
   failed.set_iteration(1);
   failed.set_error("worker w-2: CUDA error");

@@ -108,8 +108,13 @@ for t in "${TARGETS[@]}"; do
   # the fuzzers that write files make their scratch directory there and
   # remove it at exit, which a crash, hang or out-of-memory skips; under
   # $work it goes with the rest (or stays with the crash's inputs).
+  # Inputs up to libFuzzer's default (4 KiB, from the seeds), but for the
+  # job manager's: uploading its whole model (a seed that SUCCEEDS) takes
+  # about 61 KB.
+  max_len=()
+  if [ "$t" = job_manager_fuzzer ]; then max_len=(-max_len=131072); fi
   TMPDIR="$dir/tmp" "$bin/$t" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$dir/artifacts/" "$dir/corpus" > "$dir/log" 2>&1
+    "${max_len[@]}" -artifact_prefix="$dir/artifacts/" "$dir/corpus" > "$dir/log" 2>&1
   rc=$?
   # The last status line: "#N DONE cov: C ft: F corp: ..." (or the last
   # pulse before a crash).

@@ -147,6 +147,12 @@ void HttpGate::Finish(absl::Time deadline) {
     finish_deadline_ = deadline;
   }
   Wake();
+  // Until the loop has seen it (its next TakeMail): a request completed in
+  // the turn under way is still dispatched, and the caller's wait for the
+  // handlers must count it.
+  AnnotatedMutexLock lock(&mu_);
+  auto seen = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finishing_acked_ || ended_; };
+  mu_.AwaitWithTimeout(seen, std::max(absl::ZeroDuration(), deadline - GateNow()));
 }
 
 void HttpGate::Stop() {
@@ -188,7 +194,14 @@ bool HttpGate::TakeMail(std::vector<int>& admitted,
                         std::vector<std::pair<uint64_t, std::string>>& answers) {
   AnnotatedMutexLock lock(&mu_);
   finishing_seen_ = finishing_;
-  if (stopping_ && !(finishing_ && GateNow() < finish_deadline_ && Writing())) return false;
+  finishing_acked_ = finishing_;
+  // After Finish, Stop waits for what is being written, and for answers
+  // handed over but not yet taken (a handler that ended just before Stop).
+  if (stopping_ &&
+      !(finishing_ && GateNow() < finish_deadline_ && (Writing() || !answers_.empty()))) {
+    ended_ = true;
+    return false;
+  }
   poll_until_ = stopping_ ? finish_deadline_ : absl::InfiniteFuture();
   admitted.swap(admitted_);
   answers.swap(answers_);

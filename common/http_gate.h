@@ -120,8 +120,9 @@ class HttpGate {
   // from now on a request that arrives whole is answered 503 UNAVAILABLE
   // ("shutting down") instead of dispatched; requests already dispatched
   // are still answered, and their answers written, until Stop, which waits
-  // for them until `deadline` (a MonotonicClock() reading). Any thread;
-  // idempotent (the first deadline holds).
+  // for them until `deadline` (a MonotonicClock() reading). Returns once
+  // the gate's thread has seen it (no request is dispatched after), or at
+  // the deadline. Any thread; idempotent (the first deadline holds).
   void Finish(absl::Time deadline);
 
   // Closes every connection (slow clients included), then joins the thread.
@@ -191,6 +192,8 @@ class HttpGate {
   std::vector<std::pair<uint64_t, std::string>> answers_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_acked_ ABSL_GUARDED_BY(mu_) = false;  // the loop has seen finishing_
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;            // the loop is over
   absl::Time finish_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;  // the loop's own

@@ -89,18 +89,32 @@ char AwaitWake(absl::Duration timeout) {
 // WorkerAgent::AwaitDrained for up to `seconds`, in slices, between which
 // the wake pipe is read: a second signal ("go on now", as during the
 // shutdown delay) or a failure ends the wait (CANCELLED) instead of being
-// lost until the drain or its timeout (up to a day).
+// lost until the drain or its timeout (up to a day). Every few seconds it
+// asks again whether a job the drain named still holds this worker
+// (RecheckDrain: an abandoned placement sends it no word).
 absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
   const absl::Duration timeout = absl::Seconds(seconds);
-  PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
-               << " for the job to re-plan without this worker (signal again to leave now)";
   constexpr absl::Duration kSlice = absl::Milliseconds(200);
+  constexpr absl::Duration kRecheck = absl::Seconds(5);
   const absl::Time until = MonotonicClock()->Now() + timeout;
+  absl::Time recheck = MonotonicClock()->Now() + kRecheck;
+  bool said = false;
   while (true) {
     const absl::Duration left = until - MonotonicClock()->Now();
     const absl::Status drained =
         agent.AwaitDrained(std::max(absl::ZeroDuration(), std::min(left, kSlice)));
     if (!absl::IsDeadlineExceeded(drained)) return drained;
+    if (!said) {  // not for a worker that nothing holds: it leaves at once
+      PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
+                   << " for the job to re-plan without this worker (signal again to leave now)";
+      said = true;
+    }
+    if (MonotonicClock()->Now() >= recheck) {
+      if (absl::Status asked = agent.RecheckDrain(); !asked.ok()) {
+        PT_LOG(WARNING) << "asking again whether a job holds this worker: " << asked;
+      }
+      recheck = MonotonicClock()->Now() + kRecheck;
+    }
     if (left <= kSlice) {
       return absl::DeadlineExceededError(absl::StrCat("the job did not let this worker go within ",
                                                       absl::FormatDuration(timeout)));

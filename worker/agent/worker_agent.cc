@@ -309,6 +309,20 @@ grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc) {
 }
 
 absl::Status WorkerAgent::RequestDrain() {
+  const absl::Status asked = AskDrain();
+  if (asked.ok()) PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
+  return asked;
+}
+
+absl::Status WorkerAgent::RecheckDrain() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (assigned_job_.empty()) return absl::OkStatus();
+  }
+  return AskDrain();
+}
+
+absl::Status WorkerAgent::AskDrain() {
   v1::DrainWorkerRequest request;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -333,14 +347,12 @@ absl::Status WorkerAgent::RequestDrain() {
         static_cast<absl::StatusCode>(s.error_code()),
         absl::StrCat("the coordinator would not drain this worker: ", s.error_message()));
   }
-  if (response.state() == v1::WORKER_STATE_ASSIGNED && !response.job_id().empty()) {
-    AnnotatedMutexLock lock(&mu_);
-    // Bounded: a job id is at most what the coordinator made it.
-    if (runner_ == nullptr || runner_->assignment().job_id() != response.job_id()) {
-      assigned_job_ = response.job_id().substr(0, 256);
-    }
-  }
-  PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
+  AnnotatedMutexLock lock(&mu_);
+  // Bounded: a job id is at most what the coordinator made it.
+  const bool waiting_for_a_run =
+      response.state() == v1::WORKER_STATE_ASSIGNED && !response.job_id().empty() &&
+      (runner_ == nullptr || runner_->assignment().job_id() != response.job_id());
+  assigned_job_ = waiting_for_a_run ? response.job_id().substr(0, 256) : "";
   return absl::OkStatus();
 }
 
@@ -361,8 +373,10 @@ absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
 }
 
 bool WorkerAgent::LetGoLocked() const {
-  if (runner_ != nullptr && assigned_job_.empty()) return runner_->completed();
-  return !replacing_runner_ && assigned_job_.empty();
+  // A RUN being taken (runner_ may still hold the job before it, completed)
+  // or a job the drain's answer named that has not run here yet.
+  if (replacing_runner_ || !assigned_job_.empty()) return false;
+  return runner_ == nullptr || runner_->completed();
 }
 
 void WorkerAgent::Stop() {

@@ -156,11 +156,20 @@ class WorkerAgent {
   // job then recovers from its last checkpoint or fails). Either way every
   // later registration says drained (one after the coordinator forgot this
   // worker too).
+  // When the coordinator answers that this worker is ASSIGNED to a job
+  // whose runner has not started (a plan being made, its RUN on the way),
+  // the drain waits for that job's word too (AwaitDrained).
   absl::Status RequestDrain();
-  // Then: waits up to `timeout` for a job running here to let it go. OK
-  // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise. Logs
-  // nothing: a caller may wait in slices (to hear a second signal).
+  // Then: waits up to `timeout` for a job running here, or the job the
+  // drain's answer named, to let it go. OK when nothing holds this worker
+  // or the job let go; DEADLINE_EXCEEDED otherwise. Logs nothing: a caller
+  // may wait in slices (to hear a second signal).
   absl::Status AwaitDrained(absl::Duration timeout);
+  // Asks the coordinator again (DrainWorker is idempotent) whether this
+  // worker is still assigned to the job the drain's answer named: a
+  // placement it abandons (a cancel while planning, a plan refused for
+  // memory) sends the worker no word. Quiet; its errors are the call's.
+  absl::Status RecheckDrain();
 
   std::string worker_id() const;
   std::string current_instruction() const;
@@ -186,8 +195,11 @@ class WorkerAgent {
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
-  // Whether no job holds this worker (AwaitDrained): no runner and none
-  // about to start, or a completed one.
+  // DrainWorker, and assigned_job_ set (or cleared) from its answer.
+  absl::Status AskDrain();
+  // Whether no job holds this worker (AwaitDrained): no RUN being taken, no
+  // job named by the drain's answer still to come, and no runner or a
+  // completed one.
   bool LetGoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deregister();  // once, after Stop() has stopped everything else
   // The NCCL id for the next heartbeat: a fresh one when an assignment

@@ -1060,6 +1060,38 @@ TEST(WorkerAgentTest, AwaitDrained_AssignedToAJobNotYetRun_WaitsForItsAssignment
   rig->Shutdown();
 }
 
+// The placement that held the drained worker is abandoned (a cancel while
+// planning, a plan refused for memory): the coordinator sends it no word,
+// and asked again it no longer says ASSIGNED. RecheckDrain clears the wait,
+// which otherwise lasted the whole drain timeout.
+TEST(WorkerAgentTest, RecheckDrain_PlacementAbandoned_TheWaitEnds) {
+  v1::Assignment stop_other;
+  stop_other.set_action(v1::Assignment::ACTION_STOP);
+  stop_other.set_job_id("job-0");
+  ScriptedCoordinator coordinator(stop_other, /*heartbeat_interval_seconds=*/60);
+  v1::Worker assigned;
+  assigned.set_state(v1::WORKER_STATE_ASSIGNED);
+  assigned.set_job_id("job-1");
+  coordinator.SetDrainAnswer(assigned);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(agent.RequestDrain().ok());
+  ASSERT_TRUE(agent.RecheckDrain().ok());  // still ASSIGNED: still waits
+  EXPECT_EQ(agent.AwaitDrained(absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  v1::Worker ready;
+  ready.set_state(v1::WORKER_STATE_READY);
+  coordinator.SetDrainAnswer(ready);
+  ASSERT_TRUE(agent.RecheckDrain().ok());
+  EXPECT_TRUE(agent.AwaitDrained(absl::ZeroDuration()).ok());
+  coordinator.Close();
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // A RUN of the next job taken while the old runner stops, and Leave (a
 // shutdown) begins meanwhile: the worker has deregistered, so nothing of
 // the new job may start (before, it opened the data plane and ran the job

@@ -285,13 +285,9 @@ absl::Status JobManager::Restore() {
     const bool ended_before = IsTerminal(record->job.state());
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
     // As at Submit: a job re-plans (a recovery, elastic growth) with no
-    // later check of what planning it costs. And a quantizer beside tensor
-    // ranks, which Submit refuses only since 3ee18fb: a job stored before
-    // would go on with ranks drifting apart (wrong results, not a no-op).
+    // later check of what planning it costs.
     if (resolved.ok()) {
-      absl::Status refused = CheckPlanningBudget(*resolved);
-      if (refused.ok()) refused = CheckDataParallelQuantizerBesideTensorRanks(resolved->spec);
-      if (!refused.ok()) resolved = refused;
+      if (absl::Status budget = CheckPlanningBudget(*resolved); !budget.ok()) resolved = budget;
     }
     const bool spec_resolves = resolved.ok();
     if (!resolved.ok()) {  // a spec this version no longer accepts
@@ -312,6 +308,16 @@ absl::Status JobManager::Restore() {
         spec_resolves && !paths.ok() && !IsTerminal(record->job.state())) {
       record->job.set_state(v1::JOB_STATE_FAILED);
       record->job.set_reason(absl::StrCat("after a coordinator restart: ", paths.message()));
+    }
+    // A quantizer beside tensor ranks, which Submit refuses only since
+    // 3ee18fb: a job stored before would go on with its ranks' shared
+    // tensors drifting apart (wrong results, not a no-op). Its spec still
+    // resolves (an ended one keeps its model, catalog and sweeps).
+    if (absl::Status refused = CheckDataParallelQuantizerBesideTensorRanks(record->resolved.spec);
+        spec_resolves && !refused.ok() && !IsTerminal(record->job.state())) {
+      record->job.set_state(v1::JOB_STATE_FAILED);
+      record->job.set_reason(absl::StrCat(
+          "after a coordinator restart, the spec is no longer valid: ", refused.message()));
     }
     // What the store holds is checked before anything is indexed, divided
     // or counted by it (stored_job_check.h): a job whose state does not

@@ -47,9 +47,11 @@ namespace {
 // after its current step and still writes --checkpoint (if it trained a
 // step), then exits 128 + the signal, as a shell reports one (130, 143,
 // 129). 0: none came.
-// Before the first step (loading the data, a checkpoint) it stops at once,
-// exiting the same way: the corpus loader asks g_stopping between reads,
-// and the set-up between its phases.
+// Before the first step (loading the data, building the model, reading
+// --init-from) it stops at once, exiting the same way, nothing written: the
+// corpus loader asks g_stopping between reads, and the set-up between its
+// phases. One that resumed goes on to write --save (the checkpoint's
+// weights), as documented for a run stopped before its first step.
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_stopping{false};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,

@@ -1324,8 +1324,6 @@ TEST(ResolveJobSpec, ValuesJustPastABound_PrintedExactly) {
                  "0.0010000002");
 }
 
-// The unknown field is named as a path, as the other checks name fields
-// (the BadRequest violation's field then is the field itself, not "spec").
 // min_lr floors the cosine schedule: above 0 with the constant one (the
 // default, given or not) it is refused naming both fields; 0, or cosine,
 // passes.
@@ -1344,6 +1342,8 @@ TEST(CheckMinLrHasACosine, OnlyWithTheConstantScheduleAndAFloor) {
   EXPECT_TRUE(CheckMinLrHasACosine(spec).ok());
 }
 
+// The unknown field is named as a path, as the other checks name fields
+// (the BadRequest violation's field then is the field itself, not "spec").
 TEST(JobSpecFromJson, UnknownField_RejectedNamingItsPath) {
   for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
            {R"({"model": {"nLayers": 2}})",

@@ -21,8 +21,6 @@ namespace pipetrain {
 
 namespace {
 
-// The token embedding, which the head ties to (its stage holds a copy).
-
 // Removes the temporaries of `name` in `dir_fd` that coordinators left when
 // they died during an upload (safetensors.h: RemoveAbandonedTemporaries),
 // each of them reserving the whole file's space: a coordinator that crashed

@@ -385,6 +385,19 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
       }
     }
   }
+  // The unsplit weights hold the embedding stage's tied wte alone: the
+  // head's stage's copy is compared here, shard by shard (tensor rank).
+  if (tp > 1) {
+    std::map<int, std::vector<float>> wte_of_rank;
+    for (int g = 0; g < total; ++g) {
+      for (const Parameter& p : HostParameterCopies(backend_at(g), runtimes[g]->parameters())) {
+        if (p.name != "wte.weight") continue;
+        std::vector<float> values = p.value.ToVector();
+        auto [it, inserted] = wte_of_rank.emplace(g % tp, values);
+        if (!inserted) EXPECT_EQ(it->second, values) << "tied wte shards (runtime " << g << ")";
+      }
+    }
+  }
   return out;
 }
 

@@ -1987,7 +1987,9 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     // Wire: the tensor encoded once, the basis of the exact path (its fp32
     // size) and PowerSGD's (its factors' size); what a member sends is
     // 2(N-1)/N of that for N >= 3, which made fp16 look 0.875 of exact at
-    // 8 replicas. No stats: their norms would cost two passes.
+    // 8 replicas. No stats: their norms would cost two passes. A chunk the
+    // codec refused (fp16 past 65504) travels raw, and is counted here at
+    // the codec's size all the same.
     Tensor dropped;
     RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, tag, *dp_quantizer_, numel, flat,
                                                  /*stats=*/nullptr, &dropped));

@@ -724,6 +724,7 @@ absl::Status JobRunner::RunJob() {
                                 assignment_.optimizer_stages().end());
   setup.replica = assignment_.replica();
   setup.replicas = replicas;
+  setup.stopped = [this] { return stop_.load(); };
   setup.tensor_rank = assignment_.tensor_rank();
   setup.tensor_parallel = tensor;
   setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());

@@ -1481,7 +1481,20 @@ absl::Status StageRuntime::NameSend(const absl::Status& status, int peer_stage,
 absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };  // as RunIteration
   const auto& instructions = setup_.eval_program.instructions();
-  if (instructions.empty()) return std::optional<float>();
+  if (instructions.empty()) {
+    // A stage with no forward units takes no part, but its next receive
+    // (the routed recompute input of the next step) comes only after the
+    // others' whole pass: that one receive may wait a receive timeout per
+    // validation micro-batch (each of theirs waits one at most), where one
+    // timeout failed the job at every pass longer than it.
+    const int per = std::max(1, setup_.train.batch_size / std::max(1, setup_.train.micro_batches));
+    const int64_t windows =
+        dataset_ != nullptr && dataset_->num_val_windows() > 0
+            ? std::min<int64_t>(setup_.train.eval_windows, dataset_->num_val_windows())
+            : setup_.train.eval_windows;
+    eval_wait_grace_ = setup_.recv_timeout * ((std::max<int64_t>(0, windows) + per - 1) / per);
+    return std::optional<float>();
+  }
   if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(OwnStageName(), ": validation needs a dataset with a validation split"));
@@ -1499,6 +1512,12 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     if (in.has_send()) mb = in.send().tensor().micro_batch();
     if (in.has_recv()) mb = in.recv().tensor().micro_batch();
     if (EvalCount(mb) == 0) continue;  // beyond the validation windows
+    if (setup_.stopped && setup_.stopped()) {
+      return WithFailedSends(
+          absl::AbortedError(absl::StrCat(OwnStageName(), ", validation after step ", after_step,
+                                          ": stopped during the validation pass")),
+          DrainSends(nullptr));
+    }
     {
       AnnotatedMutexLock lock(&status_mu_);
       current_ = DescribeInstruction(in);
@@ -1676,7 +1695,11 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
 
 absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
                                                                const TensorAddress& address) {
-  const absl::Time deadline = MonotonicClock()->Now() + setup_.recv_timeout;
+  // The first receive after a validation pass this stage had no part in
+  // waits for the whole pass as well (RunEval).
+  const absl::Duration timeout =
+      setup_.recv_timeout + std::exchange(eval_wait_grace_, absl::ZeroDuration());
+  const absl::Time deadline = MonotonicClock()->Now() + timeout;
   // While this stage's sends are queued, one may fail here (a codec that
   // refuses non-finite values, a refused frame): the peer waiting for it
   // then waits too, and this receive, often the very answer to it, would
@@ -1694,14 +1717,12 @@ absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
         transport_->RecvWire(peer, address, std::min(kSendWatchSlice, left));
     if (!absl::IsDeadlineExceeded(wire.status())) return wire;
     RETURN_IF_ERROR(SendFailedFirst());  // a send that failed meanwhile first
-    if (left <= kSendWatchSlice) return WholeWait(wire.status(), setup_.recv_timeout);
+    if (left <= kSendWatchSlice) return WholeWait(wire.status(), timeout);
   }
   RETURN_IF_ERROR(SendFailedFirst());
   absl::StatusOr<WireTensor> wire = transport_->RecvWire(
       peer, address, std::max(absl::ZeroDuration(), deadline - MonotonicClock()->Now()));
-  if (sliced && absl::IsDeadlineExceeded(wire.status())) {
-    return WholeWait(wire.status(), setup_.recv_timeout);
-  }
+  if (sliced && absl::IsDeadlineExceeded(wire.status())) return WholeWait(wire.status(), timeout);
   return wire;
 }
 

@@ -28,6 +28,7 @@
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
 #define PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,7 +80,8 @@ struct StageSetup {
   v1::Program program;     // one iteration
   absl::Duration recv_timeout = absl::Seconds(60);
   // The forward-only validation program (Assignment.eval_program; empty:
-  // RunEval does nothing).
+  // RunEval does nothing here, but the others' pass is waited for: see
+  // RunEval).
   v1::Program eval_program;
   // Where the units compute (not owned; outlives the runtime). Tensors cross
   // the transport on the host: sends download, receives upload.
@@ -95,6 +97,11 @@ struct StageSetup {
   // of this stage, so all replicas step alike.
   int replica = 0;
   int replicas = 1;
+  // Asked between the validation pass's instructions: true ends the pass
+  // with ABORTED (the job was stopped). A stage whose pass sends and
+  // receives nothing (one stage per replica) is not woken by an aborted
+  // transport, and ran the whole pass after a STOP. Null: never.
+  std::function<bool()> stopped;
   // Tensor parallelism (DESIGN.md §12; worker/model/tensor_parallel.h):
   // this worker is rank `tensor_rank` of the `tensor_parallel` workers that
   // split every unit of this stage (ValidateTensorParallel must pass). They
@@ -632,6 +639,9 @@ class StageRuntime {
   // exists; all_reduces_ (the overlapped all-reduces, in program order, on
   // their own thread) likewise.
   SendQueue all_reduces_;
+  // Added to the next receive's timeout once: a validation pass this stage
+  // had no part in (RunEval), a receive timeout per validation micro-batch.
+  absl::Duration eval_wait_grace_ = absl::ZeroDuration();
   SendQueue sends_;
 };
 

@@ -839,19 +839,44 @@ TEST(HttpServer, Get_ConnectionsAtCapNotReadingAnswers_OldestCutOffNewOneServed)
   EXPECT_LT(stalled[0]->Read().size(), big.size());
 }
 
+// A handler that counts its calls and answers 200 only once released (or
+// after 30 s): requests that hold a handler thread for as long as a test
+// needs.
+class HeldHandler {
+ public:
+  HttpServer::Handler Handler() {
+    return [this](const HttpRequest&) {
+      AnnotatedMutexLock lock(&mu_);
+      ++started_;
+      mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
+                           absl::Seconds(30));
+      return JsonResponse(200, "{}");
+    };
+  }
+  // Whether `count` calls have started within 30 s.
+  bool AwaitStarted(int count) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return started_ == count; },
+        absl::Seconds(30));
+  }
+  void Release() {
+    AnnotatedMutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int started_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // Every place taken by a request being handled: nothing to drop, so the
 // new connection is turned away at once, and the handled ones finish.
 TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
   HttpServer server({.max_connections = 2});
-  AnnotatedMutex mu;
-  int waiting = 0;
-  bool release = false;
-  server.Get("/slow", [&](const HttpRequest&) {
-    AnnotatedMutexLock lock(&mu);
-    ++waiting;
-    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
-    return JsonResponse(200, "{}");
-  });
+  HeldHandler slow;
+  server.Get("/slow", slow.Handler());
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   std::vector<std::thread> handled;
@@ -864,11 +889,7 @@ TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
   }
   // EXPECTs until the threads are joined: a failed ASSERT would leave them
   // joinable (std::terminate rather than a failure).
-  bool both_handled = false;
-  {
-    AnnotatedMutexLock lock(&mu);
-    both_handled = mu.AwaitWithTimeout([&] { return waiting == 2; }, absl::Seconds(30));
-  }
+  const bool both_handled = slow.AwaitStarted(2);
   EXPECT_TRUE(both_handled);
   httplib::Result refused = ClientFor(*port)->Get("/slow");
   EXPECT_TRUE(refused) << httplib::to_string(refused.error());
@@ -879,10 +900,7 @@ TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
                         "the server has the most open connections it accepts "
                         "(2); retry later"));
   }
-  {
-    AnnotatedMutexLock lock(&mu);
-    release = true;
-  }
+  slow.Release();
   for (std::thread& t : handled) t.join();
   EXPECT_EQ(statuses, (std::vector<int>{200, 200}));
 }
@@ -893,15 +911,8 @@ TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
 // refused 503 when it is whole.
 TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
   HttpServer server({.max_connections = 3, .handler_threads = 3});
-  AnnotatedMutex mu;
-  int started = 0;
-  bool release = false;
-  server.Get("/slow", [&](const HttpRequest&) {
-    AnnotatedMutexLock lock(&mu);
-    ++started;
-    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
-    return JsonResponse(200, "{}");
-  });
+  HeldHandler slow_handler;
+  server.Get("/slow", slow_handler.Handler());
   server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"ok\":true}"); });
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
@@ -912,12 +923,7 @@ TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
     ASSERT_TRUE(slow.back()->connected());
     ASSERT_TRUE(slow.back()->Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
   }
-  bool all_started = false;
-  {
-    AnnotatedMutexLock lock(&mu);
-    all_started = mu.AwaitWithTimeout([&] { return started == 3; }, absl::Seconds(30));
-  }
-  EXPECT_TRUE(all_started);
+  EXPECT_TRUE(slow_handler.AwaitStarted(3));
   for (int i = 0; i < 3; ++i) {
     httplib::Result probe = ImpatientClientFor(*port)->Get("/healthz");
     EXPECT_TRUE(probe) << "probe " << i << ": " << httplib::to_string(probe.error());
@@ -926,10 +932,7 @@ TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
   httplib::Result refused = ImpatientClientFor(*port)->Get("/slow");
   EXPECT_TRUE(refused) << httplib::to_string(refused.error());
   if (refused) EXPECT_EQ(refused->status, 503) << refused->body;
-  {
-    AnnotatedMutexLock lock(&mu);
-    release = true;
-  }
+  slow_handler.Release();
   for (auto& connection : slow) {
     EXPECT_NE(connection->Read().find("200 OK"), std::string::npos);
   }
@@ -981,31 +984,18 @@ bool AwaitRefused(int port) {
 // closed their connections unanswered.
 TEST(HttpServer, Stop_WithGrace_TakenRequestsAnswered) {
   HttpServer server({.handler_threads = 2});
-  AnnotatedMutex mu;
-  int started = 0;
-  bool release = false;
-  server.Get("/slow", [&](const HttpRequest&) {
-    AnnotatedMutexLock lock(&mu);
-    ++started;
-    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
-    return JsonResponse(200, "{}");
-  });
+  HeldHandler slow;
+  server.Get("/slow", slow.Handler());
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   RawConnection first(*port, absl::Seconds(30)), second(*port, absl::Seconds(30));
   ASSERT_TRUE(first.connected() && second.connected());
   ASSERT_TRUE(first.Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
   ASSERT_TRUE(second.Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
-  {
-    AnnotatedMutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return started == 2; }, absl::Seconds(30)));
-  }
+  ASSERT_TRUE(slow.AwaitStarted(2));
   std::thread stopping([&] { server.Stop(absl::Seconds(30)); });
   EXPECT_TRUE(AwaitRefused(*port));  // Stop has begun: it no longer accepts
-  {
-    AnnotatedMutexLock lock(&mu);
-    release = true;
-  }
+  slow.Release();
   EXPECT_EQ(HttpStatusOf(first.Read()), 200);
   EXPECT_EQ(HttpStatusOf(second.Read()), 200);
   stopping.join();

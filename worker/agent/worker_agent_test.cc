@@ -1025,20 +1025,30 @@ TEST(WorkerAgentTest, AwaitDrained_NextPlanReplacesTheRunner_WaitsOnUntilStopped
   rig->Shutdown();
 }
 
+// A STOP of another job: an assignment stream's first that runs nothing.
+v1::Assignment StopOfAnotherJob() {
+  v1::Assignment stop;
+  stop.set_action(v1::Assignment::ACTION_STOP);
+  stop.set_job_id("job-0");
+  return stop;
+}
+
+// The coordinator's answer to DrainWorker for a worker assigned to `job`.
+v1::Worker AssignedTo(const std::string& job) {
+  v1::Worker worker;
+  worker.set_state(v1::WORKER_STATE_ASSIGNED);
+  worker.set_job_id(job);
+  return worker;
+}
+
 // A drain of a worker that a job's plan (being made, or its RUN on the way)
 // has taken: the coordinator answers ASSIGNED to that job, and the drain
 // waits for the job's word (here its STOP) instead of leaving at once,
 // which the job took for a lost worker (a recovery, counted) rather than a
 // drain (a re-plan at its next boundary).
-TEST(WorkerAgentTest, AwaitDrained_AssignedToAJobNotYetRun_WaitsForItsAssignment) {
-  v1::Assignment stop_other;  // the stream's first: nothing runs here
-  stop_other.set_action(v1::Assignment::ACTION_STOP);
-  stop_other.set_job_id("job-0");
-  ScriptedCoordinator coordinator(stop_other, /*heartbeat_interval_seconds=*/60);
-  v1::Worker assigned;
-  assigned.set_state(v1::WORKER_STATE_ASSIGNED);
-  assigned.set_job_id("job-1");
-  coordinator.SetDrainAnswer(assigned);
+TEST(WorkerAgentTest, AwaitDrained_AssignedToAJobNotYetRun_WaitsForItsWordOrARecheck) {
+  ScriptedCoordinator coordinator(StopOfAnotherJob(), /*heartbeat_interval_seconds=*/60);
+  coordinator.SetDrainAnswer(AssignedTo("job-1"));
   Mailbox mailbox;
   absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
   ASSERT_TRUE(rig.ok()) << rig.status();
@@ -1055,29 +1065,12 @@ TEST(WorkerAgentTest, AwaitDrained_AssignedToAJobNotYetRun_WaitsForItsAssignment
   coordinator.Push(stop);
   draining.join();
   EXPECT_TRUE(drained.ok()) << drained;
-  coordinator.Close();
-  agent.Stop();
-  rig->Shutdown();
-}
 
-// The placement that held the drained worker is abandoned (a cancel while
-// planning, a plan refused for memory): the coordinator sends it no word,
-// and asked again it no longer says ASSIGNED. RecheckDrain clears the wait,
-// which otherwise lasted the whole drain timeout.
-TEST(WorkerAgentTest, RecheckDrain_PlacementAbandoned_TheWaitEnds) {
-  v1::Assignment stop_other;
-  stop_other.set_action(v1::Assignment::ACTION_STOP);
-  stop_other.set_job_id("job-0");
-  ScriptedCoordinator coordinator(stop_other, /*heartbeat_interval_seconds=*/60);
-  v1::Worker assigned;
-  assigned.set_state(v1::WORKER_STATE_ASSIGNED);
-  assigned.set_job_id("job-1");
-  coordinator.SetDrainAnswer(assigned);
-  Mailbox mailbox;
-  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
-  ASSERT_TRUE(rig.ok()) << rig.status();
-  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
-  ASSERT_TRUE(agent.Start().ok());
+  // Another placement takes it, then is abandoned (a cancel while planning,
+  // a plan refused for memory): the coordinator sends it no word, and asked
+  // again it no longer says ASSIGNED. RecheckDrain ends the wait, which
+  // otherwise lasted the whole drain timeout.
+  coordinator.SetDrainAnswer(AssignedTo("job-2"));
   ASSERT_TRUE(agent.RequestDrain().ok());
   ASSERT_TRUE(agent.RecheckDrain().ok());  // still ASSIGNED: still waits
   EXPECT_EQ(agent.AwaitDrained(absl::Milliseconds(100)).code(),

@@ -179,6 +179,9 @@ void HttpGate::Loop() {
     admitted.clear();
     answers.clear();
     Sweep();
+    // Stopping with nothing left to write: the next TakeMail ends the loop
+    // (a poll would sleep out the rest of the grace).
+    if (stopping_seen_ && !Writing()) continue;
     PollOnce();
     Expire(GateNow());
     Sweep();
@@ -195,6 +198,7 @@ bool HttpGate::TakeMail(std::vector<int>& admitted,
   AnnotatedMutexLock lock(&mu_);
   finishing_seen_ = finishing_;
   finishing_acked_ = finishing_;
+  stopping_seen_ = stopping_;
   // After Finish, Stop waits for what is being written, and for answers
   // handed over but not yet taken (a handler that ended just before Stop).
   if (stopping_ &&

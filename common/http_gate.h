@@ -126,8 +126,8 @@ class HttpGate {
   void Finish(absl::Time deadline);
 
   // Closes every connection (slow clients included), then joins the thread.
-  // After Finish, first waits until `deadline` for the answers being
-  // written (and their clients' reading them: lingering) to go out;
+  // After Finish, first waits until `deadline` for the answers handed over
+  // and being written (and their clients' reading them: lingering) to go out;
   // requests dispatched and never answered are not waited for (their
   // handlers are gone). Requests that Respond after Stop began are ignored.
   // Idempotent, but not concurrently with itself or the destructor.
@@ -198,6 +198,7 @@ class HttpGate {
 
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;  // the loop's own
   bool finishing_seen_ = false;  // the loop's own copy of finishing_, for HandOff
+  bool stopping_seen_ = false;   // and of stopping_, for Loop
   // The loop's own: once stopping, its poll wakes by the finish deadline.
   absl::Time poll_until_ = absl::InfiniteFuture();
   uint64_t next_id_ = 1;                                          // the loop's own

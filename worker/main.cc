@@ -109,13 +109,17 @@ absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
                    << " for the job to re-plan without this worker (signal again to leave now)";
       said = true;
     }
-    if (MonotonicClock()->Now() >= recheck) {
+    // Not near the end: a recheck (two tries of 2 s at most) would overrun
+    // the drain timeout.
+    if (MonotonicClock()->Now() >= recheck && left > 3 * WorkerAgent::kRecheckDrainTimeout) {
       if (absl::Status asked = agent.RecheckDrain(); !asked.ok()) {
         PT_LOG(WARNING) << "asking again whether a job holds this worker: " << asked;
       }
       recheck = MonotonicClock()->Now() + kRecheck;
     }
     if (left <= kSlice) {
+      if (agent.AwaitDrained(absl::ZeroDuration()).ok())
+        return absl::OkStatus();  // a recheck freed it
       return absl::DeadlineExceededError(absl::StrCat("the job did not let this worker go within ",
                                                       absl::FormatDuration(timeout)));
     }

@@ -309,7 +309,7 @@ grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc) {
 }
 
 absl::Status WorkerAgent::RequestDrain() {
-  const absl::Status asked = AskDrain();
+  const absl::Status asked = AskDrain(options_.rpc_timeout);
   if (asked.ok()) PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
   return asked;
 }
@@ -319,10 +319,11 @@ absl::Status WorkerAgent::RecheckDrain() {
     AnnotatedMutexLock lock(&mu_);
     if (assigned_job_.empty()) return absl::OkStatus();
   }
-  return AskDrain();
+  // Short: the caller is waiting out its drain and listening for signals.
+  return AskDrain(std::min(options_.rpc_timeout, kRecheckDrainTimeout));
 }
 
-absl::Status WorkerAgent::AskDrain() {
+absl::Status WorkerAgent::AskDrain(absl::Duration timeout) {
   v1::DrainWorkerRequest request;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -338,8 +339,8 @@ absl::Status WorkerAgent::AskDrain() {
     request.set_worker_id(worker_id_);
   }
   v1::Worker response;
-  const grpc::Status s = CallLeader(
-      options_.rpc_timeout, [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
+  const grpc::Status s =
+      CallLeader(timeout, [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
         return stub.DrainWorker(context, request, &response);
       });
   if (!s.ok()) {

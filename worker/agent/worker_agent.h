@@ -168,8 +168,10 @@ class WorkerAgent {
   // Asks the coordinator again (DrainWorker is idempotent) whether this
   // worker is still assigned to the job the drain's answer named: a
   // placement it abandons (a cancel while planning, a plan refused for
-  // memory) sends the worker no word. Quiet; its errors are the call's.
+  // memory) sends the worker no word. Quiet; its errors are the call's,
+  // each try bounded by kRecheckDrainTimeout (or the RPC timeout if less).
   absl::Status RecheckDrain();
+  static constexpr absl::Duration kRecheckDrainTimeout = absl::Seconds(2);
 
   std::string worker_id() const;
   std::string current_instruction() const;
@@ -195,8 +197,9 @@ class WorkerAgent {
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
-  // DrainWorker, and assigned_job_ set (or cleared) from its answer.
-  absl::Status AskDrain();
+  // DrainWorker (each try bounded by `timeout`), and assigned_job_ set (or
+  // cleared) from its answer.
+  absl::Status AskDrain(absl::Duration timeout);
   // Whether no job holds this worker (AwaitDrained): no RUN being taken, no
   // job named by the drain's answer still to come, and no runner or a
   // completed one.

@@ -1123,7 +1123,10 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   // instruction through the error's report and the teardown. Not "idle",
   // which a heartbeat reports for a worker that runs no job
   // (WorkerRegistry::Release waits for it).
-  absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };
+  absl::Cleanup between_steps = [this] {
+    ShowActivity(kBetweenSteps);
+    eval_wait_grace_ = absl::ZeroDuration();  // one step after a validation pass (RunEval)
+  };
   iteration_ = iteration;
   for (auto& [index, unit] : units_) unit->ZeroGrads();
   activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
@@ -1480,21 +1483,22 @@ absl::Status StageRuntime::NameSend(const absl::Status& status, int peer_stage,
 
 absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };  // as RunIteration
-  const auto& instructions = setup_.eval_program.instructions();
-  if (instructions.empty()) {
-    // A stage with no forward units takes no part, but its next receive
-    // (the routed recompute input of the next step) comes only after the
-    // others' whole pass: that one receive may wait a receive timeout per
-    // validation micro-batch (each of theirs waits one at most), where one
-    // timeout failed the job at every pass longer than it.
+  // Stages finish their shares of the pass at different times (a stage
+  // with no forward units takes no part at all), so the next step's
+  // receives may wait for the rest of the others' pass: a receive timeout
+  // per validation micro-batch (each of theirs waits one at most) is added
+  // to every receive of that step (RunIteration clears it), where one
+  // timeout failed the job at every pass longer than it.
+  {
     const int per = std::max(1, setup_.train.batch_size / std::max(1, setup_.train.micro_batches));
     const int64_t windows =
         dataset_ != nullptr && dataset_->num_val_windows() > 0
             ? std::min<int64_t>(setup_.train.eval_windows, dataset_->num_val_windows())
             : setup_.train.eval_windows;
     eval_wait_grace_ = setup_.recv_timeout * ((std::max<int64_t>(0, windows) + per - 1) / per);
-    return std::optional<float>();
   }
+  const auto& instructions = setup_.eval_program.instructions();
+  if (instructions.empty()) return std::optional<float>();
   if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(OwnStageName(), ": validation needs a dataset with a validation split"));
@@ -1695,10 +1699,9 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
 
 absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,
                                                                const TensorAddress& address) {
-  // The first receive after a validation pass this stage had no part in
-  // waits for the whole pass as well (RunEval).
-  const absl::Duration timeout =
-      setup_.recv_timeout + std::exchange(eval_wait_grace_, absl::ZeroDuration());
+  // In the step after a validation pass, also for the rest of the others'
+  // pass (RunEval).
+  const absl::Duration timeout = setup_.recv_timeout + eval_wait_grace_;
   const absl::Time deadline = MonotonicClock()->Now() + timeout;
   // While this stage's sends are queued, one may fail here (a codec that
   // refuses non-finite values, a refused frame): the peer waiting for it

@@ -639,8 +639,9 @@ class StageRuntime {
   // exists; all_reduces_ (the overlapped all-reduces, in program order, on
   // their own thread) likewise.
   SendQueue all_reduces_;
-  // Added to the next receive's timeout once: a validation pass this stage
-  // had no part in (RunEval), a receive timeout per validation micro-batch.
+  // Added to every receive's timeout in the step after a validation pass
+  // (RunEval sets it, RunIteration clears it): a receive timeout per
+  // validation micro-batch, for the rest of the other stages' pass.
   absl::Duration eval_wait_grace_ = absl::ZeroDuration();
   SendQueue sends_;
 };

@@ -394,7 +394,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
         if (p.name != "wte.weight") continue;
         std::vector<float> values = p.value.ToVector();
         auto [it, inserted] = wte_of_rank.emplace(g % tp, values);
-        if (!inserted) EXPECT_EQ(it->second, values) << "tied wte shards (runtime " << g << ")";
+        if (!inserted) {
+          EXPECT_EQ(it->second, values) << "tied wte shards (runtime " << g << ")";
+        }
       }
     }
   }

@@ -171,7 +171,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<v1::Job> last = jobs.Get(job_id);
   if (!last.ok()) __builtin_trap();
   const std::vector<std::string> left = DirEntries(output_dir);
-  if (std::getenv("DEBUG_END")) fprintf(stderr, "END %d %s files=%zu\n", (int)last->state(), last->reason().c_str(), left.size());
   if (last->state() == v1::JOB_STATE_SUCCEEDED) {
     if (left != std::vector<std::string>{kWeightsName}) __builtin_trap();
   } else if (Ended(last->state()) && !left.empty()) {

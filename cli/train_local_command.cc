@@ -47,11 +47,12 @@ namespace {
 // after its current step and still writes --checkpoint (if it trained a
 // step), then exits 128 + the signal, as a shell reports one (130, 143,
 // 129). 0: none came.
-// Before the first step (loading the data, building the model, reading
-// --init-from) it stops at once, exiting the same way, nothing written: the
-// corpus loader asks g_stopping between reads, and the set-up between its
-// phases. One that resumed goes on to write --save (the checkpoint's
-// weights), as documented for a run stopped before its first step.
+// Before the first step it stops at once, exiting the same way, nothing
+// written: the corpus loader asks g_stopping between reads, and the set-up
+// asks before building the model, before --init-from and after it (a read
+// under way finishes first). One that resumed goes on to write --save (the
+// checkpoint's weights), as documented for a run stopped before its first
+// step.
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_stopping{false};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
@@ -474,6 +475,7 @@ absl::Status Run(Options& o) {
     RETURN_IF_ERROR(InitFrom(o.init_from, trainer->model()));
     std::fprintf(stderr, "initialised from %s (%zu tensors)\n", o.init_from.c_str(),
                  trainer->model().parameters().size());
+    RETURN_IF_ERROR(StopBefore("training"));
   }
   if (!o.resume.empty()) {
     std::vector<std::string> changes;

@@ -4142,6 +4142,19 @@ class FlakyStore final : public Store {
   int waiting_ = 0;
 };
 
+// `r` says the checkpoint of step `step` is written: 4 unit files of 100
+// bytes each.
+void AddFourUnitCheckpoint(v1::ReportProgressRequest& r, int64_t step) {
+  r.mutable_checkpoint()->set_step(step);
+  for (int u = 0; u < 4; ++u) {
+    v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+    f->set_unit(u);
+    f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+    f->set_bytes(100);
+    f->set_sha256(std::string(64, 'a'));
+  }
+}
+
 // Checkpoint 17 expires (keep 1) while the save that drops it fails; then
 // the store is back and either the retry alone saves the job
 // (`retry_only`) or a later checkpoint does. `redo`: before that, a stage
@@ -4181,14 +4194,7 @@ void ExpireWhileSavesFail(bool retry_only, Redo redo = Redo::kNone) {
     r.set_plan_version(version);
     r.set_iteration(step - 1);
     if (checkpoint) {
-      r.mutable_checkpoint()->set_step(step);
-      for (int u = 0; u < 4; ++u) {
-        v1::UnitFile* f = r.mutable_checkpoint()->add_units();
-        f->set_unit(u);
-        f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
-        f->set_bytes(100);
-        f->set_sha256(std::string(64, 'a'));
-      }
+      AddFourUnitCheckpoint(r, step);
     } else {
       r.add_micro_batch_losses(1.0f);
       r.add_micro_batch_losses(1.0f);
@@ -4302,14 +4308,7 @@ class JobManagerStoreTest : public ::testing::Test {
     ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
     if (!checkpoint) return;
     r.clear_micro_batch_losses();
-    r.mutable_checkpoint()->set_step(step);
-    for (int u = 0; u < 4; ++u) {
-      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
-      f->set_unit(u);
-      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
-      f->set_bytes(100);
-      f->set_sha256(std::string(64, 'a'));
-    }
+    AddFourUnitCheckpoint(r, step);
     ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
   }
 };

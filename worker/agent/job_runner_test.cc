@@ -1424,12 +1424,9 @@ TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
   for (int s = 0; s < 2; ++s) {
     JobRunnerOptions options{"w" + std::to_string(s), 1};
     options.on_backend_failure = [&](const absl::Status&) { ++calls; };
-    runners.push_back(std::make_unique<JobRunner>(
-        Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-          return fabric.Connect(st);
-        },
-        &link, options));
+    runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, false, Schedule::kOneFOneB),
+                                                  &fabric.mailbox(s), FabricTransports(fabric),
+                                                  &link, options));
   }
   for (auto& r : runners) r->Start();
   for (auto& r : runners) {
@@ -1538,12 +1535,9 @@ void RunToTheEnd(const std::vector<v1::Assignment>& assignments,
   for (size_t k = 0; k < assignments.size(); ++k) {
     JobRunnerOptions options{"w" + std::to_string(k), 1};
     options.backend = backends[k].get();
-    runners.push_back(std::make_unique<JobRunner>(
-        assignments[k], &fabric.mailbox(static_cast<int>(k)),
-        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-          return fabric.Connect(st);
-        },
-        &link, options));
+    runners.push_back(std::make_unique<JobRunner>(assignments[k],
+                                                  &fabric.mailbox(static_cast<int>(k)),
+                                                  FabricTransports(fabric), &link, options));
   }
   for (auto& r : runners) r->Start();
   for (auto& r : runners) {
@@ -1616,9 +1610,7 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
   GroupedCpu backend(&hub);
   JobRunnerOptions options{"w", 1, absl::Seconds(60)};
   options.backend = &backend;
-  auto connect = [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-    return fabric.Connect(st);
-  };
+  auto connect = FabricTransports(fabric);
   JobRunner lonely(GroupAssignment(1, 3), &fabric.mailbox(1), connect, &link, options);
   lonely.Start();
   for (int i = 0; i < 3000 && lonely.current_instruction().rfind("recv", 0) != 0; ++i) {
@@ -1678,12 +1670,8 @@ TEST(JobRunnerTest, FailedJob_AbortsItsDeviceChannel) {
   for (int s = 0; s < 2; ++s) {
     JobRunnerOptions options{"w" + std::to_string(s), 1};
     options.backend = s == 0 ? static_cast<Backend*>(&failing) : &healthy;
-    runners.push_back(std::make_unique<JobRunner>(
-        GroupAssignment(s, 2), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-          return fabric.Connect(st);
-        },
-        &link, options));
+    runners.push_back(std::make_unique<JobRunner>(GroupAssignment(s, 2), &fabric.mailbox(s),
+                                                  FabricTransports(fabric), &link, options));
   }
   for (auto& r : runners) r->Start();
   while (!runners[0]->finished()) std::this_thread::yield();  // fails at its first instruction
@@ -1708,12 +1696,7 @@ TEST(JobRunnerTest, DeviceGroupThenReplicaJoinFails_StopLeavesTheDeadChannelAlon
   a.set_replicas(1);
   a.mutable_replica_device_group()->set_nccl_unique_id("id-r");
   a.mutable_replica_device_group()->add_replicas(1);  // not replica 0: the join refuses it
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(st);
-      },
-      &link, options);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
@@ -1738,12 +1721,7 @@ TEST(JobRunnerTest, DeviceGroupWithoutCheckpointRoot_FailsBeforeReportingReady) 
   options.backend = &backend;
   v1::Assignment a = GroupAssignment(0, 2);
   a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(st);
-      },
-      &link, options);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   runner.Stop();

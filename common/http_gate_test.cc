@@ -1,5 +1,6 @@
-// HttpGate on its own, with sockets the test admits: what happens when many
-// connections are adopted in one turn of the gate's loop.
+// HttpGate on its own, with sockets the test admits: many connections
+// adopted in one turn of the gate's loop, unread answers past the bound,
+// and a graceful stop.
 #include "common/http_gate.h"
 
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -133,6 +135,44 @@ TEST(HttpGateTest, UnsentAnswersPastTheBound_OldestUnreadCutOff) {
   EXPECT_LT(cut.size(), answer.size());
   EXPECT_EQ(cut.rfind("HTTP/1.1 200 OK", 0), 0u);
   (*gate)->Stop();
+}
+
+// A graceful stop (HttpServer::Stop with a grace): after Finish, a request
+// that arrives whole is turned away (503) and not dispatched; a request
+// dispatched before is still answered, even when its answer is handed
+// over just before Stop, so Stop must take it and write it.
+TEST(HttpGateTest, Finish_NewRequestsTurnedAway_AnswerHandedOverBeforeStopIsWritten) {
+  AnnotatedMutex mu;
+  std::vector<GatedRequest> dispatched;
+  auto gate = HttpGate::Start({}, [&](GatedRequest request) {
+    AnnotatedMutexLock lock(&mu);
+    dispatched.push_back(std::move(request));
+  });
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  Client taken, late;
+  ASSERT_TRUE(taken.Send("GET /taken HTTP/1.1\r\nHost: t\r\n\r\n"));
+  (*gate)->Admit(taken.for_gate);
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return dispatched.size() == 1; }, absl::Seconds(30)));
+  }
+  ASSERT_TRUE(late.Send("GET /late HTTP/1.1\r\nHost: t\r\n"));  // not whole yet
+  (*gate)->Admit(late.for_gate);
+  (*gate)->Finish(MonotonicClock()->Now() + absl::Seconds(30));
+  ASSERT_TRUE(late.Send("\r\n"));  // whole now, after Finish
+  const std::string refused = late.ReadToEnd();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_NE(refused.find("shutting down"), std::string::npos) << refused;
+  uint64_t connection;
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_EQ(dispatched.size(), 1u);  // the late request was not dispatched
+    connection = dispatched[0].connection;
+  }
+  (*gate)->Respond(connection, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  (*gate)->Stop();  // at once: the answer is still in the gate's mail
+  const std::string answer = taken.ReadToEnd();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 OK", 0), 0u) << answer;
 }
 
 }  // namespace

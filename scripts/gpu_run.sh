@@ -6,8 +6,8 @@
 # libraries), one log per test binary, the train-local and pipeline
 # comparisons, the benchmark tables, and summary.txt with one line per
 # check; then packs it all as OUTDIR.tgz beside it. Modes: none runs
-# everything; "quick" skips the GPT-2 124M benchmarks; "bench" runs only
-# them; "sanitize" runs only the kernel tests under compute-sanitizer
+# quick's checks and then bench's (sanitize and collectives only when
+# named); "quick" skips the GPT-2 124M benchmarks; "bench" runs only them; "sanitize" runs only the kernel tests under compute-sanitizer
 # (memcheck, racecheck, synccheck), when the machine has it; "collectives"
 # runs only the data-parallel issue's collective benchmark on the machine's
 # CPU cores (the development VM's 2 vCPUs bound it). Each step has a
@@ -37,10 +37,11 @@ out=$(cd "$out" && pwd)
 if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
 rm -f "$out.tgz"  # an older run's archive must not pass for this one's
 deadline=$((SECONDS + ${RUN_BUDGET_S:-540}))
-# budget LIMIT: LIMIT seconds, or fewer if the run's deadline (less 25 s to
-# pack the archive) comes first; fails when less than 10 s are left.
+# budget LIMIT: LIMIT seconds, or fewer if the run's deadline (less 35 s:
+# a step's -k grace of up to 20 s, then packing the archive) comes first;
+# fails when less than 10 s are left.
 budget() {
-  local left=$((deadline - SECONDS - 25))
+  local left=$((deadline - SECONDS - 35))
   [[ $left -ge 10 ]] || return 1
   echo $(($1 < left ? $1 : left))
 }
@@ -85,6 +86,15 @@ limited() {
   local rc=$?
   step_pid=""
   return $rc
+}
+# sweep_cluster DIR: after an `up` step with --out DIR, kills what is left
+# of its coordinator and workers. `up` starts each in a process group of
+# its own, out of the step's timeout's reach: when the step timed out, `up`
+# may be killed (-k) before its orderly stop (up to ~12 s) ends, and a
+# worker left alive would drain for a minute holding the GPU. They are
+# found by their --ports-file, which `up` puts under DIR.
+sweep_cluster() {
+  pkill -KILL -f -- "--ports-file=$1/" 2>/dev/null || true
 }
 exec 3>&1 4>&2  # the trap runs inside a step's redirections: undone there
 on_signal() {
@@ -402,12 +412,11 @@ job=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 
   --eval-interval 0 --worker-device cuda)
 up_rc=0
 for workers in 1 2; do
-  # up's workers are its children, in timeout's process group: a kill
-  # reaches them too.
   lim=$(budget 180) || { up_rc=1; note "NOT RUN up --workers $workers (out of time)"; continue; }
-  limited -k 10 "$lim" "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
+  limited -k 20 "$lim" "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
     --loss-log "$out/up_${workers}_losses.txt" \
     --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
+  sweep_cluster "$out/up$workers"
 done
 compare_loss_logs "$out/up_2_losses.txt" "$out/up_1_losses.txt" 1e-5 "2 workers - 1 worker" \
   >"$out/pipeline_compare.txt" 2>&1
@@ -432,9 +441,10 @@ compressed_job() {
   local up_rc=0 rc device
   for device in cuda cpu; do
     lim=$(budget 180) || { up_rc=1; note "NOT RUN $name on $device (out of time)"; continue; }
-    limited -k 10 "$lim" "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+    limited -k 20 "$lim" "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
       --loss-log "$out/${name}_${device}_losses.txt" --out "$out/${name}_$device" \
       >"$out/${name}_$device.txt" 2>&1 || up_rc=1
+    sweep_cluster "$out/${name}_$device"
   done
   compare_loss_logs "$out/${name}_cuda_losses.txt" "$out/${name}_cpu_losses.txt" 1e-2 \
     "cuda - cpu" >"$out/${name}_compare.txt" 2>&1
@@ -465,9 +475,10 @@ nccl_job() {
     return
   fi
   lim=$(budget 180) || { out_of_time "$name"; return; }
-  limited -k 10 "$lim" "$bin/pipetrain" up "$@" "${job[@]}" --worker-device cuda:each \
+  limited -k 20 "$lim" "$bin/pipetrain" up "$@" "${job[@]}" --worker-device cuda:each \
     --loss-log "$out/${name}_losses.txt" --out "$out/$name" >"$out/$name.txt" 2>&1
   up_rc=$?
+  sweep_cluster "$out/$name"
   compare_loss_logs "$out/${name}_losses.txt" "$out/up_1_losses.txt" 1e-5 "$label" \
     >"$out/${name}_compare.txt" 2>&1
   rc=$?

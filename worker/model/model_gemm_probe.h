@@ -1,8 +1,9 @@
 // Where a GPT-2 step's GEMM time goes, product by product: each of the
 // model's matrix products, through the backend op the model calls for it,
 // timed alone at the model's shape, with its rate:
-//   - LinearForward with the bias (qkv, the MLP's first layer: its GELU
-//     is a pass of its own), LinearForwardResidual for the blocks' last
+//   - LinearForward with the bias (qkv), LinearGeluForward for the MLP's
+//     first layer (its row includes the bias-GELU pass, fused on a GPU,
+//     as the model runs it), LinearForwardResidual for the blocks' last
 //     layers (attn.c_proj, mlp.c_proj), LinearBackward with the bias;
 //   - LmHeadForward over the backend's padded logits, and
 //     LmHeadLossBackward from what HeadLossForward keeps (on the CUDA

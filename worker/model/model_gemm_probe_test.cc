@@ -23,10 +23,11 @@ TEST(ModelGemmProbeTest, TinyModelOnCpu_TenProductsWithTheirFlops) {
   const int n = 24;
   const std::vector<ModelGemmTiming> rows = MeasureModelGemms(CpuBackend(), config, n, 2);
   ASSERT_EQ(rows.size(), 10u);
-  const std::vector<std::string> names = {
-      "attn.c_attn forward", "attn.c_attn backward", "attn.c_proj forward", "attn.c_proj backward",
-      "mlp.c_fc forward",    "mlp.c_fc backward",    "mlp.c_proj forward",  "mlp.c_proj backward",
-      "lm_head forward",     "lm_head backward"};
+  const std::vector<std::string> names = {"attn.c_attn forward",     "attn.c_attn backward",
+                                          "attn.c_proj forward",     "attn.c_proj backward",
+                                          "mlp.c_fc forward + GELU", "mlp.c_fc backward",
+                                          "mlp.c_proj forward",      "mlp.c_proj backward",
+                                          "lm_head forward",         "lm_head backward"};
   const double d = 16, V = 37;
   const std::vector<double> flops = {
       2 * n * d * 3 * d, 4 * n * d * 3 * d, 2 * n * d * d,     4 * n * d * d, 2 * n * d * 4 * d,

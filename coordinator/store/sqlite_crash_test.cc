@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,12 +87,23 @@ bool ReadAck(int fd, int* n) {
 }
 
 // Runs one child from batch `first`, kills it after kAcksBeforeKill
-// acknowledgements and returns the last batch it acknowledged.
+// acknowledgements and returns the last batch it acknowledged. A failed
+// pipe or fork is a test failure (the caller stops on it), and then
+// nothing is killed: kill(-1, SIGKILL) would end every process the test
+// may signal (Bazel and the other tests with it).
 int RunAndKillChild(const std::string& dir, int first) {
   int fds[2];
-  EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+    return first - 1;
+  }
   const pid_t pid = fork();
-  EXPECT_GE(pid, 0);
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return first - 1;
+  }
   if (pid == 0) {
     close(fds[0]);
     RunChild(dir, first, fds[1]);
@@ -195,12 +207,15 @@ TEST(SqliteCrashTest, Sigkill_DuringTheFirstOpen_TheNextOpenStartsEmpty) {
   int before_open_returned = 0, inside_open = 0;
   for (int i = 0; i < kKills; ++i) {
     const std::string dir = NewTempDir("first") + "/state";
-    int opened[2];
+    int opened[2], starting[2];
     ASSERT_EQ(pipe(opened), 0);
+    ASSERT_EQ(pipe(starting), 0);
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       close(opened[0]);
+      close(starting[0]);
+      if (write(starting[1], "s", 1) != 1) ChildFail("cannot write to the pipe");
       absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
       if (!store.ok()) ChildFail(store.status().ToString());
       if (write(opened[1], "o", 1) != 1) ChildFail("cannot write to the pipe");
@@ -208,6 +223,13 @@ TEST(SqliteCrashTest, Sigkill_DuringTheFirstOpen_TheNextOpenStartsEmpty) {
       _exit(0);
     }
     close(opened[1]);
+    close(starting[1]);
+    // The delay counts from the child's start of Open, not from the fork:
+    // on a loaded machine a new child may wait longer than a whole Open
+    // to run, and every kill would land before it.
+    char started = 0;
+    ASSERT_EQ(read(starting[0], &started, 1), 1) << "the child did not start";
+    close(starting[0]);
     usleep(static_cast<useconds_t>(open_us * 5 / 4 * i / kKills));
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int wstatus = 0;

@@ -870,18 +870,14 @@ int Serve(const Config& config, const sigset_t& signals) {
   // A leader that followed takes over the port its follower server held.
   if (follower_http != nullptr) follower_http->Stop();
   absl::StatusOr<int> bound = http.Start(config.http_host, http_port);
-  absl::Status ports = bound.ok() && !flags.ports_file.empty()
-                           ? WritePortsFile(flags.ports_file, {{"grpc_port", grpc_port}, {"http_port", *bound}})
-                           : bound.status();
-  if (!ports.ok()) {
-    PT_LOG(ERROR) << ports.message();
+  auto fail_to_start = [&](const absl::Status& why) {
+    PT_LOG(ERROR) << why.message();
     service.Shutdown();
     health.Detach();
     (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
     return 1;
-  }
-  registry.StartStalenessLoop();
-  jobs.StartSchedulingLoop();
+  };
+  if (!bound.ok()) return fail_to_start(bound.status());
   const char* tls = flags.tls_cert.empty()        ? "without TLS"
                     : flags.tls_client_ca.empty() ? "with TLS"
                                                   : "with mutual TLS";
@@ -912,6 +908,17 @@ int Serve(const Config& config, const sigset_t& signals) {
                        "reaches it; keep --http-address on loopback, or put a TLS proxy in front "
                        "(docs/operations.md, \"What to expose\")";
   }
+  // The ports file says "started" (to `up`, to tests, to scripts): all the
+  // start-up lines above come before it.
+  if (!flags.ports_file.empty()) {
+    if (absl::Status ports =
+            WritePortsFile(flags.ports_file, {{"grpc_port", grpc_port}, {"http_port", *bound}});
+        !ports.ok()) {
+      return fail_to_start(ports);
+    }
+  }
+  registry.StartStalenessLoop();
+  jobs.StartSchedulingLoop();
 
   const int signal = WaitForSignal(signals);
   DrainBeforeShutdown(signals, signal, health, absl::Seconds(flags.shutdown_delay_seconds));

@@ -38,6 +38,18 @@ int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tenso
     p->done = true;
     return ticket;
   }
+  const int tags = p->sparse && !p->mask_given ? 2 : 1;
+  if (next_tag_ > tag_end_ - tags) {
+    AnnotatedMutexLock lock(&mu_);
+    p->status = absl::ResourceExhaustedError(absl::StrCat(
+        eval_ ? "the validation pass after step " : "step ", iteration_,
+        ": its tensor-parallel all-reduces outgrew their ", eval_ ? eval_tag_span_ : step_tag_span_,
+        " tags; use fewer micro-batches per step",
+        eval_ ? " or fewer spec.training.eval_windows" : "",
+        ", fewer tensor_partitions, or fewer layers per stage"));
+    p->done = true;
+    return ticket;
+  }
   ++all_reduces_;
   bytes_ += data.size_bytes();
   p->target = data;

@@ -73,8 +73,22 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   // validation activations raw too.
   void BeginIteration(int64_t iteration, bool eval = false) {
     iteration_ = iteration;
-    next_tag_ = kTensorParallelTagBase + (eval ? kEvalTagOffset : 0);
+    next_tag_ = kTensorParallelTagBase + (eval ? kStepTagSpan : 0);
+    tag_end_ = next_tag_ + (eval ? eval_tag_span_ : step_tag_span_);
     eval_ = eval;
+  }
+
+  // The tags a step's all-reduces may take from kTensorParallelTagBase, and
+  // then a validation pass's; stage_runtime.cc places the tuning,
+  // final-gather and checkpoint tags above both. An all-reduce past its
+  // span fails (RESOURCE_EXHAUSTED) instead of taking another phase's tag,
+  // whose message it could receive in place of its own.
+  static constexpr int kStepTagSpan = 1 << 22;
+  static constexpr int kEvalTagSpan = 1 << 20;
+  // Tests: smaller spans, from the next BeginIteration.
+  void SetTagSpansForTesting(int step, int eval) {
+    step_tag_span_ = step;
+    eval_tag_span_ = eval;
   }
 
   int rank() const override { return collectives_->rank(); }
@@ -110,8 +124,6 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   double waited_seconds() const { return waited_seconds_; }
 
  private:
-  static constexpr int kEvalTagOffset = 1 << 22;
-
   // One started all-reduce. The background task sums `host` and then sets
   // status, seconds and done under mu_; the caller's Wait reads them (and
   // `host`) after seeing done under mu_, which orders the two threads (an
@@ -150,6 +162,8 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   absl::Status status_;
   int64_t iteration_ = 0;
   int next_tag_ = kTensorParallelTagBase;
+  int tag_end_ = kTensorParallelTagBase + kStepTagSpan;  // BeginIteration's span
+  int step_tag_span_ = kStepTagSpan, eval_tag_span_ = kEvalTagSpan;
   bool eval_ = false;  // a validation pass's (BeginIteration)
   int64_t all_reduces_ = 0;
   int64_t bytes_ = 0;

@@ -359,6 +359,46 @@ TEST(HybridCompressionTest, FailedSumWaitedAfterALaterOne_StatusIsTheFirstFailur
       }));
 }
 
+// The step's and the validation pass's tags have spans of their own, with
+// other phases' tags above them (stage_runtime.cc): an all-reduce past its
+// span fails RESOURCE_EXHAUSTED on every rank, naming the step or the
+// pass, instead of taking a tag another phase may be using at the same
+// iteration. The sums within the span are right.
+TEST(TensorParallelCommTest, AllReducesPastTheirTagSpan_ResourceExhausted) {
+  for (bool eval : {false, true}) {
+    InProcessFabric fabric(kRanks);
+    std::vector<absl::Status> status(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Transport> transport = fabric.Connect(r);
+        Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+        CollectivesTensorParallelComm comm(&collectives, CpuBackend());
+        comm.SetTagSpansForTesting(/*step=*/3, /*eval=*/2);
+        comm.BeginIteration(7, eval);
+        for (int i = 0; i < (eval ? 2 : 3); ++i) {
+          Tensor data = Tensor::Filled({2, 4}, float(r + 1));
+          comm.AllReduceSum(data);
+          EXPECT_EQ(data.ToVector(), std::vector<float>(8, 3.f)) << "sum " << i;
+        }
+        EXPECT_TRUE(comm.status().ok()) << comm.status();
+        Tensor past = Tensor::Filled({2, 4}, 1.f);
+        comm.AllReduceSum(past);
+        status[r] = comm.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(status[r].code(), absl::StatusCode::kResourceExhausted) << status[r];
+      const std::string said = eval
+                                   ? "the validation pass after step 7: its tensor-parallel "
+                                     "all-reduces outgrew their 2 tags"
+                                   : "step 7: its tensor-parallel all-reduces outgrew their 3 tags";
+      EXPECT_NE(status[r].message().find(said), std::string::npos) << status[r];
+    }
+  }
+}
+
 // AccTFM's pipeline across units under its hybrid compression, over the
 // real group: the same outputs, kept rows and input and weight gradients,
 // bitwise, as waiting in each unit; the LayerNorms' gradients within

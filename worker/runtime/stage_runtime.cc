@@ -33,7 +33,8 @@ namespace {
 constexpr int kGradClipTagBase = 1 << 20;
 // Tags of the final all-gathers of tensor-parallel shards (one per
 // parameter), above the tensor-parallel units' and validation's tags.
-constexpr int kTensorParallelGatherTagBase = kTensorParallelTagBase + (1 << 22) + (1 << 21);
+constexpr int kTensorParallelGatherTagBase =
+    kTensorParallelTagBase + CollectivesTensorParallelComm::kStepTagSpan + (1 << 21);
 // Tags of a checkpoint's all-gathers of shards and their moments (three per
 // parameter), above the final ones.
 constexpr int kTensorParallelCheckpointTagBase = kTensorParallelGatherTagBase + (1 << 20);
@@ -44,8 +45,13 @@ constexpr int kDataParallelTagBase = 1 << 21;
 // those of a validation pass.
 constexpr int kCubeTagBase = 1 << 24;
 // The tensor ranks' sum of their partition tunings (PartitionTuner), once.
-constexpr int kTensorParallelTuneTag = kTensorParallelTagBase + (1 << 22) + (1 << 20);
+constexpr int kTensorParallelTuneTag = kTensorParallelTagBase +
+                                       CollectivesTensorParallelComm::kStepTagSpan +
+                                       CollectivesTensorParallelComm::kEvalTagSpan;
 constexpr int kCubeEvalTagOffset = 1 << 22;
+static_assert(kTensorParallelTuneTag < kTensorParallelGatherTagBase &&
+                  kTensorParallelCheckpointTagBase < kCubeTagBase,
+              "the tensor-parallel tag spans must not overlap");
 // Tags of the overlapped all-reduces (GroupTags of each bucket, in order;
 // the step's group takes them from kDataParallelTagBase + 2 below this).
 constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);

@@ -544,6 +544,9 @@ class JobManager {
     int failed_removals = 0;
     absl::Time first_failed = absl::InfiniteFuture();
     std::optional<absl::Time> files_before;
+    // Its manifest goes whatever its time (a checkpoint dropped as
+    // unusable: its manifest's write may have run late; RemoveCheckpointDir).
+    bool manifest_whatever_its_time = false;
   };
   struct JobRecord {
     v1::Job job;

@@ -88,6 +88,7 @@ class ObservingStore : public Store {
   explicit ObservingStore(Store* inner) : inner_(inner) {}
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     if (on_commit) on_commit(writes);
+    if (failing.load()) return absl::UnavailableError("the store is unreachable");
     return inner_->Commit(writes);
   }
   absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
@@ -100,6 +101,7 @@ class ObservingStore : public Store {
   std::string Describe() const override { return inner_->Describe(); }
 
   std::function<void(const std::vector<StoreWrite>&)> on_commit;
+  std::atomic<bool> failing{false};  // commits fail (after on_commit) while set
 
  private:
   Store* inner_;
@@ -1806,6 +1808,39 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   jobs_->FlushIo();
   EXPECT_NE(stat((dir + "/step-00000010/manifest.json").c_str(), &st), 0);
   EXPECT_EQ(stat((dir + "/step-00000005/manifest.json").c_str(), &st), 0);
+}
+
+// A checkpoint dropped as unusable while the state store fails keeps its
+// files until a save that no longer names it succeeds: removed at once, a
+// restart from the stored state (which still names it as the newest
+// complete checkpoint) resumed from a missing directory, a peer failure
+// each time, until the job gave up with older checkpoints intact.
+TEST_F(JobManagerElasticTest, CheckpointUnusable_WhileSavesFail_FilesKeptUntilASaveSucceeds) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  StepCheckpointingEvery5(id, 10);
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
+  HeartbeatAllAndSchedule({w1, w2});
+  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+  jobs_->FlushIo();
+  const std::string manifest = OutputDir() + "/checkpoints/" + id + "/step-00000010/manifest.json";
+  struct stat st;
+  ASSERT_EQ(stat(manifest.c_str(), &st), 0);
+  observing_.failing = true;
+  v1::ReportProgressRequest r = PeerFailure(id, w1, 2);
+  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+  r.set_peer_failure(false);
+  r.set_checkpoint_unusable(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  jobs_->FlushIo();
+  EXPECT_EQ(stat(manifest.c_str(), &st), 0) << "removed although the stored state names it";
+  observing_.failing = false;
+  clock_.Advance(absl::Seconds(2));  // the failed save's retry is due
+  jobs_->ScheduleQueued();
+  jobs_->FlushIo();
+  EXPECT_NE(stat(manifest.c_str(), &st), 0) << "left after the save that no longer names it";
 }
 
 // The claim is taken only from a stage loading its plan's resume point:

@@ -206,22 +206,24 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
     dropped = record.checkpoints->Drop(assigned->resume->step());
   }
   if (dropped.has_value()) {
-    // Its files go now, manifest first, as those of any step that cannot
-    // complete: kept, `init.from: <the job's directory>` and `checkpoint
-    // export` would take it for the newest complete checkpoint. Its unit
-    // files only if written before this drop: the redo writes the step
-    // again after a re-plan, and with io_ behind a slow store (tens of
-    // seconds) it could do so before the removal runs, whose own clock
-    // would then take the redo's files. The manifest whatever its time: its
-    // write may run late on io_ too, and a redo's manifest is queued on io_
-    // after this removal.
+    // Its files go, manifest first: kept, `init.from: <the job's
+    // directory>` and `checkpoint export` would take it for the newest
+    // complete checkpoint. As an expired one's, only after a save that no
+    // longer names it (the recovery's, below): removed before, a save that
+    // failed (or a coordinator stopped first) left a stored state whose
+    // newest checkpoint was gone, and every recovery from it failed on
+    // the missing directory until the job gave up, older checkpoints
+    // intact. Its unit files only if written before this drop: the redo
+    // writes the step again after a re-plan, possibly before the removal
+    // runs. The manifest whatever its time: its write may run late on io_
+    // too, and a redo's manifest is queued on io_ after the removal (a
+    // redo that completes first takes the directory off the list).
     if (!options_.output_dir.empty()) {
-      io_.Post([output_dir = options_.output_dir, id = record.job.id(), gone = *dropped,
-                dropped_at = absl::Now()] {
-        absl::Status removed = RemoveCheckpointDir(output_dir, gone, dropped_at,
-                                                   /*manifest_whatever_its_time=*/true);
-        if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
-      });
+      const absl::Time dropped_at = absl::Now();  // real time: files' modification times
+      ExpiredCheckpoint gone{*dropped, dropped_at};
+      gone.files_before = dropped_at;
+      gone.manifest_whatever_its_time = true;
+      record.expiring.push_back(std::move(gone));
     }
     record.job.mutable_progress()->set_checkpoint_step(
         record.checkpoints->Latest() != nullptr ? record.checkpoints->Latest()->step() : 0);

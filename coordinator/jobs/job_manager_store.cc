@@ -89,7 +89,12 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
                                        std::function<void(const absl::Status&)> then) {
   if (options_.state == nullptr) {
     // On io_ all the same: `then` may take the lock, and does file work.
-    if (then) io_.Post([then = std::move(then)] { then(absl::OkStatus()); });
+    // Nothing is stored that could name the expired checkpoints: they go
+    // as after a save.
+    io_.Post([this, then = std::move(then), id = record.job.id(), expired = record.expiring] {
+      if (then) then(absl::OkStatus());
+      if (!expired.empty()) RemoveExpiring(id, expired);
+    });
     return absl::OkStatus();
   }
   // Off the lock, in order: a commit waits for the disk, and every stage's
@@ -191,7 +196,8 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
                manifest.has_value()) {
       files_before = *manifest + absl::Nanoseconds(1);
     }
-    const absl::Status status = RemoveCheckpointDir(options_.output_dir, d.from, files_before);
+    const absl::Status status = RemoveCheckpointDir(options_.output_dir, d.from, files_before,
+                                                    d.manifest_whatever_its_time);
     if (status.ok()) {
       removed.insert(d.from.dir());
       continue;

@@ -1494,15 +1494,22 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   // receives may wait for the rest of the others' pass: a receive timeout
   // per validation micro-batch (each of theirs waits one at most) is added
   // to every receive of that step (RunIteration clears it), where one
-  // timeout failed the job at every pass longer than it.
+  // timeout failed the job at every pass longer than it. Not to the pass's
+  // own receives: each waits for one forward upstream, as in a step, and
+  // with the grace a peer that stalled mid-pass went unnoticed for hours.
+  absl::Duration grace_after_pass;
   {
     const int per = std::max(1, setup_.train.batch_size / std::max(1, setup_.train.micro_batches));
     const int64_t windows =
         dataset_ != nullptr && dataset_->num_val_windows() > 0
             ? std::min<int64_t>(setup_.train.eval_windows, dataset_->num_val_windows())
             : setup_.train.eval_windows;
-    eval_wait_grace_ = setup_.recv_timeout * ((std::max<int64_t>(0, windows) + per - 1) / per);
+    grace_after_pass = setup_.recv_timeout * ((std::max<int64_t>(0, windows) + per - 1) / per);
   }
+  eval_wait_grace_ = absl::ZeroDuration();
+  absl::Cleanup grace_for_the_next_step = [this, grace_after_pass] {
+    eval_wait_grace_ = grace_after_pass;
+  };
   const auto& instructions = setup_.eval_program.instructions();
   if (instructions.empty()) return std::optional<float>();
   if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {

@@ -640,8 +640,9 @@ class StageRuntime {
   // their own thread) likewise.
   SendQueue all_reduces_;
   // Added to every receive's timeout in the step after a validation pass
-  // (RunEval sets it, RunIteration clears it): a receive timeout per
-  // validation micro-batch, for the rest of the other stages' pass.
+  // (RunEval sets it as it returns, RunIteration clears it; zero during the
+  // pass): a receive timeout per validation micro-batch, for the rest of
+  // the other stages' pass.
   absl::Duration eval_wait_grace_ = absl::ZeroDuration();
   SendQueue sends_;
 };

@@ -4,6 +4,7 @@
 // hand-written program (forward of embed and attn_0, then sends) over a
 // transport that refuses the first ACTIVATION send.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "absl/strings/match.h"
@@ -210,6 +211,86 @@ TEST(StageRuntimeSendTest, ReceiveTimesOutWhileASendIsQueued_SaysTheWholeTimeout
 }
 TEST(StageRuntimeSendTest, ReceiveTimesOutAfterAQueuedSendWentOut_SaysTheWholeTimeout) {
   ExpectTheWholeTimeoutSaid(absl::Milliseconds(150));
+}
+
+// Answers every receive at once with DEADLINE_EXCEEDED, recording the
+// timeout it was given (the whole one: this stage has no sends queued).
+class RecordingTimeoutsTransport : public Transport {
+ public:
+  int stage() const override { return 1; }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    AnnotatedMutexLock lock(&mu_);
+    timeouts_.push_back(timeout);
+    return absl::DeadlineExceededError("waited for " + address.DebugString());
+  }
+  std::vector<absl::Duration> timeouts() const {
+    AnnotatedMutexLock lock(&mu_);
+    return timeouts_;
+  }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  std::vector<absl::Duration> timeouts_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::Instruction RecvOf(v1::TensorKind kind, int unit) {
+  v1::Instruction in;
+  in.mutable_recv()->mutable_tensor()->set_kind(kind);
+  in.mutable_recv()->mutable_tensor()->set_unit(unit);
+  in.mutable_recv()->mutable_tensor()->set_micro_batch(0);
+  in.mutable_recv()->set_peer_stage(0);
+  return in;
+}
+
+// Stage 1 of 2 (units 2-5 of the 2-layer model) whose step begins with a
+// receive of an activation; with `eval_receives`, its validation program
+// begins with one too (else it is empty: a stage taking no part in the
+// pass, as a Bi-Partition stage without forward units).
+StageSetup ReceivingStage(bool eval_receives) {
+  v1::UnitRange units;
+  units.set_begin(2);
+  units.set_end(6);
+  v1::Program program;
+  *program.add_instructions() = RecvOf(v1::TENSOR_KIND_ACTIVATION, 1);
+  StageSetup setup{"job-grace", testing::SmallConfig(), 1, 2, units, units,
+                   program,     absl::Milliseconds(300)};
+  if (eval_receives) {
+    *setup.eval_program.add_instructions() = RecvOf(v1::TENSOR_KIND_EVAL_ACTIVATION, 1);
+  }
+  return setup;
+}
+
+// The step after a validation pass waits longer in its receives, a receive
+// timeout per validation micro-batch (SmallConfig: 7 windows, 2 a
+// micro-batch: 4), for the rest of the others' pass; the pass's own
+// receives wait one timeout, as a step's do: with the grace, a peer that
+// stalled mid-pass went unnoticed for as long.
+TEST(StageRuntimeEvalGraceTest, PassReceivesWaitOneTimeout_TheNextStepsReceivesMore) {
+  const Dataset data = testing::MakeDataset();
+  for (bool eval_receives : {false, true}) {
+    SCOPED_TRACE(eval_receives ? "the pass receives" : "no part in the pass");
+    RecordingTimeoutsTransport transport;
+    auto runtime = StageRuntime::Create(ReceivingStage(eval_receives), &data, &transport);
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    const absl::StatusOr<std::optional<float>> pass = (*runtime)->RunEval(4);
+    EXPECT_EQ(pass.ok(), !eval_receives) << pass.status();
+    EXPECT_EQ((*runtime)->RunIteration(4).status().code(), absl::StatusCode::kDeadlineExceeded);
+    // The step after it waits as any step again.
+    EXPECT_EQ((*runtime)->RunIteration(5).status().code(), absl::StatusCode::kDeadlineExceeded);
+    // In whole milliseconds: the runtime gives what is left of its
+    // deadline, microseconds short.
+    std::vector<int64_t> waited_ms;
+    for (absl::Duration t : transport.timeouts()) {
+      waited_ms.push_back(std::llround(absl::ToDoubleMilliseconds(t)));
+    }
+    std::vector<int64_t> expected = {300 + 4 * 300, 300};
+    if (eval_receives) expected.insert(expected.begin(), 300);
+    EXPECT_EQ(waited_ms, expected);
+  }
 }
 
 // With data parallelism the transport numbers stages across replicas

@@ -575,9 +575,20 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
                   << " failed: " << files.status();
     c->set_error(ReportableError(files.status()));
   }
-  // Retried as an iteration's: a job re-planning at a step boundary waits
-  // for every stage's report of the boundary's checkpoint.
+  // Retried as an iteration's. A job re-planning at a step boundary waits
+  // for every stage's report of the boundary's checkpoint, and nothing else
+  // ends that wait (no stage waits for a peer there, and an outage shorter
+  // than the lease loses no worker): that report is sent again until it is
+  // answered or the job stops this runner (the coordinator takes a repeat
+  // of the same files as recorded).
+  const bool boundary = step == boundary_step_.load();
   absl::Status sent = ReportWithRetries(r).status();
+  while (boundary && !sent.ok() && OutcomeUnknown(sent) && !stop_.load()) {
+    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of the boundary's checkpoint"
+                    << " of step " << step << " still failed (" << sent
+                    << "); sent again until answered or stopped";
+    sent = ReportWithRetries(r).status();
+  }
   if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
 }
 
@@ -1043,6 +1054,7 @@ absl::Status JobRunner::RunJob() {
       return passed;
     }
     const bool boundary = stop_after == step;
+    if (boundary) boundary_step_.store(step);  // before its checkpoint is submitted
     // Every tensor rank takes part in gathering the shards, and with
     // compressed data-parallel gradients every replica in gathering its
     // error feedback; replica 0's tensor rank 0 writes.

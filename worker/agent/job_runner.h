@@ -223,7 +223,8 @@ class JobRunner {
   // stage whose data plane is fine, nor leave a step boundary waiting for a
   // checkpoint report that never came (the coordinator re-plans only once
   // it has it, so a stage that gave up after a few seconds left the job
-  // RUNNING with every stage idle), nor lose a failure no peer would
+  // RUNNING with every stage idle; ReportCheckpoint sends the boundary's
+  // again until answered), nor lose a failure no peer would
   // report. A coordinator gone for longer has let this worker's lease
   // lapse meanwhile, and answers with an error that is not retried. Each
   // report is idempotent at the coordinator: an iteration's is counted
@@ -263,6 +264,9 @@ class JobRunner {
   // tears down its links and reports, which may take a while.
   std::atomic<bool> ending_{false};
   std::atomic<bool> completed_{false};  // every step ran and was reported
+  // The step boundary the coordinator asked for (stop_after_step), once
+  // known; 0 before. Its checkpoint's report is sent until answered.
+  std::atomic<int64_t> boundary_step_{0};
   // The coordinator refused this worker's session (UNAUTHENTICATED: it
   // restarted, or a newer incarnation registered): an error report would be
   // refused alike, and the agent registers again, so the stage stops quietly.

@@ -1290,9 +1290,39 @@ TEST(JobRunnerTest, CheckpointReport_SentAgainThroughALongOutage) {
   EXPECT_LT(endless.failed(), 100);
 }
 
+// The checkpoint of a step boundary (the coordinator's stop_after_step) is
+// reported until answered, past report_retry_for: the coordinator re-plans
+// only once it has every stage's, and nothing else ends that wait (the job
+// stayed RUNNING with every stage idle after an outage longer than
+// report_retry_for but shorter than the lease).
+TEST(JobRunnerTest, BoundaryCheckpointReport_SentUntilAnswered) {
+  v1::Assignment a = OneStageAssignment(4);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(100);  // the boundary's only
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("checkpoint-boundary-outage");
+  options.report_retry_backoff = absl::Milliseconds(1);
+  options.report_retry_for = absl::Milliseconds(20);  // a few tries a round
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.StopAfterStep(2);
+  link.FailCheckpointReports(40);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));
+  runner.Stop();
+  std::vector<int64_t> checkpoints;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    if (r.has_checkpoint()) checkpoints.push_back(r.checkpoint().step());
+  }
+  EXPECT_EQ(checkpoints, (std::vector<int64_t>{2}));
+  EXPECT_EQ(link.failed(), 40);
+}
+
 // The final weights' upload is sent again, whole, when the coordinator
-// could not take it (UNAVAILABLE: unreachable for a while), as reports are; before, the stage failed the job at its very end. An
-// error that says the upload is wrong is not retried: the stage reports it.
+// could not take it (UNAVAILABLE: unreachable for a while), as reports are; before, the stage
+// failed the job at its very end. An error that says the upload is wrong is not retried: the stage
+// reports it.
 TEST(JobRunnerTest, WeightsUpload_SentAgainAfterUnavailable_OtherErrorsNot) {
   for (const absl::StatusCode code :
        {absl::StatusCode::kUnavailable, absl::StatusCode::kInvalidArgument}) {

@@ -319,9 +319,12 @@ class FrameStream final : public StreamReactor {
       }
       // With nothing unsent this is how every job ends: the peer's stage
       // finished first (the soak test logged it 3,000 times, every one a
-      // success). Reported all the same (a peer that died must not leave
-      // this stage waiting for its recv timeout), but logged only when
-      // frames were lost; the stage logs what the error meant to it.
+      // success). Reported all the same, but logged only when frames were
+      // lost. The report notes the break for the link (a later send or
+      // receive timeout on it says the stream broke) and goes to
+      // on_peer_error; it wakes no receive: one waiting on that peer
+      // still waits out its timeout (a dead worker is found sooner by
+      // the coordinator's lease, which stops the job's other stages).
       if (now_broken) {
         ReportBroken(unsent > 0 ? absl::StrCat("the peer ended the stream with ", unsent,
                                                " bytes still unsent")

@@ -81,10 +81,11 @@ struct GrpcTransportOptions {
   // How long Shutdown lets each stream deliver its queued frames before
   // cancelling it (peer after peer; an Abort before cuts it to nothing).
   absl::Duration shutdown_drain_timeout = absl::Seconds(10);
-  // Called, for logs and metrics, when `peer_stage` rejects a frame
-  // (the peer's code and text) or its stream breaks (UNAVAILABLE; not after
-  // Shutdown). Runs on a gRPC thread: must return quickly and must not call
-  // into this transport.
+  // Called when `peer_stage` rejects a frame (the peer's code and text) or
+  // its stream breaks (UNAVAILABLE; not after Shutdown; also the normal end
+  // of a job's stream). Runs on a gRPC thread: must return quickly and must
+  // not call into this transport. The worker sets none (tests do): a break
+  // is noted for the link's later timeouts either way.
   std::function<void(int peer_stage, const absl::Status& error)> on_peer_error;
   // TLS to the peers' data planes (the worker's --data-tls-*: its own
   // certificate, and the CA their servers' must chain to); null:

@@ -576,6 +576,9 @@ absl::Status Run(Options& o) {
   if (val.has_value()) std::printf(" val_loss %.4f", *val);
   std::printf("%s%s%s%s\n", write_save ? " weights " : "", write_save ? o.save.c_str() : "",
               write_checkpoint ? " checkpoint " : "", write_checkpoint ? o.checkpoint.c_str() : "");
+  if (const std::string paths = backend.backend->PathsTaken(); !paths.empty()) {
+    std::fprintf(stderr, "device paths: %s\n", paths.c_str());
+  }
   return absl::OkStatus();
 }
 

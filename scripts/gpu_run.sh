@@ -404,6 +404,13 @@ else out_of_time train_local_cuda_clipped_vs_cpu; fi
 # (PIPETRAIN_BIAS_EPILOGUE=cublaslt) and the default attention, as 2c.
 cuda_twice_vs_cpu train_local_cuda_bias_epilogue_vs_cpu bias_epilogue 2e-2 \
   PIPETRAIN_BIAS_EPILOGUE=cublaslt --gemm bf16
+# ...and the epilogue ran (it falls back to the seeded path silently, and
+# the comparison above would pass as well): train-local says how many
+# products took it.
+if [[ -f "$out/train_cuda_bias_epilogue1.txt" ]]; then
+  grep -q "device paths: bias epilogue: [1-9]" "$out/train_cuda_bias_epilogue1.txt"
+  check bias_epilogue_taken $? "$(grep -h "device paths" "$out/train_cuda_bias_epilogue1.txt")"
+fi
 
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
@@ -452,6 +459,11 @@ compressed_job() {
   [[ $up_rc -ne 0 ]] && rc=1
   grep -h "wire" "$out/${name}_cuda.txt" >>"$out/${name}_compare.txt" 2>/dev/null
   grep -q "$pattern" "$out/${name}_cuda.txt" || rc=1
+  # The device encoders ran (a link they refuse falls back to the host's
+  # silently, and would pass the comparison as well): each stage logs its
+  # first payload encoded on the GPU per link.
+  grep -h "on the device" "$out/${name}_cuda"/worker*.log >>"$out/${name}_compare.txt" 2>/dev/null ||
+    { rc=1; echo "no payload was encoded on the device" >>"$out/${name}_compare.txt"; }
   check "$name" "$rc" "$(head -1 "$out/${name}_compare.txt")"
 }
 compressed_job pipeline_compressed_cuda "ACTIVATION .*(8.0x)" \
@@ -523,7 +535,10 @@ if [[ "$mode" != quick ]]; then
       ${flash:+PIPETRAIN_FLASH_KERNEL=$flash} ${epilogue:+PIPETRAIN_BIAS_EPILOGUE=$epilogue} \
       "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "$gemm" \
       --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1
-    check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" | tail -1)"
+    # With the device paths the run took (the bias epilogue's products):
+    # an epilogue row whose count is 0 measured the seeded path.
+    check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" |
+      tail -1)$(grep -h '^# device paths' "$out/bench_$name.txt" | sed 's/^#/;/')"
   }
   # The default attention (auto: cuBLAS batched GEMMs on CUDA). bf16 first,
   # so the issue's row comes first if time runs short; bf16 tensor-core

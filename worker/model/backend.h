@@ -105,6 +105,10 @@ class Backend {
   virtual BackendKind kind() const = 0;
   // e.g. "cpu", "cuda:0 (NVIDIA H100 80GB HBM3), fp32 GEMMs".
   virtual std::string Describe() const = 0;
+  // The optional fast paths taken so far, where one may silently fall back
+  // (the GPU checks ask for them): e.g. "bias epilogue: 96 products through
+  // cuBLASLt". Empty when the backend has none to report (the CPU's).
+  virtual std::string PathsTaken() const { return ""; }
   // OK, or the first error an op hit (see the file comment).
   virtual absl::Status status() const = 0;
   virtual DeviceFacts device_facts() const = 0;

@@ -210,6 +210,11 @@ class CudaBackendImpl final : public Backend {
             ? absl::StrCat(", flash attention (", FlashKernelName(flash_kernel_), ")")
             : "");
   }
+  std::string PathsTaken() const override {
+    // The count is the process's (every CUDA backend in it).
+    if (cublas_.bias_epilogue() != BiasEpilogue::kCublasLt) return "";
+    return absl::StrCat("bias epilogue: ", BiasEpilogueProducts(), " products through cuBLASLt");
+  }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
   void SetOpTiming(bool on) override { timing_ = on; }

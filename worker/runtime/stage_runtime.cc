@@ -1682,6 +1682,10 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     absl::StatusOr<std::string> payload = device_encoder_.Encode(s, tensor, scores);
     if (payload.ok()) {
       const double seconds = SecondsSince(start);
+      if (device_encoded_links_.insert(link).second) {
+        PT_LOG(INFO) << OwnStageName() << ": " << link.second << " to " << StageName(s.peer_stage())
+                     << " encodes " << s.codec() << " on the device";
+      }
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());
       return sends_.Enqueue(
           [this, &s, link, wire = std::move(wire), seconds, address]() -> absl::Status {

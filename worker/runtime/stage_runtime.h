@@ -567,6 +567,10 @@ class StageRuntime {
   LinkCompressor decoder_;
   // Sends the backend encodes on its device (the interpreter's thread).
   DeviceLinkEncoder device_encoder_;
+  // The links (peer, kind) whose payloads were encoded on the device, each
+  // logged once (the GPU checks look for the line: the host path is a
+  // silent fallback).
+  std::set<std::pair<int, std::string>> device_encoded_links_;
   // Whether the program sends a tensor through PowerSGD (whose links keep
   // warm starts that checkpoints save).
   bool links_through_powersgd_ = false;

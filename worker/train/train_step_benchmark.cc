@@ -273,6 +273,12 @@ int Run(const std::vector<std::string>& args) {
           {{"name", g.name}, {"shape", g.shape}, {"seconds", g.seconds}, {"flops", g.flops}});
     }
   }
+  // Which optional paths ran (e.g. the bias epilogue, which falls back to
+  // the seeded path silently): a row must not be read as theirs otherwise.
+  if (const std::string paths = b->PathsTaken(); !paths.empty()) {
+    std::printf("# device paths: %s\n", paths.c_str());
+    json["paths"] = paths;
+  }
   if (gpu) {
     std::printf("# %s: every step finished with a finite loss\n", all_ok ? "OK" : "FAILED");
   } else {

@@ -427,6 +427,11 @@ expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated te
 printf 'abcd' >"$TMP/tokens.bin"
 expect_exit up_token_file 2 "reads as a file of token ids" -- \
   up --workers 2 --data "$TMP/tokens.bin" --out "$TMP/up-bad"
+# ...also behind a link whose own name says text (the workers read the
+# file by its real path).
+ln -s "$TMP/tokens.bin" "$TMP/tokens-link.txt"
+expect_exit up_token_file_behind_a_link 2 "reads as a file of token ids" -- \
+  up --workers 2 --data "$TMP/tokens-link.txt" --out "$TMP/up-bad"
 expect_exit up_dp_codec_beside_tensor_ranks 2 "scales each chunk by its largest value" -- \
   up --workers 4 --data-parallel 2 --tensor-parallel 2 --dp-codec linear:bits=8 --out "$TMP/up-bad"
 expect_exit up_min_lr_constant 2 "--min-lr: the cosine schedule's floor, with no effect under --lr-schedule constant; set --lr-schedule to cosine or --min-lr to 0" -- \

@@ -480,7 +480,14 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_min_lr(o.min_lr);
   t->set_seed(o.seed);
   t->set_eval_interval(o.eval_interval);
-  if (!o.data.empty()) spec.mutable_data()->set_path(RealPathOf(o.data));
+  // The real path (the workers' --data-root is its directory), and text
+  // whatever that path's name says: up trains byte-level text only, and
+  // with format auto a link named corpus.txt to a file named x.bin was read
+  // as uint16 tokens by every worker (train-local read it as text).
+  if (!o.data.empty()) {
+    spec.mutable_data()->set_path(RealPathOf(o.data));
+    spec.mutable_data()->set_format("text");
+  }
   if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
   // Checked by RunUp: D x T divides the workers (ResolveJobSpec checks the
   // rest).
@@ -847,8 +854,12 @@ int RunUp(const std::vector<std::string>& args) {
       if (std::fread(&magic, sizeof(magic), 1, f) != 1) magic = 0;
       std::fclose(f);
     }
-    if (absl::EndsWith(o.data, ".bin") || absl::EndsWith(o.data, ".u16") ||
-        magic == kTokenFileMagic) {
+    // By the name given and by the file's own (a link's target).
+    const std::string real = RealPathOf(o.data);
+    const auto token_name = [](const std::string& name) {
+      return absl::EndsWith(name, ".bin") || absl::EndsWith(name, ".u16");
+    };
+    if (token_name(o.data) || token_name(real) || magic == kTokenFileMagic) {
       valid = absl::InvalidArgumentError(absl::StrCat(
           "--data ", o.data,
           " reads as a file of token ids (its name or its llm.c header), and up trains on "

@@ -341,6 +341,14 @@ absl::Status CheckDataPath(const std::string& path) {
         absl::StrCat("path of ", path.size(), " bytes exceeds the limit of ", kMaxSpecPathBytes));
   }
   if (path.find('\0') != std::string::npos) return Invalid("spec.data.path", "contains a NUL byte");
+  // A proto string: bytes that are not UTF-8 (a Latin-1 file name) do not
+  // parse at the coordinator, whose answer is then INTERNAL with no word
+  // of the path (`up` builds the spec from its --data argument).
+  if (ValidUtf8(path) != path) {
+    return Invalid("spec.data.path",
+                   absl::StrCat("is not valid UTF-8 (", EchoInput(path),
+                                "): rename the file, or link to it under a UTF-8 name"));
+  }
   // Logged by the coordinator and the workers, and shown in the job's
   // reason when the file cannot be read.
   if (const std::optional<size_t> at = FirstTerminalControl(path)) {

@@ -335,6 +335,17 @@ TEST(ResolveJobSpec, DataPathWithDotDot_Rejected) {
   ExpectRejected(spec, "spec.data.path: path of 1025 bytes exceeds the limit of 1024");
 }
 
+// A path that is not UTF-8 (a Latin-1 file name, which `up` copies from
+// its argument) is a client error naming the field: the proto string did
+// not parse at the coordinator, which answered INTERNAL with no message.
+TEST(ResolveJobSpec, DataPathNotUtf8_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_path("corpora/M\xe4rz.txt");
+  ExpectRejected(spec, "spec.data.path: is not valid UTF-8 (");
+  spec.mutable_data()->set_path("corpora/M\xc3\xa4rz.txt");  // the same name in UTF-8
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+}
+
 TEST(ResolveJobSpec, GeneratedCorpusWithVocab100_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_model()->set_vocab_size(100);

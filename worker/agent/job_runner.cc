@@ -688,8 +688,9 @@ absl::Status JobRunner::RunJob() {
         " (Job.data_sha256): the file was changed or replaced since, or this host's copy "
         "differs; restore it, or submit a new job (spec.init.from its last checkpoint)"));
   }
-  absl::StatusOr<Dataset> created =
-      Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction);
+  absl::StatusOr<Dataset> created = Dataset::Create(
+      std::move(tokens), job.train.seq_len, job.val_fraction,
+      {.seq_len = "spec.training.seq_len", .val_fraction = "spec.data.val_fraction"});
   if (!created.ok() && !job.spec.data().path().empty()) {  // say which file is short
     return absl::Status(
         created.status().code(),

@@ -23,7 +23,7 @@ TokenBatch EmptyBatch(int count, int seq_len) {
   return batch;
 }
 
-absl::Status CheckSplit(const char* split, int64_t have, int seq_len, const char* remedy) {
+absl::Status CheckSplit(const char* split, int64_t have, int seq_len, absl::string_view remedy) {
   if (have >= static_cast<int64_t>(seq_len) + 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       split, " split has ", have,
@@ -33,26 +33,29 @@ absl::Status CheckSplit(const char* split, int64_t have, int seq_len, const char
 }  // namespace
 
 absl::StatusOr<Dataset> Dataset::Create(std::vector<uint16_t> tokens, int seq_len,
-                                        double val_fraction) {
+                                        double val_fraction, DatasetSettingNames settings) {
+  const char* seq = settings.seq_len;
+  const char* val_name = settings.val_fraction;
   if (seq_len < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("seq_len is ", seq_len, "; it must be >= 1 (check --seq-len)"));
+        absl::StrCat("seq_len is ", seq_len, "; it must be >= 1 (check ", seq, ")"));
   }
   if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "val_fraction is ", val_fraction, "; it must be in [0, 1) (check --val-fraction)"));
+        "val_fraction is ", val_fraction, "; it must be in [0, 1) (check ", val_name, ")"));
   }
   const int64_t total = static_cast<int64_t>(tokens.size());
   const int64_t val = static_cast<int64_t>(std::floor(static_cast<double>(total) * val_fraction));
   const int64_t train = total - val;
-  RETURN_IF_ERROR(
-      CheckSplit("train", train, seq_len,
-                 val > 0 ? "use a larger file, a smaller --seq-len or a smaller --val-fraction"
-                         : "use a larger file or a smaller --seq-len"));
+  RETURN_IF_ERROR(CheckSplit(
+      "train", train, seq_len,
+      val > 0 ? absl::StrCat("use a larger file, a smaller ", seq, " or a smaller ", val_name)
+              : absl::StrCat("use a larger file or a smaller ", seq)));
   if (val_fraction > 0) {
-    RETURN_IF_ERROR(CheckSplit("val", val, seq_len,
-                               "use a larger file, a larger --val-fraction or a smaller --seq-len "
-                               "(or --val-fraction 0 for no validation)"));
+    RETURN_IF_ERROR(
+        CheckSplit("val", val, seq_len,
+                   absl::StrCat("use a larger file, a larger ", val_name, " or a smaller ", seq,
+                                " (or ", val_name, " 0 for no validation)")));
   }
   auto shared = std::make_shared<const std::vector<uint16_t>>(std::move(tokens));
   return Dataset(std::move(shared), seq_len, train);

@@ -46,6 +46,13 @@ struct TokenBatch {
 // coincide with draws other modules make from the same seed.
 inline constexpr uint32_t kTrainSamplePurpose = 0x54524e31;  // "TRN1"
 
+// What Dataset::Create's errors call the sequence length and the
+// validation fraction.
+struct DatasetSettingNames {
+  const char* seq_len = "--seq-len";
+  const char* val_fraction = "--val-fraction";
+};
+
 class Dataset {
  public:
   // Splits `tokens` into train (the first part) and validation (the last
@@ -53,9 +60,11 @@ class Dataset {
   // Requires seq_len >= 1 and 0 <= val_fraction < 1; the train split must
   // hold at least seq_len + 1 tokens, and so must the val split when
   // val_fraction > 0. Errors: INVALID_ARGUMENT naming the counts and what to
-  // change.
+  // change, by the names in `settings` (train-local's flags by default; a
+  // job's spec fields for a worker).
   static absl::StatusOr<Dataset> Create(std::vector<uint16_t> tokens, int seq_len,
-                                        double val_fraction);
+                                        double val_fraction,
+                                        DatasetSettingNames settings = DatasetSettingNames());
 
   int seq_len() const { return seq_len_; }
   int64_t train_tokens() const { return train_tokens_; }

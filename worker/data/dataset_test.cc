@@ -54,6 +54,18 @@ TEST(DatasetTest, Create_TrainSplitTooSmall_NamesCountsAndRemedy) {
                 "or a smaller --seq-len");
 }
 
+// A job's worker names the spec's fields: the flags are train-local's.
+TEST(DatasetTest, Create_SplitTooSmall_RemedyInTheCallersNames) {
+  const DatasetSettingNames spec = {.seq_len = "spec.training.seq_len",
+                                    .val_fraction = "spec.data.val_fraction"};
+  ExpectInvalid(Dataset::Create(Ramp(40), 64, 0.1, spec),
+                "use a larger file, a smaller spec.training.seq_len or a smaller "
+                "spec.data.val_fraction");
+  ExpectInvalid(Dataset::Create(Ramp(100), 8, 0.05, spec),
+                "use a larger file, a larger spec.data.val_fraction or a smaller "
+                "spec.training.seq_len (or spec.data.val_fraction 0 for no validation)");
+}
+
 TEST(DatasetTest, Create_ValSplitTooSmall_NamesCountsAndRemedy) {
   // 100 tokens, 5% -> 5 val tokens, fewer than seq_len + 1 = 9.
   ExpectInvalid(Dataset::Create(Ramp(100), 8, 0.05),

@@ -33,6 +33,8 @@ TEST(InterruptTest, CtrlC_CancelsACallWaitingOnASilentPeer) {
   CatchInterrupt(SIGINT);
   ASSERT_FALSE(Interrupted());
   grpc::GenericStub stub(channel);
+  // Set once the first call is under way, its CancelOnInterrupt alive.
+  absl::Notification started;
   // The call, unanswered, holds its deadline (60 s) unless cancelled.
   const auto call = [&] {
     grpc::ClientContext context;
@@ -47,12 +49,18 @@ TEST(InterruptTest, CtrlC_CancelsACallWaitingOnASilentPeer) {
                      status = std::move(s);
                      done.Notify();
                    });
+    if (!started.HasBeenNotified()) started.Notify();
     done.WaitForNotification();
     return status;
   };
   const absl::Time start = absl::Now();
-  std::thread ctrl_c([&relay] {
-    // Once the call has reached the silent peer: in flight.
+  std::thread ctrl_c([&relay, &started] {
+    // Once the call is under way (the relay's count alone may be the
+    // connection's last handshake bytes, dropped before any call: the
+    // signal then came first and the call was cancelled at its start,
+    // the path the last call below tests) and has reached the silent
+    // peer: in flight.
+    started.WaitForNotification();
     EXPECT_TRUE(relay.AwaitDroppedBytes(1, absl::Seconds(30)));
     raise(SIGINT);
   });

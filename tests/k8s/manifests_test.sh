@@ -22,7 +22,12 @@
 # a Secret the set does not render and through env vars), a broken copy of
 # the cpu-demo overlay rendered by kustomize, a coordinator reading the
 # workers' ConfigMap, a second install that reuses the instance label, and a
-# broken use of the shared-checkpoints component.
+# broken use of the shared-checkpoints component. Two installs with the
+# Prometheus Operator (the gpu overlay and a second install with
+# components/prometheus-operator-servicemonitors, or one built on the gpu
+# overlay that deletes its copy of the rule) each have ServiceMonitors
+# that select their own Services, and the PrometheusRule appears once; the
+# component listed in an overlay built on the second install is rejected.
 # Runs under Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
 set -u
@@ -164,6 +169,23 @@ storage_paths() {
         if (s && out && under(out, s)) console.log(`${c.name}: --output-dir ${out} lies inside --state-dir ${s}`);
       }
     }' "$MODULES" "$1"
+}
+
+# What each ServiceMonitor in FILES scrapes, one line each: "NAME: PORTS of
+# SERVICES", SERVICES the rendered Services its selector picks ("no
+# Service" when none does).
+servicemonitors() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const objects = process.argv.slice(2).flatMap((file) => YAML.parseAllDocuments(
+        require("fs").readFileSync(file, "utf8")).map((d) => d.toJS()).filter(Boolean));
+    const services = objects.filter((o) => o.kind === "Service");
+    for (const m of objects.filter((o) => o.kind === "ServiceMonitor")) {
+      const want = Object.entries((m.spec.selector && m.spec.selector.matchLabels) || {});
+      const picked = services.filter((s) => want.every(([k, v]) => (s.metadata.labels || {})[k] === v));
+      const ports = (m.spec.endpoints || []).map((e) => e.port).join(",");
+      console.log(`${m.metadata.name}: ${ports} of ${picked.map((s) => s.metadata.name).join(" ") || "no Service"}`);
+    }' "$MODULES" "$@"
 }
 
 # Every $(VAR) reference in a container's args (and command) that nothing
@@ -372,7 +394,7 @@ check "the changed worker flag is in the workers' ConfigMap" \
 check "the submit Job's pod template was read" test -n "$(job_template "$T/cpu-demo.yaml")"
 check "PrometheusRule carries the groups of alerts.yml" node "$R/tests/k8s/prometheus_rule.js" \
   --check --modules "$MODULES" --alerts "$ALERTS" \
-  --rule "$T/k8s/components/prometheus-operator/prometheusrule.yaml"
+  --rule "$T/k8s/components/prometheus-operator-alerts/prometheusrule.yaml"
 echo "prometheus rule: $(tail -n 1 "$T/out.txt")"
 
 # A schema-invalid manifest: a string for replicas, a container without a
@@ -532,6 +554,58 @@ check "same instance label exits 1" test "$(cat "$T/run.code")" -eq 1
 expect_lines "$T/run.txt" \
   "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 9): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 9) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 9)" \
   "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 6): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 8) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 8)"
+
+# Two installs with the Prometheus Operator: every install needs
+# ServiceMonitors of its own (each selects its own install's Services), and
+# the PrometheusRule, whose rules match every install's jobs, is needed
+# once. The first install is the gpu overlay (components/prometheus-operator:
+# both); the second is the install above with
+# components/prometheus-operator-servicemonitors
+# (testdata/second_install_monitored), or one built on the gpu overlay that
+# deletes its copy of the rule (testdata/second_install_gpu).
+cp -RL "$TESTDATA/second_install_monitored" "$T/k8s/overlays/second-monitored"
+cp -RL "$TESTDATA/second_install_gpu" "$T/k8s/overlays/second-gpu"
+check "gpu: its ServiceMonitors scrape its Services" diff \
+  <(printf '%s\n' "pipetrain-coordinator: http of pipetrain-coordinator" \
+      "pipetrain-worker: metrics of pipetrain-worker") <(servicemonitors "$T/gpu.yaml")
+for second in second-monitored second-gpu; do
+  out="$T/$second.yaml"
+  check "kubectl kustomize $second" render "$second" "$out"
+  check "$second validates" node "$VALIDATE" --modules "$MODULES" "$out"
+  cp "$T/out.txt" "$T/$second.validation.txt"
+  check "$second: ServiceMonitors, no PrometheusRule" has "$T/$second.validation.txt" \
+    "valid: ConfigMap 4, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+  unset_vars "$out" > "$T/$second.vars.txt"
+  check "$second: every \$(VAR) in args is set by the container's env or ConfigMaps" \
+    diff /dev/null "$T/$second.vars.txt"
+  run_node "$POLICY" --modules "$MODULES" "$T/gpu.yaml" "$out"
+  echo "gpu + $second: $(tail -n 1 "$T/run.txt")"
+  check "gpu + $second: 0 violations" has "$T/run.txt" "35 objects, 6 pod templates, 0 violations"
+  check "gpu + $second: one PrometheusRule in all" \
+    test "$(cat "$T/gpu.yaml" "$out" | grep -c '^kind: PrometheusRule$')" -eq 1
+  servicemonitors "$T/gpu.yaml" "$out" > "$T/$second.monitors.txt"
+  check "gpu + $second: each install's ServiceMonitors scrape its own Services" diff \
+    <(printf '%s\n' "pipetrain-coordinator: http of pipetrain-coordinator" \
+        "pipetrain-worker: metrics of pipetrain-worker" \
+        "second-pipetrain-coordinator: http of second-pipetrain-coordinator" \
+        "second-pipetrain-worker: metrics of second-pipetrain-worker") \
+    "$T/$second.monitors.txt"
+done
+# The component listed in an overlay built on the second install: its
+# ServiceMonitors miss the install's prefix and instance label.
+cp -RL "$TESTDATA/servicemonitors_too_late" "$T/k8s/overlays/second-late"
+check "kubectl kustomize the ServiceMonitors listed too late" render second-late "$T/second-late.yaml"
+run_node "$POLICY" --modules "$MODULES" "$T/gpu.yaml" "$T/second-late.yaml"
+echo "gpu + ServiceMonitors listed too late (exit $(cat "$T/run.code")):"; cat "$T/run.txt"
+check "ServiceMonitors listed too late exit 1" test "$(cat "$T/run.code")" -eq 1
+expect_lines "$T/run.txt" \
+  "VIOLATION ServiceMonitor/pipetrain-coordinator ($T/second-late.yaml, document 13): metadata.name: names: collides with $T/gpu.yaml, document 14" \
+  "VIOLATION ServiceMonitor/pipetrain-worker ($T/second-late.yaml, document 14): metadata.name: names: collides with $T/gpu.yaml, document 15" \
+  "35 objects, 6 pod templates, 2 violations"
+servicemonitors "$T/second-late.yaml" > "$T/second-late.monitors.txt"
+check "ServiceMonitors listed too late: none selects the second install's Services" diff \
+  <(printf '%s\n' "pipetrain-coordinator: http of no Service" "pipetrain-worker: metrics of no Service") \
+  "$T/second-late.monitors.txt"
 
 # A second install with the shared-checkpoints component gets a claim of its
 # own (kustomize renames the claim and the pods' references to it).

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
-// The PrometheusRule of deploy/k8s/components/prometheus-operator is the
-// alert rules of deploy/prometheus/alerts.yml wrapped in the Prometheus
+// The PrometheusRule of deploy/k8s/components/prometheus-operator-alerts is
+// the alert rules of deploy/prometheus/alerts.yml wrapped in the Prometheus
 // Operator's CRD. kustomize cannot read a file outside the component's
 // directory, so the component keeps a generated copy; this program writes
 // it, or checks that it still carries exactly the groups of alerts.yml.
@@ -38,7 +38,7 @@ function parseArgs(argv) {
   const options = {
     mode: null,
     alerts: path.join(ROOT, 'deploy', 'prometheus', 'alerts.yml'),
-    rule: path.join(ROOT, 'deploy', 'k8s', 'components', 'prometheus-operator',
+    rule: path.join(ROOT, 'deploy', 'k8s', 'components', 'prometheus-operator-alerts',
         'prometheusrule.yaml'),
     modules: path.join(ROOT, 'tools', 'k8s-validate', 'node_modules'),
   };

@@ -90,6 +90,31 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CubeEquivalenceTest,
                                   std::get<1>(info.param);
                          });
 
+// D = 3 replicas of the cube: a ring of three sums each element in an
+// order set by its offset, and a diagonal rank's bucket holds its vector
+// shards where the others' hold none, so the replicated tensors (wpe,
+// ln_f) lay at other offsets on each rank's replica group and their copies
+// drifted apart from the first step. Summed in a flat tensor of their own
+// they stay bitwise equal on every rank (RunPipeline checks every copy).
+TEST(CubeDataParallelTest, ThreeReplicas_ReplicatedTensorsEqualOnEveryRank) {
+  TrainConfig c = CubeConfig();
+  c.batch_size = 24;  // 6 micro-batches of 4 samples, 2 per replica
+  c.micro_batches = 6;
+  const Dataset data = MakeDataset();
+  const std::vector<Range> one = {{0, NumUnits(c.model)}};
+  testing::PipelineExtras extras;
+  extras.tensor_parallel = 8;
+  extras.tensor_mode = "3d";
+  extras.replicas = 3;
+  // Buckets of about 2.5 KB: attn_0's blocks and the embedding's wpe
+  // share the last one, where wpe straddles the ring's segments at an
+  // offset that differs between diagonal and other ranks.
+  extras.dp_bucket_bytes = 2560;
+  ExpectMatchesLocal(c,
+                     RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras),
+                     RunLocal(c, data), "3 replicas");
+}
+
 // Optimus-CC's token top-k on the stages' links with the 3-D layout: the
 // cube's attention scores the tokens by the whole layer's An
 // (CubeBlockUnit::TokenImportance, held to the unsplit layer's in

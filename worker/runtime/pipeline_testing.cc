@@ -399,6 +399,30 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
         }
       }
     }
+    // The tensors every rank holds whole (LayerNorms, biases, wpe): each
+    // rank's copy, and its last step's gradient, bitwise its stage and
+    // replica's rank 0's (runtime g is rank g % tp of the group g / tp).
+    // The unsplit weights above are rank 0's alone, so a rank that drifted
+    // would go unnoticed there; and a gradient one ulp off changes the
+    // moments long before it shows in a weight.
+    std::map<std::pair<int, std::string>, std::pair<std::vector<float>, std::vector<float>>> whole;
+    for (int g = 0; g < total; ++g) {
+      Backend* backend = backend_at(g);
+      for (const Parameter* p : runtimes[g]->parameters()) {
+        if (p->shard.sharded()) continue;
+        const auto on_host = [backend](const Tensor& t) {
+          return (t.on_device() ? backend->Download(t) : t).ToVector();
+        };
+        auto copy = std::make_pair(on_host(p->value), on_host(p->grad));
+        auto [it, inserted] = whole.emplace(std::make_pair(g / tp, p->name), copy);
+        if (!inserted) {
+          EXPECT_EQ(it->second.first, copy.first)
+              << "tensor rank " << g % tp << "'s copy of " << p->name << " (runtime " << g << ")";
+          EXPECT_EQ(it->second.second, copy.second) << "tensor rank " << g % tp << "'s gradient of "
+                                                    << p->name << " (runtime " << g << ")";
+        }
+      }
+    }
   }
   return out;
 }

@@ -1967,9 +1967,17 @@ bool StageRuntime::PowerSgdPays(const Parameter& p) const {
 }
 
 int StageRuntime::GroupTags(const std::vector<Parameter*>& params) const {
-  int tags = 1;  // the flat tensor's
+  int tags = setup_.tensor_parallel > 1 ? 2 : 1;  // the flat tensors'
   for (const Parameter* p : params) tags += PowerSgdPays(*p) ? 2 : 0;
   return tags;
+}
+
+std::vector<std::vector<Parameter*>> StageRuntime::FlatGroups(
+    const std::vector<Parameter*>& params) const {
+  if (setup_.tensor_parallel <= 1) return {params};
+  std::vector<std::vector<Parameter*>> groups(2);  // replicated, then sharded
+  for (Parameter* p : params) groups[p->shard.sharded() ? 1 : 0].push_back(p);
+  return groups;
 }
 
 absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
@@ -1983,11 +1991,9 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
   };
   const int rank = setup_.data_parallel_powersgd_rank;
   std::vector<Parameter*> flat_params;
-  int64_t numel = 0;
   for (Parameter* p : params) {
     if (!PowerSgdPays(*p)) {
       flat_params.push_back(p);
-      numel += p->grad.numel();
       continue;
     }
     Tensor g = OnHost(p->grad).Clone();
@@ -2004,6 +2010,28 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
       std::memcpy(p->grad.data(), g.data(), g.size_bytes());
     }
   }
+  // With tensor ranks, the tensors every rank holds whole (LayerNorms,
+  // biases, wpe) go in a flat tensor of their own: beside the shards, whose
+  // sizes differ between ranks (a cube's vectors), they sat at other
+  // offsets on each rank's replica group, summed in another order or coded
+  // raw on one rank and fp16 on another, and the ranks' copies drifted.
+  for (const std::vector<Parameter*>& group : FlatGroups(flat_params)) {
+    RETURN_IF_ERROR(AllReduceFlat(collectives, iteration, tag++, group, stats));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::AllReduceFlat(Collectives& collectives, int64_t iteration, int tag,
+                                         const std::vector<Parameter*>& flat_params,
+                                         IterationResult::CollectiveStats* stats) {
+  auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
+    ++stats->count;
+    stats->bytes += bytes;
+    stats->wire_bytes += wire_bytes;
+    stats->seconds += SecondsSince(start);
+  };
+  int64_t numel = 0;
+  for (const Parameter* p : flat_params) numel += p->grad.numel();
   if (numel == 0) return absl::OkStatus();
   Tensor flat = Tensor::Uninitialized({numel});  // every element written next
   int64_t offset = 0;
@@ -2096,7 +2124,12 @@ absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& p
   }
   if (grads.empty()) return absl::OkStatus();
   const auto start = SteadyClock::now();
-  RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(grads));
+  // The replicated tensors apart from the shards, as AllReduceGroup does.
+  for (const std::vector<Parameter*>& group : FlatGroups(params)) {
+    std::vector<Tensor*> sums;
+    for (Parameter* p : group) sums.push_back(&p->grad);
+    if (!sums.empty()) RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(sums));
+  }
   // The time to queue it (the stand-in's: the whole sum); what crossed is
   // counted as fp32, as the exact host branch counts it.
   ++stats->count;

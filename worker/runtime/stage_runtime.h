@@ -430,18 +430,28 @@ class StageRuntime {
   // PowerSGD (a rank is set and the factors are smaller than the matrix).
   bool PowerSgdPays(const Parameter& p) const;
   // The message tags AllReduceGroup uses for `params`: two per PowerSGD
-  // matrix and one for the rest.
+  // matrix and one per flat tensor of the rest (FlatGroups: two with
+  // tensor ranks).
   int GroupTags(const std::vector<Parameter*>& params) const;
+  // `params` in the groups summed as one flat tensor each: all of them, or
+  // with tensor ranks those every rank holds whole, then the shards (so
+  // that the replicated ones lie at the same offsets, and are summed and
+  // coded alike, on every rank). Order kept within a group.
+  std::vector<std::vector<Parameter*>> FlatGroups(const std::vector<Parameter*>& params) const;
   // Sums `params`' gradients over the replicas' copies of this stage, with
   // tags from `tag` on (GroupTags of them): each matrix PowerSgdPays for
-  // through PowerSgdAllReduce with error feedback, then the rest as one
-  // flat tensor, exactly or through dp_quantizer_ with error feedback (both
+  // through PowerSgdAllReduce with error feedback, then the rest as flat
+  // tensors (FlatGroups), exactly or through dp_quantizer_ with error feedback (both
   // in dp_feedback_). Gradients on the device go down and back up. Adds
   // each collective to `stats`. Every replica calls it with the same
   // parameters in the same order.
   absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                               const std::vector<Parameter*>& params,
                               IterationResult::CollectiveStats* stats);
+  // AllReduceGroup's sum of `flat_params` as one flat tensor under `tag`.
+  absl::Status AllReduceFlat(Collectives& collectives, int64_t iteration, int tag,
+                             const std::vector<Parameter*>& flat_params,
+                             IterationResult::CollectiveStats* stats);
   // Where this stage sums exactly: the residual a checkpoint restored for
   // p's error feedback (Restore), to go into this step's gradient once, so
   // forgotten here; empty when there is none (or of another size, dropped).

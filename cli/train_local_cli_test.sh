@@ -189,6 +189,11 @@ if [[ -e "$TMP/diverged.ckpt" ]]; then
 else
   passed=$((passed + 1))
 fi
+# Step 1's loss is finite (it came before the update that broke the
+# weights), its validation pass's is not: the run stops there, as the
+# coordinator fails a job, not a step later on the training loss.
+expect_exit diverged_validation 1 "the validation loss: training diverged: the loss of step 1 " -- \
+  train-local "${TINY[@]}" --lr 1e30 --steps 20 --eval-interval 1
 
 # This test runs the plain build (no --config=cuda): --device cuda says how
 # to get CUDA, and auto trains on the CPU.

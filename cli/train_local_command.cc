@@ -381,6 +381,15 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     if (c.eval_interval > 0 && g_signal.load() == 0 &&
         (r.step % c.eval_interval == 0 || r.step == c.steps)) {
       ASSIGN_OR_RETURN(val, trainer.Evaluate());
+      // As the coordinator checks a job's: a NaN validation loss is a
+      // diverged model (written to --log it read as null, "not evaluated").
+      if (val.has_value()) {
+        if (absl::Status finite = CheckLossFinite(r.step, *val); !finite.ok()) {
+          progress.Finish();
+          return absl::Status(finite.code(),
+                              absl::StrCat("the validation loss: ", finite.message()));
+        }
+      }
     }
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
     const double per_step = elapsed / (r.step - first_step);

@@ -2,8 +2,8 @@
 // loss is NaN or infinite, the weights the next steps would update are
 // (almost always) NaN already, and every later step only burns time. The
 // reference trainer (`pipetrain train-local`) and the coordinator (for
-// jobs) apply the same check to the same step loss, so a job and
-// train-local stop at the same step.
+// jobs) apply the same check to the same step loss, and to a validation
+// pass's loss, so a job and train-local stop at the same step.
 //
 // Thread-safety: a pure function.
 #ifndef PIPETRAIN_WORKER_TRAIN_DIVERGENCE_H_

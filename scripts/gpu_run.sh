@@ -33,7 +33,7 @@ case "$mode" in
   *) echo "mode must be quick, bench, sanitize or collectives, not $mode" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
-out=$(cd "$out" && pwd)
+out=$(cd "$out" && pwd -P)  # physical: `up` names its files by the real path
 if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
 rm -f "$out.tgz"  # an older run's archive must not pass for this one's
 deadline=$((SECONDS + ${RUN_BUDGET_S:-540}))
@@ -462,7 +462,7 @@ compressed_job() {
   # The device encoders ran (a link they refuse falls back to the host's
   # silently, and would pass the comparison as well): each stage logs its
   # first payload encoded on the GPU per link.
-  grep -h "on the device" "$out/${name}_cuda"/worker*.log >>"$out/${name}_compare.txt" 2>/dev/null ||
+  grep -h "encodes .* on the device" "$out/${name}_cuda"/worker*.log >>"$out/${name}_compare.txt" 2>/dev/null ||
     { rc=1; echo "no payload was encoded on the device" >>"$out/${name}_compare.txt"; }
   check "$name" "$rc" "$(head -1 "$out/${name}_compare.txt")"
 }

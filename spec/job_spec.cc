@@ -345,9 +345,8 @@ absl::Status CheckDataPath(const std::string& path) {
   // parse at the coordinator, whose answer is then INTERNAL with no word
   // of the path (`up` builds the spec from its --data argument).
   if (ValidUtf8(path) != path) {
-    return Invalid("spec.data.path",
-                   absl::StrCat("is not valid UTF-8 (", EchoInput(path),
-                                "): rename the file, or link to it under a UTF-8 name"));
+    return Invalid("spec.data.path", absl::StrCat("is not valid UTF-8 (", EchoInput(path),
+                                                  "): rename or copy the file to a UTF-8 name"));
   }
   // Logged by the coordinator and the workers, and shown in the job's
   // reason when the file cannot be read.

@@ -396,10 +396,15 @@ void JobManager::PruneLocked() {
       // they are done. Nor while manifests of its complete checkpoints wait
       // for its next good save (a state store failing), up to the retention
       // time: pruned, they were never written, and those checkpoints (kept
-      // by the sweeps as complete) could be neither resumed nor exported. A
+      // by the sweeps as complete) could be neither resumed nor exported.
+      // Nor while checkpoints wait for removal after a good save (expired,
+      // or dropped as unusable): pruned, they stayed on disk with their
+      // manifests, and the sweeps keep complete ones, so `init.from` or
+      // `checkpoint export` of the directory could take a corrupt one. A
       // later pass prunes it.
-      if (record.checkpoint_sweeps_pending == 0 &&
-          (manifests_after_save_.count(record.job.id()) == 0 || ended_at < oldest_kept)) {
+      const bool files_wait =
+          manifests_after_save_.count(record.job.id()) > 0 || !record.expiring.empty();
+      if (record.checkpoint_sweeps_pending == 0 && (!files_wait || ended_at < oldest_kept)) {
         prune[index] = true;
       }
       continue;

@@ -1843,6 +1843,47 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_WhileSavesFail_FilesKeptUntilAS
   EXPECT_NE(stat(manifest.c_str(), &st), 0) << "left after the save that no longer names it";
 }
 
+// The same job cancelled before a save succeeds, kept for no ended job
+// (max_ended_jobs 0): it is not pruned while the dropped checkpoint waits
+// for removal. Pruned, its save found no job, the directory stayed with
+// its manifest, and the sweeps keep complete checkpoints: `init.from` or
+// `checkpoint export` of the job's directory took the corrupt one.
+TEST_F(JobManagerElasticTest, CheckpointUnusable_EndedWhileSavesFail_NotPrunedBeforeTheRemoval) {
+  Reset(/*with_state=*/true, /*max_ended_jobs=*/0);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  StepCheckpointingEvery5(id, 10);
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
+  HeartbeatAllAndSchedule({w1, w2});
+  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+  jobs_->FlushIo();
+  const std::string manifest = OutputDir() + "/checkpoints/" + id + "/step-00000010/manifest.json";
+  struct stat st;
+  ASSERT_EQ(stat(manifest.c_str(), &st), 0);
+  observing_.failing = true;
+  v1::ReportProgressRequest r = PeerFailure(id, w1, 2);
+  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+  r.set_peer_failure(false);
+  r.set_checkpoint_unusable(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  // Cancelled in memory; the call says its save failed.
+  EXPECT_FALSE(jobs_->Cancel(id).ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  // Past the end's second sweep (a minute after it), with the store still
+  // failing: then a pass that prunes ended jobs.
+  for (int pass = 0; pass < 3; ++pass) {
+    clock_.Advance(absl::Minutes(1));
+    Schedule();
+    jobs_->FlushIo();
+  }
+  EXPECT_TRUE(jobs_->Get(id).ok()) << "pruned while its dropped checkpoint waits for removal";
+  observing_.failing = false;
+  clock_.Advance(absl::Seconds(2));  // the failed saves' retry is due
+  jobs_->ScheduleQueued();
+  jobs_->FlushIo();
+  EXPECT_NE(stat(manifest.c_str(), &st), 0) << "left after the job's last save";
+}
+
 // The claim is taken only from a stage loading its plan's resume point:
 // after it said it was ready, or in a plan that resumes from nothing, it
 // fails the job like any other error and every checkpoint stays.

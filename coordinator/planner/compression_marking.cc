@@ -1,6 +1,7 @@
 #include "coordinator/planner/compression_marking.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -16,8 +17,12 @@ std::string CodecOrRaw(const std::string& codec) { return codec == kCodecNone ? 
 
 void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
   int last_forward = -1;
+  std::set<int> forwarded;  // the units this program runs forward
   for (int i = 0; i < program->instructions_size(); ++i) {
-    if (program->instructions(i).has_forward()) last_forward = i;
+    if (!program->instructions(i).has_forward()) continue;
+    last_forward = i;
+    const v1::UnitRange& units = program->instructions(i).forward().units();
+    for (int u = units.begin(); u < units.end(); ++u) forwarded.insert(u);
   }
   const std::string forward = CodecOrRaw(c.forward());
   const std::string backward = CodecOrRaw(c.backward());
@@ -32,7 +37,12 @@ void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
     send->clear_epilogue();
     switch (send->tensor().kind()) {
       case v1::TENSOR_KIND_ACTIVATION:
-        send->set_codec(forward);
+        // Raw when this stage itself runs the next unit forward: the send
+        // is another stage's recompute input (Bi-Partition), and a
+        // recompute from a lossy copy saved contexts the forward never
+        // had (the backward then applied the real forward's gradient at
+        // another point; with token top-k, to zeroed rows).
+        if (forwarded.count(send->tensor().unit() + 1) == 0) send->set_codec(forward);
         break;
       case v1::TENSOR_KIND_ACTIVATION_GRAD: {
         send->set_epilogue(i > last_forward);

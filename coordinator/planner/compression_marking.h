@@ -5,7 +5,10 @@
 // into the Recv instructions, so that its receiver decodes only that codec.
 //
 // Rules (DESIGN.md §6; Optimus-CC §5):
-//  - ACTIVATION sends get the forward codec; ACTIVATION_GRAD sends the
+//  - ACTIVATION sends get the forward codec, except one whose next unit
+//    the sending stage runs forward itself (Bi-Partition's recompute input
+//    for another stage: lossy, that stage's recompute would not be the
+//    forward it back-propagates); ACTIVATION_GRAD sends the
 //    backward codec; TIED_EMBEDDING_GRAD and UNIT_WEIGHTS stay raw (the tied
 //    gradient must be summed exactly on both holders, and weight copies must
 //    stay bitwise equal to their owner's).

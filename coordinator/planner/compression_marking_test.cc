@@ -181,6 +181,37 @@ TEST(MarkCompression, BackwardOnlyWorker_AllItsGradSendsAreEpilogue) {
   }
 }
 
+// Bi-Partition: a worker that forwards units 0-3 sends unit 1's output to
+// the worker that recomputes units 2-3 (its backward range begins at 2)
+// raw, since it runs unit 2 forward itself from the exact tensor: a
+// recompute from a lossy copy would save contexts the forward never had.
+// Unit 3's output, the next worker's forward input, is compressed.
+TEST(MarkCompression, BiPartitionRecomputeInputFromTheForwardingWorker_StaysRaw) {
+  auto programs =
+      CompileBiPartitionPrograms({{0, 4}, {4, 8}}, {{0, 2}, {2, 8}}, kUnits, 2, Schedule::kOneFOneB)
+          .value();
+  MarkCompression(Spec("token_topk:keep=0.5", "none", false, false), &programs);
+  int raw = 0, compressed = 0;
+  for (const v1::Instruction::Send* send : Sends(programs[0], v1::TENSOR_KIND_ACTIVATION)) {
+    if (send->tensor().unit() == 1) {
+      EXPECT_EQ(send->codec(), "") << "the recompute input of unit 2";
+      ++raw;
+    } else {
+      EXPECT_EQ(send->tensor().unit(), 3);
+      EXPECT_EQ(send->codec(), "token_topk:keep=0.5");
+      ++compressed;
+    }
+  }
+  EXPECT_EQ(raw, 2);  // one per micro-batch
+  EXPECT_EQ(compressed, 2);
+  for (const auto& in : programs[1].instructions()) {
+    if (!in.has_recv() || in.recv().tensor().kind() != v1::TENSOR_KIND_ACTIVATION) continue;
+    EXPECT_EQ(in.recv().codec(),
+              in.recv().tensor().unit() == 1 ? kCodecNone : "token_topk:keep=0.5")
+        << DescribeInstruction(in);
+  }
+}
+
 // Every Recv names the codec of the Send it is matched to (same tensor,
 // from its peer to this stage), "none" for raw ones: epilogue_only
 // compresses some gradient sends of a link and not others, so the codec

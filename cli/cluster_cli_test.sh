@@ -432,8 +432,6 @@ expect_exit up_token_file 2 "reads as a file of token ids" -- \
 ln -s "$TMP/tokens.bin" "$TMP/tokens-link.txt"
 expect_exit up_token_file_behind_a_link 2 "reads as a file of token ids" -- \
   up --workers 2 --data "$TMP/tokens-link.txt" --out "$TMP/up-bad"
-expect_exit up_dp_codec_beside_tensor_ranks 2 "scales each chunk by its largest value" -- \
-  up --workers 4 --data-parallel 2 --tensor-parallel 2 --dp-codec linear:bits=8 --out "$TMP/up-bad"
 expect_exit up_min_lr_constant 2 "--min-lr: the cosine schedule's floor, with no effect under --lr-schedule constant; set --lr-schedule to cosine or --min-lr to 0" -- \
   up --workers 2 --lr 1e-3 --min-lr 1e-4 --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.

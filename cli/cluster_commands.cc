@@ -891,7 +891,6 @@ int RunUp(const std::vector<std::string>& args) {
     // The coordinator's planning budget too: over it, Submit refuses the
     // job only once the coordinator and every worker have started.
     if (checked.ok()) checked = CheckPlanningBudget(*resolved);
-    if (checked.ok()) checked = CheckDataParallelQuantizerBesideTensorRanks(resolved->spec);
     if (checked.ok()) checked = CheckMinLrHasACosine(resolved->spec);
     valid = NameFlags(checked, kUpFlagNames);
   }

@@ -992,23 +992,6 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
 
 }  // namespace
 
-absl::Status CheckDataParallelQuantizerBesideTensorRanks(const v1::JobSpec& spec) {
-  const std::string& codec = spec.compression().data_parallel().codec();
-  if (spec.parallelism().tensor() == 1 ||
-      !(absl::StartsWith(codec, "linear") || absl::StartsWith(codec, "piecewise"))) {
-    return absl::OkStatus();
-  }
-  return Invalid("spec.compression.data_parallel.codec",
-                 absl::StrCat(EchoInput(codec.substr(0, 64)),
-                              " scales each chunk by its largest value, which differs between "
-                              "tensor ranks (each codes its own shards with the tensors all ranks "
-                              "hold alike), so those tensors would drift apart; with "
-                              "spec.parallelism.tensor ",
-                              spec.parallelism().tensor(),
-                              " use fp16, bf16 or powersgd:rank=R, or set spec.parallelism.tensor "
-                              "to 1"));
-}
-
 absl::Status CheckMinLrHasACosine(const v1::JobSpec& spec) {
   if (spec.training().min_lr() <= 0 || spec.training().lr_schedule() == "cosine") {
     return absl::OkStatus();

@@ -237,19 +237,6 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 // earlier version that fails it would otherwise fail at the next restart.
 absl::Status CheckLinkCodecsSmaller(const ResolvedJobSpec& resolved);
 
-// OK unless `spec` names a linear or piecewise quantizer for the
-// data-parallel all-reduce (compression.data_parallel.codec) beside tensor
-// ranks (parallelism.tensor other than 1, 0 = searched included):
-// INVALID_ARGUMENT naming the codec. Each rank codes its bucket (its own
-// shards with the tensors every rank holds alike, LayerNorms and biases)
-// with steps scaled by each chunk's largest value, so those tensors would
-// drift apart between ranks, and a checkpoint keeps rank 0's. fp16, bf16
-// (element by element) and PowerSGD (matrix by matrix) code identical
-// inputs identically. Checked at submit (and by `up`, and for a stored job
-// at a coordinator restart: it would train on with wrong results), not by
-// ResolveJobSpec, as CheckLinkCodecsSmaller.
-absl::Status CheckDataParallelQuantizerBesideTensorRanks(const v1::JobSpec& spec);
-
 // spec.training.min_lr floors the cosine schedule: given (above 0) with
 // the constant one it would be silently ignored, the job at lr throughout:
 // INVALID_ARGUMENT naming both fields. For a resolved spec (lr_schedule

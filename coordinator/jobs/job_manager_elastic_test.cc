@@ -3871,26 +3871,6 @@ TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {
       << job.reason();
 }
 
-// A stored job whose replicas quantize beside tensor ranks (which Submit
-// refuses: the ranks' copies of the tensors they all hold drift apart)
-// fails at the restart instead of training on with wrong results.
-TEST_F(JobManagerElasticTest, Restore_DataParallelQuantizerBesideTensorRanks_JobFails) {
-  const std::string id = CheckpointedJobInStore();
-  EditStoredJob(*state_, id, [](store::StoredJob& s) {
-    v1::JobSpec* spec = s.mutable_job()->mutable_spec();
-    spec->mutable_parallelism()->set_data(2);
-    spec->mutable_parallelism()->set_tensor(2);
-    spec->mutable_compression()->mutable_data_parallel()->set_codec("linear:bits=8");
-  });
-  Reset(/*with_state=*/true);
-  ASSERT_TRUE(jobs_->Restore().ok());
-  const v1::Job job = jobs_->Get(id).value();
-  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-  EXPECT_TRUE(absl::StrContains(
-      job.reason(), "the spec is no longer valid: spec.compression.data_parallel.codec"))
-      << job.reason();
-}
-
 // A restored job waits to be planned again with no assignments: a stage's
 // last report of the stopped plan, with a step trace, is taken (and its
 // trace dropped, as any while recovering) instead of checked against a

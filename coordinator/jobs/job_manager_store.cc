@@ -315,16 +315,6 @@ absl::Status JobManager::Restore() {
       record->job.set_state(v1::JOB_STATE_FAILED);
       record->job.set_reason(absl::StrCat("after a coordinator restart: ", paths.message()));
     }
-    // A quantizer beside tensor ranks, which Submit refuses only since
-    // 3ee18fb: a job stored before would go on with its ranks' shared
-    // tensors drifting apart (wrong results, not a no-op). Its spec still
-    // resolves (an ended one keeps its model, catalog and sweeps).
-    if (absl::Status refused = CheckDataParallelQuantizerBesideTensorRanks(record->resolved.spec);
-        spec_resolves && !refused.ok() && !IsTerminal(record->job.state())) {
-      record->job.set_state(v1::JOB_STATE_FAILED);
-      record->job.set_reason(absl::StrCat(
-          "after a coordinator restart, the spec is no longer valid: ", refused.message()));
-    }
     // What the store holds is checked before anything is indexed, divided
     // or counted by it (stored_job_check.h): a job whose state does not
     // fit fails, unless it has ended already.

@@ -514,7 +514,6 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
   RETURN_IF_ERROR(CheckGrowthHasCheckpoints(resolved.spec));
-  RETURN_IF_ERROR(CheckDataParallelQuantizerBesideTensorRanks(resolved.spec));
   RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.spec));
   RETURN_IF_ERROR(CheckLinkCodecsSmaller(resolved));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));

@@ -710,42 +710,6 @@ TEST_F(JobManagerTest, TensorParallel_OnlyRankZeroReportsCheckpoints) {
   ASSERT_TRUE(jobs_.Cancel(id).ok());
 }
 
-// A quantizer that scales by chunk (linear, piecewise) on the replicas'
-// all-reduce beside tensor ranks is refused at submit: the tensors every
-// rank holds alike would drift apart. fp16 (element by element) is not.
-TEST_F(JobManagerTest, Submit_ChunkScaledDataParallelQuantizerBesideTensorRanks_Refused) {
-  for (const char* codec : {"linear:bits=8", "piecewise:bits=8", "fp16"}) {
-    for (const int tensor : {2, 1}) {
-      SCOPED_TRACE(absl::StrCat(codec, " tensor ", tensor));
-      v1::JobSpec spec = SmallSpec(1);
-      spec.mutable_parallelism()->set_data(2);
-      spec.mutable_parallelism()->set_tensor(tensor);
-      spec.mutable_compression()->mutable_data_parallel()->set_codec(codec);
-      const absl::StatusOr<v1::Job> job = Submit(spec);
-      const bool refused = std::string(codec) != "fp16" && tensor != 1;
-      if (refused) {
-        EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
-        EXPECT_TRUE(absl::StrContains(job.status().message(), "use fp16, bf16 or powersgd"))
-            << job.status();
-      } else {
-        ASSERT_TRUE(job.ok()) << job.status();
-        ASSERT_TRUE(jobs_.Cancel(job->id()).ok());
-      }
-    }
-  }
-  // A layout searched (data 0: the codec resolves with the layout chosen)
-  // beside tensor ranks is refused alike.
-  v1::JobSpec searched = SmallSpec(1);
-  searched.mutable_parallelism()->set_data(0);
-  searched.mutable_parallelism()->clear_stages();
-  searched.mutable_parallelism()->set_workers(4);
-  searched.mutable_parallelism()->set_tensor(2);
-  searched.mutable_compression()->mutable_data_parallel()->set_codec("linear:bits=8");
-  const absl::Status refused = Submit(searched).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "use fp16, bf16 or powersgd")) << refused;
-}
-
 // A job grows only at a checkpoint: elastic.max_workers above the stages
 // without checkpoints would be ignored, and is refused naming both fields;
 // the default (the stages) passes, and so does growth with checkpoints.

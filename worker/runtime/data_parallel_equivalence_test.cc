@@ -200,6 +200,29 @@ TEST(DataParallelEquivalenceTest, QuantizedAllReduce_ReplicasAgreeTrafficShrinks
   }
 }
 
+// A chunk-scaled quantizer (linear, piecewise) beside tensor ranks: the
+// tensors every rank holds whole are coded in a flat tensor of their own,
+// identical on every rank, so their copies stay bitwise equal on every
+// rank (RunPipeline checks each copy and its last gradient). Coded beside
+// each rank's own shards, they were scaled by another chunk maximum on
+// each rank and drifted apart (which submit refused until then).
+TEST(DataParallelEquivalenceTest, ChunkScaledQuantizerBesideTensorRanks_RanksAgree) {
+  const TrainConfig c = DataParallelConfig();  // 6 micro-batches, 2 for each of 3 replicas
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  for (const std::string quantizer : {"linear:bits=8", "piecewise:bits=4"}) {
+    SCOPED_TRACE(quantizer);
+    testing::PipelineExtras extras;
+    extras.replicas = 3;
+    extras.tensor_parallel = 2;
+    extras.dp_quantizer = quantizer;
+    extras.dp_compressed_stages = {0, 1};
+    const RunOutput run =
+        RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+    EXPECT_FALSE(run.losses.empty());
+  }
+}
+
 // Buckets of one unit each: every unit's gradients are all-reduced on the
 // background thread as soon as its last backward pass ends, overlapping
 // the lower units' backward passes. Still train-local's to 1e-5, replicas

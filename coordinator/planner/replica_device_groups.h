@@ -14,7 +14,10 @@
 //    decide it: NCCL refuses two ranks on one GPU).
 // Otherwise the whole position stays on the gRPC collectives: a group of
 // some replicas only would need a two-level all-reduce (NCCL inside the
-// host, gRPC between hosts), which is not built. The group lists replicas
+// host, gRPC between hosts), which is not built. And a stage's tensor
+// ranks get groups all or none: each rank sums the tensors they all hold
+// whole, and NCCL on one rank beside the gRPC ring on another would add
+// the replicas' terms in other orders, so those copies would drift apart. The group lists replicas
 // 0 .. replicas - 1 and carries the id of its lowest replica whose
 // worker's id is not in `id_taken` (per worker; empty: none taken, e.g.
 // by device groups: device_links.h), the id owner; a position whose every

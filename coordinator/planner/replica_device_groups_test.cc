@@ -1,5 +1,6 @@
 #include "coordinator/planner/replica_device_groups.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -99,6 +100,21 @@ TEST(ReplicaDeviceGroupsTest, TensorRanksFormPositionsOfTheirOwn) {
   EXPECT_EQ(plan.groups[3].id_owner, 3);
 }
 
+// A stage's tensor ranks are grouped all or none: here stage 0's rank 1
+// has a replica on another host, so stage 0's rank 0 stays on the gRPC
+// collectives too (NCCL on one rank and the ring on the other would sum
+// the tensors both hold whole in other orders); stage 1 is grouped.
+TEST(ReplicaDeviceGroupsTest, StageWithARankThatCannotJoin_NoneOfItsRanksGrouped) {
+  std::vector<DeviceLinkMember> members;
+  for (int g = 0; g < 12; ++g) members.push_back(Gpu("a", g));
+  members[(2 * 2 + 0) * 2 + 1].host = "b";  // replica 2's stage 0, rank 1
+  const ReplicaDeviceGroupPlan plan = PlanReplicaDeviceGroups(members, 3, 2, 2, {});
+  ASSERT_EQ(plan.groups.size(), 2u);
+  EXPECT_EQ(plan.group_of_worker, (std::vector<int>{-1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1}));
+  EXPECT_EQ(plan.groups[0].stage, 1);
+  EXPECT_EQ(plan.groups[1].tensor_rank, 1);
+}
+
 // Random clusters against the rules written out again: a position is
 // grouped exactly when its stage is exact, every member has a host and an
 // id, all share the first's host, and no two hold one GPU (equal addresses
@@ -128,6 +144,10 @@ TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
     const ReplicaDeviceGroupPlan plan =
         PlanReplicaDeviceGroups(members, replicas, stages, tensor, compressed, taken);
     for (int s = 0; s < stages; ++s) {
+      // Whether each position of the stage could have a group alone; the
+      // stage's positions have theirs all or none.
+      std::vector<bool> wants(tensor);
+      std::vector<int> owners(tensor, -1);
       for (int t = 0; t < tensor; ++t) {
         auto worker = [&](int r) { return (r * stages + s) * tensor + t; };
         bool want = replicas >= 2;
@@ -148,7 +168,14 @@ TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
         for (int r = 0; r < replicas && owner < 0; ++r) {
           if (!taken[worker(r)]) owner = worker(r);
         }
-        want = want && owner >= 0;
+        wants[t] = want && owner >= 0;
+        owners[t] = owner;
+      }
+      const bool whole_stage = std::all_of(wants.begin(), wants.end(), [](bool w) { return w; });
+      for (int t = 0; t < tensor; ++t) {
+        auto worker = [&](int r) { return (r * stages + s) * tensor + t; };
+        const bool want = whole_stage;
+        const int owner = owners[t];
         const int group = plan.group_of_worker[worker(0)];
         ASSERT_EQ(group >= 0, want) << "instance " << instance << ", stage " << s << ", rank " << t;
         for (int r = 0; r < replicas; ++r) ASSERT_EQ(plan.group_of_worker[worker(r)], group);

@@ -106,13 +106,22 @@ TEST(CubeDataParallelTest, ThreeReplicas_ReplicatedTensorsEqualOnEveryRank) {
   extras.tensor_parallel = 8;
   extras.tensor_mode = "3d";
   extras.replicas = 3;
+  const RunOutput local = RunLocal(c, data);
   // Buckets of about 2.5 KB: attn_0's blocks and the embedding's wpe
-  // share the last one, where wpe straddles the ring's segments at an
-  // offset that differs between diagonal and other ranks.
+  // share the last one, where wpe straddled the ring's segments at an
+  // offset that differed between diagonal and other ranks.
   extras.dp_bucket_bytes = 2560;
   ExpectMatchesLocal(c,
                      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras),
-                     RunLocal(c, data), "3 replicas");
+                     local, "3 replicas, 2560-byte buckets");
+  // 13000 bytes: every unit but the embedding holds 13376 bytes of
+  // gradients on a diagonal rank and 12544 elsewhere. Cut by each rank's
+  // own sizes, the diagonal ranks summed ln_f in a flat of its own and wpe
+  // in another, the others both in one, each element in another order.
+  extras.dp_bucket_bytes = 13000;
+  ExpectMatchesLocal(c,
+                     RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras),
+                     local, "3 replicas, 13000-byte buckets");
 }
 
 // Optimus-CC's token top-k on the stages' links with the 3-D layout: the

@@ -1924,7 +1924,13 @@ absl::Status StageRuntime::OverlapAllReduce(int unit) {
   for (Parameter* p : units_.at(unit)->parameters()) {
     if (p->name == "wte.weight") continue;
     bucket_.push_back(p);
-    bucket_numel_ += p->grad.numel();
+    // By a size every tensor rank counts alike (a shard's: the whole
+    // tensor's over the ranks), so that the ranks cut the same buckets: a
+    // cube's vector shards live on its diagonal only, and ranks cutting
+    // by their own sizes put the tensors all hold whole (wpe, ln_f) in
+    // different sums, added in other orders.
+    bucket_numel_ +=
+        p->shard.sharded() ? NumElements(p->shard.full_shape) / p->shard.ranks : p->grad.numel();
   }
   if (bucket_numel_ * 4 >= setup_.data_parallel_bucket_bytes) return FlushBucket();
   return absl::OkStatus();

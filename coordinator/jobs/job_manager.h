@@ -599,10 +599,10 @@ class JobManager {
     // The worker profiling the model for this job (held from other jobs
     // while profile_in_flight: HeldWorkersLocked), and whether its fetch
     // has not returned yet, whatever the job's state since (a cancelled
-    // job's worker still measures until the fetch returns).
+    // job's fetch is cancelled too, and its worker held until it returns).
     std::string profiling_on;
     // Its data address, and whether its loss was logged (the fetch is
-    // cancelled at every pass while it is lost: CancelProfilesOfLostWorkersLocked).
+    // cancelled at every pass while it is lost: CancelAbandonedProfilesLocked).
     std::string profiling_address;
     bool profile_cancel_asked = false;
     // How profiling_on runs attention (the analytic sizes its profile is
@@ -1320,8 +1320,10 @@ class JobManager {
   // workers have stopped since (or kLateSweepWait after the end).
   void SweepStoppedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the profile fetches to workers the registry lost or saw leave
-  // (cancel_fetches_to_): their jobs profile again on another.
-  void CancelProfilesOfLostWorkersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (cancel_fetches_to_): their jobs profile again on another; and those
+  // of jobs that ended meanwhile (their workers are held until the fetch
+  // returns, for a profile nobody needs).
+  void CancelAbandonedProfilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;

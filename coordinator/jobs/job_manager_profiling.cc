@@ -76,19 +76,27 @@ void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()>
   cancel_fetches_to_ = std::move(cancel_to);
 }
 
-void JobManager::CancelProfilesOfLostWorkersLocked() {
+void JobManager::CancelAbandonedProfilesLocked() {
   if (!cancel_fetches_to_) return;
   for (auto& [id, record] : jobs_) {
     if (!record->profile_in_flight) continue;
     absl::StatusOr<v1::Worker> profiler = registry_->Get(record->profiling_on);
-    if (profiler.ok() && profiler->state() != v1::WORKER_STATE_LOST &&
-        profiler->state() != v1::WORKER_STATE_LEFT) {
-      continue;
-    }
+    const bool profiler_gone = !profiler.ok() || profiler->state() == v1::WORKER_STATE_LOST ||
+                               profiler->state() == v1::WORKER_STATE_LEFT;
+    // A job that ended meanwhile (cancelled while profiling) throws the
+    // profile away: its worker, held until the fetch returns, is freed now
+    // rather than after the whole measurement (up to the fetch deadline).
+    const bool job_ended = IsTerminal(record->job.state());
+    if (!profiler_gone && !job_ended) continue;
     if (!record->profile_cancel_asked) {
-      PT_LOG(WARNING) << "job " << id << ": " << record->profiling_on << " was "
-                      << (profiler.ok() ? EnumShortName(profiler->state()) : "removed")
-                      << " while it profiled the model; its call is cancelled";
+      if (profiler_gone) {
+        PT_LOG(WARNING) << "job " << id << ": " << record->profiling_on << " was "
+                        << (profiler.ok() ? EnumShortName(profiler->state()) : "removed")
+                        << " while it profiled the model; its call is cancelled";
+      } else {
+        PT_LOG(INFO) << "job " << id << " ended while " << record->profiling_on
+                     << " profiled its model; the call is cancelled";
+      }
       record->profile_cancel_asked = true;
     }
     // Every pass until the fetch returns: a call not in flight at the last
@@ -325,7 +333,9 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
           DropStoredProfiles(evicted);
         });
       }
-    } else if (record != nullptr) {
+    } else if (record != nullptr && !IsTerminal(record->job.state())) {
+      // (A job that ended meanwhile needs no profile: its fetch was
+      // cancelled, or its result thrown away above.)
       // A worker that left meanwhile (SIGTERM drains it, and its profile is
       // cut short) says nothing about the model: another may profile it.
       // Left as the one asked: by its incarnation, and a call cancelled as

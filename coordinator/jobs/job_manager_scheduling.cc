@@ -37,7 +37,7 @@ void JobManager::ScheduleQueued() {
   RetryManifestsLocked();
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
-  CancelProfilesOfLostWorkersLocked();
+  CancelAbandonedProfilesLocked();
   const absl::Time now = elapsed_clock_->Now();
   // Counted once a pass, when a waiting job first needs it (it reads every
   // READY worker's record).

@@ -106,8 +106,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   // A worker on `host` computing on GPU `gpu`, with NCCL id `nccl_id`.
-  std::string AddGpuWorker(int port, const std::string& host, int gpu,
-                           const std::string& nccl_id) {
+  std::string AddGpuWorker(int port, const std::string& host, int gpu, const std::string& nccl_id) {
     v1::RegisterWorkerRequest request;
     request.set_data_address("127.0.0.1:" + std::to_string(port));
     request.mutable_device()->set_hostname(host);
@@ -892,7 +891,7 @@ TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {
   r.set_busy_seconds(0.5);
   JobManager::ProgressCounted counted;
   ASSERT_TRUE(jobs_.ReportProgress(r, &counted).ok());
-  EXPECT_TRUE(counted.stage_time && counted.step);  // what the metrics count
+  EXPECT_TRUE(counted.stage_time && counted.step);      // what the metrics count
   ASSERT_TRUE(jobs_.ReportProgress(r, &counted).ok());  // again
   EXPECT_FALSE(counted.stage_time || counted.step);
   const v1::Job job = jobs_.Get(id).value();
@@ -2286,6 +2285,38 @@ TEST_F(JobManagerTest, ProfilingWorkerLost_ItsCallCancelled_AnotherProfiles) {
   background_.RunAll();
   EXPECT_EQ(asked, (std::vector<std::string>{"127.0.0.1:7001", "127.0.0.1:7002"}));
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+}
+
+// A job cancelled while its model is profiled: the next scheduling pass
+// cancels the profiling call, so its worker (held until the call returns)
+// is freed within a unit's measurement, not after the whole profile (up to
+// the fetch deadline, 10 minutes) that nobody needs any more.
+TEST_F(JobManagerTest, CancelledWhileProfiling_TheCallIsCancelled) {
+  std::vector<std::string> cancelled;
+  absl::Notification cancel;
+  jobs_.SetProfileFetcher(
+      [&](const std::string&, const std::string&,
+          const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+        // Bounded: never cancelled, the test fails rather than hangs.
+        cancel.WaitForNotificationWithTimeout(absl::Seconds(60));
+        return absl::CancelledError("cancelled");
+      },
+      nullptr,
+      [&](const std::string& address) {
+        cancelled.push_back(address);
+        if (!cancel.HasBeenNotified()) cancel.Notify();
+      });
+  AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  ASSERT_TRUE(absl::StartsWith(jobs_.Get(id).value().reason(), "profiling the model on "));
+  jobs_.ScheduleQueued();
+  EXPECT_TRUE(cancelled.empty());  // running: nothing cancelled
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  jobs_.ScheduleQueued();
+  EXPECT_EQ(cancelled, (std::vector<std::string>{"127.0.0.1:7001"}));
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
 }
 
 // The worker profiling a job stays READY, and later jobs wait for it; but

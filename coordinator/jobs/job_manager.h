@@ -948,8 +948,10 @@ class JobManager {
   std::set<std::string> HeldWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether no job waits for spare workers (besides `reserved`): none is
   // QUEUED, PROFILING or PLANNING, and no RECOVERING one could use a
-  // spare. Only then do spares grow running jobs.
-  bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved) const
+  // spare (`except` not counted). Only then do spares grow running jobs,
+  // and a recovery past its size before the loss.
+  bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
+                                 const JobRecord* except = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D

@@ -3269,6 +3269,30 @@ TEST_F(JobManagerElasticTest, Recovering_ReplacementsNotTakenByAQueuedJob) {
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_RUNNING) << waiting.reason();
 }
 
+// A recovery replaces what it lost but does not grow into spares while
+// another job waits for workers (as a running job does not): it took every
+// spare up to max_workers, here both that a queued 3-worker job needs.
+TEST_F(JobManagerElasticTest, Recovery_WhileAJobIsQueued_TakesOnlyWhatItLost) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec a_spec = ElasticSpec(2, 5);
+  a_spec.mutable_elastic()->set_max_workers(4);
+  const std::string a = Submit(a_spec).value().id();
+  ASSERT_EQ(jobs_->Get(a).value().worker_ids_size(), 2);
+  for (int step = 1; step <= 5; ++step) Step(a, step);
+  CheckpointAll(a, 5);
+  v1::JobSpec b_spec = ElasticSpec(3, 5);
+  b_spec.mutable_elastic()->set_min_workers(3);
+  const std::string b = Submit(b_spec).value().id();
+  const std::string s1 = AddWorker(7003), s2 = AddWorker(7004);
+  HeartbeatAllAndSchedule({w1, w2, s1, s2});
+  ASSERT_EQ(jobs_->Get(b).value().state(), v1::JOB_STATE_QUEUED);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1, s1, s2});
+  const v1::Job recovered = jobs_->Get(a).value();
+  ASSERT_EQ(recovered.state(), v1::JOB_STATE_RUNNING) << recovered.reason();
+  EXPECT_EQ(recovered.worker_ids_size(), 2) << "grew into the queued job's spares";
+}
+
 // A worker lost from a job whose model the survivor cannot hold: the job
 // waits for a worker (a restarted process registering again, here) rather
 // than failing at once, and fails after spec.scheduling.queue_timeout

@@ -950,6 +950,16 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     }
     chosen.insert(chosen.end(), group.begin(), group.end());
   }
+  // A recovery replaces what it lost; it grows past its size before the
+  // loss (or its minimum) only while no other job waits for workers, as a
+  // running job grows: before, it took every spare up to max_workers ahead
+  // of a QUEUED job, which then waited until its queue timeout failed it.
+  if (!NoJobWaitsForSparesLocked(*reserved, &record)) {
+    const size_t keep =
+        std::max<size_t>({static_cast<size_t>(MinJobWorkers(record)),
+                          static_cast<size_t>(record.job.worker_ids_size()), alive.size()});
+    if (chosen.size() > keep) chosen.resize(keep);
+  }
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
   const std::vector<std::string> counted(

@@ -511,9 +511,11 @@ void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
   ReplanAtBoundaryLocked(record);
 }
 
-bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved) const {
+bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
+                                           const JobRecord* except) const {
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
+    if (&record == except) continue;
     const v1::JobState state = record.job.state();
     // A job being planned may yet go back to waiting (a worker lost).
     if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||

@@ -924,10 +924,12 @@ class JobManager {
   std::vector<std::string> OwnWorkersLocked(const JobRecord& record) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many workers `record` could re-plan on once `without` is gone
-  // ("": as it is): its own (OwnWorkersLocked) not drained, and the
-  // spares it may count on
-  // (OwnSparesLocked).
-  int WorkersLeftLocked(const JobRecord& record, const std::string& without) const
+  // ("": as it is): of its own (OwnWorkersLocked) not drained and the
+  // spares it may count on (OwnSparesLocked), those a plan could use
+  // (UsableSetLocked: whole stages, and with stages of one device kind an
+  // arrangement by kind; a mere count took spares of the wrong kind for a
+  // stage's place).
+  int UsableWorkersLeftLocked(const JobRecord& record, const std::string& without) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The spares `record` may count on: SparesForLocked of the workers held
   // for no other job (its own boundary's holds are its own), those it holds

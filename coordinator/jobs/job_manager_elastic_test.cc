@@ -1427,6 +1427,27 @@ TEST_F(JobManagerElasticTest, DataParallelGrowth_SparesOfBothKinds_NewStageOfOne
   EXPECT_EQ(registry_.Get(g4).value().state(), v1::WORKER_STATE_READY);
 }
 
+// A drain is refused when the spares cannot take the drained worker's
+// place: a stage's replicas are of one kind, and the only spare is a CPU
+// beside a GPU stage. Counted, not arranged by kind, the drain was
+// accepted, and the boundary's re-plan found too few and recovered.
+TEST_F(JobManagerElasticTest, Drain_OnlySpareOfAnotherKind_Refused) {
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_parallelism()->set_data(2);
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  AddWorker(7003);  // a CPU spare
+  Schedule();
+  const absl::Status refused = jobs_->Drain(g1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 2 workers")) << refused;
+  // A GPU spare can take its place.
+  AddGpuWorker(7004);
+  Schedule();
+  EXPECT_TRUE(jobs_->Drain(g1).ok());
+}
+
 // A data-parallel job on four GPUs loses one; the spares are a CPU (first
 // by id) and a GPU: it recovers on the three GPUs and the spare GPU. In id
 // order it took the CPU into a GPU stage, and the plan was refused.

@@ -379,8 +379,8 @@ JobManager::JobRecord* JobManager::RecoveryCountingOnLocked(const std::string& w
   for (const auto& [id, record] : jobs_) {
     if (record->job.state() != v1::JOB_STATE_RECOVERING || record->checkpoints == nullptr) continue;
     const int min = MinJobWorkers(*record);
-    if (UsableWorkers(*record, WorkersLeftLocked(*record, "")) >= min &&
-        UsableWorkers(*record, WorkersLeftLocked(*record, worker_id)) < min) {
+    if (UsableWorkersLeftLocked(*record, "") >= min &&
+        UsableWorkersLeftLocked(*record, worker_id) < min) {
       return record.get();
     }
   }
@@ -409,18 +409,22 @@ std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record) c
   return workers;
 }
 
-int JobManager::WorkersLeftLocked(const JobRecord& record, const std::string& without) const {
-  const std::vector<std::string> workers = OwnWorkersLocked(record);
+int JobManager::UsableWorkersLeftLocked(const JobRecord& record, const std::string& without) const {
   // Those drained already leave at the same boundary: not counted as
   // staying.
   const auto stays = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return w != without && !IsDrainedLocked(w);
   };
+  std::vector<std::string> staying;
+  for (const std::string& w : OwnWorkersLocked(record)) {
+    if (stays(w)) staying.push_back(w);
+  }
   // Survivors of recovering jobs, this one's among them (READY, released),
   // profiling workers and other jobs' boundary spares are not its spares.
-  const std::vector<std::string> spares = OwnSparesLocked(record);
-  return static_cast<int>(std::count_if(workers.begin(), workers.end(), stays) +
-                          std::count_if(spares.begin(), spares.end(), stays));
+  for (const std::string& w : OwnSparesLocked(record)) {
+    if (stays(w)) staying.push_back(w);
+  }
+  return static_cast<int>(UsableSetLocked(record, staying, MaxJobWorkers(record)).size());
 }
 
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
@@ -697,7 +701,7 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           "let it finish first"));
     }
     // As many as the re-plan could use (whole stages, a count with a layout).
-    if (UsableWorkers(*record, WorkersLeftLocked(*record, worker_id)) < MinJobWorkers(*record)) {
+    if (UsableWorkersLeftLocked(*record, worker_id) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",

@@ -1428,22 +1428,28 @@ TEST_F(JobManagerElasticTest, DataParallelGrowth_SparesOfBothKinds_NewStageOfOne
 }
 
 // A drain is refused when the spares cannot take the drained worker's
-// place: a stage's replicas are of one kind, and the only spare is a CPU
-// beside a GPU stage. Counted, not arranged by kind, the drain was
-// accepted, and the boundary's re-plan found too few and recovered.
+// place: a stage's replicas are of one kind, here a GPU stage and a CPU
+// stage, and the only spare is a CPU. Counted, not arranged by kind, the
+// drain was accepted (4 left for a minimum of 4), and the boundary's
+// re-plan found no arrangement and recovered.
 TEST_F(JobManagerElasticTest, Drain_OnlySpareOfAnotherKind_Refused) {
-  v1::JobSpec spec = ElasticSpec(1, 5);
+  v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_parallelism()->set_data(2);
+  spec.mutable_elastic()->set_min_workers(2);
   const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  AddWorker(7003);
+  AddWorker(7004);
   const std::string id = Submit(spec).value().id();
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
-  AddWorker(7003);  // a CPU spare
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_->Get(id).value().reason();
+  ASSERT_TRUE(EveryStageOfOneKind(id));
+  AddWorker(7005);  // a CPU spare
   Schedule();
   const absl::Status refused = jobs_->Drain(g1).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 2 workers")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 4 workers")) << refused;
   // A GPU spare can take its place.
-  AddGpuWorker(7004);
+  AddGpuWorker(7006);
   Schedule();
   EXPECT_TRUE(jobs_->Drain(g1).ok());
 }

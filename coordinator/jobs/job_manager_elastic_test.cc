@@ -341,6 +341,29 @@ class JobManagerElasticTest : public ::testing::Test {
     }
   }
 
+  // A job on two new workers, checkpointed at steps 5 and 10, recovers
+  // from 10, and a stage says it cannot load it (checkpoint_unusable)
+  // while the state store fails (observing_.failing, left set): step 10 is
+  // dropped. `id` is the job's, `manifest` step 10's (there before).
+  void DropCheckpoint10WhileSavesFail(std::string* id, std::string* manifest) {
+    const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+    *id = Submit(ElasticSpec(2, 5)).value().id();
+    StepCheckpointingEvery5(*id, 10);
+    ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(*id, w1, 1)).ok());
+    HeartbeatAllAndSchedule({w1, w2});
+    ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+    jobs_->FlushIo();
+    *manifest = OutputDir() + "/checkpoints/" + *id + "/step-00000010/manifest.json";
+    struct stat st;
+    ASSERT_EQ(stat(manifest->c_str(), &st), 0);
+    observing_.failing = true;
+    v1::ReportProgressRequest r = PeerFailure(*id, w1, 2);
+    r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+    r.set_peer_failure(false);
+    r.set_checkpoint_unusable(true);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  }
+
   // Starts `spec` on three new workers of kThirdModelMemory and runs it to
   // its checkpoint at step 5 (see ThreeThirdsJob).
   void StartThreeThirdsJob(const v1::JobSpec& spec, ThreeThirdsJob* run) {
@@ -1844,22 +1867,9 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
 // each time, until the job gave up with older checkpoints intact.
 TEST_F(JobManagerElasticTest, CheckpointUnusable_WhileSavesFail_FilesKeptUntilASaveSucceeds) {
   Reset(/*with_state=*/true);
-  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  StepCheckpointingEvery5(id, 10);
-  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
-  HeartbeatAllAndSchedule({w1, w2});
-  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
-  jobs_->FlushIo();
-  const std::string manifest = OutputDir() + "/checkpoints/" + id + "/step-00000010/manifest.json";
+  std::string id, manifest;
+  ASSERT_NO_FATAL_FAILURE(DropCheckpoint10WhileSavesFail(&id, &manifest));
   struct stat st;
-  ASSERT_EQ(stat(manifest.c_str(), &st), 0);
-  observing_.failing = true;
-  v1::ReportProgressRequest r = PeerFailure(id, w1, 2);
-  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
-  r.set_peer_failure(false);
-  r.set_checkpoint_unusable(true);
-  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   jobs_->FlushIo();
   EXPECT_EQ(stat(manifest.c_str(), &st), 0) << "removed although the stored state names it";
@@ -1877,22 +1887,9 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_WhileSavesFail_FilesKeptUntilAS
 // `checkpoint export` of the job's directory took the corrupt one.
 TEST_F(JobManagerElasticTest, CheckpointUnusable_EndedWhileSavesFail_NotPrunedBeforeTheRemoval) {
   Reset(/*with_state=*/true, /*max_ended_jobs=*/0);
-  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  StepCheckpointingEvery5(id, 10);
-  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
-  HeartbeatAllAndSchedule({w1, w2});
-  ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
-  jobs_->FlushIo();
-  const std::string manifest = OutputDir() + "/checkpoints/" + id + "/step-00000010/manifest.json";
+  std::string id, manifest;
+  ASSERT_NO_FATAL_FAILURE(DropCheckpoint10WhileSavesFail(&id, &manifest));
   struct stat st;
-  ASSERT_EQ(stat(manifest.c_str(), &st), 0);
-  observing_.failing = true;
-  v1::ReportProgressRequest r = PeerFailure(id, w1, 2);
-  r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
-  r.set_peer_failure(false);
-  r.set_checkpoint_unusable(true);
-  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   // Cancelled in memory; the call says its save failed.
   EXPECT_FALSE(jobs_->Cancel(id).ok());
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_CANCELLED);

@@ -125,19 +125,26 @@ Tensor ThisRanksPart(const Tensor& full, const ParameterShard& shard) {
   return shard.sharded() ? SliceShard(full, shard) : full.Clone();
 }
 
+double SecondsSince(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// Adds one collective to `stats`: `bytes` of fp32 values, `wire_bytes` of
+// them sent, begun at `start`.
+void CountCollectiveCall(IterationResult::CollectiveStats* stats, int64_t bytes, int64_t wire_bytes,
+                         SteadyClock::time_point start) {
+  ++stats->count;
+  stats->bytes += bytes;
+  stats->wire_bytes += wire_bytes;
+  stats->seconds += SecondsSince(start);
+}
+
 // Adds one collective to result->collectives[purpose].
 void CountCollective(IterationResult* result, const char* purpose, int64_t bytes,
                      SteadyClock::time_point start, int64_t wire_bytes = -1) {
   if (result == nullptr) return;
-  IterationResult::CollectiveStats& stats = result->collectives[purpose];
-  ++stats.count;
-  stats.bytes += bytes;
-  stats.wire_bytes += wire_bytes < 0 ? bytes : wire_bytes;
-  stats.seconds += std::chrono::duration<double>(SteadyClock::now() - start).count();
-}
-
-double SecondsSince(SteadyClock::time_point start) {
-  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+  CountCollectiveCall(&result->collectives[purpose], bytes, wire_bytes < 0 ? bytes : wire_bytes,
+                      start);
 }
 
 // A result's time spent waiting so far: in receives, and for the
@@ -1990,10 +1997,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
                                           const std::vector<Parameter*>& params,
                                           IterationResult::CollectiveStats* stats) {
   auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
-    ++stats->count;
-    stats->bytes += bytes;
-    stats->wire_bytes += wire_bytes;
-    stats->seconds += SecondsSince(start);
+    CountCollectiveCall(stats, bytes, wire_bytes, start);
   };
   const int rank = setup_.data_parallel_powersgd_rank;
   std::vector<Parameter*> flat_params;
@@ -2031,10 +2035,7 @@ absl::Status StageRuntime::AllReduceFlat(Collectives& collectives, int64_t itera
                                          const std::vector<Parameter*>& flat_params,
                                          IterationResult::CollectiveStats* stats) {
   auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
-    ++stats->count;
-    stats->bytes += bytes;
-    stats->wire_bytes += wire_bytes;
-    stats->seconds += SecondsSince(start);
+    CountCollectiveCall(stats, bytes, wire_bytes, start);
   };
   int64_t numel = 0;
   for (const Parameter* p : flat_params) numel += p->grad.numel();

@@ -296,11 +296,12 @@ TEST(HybridCompressionTest, MaskedSum_EmptyMaskOfZeroRows_Ok) {
   }
 }
 
-// Rank 1's token scores hold a NaN: every rank's comm status after
-// `waits` (given the comm, the data and rank's scores) over token_topk.
-std::vector<absl::Status> StatusesWithANanScore(
-    const std::function<void(CollectivesTensorParallelComm&, Tensor&, std::vector<float>&)>&
-        waits) {
+// Each of kRanks ranks runs `run` (given its rank and its comm, which
+// compresses with `compression`) on a thread of its own; their comms'
+// statuses after it.
+std::vector<absl::Status> CommStatusesOfRanks(
+    const std::string& compression,
+    const std::function<void(int, CollectivesTensorParallelComm&)>& run) {
   InProcessFabric fabric(kRanks);
   std::vector<absl::Status> status(kRanks);
   std::vector<std::thread> threads;
@@ -308,18 +309,29 @@ std::vector<absl::Status> StatusesWithANanScore(
     threads.emplace_back([&, r] {
       std::unique_ptr<Transport> transport = fabric.Connect(r);
       Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
-      CollectivesTensorParallelComm comm(
-          &collectives, CpuBackend(), *MakeTensorParallelCompression("token_topk:keep=0.5", "f"));
-      comm.BeginIteration(0);
-      Tensor data = Tensor::Filled({4, 8}, 1.f);  // one sample of 4 tokens
-      std::vector<float> scores = {1, 2, 3, 4};
-      if (r == 1) scores[2] = std::nanf("");
-      waits(comm, data, scores);
+      CollectivesTensorParallelComm comm(&collectives, CpuBackend(),
+                                         *MakeTensorParallelCompression(compression, "f"));
+      run(r, comm);
       status[r] = comm.status();
     });
   }
   for (std::thread& t : threads) t.join();
   return status;
+}
+
+// Rank 1's token scores hold a NaN: every rank's comm status after
+// `waits` (given the comm, the data and rank's scores) over token_topk.
+std::vector<absl::Status> StatusesWithANanScore(
+    const std::function<void(CollectivesTensorParallelComm&, Tensor&, std::vector<float>&)>&
+        waits) {
+  return CommStatusesOfRanks("token_topk:keep=0.5",
+                             [&](int r, CollectivesTensorParallelComm& comm) {
+                               comm.BeginIteration(0);
+                               Tensor data = Tensor::Filled({4, 8}, 1.f);  // one sample of 4 tokens
+                               std::vector<float> scores = {1, 2, 3, 4};
+                               if (r == 1) scores[2] = std::nanf("");
+                               waits(comm, data, scores);
+                             });
 }
 
 void ExpectNanScoreDataLoss(const std::vector<absl::Status>& status) {
@@ -366,28 +378,19 @@ TEST(HybridCompressionTest, FailedSumWaitedAfterALaterOne_StatusIsTheFirstFailur
 // iteration. The sums within the span are right.
 TEST(TensorParallelCommTest, AllReducesPastTheirTagSpan_ResourceExhausted) {
   for (bool eval : {false, true}) {
-    InProcessFabric fabric(kRanks);
-    std::vector<absl::Status> status(kRanks);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_ptr<Transport> transport = fabric.Connect(r);
-        Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
-        CollectivesTensorParallelComm comm(&collectives, CpuBackend());
-        comm.SetTagSpansForTesting(/*step=*/3, /*eval=*/2);
-        comm.BeginIteration(7, eval);
-        for (int i = 0; i < (eval ? 2 : 3); ++i) {
-          Tensor data = Tensor::Filled({2, 4}, float(r + 1));
-          comm.AllReduceSum(data);
-          EXPECT_EQ(data.ToVector(), std::vector<float>(8, 3.f)) << "sum " << i;
-        }
-        EXPECT_TRUE(comm.status().ok()) << comm.status();
-        Tensor past = Tensor::Filled({2, 4}, 1.f);
-        comm.AllReduceSum(past);
-        status[r] = comm.status();
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    const std::vector<absl::Status> status =
+        CommStatusesOfRanks("none", [&](int r, CollectivesTensorParallelComm& comm) {
+          comm.SetTagSpansForTesting(/*step=*/3, /*eval=*/2);
+          comm.BeginIteration(7, eval);
+          for (int i = 0; i < (eval ? 2 : 3); ++i) {
+            Tensor data = Tensor::Filled({2, 4}, float(r + 1));
+            comm.AllReduceSum(data);
+            EXPECT_EQ(data.ToVector(), std::vector<float>(8, 3.f)) << "sum " << i;
+          }
+          EXPECT_TRUE(comm.status().ok()) << comm.status();
+          Tensor past = Tensor::Filled({2, 4}, 1.f);
+          comm.AllReduceSum(past);
+        });
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(status[r].code(), absl::StatusCode::kResourceExhausted) << status[r];
       const std::string said = eval

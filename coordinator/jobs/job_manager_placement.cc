@@ -954,17 +954,18 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // loss (or its minimum) only while no other job waits for workers, as a
   // running job grows: before, it took every spare up to max_workers ahead
   // of a QUEUED job, which then waited until its queue timeout failed it.
+  // The bound goes to the arrangement, not the list: cut first, a spare of
+  // the wrong kind could take the place of the one a stage needs.
+  int most = MaxJobWorkers(record);
   if (!NoJobWaitsForSparesLocked(*reserved, &record)) {
-    const size_t keep =
-        std::max<size_t>({static_cast<size_t>(MinJobWorkers(record)),
-                          static_cast<size_t>(record.job.worker_ids_size()), alive.size()});
-    if (chosen.size() > keep) chosen.resize(keep);
+    most = std::min(most, std::max({MinJobWorkers(record), record.job.worker_ids_size(),
+                                    static_cast<int>(alive.size())}));
   }
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
   const std::vector<std::string> counted(
       chosen.begin(), chosen.begin() + std::min<int>(chosen.size(), MaxJobWorkers(record)));
-  chosen = UsableSetLocked(record, chosen, MaxJobWorkers(record));
+  chosen = UsableSetLocked(record, chosen, most);
   // Why it waits rather than plans; empty: it plans. The very workers a
   // plan was refused on for memory (with the spares dropped before it)
   // would be refused again, so it waits for another as for too few

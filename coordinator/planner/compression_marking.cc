@@ -15,14 +15,31 @@ namespace {
 
 std::string CodecOrRaw(const std::string& codec) { return codec == kCodecNone ? "" : codec; }
 
-void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
+// The units whose outputs feed a recompute (Bi-Partition): a recompute of
+// units [a, b) rebuilds their contexts from unit a - 1's output and each
+// from the last, so the forward passes it stands for must have run on the
+// same values. A lossy copy on any of those links (a routed input, a
+// forward output between two other workers) made the recompute save
+// contexts the forward never had: the backward then applied the real
+// forward's gradient at another point (with token top-k, to zeroed rows).
+std::set<int> RecomputedInputs(const std::vector<v1::Program>& programs) {
+  std::set<int> units;
+  for (const v1::Program& program : programs) {
+    for (const v1::Instruction& in : program.instructions()) {
+      if (!in.has_recompute()) continue;
+      const v1::UnitRange& r = in.recompute().units();
+      for (int u = r.begin() - 1; u + 1 < r.end(); ++u) units.insert(u);
+    }
+  }
+  return units;
+}
+
+// `exact_outputs`: the units whose activations stay raw (RecomputedInputs).
+void MarkProgram(const v1::CompressionSpec& c, const std::set<int>& exact_outputs,
+                 v1::Program* program) {
   int last_forward = -1;
-  std::set<int> forwarded;  // the units this program runs forward
   for (int i = 0; i < program->instructions_size(); ++i) {
-    if (!program->instructions(i).has_forward()) continue;
-    last_forward = i;
-    const v1::UnitRange& units = program->instructions(i).forward().units();
-    for (int u = units.begin(); u < units.end(); ++u) forwarded.insert(u);
+    if (program->instructions(i).has_forward()) last_forward = i;
   }
   const std::string forward = CodecOrRaw(c.forward());
   const std::string backward = CodecOrRaw(c.backward());
@@ -37,12 +54,7 @@ void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
     send->clear_epilogue();
     switch (send->tensor().kind()) {
       case v1::TENSOR_KIND_ACTIVATION:
-        // Raw when this stage itself runs the next unit forward: the send
-        // is another stage's recompute input (Bi-Partition), and a
-        // recompute from a lossy copy saved contexts the forward never
-        // had (the backward then applied the real forward's gradient at
-        // another point; with token top-k, to zeroed rows).
-        if (forwarded.count(send->tensor().unit() + 1) == 0) send->set_codec(forward);
+        if (exact_outputs.count(send->tensor().unit()) == 0) send->set_codec(forward);
         break;
       case v1::TENSOR_KIND_ACTIVATION_GRAD: {
         send->set_epilogue(i > last_forward);
@@ -95,7 +107,8 @@ void MarkRecvCodecs(std::vector<v1::Program>* programs) {
 }  // namespace
 
 void MarkCompression(const v1::CompressionSpec& compression, std::vector<v1::Program>* programs) {
-  for (v1::Program& program : *programs) MarkProgram(compression, &program);
+  const std::set<int> exact_outputs = RecomputedInputs(*programs);
+  for (v1::Program& program : *programs) MarkProgram(compression, exact_outputs, &program);
   MarkRecvCodecs(programs);
 }
 

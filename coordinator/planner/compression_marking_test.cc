@@ -212,6 +212,28 @@ TEST(MarkCompression, BiPartitionRecomputeInputFromTheForwardingWorker_StaysRaw)
   }
 }
 
+// A recompute spanning other workers' forward ranges: worker 1 recomputes
+// units 1-3 from unit 0's output, whose forward ran on worker 0 (units
+// 0-1) and worker 2 (units 2-7). Unit 1's output, worker 0's forward
+// output to worker 2, stays raw too: over a lossy link worker 2's forward
+// of units 2-3 would run on other values than worker 1's recompute.
+TEST(MarkCompression, BiPartitionRecomputeAcrossTwoForwardRanges_ItsInputsStayRaw) {
+  auto programs = CompileBiPartitionPrograms({{0, 2}, {2, 2}, {2, 8}}, {{0, 1}, {1, 4}, {4, 8}},
+                                             kUnits, 2, Schedule::kOneFOneB)
+                      .value();
+  MarkCompression(Spec("fp16", "none", false, false), &programs);
+  int raw = 0;
+  for (const v1::Program& program : programs) {
+    for (const auto& in : program.instructions()) {
+      if (!in.has_send() || in.send().tensor().kind() != v1::TENSOR_KIND_ACTIVATION) continue;
+      const int unit = in.send().tensor().unit();
+      EXPECT_EQ(in.send().codec(), unit <= 2 ? "" : "fp16") << DescribeInstruction(in);
+      raw += unit <= 2;
+    }
+  }
+  EXPECT_GT(raw, 0);
+}
+
 // Every Recv names the codec of the Send it is matched to (same tensor,
 // from its peer to this stage), "none" for raw ones: epilogue_only
 // compresses some gradient sends of a link and not others, so the codec

@@ -35,19 +35,16 @@ void ResetPaths(std::vector<v1::Program>* programs) {
 // not eligible or a lower stage of its host holds its GPU.
 std::vector<int> CandidateGroups(const std::vector<DeviceLinkMember>& members) {
   std::map<std::string, int> group_of_host;
-  // Every eligible stage so far, kept or not: a stage left out for sharing
-  // a lower one's GPU may still be the GPU of a later one (an ordinal
-  // matched where an address is missing), so it rules that one out too.
-  std::map<std::string, std::vector<size_t>> seen_on_host;
+  std::map<std::string, std::vector<size_t>> kept_on_host;  // stages holding a GPU
   std::vector<int> candidate(members.size(), -1);
   for (size_t s = 0; s < members.size(); ++s) {
     const DeviceLinkMember& m = members[s];
     if (m.host.empty() || m.nccl_unique_id.empty()) continue;
-    std::vector<size_t>& seen = seen_on_host[m.host];
+    std::vector<size_t>& kept = kept_on_host[m.host];
     const bool gpu_taken =
-        std::any_of(seen.begin(), seen.end(), [&](size_t t) { return SameGpu(members[t], m); });
-    seen.push_back(s);
+        std::any_of(kept.begin(), kept.end(), [&](size_t t) { return SameGpu(members[t], m); });
     if (gpu_taken) continue;
+    kept.push_back(s);
     const int next = static_cast<int>(group_of_host.size());
     candidate[s] = group_of_host.emplace(m.host, next).first->second;
   }

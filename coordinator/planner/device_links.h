@@ -11,9 +11,7 @@
 //    two eligible stages of a host may be on the same GPU (SameGpu: equal
 //    PCI addresses; equal ordinals when either reports no address), the
 //    lower stage keeps the GPU and the higher one stays out (NCCL refuses
-//    two ranks on one GPU), also when the lower one stays out itself (for
-//    a third one's GPU: the same GPU may hide behind a missing address).
-//    Several hosts give several groups.
+//    two ranks on one GPU). Several hosts give several groups.
 //  - Link a -> b (a, b in one candidate group): a's Sends to b of kind
 //    ACTIVATION or ACTIVATION_GRAD with an empty codec (compressed sends
 //    stay on the wire), in a's program order, and b's Recvs from a of those

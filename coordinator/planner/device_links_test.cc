@@ -562,9 +562,10 @@ void MarkSomeAtRandom(Draws& draws, std::vector<v1::Program>* programs) {
 }
 
 // The rules restated independently of the implementation: whether stage s
-// may be in a group at all (host and id present, and no lower such stage on
-// its host may hold its GPU: the same PCI address, or the same ordinal when
-// either has no address).
+// may be in a group at all (host and id present, and no lower eligible
+// stage on its host may hold its GPU: the same PCI address, or the same
+// ordinal when either has no address; a stage left out holds no GPU of a
+// group, so it rules out no other).
 std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
   std::vector<bool> eligible(members.size());
   auto basic = [&](size_t s) {
@@ -578,7 +579,7 @@ std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
       const bool same_gpu = both_addressed
                                 ? members[t].gpu_pci_bus_id == members[s].gpu_pci_bus_id
                                 : members[t].gpu_index == members[s].gpu_index;
-      if (basic(t) && members[t].host == members[s].host && same_gpu) {
+      if (eligible[t] && members[t].host == members[s].host && same_gpu) {
         eligible[s] = false;
       }
     }

@@ -2113,8 +2113,6 @@ Tensor StageRuntime::TakeRestoredResidual(const Parameter& p) {
 
 absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& params,
                                                 IterationResult::CollectiveStats* stats) {
-  std::vector<Tensor*> grads;
-  int64_t bytes = 0;
   for (Parameter* p : params) {
     const Tensor e = TakeRestoredResidual(*p);
     if (e.numel() > 0) {
@@ -2126,23 +2124,23 @@ absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& p
         std::memcpy(p->grad.data(), g.data(), g.size_bytes());
       }
     }
-    grads.push_back(&p->grad);
-    bytes += p->grad.size_bytes();
   }
-  if (grads.empty()) return absl::OkStatus();
-  const auto start = SteadyClock::now();
-  // The replicated tensors apart from the shards, as AllReduceGroup does.
+  // The replicated tensors apart from the shards, as AllReduceGroup does;
+  // each sum counted as the host branch counts its flat tensors (none for
+  // no elements), with the time to queue it (the stand-in's: the whole
+  // sum) and what crossed as fp32.
   for (const std::vector<Parameter*>& group : FlatGroups(params)) {
     std::vector<Tensor*> sums;
-    for (Parameter* p : group) sums.push_back(&p->grad);
-    if (!sums.empty()) RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(sums));
+    int64_t group_bytes = 0;
+    for (Parameter* p : group) {
+      sums.push_back(&p->grad);
+      group_bytes += p->grad.size_bytes();
+    }
+    if (group_bytes == 0) continue;
+    const auto start = SteadyClock::now();
+    RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(sums));
+    CountCollectiveCall(stats, group_bytes, group_bytes, start);
   }
-  // The time to queue it (the stand-in's: the whole sum); what crossed is
-  // counted as fp32, as the exact host branch counts it.
-  ++stats->count;
-  stats->bytes += bytes;
-  stats->wire_bytes += bytes;
-  stats->seconds += SecondsSince(start);
   return absl::OkStatus();
 }
 

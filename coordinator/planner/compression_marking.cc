@@ -15,20 +15,41 @@ namespace {
 
 std::string CodecOrRaw(const std::string& codec) { return codec == kCodecNone ? "" : codec; }
 
-// The units whose outputs feed a recompute (Bi-Partition): a recompute of
-// units [a, b) rebuilds their contexts from unit a - 1's output and each
-// from the last, so the forward passes it stands for must have run on the
-// same values. A lossy copy on any of those links (a routed input, a
-// forward output between two other workers) made the recompute save
-// contexts the forward never had: the backward then applied the real
-// forward's gradient at another point (with token top-k, to zeroed rows).
+// The units whose outputs must stay raw for the recomputes (Bi-Partition):
+// a recompute of units [a, b) on worker W rebuilds their contexts from
+// unit a - 1's output and each from the last, so the forward passes it
+// stands for must have run on the same values. A lossy copy made the
+// recompute save contexts the forward never had, and the backward applied
+// the real forward's gradient at another point (with token top-k, to
+// zeroed rows). So raw: the outputs of units a .. b - 2 (where the forward
+// crossed between workers inside the run, W recomputes from exact values);
+// and unit a - 1's where the forward of unit a ran on the exact value (the
+// same worker forwarded a - 1 and a) or W holds it exactly (W forwarded
+// a - 1). Otherwise unit a's forward and W's recompute decode the same
+// payload, and it may stay compressed.
 std::set<int> RecomputedInputs(const std::vector<v1::Program>& programs) {
+  std::map<int, int> forwarded_by;  // unit -> program
+  for (int w = 0; w < static_cast<int>(programs.size()); ++w) {
+    for (const v1::Instruction& in : programs[w].instructions()) {
+      if (!in.has_forward()) continue;
+      const v1::UnitRange& r = in.forward().units();
+      for (int u = r.begin(); u < r.end(); ++u) forwarded_by[u] = w;
+    }
+  }
+  const auto owner = [&forwarded_by](int unit) {
+    auto it = forwarded_by.find(unit);
+    return it == forwarded_by.end() ? -1 : it->second;
+  };
   std::set<int> units;
-  for (const v1::Program& program : programs) {
-    for (const v1::Instruction& in : program.instructions()) {
+  for (int w = 0; w < static_cast<int>(programs.size()); ++w) {
+    for (const v1::Instruction& in : programs[w].instructions()) {
       if (!in.has_recompute()) continue;
       const v1::UnitRange& r = in.recompute().units();
-      for (int u = r.begin() - 1; u + 1 < r.end(); ++u) units.insert(u);
+      for (int u = r.begin(); u + 1 < r.end(); ++u) units.insert(u);
+      const int input = r.begin() - 1;
+      if (input >= 0 && (owner(input) == owner(r.begin()) || owner(input) == w)) {
+        units.insert(input);
+      }
     }
   }
   return units;

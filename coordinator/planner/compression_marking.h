@@ -5,12 +5,12 @@
 // into the Recv instructions, so that its receiver decodes only that codec.
 //
 // Rules (DESIGN.md §6; Optimus-CC §5):
-//  - ACTIVATION sends get the forward codec, except those of the units
-//    whose outputs a Recompute of any program stands on (Bi-Partition: a
-//    recompute of units [a, b) rebuilds them from unit a - 1's output and
-//    each from the last; over a lossy link the forward would have run on
-//    other values than the recompute, which the backward then mixes);
-//    ACTIVATION_GRAD sends the
+//  - ACTIVATION sends get the forward codec, except those a Bi-Partition
+//    recompute of units [a, b) must see exactly as the forward did: the
+//    outputs of units a .. b - 2, and unit a - 1's unless both the forward
+//    of unit a and the recompute decode the same payload (over a lossy
+//    link the forward would have run on other values than the recompute,
+//    which the backward then mixes); ACTIVATION_GRAD sends the
 //    backward codec; TIED_EMBEDDING_GRAD and UNIT_WEIGHTS stay raw (the tied
 //    gradient must be summed exactly on both holders, and weight copies must
 //    stay bitwise equal to their owner's).

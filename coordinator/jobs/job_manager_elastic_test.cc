@@ -322,14 +322,17 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   // Every writer of checkpoint `step`: the workers of replica 0 at tensor
-  // rank 0 (in a plain pipeline, every stage).
+  // rank 0 (in a plain pipeline, every stage), as the plan assigns them
+  // before the first report (a boundary's checkpoint re-plans once
+  // complete, and the workers' assignments change).
   void CheckpointAll(const std::string& id, int64_t step) {
     const v1::Job job = jobs_->Get(id).value();
+    std::vector<int> writers;
     for (int g = 0; g < job.worker_ids_size(); ++g) {
       const v1::Assignment a = AssignmentOf(job.worker_ids(g));
-      if (a.replica() != 0 || a.tensor_rank() != 0) continue;
-      ASSERT_TRUE(Checkpoint(id, g, step).ok());
+      if (a.replica() == 0 && a.tensor_rank() == 0) writers.push_back(g);
     }
+    for (int g : writers) ASSERT_TRUE(Checkpoint(id, g, step).ok());
   }
 
   // Steps 1 to `last` of job `id`, every stage checkpointing each step
@@ -1475,6 +1478,41 @@ TEST_F(JobManagerElasticTest, Drain_OnlySpareOfAnotherKind_Refused) {
   AddGpuWorker(7006);
   Schedule();
   EXPECT_TRUE(jobs_->Drain(g1).ok());
+}
+
+// The drain of a GPU stage's worker, while another job waits for workers:
+// the boundary holds the GPU spare that can take its place, not the CPU
+// spare first by id, and re-plans on it. Held by count, the CPU was held,
+// the GPU not (no job may grow into it then), and the re-plan found no
+// arrangement and recovered.
+TEST_F(JobManagerElasticTest, DrainBoundary_WhileAJobWaits_HoldsTheSpareOfTheNeededKind) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  const std::string c3 = AddWorker(7003), c4 = AddWorker(7004);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(EveryStageOfOneKind(id));
+  StepEveryWorker(id, 1, 1);
+  v1::JobSpec waiting_spec = ElasticSpec(3, 5);
+  waiting_spec.mutable_elastic()->set_min_workers(3);
+  const std::string waiting = Submit(waiting_spec).value().id();
+  AddWorker(7005);  // a CPU spare, first by id
+  const std::string g6 = AddGpuWorker(7006);
+  Schedule();
+  ASSERT_EQ(jobs_->Get(waiting).value().state(), v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(jobs_->Drain(g1).ok());
+  const int64_t boundary = StepEveryWorker(id, 2, 1);
+  ASSERT_GT(boundary, 2) << jobs_->Get(id).value().reason();
+  for (int64_t step = 3; step <= boundary; ++step) StepEveryWorker(id, step, 1);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  std::vector<std::string> want = {g2, c3, c4, g6};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(SortedWorkerIdsOf(job), want);
+  EXPECT_TRUE(EveryStageOfOneKind(id));
 }
 
 // A data-parallel job on four GPUs loses one; the spares are a CPU (first

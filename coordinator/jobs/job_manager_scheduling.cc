@@ -353,24 +353,30 @@ std::vector<std::string> JobManager::OwnSparesLocked(const JobRecord& record) co
 
 void JobManager::HoldBoundarySparesLocked(JobRecord& record) {
   if (!HoldsSparesLocked(record)) return;
-  const std::vector<std::string> own = OwnWorkersLocked(record);
-  const int staying = static_cast<int>(std::count_if(
-      own.begin(), own.end(), [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !IsDrainedLocked(w);
-      }));
-  const std::vector<std::string> spares = OwnSparesLocked(record);
-  size_t need = 0;
-  while (need < spares.size() &&
-         UsableWorkers(record, staying + static_cast<int>(need)) < MinJobWorkers(record)) {
-    ++need;
+  std::vector<std::string> candidates;  // those staying, then the spares
+  for (const std::string& w : OwnWorkersLocked(record)) {
+    if (!IsDrainedLocked(w)) candidates.push_back(w);
   }
-  // Too few even with every spare: the boundary's re-plan waits for
-  // workers as a recovery does; those there are held all the same.
+  const int min = MinJobWorkers(record);
+  const bool staying_enough =
+      static_cast<int>(UsableSetLocked(record, candidates, min).size()) >= min;
+  const std::vector<std::string> spares = OwnSparesLocked(record);
+  candidates.insert(candidates.end(), spares.begin(), spares.end());
+  // The spares a plan of its minimum would take beside those staying,
+  // arranged by device kind (the first ones by count held a CPU for a GPU
+  // stage's place). Too few even with every spare: the boundary's re-plan
+  // waits for workers as a recovery does; those there are held all the
+  // same.
+  const std::vector<std::string> usable =
+      staying_enough ? std::vector<std::string>() : UsableSetLocked(record, candidates, min);
+  const bool enough = static_cast<int>(usable.size()) >= min;
   std::vector<std::string> held;
   for (const std::string& w : spares) {
     const bool joiner =
         std::count(record.boundary_joiners.begin(), record.boundary_joiners.end(), w) > 0;
-    if (joiner || held.size() < need) held.push_back(w);
+    const bool needed =
+        !staying_enough && (!enough || std::count(usable.begin(), usable.end(), w) > 0);
+    if (joiner || needed) held.push_back(w);
   }
   record.boundary_held = std::move(held);
 }
@@ -562,7 +568,10 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   std::stable_partition(spares.begin(), spares.end(),
                         [&held_for_it](const std::string& w) { return held_for_it.count(w) > 0; });
   for (const std::string& w : spares) {
-    const bool past_minimum = static_cast<int>(chosen.size()) >= MinJobWorkers(record);
+    // By the set a plan could use (arranged by device kind), not the count.
+    const bool past_minimum =
+        static_cast<int>(UsableSetLocked(record, chosen, MaxJobWorkers(record)).size()) >=
+        MinJobWorkers(record);
     if (past_minimum && !may_grow && held_for_it.count(w) == 0) continue;
     chosen.push_back(w);
   }

@@ -1996,9 +1996,6 @@ std::vector<std::vector<Parameter*>> StageRuntime::FlatGroups(
 absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                                           const std::vector<Parameter*>& params,
                                           IterationResult::CollectiveStats* stats) {
-  auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
-    CountCollectiveCall(stats, bytes, wire_bytes, start);
-  };
   const int rank = setup_.data_parallel_powersgd_rank;
   std::vector<Parameter*> flat_params;
   for (Parameter* p : params) {
@@ -2013,7 +2010,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
                                       /*error_feedback=*/true, g, &dp_feedback_[p->name]));
     tag += 2;
     // What crossed: P [rows, r] and Q [cols, r], all-reduced.
-    count(g.size_bytes(), int64_t{rank} * (rows + cols) * 4, start);
+    CountCollectiveCall(stats, g.size_bytes(), int64_t{rank} * (rows + cols) * 4, start);
     if (p->grad.on_device()) {
       setup_.backend->CopyFromHost(g, &p->grad);
     } else {
@@ -2034,9 +2031,6 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
 absl::Status StageRuntime::AllReduceFlat(Collectives& collectives, int64_t iteration, int tag,
                                          const std::vector<Parameter*>& flat_params,
                                          IterationResult::CollectiveStats* stats) {
-  auto count = [stats](int64_t bytes, int64_t wire_bytes, SteadyClock::time_point start) {
-    CountCollectiveCall(stats, bytes, wire_bytes, start);
-  };
   int64_t numel = 0;
   for (const Parameter* p : flat_params) numel += p->grad.numel();
   if (numel == 0) return absl::OkStatus();
@@ -2069,7 +2063,7 @@ absl::Status StageRuntime::AllReduceFlat(Collectives& collectives, int64_t itera
     Tensor dropped;
     RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, tag, *dp_quantizer_, numel, flat,
                                                  /*stats=*/nullptr, &dropped));
-    count(flat.size_bytes(), dp_quantizer_->EncodedBytes({numel}), start);
+    CountCollectiveCall(stats, flat.size_bytes(), dp_quantizer_->EncodedBytes({numel}), start);
     offset = 0;
     for (const Parameter* p : flat_params) {
       const int64_t n = p->grad.numel();
@@ -2087,7 +2081,7 @@ absl::Status StageRuntime::AllReduceFlat(Collectives& collectives, int64_t itera
       offset += p->grad.numel();
     }
     RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
-    count(flat.size_bytes(), flat.size_bytes(), start);
+    CountCollectiveCall(stats, flat.size_bytes(), flat.size_bytes(), start);
   }
   offset = 0;
   for (Parameter* p : flat_params) {

@@ -513,6 +513,15 @@ class JobManagerElasticTest : public ::testing::Test {
     CheckpointAll(id, boundary);
     return jobs_->Get(id).value();
   }
+  // Step 2 of job `id` on every worker, whose reports must ask for a
+  // boundary (one micro-batch each), the steps up to it, and its
+  // checkpoint.
+  void PassBoundaryEveryWorker(const std::string& id) {
+    const int64_t boundary = StepEveryWorker(id, 2, 1);
+    ASSERT_GT(boundary, 2) << jobs_->Get(id).value().reason();
+    for (int64_t step = 3; step <= boundary; ++step) StepEveryWorker(id, step, 1);
+    CheckpointAll(id, boundary);
+  }
   // A 2-stage job (spec.elastic.max_workers 3) on two new workers that ran
   // step 1, then a spare (port 7003) its step-2 report asks a growth
   // boundary for: `boundary` is that step (0: none asked for).
@@ -1439,10 +1448,7 @@ TEST_F(JobManagerElasticTest, DataParallelGrowth_SparesOfBothKinds_NewStageOfOne
   StepEveryWorker(id, 1, 1);
   const std::string c3 = AddWorker(7003), g4 = AddGpuWorker(7004), c5 = AddWorker(7005);
   Schedule();
-  const int64_t boundary = StepEveryWorker(id, 2, 1);
-  ASSERT_GT(boundary, 2) << jobs_->Get(id).value().reason();
-  for (int64_t step = 3; step <= boundary; ++step) StepEveryWorker(id, step, 1);
-  CheckpointAll(id, boundary);
+  ASSERT_NO_FATAL_FAILURE(PassBoundaryEveryWorker(id));
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g2, c3, c5}));
@@ -1503,10 +1509,7 @@ TEST_F(JobManagerElasticTest, DrainBoundary_WhileAJobWaits_HoldsTheSpareOfTheNee
   Schedule();
   ASSERT_EQ(jobs_->Get(waiting).value().state(), v1::JOB_STATE_QUEUED);
   ASSERT_TRUE(jobs_->Drain(g1).ok());
-  const int64_t boundary = StepEveryWorker(id, 2, 1);
-  ASSERT_GT(boundary, 2) << jobs_->Get(id).value().reason();
-  for (int64_t step = 3; step <= boundary; ++step) StepEveryWorker(id, step, 1);
-  CheckpointAll(id, boundary);
+  ASSERT_NO_FATAL_FAILURE(PassBoundaryEveryWorker(id));
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   std::vector<std::string> want = {g2, c3, c4, g6};

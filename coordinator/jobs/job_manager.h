@@ -610,9 +610,13 @@ class JobManager {
     AnalyticAttention profiling_attention = AnalyticAttention::kCpu;
     bool profile_in_flight = false;
     // The profile the first plan used; re-plans reuse it (no profiling in
-    // the middle of a recovery).
+    // the middle of a recovery), with memory sized for the attention of
+    // the workers each plan places (ProfileForAttentions).
     std::optional<ModelProfile> profile;
     std::string profile_source;
+    // How the worker the profile is of ran attention (the first plan's
+    // first worker); nullopt in state stored before it was kept.
+    std::optional<AnalyticAttention> profile_attention;
     double reference_gflops = 0;
     // spec.checkpoint (null without).
     std::unique_ptr<CheckpointCatalog> checkpoints;

@@ -1372,6 +1372,61 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   EXPECT_EQ(jobs_->ReportProgress(old).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A job profiled on flash-attention GPUs recovers onto a CPU spare: the
+// re-plan sizes the attention stash for the CPU, which keeps the B·H·T²
+// probabilities that flash does not. With the first plan's profile as it
+// was, the CPU stage's memory was understated (it ran out at run time).
+// With a coordinator restart instead of the loss, the kind the profile is
+// of comes back with it from the store.
+class AnotherAttentionTest : public JobManagerElasticTest,
+                             public ::testing::WithParamInterface<bool> {};
+
+TEST_P(AnotherAttentionTest, RecoveryOntoASpareOfAnotherAttention_MemorySizedForIt) {
+  const bool restart = GetParam();
+  if (restart) Reset(/*with_state=*/true);
+  v1::RegisterWorkerRequest flash = GpuWorkerRequest(7001);
+  flash.mutable_device()->set_backend(
+      "cuda:0 (NVIDIA H100), bf16 GEMMs (aligned-copies), flash attention (mma)");
+  const std::string g1 = Register(flash);
+  flash.set_data_address("127.0.0.1:7002");
+  flash.mutable_device()->set_gpu_index(2);
+  const std::string g2 = Register(flash);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string c3 = AddWorker(7003);  // a CPU spare
+  const std::string first = jobs_->GetPlan(id).value().profile_source();
+  EXPECT_FALSE(absl::StrContains(first, "attention (analytic)")) << first;
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  if (restart) {
+    jobs_->FlushIo();
+    Reset(/*with_state=*/true);
+    ASSERT_TRUE(jobs_->Restore().ok());
+  }
+  registry_.MarkLost(g2, incarnations_[g2], "killed");
+  HeartbeatAllAndSchedule({g1, c3});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  const std::string source = jobs_->GetPlan(id).value().profile_source();
+  if (!restart) {
+    EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{g1, c3}));
+    EXPECT_TRUE(absl::StrContains(
+        source, "; stash and transient memory also sized for CPU attention (analytic)"))
+        << source;
+  } else {
+    // The restored job re-plans on c3 alone (g1 is still held by the first
+    // plan in this test's registry, which did not restart): the CPU's
+    // sizes replace the profile's, as its kind (flash) came back from the
+    // store; not known, both would count ("also sized for").
+    EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{c3}));
+    EXPECT_TRUE(absl::StrContains(source,
+                                  "; stash and transient memory sized for CPU attention "
+                                  "(analytic), not the profile's CUDA flash"))
+        << source;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WithAndWithoutARestart, AnotherAttentionTest, ::testing::Bool());
+
 // A worker whose process restarts registers again (same address, a new
 // incarnation) before its loss was noticed: the job recovers without the
 // old incarnation and takes the new one back, rather than counting the

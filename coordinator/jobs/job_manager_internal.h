@@ -13,8 +13,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/planner/profile.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
+#include "proto/pipetrain/v1/profile.pb.h"
+#include "worker/model/gpt_config.h"
 
 namespace pipetrain::job_manager_internal {
 
@@ -28,6 +31,15 @@ inline constexpr double kMaxReportedStepSeconds = 1e6;
 // planner models itself, coordinator/planner/host_sharing.h); on a GPU,
 // w's own. (job_manager_placement.cc)
 double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w);
+
+// The sizes `model`'s shape gives each unit for `request` on workers that
+// run attention as `attention` (the analytic profile's), and its FLOPs as
+// seconds at kModelSizesFlopsPerSecond: what a worker's profile must agree
+// with (CheckWorkerProfile), the transient bytes a device profile does not
+// measure (FromProto), and the memory of workers of another kind than the
+// profile's (ProfileForAttentions). (job_manager_profiling.cc)
+ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request,
+                        AnalyticAttention attention);
 
 // Whether `marks` (worker id -> incarnation: a job's unfit or
 // refused_for_memory workers, the drained ones) holds `worker_id` in this

@@ -28,6 +28,7 @@ namespace pipetrain {
 using job_manager_internal::HostGflops;
 using job_manager_internal::IsGoneWorker;
 using job_manager_internal::MarkedInIncarnation;
+using job_manager_internal::ModelSizes;
 using job_manager_internal::NotAmong;
 
 namespace job_manager_internal {
@@ -161,6 +162,8 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   }
   record.profile = profile;
   record.profile_source = source;
+  // Cached, measured or analytic, it is of workers[0]'s device kind.
+  record.profile_attention = AnalyticAttentionOf(infos[0].device());
   record.reference_gflops = reference_gflops;
   PendingPlacement pending;
   pending.origin = PlacementOrigin::kInitial;
@@ -260,8 +263,16 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   input.auto_layout_workers = record.auto_layout_workers;
   input.auto_layout_compression = record.auto_layout_compression;
   input.auto_layout_parallelism = record.auto_layout_parallelism;
-  input.profile = *record.profile;
-  input.profile_source = record.profile_source;
+  std::vector<AnalyticAttention> attentions;
+  for (const v1::Worker& w : infos) attentions.push_back(AnalyticAttentionOf(w.device()));
+  std::string sized_for;
+  input.profile = ProfileForAttentions(
+      *record.profile, record.profile_attention, attentions,
+      [&](AnalyticAttention kind) {
+        return ModelSizes(record.resolved.train.model, ProfileRequestFor(record), kind);
+      },
+      &sized_for);
+  input.profile_source = absl::StrCat(record.profile_source, sized_for);
   input.reason = pending.reason;
   input.queued_at = elapsed_clock_->Now();
   pending.workers = positions;

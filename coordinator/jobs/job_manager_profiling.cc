@@ -21,6 +21,7 @@
 namespace pipetrain {
 
 using job_manager_internal::HostGflops;
+using job_manager_internal::ModelSizes;
 
 namespace {
 
@@ -31,18 +32,14 @@ std::vector<std::string> UnitNamesOf(const GptConfig& model) {
   return names;
 }
 
-// The sizes `model`'s shape gives each unit for `request` on workers that
-// run attention as `attention` (the analytic profile's), and its FLOPs as
-// seconds at kModelSizesFlopsPerSecond: what a worker's profile must agree
-// with (CheckWorkerProfile), and the transient bytes a device profile does
-// not measure (FromProto).
-ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request,
-                        AnalyticAttention attention) {
+}  // namespace
+
+ModelProfile job_manager_internal::ModelSizes(const GptConfig& model,
+                                              const v1::ProfileRequest& request,
+                                              AnalyticAttention attention) {
   return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(),
                          kModelSizesFlopsPerSecond, attention);
 }
-
-}  // namespace
 
 void JobManager::AwaitProfiling() {
   // A fetch's end schedules the queue, which may start another fetch: until

@@ -49,6 +49,9 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
     stored.set_profile_json(ProfileToJson(*record.profile, /*indent=*/-1));
   }
   stored.set_profile_source(record.profile_source);
+  if (record.profile_attention.has_value()) {
+    stored.set_profile_attention(static_cast<int>(*record.profile_attention) + 1);
+  }
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
   stored.set_furthest_checkpoint_step(record.furthest_checkpoint_step);
@@ -361,6 +364,19 @@ absl::Status JobManager::Restore() {
       if (profile_mismatch.empty()) record->profile = *std::move(profile);
     }
     record->profile_source = s.profile_source();
+    switch (s.profile_attention()) {
+      case static_cast<int>(AnalyticAttention::kCpu) + 1:
+        record->profile_attention = AnalyticAttention::kCpu;
+        break;
+      case static_cast<int>(AnalyticAttention::kCudaGemm) + 1:
+        record->profile_attention = AnalyticAttention::kCudaGemm;
+        break;
+      case static_cast<int>(AnalyticAttention::kCudaFlash) + 1:
+        record->profile_attention = AnalyticAttention::kCudaFlash;
+        break;
+      default:  // stored before it was kept: not known
+        break;
+    }
     record->reference_gflops = s.reference_gflops();
     record->recoveries_without_progress = s.recoveries_without_progress();
     record->request_spec_sha256 = s.request_spec_sha256();

@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 
@@ -75,6 +76,66 @@ ModelProfile FromProto(const v1::ModelProfile& p, const ModelProfile* model_size
   }
   for (const v1::CodecTiming& c : p.codecs()) {
     out.codec_all_reduce_seconds_per_byte[c.codec()] = c.all_reduce_seconds_per_byte();
+  }
+  return out;
+}
+
+const char* AnalyticAttentionName(AnalyticAttention attention) {
+  switch (attention) {
+    case AnalyticAttention::kCpu:
+      return "CPU";
+    case AnalyticAttention::kCudaGemm:
+      return "CUDA GEMM";
+    case AnalyticAttention::kCudaFlash:
+      return "CUDA flash";
+  }
+  return "unknown";
+}
+
+ModelProfile ProfileForAttentions(const ModelProfile& profile,
+                                  std::optional<AnalyticAttention> profiled,
+                                  const std::vector<AnalyticAttention>& placed,
+                                  const std::function<ModelProfile(AnalyticAttention)>& sizes_of,
+                                  std::string* note) {
+  if (note != nullptr) note->clear();
+  std::set<AnalyticAttention> others;
+  bool profiled_placed = false;
+  for (AnalyticAttention kind : placed) {
+    if (profiled.has_value() && kind == *profiled) {
+      profiled_placed = true;
+    } else {
+      others.insert(kind);
+    }
+  }
+  if (others.empty()) return profile;
+  ModelProfile out = profile;
+  // The profile's own sizes count where its kind runs, or may (not known).
+  const bool keep_own = profiled_placed || !profiled.has_value();
+  if (!keep_own) {
+    for (UnitProfile& u : out.units) u.stash_bytes = u.transient_bytes = 0;
+  }
+  std::vector<std::string> names;
+  for (AnalyticAttention kind : others) {
+    names.push_back(AnalyticAttentionName(kind));
+    const ModelProfile sizes = sizes_of(kind);
+    for (size_t i = 0; i < out.units.size() && i < sizes.units.size(); ++i) {
+      out.units[i].stash_bytes = std::max(out.units[i].stash_bytes, sizes.units[i].stash_bytes);
+      out.units[i].transient_bytes =
+          std::max(out.units[i].transient_bytes, sizes.units[i].transient_bytes);
+    }
+  }
+  bool changed = false;
+  for (size_t i = 0; i < out.units.size(); ++i) {
+    changed = changed || out.units[i].stash_bytes != profile.units[i].stash_bytes ||
+              out.units[i].transient_bytes != profile.units[i].transient_bytes;
+  }
+  if (note != nullptr && changed) {
+    *note = keep_own ? absl::StrCat("; stash and transient memory also sized for ",
+                                    absl::StrJoin(names, " and "), " attention (analytic)")
+                     : absl::StrCat("; stash and transient memory sized for ",
+                                    absl::StrJoin(names, " and "),
+                                    " attention (analytic), not the profile's ",
+                                    AnalyticAttentionName(*profiled));
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #define PIPETRAIN_COORDINATOR_JOBS_PROFILE_CACHE_H_
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,6 +60,30 @@ AnalyticAttention AnalyticAttentionOf(const v1::DeviceInfo& device);
 // the profiler did not measure (0: a device backend) takes model_sizes'
 // (AnalyticProfile's, one unit each), when given.
 ModelProfile FromProto(const v1::ModelProfile& profile, const ModelProfile* model_sizes = nullptr);
+
+// The profile a plan on workers that run attention as `placed` (each
+// AnalyticAttentionOf the placed workers' devices) prices memory with:
+// `profile`, measured (or analytic) on a worker running it as `profiled`
+// (nullopt: not known, state stored before it was kept), with each unit's
+// stash_bytes and transient_bytes raised to the most another placed kind
+// needs (`sizes_of(kind)`: ModelSizes, one unit each in the profile's
+// order). Where `profiled` is known and not placed at all, the placed
+// kinds' sizes replace the profile's. Times are kept (the planner scales
+// them by each worker's speed). One profile prices every worker of a plan,
+// and a re-plan onto a spare of another kind reused the first plan's: a
+// flash-attention profile understated a CPU spare's stash by the B·H·T²
+// probabilities of each micro-batch in flight (it ran out of memory at run
+// time), a CPU profile overstated flash workers' (a spare that fits was
+// refused as unfit). `note`, when not null, is set to what changed ("" when
+// nothing did), for the plan's profile_source.
+ModelProfile ProfileForAttentions(const ModelProfile& profile,
+                                  std::optional<AnalyticAttention> profiled,
+                                  const std::vector<AnalyticAttention>& placed,
+                                  const std::function<ModelProfile(AnalyticAttention)>& sizes_of,
+                                  std::string* note);
+
+// How AnalyticAttention reads in a plan's profile_source.
+const char* AnalyticAttentionName(AnalyticAttention attention);
 
 // Bounds of a worker's profile (CheckWorkerProfile).
 inline constexpr double kMaxProfileSeconds = 1e6;  // a unit's pass, ~11 days

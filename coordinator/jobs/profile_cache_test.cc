@@ -20,6 +20,87 @@ v1::ProfileRequest Request() {
   return r;
 }
 
+// ProfileForAttentions' inputs: a measured profile of two units and, by
+// kind, sizes that tell the kinds apart (attention's probabilities are
+// stashed on CPU and GEMM attention, not with flash).
+ModelProfile TwoUnits(double stash, double transient) {
+  ModelProfile p;
+  p.units.push_back({"block0.attn", 1.0, 2.0, 1000, 64, stash});
+  p.units.back().transient_bytes = transient;
+  p.units.push_back({"block0.mlp", 1.0, 2.0, 4000, 64, 300});
+  p.units.back().transient_bytes = 30;
+  return p;
+}
+
+ModelProfile SizesOf(AnalyticAttention kind) {
+  switch (kind) {
+    case AnalyticAttention::kCpu:
+      return TwoUnits(900, 40);
+    case AnalyticAttention::kCudaGemm:
+      return TwoUnits(900, 700);
+    case AnalyticAttention::kCudaFlash:
+      return TwoUnits(90, 8);
+  }
+  return {};
+}
+
+// A re-plan that adds a CPU spare to a job profiled on flash-attention GPUs
+// sizes the attention stash for the CPU, which keeps the probabilities.
+TEST(ProfileForAttentionsTest, AnotherKindPlaced_MemoryRaisedToItsSizes) {
+  const ModelProfile flash = TwoUnits(100, 10);  // measured on flash
+  std::string note;
+  const ModelProfile out = ProfileForAttentions(
+      flash, AnalyticAttention::kCudaFlash,
+      {AnalyticAttention::kCudaFlash, AnalyticAttention::kCpu}, SizesOf, &note);
+  ASSERT_EQ(out.units.size(), 2u);
+  EXPECT_EQ(out.units[0].stash_bytes, 900);
+  EXPECT_EQ(out.units[0].transient_bytes, 40);
+  EXPECT_EQ(out.units[1].stash_bytes, 300);  // the measured one is larger
+  EXPECT_EQ(out.units[1].transient_bytes, 30);
+  EXPECT_EQ(out.units[0].fwd_seconds, 1.0);  // times kept
+  EXPECT_EQ(out.units[0].weight_bytes, 1000);
+  EXPECT_EQ(note, "; stash and transient memory also sized for CPU attention (analytic)");
+}
+
+// Every placed worker of another kind than the profile's: that kind's
+// sizes, not the profile's larger ones (a fitting spare is not refused).
+TEST(ProfileForAttentionsTest, ProfileKindNotPlaced_ItsSizesReplaced) {
+  const ModelProfile cpu = TwoUnits(950, 45);  // measured on a CPU
+  std::string note;
+  const ModelProfile out = ProfileForAttentions(
+      cpu, AnalyticAttention::kCpu, {AnalyticAttention::kCudaFlash, AnalyticAttention::kCudaFlash},
+      SizesOf, &note);
+  EXPECT_EQ(out.units[0].stash_bytes, 90);
+  EXPECT_EQ(out.units[0].transient_bytes, 8);
+  EXPECT_EQ(out.units[1].stash_bytes, 300);  // TwoUnits' mlp, any kind
+  EXPECT_EQ(note,
+            "; stash and transient memory sized for CUDA flash attention (analytic), not the "
+            "profile's CPU");
+}
+
+// The profile's own kind only: unchanged, and nothing noted.
+TEST(ProfileForAttentionsTest, SameKind_Unchanged) {
+  const ModelProfile flash = TwoUnits(100, 10);
+  std::string note = "stale";
+  const ModelProfile out = ProfileForAttentions(flash, AnalyticAttention::kCudaFlash,
+                                                {AnalyticAttention::kCudaFlash}, SizesOf, &note);
+  EXPECT_EQ(out.units[0].stash_bytes, 100);
+  EXPECT_EQ(out.units[0].transient_bytes, 10);
+  EXPECT_EQ(note, "");
+}
+
+// The profile's kind not known (state stored before it was kept): the
+// most of the profile's and the placed kinds' sizes.
+TEST(ProfileForAttentionsTest, ProfileKindUnknown_MostOfBoth) {
+  const ModelProfile measured = TwoUnits(100, 800);
+  std::string note;
+  const ModelProfile out =
+      ProfileForAttentions(measured, std::nullopt, {AnalyticAttention::kCudaGemm}, SizesOf, &note);
+  EXPECT_EQ(out.units[0].stash_bytes, 900);
+  EXPECT_EQ(out.units[0].transient_bytes, 800);
+  EXPECT_EQ(note, "; stash and transient memory also sized for CUDA GEMM attention (analytic)");
+}
+
 // A profile with partition timings is another measurement than one without:
 // the key tells them apart, so a cached plain profile never stands in.
 TEST(ProfileKeyTest, PartitionsAskedFor_PartOfTheKey) {

@@ -16,7 +16,7 @@
 //   3 time passes (a byte, x 100 ms), then CheckLeases
 //   4 Assign two workers (a byte each) to a job, or Release it (bit 3)
 //   5 MarkLost: a worker number and an incarnation
-//   6 AuthenticateSession with a token (uint16-length-prefixed)
+//   6 AuthenticateSession and IsStaleSession with a token (uint16-length-prefixed)
 //   7 NcclUniqueId, then ConsumeNcclUniqueId with what it returned
 // Worker numbers n name "w-<n % 10>".
 //
@@ -119,6 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 6: {
         const std::string_view token = in.LengthPrefixed();
         (void)registry.AuthenticateSession(absl::string_view(token.data(), token.size()));
+        // Every refusal asks this too (grpc_service CountRefusal).
+        (void)registry.IsStaleSession(absl::string_view(token.data(), token.size()));
         break;
       }
       case 7: {

@@ -285,7 +285,10 @@ bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
   const Entry* entry = FindLocked(parts->worker_id);
   if (entry == nullptr) return false;
   // The incarnation before the current one, with its own secret: proven.
-  if (parts->incarnation + 1 == entry->worker.incarnation()) {
+  // Compared as current - 1: a token's incarnation is any int64 a stranger
+  // sends, and INT64_MAX + 1 overflowed (undefined; a sanitizer build
+  // aborted on it).
+  if (entry->worker.incarnation() > 1 && parts->incarnation == entry->worker.incarnation() - 1) {
     return !entry->previous_secret.empty() &&
            ConstantTimeEquals(parts->secret, entry->previous_secret);
   }

@@ -922,6 +922,9 @@ TEST(WorkerRegistryTest, Restore_NoSessionUntilTheWorkerRegistersAgain) {
   EXPECT_TRUE(after.IsStaleSession(again->session_token()));
   EXPECT_FALSE(after.IsStaleSession("w-1.2.abc"));
   EXPECT_FALSE(after.IsStaleSession(old_token));
+  // A stranger's incarnation at the end of int64: refused, without the
+  // overflow `incarnation + 1` was (UBSan aborts on it in asan builds).
+  EXPECT_FALSE(after.IsStaleSession("w-1.9223372036854775807.abc"));
 }
 
 TEST(WorkerRegistryTest, Register_PersistFails_UnavailableNothingAcknowledged) {

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/enum_names.h"
 #include "common/job_state.h"
 #include "common/metrics/build_info_metric.h"
@@ -34,9 +36,11 @@ std::vector<std::string> CoordinatorMethods() {
 bool IsCountable(double seconds) { return std::isfinite(seconds) && seconds > 0; }
 
 // A small plan takes milliseconds; planner.h's budget allows a few seconds
-// of solving, and a plan may queue behind others.
+// of solving. A plan may queue behind others and behind a large job's final
+// weights file, which can take minutes: up to 10 min, so that p95 does not
+// stop at the top bucket.
 prometheus::Histogram::BucketBoundaries PlanSecondsBuckets() {
-  return {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 }
 
 }  // namespace
@@ -49,6 +53,18 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
       http_(*registry_),
       exposition_({registry_.get(), &process_}) {
   AddBuildInfo(*registry_);
+  // Only a serving coordinator makes these metrics (a follower serves
+  // follower_http.h's), so this is when it began serving: its counters
+  // start at 0 then. PipetrainJobFailed reads a count above 0 soon after
+  // as recent failures, whatever Prometheus remembers.
+  prometheus::BuildGauge()
+      .Name("pipetrain_coordinator_serving_since_timestamp_seconds")
+      .Help(
+          "When this coordinator began serving (started, or won the leader election), "
+          "Unix seconds; its counters start at 0 then.")
+      .Register(*registry_)
+      .Add({})
+      .Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   workers_by_state_ =
       &prometheus::BuildGauge()
            .Name("pipetrain_workers")
@@ -223,8 +239,10 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                "A stage writing its unit files of a checkpoint (off the training thread), "
                "seconds.")
            .Register(*registry_)
+           // Up to 1 h: a unit file may hold 64 GiB, written and fsynced to
+           // a shared volume (NFS) that may be slow or filling up.
            .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                                                            10, 30, 60});
+                                                            10, 30, 60, 120, 300, 600, 1800, 3600});
   plan_seconds_ = &prometheus::BuildHistogram()
                        .Name("pipetrain_plan_seconds")
                        .Help(

@@ -35,10 +35,12 @@
 //   pipetrain_checkpoints_total{result}           counter  checkpoints complete / stage writes
 //                                                          failed
 //   pipetrain_checkpoint_write_seconds            histogram  a stage writing its unit files
+//                                                          (buckets to 1 h)
 //   pipetrain_checkpoint_bytes_total              counter  bytes of complete checkpoints
 //   pipetrain_plan_seconds{phase}                 histogram  a placement's planning: queued
 //                                                          (waiting for the job manager's
 //                                                          background thread), computing
+//                                                          (buckets to 10 min)
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
 //   pipetrain_jobs_checkpoint_failing             gauge    jobs not ended whose checkpoint
@@ -62,6 +64,11 @@
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
 //   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
+//   pipetrain_coordinator_serving_since_timestamp_seconds  gauge  when this coordinator began
+//                                                          serving (Unix seconds): these
+//                                                          metrics are made then, after
+//                                                          winning the election with
+//                                                          etcd, and followers have none
 //   process_cpu_seconds_total, process_resident_memory_bytes, ...  (process_collector.h)
 //
 // (*) of the "current" job: the most recently submitted RUNNING job, or, when
@@ -118,6 +125,9 @@ class CoordinatorMetrics {
   static constexpr int kMaxStageLabel = 63;
 
   // `workers` and `jobs` are read by Refresh; not owned, must outlive this.
+  // Made when the coordinator begins serving (after the election), before
+  // JobManager::Restore: now is pipetrain_coordinator_serving_since_
+  // timestamp_seconds.
   CoordinatorMetrics(const WorkerRegistry* workers, const JobManager* jobs);
   CoordinatorMetrics(const CoordinatorMetrics&) = delete;
   CoordinatorMetrics& operator=(const CoordinatorMetrics&) = delete;

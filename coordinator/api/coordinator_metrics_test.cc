@@ -1,6 +1,7 @@
 // CoordinatorMetrics' token counter over a JobManager whose ended jobs are
-// pruned: it forgets pruned jobs, and counts a listed job's steps once; and
-// the recovery reasons it serves.
+// pruned: it forgets pruned jobs, and counts a listed job's steps once; the
+// recovery reasons it serves, its histograms' top buckets and when it began
+// serving.
 #include "coordinator/api/coordinator_metrics.h"
 
 #include <iterator>
@@ -10,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
@@ -219,6 +222,41 @@ TEST_F(ScrapedMetricsTest, RestRefusals_401And403Counted) {
                         "/v1/jobs/{id}:cancel\"}"),
             1);
   EXPECT_FALSE(absl::StrContains(text, "code=\"NOT_FOUND\",method=\"POST")) << text;
+}
+
+// A checkpoint write of 20 minutes (a large unit file on a slow shared
+// volume) and a plan queued 4 minutes behind a final weights file land in
+// buckets of their own: the top bucket was 60 s for both, where p95 stops.
+TEST_F(ScrapedMetricsTest, Histograms_LongCheckpointWritesAndPlansHaveBuckets) {
+  const JobEvents events = metrics_.Events();
+  events.checkpoint_written(20 * 60);
+  events.planned(4 * 60, 0.5);
+  const std::string text = Scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_checkpoint_write_seconds_bucket{le=\"600\"}"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_checkpoint_write_seconds_bucket{le=\"1800\"}"), 1) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_plan_seconds_bucket{phase=\"queued\",le=\"120\"}"), 0)
+      << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_plan_seconds_bucket{phase=\"queued\",le=\"300\"}"), 1)
+      << text;
+}
+
+// PipetrainJobFailed reads a failure count as recent while the serving
+// coordinator is young: the gauge is there from the first scrape, set to
+// when the metrics were made (not a process start: a follower that wins
+// the election later makes them then).
+TEST(CoordinatorMetricsTest, ServingSince_WhenTheMetricsWereMade) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  const double before = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  CoordinatorMetrics metrics(&workers, &jobs);
+  const double after = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  const std::string text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  const double since = SeriesValue(text, "pipetrain_coordinator_serving_since_timestamp_seconds");
+  // The exposition's digits may round it by a little.
+  EXPECT_GE(since, before - 1) << text;
+  EXPECT_LE(since, after + 1) << text;
 }
 
 // The dashboard's $worker lists pipetrain_worker_info's addresses. A worker

@@ -70,6 +70,14 @@ bool IsLoopbackHost(absl::string_view host) {
   return false;
 }
 
+bool IsIpLiteral(absl::string_view host) {
+  if (host.empty()) return false;
+  const std::string text(host);  // inet_pton wants a NUL-terminated string
+  in_addr v4;
+  in6_addr v6;
+  return inet_pton(AF_INET, text.c_str(), &v4) == 1 || inet_pton(AF_INET6, text.c_str(), &v6) == 1;
+}
+
 bool IsWildcardHost(absl::string_view host) {
   if (host.empty()) return false;
   const std::string text(host);  // the libc parsers want a NUL-terminated string

@@ -35,6 +35,11 @@ std::string JoinHostPort(absl::string_view host, int port);
 // trailing dot is allowed. Any other name may resolve elsewhere.
 bool IsLoopbackHost(absl::string_view host);
 
+// Whether `host` (no brackets, no port) is an IPv4 address in dotted-quad
+// form or an IPv6 address (inet_pton's forms): no name, so nothing a DNS
+// answer can point elsewhere (DNS rebinding needs a name).
+bool IsIpLiteral(absl::string_view host);
+
 // Whether `host` (no brackets, no port) is an address that binds every
 // interface: IPv4's 0.0.0.0 in any form inet_aton reads ("0", "0.0.0"), or
 // IPv6's unspecified address in any spelling ("::", "::0", "0:0::0") or

@@ -98,6 +98,17 @@ TEST(IsWildcardHostTest, EverySpellingOfTheAnyAddress) {
   }
 }
 
+TEST(IsIpLiteralTest, AddressesNotNames) {
+  EXPECT_TRUE(IsIpLiteral("10.1.2.3"));
+  EXPECT_TRUE(IsIpLiteral("::1"));
+  EXPECT_TRUE(IsIpLiteral("fe80::1"));
+  EXPECT_TRUE(IsIpLiteral("::ffff:10.0.0.1"));
+  EXPECT_FALSE(IsIpLiteral("evil.example"));
+  EXPECT_FALSE(IsIpLiteral("10.1.2.3.nip.io"));
+  EXPECT_FALSE(IsIpLiteral("[::1]"));
+  EXPECT_FALSE(IsIpLiteral(""));
+}
+
 TEST(HostOfHostHeaderTest, PortAndBracketsRemoved) {
   EXPECT_EQ(HostOfHostHeader("127.0.0.1:8080"), "127.0.0.1");
   EXPECT_EQ(HostOfHostHeader("localhost"), "localhost");

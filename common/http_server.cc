@@ -166,26 +166,6 @@ class GatedServer : public httplib::Server {
   // listening socket only changes the backlog. Requires: bound.
   void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
 
-  // Whether the listening socket's address is loopback. The host given to
-  // bind goes through getaddrinfo, so spellings IsLoopbackHost does not
-  // take (127.1, a name resolving to 127.0.1.1) bind loopback too.
-  // Requires: bound.
-  bool BoundToLoopback() const {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    if (getsockname(svr_sock_, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = nullptr;
-    if (address.ss_family == AF_INET) {
-      raw = &reinterpret_cast<const sockaddr_in*>(&address)->sin_addr;
-    } else if (address.ss_family == AF_INET6) {
-      raw = &reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr;
-    } else {
-      return false;
-    }
-    return inet_ntop(address.ss_family, raw, text, sizeof(text)) != nullptr && IsLoopbackHost(text);
-  }
-
   // Runs `request` through httplib's parser, routing and handlers; returns
   // the response as bytes ("Connection: close"). Thread-safe once serving
   // (routes are read only).
@@ -259,9 +239,11 @@ HttpServer::HttpServer(Options options)
 }
 
 bool HttpServer::HostAllowed(const std::string& host_header) const {
-  if (!loopback_names_only_ || host_header.empty()) return true;  // HTTP/1.0 sends none
+  if (!own_names_only_ || host_header.empty()) return true;  // HTTP/1.0 sends none
   absl::string_view host = HostOfHostHeader(host_header);
-  if (IsLoopbackHost(host) || absl::EqualsIgnoreCase(host, bound_host_)) return true;
+  if (IsIpLiteral(host) || IsLoopbackHost(host) || absl::EqualsIgnoreCase(host, bound_host_)) {
+    return true;
+  }
   if (absl::EndsWith(host, ".")) host.remove_suffix(1);
   return !machine_name_.empty() && absl::EqualsIgnoreCase(host, machine_name_);
 }
@@ -299,10 +281,11 @@ void HttpServer::InstallHooks() {
     if (const std::string host = req.get_header_value("Host"); !HostAllowed(host)) {
       Apply(JsonError(403, "PERMISSION_DENIED",
                       absl::StrCat("request for host ", EchoInput(host),
-                                   " refused: this server has no token and listens on loopback, "
-                                   "so it answers only requests addressed to localhost, "
-                                   "127.0.0.0/8, [::1] or this machine's name (a web page whose "
-                                   "name resolves to loopback must not reach it)")),
+                                   " refused: this server has no token, so it answers only "
+                                   "requests addressed to an IP address, localhost or this "
+                                   "machine's name (a web page whose name resolves to this "
+                                   "server must not reach it); give it a token to be reached "
+                                   "by other names")),
             res);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -415,7 +398,7 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   }
   server_->WidenBacklog();
   bound_host_ = host;
-  loopback_names_only_ = options_.bearer_token.empty() && server_->BoundToLoopback();
+  own_names_only_ = options_.bearer_token.empty();
   handlers_ = std::make_unique<FixedThreadPool>(options_.handler_threads);
   probes_ = std::make_unique<FixedThreadPool>(1);
   HttpGate::Options gate;

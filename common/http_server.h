@@ -36,15 +36,17 @@
 // {"code":7,...}, token or not; clients that send no Origin (curl, the CLI,
 // Prometheus) are unaffected.
 //
-// DNS rebinding: a server without a bearer token bound to a loopback
-// address (an --insecure coordinator on 127.0.0.1; judged by the address
-// the socket got, so 127.1 or a host name resolving to 127.0.1.1 count)
-// answers the routes (not the public paths) only for a Host header naming
-// loopback (IsLoopbackHost: localhost, 127.0.0.0/8, [::1]), this machine's
-// name or the host as Start was given it; others get 403 {"code":7,...}. A web page whose own name
-// an attacker points at 127.0.0.1 would otherwise be same-origin with the API, and pass the Origin
-// check. With a token it gains nothing (it has none), so a server with one, or bound elsewhere,
-// answers any Host.
+// DNS rebinding: a server without a bearer token (an --insecure
+// coordinator), wherever it is bound, answers the routes (not the public
+// paths) only for a Host header that is an IP address (IsIpLiteral), names
+// loopback (IsLoopbackHost: localhost, *.localhost), or is this machine's
+// name or the host as Start was given it; others get 403 {"code":7,...}. A
+// web page whose own name an attacker points at this server's address
+// would otherwise be same-origin with the API, and pass the Origin check;
+// a wildcard socket (0.0.0.0, the Docker image's) listens on loopback and
+// every LAN address too. An address cannot be rebound, so clients that
+// use one are unaffected. With a token the page gains nothing (it has
+// none), so a server with one answers any Host.
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
@@ -247,9 +249,9 @@ class HttpServer {
   std::thread thread_;                         // httplib's accept loop
   std::atomic<bool> listen_returned_{false};
   std::atomic<bool> stopping_{false};  // Stop has begun: the accept loop's end is expected
-  // Set by Start when bound to a loopback address without a bearer token:
-  // requests must then address this machine by a loopback name (see above).
-  std::atomic<bool> loopback_names_only_{false};
+  // Set by Start when there is no bearer token: requests must then address
+  // this machine by an address or one of its own names (see above).
+  std::atomic<bool> own_names_only_{false};
   // gethostname()'s answer (at construction), which on Debian resolves to
   // 127.0.1.1; empty when it failed.
   const std::string machine_name_;

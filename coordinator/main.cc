@@ -242,7 +242,11 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
 }
 
 // How often the coordinator pings an idle client connection, and how long
-// it waits for the answer before it closes it.
+// it waits for the answer before it closes it: at least this, and at least
+// the workers' --lease-seconds (at most a day). A closed connection ends
+// its WatchAssignments stream, which marks the worker LOST: with a fixed
+// 20 s, a lease raised to ride out longer outages bought nothing past
+// about 80 s.
 constexpr absl::Duration kCoordinatorServerKeepalive = absl::Seconds(60);
 constexpr absl::Duration kCoordinatorServerKeepaliveTimeout = absl::Seconds(20);
 
@@ -262,7 +266,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   // A WatchAssignments stream sends nothing between a worker's assignments:
   // one from a host that vanished without closing stayed open (its reactor,
   // connection and last message) for up to gRPC's default 2 h.
-  PingIdleClients(builder, kCoordinatorServerKeepalive, kCoordinatorServerKeepaliveTimeout);
+  PingIdleClients(builder, kCoordinatorServerKeepalive,
+                  std::clamp(absl::Seconds(config.flags.lease_seconds),
+                             kCoordinatorServerKeepaliveTimeout, absl::Hours(24)));
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -35,6 +35,17 @@
 
 namespace pipetrain {
 
+absl::Duration ReportRetryForLease(absl::Duration lease, absl::Duration heartbeat_interval) {
+  const absl::Duration least = absl::Seconds(60), most = absl::Hours(24);
+  // Either may be anything a coordinator sent (or infinite): compared,
+  // never summed past `most`.
+  if (!(lease > absl::ZeroDuration()) || !(heartbeat_interval >= absl::ZeroDuration())) {
+    return least;
+  }
+  if (lease >= most || heartbeat_interval >= most - lease) return most;
+  return std::max(least, lease + heartbeat_interval);
+}
+
 int AssignmentWorkerCount(const v1::Assignment& a) {
   return std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
 }

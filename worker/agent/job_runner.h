@@ -113,6 +113,14 @@ struct JobRunnerOptions {
   absl::Duration report_retry_for = absl::Seconds(60);
 };
 
+// JobRunnerOptions::report_retry_for for a worker whose coordinator gave it
+// `lease` (RegisterWorkerResponse.lease_seconds) and `heartbeat_interval`:
+// 60 s, or the lease and one heartbeat when longer, at most a day. An
+// operator raises --lease-seconds to ride out longer outages; a stage
+// that gave up its reports after 60 s ended the step for the job (one
+// without checkpoints failed) while its lease still held.
+absl::Duration ReportRetryForLease(absl::Duration lease, absl::Duration heartbeat_interval);
+
 // The job's name on the data plane for one plan version ("job-1/2"): a
 // re-planned job is another data-plane job, so no frame of the old plan
 // can reach the new one (Mailbox::OpenJob).
@@ -218,7 +226,8 @@ class JobRunner {
   // A report (an iteration's, a checkpoint's, the start barrier's or a
   // failure's), sent again after UNAVAILABLE or DEADLINE_EXCEEDED (a
   // coordinator restarting, a leader change, a lost answer) until
-  // options_.report_retry_for (60 s) has passed since the first failure,
+  // options_.report_retry_for (60 s, or the lease: ReportRetryForLease)
+  // has passed since the first failure,
   // 0.5 s, 1 s, 2 s and then 4 s apart, unless the runner stops: an outage must not end a
   // stage whose data plane is fine, nor leave a step boundary waiting for a
   // checkpoint report that never came (the coordinator re-plans only once

@@ -266,6 +266,19 @@ v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule)
   return a;
 }
 
+// Reports are sent again for 60 s, or for the worker's lease and one
+// heartbeat when longer (at most a day), whatever the coordinator sent.
+TEST(ReportRetryForLeaseTest, SixtySecondsOrTheLeaseAndAHeartbeat) {
+  EXPECT_EQ(ReportRetryForLease(absl::Seconds(5), absl::Seconds(1)), absl::Seconds(60));
+  EXPECT_EQ(ReportRetryForLease(absl::Seconds(300), absl::Seconds(2)), absl::Seconds(302));
+  EXPECT_EQ(ReportRetryForLease(absl::ZeroDuration(), absl::Seconds(1)), absl::Seconds(60));
+  EXPECT_EQ(ReportRetryForLease(absl::Hours(30), absl::Seconds(1)), absl::Hours(24));
+  EXPECT_EQ(ReportRetryForLease(absl::InfiniteDuration(), absl::InfiniteDuration()),
+            absl::Hours(24));
+  EXPECT_EQ(ReportRetryForLease(absl::Hours(23), absl::InfiniteDuration()), absl::Hours(24));
+  EXPECT_EQ(ReportRetryForLease(absl::Seconds(-3), absl::Seconds(1)), absl::Seconds(60));
+}
+
 TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
   InProcessFabric fabric(2);
   FakeLink link;

@@ -1,6 +1,7 @@
 #include "worker/agent/worker_agent.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/build_identity.h"
@@ -261,6 +262,10 @@ void WorkerAgent::RecordRegistrationLocked(const v1::RegisterWorkerRequest& requ
   session_->Set(response.session_token());
   if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
   heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
+  // Bounded where used (ReportRetryForLease); NaN is no duration.
+  lease_ = std::isfinite(response.lease_seconds()) && response.lease_seconds() > 0
+               ? absl::Seconds(std::min(response.lease_seconds(), 1e7))
+               : absl::ZeroDuration();
   ++registrations_;  // wakes a watch loop waiting out its backoff
   PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
                << "), data plane " << data_plane_->address()
@@ -669,6 +674,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     }
     runner_options.worker_id = worker_id_;
     runner_options.incarnation = incarnation_;
+    runner_options.report_retry_for = ReportRetryForLease(lease_, heartbeat_interval_);
   }
   runner_options.recv_timeout = options_.recv_timeout;
   runner_options.backend = options_.backend;

@@ -249,6 +249,8 @@ class WorkerAgent {
   // outlives a coordinator restart. Never cleared: a new process is not.
   bool drained_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  // The lease the coordinator holds this worker to (ReportRetryForLease).
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The heartbeat call in flight, which Leave() cancels (and every later one).
   CallCancel heartbeat_cancel_;

@@ -856,7 +856,10 @@ class JobManager {
     absl::Status status;
     CompiledPlan compiled;
     std::optional<ResolvedJobSpec> chosen;  // an auto layout's spec
-    std::string placed_reason;              // reason, and the layout chosen
+    // An auto layout's position order of the placed workers (indices into
+    // PendingPlacement::workers; ChosenJobLayout::order); empty: theirs.
+    std::vector<size_t> order;
+    std::string placed_reason;  // reason, and the layout chosen
     // Every worker's data-plane keys for this plan ([w] for worker w).
     std::vector<DataPlaneKeys> data_plane_keys;
     // Seconds waiting for the background thread, and computing (both 0 when

@@ -2788,6 +2788,25 @@ TEST_F(JobManagerElasticTest, Drain_JoiningWorker_RefusedUntilItsRegistrationIsS
   EXPECT_TRUE(jobs_->IsDrained(registry_.Get(w1).value()));
 }
 
+// An auto layout on GPU and CPU workers whose ids interleave the kinds:
+// the 2 x 2 layout is planned on them arranged by kind (each stage's
+// replicas of one kind), not refused, and the job is placed in that order.
+// In id order its stage 0 was w1 (CPU) and w3 (GPU): "no plan".
+TEST_F(JobManagerElasticTest, AutoLayout_KindsInterleaved_ReplicatedLayoutArrangedByKind) {
+  AddWorker(7001), AddWorker(7002), AddGpuWorker(7003), AddGpuWorker(7004);
+  const std::string id = Submit(AutoLayoutSpec(4, 1)).value().id();
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.plan_history_size(), 1);
+  const std::string& reason = job.plan_history(0).reason();
+  EXPECT_TRUE(absl::StrContains(reason, "predicted s/step: 1 x 4 0.")) << reason;
+  EXPECT_TRUE(absl::StrContains(reason, ", 2 x 2 0.")) << reason;
+  EXPECT_FALSE(absl::StrContains(reason, "no plan")) << reason;
+  // Chosen: it predicts the shorter step here (both print as 0.0004).
+  ASSERT_EQ(job.spec().parallelism().data(), 2) << reason;
+  EXPECT_TRUE(EveryStageOfOneKind(id));
+}
+
 // Draining an auto layout's worker: allowed while the rest still has a
 // layout. With 2 tensor ranks per stage, one worker left has none (refused,
 // saying so); searching T, one worker is a layout (1 x 1 x 1).

@@ -340,6 +340,7 @@ JobManager::PlanningOutput JobManager::PlanPlacement(const PlanningInput& in) {
     out.placed_reason = absl::StrCat(in.reason, "; ", DescribeLayoutChoice(*chose));
     resolved = std::move(chose->resolved);
     out.chosen = resolved;
+    out.order = std::move(chose->order);
     chosen = std::move(chose->compiled);
   }
   // A re-plan may use another number of stages (spec.elastic); the
@@ -609,6 +610,21 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   if (output.chosen.has_value()) {
     record.resolved = *std::move(output.chosen);
     *record.job.mutable_spec() = record.resolved.spec;
+  }
+  // The chosen layout was planned on the workers arranged by kind: its
+  // positions are theirs in that order.
+  if (!output.order.empty()) {
+    PT_CHECK(output.order.size() == pending.workers.size() &&
+             pending.infos.size() == pending.workers.size())
+        << output.order.size() << " positions for " << pending.workers.size() << " workers";
+    std::vector<std::string> workers;
+    std::vector<v1::Worker> infos;
+    for (size_t i : output.order) {
+      workers.push_back(pending.workers.at(i));
+      infos.push_back(pending.infos.at(i));
+    }
+    pending.workers = std::move(workers);
+    pending.infos = std::move(infos);
   }
   if (pending.origin == PlacementOrigin::kRecovery) {
     v1::JobProgress* p = record.job.mutable_progress();

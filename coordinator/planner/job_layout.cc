@@ -1,10 +1,13 @@
 #include "coordinator/planner/job_layout.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/planner/data_parallel_layout.h"
 
 namespace pipetrain {
 namespace {
@@ -13,6 +16,26 @@ namespace {
 std::string TrialName(const LayoutTrial& t, bool searched_tensor) {
   return searched_tensor ? absl::StrCat(t.data_parallel, " x ", t.stages, " x ", t.tensor_parallel)
                          : absl::StrCat(t.data_parallel, " x ", t.stages);
+}
+
+// Where `cluster` mixes GPU and CPU workers and the layout has replicas
+// or tensor ranks: the order that gives each stage's workers one kind
+// (ArrangeByDeviceKind), when it is not the cluster's own. In the
+// cluster's order such a layout's plan was refused (CheckReplicaDevices)
+// whenever the ids interleaved the kinds, and with no other layout the
+// job failed.
+std::vector<size_t> OneKindOrder(const ClusterSpec& cluster, const LayoutDegrees& degrees) {
+  if (degrees.data_parallel == 1 && degrees.tensor_parallel == 1) return {};
+  std::vector<bool> gpu;
+  for (const WorkerSpec& w : cluster.workers) gpu.push_back(w.gpu);
+  if (std::all_of(gpu.begin(), gpu.end(), [&](bool g) { return g == gpu[0]; })) return {};
+  std::optional<std::vector<size_t>> order =
+      ArrangeByDeviceKind(gpu, degrees.data_parallel, degrees.stages, degrees.tensor_parallel);
+  if (!order.has_value() || order->size() != cluster.workers.size()) return {};
+  for (size_t i = 0; i < order->size(); ++i) {
+    if ((*order)[i] != i) return *std::move(order);
+  }
+  return {};
 }
 
 }  // namespace
@@ -40,8 +63,15 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
     trial.stages = degrees.stages;
     trial.tensor_parallel = degrees.tensor_parallel;
     absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, degrees);
+    std::vector<size_t> order = OneKindOrder(cluster, degrees);
+    ClusterSpec arranged;
+    if (!order.empty()) {
+      arranged = cluster;
+      for (size_t i = 0; i < order.size(); ++i) arranged.workers[i] = cluster.workers[order[i]];
+    }
     absl::StatusOr<CompiledPlan> compiled =
-        layout.ok() ? PlanJob(*layout, job_id, version, profile, cluster, profile_source)
+        layout.ok() ? PlanJob(*layout, job_id, version, profile, order.empty() ? cluster : arranged,
+                              profile_source)
                     : absl::StatusOr<CompiledPlan>(layout.status());
     trial.status = compiled.status();
     if (compiled.ok()) {
@@ -51,6 +81,7 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
         found = true;
         best.resolved = *std::move(layout);
         best.compiled = *std::move(compiled);
+        best.order = std::move(order);
       }
     }
     trials.push_back(std::move(trial));

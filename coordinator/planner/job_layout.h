@@ -48,19 +48,24 @@ struct ChosenJobLayout {
   // with why ("T 2 (tensor parallelism of 2 does not divide
   // model.vocab_size 50257 ...)"), so a choice of single ranks says why.
   std::vector<std::string> tensor_not_tried;
+  // The cluster's workers in the kept plan's position order (indices into
+  // cluster.workers), when that differs from the cluster's own: a layout
+  // with replicas or tensor ranks is planned on the workers arranged so
+  // that each stage's are of one kind (ArrangeByDeviceKind), as a job that
+  // named the layout is placed. Empty: the cluster's order.
+  std::vector<size_t> order;
 };
 
 // Plans every layout of `auto_spec` (data_parallel == kDataParallelAuto,
-// layout_workers == cluster.workers.size()) and returns the one with the
-// lowest predicted step; ties go to the smaller T, then the smaller D
-// (less tensor-parallel, then gradient, traffic for the same predicted
-// time). Deterministic: the choice depends only on
-// the inputs. The other arguments are PlanJob's, which gives the plan its
-// version and job id.
-// Errors: INVALID_ARGUMENT when auto_spec is not auto or the cluster's
-// size is not its workers; when no layout has a plan, the first layout's
-// error code with every layout's reason in the message ("no layout of 4
-// workers has a plan: 1 x 4: ...; 2 x 2: ...").
+// layout_workers == cluster.workers.size()), each on the cluster's workers
+// arranged by device kind where it mixes GPUs and CPUs (ChosenJobLayout::
+// order), and returns the one with the lowest predicted step; ties go to the smaller T, then the
+// smaller D (less tensor-parallel, then gradient, traffic for the same predicted time).
+// Deterministic: the choice depends only on the inputs. The other arguments are PlanJob's, which
+// gives the plan its version and job id. Errors: INVALID_ARGUMENT when auto_spec is not auto or the
+// cluster's size is not its workers; when no layout has a plan, the first layout's error code with
+// every layout's reason in the message ("no layout of 4 workers has a plan: 1 x 4: ...; 2 x 2:
+// ...").
 absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec,
                                                 const std::string& job_id, int64_t version,
                                                 const ModelProfile& profile,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "coordinator/planner/cluster_testing.h"
+#include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
@@ -120,6 +121,46 @@ TEST(ChooseJobLayout, FastLinks_AllReplicasSlowLinks_ThePipeline) {
   EXPECT_EQ(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e6, 1e-4)), 1);
   EXPECT_GT(ChosenAgainstBruteForce(6, testing::TestCluster(6, 1e8, 1e-4)), 0);  // 1 x 6 or 2 x 3
   EXPECT_EQ(ChosenAgainstBruteForce(1, testing::TestCluster(1, 1e8, 1e-4)), 1);
+}
+
+// GPU and CPU workers whose order interleaves the kinds: every layout with
+// replicas is planned on them arranged so that each stage's replicas are
+// of one kind (as a job naming its layout is placed), and the order is
+// returned for the placement. In the cluster's order each layout was
+// refused (CheckReplicaDevices), and with no single pipeline possible
+// (8 stages of 6 units) the job failed.
+TEST(ChooseJobLayout, KindsInterleaved_EachLayoutArrangedByKind) {
+  ClusterSpec cluster = testing::TestCluster(8, 1e10, 1e-6);
+  for (int i : {2, 3, 4, 5}) cluster.workers[i].gpu = true;
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(8)).value();
+  absl::StatusOr<ChosenJobLayout> choice =
+      ChooseJobLayout(automatic, "job", 1, ProfileOf(automatic), cluster, "analytic");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  for (const LayoutTrial& t : choice->trials) {
+    EXPECT_TRUE(t.status.ok()) << t.data_parallel << " x " << t.stages << ": " << t.status;
+  }
+  ASSERT_EQ(choice->order.size(), 8u);
+  std::vector<size_t> sorted = choice->order;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) EXPECT_EQ(sorted[i], i);
+  ClusterSpec arranged = cluster;
+  for (size_t i = 0; i < 8; ++i) arranged.workers[i] = cluster.workers[choice->order[i]];
+  EXPECT_TRUE(
+      CheckReplicaDevices(arranged, choice->resolved.data_parallel, choice->resolved.stages, 1)
+          .ok());
+  EXPECT_FALSE(
+      CheckReplicaDevices(cluster, choice->resolved.data_parallel, choice->resolved.stages, 1)
+          .ok());
+  // The plan names the arranged workers at their positions.
+  for (int p = 0; p < choice->compiled.plan.stages_size(); ++p) {
+    EXPECT_EQ(choice->compiled.plan.stages(p).worker_id(), arranged.workers[p].name) << p;
+  }
+  // One kind only: the cluster's order, nothing to return.
+  const ClusterSpec cpus = testing::TestCluster(8, 1e10, 1e-6);
+  absl::StatusOr<ChosenJobLayout> plain =
+      ChooseJobLayout(automatic, "job", 1, ProfileOf(automatic), cpus, "analytic");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->order.empty());
 }
 
 // Stages of 2 tensor ranks: 8 workers are 4 groups, laid out as 1 x 4,

@@ -122,6 +122,14 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& r) {
     const int residuals = !dp_compressed ? 0 : replicas <= kMaxFeedbackReplicasKept ? replicas : 1;
     copies += static_cast<double>(tensor) * (3 + residuals);
   }
+  if (tensor > 1 && !r.spec.output().weights_path().empty()) {
+    // After the last step, rank 0 (replica 0's) gathers its stage's sharded
+    // parameters unsplit for the final weights' upload, T times its shards
+    // beside them (UnsplitParameterCopies), while the previous step's
+    // checkpoint may still be written from its snapshot. Unbudgeted, a plan
+    // packed to its limit could be killed at the end, losing the run.
+    copies += tensor;
+  }
   return copies;
 }
 

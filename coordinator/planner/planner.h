@@ -54,7 +54,9 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 // compression one residual per gradient; with checkpoints the writer's
 // host snapshot while one is written, 3 (weights and both AdamW moments)
 // plus, with compression, every replica's residuals (one, their sum, past
-// kMaxFeedbackReplicasKept), times the tensor ranks its rank 0 gathers.
+// kMaxFeedbackReplicasKept), times the tensor ranks its rank 0 gathers;
+// with tensor ranks and spec.output.weights_path, T more for rank 0's
+// gather of the final weights.
 double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 
 // Requires cluster.workers.size() == resolved.stages x

@@ -285,10 +285,12 @@ TEST(PlanJobMemory, CheckpointSnapshotCountsAgainstACpuWorkerOnly) {
 // What a CPU worker holds beside its stepped weights (c_i): a
 // checkpoint's snapshot (3x), with data-parallel compression one residual
 // per gradient and every replica's (their sum past 8) in the snapshot,
-// times the tensor ranks rank 0 gathers.
+// times the tensor ranks rank 0 gathers; and the final weights' gather.
 TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
-  const auto copies = [](int data, int tensor, int interval, const std::string& codec) {
+  const auto copies = [](int data, int tensor, int interval, const std::string& codec,
+                         const std::string& weights_path = "") {
     v1::JobSpec spec = SmallSpec(1, 16);
+    spec.mutable_output()->set_weights_path(weights_path);
     spec.mutable_training()->set_batch_size(32);
     spec.mutable_parallelism()->set_data(data);
     spec.mutable_parallelism()->set_tensor(tensor);
@@ -305,6 +307,10 @@ TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
   EXPECT_EQ(copies(2, 1, 5, "bf16"), 1 + 3 + 2);
   EXPECT_EQ(copies(2, 2, 5, "powersgd:rank=2"), 1 + 2 * (3 + 2));
   EXPECT_EQ(copies(16, 1, 5, "bf16"), 1 + 3 + 1);
+  // Rank 0's gather of the final weights: T shards' worth.
+  EXPECT_EQ(copies(1, 2, 0, "", "out.safetensors"), 2);
+  EXPECT_EQ(copies(1, 2, 5, "", "out.safetensors"), 6 + 2);
+  EXPECT_EQ(copies(1, 1, 0, "", "out.safetensors"), 0);  // no shards to gather
 }
 
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {

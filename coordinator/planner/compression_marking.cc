@@ -26,8 +26,12 @@ std::string CodecOrRaw(const std::string& codec) { return codec == kCodecNone ? 
 // and unit a - 1's where the forward of unit a ran on the exact value (the
 // same worker forwarded a - 1 and a) or W holds it exactly (W forwarded
 // a - 1). Otherwise unit a's forward and W's recompute decode the same
-// payload, and it may stay compressed.
-std::set<int> RecomputedInputs(const std::vector<v1::Program>& programs) {
+// payload, and it may stay compressed; unless the forward codec keeps
+// state per link (`stateful_forward`: PowerSGD's warm start): the two
+// links' encodings of one tensor then differ once their states do (after
+// a resume onto another plan, a link kept from the old plan restores its
+// warm start while a new one starts afresh).
+std::set<int> RecomputedInputs(const std::vector<v1::Program>& programs, bool stateful_forward) {
   std::map<int, int> forwarded_by;  // unit -> program
   for (int w = 0; w < static_cast<int>(programs.size()); ++w) {
     for (const v1::Instruction& in : programs[w].instructions()) {
@@ -47,7 +51,8 @@ std::set<int> RecomputedInputs(const std::vector<v1::Program>& programs) {
       const v1::UnitRange& r = in.recompute().units();
       for (int u = r.begin(); u + 1 < r.end(); ++u) units.insert(u);
       const int input = r.begin() - 1;
-      if (input >= 0 && (owner(input) == owner(r.begin()) || owner(input) == w)) {
+      if (input >= 0 &&
+          (stateful_forward || owner(input) == owner(r.begin()) || owner(input) == w)) {
         units.insert(input);
       }
     }
@@ -128,7 +133,12 @@ void MarkRecvCodecs(std::vector<v1::Program>* programs) {
 }  // namespace
 
 void MarkCompression(const v1::CompressionSpec& compression, std::vector<v1::Program>* programs) {
-  const std::set<int> exact_outputs = RecomputedInputs(*programs);
+  bool stateful_forward = false;
+  if (absl::StatusOr<std::vector<CodecStage>> stages = ParseCodecSpec(compression.forward());
+      stages.ok()) {
+    for (const CodecStage& stage : *stages) stateful_forward |= stage.name == "powersgd";
+  }
+  const std::set<int> exact_outputs = RecomputedInputs(*programs, stateful_forward);
   for (v1::Program& program : *programs) MarkProgram(compression, exact_outputs, &program);
   MarkRecvCodecs(programs);
 }

@@ -234,6 +234,28 @@ TEST(MarkCompression, BiPartitionRecomputeAcrossTwoForwardRanges_ItsInputsStayRa
   EXPECT_GT(raw, 0);
 }
 
+// A routed recompute: worker 2 recomputes units 2-4 from unit 1's output,
+// which worker 0 forwarded and sends both to worker 1 (which forwards
+// unit 2) and to worker 2. Both decode one payload with a stateless codec,
+// so it stays compressed; with PowerSGD each link warm-starts from its own
+// state, which differs after a resume onto another plan, so it is raw.
+TEST(MarkCompression, RoutedRecomputeInput_CompressedUnlessTheCodecKeepsLinkState) {
+  for (const std::string codec : {"fp16", "powersgd:rank=2"}) {
+    SCOPED_TRACE(codec);
+    auto programs = CompileBiPartitionPrograms({{0, 2}, {2, 5}, {5, 8}}, {{0, 2}, {2, 2}, {2, 8}},
+                                               kUnits, 2, Schedule::kOneFOneB)
+                        .value();
+    MarkCompression(Spec(codec, "none", false, false), &programs);
+    std::map<int, int> unit1_sends;  // peer -> count
+    for (const v1::Instruction::Send* send : Sends(programs[0], v1::TENSOR_KIND_ACTIVATION)) {
+      if (send->tensor().unit() != 1) continue;
+      ++unit1_sends[send->peer_stage()];
+      EXPECT_EQ(send->codec(), codec == "fp16" ? "fp16" : "");
+    }
+    EXPECT_EQ(unit1_sends, (std::map<int, int>{{1, 2}, {2, 2}}));
+  }
+}
+
 // Every Recv names the codec of the Send it is matched to (same tensor,
 // from its peer to this stage), "none" for raw ones: epilogue_only
 // compresses some gradient sends of a link and not others, so the codec

@@ -389,12 +389,26 @@ clip_rc=$?
 compare_loss_logs "$out/train_clip_cuda1.jsonl" "$out/train_clip_cpu.jsonl" 1e-4 \
   "cuda - cpu, clipped" "$out/train_clip_cuda2.jsonl" >"$out/train_clip_compare.txt" 2>&1
 rc=$?
-py - "$out/train_clip_cpu.jsonl" "$out/train_cpu.jsonl" >>"$out/train_clip_compare.txt" 2>&1 <<'PY'
+# Clipping acted, on the CPU and on the device: each clipped run is away
+# from its unclipped one by more than the 1e-4 the clipped CUDA run may be
+# from the clipped CPU run. A device clip that did nothing (a skipped
+# launch, a scale left at 1) would otherwise pass whenever the CPU's clip
+# moved the loss by less than that tolerance.
+py - "$out/train_clip_cpu.jsonl" "$out/train_cpu.jsonl" "$out/train_clip_cuda1.jsonl" \
+  "$out/train_cuda1.jsonl" >>"$out/train_clip_compare.txt" 2>&1 <<'PY'
 import json, sys
-clipped, plain = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
-worst = max((abs(x - y) / abs(y) for x, y in zip(clipped, plain)), default=0.0)
-print(f"clipped - unclipped cpu: max relative {worst:.3e} (clipping acted if above 1e-5)")
-sys.exit(0 if len(clipped) == len(plain) == 20 and worst > 1e-5 else 1)
+def losses(path):
+    try:
+        return [json.loads(l)["loss"] for l in open(path)]
+    except (OSError, ValueError, KeyError):
+        return []
+ok = True
+for name, (a, b) in (("cpu", sys.argv[1:3]), ("cuda", sys.argv[3:5])):
+    clipped, plain = losses(a), losses(b)
+    worst = max((abs(x - y) / abs(y) for x, y in zip(clipped, plain)), default=0.0)
+    print(f"clipped - unclipped {name}: max relative {worst:.3e} (clipping acted if above 1e-4)")
+    ok = ok and len(clipped) == len(plain) == 20 and worst > 1e-4
+sys.exit(0 if ok else 1)
 PY
 [[ $? -ne 0 || $clip_rc -ne 0 ]] && rc=1
 check train_local_cuda_clipped_vs_cpu "$rc" "$(tr '\n' ' ' <"$out/train_clip_compare.txt")"

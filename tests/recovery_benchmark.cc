@@ -163,11 +163,15 @@ int RunRecovery(const std::string& dir, int kills, uint64_t seed) {
     if (process < 0) return std::fprintf(stderr, "no process for %s\n", victim.c_str()), 1;
     const int64_t version = running->plan_version();
     const int64_t step_at_kill = running->progress().step();
+    // The job's count so far: it is cumulative, so after the first kill
+    // "above 0" held at the first poll and measured one GetJob, not the
+    // detection.
+    const int recoveries_before = running->progress().recoveries();
     const absl::Time killed = absl::Now();
     (*cluster)->worker(process).Signal(SIGKILL);
     Kill r;
-    absl::StatusOr<v1::Job> seen = Await(*stub, id, absl::Minutes(1), [](const v1::Job& j) {
-      return j.state() == v1::JOB_STATE_RECOVERING || j.progress().recoveries() > 0;
+    absl::StatusOr<v1::Job> seen = Await(*stub, id, absl::Minutes(1), [&](const v1::Job& j) {
+      return j.state() == v1::JOB_STATE_RECOVERING || j.progress().recoveries() > recoveries_before;
     });
     if (!seen.ok()) return std::fprintf(stderr, "%s\n", seen.status().ToString().c_str()), 1;
     r.detection = absl::ToDoubleSeconds(absl::Now() - killed);

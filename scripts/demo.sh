@@ -6,12 +6,13 @@
 # weights, metrics and logs are. Extra arguments go to `pipetrain up`, e.g.
 #   bash scripts/demo.sh --workers 2 --solver pipedream --steps 300
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root="$(cd "$(dirname "$0")/.." && pwd -P)"
 # The build and the demo need Debian's packages only: not the tests' npm
-# packages (the npm registry).
-PIPETRAIN_SETUP_BUILD_ONLY=1 bash scripts/setup.sh
-bazel build //cli:pipetrain
-bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
+# packages (the npm registry). Built from the checkout, but `up` runs from
+# the caller's directory: relative paths among the arguments (--data,
+# --loss-log, PIPETRAIN_DEMO_OUT) mean what they mean there.
+PIPETRAIN_SETUP_BUILD_ONLY=1 bash "$root/scripts/setup.sh"
+bin="$(cd "$root" && bazel build //cli:pipetrain >&2 && bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
 # Per user: `up` refuses an --out another user owns (its tokens would be
 # theirs to read), so a shared /tmp/pipetrain-demo was the first user's.
 out="${PIPETRAIN_DEMO_OUT:-/tmp/pipetrain-demo-$(id -u)}"

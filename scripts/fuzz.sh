@@ -89,7 +89,15 @@ if ! bazel_fuzz build --config=fuzz --symlink_prefix=/ "${labels[@]}"; then
 fi
 build_seconds=$((SECONDS - build_start))
 run_start=$SECONDS
-bin="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+# Copies of this build's binaries, run from $work: the output base is
+# shared by every checkout (its warm cache is what keeps CI's fuzz build
+# short), and another checkout's build while these run would rewrite them
+# in place, so the later targets would fuzz its code. Kept with a crash's
+# inputs, so that the "reproduce with" line still names what crashed.
+built="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+bin="$work/bin"
+mkdir -p "$bin"
+for t in "${TARGETS[@]}"; do cp "$built/$t" "$bin/$t"; done
 
 # Readable stacks in sanitizer reports; a UBSan finding stops the run.
 symbolizer=/usr/lib/llvm-14/bin/llvm-symbolizer

@@ -231,8 +231,6 @@ TEST_F(CheckpointCatalogTest, RestoreComplete_OnlyTheJobsOwnWellFormedCheckpoint
   }
 }
 
-// The stored record's checkpoint bytes grow with keep and the model's
-// units; the bound gives the largest keep that fits.
 // With a cutoff, files written at or after it stay (the redo of a dropped
 // step writes its units anew); the manifest too, unless it is to go
 // whatever its time: a dropped checkpoint's manifest whose write ran late
@@ -266,6 +264,8 @@ TEST(RemoveCheckpointDirTest, Cutoff_NewerFilesStay_TheManifestOnlyIfAsked) {
   }
 }
 
+// The stored record's checkpoint bytes grow with keep and the model's
+// units; the bound gives the largest keep that fits.
 TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) {
   v1::CheckpointSpec spec;
   spec.set_dir("checkpoints/job-1");

@@ -169,6 +169,11 @@ std::string WorkerAgent::worker_id() const {
 
 std::string WorkerAgent::current_instruction() const { return InstructionAndLastJob().first; }
 
+absl::Duration WorkerAgent::ReportRetryFor() const {
+  AnnotatedMutexLock lock(&mu_);
+  return ReportRetryForLease(lease_, heartbeat_interval_);
+}
+
 std::pair<std::string, std::string> WorkerAgent::InstructionAndLastJob() const {
   AnnotatedMutexLock lock(&mu_);
   if (runner_) return {runner_->current_instruction(), runner_->assignment().job_id()};

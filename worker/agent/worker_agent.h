@@ -178,6 +178,10 @@ class WorkerAgent {
   // current_instruction() and, read with it, HeartbeatRequest.last_job_id:
   // the job of the last assignment taken ("" before any).
   std::pair<std::string, std::string> InstructionAndLastJob() const;
+  // How long a runner started now sends its reports again while the
+  // coordinator cannot take them: ReportRetryForLease of the lease and
+  // heartbeat interval the last registration was given.
+  absl::Duration ReportRetryFor() const;
 
  private:
   class GrpcLink;

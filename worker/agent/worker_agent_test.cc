@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -115,6 +116,52 @@ class ForgetfulCoordinator final : public NoAssignmentsCoordinator {
   std::atomic<int> registrations_{0};
   std::atomic<int> heartbeats_{0};
 };
+
+// Registers w-1 with heartbeats every 2 s and the lease it is given.
+class LeaseCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  explicit LeaseCoordinator(double lease_seconds) : lease_seconds_(lease_seconds) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_lease_seconds(lease_seconds_);
+    return RegisteredAsW1(response, 1, /*interval_seconds=*/2);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  const double lease_seconds_;
+};
+
+// The lease a registration gives reaches the runners' report retries: 60 s,
+// or the lease and a heartbeat when longer (at most a day); a lease that
+// is no duration (NaN, 0, negative) leaves the 60 s.
+TEST(WorkerAgentTest, ReportRetryFor_TheRegistrationsLeaseAndAHeartbeat) {
+  const struct {
+    double lease_seconds;
+    absl::Duration expected;
+  } cases[] = {{300, absl::Seconds(302)},
+               {5, absl::Seconds(60)},
+               {0, absl::Seconds(60)},
+               {-3, absl::Seconds(60)},
+               {std::nan(""), absl::Seconds(60)},
+               {1e300, absl::Hours(24)}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.lease_seconds);
+    LeaseCoordinator coordinator(c.lease_seconds);
+    Mailbox mailbox;
+    absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+    ASSERT_TRUE(rig.ok()) << rig.status();
+    WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+    EXPECT_EQ(agent.ReportRetryFor(), absl::Seconds(60));  // before any registration
+    ASSERT_TRUE(agent.Start().ok());
+    EXPECT_EQ(agent.ReportRetryFor(), c.expected);
+    agent.Stop();
+    rig->Shutdown();
+  }
+}
 
 // 10 minutes, longer for a stage whose weights take that at 4 MiB/s: a
 // stage of 8 GiB gets about 34 minutes.

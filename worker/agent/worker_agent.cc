@@ -169,6 +169,12 @@ std::string WorkerAgent::worker_id() const {
 
 std::string WorkerAgent::current_instruction() const { return InstructionAndLastJob().first; }
 
+bool WorkerAgent::AwaitDrainWaitingForTesting(absl::Duration timeout) const {
+  AnnotatedMutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drain_waiters_ > 0; }, timeout);
+}
+
 absl::Duration WorkerAgent::ReportRetryFor() const {
   AnnotatedMutexLock lock(&mu_);
   return ReportRetryForLease(lease_, heartbeat_interval_);
@@ -374,8 +380,10 @@ absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
   }
   // The job's next plan STOPs this worker (StopRunner clears runner_).
   AnnotatedMutexLock lock(&mu_);
+  ++drain_waiters_;
   const bool released = mu_.AwaitWithTimeout(
       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return LetGoLocked() || stopping_; }, timeout);
+  --drain_waiters_;
   if (!released) {
     return absl::DeadlineExceededError(
         absl::StrCat("the job did not let this worker go within ", absl::FormatDuration(timeout)));

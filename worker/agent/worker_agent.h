@@ -182,6 +182,9 @@ class WorkerAgent {
   // coordinator cannot take them: ReportRetryForLease of the lease and
   // heartbeat interval the last registration was given.
   absl::Duration ReportRetryFor() const;
+  // Tests: whether an AwaitDrained is waiting (past its first look) within
+  // `timeout`.
+  bool AwaitDrainWaitingForTesting(absl::Duration timeout) const;
 
  private:
   class GrpcLink;
@@ -255,6 +258,8 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   // The lease the coordinator holds this worker to (ReportRetryForLease).
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // AwaitDrained calls waiting on mu_ (AwaitDrainWaitingForTesting).
+  int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The heartbeat call in flight, which Leave() cancels (and every later one).
   CallCancel heartbeat_cancel_;

@@ -1001,9 +1001,9 @@ TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbea
   WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_TRUE(coordinator.AwaitFinishedReport());
-  // The runner is in its last report: not completed, so the drain waits
-  // (when this thread releases the report before the drain has looked,
-  // the drain finds the job completed and the test shows nothing).
+  // The runner is in its last report: not completed, so the drain waits.
+  // Released only once the drain waits: released before it has looked, it
+  // would find the job completed and the test would show nothing.
   absl::Status drained = absl::UnknownError("not returned");
   absl::Duration waited;
   std::thread draining([&] {
@@ -1011,6 +1011,7 @@ TEST(WorkerAgentTest, AwaitDrained_JobCompletesWhileWaiting_EndsWithoutAHeartbea
     drained = agent.AwaitDrained(absl::Seconds(30));
     waited = absl::Now() - start;
   });
+  EXPECT_TRUE(agent.AwaitDrainWaitingForTesting(absl::Seconds(30)));
   coordinator.ReleaseFinishedReport();
   draining.join();
   EXPECT_TRUE(drained.ok()) << drained;

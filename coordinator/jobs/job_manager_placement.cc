@@ -48,6 +48,15 @@ double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
 
 namespace {
 
+// How long a recovery waits for a survivor that heartbeats but has not yet
+// said it stopped its part of the job (the registry's `stopping`, until an
+// idle heartbeat naming the job): a stop finishing a checkpoint write may
+// take minutes. Past this it is left out like a gone worker; planned
+// while still stopping (its watch thread blocked in the stop, on a wedged
+// mount say), it never took its RUN, the others waited out the start
+// barrier, and each recovery took it again until the job failed.
+constexpr absl::Duration kSurvivorStopWait = absl::Minutes(5);
+
 // The data plane's cost per message for the planner's links
 // (cluster->data_plane_*): each host's best measurement (its workers probe
 // at once at start-up and slow each other, as HostGflops says), then the
@@ -918,6 +927,10 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // together, or one lost while the job was recovering): said with it.
   std::vector<std::string> gone_too;
   bool waiting = false;
+  std::vector<std::string> still_stopping;
+  const std::vector<std::string> ready_list = registry_->ReadyWorkers();  // none stopping
+  const std::set<std::string> ready(ready_list.begin(), ready_list.end());
+  const bool stop_wait_over = elapsed_clock_->Now() - record.recovery_started >= kSurvivorStopWait;
   for (const std::string& w : record.survivors) {
     if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
@@ -939,14 +952,26 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                              FromProtoTimestamp(worker->last_heartbeat()) != at_recovery->second;
     if (!heard_since || worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
+    } else if (worker->state() == v1::WORKER_STATE_READY && ready.count(w) == 0) {
+      if (stop_wait_over) {
+        gone_too.push_back(absl::StrCat(w, " (still stopping its part after ",
+                                        absl::FormatDuration(kSurvivorStopWait), ")"));
+      } else {
+        still_stopping.push_back(w);
+      }
     } else if (worker->state() == v1::WORKER_STATE_READY) {
       alive.push_back(w);
     }
   }
   const absl::Time now = elapsed_clock_->Now();
-  if (waiting) {
-    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason,
-                                       "; waiting to hear from the other workers"));
+  if (waiting || !still_stopping.empty()) {
+    record.job.set_reason(absl::StrCat(
+        "recovering: ", record.recovery_reason, "; waiting to hear from the other workers",
+        still_stopping.empty() ? ""
+                               : absl::StrCat(" (", absl::StrJoin(still_stopping, ", "),
+                                              still_stopping.size() == 1 ? " is" : " are",
+                                              " still stopping; left out after ",
+                                              absl::FormatDuration(kSurvivorStopWait), ")")));
     return;
   }
   // Survivors first (in stage order), then spare READY workers: those no

@@ -78,6 +78,22 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                "checkpoint: a lost worker sends such a job back to that checkpoint.")
            .Register(*registry_)
            .Add({});
+  jobs_state_save_failing_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_jobs_state_save_failing")
+           .Help(
+               "Jobs whose latest save to the state store failed (saved again every second): a "
+               "restart or failover meanwhile restores them as last saved, and their expired "
+               "checkpoints stay on disk.")
+           .Register(*registry_)
+           .Add({});
+  state_save_failures_ = &prometheus::BuildCounter()
+                              .Name("pipetrain_state_save_failures_total")
+                              .Help(
+                                  "Saves of a job's state to the state store (SQLite under "
+                                  "--state-dir, or etcd) that failed, retries included.")
+                              .Register(*registry_)
+                              .Add({});
   workers_drained_ = &prometheus::BuildGauge()
                           .Name("pipetrain_workers_drained")
                           .Help(
@@ -296,6 +312,7 @@ JobEvents CoordinatorMetrics::Events() {
     int64_t& counted = steps_counted_[job_id];
     counted = std::max(counted, step);
   };
+  events.state_save_failed = [this] { state_save_failures_->Increment(); };
   events.planned = [this](double queued, double computing) {
     plan_seconds_->Add({{"phase", "queued"}}, PlanSecondsBuckets()).Observe(queued);
     plan_seconds_->Add({{"phase", "computing"}}, PlanSecondsBuckets()).Observe(computing);
@@ -326,6 +343,7 @@ void CoordinatorMetrics::Refresh() {
     if (!IsTerminal(job.state) && job.checkpoint_failures > 0) ++failing;
   }
   jobs_checkpoint_failing_->Set(failing);
+  jobs_state_save_failing_->Set(jobs_->JobsWithFailedSave());
   RefreshWorkers();
   RefreshCurrentJob(jobs);
   CountTokens(jobs);

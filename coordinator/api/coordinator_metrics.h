@@ -46,6 +46,13 @@
 //   pipetrain_jobs_checkpoint_failing             gauge    jobs not ended whose checkpoint
 //                                                          writes failed since their last
 //                                                          complete checkpoint
+//   pipetrain_state_save_failures_total           counter  saves of a job's state to the state
+//                                                          store (--state-dir, --etcd-endpoints)
+//                                                          that failed: submits' and the
+//                                                          job manager's (retried every second)
+//   pipetrain_jobs_state_save_failing             gauge    jobs whose latest save failed (a
+//                                                          restart would restore them as last
+//                                                          saved; JobManager::JobsWithFailedSave)
 //   pipetrain_workers_drained                     gauge    drained workers not gone (also in
 //                                                          pipetrain_workers, READY included)
 //   pipetrain_jobs_ended_total{state}             counter  jobs that ended (SUCCEEDED, FAILED,
@@ -202,6 +209,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* workers_by_state_;
   prometheus::Gauge* workers_drained_;
   prometheus::Gauge* jobs_checkpoint_failing_;
+  prometheus::Gauge* jobs_state_save_failing_;
+  prometheus::Counter* state_save_failures_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;

@@ -4,8 +4,12 @@
 // serving.
 #include "coordinator/api/coordinator_metrics.h"
 
+#include <atomic>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -20,6 +24,7 @@
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
+#include "coordinator/store/store.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 
@@ -293,6 +298,73 @@ TEST(CoordinatorMetricsTest, WorkerInfo_OnlyLiveWorkers) {
   EXPECT_TRUE(listed(3));
   registered(1);  // back, a new incarnation
   EXPECT_TRUE(listed(1));
+}
+
+// A MemoryStore whose commits fail while `failing` is set (a full disk
+// under --state-dir, an etcd refusing writes).
+class FailingStore final : public Store {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (failing.load()) return absl::UnavailableError("database or disk is full");
+    return store_.Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return store_.Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return store_.Scan(prefix);
+  }
+  std::string Describe() const override { return "failing"; }
+  std::atomic<bool> failing{false};
+
+ private:
+  MemoryStore store_;
+};
+
+// Saves that fail show in /metrics: each one counted, and the jobs whose
+// latest save failed (which a restart would bring back as last saved)
+// while the once-a-second retries fail too, until one succeeds. Both exist
+// from the first scrape, at zero.
+TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  jobs.SetEvents(metrics.Events());
+  const auto scrape = [&] {
+    metrics.Refresh();
+    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  };
+  std::string text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 0) << text;
+  const std::string id = jobs.Submit(TinySpec()).value().id();  // no workers: queued
+  store.failing = true;
+  const absl::Status cancelled = jobs.Cancel(id).status();  // its save fails
+  ASSERT_EQ(cancelled.code(), absl::StatusCode::kUnavailable) << cancelled;
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 1) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 1) << text;
+  for (int retry = 0; retry < 2; ++retry) {  // each second's retry fails too
+    clock.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    text = scrape();
+    EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 1) << text;
+  }
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 3) << text;
+  store.failing = false;
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 3) << text;
+  EXPECT_EQ(state.LoadJobs().value()[0].job().state(), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

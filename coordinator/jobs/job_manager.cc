@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -398,10 +399,12 @@ void JobManager::PruneLocked() {
       // time: pruned, they were never written, and those checkpoints (kept
       // by the sweeps as complete) could be neither resumed nor exported.
       // Nor while checkpoints wait for removal after a good save (expired,
-      // or dropped as unusable): pruned, they stayed on disk with their
-      // manifests, and the sweeps keep complete ones, so `init.from` or
-      // `checkpoint export` of the directory could take a corrupt one. A
-      // later pass prunes it.
+      // or dropped as unusable; a failed removal is tried again on a
+      // backoff, RetryExpiringLocked): pruned, they stayed on disk with
+      // their manifests, and the sweeps keep complete ones, so `init.from`
+      // or `checkpoint export` of the directory could take a corrupt one.
+      // A later pass prunes it; past the retention it goes all the same,
+      // and a warning names what is left (WarnExpiringLeftLocked).
       const bool files_wait =
           manifests_after_save_.count(record.job.id()) > 0 || !record.expiring.empty();
       if (record.checkpoint_sweeps_pending == 0 && (!files_wait || ended_at < oldest_kept)) {
@@ -424,6 +427,8 @@ void JobManager::PruneLocked() {
       continue;
     }
     if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
+    save_failures_.erase(id);
+    WarnExpiringLeftLocked(*jobs_.at(id));
     jobs_.erase(id);
   }
   order_ = std::move(kept);
@@ -444,6 +449,20 @@ void JobManager::PruneLocked() {
   for (auto it = drained_.begin(); it != drained_.end();) {
     it = evicted(it->first) ? drained_.erase(it) : std::next(it);
   }
+}
+
+void JobManager::WarnExpiringLeftLocked(const JobRecord& record) {
+  if (record.expiring.empty()) return;
+  // Held until the retention ran out (PruneLocked), tried meanwhile
+  // (RetryExpiringLocked): what is still listed stays on disk for good,
+  // manifests and all, once nothing remembers it.
+  std::vector<std::string> dirs;
+  for (const ExpiredCheckpoint& e : record.expiring) dirs.push_back(e.from.dir());
+  PT_LOG(WARNING) << "job " << record.job.id() << " pruned with " << dirs.size()
+                  << " expired checkpoint(s) not removed (their removal failed, waited for a "
+                     "save of the job's state that never succeeded, or another job uses the "
+                     "directory); given up (remove them by hand, under --output-dir): "
+                  << absl::StrJoin(dirs, ", ");
 }
 
 void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,

@@ -153,13 +153,20 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // after a restart (store::StoredJob.expiring; about 40 bytes each).
 inline constexpr size_t kMaxStoredExpiring = 64;
 // The removal of an expired checkpoint's directory that fails is tried
-// again (after the job's next saves) until it has failed this many times
-// and for this long since its first failure in this process, then given
-// up, logged for the operator: a file system's passing error (an NFS
-// failover) passes, a lasting one (a link put there, files the coordinator
-// may not remove) would be tried at every save.
+// again by the scheduling pass (RetryExpiringLocked, for ended jobs too),
+// kExpiredRemovalBackoff apart, until it has failed this many times and
+// for this long since its first failure in this process, then given up,
+// logged for the operator: a file system's passing error (an NFS failover)
+// passes, a lasting one (a link put there, files the coordinator may not
+// remove) is not tried for ever. Not at each save: a running job saves
+// every second, and each try logs.
 inline constexpr int kMaxExpiredRemovalTries = 3;
 inline constexpr absl::Duration kExpiredRemovalRetryFor = absl::Hours(1);
+// The wait after a checkpoint's first, second, and third and later failed
+// removals: tries 0, 1, 6, 21, 36, 51 and 66 minutes after the first
+// failure, given up at the last.
+inline constexpr absl::Duration kExpiredRemovalBackoff[] = {absl::Minutes(1), absl::Minutes(5),
+                                                            absl::Minutes(15)};
 // The most bytes of a stored recovery cause (store::StoredJob.
 // recovery_reason) a restart keeps in the job's reason.
 inline constexpr size_t kMaxStoredRecoveryReason = 2048;
@@ -228,6 +235,11 @@ struct JobEvents {
   // Restore loaded a job from the store at progress step `step`: steps an
   // earlier process trained (and counted). Once per restored job.
   std::function<void(const std::string& job_id, int64_t step)> restored;
+  // A save of a job's state to JobManagerOptions.state failed (a full
+  // disk, an unreachable etcd): a submit's, or one that is tried again
+  // every second until it succeeds. Called off the lock (on the thread
+  // that saved), unlike the others.
+  std::function<void()> state_save_failed;
 };
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
@@ -465,6 +477,11 @@ class JobManager {
 
   // Per-job counters for metrics: (state -> count).
   std::map<v1::JobState, int> CountByState() const;
+  // How many listed jobs' latest save to options.state failed: each is
+  // saved again every second until a save succeeds, and a restart (or
+  // failover) meanwhile restores it as last saved (an ended job RUNNING
+  // again), its expired checkpoints kept on disk. Thread-safe.
+  int JobsWithFailedSave() const;
 
   // The bytes of the traced steps `job_id` keeps (the one shown and the one
   // being collected), as serialized; 0 for an unknown job. For tests.
@@ -547,6 +564,10 @@ class JobManager {
     // Its manifest goes whatever its time (a checkpoint dropped as
     // unusable: its manifest's write may have run late; RemoveCheckpointDir).
     bool manifest_whatever_its_time = false;
+    // After a failed removal, when RetryExpiringLocked tries it again
+    // (elapsed clock; kExpiredRemovalBackoff); InfiniteFuture while that
+    // try waits on io_.
+    absl::Time next_try = absl::InfinitePast();
   };
   struct JobRecord {
     v1::Job job;
@@ -658,7 +679,9 @@ class JobManager {
     // to be removed (store::StoredJob.expiring): each save lists them, and
     // after a save that succeeded, those it listed go (until then the
     // stored state may still name them as complete); a failed save leaves
-    // them to the next, a retry's included.
+    // them to the next, a retry's included. A removal that failed is tried
+    // again by the scheduling pass on a backoff (RetryExpiringLocked), not
+    // at the next save.
     std::vector<ExpiredCheckpoint> expiring;
     // The last failed checkpoint report counted ("plan version/stage/step"):
     // the same one again is a retry, not another failure.
@@ -1263,6 +1286,9 @@ class JobManager {
   // Drops ended jobs beyond the retention options (those that ended
   // longest ago first), and the detail of those past the drawings' count.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs, for a job being pruned, the expired checkpoints still listed
+  // (record.expiring): given up, to be removed by hand.
+  void WarnExpiringLeftLocked(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An ended job past max_ended_jobs_with_drawings keeps what its API
   // answers need (the job, the plan's numbers) and frees the rest: the
   // drawings, the compiled programs, the traces (so no measured timeline
@@ -1283,9 +1309,10 @@ class JobManager {
   // Removes the directories of `dirs`, expired checkpoints of job `id` that
   // no stored state names as complete (on io_, off the lock), then drops
   // those removed from its `expiring` (and those that failed
-  // kMaxExpiredRemovalTries times over kExpiredRemovalRetryFor; the
-  // others stay, to be tried again).
-  // Those no longer in `expiring` stay: a step reported again since
+  // kMaxExpiredRemovalTries times over kExpiredRemovalRetryFor, or whose
+  // job was pruned meanwhile; the others stay, for RetryExpiringLocked).
+  // Those no longer in `expiring` stay, and so do those tried since `dirs`
+  // was taken (failed_removals changed): a step reported again since
   // (redone) writes into the same directory. Files modified after the
   // expired checkpoint's manifest stay too: a redo may have written them
   // and not reported yet.
@@ -1296,9 +1323,23 @@ class JobManager {
   // What PersistLocked saves of `record` (it notes the time in
   // last_persisted).
   store::StoredJob StoredJobLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // options_.state->SaveJob (which must be set), logging a failure. Any
+  // options_.state->SaveJob (which must be set), counting a failure
+  // (events_.state_save_failed) and, with `log_failure`, logging it. Any
   // thread; no lock needed.
-  absl::Status SaveStoredJob(const store::StoredJob& job) const;
+  absl::Status SaveStoredJob(const store::StoredJob& job, bool log_failure = true) const;
+  // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
+  // and logs it: the first failure, then at most once a minute.
+  void NoteFailedSaveLocked(const std::string& id, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tries again the removals of expired checkpoints that failed
+  // (RemoveExpiring), each once its kExpiredRemovalBackoff has passed, for
+  // every job, ended ones included (nothing saves those again). Only those
+  // a removal failed for: it ran after a save that no longer names them
+  // (or for a restored list), which every later save keeps true. Not those
+  // of an ended job whose checkpoint directory another job's overlaps (it
+  // may have taken the directory over and written the same steps), nor
+  // one a live job starts from (spec.init.from).
+  void RetryExpiringLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // On io_: deletes pruned job `id` from options_.state (which must be
@@ -1384,6 +1425,16 @@ class JobManager {
   // Jobs whose latest save on io_ failed (the store was busy, full or
   // unreachable): saved again by RetryUnsavedLocked, not before this time.
   std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose latest save on io_ failed (unlike unsaved_, kept while the
+  // retry waits; JobsWithFailedSave): how many failed in a row, since when
+  // and when the next ERROR line may be logged (elapsed_clock_). One a
+  // minute, not one a second per job while the store fails.
+  struct SaveFailures {
+    int64_t count = 0;
+    absl::Time since;
+    absl::Time next_log = absl::InfinitePast();
+  };
+  std::map<std::string, SaveFailures> save_failures_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_
       ABSL_GUARDED_BY(mu_);

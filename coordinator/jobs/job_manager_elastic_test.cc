@@ -28,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/data_plane_keys.h"
@@ -1426,6 +1427,49 @@ TEST_P(AnotherAttentionTest, RecoveryOntoASpareOfAnotherAttention_MemorySizedFor
 }
 
 INSTANTIATE_TEST_SUITE_P(WithAndWithoutARestart, AnotherAttentionTest, ::testing::Bool());
+
+// A survivor that heartbeats but has not said it stopped its part (its
+// stop blocked, say in a write to a wedged mount) is waited for, and left
+// out after kSurvivorStopWait (5 minutes): planned while stopping, it never
+// took its RUN, the others timed out at the start barrier, and each
+// recovery took it again until the job failed.
+TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
+  separate_elapsed_clock_ = true;
+  Reset(/*with_state=*/false);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string w3 = AddWorker(7003);  // a spare
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const auto heartbeat = [&](const std::string& instruction) {
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(w1);
+    beat.set_incarnation(incarnations_[w1]);
+    beat.set_current_instruction(instruction);
+    beat.set_last_job_id(id);
+    ASSERT_TRUE(registry_.Heartbeat(beat).ok());
+  };
+  heartbeat("forward micro-batch 2");  // at work when the job lets it go
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const auto stopping_heartbeat = [&] { heartbeat("stopping job " + id); };
+  clock_.Advance(absl::Milliseconds(10));
+  stopping_heartbeat();
+  HeartbeatAllAndSchedule({w3});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), w1 + " is still stopping")) << job.reason();
+
+  elapsed_clock_.Advance(absl::Minutes(5));
+  stopping_heartbeat();
+  HeartbeatAllAndSchedule({w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w3}));
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(
+      absl::StrContains(job.plan_history(1).reason(), w1 + " (still stopping its part after 5m)"))
+      << job.plan_history(1).reason();
+}
 
 // A worker whose process restarts registers again (same address, a new
 // incarnation) before its loss was noticed: the job recovers without the
@@ -3869,6 +3913,176 @@ TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointNotRemovable_StaysListed)
   EXPECT_TRUE(std::filesystem::is_symlink(absl::StrCat(OutputDir(), "/", step_dir)));
 }
 
+// The lines of `log` holding `text`.
+int LinesWith(const std::string& log, const std::string& text) {
+  int n = 0;
+  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, text)) ++n;
+  }
+  return n;
+}
+
+// A job whose expired checkpoint cannot be removed: ElasticSpec(2, 5) with
+// keep 1 in a directory of its own, on two new workers, checkpointed at
+// step 5 (its unit files written too). Then step 5's directory is moved
+// away and a link left in its place, which the removal never follows (it
+// fails as on a volume's error: ESTALE, EIO), and step 10 completes: step 5
+// expires, the save succeeds, and its removal fails.
+class ExpiredRemovalTest : public JobManagerElasticTest {
+ protected:
+  void StartWithStep5Unremovable(const std::string& name, int max_ended_jobs = -1) {
+    Reset(/*with_state=*/true, max_ended_jobs);
+    AddWorker(7001);
+    AddWorker(7002);
+    v1::JobSpec spec = ElasticSpec(2, 5);
+    spec.mutable_checkpoint()->set_keep(1);
+    spec.mutable_checkpoint()->set_dir("checkpoints/" + name);
+    id_ = Submit(spec).value().id();
+    for (int step = 1; step <= 5; ++step) Step(id_, step);
+    CheckpointAll(id_, 5);
+    jobs_->FlushIo();
+    step5_ = "checkpoints/" + name + "/step-00000005";
+    ASSERT_NO_FATAL_FAILURE(WriteUnitFiles(step5_));
+    path_ = absl::StrCat(OutputDir(), "/", step5_);
+    moved_ = absl::StrCat(OutputDir(), "/moved-", name);
+    std::filesystem::rename(path_, moved_);
+    std::filesystem::create_directory_symlink(moved_, path_);
+    for (int step = 6; step <= 10; ++step) Step(id_, step);
+    CheckpointAll(id_, 10);
+    jobs_->FlushIo();
+    ASSERT_TRUE(std::filesystem::is_symlink(path_));
+    ASSERT_EQ(StoredExpiring(), std::vector<std::string>{step5_});
+  }
+  // The volume works again: step 5's directory is back, manifest and all.
+  void VolumeBack() {
+    std::filesystem::remove(path_);
+    std::filesystem::rename(moved_, path_);
+    ASSERT_TRUE(std::filesystem::exists(absl::StrCat(path_, "/", kCheckpointManifestName)));
+  }
+  bool Step5OnDisk() { return std::filesystem::exists(std::filesystem::symlink_status(path_)); }
+  // The directories the job's stored record lists as expiring.
+  std::vector<std::string> StoredExpiring() {
+    std::vector<std::string> dirs;
+    const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+    for (const store::StoredJob& s : stored) {
+      if (s.job().id() != id_) continue;
+      for (const v1::ResumeFrom& e : s.expiring()) dirs.push_back(e.dir());
+    }
+    return dirs;
+  }
+  // A scheduling pass `after` from now, and the file and store work it
+  // queued (a removal, then the save that follows it).
+  void PassAfter(absl::Duration after) {
+    clock_.Advance(after);
+    Schedule();
+    jobs_->FlushIo();
+    jobs_->FlushIo();
+  }
+
+  std::string id_, step5_, path_, moved_;
+};
+
+// An ended job saves no more, and its failed removal was tried again only
+// after a save: its expired checkpoint stayed on disk for good, manifest
+// and all (newer than the job's complete ones if dropped or forgotten, what
+// `init.from` and `checkpoint export` then take). The scheduling pass tries
+// it again on its backoff, ended jobs included, and saves the job without it.
+TEST_F(ExpiredRemovalTest, EndedJob_RemovalFailed_RemovedByALaterPassOnceTheVolumeWorks) {
+  ASSERT_NO_FATAL_FAILURE(StartWithStep5Unremovable("ended-retry"));
+  ASSERT_TRUE(jobs_->Cancel(id_).ok());
+  jobs_->FlushIo();
+  ASSERT_NO_FATAL_FAILURE(VolumeBack());
+  PassAfter(absl::Seconds(30));  // before its backoff (a minute): not tried yet
+  EXPECT_TRUE(Step5OnDisk());
+  PassAfter(absl::Seconds(31));
+  EXPECT_FALSE(Step5OnDisk()) << "left for good";
+  EXPECT_TRUE(StoredExpiring().empty());
+  EXPECT_EQ(jobs_->Get(id_).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A running job saves its progress every second, and each save tried the
+// failed removal again (a WARNING each, on the thread every save and
+// cancel waits behind). Its saves no longer do; the pass does, after a
+// minute.
+TEST_F(ExpiredRemovalTest, RunningJob_RemovalFailed_NotTriedAgainAtEachSave) {
+  ASSERT_NO_FATAL_FAILURE(StartWithStep5Unremovable("running-retry"));
+  ASSERT_NO_FATAL_FAILURE(VolumeBack());
+  for (int step = 11; step <= 15; ++step) {
+    clock_.Advance(absl::Seconds(2));  // a progress save each
+    Step(id_, step);
+    jobs_->FlushIo();
+  }
+  EXPECT_EQ(StoredExpiring(), std::vector<std::string>{step5_});
+  EXPECT_TRUE(Step5OnDisk()) << "tried again at a save";
+  PassAfter(absl::Seconds(51));
+  EXPECT_FALSE(Step5OnDisk());
+  EXPECT_TRUE(StoredExpiring().empty());
+  EXPECT_EQ(jobs_->Get(id_).value().state(), v1::JOB_STATE_RUNNING);
+}
+
+// A lasting failure (a link, files the coordinator may not remove) is
+// tried 1, 5, then every 15 minutes apart, not at every pass, and given up
+// after 3 tries over an hour with a WARNING naming it. The ended job, held
+// (max_ended_jobs 0) while the removal waits, is then pruned.
+TEST_F(ExpiredRemovalTest, EndedJob_LastingFailure_TriedOnItsBackoffThenGivenUp) {
+  ASSERT_NO_FATAL_FAILURE(StartWithStep5Unremovable("lasting", /*max_ended_jobs=*/0));
+  ASSERT_TRUE(jobs_->Cancel(id_).ok());
+  jobs_->FlushIo();
+  ::testing::internal::CaptureStderr();
+  for (int minute = 1; minute <= 65; ++minute) PassAfter(absl::Minutes(1));
+  ASSERT_TRUE(jobs_->Get(id_).ok()) << "pruned while its removal was tried";
+  PassAfter(absl::Minutes(1));  // 66 minutes after the first failure: given up
+  PassAfter(absl::Minutes(1));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string retried = "expired checkpoint " + step5_ + " not removed (tried again in ";
+  EXPECT_EQ(LinesWith(log, retried + "5m)"), 1) << log;
+  EXPECT_EQ(LinesWith(log, retried + "15m)"), 4) << log;  // at 6, 21, 36 and 51 minutes
+  EXPECT_EQ(LinesWith(log, "expired checkpoint " + step5_ +
+                               " not removed after 7 tries over "
+                               "1h6m; given up (remove it by hand)"),
+            1)
+      << log;
+  EXPECT_EQ(LinesWith(log, "not removed"), 6) << log;
+  EXPECT_EQ(LinesWith(log, "pruned with"), 0) << log;
+  EXPECT_EQ(jobs_->Get(id_).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(std::filesystem::is_symlink(path_));
+}
+
+// A job pruned with expired checkpoints still listed (here: they expired
+// while its saves failed, so their removal never began) takes the list
+// with it: a WARNING names the directories left to remove by hand.
+TEST_F(ExpiredRemovalTest, PrunedWithExpiredCheckpointsListed_WarningNamesThem) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_keep(1);
+  spec.mutable_checkpoint()->set_dir("checkpoints/pruned-listed");
+  id_ = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id_, step);
+  CheckpointAll(id_, 5);
+  jobs_->FlushIo();
+  observing_.failing = true;
+  for (int step = 6; step <= 10; ++step) Step(id_, step);
+  CheckpointAll(id_, 10);  // expires 5; the save fails
+  (void)jobs_->Cancel(id_);
+  jobs_->FlushIo();
+  PassAfter(kLateSweepWait + absl::Seconds(1));  // the end's sweeps are done
+  ASSERT_TRUE(jobs_->Get(id_).ok());
+  ::testing::internal::CaptureStderr();
+  PassAfter(absl::Hours(25));  // past ended_job_retention
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(jobs_->Get(id_).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LinesWith(log, "job " + id_ + " pruned with 1 expired checkpoint(s) not removed"), 1)
+      << log;
+  EXPECT_EQ(LinesWith(log,
+                      "given up (remove them by hand, under --output-dir): checkpoints/"
+                      "pruned-listed/step-00000005"),
+            1)
+      << log;
+  observing_.failing = false;
+}
+
 // keep x units x (file, size, checksum) must fit the job's stored record:
 // a spec that would outgrow it is refused at submit, saying how many fit.
 TEST_F(JobManagerElasticTest, CheckpointsThatWouldOutgrowTheStoredRecord_Refused) {
@@ -4966,6 +5180,41 @@ TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
     EXPECT_EQ(jobs.Cancel(id2).status().code(), absl::StatusCode::kFailedPrecondition);
   }
   EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);
+}
+
+// While the store fails, a job's save is tried again every second (and a
+// running job saves its progress every second too): an ERROR line each
+// buried the first, and its cause, under thousands an hour per job. The
+// first failure is logged, then one a minute saying how many failed, and
+// the save that succeeds says so. JobsWithFailedSave (the metrics' gauge)
+// counts the job throughout, retries included, until then.
+TEST_F(JobManagerStoreTest, SavesFailing_ErrorLoggedOnceAMinuteJobCountedUntilASaveSucceeds) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
+  const std::string id = jobs.Submit(ElasticSpec(1, 5)).value().id();  // no workers: queued
+  EXPECT_EQ(jobs.JobsWithFailedSave(), 0);
+  store_.failing = true;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
+  for (int pass = 0; pass < 20; ++pass) {  // 40 s of retries
+    RetryPass(jobs);
+    EXPECT_EQ(jobs.JobsWithFailedSave(), 1) << pass;
+  }
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(LinesWith(quiet, "could not save its state"), 1) << quiet;
+  ::testing::internal::CaptureStderr();
+  for (int pass = 0; pass < 11; ++pass) RetryPass(jobs);  // past the minute
+  store_.failing = false;
+  RetryPass(jobs);
+  const std::string later = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(LinesWith(later, "job " + id +
+                                 ": could not save its state (31 saves in a row failed "
+                                 "over 1m): UNAVAILABLE: the store is unreachable"),
+            1)
+      << later;
+  EXPECT_EQ(LinesWith(later, "could not save its state"), 1) << later;
+  EXPECT_EQ(LinesWith(later, "job " + id + ": its state is saved again, after 32 failed saves"), 1)
+      << later;
+  EXPECT_EQ(jobs.JobsWithFailedSave(), 0);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ void JobManager::ScheduleQueued() {
   RetryUnsavedLocked();
   RetryDeletesLocked();
   RetryManifestsLocked();
+  RetryExpiringLocked();
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
   CancelAbandonedProfilesLocked();

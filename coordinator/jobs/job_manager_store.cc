@@ -2,6 +2,7 @@
 // record as it changes, retrying saves that failed, and Restore after a
 // restart. Contracts: job_manager.h.
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +23,27 @@
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
+namespace {
+
+// The wait after an expired checkpoint's `failed`-th failed removal (at
+// least the first): kExpiredRemovalBackoff's, its last from then on.
+absl::Duration ExpiredRemovalBackoff(int failed) {
+  const int n = static_cast<int>(std::size(kExpiredRemovalBackoff));
+  return kExpiredRemovalBackoff[std::clamp(failed, 1, n) - 1];
+}
+
+// The expired checkpoints of `all` whose removal was never tried: those
+// that failed are tried again on their backoff (RetryExpiringLocked).
+template <typename Expired>
+std::vector<Expired> UntriedExpiring(const std::vector<Expired>& all) {
+  std::vector<Expired> untried;
+  for (const Expired& e : all) {
+    if (e.failed_removals == 0) untried.push_back(e);
+  }
+  return untried;
+}
+
+}  // namespace
 
 store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   store::StoredJob stored;
@@ -80,12 +102,33 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   return stored;
 }
 
-absl::Status JobManager::SaveStoredJob(const store::StoredJob& job) const {
+absl::Status JobManager::SaveStoredJob(const store::StoredJob& job, bool log_failure) const {
   absl::Status saved = options_.state->SaveJob(job);
-  if (!saved.ok()) {
+  if (saved.ok()) return saved;
+  if (events_.state_save_failed) events_.state_save_failed();
+  if (log_failure) {
     PT_LOG(ERROR) << "job " << job.job().id() << ": could not save its state: " << saved;
   }
   return saved;
+}
+
+void JobManager::NoteFailedSaveLocked(const std::string& id, const absl::Status& status) {
+  const absl::Time now = elapsed_clock_->Now();
+  SaveFailures& failures = save_failures_[id];
+  if (failures.count++ == 0) failures.since = now;
+  // A running job saves every second, and so does the retry of any job:
+  // an ERROR line each, for every job, while the store fails, buried the
+  // first one (its cause) under thousands an hour.
+  if (now < failures.next_log) return;
+  failures.next_log = now + absl::Minutes(1);
+  PT_LOG(ERROR) << "job " << id << ": could not save its state"
+                << (failures.count > 1
+                        ? absl::StrCat(" (", failures.count, " saves in a row failed over ",
+                                       absl::FormatDuration(now - failures.since), ")")
+                        : "")
+                << ": " << status
+                << "; saving it again every second (logged once a minute until a save succeeds; "
+                   "a restart meanwhile restores the job as last saved)";
 }
 
 absl::Status JobManager::PersistLocked(JobRecord& record,
@@ -93,8 +136,10 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
   if (options_.state == nullptr) {
     // On io_ all the same: `then` may take the lock, and does file work.
     // Nothing is stored that could name the expired checkpoints: they go
-    // as after a save.
-    io_.Post([this, then = std::move(then), id = record.job.id(), expired = record.expiring] {
+    // as after a save (those not tried yet: RetryExpiringLocked tries the
+    // others again).
+    io_.Post([this, then = std::move(then), id = record.job.id(),
+              expired = UntriedExpiring(record.expiring)] {
       if (then) then(absl::OkStatus());
       if (!expired.empty()) RemoveExpiring(id, expired);
     });
@@ -125,24 +170,32 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
       queued_saves_.erase(it);
       if (JobRecord* record = FindLocked(id)) {
         stored = StoredJobLocked(*record);
-        expired = record->expiring;
+        expired = UntriedExpiring(record->expiring);
       }
     }
     // A job pruned meanwhile: its deletion is queued behind this.
     const absl::Status saved = stored.has_value()
-                                   ? SaveStoredJob(*stored)
+                                   ? SaveStoredJob(*stored, /*log_failure=*/false)
                                    : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
     std::vector<ManifestToWrite> held_manifests;  // of earlier failed saves
     if (stored.has_value()) {
       AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
         unsaved_.erase(id);
+        if (auto it = save_failures_.find(id); it != save_failures_.end()) {
+          PT_LOG(INFO) << "job " << id << ": its state is saved again, after " << it->second.count
+                       << " failed saves over "
+                       << absl::FormatDuration(elapsed_clock_->Now() - it->second.since);
+          save_failures_.erase(it);
+        }
         if (auto it = manifests_after_save_.find(id); it != manifests_after_save_.end()) {
           held_manifests = std::move(it->second);
           manifests_after_save_.erase(it);
         }
       } else {
         unsaved_.insert(id);
+        // Not for a job pruned while it saved: nothing lists it any more.
+        if (FindLocked(id) != nullptr) NoteFailedSaveLocked(id, saved);
       }
     } else {
       AnnotatedMutexLock lock(&mu_);
@@ -155,7 +208,9 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
     // as complete, so their directories go now (those of earlier failed
     // saves too: a retry with no later checkpoint would otherwise leave
     // them for good, past `keep`). After the `thens`: a new checkpoint's
-    // manifest comes first.
+    // manifest comes first. Only those not tried yet: a failed removal is
+    // tried again on its backoff (RetryExpiringLocked), not at each save
+    // (every second while the job runs, and never after it ended).
     if (saved.ok() && !expired.empty()) RemoveExpiring(id, expired);
   });
   return absl::OkStatus();
@@ -164,16 +219,22 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
 void JobManager::RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& listed,
                                 bool save_after) {
   // Only those still expiring: a step reported again since it was listed
-  // (redone) writes into the same directory (AddCheckpointLocked).
+  // (redone) writes into the same directory (AddCheckpointLocked). And
+  // only those not tried since: two saves queued before either ran (no
+  // store: PersistLocked lists them when it queues) tried each twice.
   std::vector<ExpiredCheckpoint> dirs;
+  bool pruned = false;
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(id);
+    pruned = record == nullptr;
     for (const ExpiredCheckpoint& d : listed) {
       const bool still =
           record == nullptr ||
-          std::any_of(record->expiring.begin(), record->expiring.end(),
-                      [&d](const ExpiredCheckpoint& e) { return e.from.dir() == d.from.dir(); });
+          std::any_of(
+              record->expiring.begin(), record->expiring.end(), [&d](const ExpiredCheckpoint& e) {
+                return e.from.dir() == d.from.dir() && e.failed_removals == d.failed_removals;
+              });
       if (still) dirs.push_back(d);
     }
   }
@@ -183,11 +244,11 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // them). Without a manifest, those older than the expiry, by this host's
   // clock. A retry keeps the first try's bound (the manifest may be gone).
   // Those that could not be removed (a file system's passing error: ESTALE,
-  // EIO) stay listed, and are tried again after the job's next save or at
-  // a restart, until kMaxExpiredRemovalTries and kExpiredRemovalRetryFor
-  // are both spent: forgotten at once, a whole
-  // checkpoint stayed on disk for good, manifest and all (the end-of-job
-  // sweeps take only incomplete ones).
+  // EIO) stay listed, and are tried again by the scheduling pass on a
+  // backoff (RetryExpiringLocked) or at a restart, until
+  // kMaxExpiredRemovalTries and kExpiredRemovalRetryFor are both spent:
+  // forgotten at once, a whole checkpoint stayed on disk for good, manifest
+  // and all (the end-of-job sweeps take only incomplete ones).
   std::set<std::string> removed;
   std::map<std::string, absl::Time> failed;  // dir -> the bound it was tried with
   for (const ExpiredCheckpoint& d : dirs) {
@@ -208,16 +269,20 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
     failed[d.from.dir()] = files_before;
     const absl::Time now = elapsed_clock_->Now();
     const absl::Time first_failed = std::min(d.first_failed, now);
-    if (d.failed_removals + 1 >= kMaxExpiredRemovalTries &&
-        now - first_failed >= kExpiredRemovalRetryFor) {
+    const int tries = d.failed_removals + 1;
+    // Pruned meanwhile: nothing would try it again.
+    if (pruned ||
+        (tries >= kMaxExpiredRemovalTries && now - first_failed >= kExpiredRemovalRetryFor)) {
       removed.insert(d.from.dir());  // given up
       PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
-                      << " not removed after " << d.failed_removals + 1 << " tries over "
+                      << " not removed after " << tries << " tries over "
                       << absl::FormatDuration(now - first_failed)
+                      << (pruned ? " (the job was pruned)" : "")
                       << "; given up (remove it by hand): " << status;
     } else {
       PT_LOG(WARNING) << "job " << id << ": expired checkpoint " << d.from.dir()
-                      << " not removed (tried again after the job's next save): " << status;
+                      << " not removed (tried again in "
+                      << absl::FormatDuration(ExpiredRemovalBackoff(tries)) << "): " << status;
     }
   }
   AnnotatedMutexLock lock(&mu_);
@@ -230,14 +295,48 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
                                   return removed.count(e.from.dir()) > 0;
                                 }),
                  expiring.end());
+  const absl::Time now = elapsed_clock_->Now();
   for (ExpiredCheckpoint& e : expiring) {
     if (auto it = failed.find(e.from.dir()); it != failed.end()) {
       ++e.failed_removals;
-      e.first_failed = std::min(e.first_failed, elapsed_clock_->Now());
+      e.first_failed = std::min(e.first_failed, now);
       e.files_before = it->second;
+      e.next_try = now + ExpiredRemovalBackoff(e.failed_removals);
     }
   }
   if (save_after) PersistLocked(*record).IgnoreError();  // logged, and retried
+}
+
+void JobManager::RetryExpiringLocked() {
+  const absl::Time now = elapsed_clock_->Now();
+  for (auto& [id, record] : jobs_) {
+    const auto due = [now](const ExpiredCheckpoint& e) {
+      return e.failed_removals > 0 && now >= e.next_try;
+    };
+    if (std::none_of(record->expiring.begin(), record->expiring.end(), due)) continue;
+    // An ended job's directory is free for another job once swept: one that
+    // took it over may have written the same steps (their files are spared
+    // by their times, but not a manifest that goes whatever its time).
+    const bool taken_over =
+        IsTerminal(record->job.state()) && OtherCheckpointDirUserLocked(*record) != nullptr;
+    std::vector<ExpiredCheckpoint> retried;
+    for (ExpiredCheckpoint& e : record->expiring) {
+      if (!due(e)) continue;
+      if (taken_over || InitSourceInLocked(e.from.dir()) != nullptr) {
+        // Not tried, so not given up either: named when the job is pruned.
+        e.next_try = now + ExpiredRemovalBackoff(e.failed_removals);
+        continue;
+      }
+      e.next_try = absl::InfiniteFuture();  // until the try queued below has run
+      retried.push_back(e);
+    }
+    if (retried.empty()) continue;
+    // Saved after: nothing else saves an ended job, whose stored record
+    // would list what is gone (a restart would try it again).
+    io_.Post([this, id = id, retried = std::move(retried)] {
+      RemoveExpiring(id, retried, /*save_after=*/true);
+    });
+  }
 }
 
 void JobManager::RetryUnsavedLocked() {
@@ -249,9 +348,14 @@ void JobManager::RetryUnsavedLocked() {
   for (const std::string& id : ids) {
     JobRecord* record = FindLocked(id);
     if (record == nullptr) continue;  // pruned: its deletion is queued
-    PT_LOG(INFO) << "job " << id << ": saving its state again";
+    // Unlogged: the failure's ERROR line says so, once a minute.
     PersistLocked(*record).IgnoreError();  // noted again if it fails
   }
+}
+
+int JobManager::JobsWithFailedSave() const {
+  AnnotatedMutexLock lock(&mu_);
+  return static_cast<int>(save_failures_.size());
 }
 
 void JobManager::DeleteStoredJob(const std::string& id) {

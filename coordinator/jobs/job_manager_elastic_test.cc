@@ -2322,6 +2322,34 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(summary_failures(), 0);
 }
 
+// A job whose checkpoints fail does not grow into a spare: the boundary's
+// checkpoint would fail as well, and the recovery from it rewind the job to
+// its last complete checkpoint (here step 0). Once one completes, it grows.
+TEST_F(JobManagerElasticTest, CheckpointsFailing_NoGrowthUntilOneCompletes) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w2);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(4);
+  r.mutable_checkpoint()->set_step(5);
+  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_failures(), 1);
+  AddWorker(7003);  // a spare
+  Schedule();
+  EXPECT_EQ(Step(id, 6).stop_after_step(), 0) << "a boundary was asked for";
+  for (int step = 7; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);
+  Schedule();
+  EXPECT_GT(Step(id, 11).stop_after_step(), 11);
+}
+
 // A stage sends its checkpoint report again when the answer was lost
 // (JobRunner::ReportWithRetries): the repeat counts neither as another
 // checkpoint written nor as another failure.

@@ -138,6 +138,12 @@ void JobManager::ScheduleQueued() {
         record.stop_at > 0 || record.job.worker_ids_size() >= MaxJobWorkers(record)) {
       continue;
     }
+    // Not while its checkpoints fail (none complete since): the boundary's
+    // checkpoint would most likely fail too, and its recovery rewind the
+    // job to its last complete one (or step 0), thousands of steps, then
+    // fail it after 3 such spares. Without the spare it trains on, as a
+    // job whose writes fail does.
+    if (record.job.progress().checkpoint_failures() > 0) continue;
     const std::vector<std::string> spare = SparesForLocked(record, reserved);
     if (spare.empty()) continue;  // another job may take those unfit for this one
     const int current = record.job.worker_ids_size();

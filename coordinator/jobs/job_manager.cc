@@ -499,6 +499,21 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
                  << reason << "); the other stages go on";
     return StopWorkerLocked(*record, worker_id);  // as above: no rerun of its RUN
   }
+  // Lost as it joined (before its stage's first step): not offered to the
+  // job again for a while (JobRecord::join_crashes).
+  if (auto stage = record->stage_of.find(worker_id);
+      stage != record->stage_of.end() && JoinedThisPlanLocked(*record, worker_id) &&
+      static_cast<size_t>(stage->second) < record->stages.size() &&
+      record->stages[stage->second].iterations_done == 0) {
+    JobRecord::JoinCrash& crash = record->join_crashes[worker_id];
+    crash.count = std::min(crash.count + 1, 30);
+    const absl::Duration wait =
+        std::min(absl::Minutes(1) * (int64_t{1} << std::min(crash.count - 1, 6)), absl::Hours(1));
+    crash.until = elapsed_clock_->Now() + wait;
+    PT_LOG(WARNING) << "job " << job_id << ": " << worker_id << " was lost as it joined (" << reason
+                    << "; " << crash.count << (crash.count == 1 ? " time" : " times")
+                    << "); not offered to the job again for " << absl::FormatDuration(wait);
+  }
   StartRecoveryLocked(*record, worker_id, reason, RecoveryKind::kWorkerLost, incarnation);
 }
 

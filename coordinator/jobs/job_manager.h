@@ -668,6 +668,20 @@ class JobManager {
     // Spare workers (id -> incarnation) a re-plan of this job was refused
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
+    // Workers (by id: a crash gives the next process a new incarnation)
+    // lost while joining this job, before their stage's first step: not
+    // offered to it again until `until` (elapsed clock), a minute after
+    // the first such loss, doubling each time up to an hour; forgotten once
+    // the worker completes a step of the job. A node whose worker died
+    // each time it joined (killed for memory loading its stage, say) and
+    // came back under the same id was taken again and again: recovery,
+    // growth, reload, crash, for as long as it restarted. Not stored: a
+    // coordinator restart forgets them.
+    struct JoinCrash {
+      int count = 0;
+      absl::Time until;
+    };
+    std::map<std::string, JoinCrash> join_crashes;
     // The workers (id -> incarnation) of the last re-plan (a boundary's or
     // a recovery's) refused for memory without spares, with the spares
     // dropped before it, and why: a recovery does not plan on the same
@@ -996,8 +1010,9 @@ class JobManager {
   std::vector<std::string> ThatCanRunLocked(const JobRecord& record,
                                             std::vector<std::string> workers) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SpareWorkersLocked(reserved) less those unfit for `record` or that
-  // cannot run it.
+  // SpareWorkersLocked(reserved) less those unfit for `record`, lost as
+  // they joined it not long ago (JobRecord::join_crashes), or that cannot
+  // run it.
   std::vector<std::string> SparesForLocked(const JobRecord& record,
                                            const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1471,6 +1471,38 @@ TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
       << job.plan_history(1).reason();
 }
 
+// A joiner lost before its stage's first step (killed as it loaded, say)
+// and back under the same id is not offered to the job again for a minute
+// (doubling with each such loss): taken again at once, it crashed again,
+// and the job spent its time recovering for as long as it restarted.
+TEST_F(JobManagerElasticTest, JoinerLostBeforeItsFirstStep_NotTakenAgainForAWhile) {
+  separate_elapsed_clock_ = true;
+  Reset(/*with_state=*/false);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string w3 = AddWorker(7003);  // a spare
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1, w3});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
+  // w3 dies loading its stage and its supervisor restarts it.
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  ASSERT_EQ(AddWorker(7003), w3);  // the same id, a new incarnation
+  HeartbeatAllAndSchedule({w1, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1}));
+  EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+  // Nor does the job grow into it meanwhile; a minute on, it does.
+  EXPECT_EQ(Step(id, 6).stop_after_step(), 0);
+  elapsed_clock_.Advance(absl::Minutes(1));
+  HeartbeatAllAndSchedule({w1, w3});
+  EXPECT_GT(Step(id, 7).stop_after_step(), 7);
+}
+
 // A worker whose process restarts registers again (same address, a new
 // incarnation) before its loss was noticed: the job recovers without the
 // old incarnation and takes the new one back, rather than counting the

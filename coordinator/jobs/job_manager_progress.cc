@@ -153,6 +153,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   stage.iterations_done = r.iteration() + 1;
+  record->join_crashes.erase(r.worker_id());  // it took part: no longer a crashing joiner
   counted->stage_time = true;
   counted->worker_index = stage_index;
   counted->workers = record->job.worker_ids_size();

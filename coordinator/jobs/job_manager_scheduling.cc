@@ -459,11 +459,15 @@ std::vector<std::string> JobManager::ThatCanRunLocked(const JobRecord& record,
 std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
                                                      const std::set<std::string>& reserved) const {
   std::vector<std::string> spare = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
-  spare.erase(std::remove_if(spare.begin(), spare.end(),
-                             [&](const std::string& w) {
-                               return MarkedInIncarnation(record.unfit, w, IncarnationOf(w));
-                             }),
-              spare.end());
+  const absl::Time now = elapsed_clock_->Now();
+  spare.erase(
+      std::remove_if(spare.begin(), spare.end(),
+                     [&](const std::string& w) {
+                       const auto crashed = record.join_crashes.find(w);
+                       return MarkedInIncarnation(record.unfit, w, IncarnationOf(w)) ||
+                              (crashed != record.join_crashes.end() && now < crashed->second.until);
+                     }),
+      spare.end());
   return spare;
 }
 

@@ -97,7 +97,12 @@ run_start=$SECONDS
 built="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
 bin="$work/bin"
 mkdir -p "$bin"
-for t in "${TARGETS[@]}"; do cp "$built/$t" "$bin/$t"; done
+for t in "${TARGETS[@]}"; do
+  if ! cp "$built/$t" "$bin/$t"; then
+    echo "fuzz: cannot copy $built/$t (bazel info failed, or the build made no such binary)" >&2
+    exit 1
+  fi
+done
 
 # Readable stacks in sanitizer reports; a UBSan finding stops the run.
 symbolizer=/usr/lib/llvm-14/bin/llvm-symbolizer

@@ -1430,10 +1430,16 @@ INSTANTIATE_TEST_SUITE_P(WithAndWithoutARestart, AnotherAttentionTest, ::testing
 
 // A survivor that heartbeats but has not said it stopped its part (its
 // stop blocked, say in a write to a wedged mount) is waited for, and left
-// out after kSurvivorStopWait (5 minutes): planned while stopping, it never
-// took its RUN, the others timed out at the start barrier, and each
-// recovery took it again until the job failed.
-TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
+// out after kSurvivorStopWait (10 minutes): planned while stopping, it
+// never took its RUN, the others timed out at the start barrier, and each
+// recovery took it again until the job failed. Its last word before the
+// job let it go was work (the registry marks it stopping) or "idle" (it
+// took its RUN within a heartbeat of the failure: its "stopping job" says
+// so).
+class SurvivorStoppingTest : public JobManagerElasticTest,
+                             public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SurvivorStoppingTest, SurvivorStillStopping_WaitedForThenLeftOut) {
   separate_elapsed_clock_ = true;
   Reset(/*with_state=*/false);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
@@ -1449,7 +1455,7 @@ TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
     beat.set_last_job_id(id);
     ASSERT_TRUE(registry_.Heartbeat(beat).ok());
   };
-  heartbeat("forward micro-batch 2");  // at work when the job lets it go
+  heartbeat(GetParam());  // its last word when the job lets it go
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const auto stopping_heartbeat = [&] { heartbeat("stopping job " + id); };
   clock_.Advance(absl::Milliseconds(10));
@@ -1459,7 +1465,7 @@ TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
   ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), w1 + " is still stopping")) << job.reason();
 
-  elapsed_clock_.Advance(absl::Minutes(5));
+  elapsed_clock_.Advance(absl::Minutes(10));
   stopping_heartbeat();
   HeartbeatAllAndSchedule({w3});
   job = jobs_->Get(id).value();
@@ -1467,9 +1473,12 @@ TEST_F(JobManagerElasticTest, SurvivorStillStopping_WaitedForThenLeftOut) {
   EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w3}));
   ASSERT_EQ(job.plan_history_size(), 2);
   EXPECT_TRUE(
-      absl::StrContains(job.plan_history(1).reason(), w1 + " (still stopping its part after 5m)"))
+      absl::StrContains(job.plan_history(1).reason(), w1 + " (still stopping its part after 10m)"))
       << job.plan_history(1).reason();
 }
+
+INSTANTIATE_TEST_SUITE_P(AtWorkOrIdle, SurvivorStoppingTest,
+                         ::testing::Values("forward micro-batch 2", "idle"));
 
 // A joiner lost before its stage's first step (killed as it loaded, say)
 // and back under the same id is not offered to the job again for a minute

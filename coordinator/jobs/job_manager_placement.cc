@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_plane_keys.h"
@@ -50,12 +51,14 @@ namespace {
 
 // How long a recovery waits for a survivor that heartbeats but has not yet
 // said it stopped its part of the job (the registry's `stopping`, until an
-// idle heartbeat naming the job): a stop finishing a checkpoint write may
-// take minutes. Past this it is left out like a gone worker; planned
-// while still stopping (its watch thread blocked in the stop, on a wedged
-// mount say), it never took its RUN, the others waited out the start
-// barrier, and each recovery took it again until the job failed.
-constexpr absl::Duration kSurvivorStopWait = absl::Minutes(5);
+// idle heartbeat naming the job, or a heartbeat that says "stopping job"):
+// a stop finishing a checkpoint write may take minutes, as long as the
+// start barrier would have waited for it (JobRunner::kMinStartBarrierWait).
+// Past this it is left out like a gone worker; planned while still
+// stopping (its watch thread blocked in the stop, on a wedged mount say),
+// it never took its RUN, the others waited out the start barrier, and
+// each recovery took it again until the job failed.
+constexpr absl::Duration kSurvivorStopWait = absl::Minutes(10);
 
 // The data plane's cost per message for the planner's links
 // (cluster->data_plane_*): each host's best measurement (its workers probe
@@ -952,7 +955,11 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                              FromProtoTimestamp(worker->last_heartbeat()) != at_recovery->second;
     if (!heard_since || worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
-    } else if (worker->state() == v1::WORKER_STATE_READY && ready.count(w) == 0) {
+    } else if (worker->state() == v1::WORKER_STATE_READY &&
+               (ready.count(w) == 0 ||
+                absl::StartsWith(worker->current_instruction(), "stopping job "))) {
+      // Not marked when its last word before the release was "idle" (it
+      // took its RUN within a heartbeat of the failure), but saying so now.
       if (stop_wait_over) {
         gone_too.push_back(absl::StrCat(w, " (still stopping its part after ",
                                         absl::FormatDuration(kSurvivorStopWait), ")"));

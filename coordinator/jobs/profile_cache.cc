@@ -114,14 +114,28 @@ ModelProfile ProfileForAttentions(const ModelProfile& profile,
   if (!keep_own) {
     for (UnitProfile& u : out.units) u.stash_bytes = u.transient_bytes = 0;
   }
+  // Another kind's: the measured size moved by what the model's shape says
+  // differs between the kinds (attention's probabilities; nothing in the
+  // other units, whose measurement stays), or, the profile's kind not
+  // known, the larger of the two.
+  const std::optional<ModelProfile> own =
+      profiled.has_value() ? std::optional<ModelProfile>(sizes_of(*profiled)) : std::nullopt;
+  const auto other = [&](double measured, double theirs, double ours) {
+    return own.has_value() ? std::max(0.0, measured + theirs - ours) : std::max(measured, theirs);
+  };
   std::vector<std::string> names;
   for (AnalyticAttention kind : others) {
     names.push_back(AnalyticAttentionName(kind));
     const ModelProfile sizes = sizes_of(kind);
     for (size_t i = 0; i < out.units.size() && i < sizes.units.size(); ++i) {
-      out.units[i].stash_bytes = std::max(out.units[i].stash_bytes, sizes.units[i].stash_bytes);
+      const bool ours = own.has_value() && i < own->units.size();
+      out.units[i].stash_bytes = std::max(
+          out.units[i].stash_bytes, other(profile.units[i].stash_bytes, sizes.units[i].stash_bytes,
+                                          ours ? own->units[i].stash_bytes : 0));
       out.units[i].transient_bytes =
-          std::max(out.units[i].transient_bytes, sizes.units[i].transient_bytes);
+          std::max(out.units[i].transient_bytes,
+                   other(profile.units[i].transient_bytes, sizes.units[i].transient_bytes,
+                         ours ? own->units[i].transient_bytes : 0));
     }
   }
   bool changed = false;

@@ -66,10 +66,13 @@ ModelProfile FromProto(const v1::ModelProfile& profile, const ModelProfile* mode
 // `profile`, measured (or analytic) on a worker running it as `profiled`
 // (nullopt: not known, state stored before it was kept), with each unit's
 // stash_bytes and transient_bytes raised to the most another placed kind
-// needs (`sizes_of(kind)`: ModelSizes, one unit each in the profile's
-// order). Where `profiled` is known and not placed at all, the placed
-// kinds' sizes replace the profile's. Times are kept (the planner scales
-// them by each worker's speed). One profile prices every worker of a plan,
+// needs: the measured size plus `sizes_of(kind)` less `sizes_of(profiled)`
+// (ModelSizes, one unit each in the profile's order: only attention's
+// differ), or with `profiled` not known the larger of the measured and
+// `sizes_of(kind)`. Where `profiled` is known and not placed at all, the
+// placed kinds' sizes replace the profile's. Times are kept (the planner
+// scales them by each worker's speed). One array prices every worker, so
+// a plan mixing kinds charges each the largest kind's. One profile prices every worker of a plan,
 // and a re-plan onto a spare of another kind reused the first plan's: a
 // flash-attention profile understated a CPU spare's stash by the B·H·T²
 // probabilities of each micro-batch in flight (it ran out of memory at run

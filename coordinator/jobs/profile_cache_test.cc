@@ -53,26 +53,29 @@ TEST(ProfileForAttentionsTest, AnotherKindPlaced_MemoryRaisedToItsSizes) {
       flash, AnalyticAttention::kCudaFlash,
       {AnalyticAttention::kCudaFlash, AnalyticAttention::kCpu}, SizesOf, &note);
   ASSERT_EQ(out.units.size(), 2u);
-  EXPECT_EQ(out.units[0].stash_bytes, 900);
-  EXPECT_EQ(out.units[0].transient_bytes, 40);
-  EXPECT_EQ(out.units[1].stash_bytes, 300);  // the measured one is larger
+  // Measured 100 on flash, whose shape gives 90: the CPU's 900 + 10.
+  EXPECT_EQ(out.units[0].stash_bytes, 910);
+  EXPECT_EQ(out.units[0].transient_bytes, 42);  // 10 + 40 - 8
+  EXPECT_EQ(out.units[1].stash_bytes, 300);     // no attention: as measured
   EXPECT_EQ(out.units[1].transient_bytes, 30);
   EXPECT_EQ(out.units[0].fwd_seconds, 1.0);  // times kept
   EXPECT_EQ(out.units[0].weight_bytes, 1000);
   EXPECT_EQ(note, "; stash and transient memory also sized for CPU attention (analytic)");
 }
 
-// Every placed worker of another kind than the profile's: that kind's
-// sizes, not the profile's larger ones (a fitting spare is not refused).
+// Every placed worker of another kind than the profile's: the measured
+// sizes moved to that kind's, not the profile's larger ones (a fitting
+// spare is not refused); units without attention keep their measurement.
 TEST(ProfileForAttentionsTest, ProfileKindNotPlaced_ItsSizesReplaced) {
-  const ModelProfile cpu = TwoUnits(950, 45);  // measured on a CPU
+  ModelProfile cpu = TwoUnits(950, 45);  // measured on a CPU
+  cpu.units[1].stash_bytes = 500;        // the MLP's above its shape's 300
   std::string note;
   const ModelProfile out = ProfileForAttentions(
       cpu, AnalyticAttention::kCpu, {AnalyticAttention::kCudaFlash, AnalyticAttention::kCudaFlash},
       SizesOf, &note);
-  EXPECT_EQ(out.units[0].stash_bytes, 90);
-  EXPECT_EQ(out.units[0].transient_bytes, 8);
-  EXPECT_EQ(out.units[1].stash_bytes, 300);  // TwoUnits' mlp, any kind
+  EXPECT_EQ(out.units[0].stash_bytes, 140);     // 950 - 900 + 90
+  EXPECT_EQ(out.units[0].transient_bytes, 13);  // 45 - 40 + 8
+  EXPECT_EQ(out.units[1].stash_bytes, 500);     // no attention: as measured
   EXPECT_EQ(note,
             "; stash and transient memory sized for CUDA flash attention (analytic), not the "
             "profile's CPU");

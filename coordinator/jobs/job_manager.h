@@ -676,7 +676,10 @@ class JobManager {
     // each time it joined (killed for memory loading its stage, say) and
     // came back under the same id was taken again and again: recovery,
     // growth, reload, crash, for as long as it restarted. Not stored: a
-    // coordinator restart forgets them.
+    // coordinator restart forgets them. Only joiners count (not the first
+    // plan's workers, nor a survivor given a larger stage), and only under
+    // their id: a pod restarted under a new id is a new worker. A job
+    // waiting for such a worker says only how many it waits for.
     struct JoinCrash {
       int count = 0;
       absl::Time until;

@@ -1475,6 +1475,10 @@ TEST_P(SurvivorStoppingTest, SurvivorStillStopping_WaitedForThenLeftOut) {
   EXPECT_TRUE(
       absl::StrContains(job.plan_history(1).reason(), w1 + " (still stopping its part after 10m)"))
       << job.plan_history(1).reason();
+  // Still stopping, it is no spare either: the job does not grow into it.
+  stopping_heartbeat();
+  Schedule();
+  EXPECT_EQ(Step(id, 6).stop_after_step(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AtWorkOrIdle, SurvivorStoppingTest,

@@ -51,7 +51,8 @@ namespace {
 
 // How long a recovery waits for a survivor that heartbeats but has not yet
 // said it stopped its part of the job (the registry's `stopping`, until an
-// idle heartbeat naming the job, or a heartbeat that says "stopping job"):
+// idle heartbeat naming the job; also set by a heartbeat that says
+// "stopping job"):
 // a stop finishing a checkpoint write may take minutes, as long as the
 // start barrier would have waited for it (JobRunner::kMinStartBarrierWait).
 // Past this it is left out like a gone worker; planned while still
@@ -955,11 +956,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                              FromProtoTimestamp(worker->last_heartbeat()) != at_recovery->second;
     if (!heard_since || worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
-    } else if (worker->state() == v1::WORKER_STATE_READY &&
-               (ready.count(w) == 0 ||
-                absl::StartsWith(worker->current_instruction(), "stopping job "))) {
-      // Not marked when its last word before the release was "idle" (it
-      // took its RUN within a heartbeat of the failure), but saying so now.
+    } else if (worker->state() == v1::WORKER_STATE_READY && ready.count(w) == 0) {
       if (stop_wait_over) {
         gone_too.push_back(absl::StrCat(w, " (still stopping its part after ",
                                         absl::FormatDuration(kSurvivorStopWait), ")"));

@@ -116,12 +116,14 @@ ModelProfile ProfileForAttentions(const ModelProfile& profile,
   }
   // Another kind's: the measured size moved by what the model's shape says
   // differs between the kinds (attention's probabilities; nothing in the
-  // other units, whose measurement stays), or, the profile's kind not
-  // known, the larger of the two.
+  // other units, whose measurement stays), never below that kind's shape
+  // (a measurement under the profiled kind's shape must not understate
+  // it); the profile's kind not known, the larger of the two.
   const std::optional<ModelProfile> own =
       profiled.has_value() ? std::optional<ModelProfile>(sizes_of(*profiled)) : std::nullopt;
   const auto other = [&](double measured, double theirs, double ours) {
-    return own.has_value() ? std::max(0.0, measured + theirs - ours) : std::max(measured, theirs);
+    return own.has_value() ? std::max(theirs, measured + theirs - ours)
+                           : std::max(measured, theirs);
   };
   std::vector<std::string> names;
   for (AnalyticAttention kind : others) {

@@ -64,16 +64,17 @@ ModelProfile FromProto(const v1::ModelProfile& profile, const ModelProfile* mode
 // The profile a plan on workers that run attention as `placed` (each
 // AnalyticAttentionOf the placed workers' devices) prices memory with:
 // `profile`, measured (or analytic) on a worker running it as `profiled`
-// (nullopt: not known, state stored before it was kept), with each unit's
-// stash_bytes and transient_bytes raised to the most another placed kind
-// needs: the measured size plus `sizes_of(kind)` less `sizes_of(profiled)`
-// (ModelSizes, one unit each in the profile's order: only attention's
-// differ), or with `profiled` not known the larger of the measured and
-// `sizes_of(kind)`. Where `profiled` is known and not placed at all, the
-// placed kinds' sizes replace the profile's. Times are kept (the planner
-// scales them by each worker's speed). One array prices every worker, so
-// a plan mixing kinds charges each the largest kind's. One profile prices every worker of a plan,
-// and a re-plan onto a spare of another kind reused the first plan's: a
+// (nullopt: not known, state stored before it was kept). For each placed
+// kind other than `profiled`, each unit's stash_bytes and transient_bytes
+// is at least max(theirs, measured + theirs - ours), theirs and ours
+// being `sizes_of` that kind and of `profiled` (ModelSizes, one unit each
+// in the profile's order; only attention's differ between kinds, so other
+// units keep their measurement), or with `profiled` not known
+// max(measured, theirs). The measured size itself counts only where
+// `profiled` is placed or not known. Times are kept (the planner scales
+// them by each worker's speed). One array prices every worker, so a plan
+// mixing kinds charges each the largest kind's. Why: a re-plan onto a
+// spare of another kind reused the first plan's profile, and a
 // flash-attention profile understated a CPU spare's stash by the B·H·T²
 // probabilities of each micro-batch in flight (it ran out of memory at run
 // time), a CPU profile overstated flash workers' (a spare that fits was

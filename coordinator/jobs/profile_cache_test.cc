@@ -66,7 +66,7 @@ TEST(ProfileForAttentionsTest, AnotherKindPlaced_MemoryRaisedToItsSizes) {
 // Every placed worker of another kind than the profile's: the measured
 // sizes moved to that kind's, not the profile's larger ones (a fitting
 // spare is not refused); units without attention keep their measurement.
-TEST(ProfileForAttentionsTest, ProfileKindNotPlaced_ItsSizesReplaced) {
+TEST(ProfileForAttentionsTest, ProfileKindNotPlaced_MovedToThePlacedKinds) {
   ModelProfile cpu = TwoUnits(950, 45);  // measured on a CPU
   cpu.units[1].stash_bytes = 500;        // the MLP's above its shape's 300
   std::string note;
@@ -79,6 +79,16 @@ TEST(ProfileForAttentionsTest, ProfileKindNotPlaced_ItsSizesReplaced) {
   EXPECT_EQ(note,
             "; stash and transient memory sized for CUDA flash attention (analytic), not the "
             "profile's CPU");
+}
+
+// A measurement below the profiled kind's shape moves no lower than the
+// other kind's shape: flash measured at 50 (its shape 90) gives the CPU
+// its 900, not 860.
+TEST(ProfileForAttentionsTest, MeasuredBelowItsShape_TheOtherKindsShapeAtLeast) {
+  const ModelProfile flash = TwoUnits(50, 10);
+  const ModelProfile out = ProfileForAttentions(flash, AnalyticAttention::kCudaFlash,
+                                                {AnalyticAttention::kCpu}, SizesOf, nullptr);
+  EXPECT_EQ(out.units[0].stash_bytes, 900);
 }
 
 // The profile's own kind only: unchanged, and nothing noted.

@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -395,6 +396,14 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   if (IsIdleInstruction(request.current_instruction()) && idle_after_release) {
     entry->stopping = false;
     entry->last_idle = clock_->Now();
+  } else if (entry->worker.state() == v1::WORKER_STATE_READY &&
+             absl::StartsWith(request.current_instruction(), "stopping job ")) {
+    // A READY worker still stopping a job (its RUN taken within a
+    // heartbeat of the release, so Release saw "idle"; or a stop that
+    // hangs): not ready until its idle heartbeat naming that job. Counted
+    // ready, it was planned again and never took its RUN.
+    entry->stopping = true;
+    if (request.has_last_job_id()) entry->released_job = request.last_job_id();
   }
   if (IsFreshNcclId(*entry, request.nccl_unique_id())) {
     entry->nccl_unique_id = request.nccl_unique_id();

@@ -1247,7 +1247,8 @@ int RunSubmit(const std::vector<std::string>& args) {
     // Whether the job exists is unknown (the id makes asking again safe),
     // unless the coordinator said nothing was submitted (a path held a
     // minute more, the state store refusing the job).
-    if (OutcomeUnknown(submitted.status()) && !SaysNothingSubmitted(submitted.status())) {
+    if (CoordinatorOutcomeUnknown(submitted.status()) &&
+        !SaysNothingSubmitted(submitted.status())) {
       std::fprintf(stderr,
                    "pipetrain submit: the job may or may not have been created; running this "
                    "command again with --request-id %s never creates a second one\n",

@@ -70,10 +70,9 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
       s = stub->GetJob(context.get(), probe, &job);
     }
     if (Interrupted()) return absl::CancelledError("interrupted while looking for the leader");
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
-        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      return stub;
-    }
+    // A coordinator that is stopping ends calls CANCELLED: not the leader
+    // to send the command to (Ctrl-C was checked above).
+    if (!CoordinatorOutcomeUnknown(ToAbsl(s))) return stub;
     silent = silent || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     last = absl::StrCat(candidate, ": ", s.error_message());
     // Only a listed leader: whoever answers on a listed address must not
@@ -140,13 +139,17 @@ absl::Status ToAbsl(const grpc::Status& status) {
                       status.error_message());
 }
 
+bool CoordinatorOutcomeUnknown(const absl::Status& status) {
+  return OutcomeUnknown(status) || status.code() == absl::StatusCode::kCancelled;
+}
+
 absl::StatusOr<v1::Job> SubmitWithRetries(
     const std::function<absl::StatusOr<v1::Job>()>& submit, int attempts, absl::Duration backoff,
     const std::function<void(const absl::Status&, int, absl::Duration)>& on_retry,
     const std::function<bool(absl::Duration)>& wait) {
   for (int attempt = 1;; ++attempt) {
     absl::StatusOr<v1::Job> job = submit();
-    if (job.ok() || !OutcomeUnknown(job.status()) || attempt >= attempts) return job;
+    if (job.ok() || !CoordinatorOutcomeUnknown(job.status()) || attempt >= attempts) return job;
     on_retry(job.status(), attempt, backoff);
     if (!wait(backoff)) return job;
     backoff *= 2;

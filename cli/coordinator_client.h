@@ -63,10 +63,18 @@ std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout);
 
 absl::Status ToAbsl(const grpc::Status& status);
 
+// Whether a call of the CLI's whose answer was `status` may or may not
+// have taken effect: UNAVAILABLE, DEADLINE_EXCEEDED (OutcomeUnknown), or
+// CANCELLED, which a coordinator that stops (SIGTERM: a rolling update, an
+// HA leader handing over) ends calls with that it has not answered. The
+// CLI cancels none of the calls it asks this for itself (Ctrl-C is checked
+// apart, Interrupted()).
+bool CoordinatorOutcomeUnknown(const absl::Status& status);
+
 // Calls `submit` until it succeeds, fails with a code other than
-// UNAVAILABLE or DEADLINE_EXCEEDED (the two after which the job may or may
-// not exist: the call may have been refused before it arrived, or its
-// answer lost), or `attempts` (>= 1) calls have failed; returns the last
+// UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (CoordinatorOutcomeUnknown:
+// the job may or may not exist: the call may have been refused before it
+// arrived, or its answer lost), or `attempts` (>= 1) calls have failed; returns the last
 // result. Between calls it tells `on_retry` the failure, the attempt that
 // failed (1-based) and the wait, then waits: `backoff` first, doubling
 // each time, through `wait`, which returns false to give up at once (the

@@ -177,11 +177,13 @@ TEST(FindCoordinatorTest, OnlyFollowers_UnavailableNamingTheAddresses) {
       << found.status();
 }
 
-// A submit whose outcome is unknown (UNAVAILABLE, DEADLINE_EXCEEDED) is
-// repeated, with a doubling wait; one the coordinator refused is not.
+// A submit whose outcome is unknown (UNAVAILABLE, DEADLINE_EXCEEDED, or
+// CANCELLED by a coordinator that stops) is repeated, with a doubling
+// wait; one the coordinator refused is not.
 TEST(SubmitWithRetriesTest, RepeatsOnlyUnknownOutcomesWithDoublingWaits) {
-  std::vector<absl::Status> answers = {absl::UnavailableError("leader changed"),
-                                       absl::DeadlineExceededError("deadline"), absl::OkStatus()};
+  std::vector<absl::Status> answers = {
+      absl::UnavailableError("leader changed"), absl::DeadlineExceededError("deadline"),
+      absl::CancelledError("server shutting down"), absl::OkStatus()};
   int calls = 0;
   std::vector<absl::Duration> waits;
   std::vector<int> retried_attempts;
@@ -202,9 +204,10 @@ TEST(SubmitWithRetriesTest, RepeatsOnlyUnknownOutcomesWithDoublingWaits) {
   absl::StatusOr<v1::Job> job = SubmitWithRetries(submit, 5, absl::Seconds(1), on_retry, wait);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->id(), "job-1");
-  EXPECT_EQ(calls, 3);
-  EXPECT_EQ(waits, (std::vector<absl::Duration>{absl::Seconds(1), absl::Seconds(2)}));
-  EXPECT_EQ(retried_attempts, (std::vector<int>{1, 2}));
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(waits,
+            (std::vector<absl::Duration>{absl::Seconds(1), absl::Seconds(2), absl::Seconds(4)}));
+  EXPECT_EQ(retried_attempts, (std::vector<int>{1, 2, 3}));
 
   // Refused: answered at once.
   calls = 0;

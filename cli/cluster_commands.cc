@@ -55,6 +55,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "spec/job_spec.h"
+#include "worker/agent/device_info.h"
 #include "worker/data/token_file.h"
 #include "worker/model/backend_select.h"
 
@@ -753,6 +754,12 @@ absl::Status ReadAllPages(
   return absl::OkStatus();
 }
 
+std::string SharedCgroupMemoryLimit(int64_t cgroup_limit, int64_t physical, int workers) {
+  if (cgroup_limit <= 0 || workers < 1 || (physical > 0 && cgroup_limit >= physical)) return "";
+  const int64_t each = (cgroup_limit - cgroup_limit / 8) / workers;
+  return each > 0 ? std::to_string(each) : "";
+}
+
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus) {
   int index = -1;  // the device cuda or cuda:N names
@@ -1022,6 +1029,21 @@ int RunUp(const std::vector<std::string>& args) {
     const std::string root = DataRootOf(o.data);
     cluster_options.coordinator_args.push_back("--data-root=" + root);
     cluster_options.worker_args.push_back("--data-root=" + root);
+  }
+  // CPU workers hold the model in this cgroup's memory, which they share
+  // (GPU workers are planned by their devices' memory).
+  const bool on_cpu =
+      o.worker_device == "cpu" || (o.worker_device == "auto" && VisibleCudaDevices() == 0);
+  if (const std::string shared =
+          on_cpu ? SharedCgroupMemoryLimit(CgroupMemoryLimit(), PhysicalMemoryBytes(), o.workers)
+                 : "";
+      !shared.empty()) {
+    cluster_options.worker_args.push_back("--memory-limit=" + shared);
+    std::fprintf(stderr,
+                 "this cgroup's memory limit (%.1f GiB) is shared: --memory-limit %.2f GiB for "
+                 "each worker\n",
+                 static_cast<double>(CgroupMemoryLimit()) / (1 << 30),
+                 std::stod(shared) / (1 << 30));
   }
   for (int k = 0; k < o.workers; ++k) {
     cluster_options.per_worker_args.push_back(

@@ -41,6 +41,16 @@ int RunWorkers(const std::vector<std::string>& args);
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus);
 
+// The --memory-limit `up` gives each of its `workers` CPU workers, all in
+// its own cgroup, whose limit is `cgroup_limit` (CgroupMemoryLimit; 0:
+// none) on a host of `physical` bytes: a cgroup limit below the host's RAM
+// is shared by the workers (and the coordinator), but each worker reports
+// the whole of it, so the coordinator admitted N times the limit and the
+// kernel killed workers once their stashes filled. "" when there is no
+// such limit (each worker's own default is right then): the limit less an
+// eighth (the coordinator and the processes' own overhead), over `workers`.
+std::string SharedCgroupMemoryLimit(int64_t cgroup_limit, int64_t physical, int workers);
+
 // Reads a paged list to its end: `page(token)` fetches the page at `token`
 // ("" the first) and returns its next_page_token ("" on the last page).
 // INTERNAL when the coordinator hands back a token it gave before (a

@@ -31,6 +31,18 @@ TEST(ReadAllPagesTest, CycleOfTokens_Internal) {
   EXPECT_EQ(asked, (std::vector<std::string>{"", "p1", "p2"}));
 }
 
+// `up` in a container (or a systemd scope) of 16 GiB on a 64 GiB host:
+// its 4 workers share the limit, less an eighth for the coordinator and
+// overhead; each reported all 16 GiB, and 64 GiB were admitted.
+TEST(SharedCgroupMemoryLimitTest, ALimitBelowTheHostsRamIsShared) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  EXPECT_EQ(SharedCgroupMemoryLimit(16 * kGiB, 64 * kGiB, 4), std::to_string(14 * kGiB / 4));
+  EXPECT_EQ(SharedCgroupMemoryLimit(0, 64 * kGiB, 4), "");          // no limit
+  EXPECT_EQ(SharedCgroupMemoryLimit(64 * kGiB, 64 * kGiB, 4), "");  // the host's RAM
+  EXPECT_EQ(SharedCgroupMemoryLimit(80 * kGiB, 64 * kGiB, 4), "");
+  EXPECT_EQ(SharedCgroupMemoryLimit(16 * kGiB, 0, 1), std::to_string(14 * kGiB));
+}
+
 TEST(CheckWorkerDeviceHereTest, CudaWithoutCudaBuild_FailedPreconditionNamingTheFlag) {
   for (const std::string device : {"cuda", "cuda:0", "cuda:3"}) {
     const absl::Status status = CheckWorkerDeviceHere(device, /*built_with_cuda=*/false, 0);

@@ -309,6 +309,20 @@ class JobManagerElasticTest : public ::testing::Test {
     return status;
   }
 
+  // `worker`'s report, under plan 1 at iteration `step` - 1, that its
+  // write of step `step`'s checkpoint failed for want of disk.
+  static v1::ReportProgressRequest CheckpointFullDisk(const std::string& id,
+                                                      const std::string& worker, int64_t step) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(id);
+    r.set_plan_version(1);
+    r.set_iteration(step - 1);
+    r.mutable_checkpoint()->set_step(step);
+    r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+    return r;
+  }
+
   // `worker`'s report, under plan `version`, that a peer of its stage went
   // away (a data-plane failure: the job recovers).
   static v1::ReportProgressRequest PeerFailure(const std::string& id, const std::string& worker,
@@ -2361,13 +2375,7 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   jobs_->SetEvents({.checkpoint_failed = [&failed] { ++failed; }});
   for (int step = 1; step <= 5; ++step) Step(id, step);
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
-  v1::ReportProgressRequest r;
-  r.set_worker_id(w2);
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_iteration(4);
-  r.mutable_checkpoint()->set_step(5);
-  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  const v1::ReportProgressRequest r = CheckpointFullDisk(id, w2, 5);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
@@ -2404,13 +2412,7 @@ TEST_F(JobManagerElasticTest, CheckpointsFailing_NoGrowthUntilOneCompletes) {
   const std::string id = Submit(spec).value().id();
   for (int step = 1; step <= 5; ++step) Step(id, step);
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
-  v1::ReportProgressRequest r;
-  r.set_worker_id(w2);
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_iteration(4);
-  r.mutable_checkpoint()->set_step(5);
-  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  const v1::ReportProgressRequest r = CheckpointFullDisk(id, w2, 5);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_failures(), 1);
   AddWorker(7003);  // a spare
@@ -2435,13 +2437,7 @@ TEST_F(JobManagerElasticTest, CheckpointReportRepeated_CountedOnce) {
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());  // pending: stage 1 has not written
   EXPECT_EQ(written, 1);
-  v1::ReportProgressRequest r;
-  r.set_worker_id(w2);
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_iteration(4);
-  r.mutable_checkpoint()->set_step(5);
-  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  const v1::ReportProgressRequest r = CheckpointFullDisk(id, w2, 5);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   EXPECT_EQ(failed, 1);
@@ -2454,9 +2450,7 @@ TEST_F(JobManagerElasticTest, CheckpointReportRepeated_CountedOnce) {
   EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 10);
   // The next failure of the same stage, at another step, counts.
   for (int step = 11; step <= 15; ++step) Step(id, step);
-  r.set_iteration(14);
-  r.mutable_checkpoint()->set_step(15);
-  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 15)).ok());
   EXPECT_EQ(failed, 2);
 }
 

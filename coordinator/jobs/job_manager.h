@@ -678,8 +678,8 @@ class JobManager {
     // growth, reload, crash, for as long as it restarted. Not stored: a
     // coordinator restart forgets them. Only joiners count (not the first
     // plan's workers, nor a survivor given a larger stage), and only under
-    // their id: a pod restarted under a new id is a new worker. A job
-    // waiting for such a worker says only how many it waits for.
+    // their id: a pod restarted under a new id is a new worker. A recovery
+    // waiting for more workers names those held back.
     struct JoinCrash {
       int count = 0;
       absl::Time until;

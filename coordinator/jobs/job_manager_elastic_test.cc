@@ -1525,9 +1525,35 @@ TEST_F(JobManagerElasticTest, JoinerLostBeforeItsFirstStep_NotTakenAgainForAWhil
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
   // Nor does the job grow into it meanwhile; a minute on, it does.
   EXPECT_EQ(Step(id, 6).stop_after_step(), 0);
+
   elapsed_clock_.Advance(absl::Minutes(1));
   HeartbeatAllAndSchedule({w1, w3});
   EXPECT_GT(Step(id, 7).stop_after_step(), 7);
+}
+
+// A recovery that needs the held-back joiner waits, and says why beside a
+// READY worker it does not count.
+TEST_F(JobManagerElasticTest, JoinerHeldBack_ARecoveryThatNeedsItSaysWhyItWaits) {
+  separate_elapsed_clock_ = true;
+  Reset(/*with_state=*/false);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string id = Submit(spec).value().id();
+  const std::string w3 = AddWorker(7003);
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1, w3});
+  ASSERT_EQ(WorkerIdsOf(jobs_->Get(id).value()), (std::vector<std::string>{w1, w3}));
+  registry_.MarkLost(w3, incarnations_[w3], "killed");
+  ASSERT_EQ(AddWorker(7003), w3);
+  HeartbeatAllAndSchedule({w1, w3});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                w3 + " not offered for another 1m (lost as it joined, 1 time)"))
+      << job.reason();
 }
 
 // A worker whose process restarts registers again (same address, a new

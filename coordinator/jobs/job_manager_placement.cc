@@ -1049,6 +1049,18 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                                       gone_too.size() == 1 ? " is" : " are", " gone too");
   if (!waiting_for.empty()) {
     waiting_for += also_gone;
+    // READY workers it does not count, held back after they were lost as
+    // they joined it: said, or `pipetrain workers` showed them READY while
+    // the job waited "for more READY workers" without a word of why.
+    for (const auto& [w, crash] : record.join_crashes) {
+      const absl::StatusOr<v1::Worker> held = registry_->Get(w);
+      if (now < crash.until && held.ok() && held->state() == v1::WORKER_STATE_READY) {
+        absl::StrAppend(&waiting_for, "; ", w, " not offered for another ",
+                        absl::FormatDuration(absl::Ceil(crash.until - now, absl::Seconds(1))),
+                        " (lost as it joined, ", crash.count,
+                        crash.count == 1 ? " time)" : " times)");
+      }
+    }
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

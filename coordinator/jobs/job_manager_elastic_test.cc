@@ -1704,8 +1704,16 @@ TEST_F(JobManagerElasticTest, DrainBoundary_WhileAJobWaits_HoldsTheSpareOfTheNee
 
 // A data-parallel job on four GPUs loses one; the spares are a CPU (first
 // by id) and a GPU: it recovers on the three GPUs and the spare GPU. In id
-// order it took the CPU into a GPU stage, and the plan was refused.
-TEST_F(JobManagerElasticTest, DataParallelRecovery_SparesOfBothKinds_TakesTheOneOfItsKind) {
+// order it took the CPU into a GPU stage, and the plan was refused. The
+// same while another job waits for workers: the recovery takes no more
+// than it lost, and the bound goes to the arrangement by kind, not to the
+// list: cut to 4 first, the CPU spare (its id lower) took the GPU's place
+// and the job waited beside an idle GPU.
+class DataParallelRecoveryKindTest : public JobManagerElasticTest,
+                                     public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DataParallelRecoveryKindTest, SparesOfBothKinds_TakesTheOneOfItsKind) {
+  const bool another_job_waits = GetParam();
   v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_parallelism()->set_data(2);
   std::vector<std::string> g;
@@ -1714,41 +1722,30 @@ TEST_F(JobManagerElasticTest, DataParallelRecovery_SparesOfBothKinds_TakesTheOne
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
   for (int64_t step = 1; step <= 5; ++step) StepEveryWorker(id, step, 1);
   CheckpointAll(id, 5);
+  std::string queued;
+  if (another_job_waits) {
+    v1::JobSpec wide = ElasticSpec(3, 5);
+    wide.mutable_elastic()->set_min_workers(3);
+    queued = Submit(wide).value().id();
+    ASSERT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+  }
   const std::string c5 = AddWorker(7005), g6 = AddGpuWorker(7006);
   registry_.MarkLost(g[3], incarnations_[g[3]], "killed");
-  HeartbeatAllAndSchedule({g[0], g[1], g[2]});
+  if (another_job_waits) {
+    HeartbeatAllAndSchedule({g[0], g[1], g[2], c5, g6});
+  } else {
+    HeartbeatAllAndSchedule({g[0], g[1], g[2]});
+  }
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g[0], g[1], g[2], g6}));
   EXPECT_EQ(registry_.Get(c5).value().state(), v1::WORKER_STATE_READY);
+  if (another_job_waits) {
+    EXPECT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+  }
 }
 
-// The same while another job waits for workers: the recovery takes no
-// more than it lost, and the bound goes to the arrangement by kind, not to
-// the list: cut to 4 first, the CPU spare (its id lower) took the GPU's
-// place and the job waited beside an idle GPU.
-TEST_F(JobManagerElasticTest, DataParallelRecovery_WhileAJobWaits_TakesTheSpareOfItsKind) {
-  v1::JobSpec spec = ElasticSpec(2, 5);
-  spec.mutable_parallelism()->set_data(2);
-  std::vector<std::string> g;
-  for (int k = 0; k < 4; ++k) g.push_back(AddGpuWorker(7001 + k));
-  const std::string id = Submit(spec).value().id();
-  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
-  for (int64_t step = 1; step <= 5; ++step) StepEveryWorker(id, step, 1);
-  CheckpointAll(id, 5);
-  v1::JobSpec wide = ElasticSpec(3, 5);
-  wide.mutable_elastic()->set_min_workers(3);
-  const std::string queued = Submit(wide).value().id();
-  ASSERT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
-  const std::string c5 = AddWorker(7005), g6 = AddGpuWorker(7006);
-  registry_.MarkLost(g[3], incarnations_[g[3]], "killed");
-  HeartbeatAllAndSchedule({g[0], g[1], g[2], c5, g6});
-  const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g[0], g[1], g[2], g6}));
-  EXPECT_EQ(registry_.Get(c5).value().state(), v1::WORKER_STATE_READY);
-  EXPECT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
-}
+INSTANTIATE_TEST_SUITE_P(AloneOrWhileAJobWaits, DataParallelRecoveryKindTest, ::testing::Bool());
 
 // A recovering data-parallel job whose survivors and spares are enough in
 // number but not of one kind per stage waits, saying why, and runs once a

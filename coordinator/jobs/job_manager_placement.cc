@@ -6,7 +6,6 @@
 #include <optional>
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/data_plane_keys.h"
@@ -50,11 +49,11 @@ double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
 namespace {
 
 // How long a recovery waits for a survivor that heartbeats but has not yet
-// said it stopped its part of the job (the registry's `stopping`, until an
-// idle heartbeat naming the job; also set by a heartbeat that says
-// "stopping job"):
-// a stop finishing a checkpoint write may take minutes, as long as the
-// start barrier would have waited for it (JobRunner::kMinStartBarrierWait).
+// said it stopped its part of the job (the registry's `stopping`, set by
+// the job's release or a heartbeat that says "stopping job", cleared by an
+// idle heartbeat naming the job): a stop finishing a checkpoint write may
+// take minutes, as long as the start barrier would have waited for it
+// (JobRunner::kMinStartBarrierWait).
 // Past this it is left out like a gone worker; planned while still
 // stopping (its watch thread blocked in the stop, on a wedged mount say),
 // it never took its RUN, the others waited out the start barrier, and

@@ -282,8 +282,12 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
   // Waits for the store's commit of the cancel, behind the saves queued before it.
   return OffReaction(
       context, "CancelJob", UserCall(*context),
-      [this, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
+      [this, context, request, response]() -> absl::Status {
+        // Within the caller's deadline: it reads "not yet recorded" and
+        // asks again, rather than a DEADLINE_EXCEEDED for a cancel made.
+        ASSIGN_OR_RETURN(
+            *response,
+            jobs_->Cancel(request->id(), CallerWaitBudget(context->deadline(), absl::Now())));
         return absl::OkStatus();
       },
       store_calls_);

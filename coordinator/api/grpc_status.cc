@@ -1,5 +1,6 @@
 #include "coordinator/api/grpc_status.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   const std::string message(bounded.message());
   if (FieldViolationsOf(bounded).empty()) return grpc::Status(code, message);
   return grpc::Status(code, message, EncodeRpcStatus(bounded));
+}
+
+absl::Duration CallerWaitBudget(std::chrono::system_clock::time_point deadline, absl::Time now) {
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteDuration();
+  const absl::Duration left = absl::FromChrono(deadline) - now;
+  if (left <= absl::ZeroDuration()) return absl::ZeroDuration();
+  return left - std::min(left / 5, absl::Seconds(1));
 }
 
 }  // namespace pipetrain

@@ -13,9 +13,11 @@
 
 #include <grpcpp/support/status.h>
 
+#include <chrono>
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace pipetrain {
 
@@ -33,6 +35,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // parser's messages quote a bad value whole (a 200,000-digit number came
 // back twice, in the message and in the details).
 absl::Status BoundedStatus(const absl::Status& status);
+
+// How long a server may work on a call before its answer would miss the
+// caller's `deadline` (grpc::ServerContextBase::deadline(); the
+// time_point's max: none, infinite): the time left at `now`, less a fifth
+// of it (at most a second) for the answer's way back; zero once it passed.
+// For waits a call may cut short with a "not yet" answer (CancelJob's wait
+// for its save), so that the caller reads that answer, not its own
+// DEADLINE_EXCEEDED. Thread-safe (pure).
+absl::Duration CallerWaitBudget(std::chrono::system_clock::time_point deadline, absl::Time now);
 
 }  // namespace pipetrain
 

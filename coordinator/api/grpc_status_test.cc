@@ -48,5 +48,17 @@ TEST(ToGrpcStatus, LongMessage_CutAndSaysHowMuchWasLeftOut) {
   EXPECT_LE(details.violations[0].description.size(), kMaxStatusMessageBytes);
 }
 
+// The time left before the caller's deadline, less a fifth of it (at most
+// a second) for the answer's way back; none past it; infinite without one.
+TEST(CallerWaitBudget, TimeLeftLessTheWayBack) {
+  const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  const auto at = [&](absl::Duration from_now) { return absl::ToChronoTime(now + from_now); };
+  EXPECT_EQ(CallerWaitBudget(at(absl::Seconds(3)), now), absl::Milliseconds(2400));
+  EXPECT_EQ(CallerWaitBudget(at(absl::Seconds(10)), now), absl::Seconds(9));
+  EXPECT_EQ(CallerWaitBudget(at(absl::Seconds(-1)), now), absl::ZeroDuration());
+  EXPECT_EQ(CallerWaitBudget(std::chrono::system_clock::time_point::max(), now),
+            absl::InfiniteDuration());
+}
+
 }  // namespace
 }  // namespace pipetrain

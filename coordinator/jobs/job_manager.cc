@@ -157,7 +157,8 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   return out;
 }
 
-absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
+                                           absl::Duration answer_within) {
   RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   v1::Job cancelled;
   // The save's status, set on the io thread. An AnnotatedMutex, not an
@@ -199,15 +200,17 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   // slow store) held them all, and the client past its deadline.
   absl::Status save_status;
   {
+    const absl::Duration wait =
+        std::max(absl::ZeroDuration(), std::min(options_.cancel_save_wait, answer_within));
     AnnotatedMutexLock lock(&saved->mu);
     const bool done = saved->mu.AwaitWithTimeout(
-        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(saved->mu) { return saved->done; },
-        options_.cancel_save_wait);
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(saved->mu) { return saved->done; }, wait);
     save_status = done ? saved->status
                        : absl::DeadlineExceededError(absl::StrCat(
                              "its save still waits behind the coordinator's other file and "
                              "store work after ",
-                             absl::FormatDuration(options_.cancel_save_wait)));
+                             absl::FormatDuration(wait),
+                             wait < options_.cancel_save_wait ? " (the call's deadline)" : ""));
   }
   {
     AnnotatedMutexLock lock(&mu_);

@@ -400,7 +400,12 @@ class JobManager {
   // retried every second (or still queued), but a coordinator that stops
   // before one succeeds restores the job and runs it again. Asked again
   // then, Cancel saves once more and answers as for a first cancel.
-  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // `answer_within` shortens that wait to the caller's deadline (less the
+  // answer's way back, CallerWaitBudget): a client with a deadline under
+  // the wait got DEADLINE_EXCEEDED while the save went through, and asking
+  // again then, FAILED_PRECONDITION "already ended" for the cancel it made.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id,
+                                 absl::Duration answer_within = absl::InfiniteDuration());
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The
   // measured timeline (Plan.measured_*) is drawn after the lock is let go.
   // kWithoutDrawings: the plan without any drawing (plan_drawings.h), for

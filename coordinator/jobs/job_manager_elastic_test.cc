@@ -5257,6 +5257,28 @@ TEST_F(JobManagerStoreTest, CancelSaveStalled_UnavailableAfterTheWaitThenRecorde
   EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A caller's deadline under options.cancel_save_wait cuts the wait short:
+// the answer is UNAVAILABLE within it, and asked again once the save went
+// through, the cancel is confirmed (before, the wait ran past the
+// deadline, the save was recorded meanwhile, and asking again answered
+// FAILED_PRECONDITION "already ended" for the cancel the caller made).
+TEST_F(JobManagerStoreTest, CancelSaveStalled_AnsweredWithinTheCallersDeadline) {
+  JobManagerOptions options = StoreOptions();
+  options.cancel_save_wait = absl::Hours(1);
+  JobManager jobs(&registry_, &hub_, &clock_, options);
+  const std::string id = jobs.Submit(ElasticSpec(1, 5)).value().id();
+  jobs.FlushIo();
+  store_.Hold();
+  const absl::StatusOr<v1::Job> waiting = jobs.Cancel(id, absl::Milliseconds(50));
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kUnavailable) << waiting.status();
+  EXPECT_TRUE(absl::StrContains(waiting.status().message(), "after 50ms (the call's deadline)"))
+      << waiting.status();
+  store_.Release();
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.Cancel(id, absl::Milliseconds(50)).value().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   auto restored_state = [&](const std::string& id) {
     JobManager fresh(&registry_, &hub_, &clock_, StoreOptions());

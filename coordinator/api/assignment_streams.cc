@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/raw_request.h"
 
 namespace pipetrain {
 
@@ -14,7 +15,7 @@ namespace pipetrain {
 //
 // Finish is deferred while a write is in flight and issued from its
 // OnWriteDone, so the stream never has two operations outstanding.
-class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
+class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                public std::enable_shared_from_this<AssignmentStream> {
  public:
   AssignmentStream(AssignmentHub* hub, AssignmentStreams* owner, std::string worker_id,
@@ -62,7 +63,7 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   }
 
   void OnWriteDone(bool ok) override {
-    v1::Assignment sent;
+    grpc::ByteBuffer sent;
     {
       AnnotatedMutexLock lock(&mu_);
       writing_ = false;
@@ -112,15 +113,26 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   // StartWrite runs under mu_ (it never calls a reaction inline: gRPC
   // dispatches OnWriteDone to its executor), so that the serialisation of
   // message_ is ordered before the next Pump's overwrite in a way TSan sees.
+  //
+  // The stream writes bytes (the service's method is a raw one, so that its
+  // request is parsed after the caller's credential passed): the
+  // assignment is serialized here, as StartWrite would have.
   void Pump() {
-    AnnotatedMutexLock lock(&mu_);
-    if (writing_ || end_status_.has_value()) return;
-    std::optional<SequencedAssignment> next = hub_->Newer(worker_id_, sent_sequence_);
-    if (!next.has_value()) return;
-    sent_sequence_ = next->sequence;
-    message_ = std::move(next->assignment);
-    writing_ = true;
-    StartWrite(&message_);  // message_ stays untouched until OnWriteDone
+    absl::Status serialized;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (writing_ || end_status_.has_value()) return;
+      std::optional<SequencedAssignment> next = hub_->Newer(worker_id_, sent_sequence_);
+      if (!next.has_value()) return;
+      sent_sequence_ = next->sequence;
+      serialized = SerializeAnswer(next->assignment, &message_);
+      if (serialized.ok()) {
+        writing_ = true;
+        StartWrite(&message_);  // message_ stays untouched until OnWriteDone
+        return;
+      }
+    }
+    End(grpc::Status(grpc::StatusCode::INTERNAL, std::string(serialized.message())));
   }
 
   // Finishes a stream whose End came while a write was in flight.
@@ -147,7 +159,7 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   int subscription_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   // Written under mu_ while no write is in flight; gRPC reads it during one.
-  v1::Assignment message_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer message_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<grpc::Status> end_status_ ABSL_GUARDED_BY(mu_);  // set once
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -164,8 +176,8 @@ void AssignmentStreams::WatcherGone(const std::string& worker_id, int64_t incarn
   if (on_gone_) on_gone_(worker_id, incarnation);
 }
 
-grpc::ServerWriteReactor<v1::Assignment>* AssignmentStreams::Open(const std::string& worker_id,
-                                                                  int64_t incarnation) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* AssignmentStreams::Open(const std::string& worker_id,
+                                                                    int64_t incarnation) {
   Supersede(worker_id, incarnation, /*same_too=*/true);
   auto stream = std::make_shared<AssignmentStream>(hub_, this, worker_id, incarnation);
   bool shut_down;

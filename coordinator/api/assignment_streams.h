@@ -58,9 +58,10 @@ class AssignmentStreams {
   // opened them by the thousand made the coordinator's memory grow without
   // end. An ended stream is no lost watcher (WatcherGone is not called).
   // After Shutdown the stream ends at once with UNAVAILABLE. Returns the
-  // reactor for the gRPC method to return.
-  grpc::ServerWriteReactor<v1::Assignment>* Open(const std::string& worker_id,
-                                                 int64_t incarnation);
+  // reactor for the gRPC method to return; it writes each assignment
+  // serialized (a raw method's stream).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Open(const std::string& worker_id,
+                                                   int64_t incarnation);
 
   // Ends the streams of `worker_id` whose incarnation is older than
   // `incarnation`, or also of `incarnation` itself when `same_too`
@@ -84,8 +85,7 @@ class AssignmentStreams {
   const WatcherGoneListener on_gone_;
   mutable AnnotatedMutex mu_;
   // Live streams by address; weak so that a stream's lifetime stays its own.
-  std::map<const AssignmentStream*, std::weak_ptr<AssignmentStream>> streams_
-      ABSL_GUARDED_BY(mu_);
+  std::map<const AssignmentStream*, std::weak_ptr<AssignmentStream>> streams_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -3,6 +3,8 @@
 // not TSan-instrumented; see tsan_options_testing.cc).
 #include "coordinator/api/assignment_streams.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>  // SerializationTraits of protobuf messages
+
 #include <optional>
 #include <string>
 #include <thread>
@@ -30,9 +32,9 @@ v1::Assignment RunAssignment(int64_t version) {
 
 // Stands in for gRPC's side of a server-streaming call: records writes and
 // the final status; the test completes writes (OnWriteDone) when it chooses.
-class FakeWriter final : public grpc::ServerCallbackWriter<v1::Assignment> {
+class FakeWriter final : public grpc::ServerCallbackWriter<grpc::ByteBuffer> {
  public:
-  void Bind(grpc::ServerWriteReactor<v1::Assignment>* reactor) {
+  void Bind(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor) {
     reactor_ = reactor;
     BindReactor(reactor);
   }
@@ -44,15 +46,19 @@ class FakeWriter final : public grpc::ServerCallbackWriter<v1::Assignment> {
     status_ = std::move(status);
   }
   void SendInitialMetadata() override {}
-  void Write(const v1::Assignment* message, grpc::WriteOptions) override {
+  void Write(const grpc::ByteBuffer* bytes, grpc::WriteOptions) override {
+    // The stream writes serialized assignments (its method is a raw one).
+    grpc::ByteBuffer consumed(*bytes);
+    v1::Assignment message;
+    EXPECT_TRUE(grpc::SerializationTraits<v1::Assignment>::Deserialize(&consumed, &message).ok());
     AnnotatedMutexLock lock(&mu_);
     EXPECT_FALSE(pending_) << "two writes in flight";
     EXPECT_FALSE(status_.has_value()) << "Write after Finish";
     pending_ = true;
-    versions_.push_back(message->plan_version());
-    actions_.push_back(message->action());
+    versions_.push_back(message.plan_version());
+    actions_.push_back(message.action());
   }
-  void WriteAndFinish(const v1::Assignment*, grpc::WriteOptions, grpc::Status) override {
+  void WriteAndFinish(const grpc::ByteBuffer*, grpc::WriteOptions, grpc::Status) override {
     ADD_FAILURE() << "WriteAndFinish is not used";
   }
 
@@ -95,7 +101,7 @@ class FakeWriter final : public grpc::ServerCallbackWriter<v1::Assignment> {
   grpc::internal::ServerReactor* reactor() override { return reactor_; }
   void CallOnDone() override {}
 
-  grpc::ServerWriteReactor<v1::Assignment>* reactor_ = nullptr;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor_ = nullptr;
   AnnotatedMutex mu_;
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> versions_ ABSL_GUARDED_BY(mu_);
@@ -107,8 +113,8 @@ class AssignmentStreamsTest : public ::testing::Test {
  protected:
   // Opens a stream for w-1 and binds it to `writer`, as gRPC does after the
   // method returns.
-  grpc::ServerWriteReactor<v1::Assignment>* Open(FakeWriter& writer, int64_t incarnation = 1) {
-    grpc::ServerWriteReactor<v1::Assignment>* reactor = streams_.Open("w-1", incarnation);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Open(FakeWriter& writer, int64_t incarnation = 1) {
+    grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = streams_.Open("w-1", incarnation);
     writer.Bind(reactor);
     return reactor;
   }
@@ -124,7 +130,7 @@ class AssignmentStreamsTest : public ::testing::Test {
 TEST_F(AssignmentStreamsTest, Open_WorkerHasAssignment_WritesItFirst) {
   hub_.Set("w-1", RunAssignment(1));
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   EXPECT_EQ(writer.versions(), std::vector<int64_t>({1}));
   writer.CompleteWrite(true);
   EXPECT_FALSE(writer.pending());  // nothing newer
@@ -136,7 +142,7 @@ TEST_F(AssignmentStreamsTest, Open_WorkerHasAssignment_WritesItFirst) {
 
 TEST_F(AssignmentStreamsTest, Set_WhileWriteInFlight_SendsOnlyTheLatestAfterIt) {
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   EXPECT_TRUE(writer.versions().empty());
   hub_.Set("w-1", RunAssignment(1));
   hub_.Set("w-1", RunAssignment(2));
@@ -152,8 +158,8 @@ TEST_F(AssignmentStreamsTest, Set_WhileWriteInFlight_SendsOnlyTheLatestAfterIt) 
 
 TEST_F(AssignmentStreamsTest, Supersede_OlderIncarnation_FinishesAborted) {
   FakeWriter old_writer, new_writer;
-  grpc::ServerWriteReactor<v1::Assignment>* old_stream = Open(old_writer, 1);
-  grpc::ServerWriteReactor<v1::Assignment>* new_stream = Open(new_writer, 2);  // supersedes 1
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* old_stream = Open(old_writer, 1);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* new_stream = Open(new_writer, 2);  // supersedes 1
   ASSERT_TRUE(old_writer.status().has_value());
   EXPECT_EQ(old_writer.status()->error_code(), grpc::StatusCode::ABORTED);
   EXPECT_TRUE(absl::StrContains(old_writer.status()->error_message(),
@@ -171,8 +177,8 @@ TEST_F(AssignmentStreamsTest, Supersede_OlderIncarnation_FinishesAborted) {
 // thousands grew the coordinator without end), and no watcher is lost.
 TEST_F(AssignmentStreamsTest, SecondWatchOfAnIncarnation_EndsTheFirst) {
   FakeWriter first_writer, second_writer;
-  grpc::ServerWriteReactor<v1::Assignment>* first = Open(first_writer, 1);
-  grpc::ServerWriteReactor<v1::Assignment>* second = Open(second_writer, 1);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* first = Open(first_writer, 1);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* second = Open(second_writer, 1);
   ASSERT_TRUE(first_writer.status().has_value());
   EXPECT_EQ(first_writer.status()->error_code(), grpc::StatusCode::ABORTED);
   EXPECT_TRUE(absl::StrContains(first_writer.status()->error_message(),
@@ -192,10 +198,10 @@ TEST_F(AssignmentStreamsTest, SecondWatchOfAnIncarnation_EndsTheFirst) {
 TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
   hub_.Set("w-1", RunAssignment(1));
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   streams_.Supersede("w-1", 2);
   EXPECT_FALSE(writer.status().has_value());  // one operation at a time
-  hub_.Set("w-1", RunAssignment(2));                     // ending: not sent
+  hub_.Set("w-1", RunAssignment(2));          // ending: not sent
   writer.CompleteWrite(true);
   ASSERT_TRUE(writer.status().has_value());
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::ABORTED);
@@ -205,14 +211,14 @@ TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
 
 TEST_F(AssignmentStreamsTest, Shutdown_EndsStreamsAndLaterOpensUnavailable) {
   FakeWriter writer, late_writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   streams_.Shutdown();
   ASSERT_TRUE(writer.status().has_value());
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
   reactor->OnDone();
 
   hub_.Set("w-1", RunAssignment(1));
-  grpc::ServerWriteReactor<v1::Assignment>* late = Open(late_writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* late = Open(late_writer);
   ASSERT_TRUE(late_writer.status().has_value());
   EXPECT_EQ(late_writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_TRUE(late_writer.versions().empty());
@@ -222,7 +228,7 @@ TEST_F(AssignmentStreamsTest, Shutdown_EndsStreamsAndLaterOpensUnavailable) {
 
 TEST_F(AssignmentStreamsTest, OnCancel_FinishesCancelled) {
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   reactor->OnCancel();
   ASSERT_TRUE(writer.status().has_value());
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::CANCELLED);
@@ -232,8 +238,8 @@ TEST_F(AssignmentStreamsTest, OnCancel_FinishesCancelled) {
 
 TEST_F(AssignmentStreamsTest, OnCancelAfterWeEndedIt_NoWatcherGone) {
   FakeWriter writer, newer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer, 1);
-  grpc::ServerWriteReactor<v1::Assignment>* second = Open(newer, 2);  // supersedes 1
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer, 1);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* second = Open(newer, 2);  // supersedes 1
   reactor->OnCancel();
   reactor->OnDone();
   streams_.Shutdown();
@@ -245,7 +251,7 @@ TEST_F(AssignmentStreamsTest, OnCancelAfterWeEndedIt_NoWatcherGone) {
 TEST_F(AssignmentStreamsTest, WriteFails_FinishesCancelled) {
   hub_.Set("w-1", RunAssignment(1));
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   writer.CompleteWrite(false);
   ASSERT_TRUE(writer.status().has_value());
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::CANCELLED);
@@ -254,7 +260,7 @@ TEST_F(AssignmentStreamsTest, WriteFails_FinishesCancelled) {
 
 TEST_F(AssignmentStreamsTest, OnDone_Unsubscribes) {
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   reactor->OnCancel();
   reactor->OnDone();  // deletes the stream
   EXPECT_EQ(streams_.size(), 0);
@@ -268,7 +274,7 @@ TEST_F(AssignmentStreamsTest, OnDone_Unsubscribes) {
 TEST_F(AssignmentStreamsTest, ConcurrentSetsAndWriteCompletions_DeliverTheLatestInOrder) {
   constexpr int kSets = 300;
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   std::thread setter([this] {
     for (int v = 1; v <= kSets; ++v) hub_.Set("w-1", RunAssignment(v));
   });
@@ -293,7 +299,7 @@ TEST_F(AssignmentStreamsTest, ConcurrentSetsAndWriteCompletions_DeliverTheLatest
 // Shutdown racing with assignments being set and written.
 TEST_F(AssignmentStreamsTest, ShutdownDuringWrites_FinishesExactlyOnce) {
   FakeWriter writer;
-  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   std::thread setter([this] {
     for (int v = 1; v <= 100; ++v) hub_.Set("w-1", RunAssignment(v));
   });
@@ -301,7 +307,7 @@ TEST_F(AssignmentStreamsTest, ShutdownDuringWrites_FinishesExactlyOnce) {
   setter.join();
   stopper.join();
   if (writer.pending()) writer.CompleteWrite(true);  // the deferred Finish follows
-  ASSERT_TRUE(writer.status().has_value());  // FakeWriter checks "exactly once"
+  ASSERT_TRUE(writer.status().has_value());          // FakeWriter checks "exactly once"
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_FALSE(writer.pending());
   reactor->OnDone();

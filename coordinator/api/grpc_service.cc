@@ -1,5 +1,6 @@
 #include "coordinator/api/grpc_service.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "common/enum_names.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/raw_request.h"
 #include "common/status_macros.h"
 #include "coordinator/api/grpc_status.h"
 #include "coordinator/api/list_pages.h"
@@ -60,38 +62,96 @@ void CoordinatorGrpcService::CountRefusal(const grpc::CallbackServerContext& con
 
 void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
 
-template <typename Handler>
-grpc::ServerUnaryReactor* CoordinatorGrpcService::Respond(grpc::CallbackServerContext* context,
-                                                          absl::string_view method,
-                                                          const absl::Status& authorized,
-                                                          Handler handler, const Runner& run) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!authorized.ok()) {
-    CountRefusal(*context, method, authorized);
-    reactor->Finish(ToGrpcStatus(authorized));
+absl::Status CoordinatorGrpcService::AnyWorkerCall(
+    const grpc::CallbackServerContext& context) const {
+  return auth_->AuthenticateWorker(AuthorizationOf(context)).status();
+}
+
+namespace {
+
+// A stream that only finishes with `status`; it deletes itself when done.
+class RejectedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RejectedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+template <typename Request, typename Response>
+class CoordinatorGrpcService::TypedCall final : public grpc::ServerUnaryReactor {
+ public:
+  TypedCall(grpc::CallbackServerContext* context, grpc::ByteBuffer* answer)
+      : context_(context), answer_(answer) {}
+
+  grpc::CallbackServerContext* context() const { return context_; }
+
+  // Serializes `response` when `status` is OK, and finishes the call.
+  // Once, from any thread.
+  void FinishWith(const absl::Status& status) {
+    Finish(ToGrpcStatus(status.ok() ? SerializeAnswer(response, answer_) : status));
+  }
+
+  void OnDone() override { delete this; }
+
+  Request request;
+  Response response;
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer* const answer_;
+};
+
+template <typename Request, typename Response, typename Body>
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Parsed(
+    grpc::CallbackServerContext* context, absl::string_view method, const absl::Status& credential,
+    size_t max_bytes, const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer, Body body) {
+  absl::Status refused = credential;
+  if (!refused.ok()) {
+    CountRefusal(*context, method, refused);
+  } else {
+    refused = CheckRequestBytes(method, raw->Length(), max_bytes);
+  }
+  if (!refused.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(refused));
     return reactor;
   }
-  run([reactor, handler]() { reactor->Finish(ToGrpcStatus(handler())); });
-  return reactor;
+  auto* call = new TypedCall<Request, Response>(context, answer);
+  if (absl::Status parsed = ParseRequest(method, *raw, &call->request); !parsed.ok()) {
+    call->FinishWith(parsed);
+    return call;
+  }
+  body(call);
+  return call;
 }
 
-template <typename Handler>
-grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerContext* context,
-                                                        absl::string_view method,
-                                                        const absl::Status& authorized,
-                                                        Handler handler) {
-  return Respond(context, method, authorized, std::move(handler),
-                 [](std::function<void()> task) { task(); });
+template <typename Call, typename Handler>
+void CoordinatorGrpcService::Respond(Call* call, absl::string_view method,
+                                     const absl::Status& authorized, Handler handler,
+                                     const Runner& run) {
+  if (!authorized.ok()) {
+    CountRefusal(*call->context(), method, authorized);
+    call->FinishWith(authorized);
+    return;
+  }
+  run([call, handler]() { call->FinishWith(handler()); });
 }
 
-template <typename Handler>
-grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServerContext* context,
-                                                              absl::string_view method,
-                                                              const absl::Status& authorized,
-                                                              Handler handler, const Runner& run) {
+template <typename Call, typename Handler>
+void CoordinatorGrpcService::Unary(Call* call, absl::string_view method,
+                                   const absl::Status& authorized, Handler handler) {
+  Respond(call, method, authorized, std::move(handler), [](std::function<void()> task) { task(); });
+}
+
+template <typename Call, typename Handler>
+void CoordinatorGrpcService::OffReaction(Call* call, absl::string_view method,
+                                         const absl::Status& authorized, Handler handler,
+                                         const Runner& run) {
   // The context stays valid until the call is finished; IsCancelled is
   // thread-safe.
-  auto unless_abandoned = [context, handler = std::move(handler)]() -> absl::Status {
+  auto unless_abandoned = [context = call->context(),
+                           handler = std::move(handler)]() -> absl::Status {
     if (context->IsCancelled()) {
       return absl::CancelledError(
           "the call was abandoned (its deadline passed) while it waited for earlier calls; "
@@ -99,73 +159,97 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServ
     }
     return handler();
   };
-  return Respond(context, method, authorized, std::move(unless_abandoned), run);
+  Respond(call, method, authorized, std::move(unless_abandoned), run);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
-    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
-    v1::RegisterWorkerResponse* response) {
-  // The join token travels in the request. Off the reaction: Register
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer) {
+  // The join token travels in the request: no credential before it is
+  // parsed, which kMaxSmallRequestBytes bounds. Off the reaction: Register
   // returns once the state store has the worker, and a fleet registering
   // at once (after a failover) would hold gRPC's callback threads, and the
   // heartbeats queued behind them, for a commit each.
-  return OffReaction(
-      context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
-      [this, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(*response, workers_->Register(*request));
-        streams_.Supersede(response->worker_id(), response->incarnation());
-        // One pass for the registrations until it begins: it sees them all.
-        if (!schedule_posted_.exchange(true)) {
-          executor_.Post([this] {
-            schedule_posted_.store(false);
-            jobs_->ScheduleQueued();
-          });
-        }
-        return absl::OkStatus();
-      },
-      registrations_);
+  using Call = TypedCall<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>;
+  return Parsed<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+      context, "RegisterWorker", absl::OkStatus(), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::RegisterWorkerRequest* request = &call->request;
+        v1::RegisterWorkerResponse* response = &call->response;
+        OffReaction(
+            call, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
+            [this, request, response]() -> absl::Status {
+              ASSIGN_OR_RETURN(*response, workers_->Register(*request));
+              streams_.Supersede(response->worker_id(), response->incarnation());
+              // One pass for the registrations until it begins: it sees them all.
+              if (!schedule_posted_.exchange(true)) {
+                executor_.Post([this] {
+                  schedule_posted_.store(false);
+                  jobs_->ScheduleQueued();
+                });
+              }
+              return absl::OkStatus();
+            },
+            registrations_);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
-                                                            const v1::HeartbeatRequest* request,
-                                                            v1::HeartbeatResponse* response) {
-  return Unary(context, "Heartbeat", WorkerCall(*context, request->worker_id()),
-               [&]() -> absl::Status {
-                 RETURN_IF_ERROR(workers_->Heartbeat(*request));
-                 // So the worker can say it is drained when it registers
-                 // again (a drain outlives a coordinator restart).
-                 ASSIGN_OR_RETURN(const v1::Worker self, workers_->Get(request->worker_id()));
-                 response->set_drained(jobs_->IsDrained(self));
-                 return absl::OkStatus();
-               });
+                                                            const grpc::ByteBuffer* raw,
+                                                            grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+  return Parsed<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, "Heartbeat", AnyWorkerCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::HeartbeatRequest* request = &call->request;
+        v1::HeartbeatResponse* response = &call->response;
+        Unary(call, "Heartbeat", WorkerCall(*call->context(), request->worker_id()),
+              [&]() -> absl::Status {
+                RETURN_IF_ERROR(workers_->Heartbeat(*request));
+                // So the worker can say it is drained when it registers
+                // again (a drain outlives a coordinator restart).
+                ASSIGN_OR_RETURN(const v1::Worker self, workers_->Get(request->worker_id()));
+                response->set_drained(jobs_->IsDrained(self));
+                return absl::OkStatus();
+              });
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(
-    grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
-    v1::DeregisterWorkerResponse*) {
-  return Unary(context, "DeregisterWorker", WorkerCall(*context, request->worker_id()),
-               [&] { return workers_->Deregister(request->worker_id(), request->incarnation()); });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::DeregisterWorkerRequest, v1::DeregisterWorkerResponse>;
+  return Parsed<v1::DeregisterWorkerRequest, v1::DeregisterWorkerResponse>(
+      context, "DeregisterWorker", AnyWorkerCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::DeregisterWorkerRequest* request = &call->request;
+        Unary(call, "DeregisterWorker", WorkerCall(*call->context(), request->worker_id()),
+              [&] { return workers_->Deregister(request->worker_id(), request->incarnation()); });
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DrainWorker(grpc::CallbackServerContext* context,
-                                                              const v1::DrainWorkerRequest* request,
-                                                              v1::Worker* response) {
+                                                              const grpc::ByteBuffer* raw,
+                                                              grpc::ByteBuffer* answer) {
   // A user may drain any worker; a worker only itself (as it shuts down).
-  absl::Status allowed = UserCall(*context);
-  if (!allowed.ok()) {
-    absl::Status as_worker = WorkerCall(*context, request->worker_id());
-    if (as_worker.ok() || as_worker.code() == absl::StatusCode::kPermissionDenied) {
-      allowed = as_worker;
-    }
-  }
-  // Waits for the store's commit of the drain.
-  return OffReaction(
-      context, "DrainWorker", allowed,
-      [this, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
-        return absl::OkStatus();
-      },
-      store_calls_);
+  const absl::Status as_user = UserCall(*context);
+  absl::Status credential = as_user;
+  if (!credential.ok() && AnyWorkerCall(*context).ok()) credential = absl::OkStatus();
+  using Call = TypedCall<v1::DrainWorkerRequest, v1::Worker>;
+  return Parsed<v1::DrainWorkerRequest, v1::Worker>(
+      context, "DrainWorker", credential, kMaxSmallRequestBytes, raw, answer,
+      [this, as_user](Call* call) {
+        const v1::DrainWorkerRequest* request = &call->request;
+        v1::Worker* response = &call->response;
+        absl::Status allowed = as_user;
+        if (!allowed.ok()) allowed = WorkerCall(*call->context(), request->worker_id());
+        // Waits for the store's commit of the drain.
+        OffReaction(
+            call, "DrainWorker", allowed,
+            [this, request, response]() -> absl::Status {
+              ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
+              return absl::OkStatus();
+            },
+            store_calls_);
+      });
 }
 
 absl::Status CoordinatorGrpcService::CheckWatcher(
@@ -175,9 +259,9 @@ absl::Status CoordinatorGrpcService::CheckWatcher(
   }
   ASSIGN_OR_RETURN(v1::Worker worker, workers_->Get(request.worker_id()));
   if (worker.incarnation() != request.incarnation()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker.id(), " incarnation ", request.incarnation(),
-                     " is not current (", worker.incarnation(), "); register again"));
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker.id(), " incarnation ",
+                                                      request.incarnation(), " is not current (",
+                                                      worker.incarnation(), "); register again"));
   }
   if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -186,36 +270,45 @@ absl::Status CoordinatorGrpcService::CheckWatcher(
   return absl::OkStatus();
 }
 
-grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignments(
-    grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) {
-  absl::Status valid = WorkerCall(*context, request->worker_id());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorGrpcService::WatchAssignments(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  constexpr absl::string_view kMethod = "WatchAssignments";
+  absl::Status valid = AnyWorkerCall(*context);
   if (!valid.ok()) {
-    CountRefusal(*context, "WatchAssignments", valid);
+    CountRefusal(*context, kMethod, valid);
+    return new RejectedStream(valid);
+  }
+  v1::WatchAssignmentsRequest request;
+  valid = CheckRequestBytes(kMethod, raw->Length(), kMaxSmallRequestBytes);
+  if (valid.ok()) valid = ParseRequest(kMethod, *raw, &request);
+  if (!valid.ok()) return new RejectedStream(valid);
+  valid = WorkerCall(*context, request.worker_id());
+  if (!valid.ok()) {
+    CountRefusal(*context, kMethod, valid);
   } else {
-    valid = CheckWatcher(*request);
+    valid = CheckWatcher(request);
   }
-  if (!valid.ok()) {
-    // A reactor that only finishes; it deletes itself when done.
-    class Rejected final : public grpc::ServerWriteReactor<v1::Assignment> {
-     public:
-      explicit Rejected(grpc::Status status) { Finish(std::move(status)); }
-      void OnDone() override { delete this; }
-    };
-    return new Rejected(ToGrpcStatus(valid));
-  }
-  return streams_.Open(request->worker_id(), request->incarnation());
+  if (!valid.ok()) return new RejectedStream(valid);
+  return streams_.Open(request.worker_id(), request.incarnation());
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
-    grpc::CallbackServerContext* context, const v1::ReportProgressRequest* request,
-    v1::ReportProgressResponse* response) {
-  return Unary(context, "ReportProgress", WorkerCall(*context, request->worker_id()),
-               [&]() -> absl::Status {
-                 JobManager::ProgressCounted counted;
-                 ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request, &counted));
-                 RecordProgress(*request, counted);
-                 return absl::OkStatus();
-               });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer) {
+  // Up to the server's 4 MiB: a traced step's report is large.
+  using Call = TypedCall<v1::ReportProgressRequest, v1::ReportProgressResponse>;
+  return Parsed<v1::ReportProgressRequest, v1::ReportProgressResponse>(
+      context, "ReportProgress", AnyWorkerCall(*context), SIZE_MAX, raw, answer,
+      [this](Call* call) {
+        const v1::ReportProgressRequest* request = &call->request;
+        v1::ReportProgressResponse* response = &call->response;
+        Unary(call, "ReportProgress", WorkerCall(*call->context(), request->worker_id()),
+              [&]() -> absl::Status {
+                JobManager::ProgressCounted counted;
+                ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request, &counted));
+                RecordProgress(*request, counted);
+                return absl::OkStatus();
+              });
+      });
 }
 
 void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& request,
@@ -246,69 +339,113 @@ grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,
-                                                            const v1::SubmitJobRequest* request,
-                                                            v1::Job* response) {
-  // Waits for the store's commit of the job.
-  return OffReaction(
-      context, "SubmitJob", UserCall(*context),
-      [this, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec(), request->request_id()));
-        return absl::OkStatus();
-      },
-      store_calls_);
+                                                            const grpc::ByteBuffer* raw,
+                                                            grpc::ByteBuffer* answer) {
+  // Up to the server's 4 MiB (a spec's manual stages). Waits for the
+  // store's commit of the job.
+  using Call = TypedCall<v1::SubmitJobRequest, v1::Job>;
+  return Parsed<v1::SubmitJobRequest, v1::Job>(
+      context, "SubmitJob", UserCall(*context), SIZE_MAX, raw, answer, [this](Call* call) {
+        const v1::SubmitJobRequest* request = &call->request;
+        v1::Job* response = &call->response;
+        OffReaction(
+            call, "SubmitJob", absl::OkStatus(),
+            [this, request, response]() -> absl::Status {
+              ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec(), request->request_id()));
+              return absl::OkStatus();
+            },
+            store_calls_);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,
-                                                         const v1::GetJobRequest* request,
-                                                         v1::Job* response) {
-  return Unary(context, "GetJob", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, GetJobInView(*jobs_, *request));
-    return absl::OkStatus();
-  });
+                                                         const grpc::ByteBuffer* raw,
+                                                         grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::GetJobRequest, v1::Job>;
+  return Parsed<v1::GetJobRequest, v1::Job>(
+      context, "GetJob", UserCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::GetJobRequest* request = &call->request;
+        v1::Job* response = &call->response;
+        Unary(call, "GetJob", absl::OkStatus(), [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(*response, GetJobInView(*jobs_, *request));
+          return absl::OkStatus();
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* context,
-                                                           const v1::ListJobsRequest* request,
-                                                           v1::ListJobsResponse* response) {
-  return Unary(context, "ListJobs", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, ListJobsPage(*jobs_, *request));
-    return absl::OkStatus();
-  });
+                                                           const grpc::ByteBuffer* raw,
+                                                           grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::ListJobsRequest, v1::ListJobsResponse>;
+  return Parsed<v1::ListJobsRequest, v1::ListJobsResponse>(
+      context, "ListJobs", UserCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::ListJobsRequest* request = &call->request;
+        v1::ListJobsResponse* response = &call->response;
+        Unary(call, "ListJobs", absl::OkStatus(), [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(*response, ListJobsPage(*jobs_, *request));
+          return absl::OkStatus();
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* context,
-                                                            const v1::CancelJobRequest* request,
-                                                            v1::Job* response) {
+                                                            const grpc::ByteBuffer* raw,
+                                                            grpc::ByteBuffer* answer) {
   // Waits for the store's commit of the cancel, behind the saves queued before it.
-  return OffReaction(
-      context, "CancelJob", UserCall(*context),
-      [this, context, request, response]() -> absl::Status {
-        // Within the caller's deadline: it reads "not yet recorded" and
-        // asks again, rather than a DEADLINE_EXCEEDED for a cancel made.
-        ASSIGN_OR_RETURN(
-            *response,
-            jobs_->Cancel(request->id(), CallerWaitBudget(context->deadline(), absl::Now())));
-        return absl::OkStatus();
-      },
-      store_calls_);
+  using Call = TypedCall<v1::CancelJobRequest, v1::Job>;
+  return Parsed<v1::CancelJobRequest, v1::Job>(
+      context, "CancelJob", UserCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::CancelJobRequest* request = &call->request;
+        v1::Job* response = &call->response;
+        grpc::CallbackServerContext* context = call->context();
+        OffReaction(
+            call, "CancelJob", absl::OkStatus(),
+            [context, this, request, response]() -> absl::Status {
+              // Within the caller's deadline: it reads "not yet recorded"
+              // and asks again, rather than a DEADLINE_EXCEEDED for a
+              // cancel made.
+              ASSIGN_OR_RETURN(
+                  *response,
+                  jobs_->Cancel(request->id(), CallerWaitBudget(context->deadline(), absl::Now())));
+              return absl::OkStatus();
+            },
+            store_calls_);
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServerContext* context,
-                                                              const v1::ListWorkersRequest* request,
-                                                              v1::ListWorkersResponse* response) {
-  return Unary(context, "ListWorkers", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, ListWorkersPage(*workers_, *jobs_, *request));
-    return absl::OkStatus();
-  });
+                                                              const grpc::ByteBuffer* raw,
+                                                              grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::ListWorkersRequest, v1::ListWorkersResponse>;
+  return Parsed<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+      context, "ListWorkers", UserCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::ListWorkersRequest* request = &call->request;
+        v1::ListWorkersResponse* response = &call->response;
+        Unary(call, "ListWorkers", absl::OkStatus(), [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(*response, ListWorkersPage(*workers_, *jobs_, *request));
+          return absl::OkStatus();
+        });
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(grpc::CallbackServerContext* context,
-                                                          const v1::GetPlanRequest* request,
-                                                          v1::Plan* response) {
-  return Unary(context, "GetPlan", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->GetPlan(request->job_id()));
-    return absl::OkStatus();
-  });
+                                                          const grpc::ByteBuffer* raw,
+                                                          grpc::ByteBuffer* answer) {
+  using Call = TypedCall<v1::GetPlanRequest, v1::Plan>;
+  return Parsed<v1::GetPlanRequest, v1::Plan>(
+      context, "GetPlan", UserCall(*context), kMaxSmallRequestBytes, raw, answer,
+      [this](Call* call) {
+        const v1::GetPlanRequest* request = &call->request;
+        v1::Plan* response = &call->response;
+        Unary(call, "GetPlan", absl::OkStatus(), [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(*response, jobs_->GetPlan(request->job_id()));
+          return absl::OkStatus();
+        });
+      });
 }
 
 }  // namespace pipetrain

@@ -3,10 +3,10 @@
 // JobManager and returns their absl::Status as the gRPC status with the same
 // code and message (see those headers for the codes each method returns).
 //
-// Authentication comes first (caller_auth.h): a refused call changes
-// nothing, is counted in pipetrain_rpc_refused_total{method,code} (and, as
-// every call, timed with its code by the RED interceptor), and ends
-// UNAUTHENTICATED or PERMISSION_DENIED.
+// Authentication comes first (caller_auth.h), before the request is even
+// parsed (RawCoordinatorService): a refused call changes nothing, is counted in
+// pipetrain_rpc_refused_total{method,code} (and, as every call, timed with its code by the RED
+// interceptor), and ends UNAUTHENTICATED or PERMISSION_DENIED.
 //
 // Additions beyond translation:
 //   WatchAssignments a stream the worker cancels (its process exited or its
@@ -47,6 +47,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <functional>
 
 #include "absl/strings/string_view.h"
@@ -62,7 +63,35 @@
 
 namespace pipetrain {
 
-class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
+// The most bytes of a request of any method but SubmitJob and
+// ReportProgress (whose bound is the server's, 4 MiB): the largest of them,
+// a RegisterWorkerRequest, holds a join token of at most 4 KiB and a few
+// hundred bytes of names (registration_limits.h).
+inline constexpr size_t kMaxSmallRequestBytes = 16 << 10;
+
+// CoordinatorService with every method but UploadWeights taking its request
+// as bytes. Parsed by gRPC before the method ran, a request of 4 MiB of
+// empty repeated or unknown fields grew 16 to 30 times in memory before
+// its credential was looked at, on up to 32 streams of every connection
+// (grpc_server_limits.h): a stranger needed few connections to exhaust
+// the coordinator's memory.
+using RawCoordinatorService = v1::CoordinatorService::WithRawCallbackMethod_RegisterWorker<
+    v1::CoordinatorService::WithRawCallbackMethod_Heartbeat<
+        v1::CoordinatorService::WithRawCallbackMethod_DeregisterWorker<
+            v1::CoordinatorService::WithRawCallbackMethod_WatchAssignments<
+                v1::CoordinatorService::WithRawCallbackMethod_ReportProgress<
+                    v1::CoordinatorService::WithRawCallbackMethod_SubmitJob<
+                        v1::CoordinatorService::WithRawCallbackMethod_GetJob<
+                            v1::CoordinatorService::WithRawCallbackMethod_ListJobs<
+                                v1::CoordinatorService::WithRawCallbackMethod_CancelJob<
+                                    v1::CoordinatorService::WithRawCallbackMethod_ListWorkers<
+                                        v1::CoordinatorService::WithRawCallbackMethod_GetPlan<
+                                            v1::CoordinatorService::
+                                                WithRawCallbackMethod_DrainWorker<
+                                                    v1::CoordinatorService::
+                                                        CallbackService>>>>>>>>>>>>;
+
+class CoordinatorGrpcService final : public RawCoordinatorService {
  public:
   // Runs a task later, on a thread other than the caller's.
   using Runner = std::function<void(std::function<void()>)>;
@@ -86,68 +115,91 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // Open WatchAssignments streams (for tests and diagnostics).
   int watch_streams() const { return streams_.size(); }
 
+  // Each method takes its request as bytes (the raw methods of the base):
+  // parsed only after the caller's credential in the metadata passed and
+  // the bytes fit the method's bound (kMaxSmallRequestBytes but for
+  // SubmitJob and ReportProgress, the server's 4 MiB). UploadWeights reads
+  // no chunk before its credential passed either (weights_upload.h).
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
-                                           const v1::RegisterWorkerRequest* request,
-                                           v1::RegisterWorkerResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
-                                             const v1::DeregisterWorkerRequest* request,
-                                             v1::DeregisterWorkerResponse* response) override;
-  grpc::ServerWriteReactor<v1::Assignment>* WatchAssignments(
-      grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchAssignments(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
-                                           const v1::ReportProgressRequest* request,
-                                           v1::ReportProgressResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerReadReactor<v1::WeightsChunk>* UploadWeights(
       grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) override;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const v1::SubmitJobRequest* request,
-                                      v1::Job* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request, v1::Job* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
-                                      const v1::CancelJobRequest* request,
-                                      v1::Job* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
-                                        const v1::ListWorkersRequest* request,
-                                        v1::ListWorkersResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
-                                    const v1::GetPlanRequest* request,
-                                    v1::Plan* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   // A user, or the worker named (its own session credential).
   grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* context,
-                                        const v1::DrainWorkerRequest* request,
-                                        v1::Worker* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
+  // A unary call whose request parsed: the typed request and answer; the
+  // answer is serialized into gRPC's bytes when the call finishes. Deletes
+  // itself when gRPC is done with it.
+  template <typename Request, typename Response>
+  class TypedCall;
+
+  // Answers `credential` when it is an error (counting the refusal), then
+  // RESOURCE_EXHAUSTED when `raw` holds more than `max_bytes`, then
+  // INVALID_ARGUMENT when it is no `Request`; otherwise hands `body` the
+  // call (TypedCall<Request, Response>*), which must finish it (through
+  // Unary or OffReaction).
+  template <typename Request, typename Response, typename Body>
+  grpc::ServerUnaryReactor* Parsed(grpc::CallbackServerContext* context, absl::string_view method,
+                                   const absl::Status& credential, size_t max_bytes,
+                                   const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer,
+                                   Body body);
   // Finishes the call with `authorized` when it is an error (counting the
   // refusal); otherwise runs `handler` (returning absl::Status) and
   // finishes the call with its status (the RED interceptor times it).
-  template <typename Handler>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
-                                  const absl::Status& authorized, Handler handler);
+  template <typename Call, typename Handler>
+  void Unary(Call* call, absl::string_view method, const absl::Status& authorized, Handler handler);
   // As Unary, but `handler` runs through `run` (store_calls_ or
   // registrations_), after the reaction has returned: it must hold what it
-  // uses by value (the request and response pointers stay valid until the
-  // call is finished). A call its client gave up on while it waited there
-  // (its deadline passed) is answered CANCELLED without running `handler`:
-  // the client retries, and a register, submit or cancel abandoned in the
-  // queue is not done behind its back (one whose deadline passes while
-  // `handler` runs still completes).
-  template <typename Handler>
-  grpc::ServerUnaryReactor* OffReaction(grpc::CallbackServerContext* context,
-                                        absl::string_view method, const absl::Status& authorized,
-                                        Handler handler, const Runner& run);
+  // uses by value (the call stays valid until it is finished). A call its
+  // client gave up on while it waited there (its deadline passed) is
+  // answered CANCELLED without running `handler`: the client retries, and
+  // a register, submit or cancel abandoned in the queue is not done behind
+  // its back (one whose deadline passes while `handler` runs still
+  // completes).
+  template <typename Call, typename Handler>
+  void OffReaction(Call* call, absl::string_view method, const absl::Status& authorized,
+                   Handler handler, const Runner& run);
   // Both: the refusal in the reaction, else `handler` through `run`.
-  template <typename Handler>
-  grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* context, absl::string_view method,
-                                    const absl::Status& authorized, Handler handler,
-                                    const Runner& run);
+  template <typename Call, typename Handler>
+  void Respond(Call* call, absl::string_view method, const absl::Status& authorized,
+               Handler handler, const Runner& run);
+  // The session credential in the call's metadata, for no worker in
+  // particular: what a worker method checks before it parses the request
+  // naming the worker (then WorkerCall).
+  absl::Status AnyWorkerCall(const grpc::CallbackServerContext& context) const;
   absl::Status UserCall(const grpc::CallbackServerContext& context) const;
   absl::Status WorkerCall(const grpc::CallbackServerContext& context,
                           absl::string_view worker_id) const;

@@ -1,8 +1,12 @@
 #include "worker/agent/worker_control_service.h"
 
+#include <memory>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/raw_request.h"
 #include "worker/profile/unit_profiler.h"
 
 namespace pipetrain {
@@ -16,8 +20,8 @@ WorkerControlService::WorkerControlService(const SessionCredential* session,
 }
 
 grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerContext* context,
-                                                        const v1::ProfileRequest* request,
-                                                        v1::ModelProfile* response) {
+                                                        const grpc::ByteBuffer* raw,
+                                                        grpc::ByteBuffer* answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status caller = session_->Check(AuthorizationOf(*context));
   if (!caller.ok()) {
@@ -42,13 +46,32 @@ grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerCont
     }
     ++pending_;
   }
-  // The request, the response and the context stay valid until Finish.
-  profiler_.Post([this, context, request, response, reactor] {
-    const grpc::Status status =
+  // Parsed only now: the credential passed, and the bytes fit.
+  auto request = std::make_shared<v1::ProfileRequest>();
+  absl::Status parsed = CheckRequestBytes("Profile", raw->Length(), kMaxProfileRequestBytes);
+  if (parsed.ok()) parsed = ParseRequest("Profile", *raw, request.get());
+  if (!parsed.ok()) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      --pending_;
+    }
+    reactor->Finish(
+        grpc::Status(static_cast<grpc::StatusCode>(parsed.code()), std::string(parsed.message())));
+    return reactor;
+  }
+  // The answer's bytes and the context stay valid until Finish.
+  profiler_.Post([this, context, request, answer, reactor] {
+    v1::ModelProfile response;
+    grpc::Status status =
         stopping_.load() ? grpc::Status(grpc::StatusCode::CANCELLED, "the worker is shutting down")
         : context->IsCancelled()
             ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away while it waited")
-            : RunProfile(*request, context, response);
+            : RunProfile(*request, context, &response);
+    if (status.ok()) {
+      if (const absl::Status serialized = SerializeAnswer(response, answer); !serialized.ok()) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(serialized.message()));
+      }
+    }
     {
       AnnotatedMutexLock lock(&mu_);
       --pending_;

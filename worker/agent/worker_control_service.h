@@ -25,6 +25,7 @@
 #define PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 
 #include <atomic>
+#include <cstddef>
 #include <functional>
 #include <utility>
 
@@ -46,7 +47,17 @@ using ProfileBackendFactory = std::function<absl::StatusOr<SelectedBackend>()>;
 // retried: that job is planned on the analytic profile.
 inline constexpr int kMaxPendingProfiles = 4;
 
-class WorkerControlService final : public v1::WorkerControlService::CallbackService {
+// The most bytes of a ProfileRequest (a model's shape and a few counts: a
+// few dozen bytes); RESOURCE_EXHAUSTED past it.
+inline constexpr size_t kMaxProfileRequestBytes = 16 << 10;
+
+// Profile takes its request as bytes, parsed after the caller's credential
+// passed and the bytes fit kMaxProfileRequestBytes (common/raw_request.h):
+// any host reaching --listen may call it, and gRPC's own parse of an 8 MiB
+// request (the data plane's bound) of unknown fields grew it about 16
+// times before the refusal.
+class WorkerControlService final : public v1::WorkerControlService::WithRawCallbackMethod_Profile<
+                                       v1::WorkerControlService::CallbackService> {
  public:
   // `session` is not owned and must outlive the service (non-null,
   // checked). The default `make_backend` profiles on the CPU. The service
@@ -56,13 +67,15 @@ class WorkerControlService final : public v1::WorkerControlService::CallbackServ
                                 ProfileBackendFactory make_backend = nullptr);
 
   // UNAUTHENTICATED without the session credential; RESOURCE_EXHAUSTED when
-  // kMaxPendingProfiles calls run or wait already; CANCELLED when the caller
+  // kMaxPendingProfiles calls run or wait already, or the request is over
+  // kMaxProfileRequestBytes; INVALID_ARGUMENT when its bytes are no
+  // ProfileRequest; CANCELLED when the caller
   // went away while the call waited; INVALID_ARGUMENT for a bad request (the
   // profiler's message, naming the field); the backend's error if it cannot
   // be made or fails; otherwise OK with the profile.
   grpc::ServerUnaryReactor* Profile(grpc::CallbackServerContext* context,
-                                    const v1::ProfileRequest* request,
-                                    v1::ModelProfile* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
 
   // Before the server shuts down (it waits for every call): a profile
   // running ends CANCELLED before its next unit, and those waiting are
@@ -77,10 +90,10 @@ class WorkerControlService final : public v1::WorkerControlService::CallbackServ
   const SessionCredential* const session_;
   const ProfileBackendFactory make_backend_;
   AnnotatedMutex mu_;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // calls running or waiting
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;               // calls running or waiting
   LogRateLimiter refused_log_{10, absl::Seconds(10)};  // refused calls' log lines
   std::atomic<bool> stopping_{false};
-  SerialExecutor profiler_;               // last: its destructor runs waiting calls first
+  SerialExecutor profiler_;  // last: its destructor runs waiting calls first
 };
 
 }  // namespace pipetrain

@@ -5,6 +5,7 @@
 #include "worker/agent/worker_control_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 
 #include <atomic>
 #include <memory>
@@ -53,13 +54,23 @@ class Served {
     builder.RegisterService(&holding_);
     builder.RegisterService(&control_);
     server_ = builder.BuildAndStart();
-    stub_ = v1::WorkerControlService::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::WorkerControlService::NewStub(channel_);
   }
   ~Served() { server_->Shutdown(); }
 
   int port() const { return port_; }
   v1::WorkerControlService::Stub& stub() { return *stub_; }
+  // Calls Profile with `bytes` as its request, as they are.
+  grpc::Status ProfileWithBytes(const std::string& bytes, const std::string& token) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    const grpc::internal::RpcMethod rpc("/pipetrain.v1.WorkerControlService/Profile",
+                                        grpc::internal::RpcMethod::NORMAL_RPC);
+    return grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel_.get(), rpc, Context(token).get(), request, &response);
+  }
   void StopControl() { control_.Stop(); }
 
   // A context with what the coordinator presents (or `token` instead).
@@ -77,6 +88,7 @@ class Served {
   WorkerControlService control_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerControlService::Stub> stub_;
 };
 
@@ -101,6 +113,30 @@ TEST(WorkerControlServiceTest, WithoutTheSessionCredential_Unauthenticated) {
         served.stub().Profile(Served::Context(token).get(), SmallRequest(), &profile);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
   }
+}
+
+// The request's bytes are parsed only after the credential passed and
+// when they fit kMaxProfileRequestBytes: gRPC parsed them first, and
+// 8 MiB of unknown fields grew about 16 times before a stranger was
+// refused. Bytes that are no message show the order: UNAUTHENTICATED
+// without the credential (gRPC's parse answered first before),
+// INVALID_ARGUMENT with it.
+TEST(WorkerControlServiceTest, RequestBytes_ParsedOnlyAfterTheCredentialAndTheSizeBound) {
+  Served served;
+  const std::string garbage = "\xff\xff\xff\xff";  // a field of wire type 7: none
+  grpc::Status status = served.ProfileWithBytes(garbage, "");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  status = served.ProfileWithBytes(garbage, WorkerControlCredential(kToken));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_EQ(status.error_message(), "Profile: the request is not a pipetrain.v1.ProfileRequest");
+  v1::ProfileRequest large = SmallRequest();
+  large.mutable_partitions()->Resize(kMaxProfileRequestBytes, 2);
+  status = served.ProfileWithBytes(large.SerializeAsString(), WorkerControlCredential(kToken));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  // The positive control, through the same bytes path.
+  status =
+      served.ProfileWithBytes(SmallRequest().SerializeAsString(), WorkerControlCredential(kToken));
+  EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
 // Anyone reaching the port can call without a credential, in a loop:

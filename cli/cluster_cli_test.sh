@@ -262,8 +262,11 @@ if grep -q $'\e' "$ERR"; then
 else
   passed=$((passed + 1))
 fi
-expect_exit long_id 67 "INVALID_ARGUMENT" "job id" "is 20000 bytes; the limit is 128" -- \
-  job "$(printf 'x%.0s' {1..20000})"
+expect_exit long_id 67 "INVALID_ARGUMENT" "job id" "is 2000 bytes; the limit is 128" -- \
+  job "$(printf 'x%.0s' {1..2000})"
+# Past the method's request bound (16 KiB), refused before it is parsed.
+expect_exit huge_id 72 "RESOURCE_EXHAUSTED" "GetJob: a request of 20004 bytes" \
+  "over this method's limit of 16384 bytes" -- job "$(printf 'x%.0s' {1..20000})"
 sed 's/"nHead": 2/"nHead": 3/' "$TMP/job.json" >"$TMP/bad-heads.json"
 expect_exit invalid_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/bad-heads.json"
 echo '{"model": {"nLayer": "two"}' >"$TMP/malformed.json"

@@ -173,11 +173,21 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
     if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
-    const bool unsaved_cancel = record->job.state() == v1::JOB_STATE_CANCELLED &&
-                                (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
-    if (IsTerminal(record->job.state()) && !unsaved_cancel) {
+    // Only a cancel ends a job CANCELLED: a cancel of one is a repeat (the
+    // caller's retry after a lost answer, or after an UNAVAILABLE whose
+    // save went through after all), answered as the first was.
+    const bool cancelled_before = record->job.state() == v1::JOB_STATE_CANCELLED;
+    const bool unsaved_cancel =
+        cancelled_before && (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
+    if (IsTerminal(record->job.state()) && !cancelled_before) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
                                                         EnumShortName(record->job.state()), ")"));
+    }
+    if (cancelled_before && !unsaved_cancel) {
+      // Recorded already: nothing to save.
+      cancelled = record->job;
+      cancelled.mutable_progress()->clear_loss_history();
+      return cancelled;
     }
     if (!unsaved_cancel) EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
     // Answered once the store has the cancel: a coordinator that dies right

@@ -393,8 +393,11 @@ class JobManager {
   };
   std::vector<JobSummary> Summaries() const;
   // Answers once the state store has the cancel, with the job in the basic
-  // view (no progress.loss_history, as List). NOT_FOUND;
-  // FAILED_PRECONDITION when the job already ended; UNAVAILABLE when the
+  // view (no progress.loss_history, as List). A cancel of a CANCELLED job
+  // is a repeat (only Cancel ends a job so): answered OK with it at once
+  // when its cancel is recorded, else as below. NOT_FOUND;
+  // FAILED_PRECONDITION when the job ended otherwise (SUCCEEDED, FAILED);
+  // UNAVAILABLE when the
   // store did not record it, or not within options.cancel_save_wait: the
   // job is cancelled here (its workers are stopped) and the save is
   // retried every second (or still queued), but a coordinator that stops
@@ -402,8 +405,7 @@ class JobManager {
   // then, Cancel saves once more and answers as for a first cancel.
   // `answer_within` shortens that wait to the caller's deadline (less the
   // answer's way back, CallerWaitBudget): a client with a deadline under
-  // the wait got DEADLINE_EXCEEDED while the save went through, and asking
-  // again then, FAILED_PRECONDITION "already ended" for the cancel it made.
+  // the wait got DEADLINE_EXCEEDED while the save went through.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id,
                                  absl::Duration answer_within = absl::InfiniteDuration());
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The

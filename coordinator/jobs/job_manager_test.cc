@@ -1271,11 +1271,17 @@ TEST_F(JobManagerTest, DataDigestNotLowercaseHexOf64_InvalidArgument) {
   EXPECT_TRUE(jobs_.ReportProgress(r).ok());
 }
 
-TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
+// A cancel of a cancelled job is a repeat (a retry whose first answer was
+// lost): answered with the job, as the first was; before, FAILED_PRECONDITION
+// "already ended" told the caller its own cancel had failed.
+TEST_F(JobManagerTest, Cancel_EndsOnceThenRepeatsAnswerTheCancelledJob) {
   AddWorker(7001);
   const std::string id = Submit(SmallSpec(1)).value().id();
   EXPECT_EQ(jobs_.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(jobs_.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<v1::Job> repeat = jobs_.Cancel(id);
+  ASSERT_TRUE(repeat.ok()) << repeat.status();
+  EXPECT_EQ(repeat->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(repeat->id(), id);
   EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -2930,11 +2936,17 @@ TEST_F(JobManagerTest, Ended_EventOncePerJobWithItsState) {
   const std::string w1 = AddWorker(7001);
   const std::string cancelled = Submit(SmallSpec(1)).value().id();
   ASSERT_TRUE(jobs_.Cancel(cancelled).ok());
-  // Ended already: refused, and no second event.
-  EXPECT_EQ(jobs_.Cancel(cancelled).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A repeat: answered, and no second event.
+  EXPECT_TRUE(jobs_.Cancel(cancelled).ok());
   const std::string diverged = Submit(SmallSpec(1)).value().id();
   Report(w1, diverged, 0, {std::numeric_limits<float>::quiet_NaN()}, false);
   EXPECT_EQ(ended, (std::vector<v1::JobState>{v1::JOB_STATE_CANCELLED, v1::JOB_STATE_FAILED}));
+  // Ended otherwise: refused, and no event.
+  const absl::StatusOr<v1::Job> too_late = jobs_.Cancel(diverged);
+  EXPECT_EQ(too_late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(too_late.status().message(), "already ended (FAILED)"))
+      << too_late.status();
+  EXPECT_EQ(ended.size(), 2u);
 }
 
 // A worker lost while a job's first plan is made: the job goes back to

@@ -169,13 +169,15 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
                         BytesAndGiB(largest), ")");
   }
   // The profiler runs each unit whole on workers[0]: its weights,
-  // gradients and moments, one micro-batch's stash and the pass's
-  // transient allocations at once. A worker killed for memory while
+  // gradients and moments, one micro-batch's stash (it frees each pass's
+  // before the next), the pass's transient allocations, and the unit's
+  // output and output gradient, at once. A worker killed for memory while
   // profiling ends the job's profiling and the worker.
   double pass = 0;
   std::string unit;
   for (const UnitProfile& u : sizes.units) {
-    const double need = 4 * u.weight_bytes + u.stash_bytes + u.transient_bytes;
+    const double need =
+        4 * u.weight_bytes + u.stash_bytes + u.transient_bytes + 2 * u.activation_bytes;
     if (need > pass) pass = need, unit = u.name;
   }
   if (budgets[0] > 0 && pass > budgets[0]) {

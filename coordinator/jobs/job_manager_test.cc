@@ -2140,7 +2140,8 @@ TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_PlannedWithoutP
   AddCpuWorker(7002, "b", 100'000'000);
   v1::JobSpec spec = SmallSpec(2);
   // The head: 65536 x 16 fp32 weights (4.2 MB) x 4, probabilities and logit
-  // gradient of 16 positions (4.2 MB each): 25 MB in one pass.
+  // gradient of 16 positions (4.2 MB each), its loss and the loss's
+  // gradient (4 bytes each): 25 MB in one pass.
   spec.mutable_model()->set_vocab_size(65536);
   const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
@@ -2150,7 +2151,7 @@ TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_PlannedWithoutP
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const std::string source = jobs_.GetPlan(id).value().profile_source();
   EXPECT_TRUE(absl::StrContains(
-      source, absl::StrCat("not profiled: profiling its largest unit (head: 25170560 bytes (0.02 "
+      source, absl::StrCat("not profiled: profiling its largest unit (head: 25170568 bytes (0.02 "
                            "GiB) for one micro-batch) would exceed the memory of ",
                            small, ", which would profile it (20000000 bytes (0.02 GiB))")))
       << source;

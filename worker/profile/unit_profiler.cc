@@ -202,6 +202,12 @@ std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const Token
                                     const Tensor& dy, UnitContext* ctx) {
   using Clock = std::chrono::steady_clock;
   Backend* backend = unit.backend();
+  // Frees the previous pass's stash before this forward allocates its own
+  // (Forward replaces ctx->saved only at its end): otherwise the profiler
+  // would hold two micro-batches' stashes at once, beyond the one-stash
+  // peak the coordinator checks a worker's memory against. Done before
+  // the clock starts, so the times do not include the freeing.
+  ctx->Clear();
   backend->Synchronize();
   const Clock::time_point t0 = Clock::now();
   unit.Forward(input, batch, ctx);
@@ -217,9 +223,13 @@ std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const Token
 // transient_bytes (see the header): one more forward + backward pass, on a
 // fresh context, measured with the host tensor counters; 0 on a device
 // backend, whose memory they do not see. The counters are process-wide,
-// which is why ProfileUnits must not run beside other work.
+// which is why ProfileUnits must not run beside other work. First frees
+// the timed passes' stash in `timed_ctx` (on every backend), so that this
+// pass's stash is the only one held and the steps after it (optimizer,
+// partitions) hold none.
 double MeasureTransientBytes(Unit& unit, const Tensor& input, const TokenBatch& batch,
-                             const Tensor& dy) {
+                             const Tensor& dy, UnitContext* timed_ctx) {
+  timed_ctx->Clear();
   if (unit.backend()->kind() != BackendKind::kCpu) return 0;
   const int64_t before = CurrentHostTensorMemory().live_bytes;
   ResetHostTensorPeak();
@@ -273,7 +283,7 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
   }
   out->set_fwd_seconds(Median(forward));
   out->set_bwd_seconds(Median(backward));
-  out->set_transient_bytes(MeasureTransientBytes(*unit, input, batch, dy));
+  out->set_transient_bytes(MeasureTransientBytes(*unit, input, batch, dy, &ctx));
   // The unit's share of the optimizer step, as the runtime takes it (the
   // default hyperparameters and decay policy: AdamW's work per element
   // does not depend on their values). The first step allocates the moments.
@@ -395,8 +405,7 @@ absl::Status TimePowerSgdAllReduce(int rank, const ResolvedRequest& r, v1::Codec
 }  // namespace
 
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
-                                              const ProfileProgressFn& progress,
-                                              Backend* backend) {
+                                              const ProfileProgressFn& progress, Backend* backend) {
   ASSIGN_OR_RETURN(const ResolvedRequest r, Resolve(request));
   v1::ModelProfile profile;
   profile.set_micro_batch_size(r.micro_batch_size);

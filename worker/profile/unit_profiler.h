@@ -15,7 +15,12 @@
 // std::chrono::steady_clock. Gradients accumulate across the runs; the
 // timed AdamW steps (optimizer_seconds) read them and move the weights
 // before the partitions are timed, which changes no timing (the work does
-// not depend on the values).
+// not depend on the values). Each pass frees the previous pass's stash
+// before its forward (outside the timed interval), so the profiler holds
+// one micro-batch's stash at a time: its peak is at most about
+// 4 × weight_bytes + stash_bytes + transient_bytes + the unit's output and
+// output gradient (held throughout; no stash is held once the AdamW
+// moments exist).
 //
 // Fields of each UnitProfile:
 //   name               UnitName(): "embed", "attn_<i>", "mlp_<i>", "head".

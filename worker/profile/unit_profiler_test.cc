@@ -1,14 +1,18 @@
 #include "worker/profile/unit_profiler.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/tensor.h"
 #include "coordinator/planner/profile.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/forwarding_backend.h"
 
 namespace pipetrain {
 namespace {
@@ -132,6 +136,80 @@ TEST(ProfileUnitsTest, SmallModel_TransientBytesAreEachPassesPeakBeyondItsStash)
   ASSERT_EQ(profile->units_size(), static_cast<int>(expected.size()));
   for (int i = 0; i < profile->units_size(); ++i) {
     EXPECT_EQ(profile->units(i).transient_bytes(), expected[i]) << profile->units(i).name();
+  }
+}
+
+// The CPU backend, reading the host tensor counters' peak at every
+// allocation and synchronization a unit makes through it: the most tensor
+// memory held at once during a window, although MeasureTransientBytes
+// resets the counters' peak partway through each unit.
+class PeakSamplingCpu : public ForwardingBackend {
+ public:
+  PeakSamplingCpu() : ForwardingBackend(CpuBackend()) {}
+
+  Tensor Zeros(const Shape& shape) override { return Sampled(inner()->Zeros(shape)); }
+  Tensor Empty(const Shape& shape) override { return Sampled(inner()->Empty(shape)); }
+  void Synchronize() override {
+    inner()->Synchronize();
+    Sample();
+  }
+
+  // Starts a window at the bytes live now.
+  void StartWindow() {
+    ResetHostTensorPeak();
+    start_ = peak_ = CurrentHostTensorMemory().live_bytes;
+  }
+  // The most bytes held at once since StartWindow, above those live then.
+  int64_t PeakAboveStart() const { return peak_ - start_; }
+
+ private:
+  Tensor Sampled(Tensor t) {
+    Sample();
+    return t;
+  }
+  void Sample() { peak_ = std::max(peak_, CurrentHostTensorMemory().peak_bytes); }
+
+  int64_t start_ = 0, peak_ = 0;
+};
+
+// The coordinator checks that the worker that profiles a job has room for
+// 4 x weight_bytes + stash_bytes + transient_bytes of a unit: the profiler
+// must hold one micro-batch's stash at a time, not the previous timed
+// pass's beside the next one's. Beyond that sum it holds the unit's output
+// and output gradient (2 x activation_bytes). Long sequences make every
+// stash larger than 2 x weight_bytes + activation_bytes, so that a second
+// stash would break the bound.
+TEST(ProfileUnitsTest, LongSequences_PeakHoldsOneStashAtATime) {
+  constexpr int kLongSeq = 64;
+  v1::ProfileRequest request = SmallRequest();
+  request.mutable_model()->set_n_layer(1);
+  request.mutable_model()->set_max_seq_len(kLongSeq);
+  request.set_seq_len(kLongSeq);
+  request.set_micro_batch_size(4);
+  request.add_partitions(2);
+  PeakSamplingCpu backend;
+  std::vector<int64_t> peaks;  // per unit, above the bytes live as it starts
+  auto profile = ProfileUnits(
+      request,
+      [&backend, &peaks](int index, const std::string&) {
+        if (index > 0) peaks.push_back(backend.PeakAboveStart());
+        backend.StartWindow();
+        return absl::OkStatus();
+      },
+      &backend);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  peaks.push_back(backend.PeakAboveStart());
+  ASSERT_EQ(peaks.size(), 4u);  // embed, attn_0, mlp_0, head
+  for (int i = 0; i < profile->units_size(); ++i) {
+    const v1::UnitProfile& u = profile->units(i);
+    SCOPED_TRACE(u.name());
+    const double bound =
+        4 * u.weight_bytes() + u.stash_bytes() + u.transient_bytes() + 2 * u.activation_bytes();
+    EXPECT_LE(static_cast<double>(peaks[i]), bound);
+    if (u.name() == "attn_0" || u.name() == "mlp_0") {  // the bound would catch a second stash
+      EXPECT_GT(u.stash_bytes() - u.activation_bytes(),
+                2 * u.weight_bytes() + u.activation_bytes());
+    }
   }
 }
 

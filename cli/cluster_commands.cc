@@ -1208,8 +1208,8 @@ FlagSet SubmitFlags(SubmitOptions& o) {
   FlagSet flags(
       "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow] [--request-id ID]\n"
       "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).\n"
-      "A submit that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the job may or may not\n"
-      "exist) is sent again with the same request id, at most 5 attempts in all, 1, 2, 4\n"
+      "A submit that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (a coordinator\n"
+      "that was stopping; the job may or may not exist) is sent again with the same request id, at most 5 attempts in all, 1, 2, 4\n"
       "and 8 s apart (each waiting up to --timeout for its answer): a repeat returns the\n"
       "job the first one made, never a second job.");
   o.c.Bind(flags);

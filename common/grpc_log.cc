@@ -1,5 +1,6 @@
 #include "common/grpc_log.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 
 #include <cstdlib>
@@ -42,6 +43,21 @@ void RateLimitedLog(gpr_log_func_args* args) {
       << LogRateLimiter::Dropped(dropped);
 }
 
+// Protobuf's lines (GOOGLE_LOG), as gRPC's: a stranger can cause some at
+// will, e.g. an "invalid UTF-8" ERROR (about 250 bytes) for each reflection
+// request of three bytes, and protobuf's own handler wrote each to stderr.
+// FATAL lines are never dropped (protobuf aborts after them).
+void RateLimitedProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                            const std::string& message) {
+  int64_t dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL && !LimiterFor(file, line).Allow(&dropped)) return;
+  const LogSeverity severity = level >= google::protobuf::LOGLEVEL_ERROR     ? LogSeverity::kError
+                               : level == google::protobuf::LOGLEVEL_WARNING ? LogSeverity::kWarning
+                                                                             : LogSeverity::kInfo;
+  LogMessage(file != nullptr ? file : "protobuf", line, severity).stream()
+      << "protobuf: " << message << LogRateLimiter::Dropped(dropped);
+}
+
 void DropLog(gpr_log_func_args*) {}
 
 bool Set(const char* variable) {
@@ -57,6 +73,7 @@ bool Set(const char* variable) {
 void RateLimitGrpcLogs() {
   gpr_log_verbosity_init();
   gpr_set_log_function(RateLimitedLog);
+  google::protobuf::SetLogHandler(RateLimitedProtobufLog);
 }
 
 void QuietGrpcLogsUnlessAskedFor() {

@@ -10,7 +10,9 @@ namespace pipetrain {
 
 // For the daemons: gRPC's lines go through PT_LOG (one line, escaped, with
 // gRPC's file and line), at most kGrpcLogBurst per gRPC call site every
-// kGrpcLogPeriod, the next one counting those left out. Call early in main.
+// kGrpcLogPeriod, the next one counting those left out; protobuf's too
+// (GOOGLE_LOG: an "invalid UTF-8" ERROR for each of a stranger's
+// reflection requests), but FATAL ones. Call early in main.
 void RateLimitGrpcLogs();
 
 // For the CLI, which prints its own error for a failed call: gRPC's lines

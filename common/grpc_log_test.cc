@@ -1,5 +1,6 @@
 #include "common/grpc_log.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 #include <stdlib.h>
 
@@ -31,6 +32,24 @@ TEST(GrpcLogTest, RateLimited_BurstPerCallSite) {
       << out;
   EXPECT_EQ(CountOf(out, "chttp2_server.cc:7] gRPC: another site"), 1) << out;
   EXPECT_EQ(CountOf(out, "\nhttp request"), 0) << out;  // the line break is escaped
+}
+
+// Protobuf's lines too (a stranger's reflection request with a string
+// that is not UTF-8 made libprotobuf write an ERROR line each, to stderr).
+TEST(GrpcLogTest, ProtobufLines_RateLimitedPerCallSite) {
+  RateLimitGrpcLogs();
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 50; ++i) {
+    // What GOOGLE_LOG(ERROR) does, at the call site protobuf's parser logs from.
+    google::protobuf::internal::LogFinisher() =
+        google::protobuf::internal::LogMessage(google::protobuf::LOGLEVEL_ERROR,
+                                               "wire_format_lite.cc", 581)
+        << "String field 'host' contains invalid UTF-8 data";
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(CountOf(out, "wire_format_lite.cc:581] protobuf: String field 'host' contains invalid"),
+            kGrpcLogBurst)
+      << out;
 }
 
 TEST(GrpcLogTest, Cli_QuietUnlessGrpcVerbosityOrTraceIsSet) {

@@ -70,6 +70,8 @@ absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& r) {
   RETURN_IF_ERROR(
       CheckLength("RegisterWorkerRequest.metrics_address", r.metrics_address(), kMaxAddressBytes));
   RETURN_IF_ERROR(CheckLength("RegisterWorkerRequest.node_name", r.node_name(), kMaxNameBytes));
+  RETURN_IF_ERROR(CheckLength("RegisterWorkerRequest.registration_id", r.registration_id(),
+                              kMaxRegistrationIdBytes));
   RETURN_IF_ERROR(
       CheckLength("RegisterWorkerRequest.build.version", r.build().version(), kMaxBuildFieldBytes));
   RETURN_IF_ERROR(

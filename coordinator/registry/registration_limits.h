@@ -26,6 +26,8 @@ inline constexpr size_t kMaxDescriptionBytes = 256;
 inline constexpr size_t kMaxPciBusIdBytes = 32;
 // NCCL_UNIQUE_ID_BYTES.
 inline constexpr size_t kMaxNcclIdBytes = 128;
+// RegisterWorkerRequest.registration_id (a worker sends 32 hex digits).
+inline constexpr size_t kMaxRegistrationIdBytes = 64;
 // Each field of RegisterWorkerRequest.build ("0.1.0", a 12-digit commit).
 inline constexpr size_t kMaxBuildFieldBytes = 64;
 // Sanity ranges of device facts, far beyond any machine.

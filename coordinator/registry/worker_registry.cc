@@ -172,6 +172,24 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     ASSIGN_OR_RETURN(Entry * found, EntryForAddressLocked(request.data_address()));
     Entry& entry = *found;
     const v1::Worker& old = entry.worker;
+    // A retry of the registration that made the current incarnation (its
+    // answer was lost to a deadline while its save committed): the same
+    // answer. A new incarnation left that one, which nobody held, READY
+    // (a job placed on it lost the worker), or superseded the one a job
+    // was placed on meanwhile. Saved already (READY or ASSIGNED).
+    if (!request.registration_id().empty() && request.registration_id() == entry.registration_id &&
+        (old.state() == v1::WORKER_STATE_READY || old.state() == v1::WORKER_STATE_ASSIGNED) &&
+        (!request.drained() || old.drained())) {
+      TouchLocked(entry, clock_->Now());
+      response.set_worker_id(old.id());
+      response.set_incarnation(old.incarnation());
+      response.set_session_token(SessionTokenOf(entry));
+      response.set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
+      response.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
+      PT_LOG(INFO) << Describe(old) << " registered again with the same registration (the answer "
+                   << "to the first was lost): answered with its incarnation " << old.incarnation();
+      return response;
+    }
     if (old.state() == v1::WORKER_STATE_ASSIGNED) {
       // Naming the incarnation before the current one, the process did not
       // restart: the answer to its last registration was lost (a timeout),
@@ -330,6 +348,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_incarnation(worker.incarnation() + 1);
   entry.previous_secret = std::move(entry.session_secret);
   entry.session_secret = RandomToken();
+  entry.registration_id = request.registration_id();
   *worker.mutable_device() = request.device();
   // Fields this version does not know are kept by protobuf and bounded by
   // nothing but the request limit (4 MiB a worker, in every listing and

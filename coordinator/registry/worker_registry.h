@@ -183,6 +183,10 @@ class WorkerRegistry {
   // the superseded incarnation was ASSIGNED, the loss listener fires for its
   // job before Register returns.
   // The response carries the new incarnation's session credential.
+  // A retry (the same non-empty registration_id) of the registration that
+  // made the current incarnation, while that one is READY or ASSIGNED and
+  // the retry asks for no drain it lacks, gets the same answer (its lease
+  // renewed), not a new incarnation.
   // Possible errors:
   //   UNAUTHENTICATED: join token missing or wrong (checked first).
   //   INVALID_ARGUMENT: data_address is empty, or a field exceeds its bound
@@ -365,6 +369,9 @@ class WorkerRegistry {
     std::string nccl_unique_id;    // current; empty: none
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
     std::string session_secret;    // the current incarnation's (hex)
+    // The RegisterWorkerRequest.registration_id that made the current
+    // incarnation (its retries get the same answer); not stored.
+    std::string registration_id;
     // The incarnation before's (IsStaleSession); empty after a restore.
     std::string previous_secret;
     // Released from a job while its last report was one of that job's

@@ -478,6 +478,57 @@ TEST(WorkerRegistryTest, Register_RetryAfterALostAnswer_LossSaysSo) {
                                           "the answer to the registration that made it was lost"));
 }
 
+// A retry of the registration that made the current incarnation (the same
+// registration_id; its answer was lost to a deadline) gets that
+// incarnation and session back, READY or placed meanwhile: before, it made
+// a new incarnation, leaving the first, which nobody held, READY to be
+// placed, or ending the job placed on it. A new registration, one asking
+// for a drain the first did not, or one after the incarnation was lost
+// makes a new incarnation.
+TEST(WorkerRegistryTest, Register_RetryOfTheSameRegistration_SameIncarnationAndSession) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  v1::RegisterWorkerRequest request = Request(1);
+  request.set_registration_id("r-1");
+  const v1::RegisterWorkerResponse first = registry.Register(request).value();
+  clock.Advance(absl::Seconds(2));
+  const v1::RegisterWorkerResponse again = registry.Register(request).value();
+  EXPECT_EQ(again.worker_id(), first.worker_id());
+  EXPECT_EQ(again.incarnation(), first.incarnation());
+  EXPECT_EQ(again.session_token(), first.session_token());
+  EXPECT_EQ(again.lease_seconds(), first.lease_seconds());
+  EXPECT_EQ(again.heartbeat_interval_seconds(), first.heartbeat_interval_seconds());
+  EXPECT_TRUE(registry.AuthenticateSession(again.session_token()).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  EXPECT_EQ(registry.Register(request).value().incarnation(), first.incarnation());
+  EXPECT_TRUE(recorder.losses().empty());
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_ASSIGNED);
+  EXPECT_EQ(registry.Get("w-1")->job_id(), "job-7");
+
+  v1::RegisterWorkerRequest draining = request;
+  draining.set_drained(true);
+  const v1::RegisterWorkerResponse drained = registry.Register(draining).value();
+  EXPECT_EQ(drained.incarnation(), first.incarnation() + 1);
+  EXPECT_TRUE(registry.Get("w-1")->drained());
+  EXPECT_EQ(recorder.losses().size(), 1u);  // job-7's worker superseded
+  v1::RegisterWorkerRequest other = request;
+  other.set_registration_id("r-2");
+  EXPECT_EQ(registry.Register(other).value().incarnation(), first.incarnation() + 2);
+  v1::RegisterWorkerRequest none = Request(1);
+  EXPECT_EQ(registry.Register(none).value().incarnation(), first.incarnation() + 3);
+  EXPECT_EQ(registry.Register(none).value().incarnation(), first.incarnation() + 4);
+  clock.Advance(absl::Seconds(60));  // past the lease: LOST
+  registry.CheckLeases();
+  ASSERT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_LOST);
+  other.set_registration_id("r-3");
+  ASSERT_EQ(registry.Register(other).value().incarnation(), first.incarnation() + 5);
+  clock.Advance(absl::Seconds(60));
+  registry.CheckLeases();
+  EXPECT_EQ(registry.Register(other).value().incarnation(), first.incarnation() + 6);
+}
+
 // The re-registration could not be saved, but the old incarnation is gone
 // all the same: its job hears of it now (no later registration would, as
 // the entry is no longer ASSIGNED), and the caller is told to retry.

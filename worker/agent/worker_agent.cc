@@ -8,6 +8,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/device_info.h"
 
@@ -108,8 +109,8 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       make_transport_(std::move(make_transport)),
       observer_(std::move(observer)),
       session_(options_.session != nullptr ? options_.session : &own_session_) {
-  auto credentials = options_.credentials ? options_.credentials
-                                          : grpc::InsecureChannelCredentials();
+  auto credentials =
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
   // Reconnecting within 2 s, and pinging a coordinator that may have
   // vanished without closing the connection (coordinator_channel.h).
   const grpc::ChannelArguments args = CoordinatorChannelArguments();
@@ -136,8 +137,7 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
     AnnotatedMutexLock lock(&mu_);
     group_id_ = *std::move(group_id);
   } else if (group_id.status().code() != absl::StatusCode::kUnimplemented) {
-    PT_LOG(WARNING) << "no NCCL id: this worker's links stay on gRPC (" << group_id.status()
-                    << ")";
+    PT_LOG(WARNING) << "no NCCL id: this worker's links stay on gRPC (" << group_id.status() << ")";
   }
 }
 
@@ -192,7 +192,8 @@ std::pair<std::string, std::string> WorkerAgent::InstructionAndLastJob() const {
 
 bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
   AnnotatedMutexLock lock(&mu_);
-  return !mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }, d);
+  return !mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; },
+                               d);
 }
 
 absl::Status WorkerAgent::RegisterWithRetry() {
@@ -215,6 +216,10 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     // 0 before the first registration: a new process.
     request.set_previous_incarnation(incarnation_);
   }
+  // The same in every retry of this registration: one whose first attempt
+  // went through (its answer lost to a deadline) is answered with the
+  // incarnation that attempt made, not a new one.
+  request.set_registration_id(RandomHex(16));
   while (true) {
     {
       AnnotatedMutexLock lock(&mu_);

@@ -399,6 +399,7 @@ class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
                               v1::RegisterWorkerResponse* response) override {
     AnnotatedMutexLock lock(&mu_);
     drained_.push_back(request->drained());
+    registration_ids_.push_back(request->registration_id());
     registering_ = true;
     mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answer_; },
                          absl::Seconds(30));
@@ -439,11 +440,16 @@ class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
     AnnotatedMutexLock lock(&mu_);
     return drained_;
   }
+  std::vector<std::string> registration_ids() {
+    AnnotatedMutexLock lock(&mu_);
+    return registration_ids_;
+  }
 
  private:
   const bool first_unavailable_;
   AnnotatedMutex mu_;
   std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> registration_ids_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> drains_{0};
   bool registering_ ABSL_GUARDED_BY(mu_) = false;
   bool answer_ ABSL_GUARDED_BY(mu_) = false;
@@ -517,6 +523,12 @@ TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained)
   ASSERT_EQ(started, absl::OkStatus());
   EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
   EXPECT_EQ(coordinator.drains(), 0);
+  // The retry is the same registration (the coordinator answers a retry
+  // whose first attempt went through with the incarnation it made).
+  const std::vector<std::string> ids = coordinator.registration_ids();
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(ids[0].size(), 32u);
+  EXPECT_EQ(ids[1], ids[0]);
   agent.Stop();
   rig->Shutdown();
 }
@@ -531,6 +543,7 @@ class LostWhileDrainingCoordinator final : public NoAssignmentsCoordinator {
                               v1::RegisterWorkerResponse* response) override {
     AnnotatedMutexLock lock(&mu_);
     drained_.push_back(request->drained());
+    registration_ids_.push_back(request->registration_id());
     const int n = static_cast<int>(drained_.size());
     return RegisteredAsW1(response, n);
   }
@@ -557,10 +570,15 @@ class LostWhileDrainingCoordinator final : public NoAssignmentsCoordinator {
     AnnotatedMutexLock lock(&mu_);
     return drained_;
   }
+  std::vector<std::string> registration_ids() {
+    AnnotatedMutexLock lock(&mu_);
+    return registration_ids_;
+  }
 
  private:
   AnnotatedMutex mu_;
   std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> registration_ids_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> lost_{false};
 };
 
@@ -581,6 +599,10 @@ TEST(WorkerAgentTest, DrainRefusedThenRegisteredAgain_TheRegistrationSaysDrained
   EXPECT_EQ(agent.RequestDrain().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(coordinator.AwaitRegistrations(2));
   EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
+  // A registration after a loss is a new one, not a retry.
+  const std::vector<std::string> ids = coordinator.registration_ids();
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_NE(ids[1], ids[0]);
   agent.Stop();
   rig->Shutdown();
 }

@@ -140,6 +140,7 @@ struct Flags {
   std::string data_roots;  // comma-separated
   std::string checkpoint_root;
   std::string memory_limit;
+  std::string memory_reserve;
   std::string mailbox_limit = "4G";
   std::string node_name;
   std::string tls_ca;
@@ -175,6 +176,10 @@ int Run(const std::vector<std::string>& args) {
   flags.String("memory-limit", &f.memory_limit,
                "memory this worker may use, e.g. 8G (default: the least of physical memory and "
                "its cgroup's limit); the coordinator admits jobs against it");
+  flags.String("memory-reserve", &f.memory_reserve,
+               "memory kept out of what the coordinator plans with, e.g. 1G, for what its plans "
+               "do not count (received tensors up to --mailbox-limit, the corpus, the "
+               "allocator): the worker offers its memory limit less this (default none)");
   flags.String("mailbox-limit", &f.mailbox_limit,
                "most bytes of received tensors waiting for their stage at once, e.g. 4G; "
                "frames beyond it are refused");
@@ -320,6 +325,15 @@ int Run(const std::vector<std::string>& args) {
     parsed = bytes.status();
     memory_limit = bytes.value_or(0);
   }
+  if (parsed.ok() && !f.memory_reserve.empty()) {
+    absl::StatusOr<int64_t> reserve = ParseByteSize("memory-reserve", f.memory_reserve);
+    absl::StatusOr<int64_t> offered =
+        reserve.ok() ? ReservedMemoryLimit(
+                           EffectiveMemoryLimit(ProcessMemoryLimit(), 0, memory_limit), *reserve)
+                     : reserve.status();
+    parsed = offered.status();
+    memory_limit = offered.value_or(0);
+  }
   MailboxLimits mailbox_limits;
   if (parsed.ok()) {
     absl::StatusOr<int64_t> bytes = ParseByteSize("mailbox-limit", f.mailbox_limit);
@@ -382,8 +396,8 @@ int Run(const std::vector<std::string>& args) {
     return 1;
   }
   if (!f.ports_file.empty()) {
-    absl::Status written = WritePortsFile(
-        f.ports_file, {{"data_port", (*server)->port()}, {"metrics_port", *bound}});
+    absl::Status written =
+        WritePortsFile(f.ports_file, {{"data_port", (*server)->port()}, {"metrics_port", *bound}});
     if (!written.ok()) {
       PT_LOG(ERROR) << written;
       return 1;

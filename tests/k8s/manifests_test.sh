@@ -276,6 +276,8 @@ for overlay in $OVERLAYS; do
     "--memory-limit=\$(PIPETRAIN_MEMORY_LIMIT)"
   check "overlay $overlay: the limit from the worker container's resources" has "$out" \
     "resource: limits.memory"
+  check "overlay $overlay keeps the mailbox and an eighth out of the workers' plans" has "$out" \
+    "--memory-reserve=\$(PIPETRAIN_MEMORY_RESERVE)"
   unset_vars "$out" > "$T/$overlay.vars.txt"
   check "overlay $overlay: every \$(VAR) in args is set by the container's env or ConfigMaps" \
     diff /dev/null "$T/$overlay.vars.txt"
@@ -516,7 +518,7 @@ expect_lines "$T/run.txt" \
   "$C container \"coordinator\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
   "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
   "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
-  "$W container \"worker\": token on the command line: args[12] passes JOIN_TOKEN, which comes from a Secret" \
+  "$W container \"worker\": token on the command line: args[13] passes JOIN_TOKEN, which comes from a Secret" \
   "15 objects, 3 pod templates, 6 violations"
 
 # A coordinator that reads the workers' ConfigMap: unset_vars names each of

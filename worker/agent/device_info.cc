@@ -82,6 +82,16 @@ int64_t EffectiveMemoryLimit(int64_t physical, int64_t cgroup_limit, int64_t fla
   return limit;
 }
 
+absl::StatusOr<int64_t> ReservedMemoryLimit(int64_t limit, int64_t reserve) {
+  if (reserve < 0 || reserve >= limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory-reserve of ", reserve, " bytes leaves nothing of the memory limit (", limit,
+        " bytes: --memory-limit, or the least of physical memory and the "
+        "cgroup's limit) for the jobs"));
+  }
+  return limit - reserve;
+}
+
 absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text) {
   double number = 0;
   std::string digits = text;  // without the suffix

@@ -42,6 +42,13 @@ int64_t PhysicalMemoryBytes();
 // physical memory and its cgroup's limit (EffectiveMemoryLimit).
 int64_t ProcessMemoryLimit();
 
+// What a worker offers the coordinator's plans of its memory `limit`
+// (bytes) once `reserve` (--memory-reserve) is kept for what the plans do
+// not count (received tensors up to --mailbox-limit, the corpus, the
+// allocator's own): limit - reserve. INVALID_ARGUMENT when `reserve` is
+// negative or leaves nothing.
+absl::StatusOr<int64_t> ReservedMemoryLimit(int64_t limit, int64_t reserve);
+
 // Parses a byte count with an optional binary suffix: "512M", "8G", "1.5T",
 // "1048576". INVALID_ARGUMENT (naming `flag`) for anything else, zero or
 // negative values, or more than 1 PiB.

@@ -70,6 +70,17 @@ TEST(CgroupMemoryLimitTest, HostPathNotMounted_TheMountsTopIsTheContainers) {
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
 }
 
+TEST(ReservedMemoryLimitTest, LimitLessTheReserveLeavingSomething) {
+  EXPECT_EQ(ReservedMemoryLimit(4096, 1024).value(), 3072);
+  EXPECT_EQ(ReservedMemoryLimit(4096, 0).value(), 4096);
+  const absl::StatusOr<int64_t> nothing = ReservedMemoryLimit(4096, 4096);
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(nothing.status().message().find("--memory-reserve of 4096 bytes leaves nothing"),
+            absl::string_view::npos)
+      << nothing.status();
+  EXPECT_FALSE(ReservedMemoryLimit(4096, -1).ok());
+}
+
 TEST(EffectiveMemoryLimitTest, LeastOfTheNonZero) {
   EXPECT_EQ(EffectiveMemoryLimit(16, 0, 0), 16);
   EXPECT_EQ(EffectiveMemoryLimit(16, 8, 0), 8);

@@ -130,6 +130,13 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& r) {
     // packed to its limit could be killed at the end, losing the run.
     copies += tensor;
   }
+  if (tensor > 1 && !r.spec.init().from().empty()) {
+    // Each rank reads its stage's tensors of spec.init.from unsplit (T
+    // shards' worth) before it keeps its own shard of each: before the
+    // first step, when none of the copies above is held yet (no snapshot,
+    // no residual), so the most of the two.
+    copies = std::max(copies, static_cast<double>(tensor));
+  }
   return copies;
 }
 

@@ -56,7 +56,8 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 // plus, with compression, every replica's residuals (one, their sum, past
 // kMaxFeedbackReplicasKept), times the tensor ranks its rank 0 gathers;
 // with tensor ranks and spec.output.weights_path, T more for rank 0's
-// gather of the final weights.
+// gather of the final weights; with tensor ranks and spec.init.from, at
+// least T (each rank reads its stage's starting weights unsplit).
 double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 
 // Requires cluster.workers.size() == resolved.stages x

@@ -313,6 +313,26 @@ TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
   EXPECT_EQ(copies(1, 1, 0, "", "out.safetensors"), 0);  // no shards to gather
 }
 
+// With tensor ranks, each rank reads its stage's starting weights
+// (spec.init.from) unsplit before the first step: T shards' worth, when
+// nothing else of CpuSteppedWeightCopies is held yet.
+TEST(PlanJobMemory, CpuSteppedWeightCopies_InitFromUnsplitOnEachRank) {
+  const auto copies = [](int tensor, int interval, const std::string& from) {
+    v1::JobSpec spec = SmallSpec(1, 16);
+    spec.mutable_training()->set_batch_size(32);
+    spec.mutable_parallelism()->set_tensor(tensor);
+    spec.mutable_checkpoint()->set_interval_steps(interval);
+    spec.mutable_init()->set_from(from);
+    absl::StatusOr<ResolvedJobSpec> r = ResolveJobSpec(spec);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? CpuSteppedWeightCopies(*r) : -1;
+  };
+  EXPECT_EQ(copies(4, 0, ""), 0);
+  EXPECT_EQ(copies(4, 0, "w.safetensors"), 4);
+  EXPECT_EQ(copies(4, 5, "w.safetensors"), 12);  // the snapshot's 3 x 4 covers it
+  EXPECT_EQ(copies(1, 0, "w.safetensors"), 0);   // no shards: the stash's room
+}
+
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
   v1::JobSpec spec = SmallSpec(2, 4);
   absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);

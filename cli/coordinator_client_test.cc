@@ -165,6 +165,22 @@ TEST(FindCoordinatorTest, FollowerNamesAnUnlistedLeader_NeverContacted) {
   EXPECT_GE(second.calls(), 1);
 }
 
+// A coordinator that is stopping ends calls CANCELLED: it is no leader to
+// send the command to, and the next address is tried.
+TEST(FindCoordinatorTest, StoppingCoordinatorAnswersCancelled_TheNextIsTheLeader) {
+  Server stopping(grpc::Status(grpc::StatusCode::CANCELLED, "the server is shutting down"), "");
+  Server leader(kLeaderAnswer, "");
+  auto found = Find(absl::StrCat(stopping.address(), ",", leader.address()), absl::Seconds(10));
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(stopping.calls(), 1);
+  EXPECT_EQ(leader.calls(), 1);
+  grpc::ClientContext context;
+  v1::Job job;
+  (*found)->GetJob(&context, v1::GetJobRequest(), &job);
+  EXPECT_EQ(leader.calls(), 2);  // the stub is the leader's
+  EXPECT_EQ(stopping.calls(), 1);
+}
+
 TEST(FindCoordinatorTest, OnlyFollowers_UnavailableNamingTheAddresses) {
   Server first(kRefused, "");
   Server second(kRefused, "");

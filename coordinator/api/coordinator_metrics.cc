@@ -94,6 +94,22 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                                   "--state-dir, or etcd) that failed, retries included.")
                               .Register(*registry_)
                               .Add({});
+  jobs_state_delete_failing_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_jobs_state_delete_failing")
+           .Help(
+               "Jobs whose latest delete from the state store failed (deleted again every "
+               "second): a pruned job comes back at a restart or failover meanwhile, and a failed "
+               "submit holds its paths and request_id.")
+           .Register(*registry_)
+           .Add({});
+  state_delete_failures_ = &prometheus::BuildCounter()
+                                .Name("pipetrain_state_delete_failures_total")
+                                .Help(
+                                    "Deletes of a job's state from the state store (pruned jobs', "
+                                    "failed submits') that failed, retries included.")
+                                .Register(*registry_)
+                                .Add({});
   workers_drained_ = &prometheus::BuildGauge()
                           .Name("pipetrain_workers_drained")
                           .Help(
@@ -313,6 +329,7 @@ JobEvents CoordinatorMetrics::Events() {
     counted = std::max(counted, step);
   };
   events.state_save_failed = [this] { state_save_failures_->Increment(); };
+  events.state_delete_failed = [this] { state_delete_failures_->Increment(); };
   events.planned = [this](double queued, double computing) {
     plan_seconds_->Add({{"phase", "queued"}}, PlanSecondsBuckets()).Observe(queued);
     plan_seconds_->Add({{"phase", "computing"}}, PlanSecondsBuckets()).Observe(computing);
@@ -344,6 +361,7 @@ void CoordinatorMetrics::Refresh() {
   }
   jobs_checkpoint_failing_->Set(failing);
   jobs_state_save_failing_->Set(jobs_->JobsWithFailedSave());
+  jobs_state_delete_failing_->Set(jobs_->JobsWithFailedDelete());
   RefreshWorkers();
   RefreshCurrentJob(jobs);
   CountTokens(jobs);

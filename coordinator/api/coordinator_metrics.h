@@ -53,6 +53,12 @@
 //   pipetrain_jobs_state_save_failing             gauge    jobs whose latest save failed (a
 //                                                          restart would restore them as last
 //                                                          saved; JobManager::JobsWithFailedSave)
+//   pipetrain_state_delete_failures_total         counter  deletes of a job's state from the
+//                                                          store that failed: pruned jobs' and
+//                                                          failed submits' (retried every second)
+//   pipetrain_jobs_state_delete_failing           gauge    jobs whose latest delete failed (a
+//                                                          restart would bring a pruned one
+//                                                          back; JobsWithFailedDelete)
 //   pipetrain_workers_drained                     gauge    drained workers not gone (also in
 //                                                          pipetrain_workers, READY included)
 //   pipetrain_jobs_ended_total{state}             counter  jobs that ended (SUCCEEDED, FAILED,
@@ -211,6 +217,8 @@ class CoordinatorMetrics {
   prometheus::Gauge* jobs_checkpoint_failing_;
   prometheus::Gauge* jobs_state_save_failing_;
   prometheus::Counter* state_save_failures_;
+  prometheus::Gauge* jobs_state_delete_failing_;
+  prometheus::Counter* state_delete_failures_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;

@@ -367,5 +367,54 @@ TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
   EXPECT_EQ(state.LoadJobs().value()[0].job().state(), v1::JOB_STATE_CANCELLED);
 }
 
+// Deletes that fail (a pruned job's, which a restart would bring back)
+// show too: each counted, retries included, and the jobs whose latest
+// delete failed, until one succeeds. Both exist from the first scrape, at
+// zero.
+TEST(CoordinatorMetricsTest, StateDeletes_FailuresCountedFailingJobsShown) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.max_ended_jobs = 0, .state = &state});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  jobs.SetEvents(metrics.Events());
+  const auto scrape = [&] {
+    metrics.Refresh();
+    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  };
+  std::string text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 0) << text;
+  const std::string id = jobs.Submit(TinySpec()).value().id();  // no workers: queued
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.FlushIo();
+  store.failing = true;
+  jobs.ScheduleQueued();  // prunes it; its delete fails
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 1) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 1) << text;
+  for (int retry = 0; retry < 2; ++retry) {  // each second's retry fails too
+    clock.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    text = scrape();
+    EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 1) << text;
+  }
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 3) << text;
+  store.failing = false;
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 0) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 3) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 0) << text;
+  EXPECT_TRUE(state.LoadJobs().value().empty());
+}
+
 }  // namespace
 }  // namespace pipetrain

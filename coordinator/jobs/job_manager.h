@@ -114,6 +114,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
@@ -240,6 +241,11 @@ struct JobEvents {
   // every second until it succeeds. Called off the lock (on the thread
   // that saved), unlike the others.
   std::function<void()> state_save_failed;
+  // A delete of a job's state from JobManagerOptions.state failed: a
+  // pruned job's, or a failed submit's (which the store may hold after
+  // all), each tried again every second until it succeeds. Called off the
+  // lock, as state_save_failed.
+  std::function<void()> state_delete_failed;
 };
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
@@ -489,6 +495,12 @@ class JobManager {
   // failover) meanwhile restores it as last saved (an ended job RUNNING
   // again), its expired checkpoints kept on disk. Thread-safe.
   int JobsWithFailedSave() const;
+  // How many jobs' latest delete from options.state failed: pruned jobs,
+  // which a restart (or failover) meanwhile brings back, and submits that
+  // failed, whose paths and request_id stay held (JobRecord::unsettled).
+  // Each is deleted again every second until a delete succeeds.
+  // Thread-safe.
+  int JobsWithFailedDelete() const;
 
   // The bytes of the traced steps `job_id` keeps (the one shown and the one
   // being collected), as serialized; 0 for an unknown job. For tests.
@@ -498,6 +510,22 @@ class JobManager {
   size_t HeldManifestsForTesting(const std::string& job_id) const;
 
  private:
+  // A stretch of failures of a write that is tried again until it
+  // succeeds (a job's save or delete, a manifest): how many failed in a
+  // row, since when, and when the next line may be logged (elapsed_clock_).
+  // The first failure is logged, then one a minute: a line at each retry
+  // (every second, per job, while the store fails) buried the first one,
+  // and its cause, under thousands an hour.
+  struct FailureStretch {
+    int64_t count = 0;
+    absl::Time since;
+    absl::Time next_log = absl::InfinitePast();
+    // Counts a failure at `now`; whether to log it (the first of the
+    // stretch, then at most once a minute).
+    bool Note(absl::Time now);
+    // "" after one failure, else " (N <what> in a row failed over D)".
+    std::string InARow(absl::Time now, absl::string_view what) const;
+  };
   struct StageProgress {
     bool ready = false;  // passed the start barrier
     int64_t iterations_done = 0;
@@ -589,7 +617,7 @@ class JobManager {
       std::optional<v1::ResumeFrom> resume;
     };
     std::vector<AssignedStage> assignments;
-    std::map<std::string, int> stage_of;     // worker id -> stage
+    std::map<std::string, int> stage_of;  // worker id -> stage
     // Tensor name -> (owning stage, shape): what UploadWeights may carry.
     std::map<std::string, std::pair<int, Shape>> weight_owner;
     std::vector<StageProgress> stages;
@@ -731,6 +759,9 @@ class JobManager {
     // Whether a save of this job had to leave parts out to fit the store
     // (stored_job_fit.h): said once in the log, not at every save.
     bool stored_record_trimmed = false;
+    // Saves in a row whose record stayed over the store's limit after all
+    // that (each fails): said once a minute, not at every save.
+    FailureStretch unfit_saves;
     // Cancel answered UNAVAILABLE (its save failed) and no cancel has been
     // answered OK since: the next cancel answers as a first one, even if a
     // retried save recorded it meanwhile.
@@ -1356,6 +1387,16 @@ class JobManager {
   // and logs it: the first failure, then at most once a minute.
   void NoteFailedSaveLocked(const std::string& id, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a failure in `stretch` (FailureStretch::Note); whether to log
+  // it: also any as the job manager stops (its last try before a restart).
+  bool NoteFailureLocked(FailureStretch& stretch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.state->DeleteJob (which must be set), counting a failure
+  // (events_.state_delete_failed). Any thread; no lock needed.
+  absl::Status DeleteFromStore(const std::string& id) const;
+  // Notes that job `id`'s delete from the store succeeded after failures
+  // (delete_failures_), if any: returns " (after N failed deletes over D)",
+  // else "".
+  std::string NoteDeletedLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tries again the removals of expired checkpoints that failed
   // (RemoveExpiring), each once its kExpiredRemovalBackoff has passed, for
   // every job, ended ones included (nothing saves those again). Only those
@@ -1368,7 +1409,8 @@ class JobManager {
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // On io_: deletes pruned job `id` from options_.state (which must be
-  // set); a failure notes it in undeleted_, for RetryDeletesLocked.
+  // set); a failure notes it in undeleted_, for RetryDeletesLocked, and in
+  // delete_failures_ (logged: the first, then once a minute).
   void DeleteStoredJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Deletes again, at most once a second, the pruned jobs whose delete
   // failed: else a restart would bring them back.
@@ -1385,7 +1427,8 @@ class JobManager {
   // (one expired meanwhile gets none); a failure (a full disk) is logged
   // and noted in unwritten_manifests_, for RetryManifestsLocked: without
   // its manifest a complete checkpoint cannot be exported or named by
-  // init.from.
+  // init.from. Logged as manifest_failures_ allows: the first failure,
+  // then once a minute, and the write that succeeds after them.
   void WriteManifestIfHeld(const ManifestToWrite& m) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes again, at most every 5 s, the manifests whose write failed.
   void RetryManifestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -1419,10 +1462,10 @@ class JobManager {
   std::map<std::string, std::unique_ptr<JobRecord>> submitting_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread loop_;
-  ProfileFetcher fetcher_;  // set before use; read-only afterwards
+  ProfileFetcher fetcher_;                // set before use; read-only afterwards
   std::function<void()> cancel_fetches_;  // likewise; may be empty
   std::function<void(const std::string&)> cancel_fetches_to_;  // likewise; may be empty
-  JobEvents events_;        // likewise
+  JobEvents events_;                                           // likewise
   ProfileCache profiles_;
   // Profile keys whose fetch ran past its deadline (the model takes longer
   // to profile there than the coordinator waits, which a later try would
@@ -1451,15 +1494,8 @@ class JobManager {
   // unreachable): saved again by RetryUnsavedLocked, not before this time.
   std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs whose latest save on io_ failed (unlike unsaved_, kept while the
-  // retry waits; JobsWithFailedSave): how many failed in a row, since when
-  // and when the next ERROR line may be logged (elapsed_clock_). One a
-  // minute, not one a second per job while the store fails.
-  struct SaveFailures {
-    int64_t count = 0;
-    absl::Time since;
-    absl::Time next_log = absl::InfinitePast();
-  };
-  std::map<std::string, SaveFailures> save_failures_ ABSL_GUARDED_BY(mu_);
+  // retry waits; JobsWithFailedSave), and since when.
+  std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_
       ABSL_GUARDED_BY(mu_);
@@ -1468,10 +1504,18 @@ class JobManager {
   // Pruned jobs whose store delete failed, deleted again by
   // RetryDeletesLocked not before next_delete_retry_.
   std::set<std::string> undeleted_ ABSL_GUARDED_BY(mu_);
+  // Jobs whose latest delete from the store failed, kept while the retry
+  // waits (JobsWithFailedDelete): pruned jobs (undeleted_) and unsettled
+  // submits (SettleSubmitsLocked).
+  std::map<std::string, FailureStretch> delete_failures_ ABSL_GUARDED_BY(mu_);
   absl::Time next_delete_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Manifests whose write failed, written again by RetryManifestsLocked not
   // before next_manifest_retry_.
   std::vector<ManifestToWrite> unwritten_manifests_ ABSL_GUARDED_BY(mu_);
+  // By (job id, step directory): manifests whose latest write failed,
+  // until one succeeds or the catalog no longer holds the step.
+  std::map<std::pair<std::string, std::string>, FailureStretch> manifest_failures_
+      ABSL_GUARDED_BY(mu_);
   // By job: manifests of checkpoints whose save failed, written after the
   // job's next save that succeeds (PersistLocked): a manifest makes a
   // checkpoint directory look complete to tools and init.from, and the

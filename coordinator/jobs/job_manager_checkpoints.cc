@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -269,21 +271,39 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
   // written, two fsyncs each, would otherwise queue a manifest each ahead
   // of every later save and every cancel). On io_, in order with the
   // removals of expired checkpoints, so the check stays true for the write.
+  const std::pair<std::string, std::string> key(m.job_id, m.complete.dir());
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(m.job_id);
     if (record == nullptr || record->checkpoints == nullptr ||
         !record->checkpoints->Holds(m.complete.step())) {
+      manifest_failures_.erase(key);
       return;
     }
   }
   const absl::Status written =
       WriteCheckpointManifest(m.output_dir, m.job_id, m.model, m.seed, m.complete);
-  if (written.ok()) return;
-  PT_LOG(WARNING) << "job " << m.job_id << ": " << written << "; trying again in 5 s";
   AnnotatedMutexLock lock(&mu_);
-  if (unwritten_manifests_.empty()) next_manifest_retry_ = elapsed_clock_->Now() + absl::Seconds(5);
+  const absl::Time now = elapsed_clock_->Now();
+  auto failures = manifest_failures_.find(key);
+  if (written.ok()) {
+    if (failures != manifest_failures_.end()) {
+      PT_LOG(INFO) << "job " << m.job_id << ": the manifest of checkpoint " << m.complete.dir()
+                   << " is written, after " << failures->second.count << " failed writes over "
+                   << absl::FormatDuration(now - failures->second.since);
+      manifest_failures_.erase(failures);
+    }
+    return;
+  }
+  if (unwritten_manifests_.empty()) next_manifest_retry_ = now + absl::Seconds(5);
   unwritten_manifests_.push_back(m);
+  // Tried every 5 s while the volume fails (full, read-only): a line each,
+  // for every manifest held, buried the cause.
+  FailureStretch& stretch = manifest_failures_[key];
+  if (!NoteFailureLocked(stretch)) return;
+  PT_LOG(WARNING) << "job " << m.job_id << ": " << written
+                  << stretch.InARow(now, "writes of this manifest")
+                  << "; trying again every 5 s (logged once a minute until a write succeeds)";
 }
 
 void JobManager::RetryManifestsLocked() {

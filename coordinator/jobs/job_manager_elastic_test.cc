@@ -4039,6 +4039,43 @@ int LinesWith(const std::string& log, const std::string& text) {
   return n;
 }
 
+// While the manifest's write keeps failing (a full or read-only volume),
+// its retry every 5 s logs the first failure, then one a minute saying how
+// many failed, and the write that succeeds says so: a WARNING at each
+// retry, for every manifest held, buried the cause.
+TEST_F(JobManagerElasticTest, ManifestWriteFailing_WarningOnceAMinuteThenWrittenSaysSo) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("manifest-failing");  // job ids repeat across tests
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  const std::string manifest =
+      absl::StrCat(OutputDir(), "/manifest-failing/step-00000005/", kCheckpointManifestName);
+  std::filesystem::create_directories(manifest + "/in-the-way");
+  ::testing::internal::CaptureStderr();
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  for (int second = 1; second <= 120; ++second) {  // 24 retries, 5 s apart
+    clock_.Advance(absl::Seconds(1) - absl::Milliseconds(10));
+    HeartbeatAllAndSchedule({w1, w2});
+    jobs_->FlushIo();
+  }
+  std::filesystem::remove_all(manifest);
+  clock_.Advance(absl::Seconds(5) - absl::Milliseconds(10));
+  HeartbeatAllAndSchedule({w1, w2});
+  jobs_->FlushIo();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
+  EXPECT_EQ(LinesWith(log, "; trying again every 5 s (logged once a minute"), 3) << log;
+  EXPECT_EQ(LinesWith(log, "(13 writes of this manifest in a row failed over 1m)"), 1) << log;
+  EXPECT_EQ(LinesWith(log, "(25 writes of this manifest in a row failed over 2m)"), 1) << log;
+  EXPECT_EQ(LinesWith(log, "job " + id +
+                               ": the manifest of checkpoint manifest-failing/step-00000005 is "
+                               "written, after 25 failed writes over 2m5s"),
+            1)
+      << log;
+}
+
 // A job whose expired checkpoint cannot be removed: ElasticSpec(2, 5) with
 // keep 1 in a directory of its own, on two new workers, checkpointed at
 // step 5 (its unit files written too). Then step 5's directory is moved
@@ -5352,6 +5389,94 @@ TEST_F(JobManagerStoreTest, SavesFailing_ErrorLoggedOnceAMinuteJobCountedUntilAS
   EXPECT_EQ(LinesWith(later, "job " + id + ": its state is saved again, after 32 failed saves"), 1)
       << later;
   EXPECT_EQ(jobs.JobsWithFailedSave(), 0);
+}
+
+// A pruned job's delete is tried again every second while the store fails:
+// a WARNING each, for every pruned job, buried the cause. The first
+// failure is logged, then one a minute saying how many failed, and the
+// delete that succeeds says so. JobsWithFailedDelete (the metrics' gauge)
+// counts the job until then.
+TEST_F(JobManagerStoreTest, PrunedJobDeleteFailing_WarningOnceAMinuteJobCountedUntilDeleted) {
+  JobManagerOptions options = StoreOptions();
+  options.max_ended_jobs = 0;
+  JobManager jobs(&registry_, &hub_, &clock_, options);
+  const std::string id = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
+  store_.deletes_fail = true;
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.FlushIo();
+  ::testing::internal::CaptureStderr();
+  jobs.ScheduleQueued();  // prunes it; its delete fails
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  for (int pass = 0; pass < 120; ++pass) {  // 2 minutes of once-a-second retries
+    clock_.Advance(absl::Seconds(1));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    ASSERT_EQ(jobs.JobsWithFailedDelete(), 1) << pass;
+  }
+  store_.deletes_fail = false;
+  RetryPass(jobs);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string failed = "job " + id + ": pruned, but its stored state could not be deleted";
+  EXPECT_EQ(LinesWith(log, failed + ": UNAVAILABLE: the store is unreachable; deleting it again "
+                                    "every second (logged once a minute"),
+            1)
+      << log;
+  EXPECT_EQ(LinesWith(log, failed + " (61 deletes in a row failed over 1m): UNAVAILABLE"), 1)
+      << log;
+  EXPECT_EQ(LinesWith(log, failed + " (121 deletes in a row failed over 2m): UNAVAILABLE"), 1)
+      << log;
+  EXPECT_EQ(LinesWith(log, "could not be deleted"), 3) << log;
+  EXPECT_EQ(
+      LinesWith(log,
+                "job " + id + ": its stored state is deleted (after 121 failed deletes over 2m2s)"),
+      1)
+      << log;
+  EXPECT_EQ(jobs.JobsWithFailedDelete(), 0);
+  EXPECT_TRUE(state_.LoadJobs().value().empty());
+}
+
+// Likewise a submit left unsettled (its commit unconfirmed, and the delete
+// that would make sure of it failing): its first failed delete is logged,
+// then the retries once a minute, and the delete that settles it says so.
+TEST_F(JobManagerStoreTest, SubmitUnsettledDeleteFailing_WarningOnceAMinuteJobCountedUntilSettled) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
+  store_.puts_unconfirmed = true;
+  store_.deletes_fail = true;
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(jobs.Submit(ElasticSpec(1, 0, 5)).status().code(), absl::StatusCode::kUnavailable);
+  store_.puts_unconfirmed = false;
+  const std::string ghost = state_.LoadJobs().value().at(0).job().id();
+  EXPECT_EQ(jobs.JobsWithFailedDelete(), 1);
+  for (int pass = 0; pass < 120; ++pass) {  // 2 minutes of once-a-second retries
+    clock_.Advance(absl::Seconds(1));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    ASSERT_EQ(jobs.JobsWithFailedDelete(), 1) << pass;
+  }
+  store_.deletes_fail = false;
+  RetryPass(jobs);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(LinesWith(log, "job " + ghost +
+                               ": its submit failed (UNAVAILABLE: etcd Txn: DEADLINE_EXCEEDED), "
+                               "and the state store may hold it after all: deleting it failed "
+                               "(UNAVAILABLE: the store is unreachable)"),
+            1)
+      << log;
+  const std::string still = "job " + ghost +
+                            ": still cannot make sure the state store dropped it after its "
+                            "submit failed";
+  EXPECT_EQ(LinesWith(log, still + " (61 deletes in a row failed over 1m): UNAVAILABLE"), 1) << log;
+  EXPECT_EQ(LinesWith(log, still + " (121 deletes in a row failed over 2m): UNAVAILABLE"), 1)
+      << log;
+  EXPECT_EQ(LinesWith(log, "still cannot make sure"), 2) << log;
+  EXPECT_EQ(LinesWith(log, "job " + ghost +
+                               ": the state store dropped it after its submit failed (after 121 "
+                               "failed deletes over 2m2s); its paths are free"),
+            1)
+      << log;
+  EXPECT_EQ(jobs.JobsWithFailedDelete(), 0);
+  EXPECT_TRUE(state_.LoadJobs().value().empty());
 }
 
 }  // namespace

@@ -90,15 +90,22 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
     *stored.mutable_auto_layout_parallelism() = record.auto_layout_parallelism;
   }
   const std::string trimmed = FitStoredJob(MaxStoredJobBytes(), &stored);
-  // Once per stretch of trimmed saves; each one that cannot fit at all
-  // (its save fails, and SaveStoredJob says so too).
-  if (!trimmed.empty() &&
-      (!record.stored_record_trimmed || stored.ByteSizeLong() > MaxStoredJobBytes())) {
+  const absl::Time now = elapsed_clock_->Now();
+  // Once per stretch of trimmed saves. One that cannot fit at all (its save
+  // fails, and NoteFailedSaveLocked says so too) once a minute: at every
+  // save, it was a line a second while the job ran.
+  const bool unfit = stored.ByteSizeLong() > MaxStoredJobBytes();
+  if (!unfit) record.unfit_saves = FailureStretch{};
+  if (unfit ? NoteFailureLocked(record.unfit_saves)
+            : !trimmed.empty() && !record.stored_record_trimmed) {
     PT_LOG(WARNING) << "job " << record.job.id() << ": the state store keeps less of it than "
-                    << "this coordinator shows (a restart shows that): " << trimmed;
+                    << "this coordinator shows (a restart shows that): " << trimmed
+                    << (unfit ? absl::StrCat(record.unfit_saves.InARow(now, "saves"),
+                                             "; logged once a minute while it does not fit")
+                              : "");
   }
   record.stored_record_trimmed = !trimmed.empty();
-  record.last_persisted = elapsed_clock_->Now();
+  record.last_persisted = now;
   return stored;
 }
 
@@ -112,21 +119,29 @@ absl::Status JobManager::SaveStoredJob(const store::StoredJob& job, bool log_fai
   return saved;
 }
 
+bool JobManager::FailureStretch::Note(absl::Time now) {
+  if (count++ == 0) since = now;
+  if (now < next_log) return false;
+  next_log = now + absl::Minutes(1);
+  return true;
+}
+
+std::string JobManager::FailureStretch::InARow(absl::Time now, absl::string_view what) const {
+  if (count <= 1) return "";
+  return absl::StrCat(" (", count, " ", what, " in a row failed over ",
+                      absl::FormatDuration(now - since), ")");
+}
+
+bool JobManager::NoteFailureLocked(FailureStretch& stretch) {
+  return stretch.Note(elapsed_clock_->Now()) || stopping_;
+}
+
 void JobManager::NoteFailedSaveLocked(const std::string& id, const absl::Status& status) {
-  const absl::Time now = elapsed_clock_->Now();
-  SaveFailures& failures = save_failures_[id];
-  if (failures.count++ == 0) failures.since = now;
-  // A running job saves every second, and so does the retry of any job:
-  // an ERROR line each, for every job, while the store fails, buried the
-  // first one (its cause) under thousands an hour.
-  if (now < failures.next_log) return;
-  failures.next_log = now + absl::Minutes(1);
+  // A running job saves every second, and so does the retry of any job.
+  FailureStretch& failures = save_failures_[id];
+  if (!NoteFailureLocked(failures)) return;
   PT_LOG(ERROR) << "job " << id << ": could not save its state"
-                << (failures.count > 1
-                        ? absl::StrCat(" (", failures.count, " saves in a row failed over ",
-                                       absl::FormatDuration(now - failures.since), ")")
-                        : "")
-                << ": " << status
+                << failures.InARow(elapsed_clock_->Now(), "saves") << ": " << status
                 << "; saving it again every second (logged once a minute until a save succeeds; "
                    "a restart meanwhile restores the job as last saved)";
 }
@@ -358,13 +373,45 @@ int JobManager::JobsWithFailedSave() const {
   return static_cast<int>(save_failures_.size());
 }
 
-void JobManager::DeleteStoredJob(const std::string& id) {
-  const absl::Status deleted = options_.state->DeleteJob(id);
-  if (deleted.ok()) return;
-  PT_LOG(WARNING) << "job " << id << ": pruned, but its stored state could not be deleted ("
-                  << deleted << "); trying again";
+int JobManager::JobsWithFailedDelete() const {
   AnnotatedMutexLock lock(&mu_);
+  return static_cast<int>(delete_failures_.size());
+}
+
+absl::Status JobManager::DeleteFromStore(const std::string& id) const {
+  absl::Status deleted = options_.state->DeleteJob(id);
+  if (!deleted.ok() && events_.state_delete_failed) events_.state_delete_failed();
+  return deleted;
+}
+
+std::string JobManager::NoteDeletedLocked(const std::string& id) {
+  auto it = delete_failures_.find(id);
+  if (it == delete_failures_.end()) return "";
+  const std::string after =
+      absl::StrCat(" (after ", it->second.count, " failed deletes over ",
+                   absl::FormatDuration(elapsed_clock_->Now() - it->second.since), ")");
+  delete_failures_.erase(it);
+  return after;
+}
+
+void JobManager::DeleteStoredJob(const std::string& id) {
+  const absl::Status deleted = DeleteFromStore(id);
+  AnnotatedMutexLock lock(&mu_);
+  if (deleted.ok()) {
+    if (const std::string after = NoteDeletedLocked(id); !after.empty()) {
+      PT_LOG(INFO) << "job " << id << ": its stored state is deleted" << after;
+    }
+    return;
+  }
   undeleted_.insert(id);
+  // Tried again every second while the store fails (a line each, for
+  // every pruned job, buried the cause).
+  FailureStretch& failures = delete_failures_[id];
+  if (!NoteFailureLocked(failures)) return;
+  PT_LOG(WARNING) << "job " << id << ": pruned, but its stored state could not be deleted"
+                  << failures.InARow(elapsed_clock_->Now(), "deletes") << ": " << deleted
+                  << "; deleting it again every second (logged once a minute until a delete "
+                     "succeeds; a restart meanwhile brings the job back)";
 }
 
 void JobManager::RetryDeletesLocked() {

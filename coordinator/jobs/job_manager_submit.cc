@@ -757,7 +757,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   // the leader changed): the job would come back after a restart or a
   // failover although the caller was told otherwise. It is deleted again;
   // only when that commits is "nothing was submitted" sure.
-  const absl::Status forgotten = saved.ok() ? absl::OkStatus() : options_.state->DeleteJob(job_id);
+  const absl::Status forgotten = saved.ok() ? absl::OkStatus() : DeleteFromStore(job_id);
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = submitting_.find(job_id);
@@ -766,6 +766,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       // a job that comes back after a restart must not meet another one
       // given its paths or its request meanwhile.
       it->second->unsettled = true;
+      // The first failed delete of a stretch SettleSubmitsLocked goes on
+      // with (the caller is told; the log was not).
+      if (NoteFailureLocked(delete_failures_[job_id])) {
+        PT_LOG(WARNING) << "job " << job_id << ": its submit failed (" << saved
+                        << "), and the state store may hold it after all: deleting it failed ("
+                        << forgotten
+                        << "); deleting it again every second (logged once a minute until a "
+                           "delete succeeds)";
+      }
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably (", saved.message(),
           ") nor make sure the state store dropped it (", forgotten.message(),
@@ -805,18 +814,25 @@ void JobManager::SettleSubmitsLocked() {
     any = true;
     record->settling = true;
     io_.Post([this, id = id] {
-      const absl::Status deleted = options_.state->DeleteJob(id);
+      const absl::Status deleted = DeleteFromStore(id);
       AnnotatedMutexLock lock(&mu_);
       auto it = submitting_.find(id);
       if (it == submitting_.end()) return;
       if (!deleted.ok()) {
         it->second->settling = false;  // tried again next second
+        // A line at each try, for every such submit, buried the cause
+        // while the store failed.
+        FailureStretch& failures = delete_failures_[id];
+        if (!NoteFailureLocked(failures)) return;
         PT_LOG(WARNING) << "job " << id << ": still cannot make sure the state store dropped it "
-                        << "after its submit failed: " << deleted;
+                        << "after its submit failed"
+                        << failures.InARow(elapsed_clock_->Now(), "deletes") << ": " << deleted
+                        << "; deleting it again every second (logged once a minute until a "
+                           "delete succeeds)";
         return;
       }
-      PT_LOG(INFO) << "job " << id
-                   << ": the state store dropped it after its submit failed; its paths are free";
+      PT_LOG(INFO) << "job " << id << ": the state store dropped it after its submit failed"
+                   << NoteDeletedLocked(id) << "; its paths are free";
       submitting_.erase(it);
     });
   }

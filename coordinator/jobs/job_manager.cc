@@ -189,7 +189,13 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
       cancelled.mutable_progress()->clear_loss_history();
       return cancelled;
     }
-    if (!unsaved_cancel) EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    if (!unsaved_cancel) {
+      EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+      // Until the wait below says how the save went: a repeat meanwhile (a
+      // REST cancel beside a gRPC one) saves again and waits too, rather
+      // than being told at once that the cancel is recorded.
+      record->cancel_unconfirmed = true;
+    }
     // Answered once the store has the cancel: a coordinator that dies right
     // after must not restore the job RUNNING. This save, queued after
     // EndLocked's, says whether it has.

@@ -5314,6 +5314,33 @@ TEST_F(JobManagerStoreTest, CancelSaveStalled_AnsweredWithinTheCallersDeadline) 
   ASSERT_EQ(jobs.Cancel(id, absl::Milliseconds(50)).value().state(), v1::JOB_STATE_CANCELLED);
 }
 
+// A repeat while the first cancel's save is still in flight is not told
+// the cancel is recorded: it saves again and waits as the first does (two
+// callers at once, e.g. a REST cancel beside a gRPC one). Before, it was
+// answered OK at once, and a save that then failed (or a coordinator that
+// died) brought the job back after the caller was told it was cancelled.
+TEST_F(JobManagerStoreTest, CancelRepeatedWhileTheFirstSaveIsInFlight_WaitsForTheSaveToo) {
+  JobManagerOptions options = StoreOptions();
+  options.cancel_save_wait = absl::Hours(1);
+  JobManager jobs(&registry_, &hub_, &clock_, options);
+  const std::string id = jobs.Submit(ElasticSpec(1, 5)).value().id();
+  jobs.FlushIo();
+  store_.Hold();
+  absl::StatusOr<v1::Job> first;
+  std::thread canceller([&] { first = jobs.Cancel(id); });
+  // The first cancel ended the job, and its save waits on the store (not
+  // ASSERT: the thread must be joined whatever happens).
+  EXPECT_TRUE(store_.AwaitWaiting(1));
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  const absl::StatusOr<v1::Job> repeat = jobs.Cancel(id, absl::Milliseconds(50));
+  EXPECT_EQ(repeat.status().code(), absl::StatusCode::kUnavailable) << repeat.status();
+  store_.Release();
+  canceller.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);  // recorded now
+}
+
 TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   auto restored_state = [&](const std::string& id) {
     JobManager fresh(&registry_, &hub_, &clock_, StoreOptions());
@@ -5349,7 +5376,7 @@ TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
     jobs.FlushIo();
     EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);
     // Recorded by the retry before the user asked again: still answered as
-    // a first cancel (what the UNAVAILABLE said to do), then as ended.
+    // a first cancel (what the UNAVAILABLE said to do), then as a repeat.
     EXPECT_EQ(jobs.Cancel(id2).value().state(), v1::JOB_STATE_CANCELLED);
     EXPECT_EQ(jobs.Cancel(id2).value().state(), v1::JOB_STATE_CANCELLED);  // a repeat
   }

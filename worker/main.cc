@@ -179,7 +179,8 @@ int Run(const std::vector<std::string>& args) {
   flags.String("memory-reserve", &f.memory_reserve,
                "memory kept out of what the coordinator plans with, e.g. 1G, for what its plans "
                "do not count (received tensors up to --mailbox-limit, the corpus, the "
-               "allocator): the worker offers its memory limit less this (default none)");
+               "allocator): a CPU worker is planned with its memory limit, or its share of the "
+               "host's RAM, less this (default none)");
   flags.String("mailbox-limit", &f.mailbox_limit,
                "most bytes of received tensors waiting for their stage at once, e.g. 4G; "
                "frames beyond it are refused");
@@ -325,14 +326,17 @@ int Run(const std::vector<std::string>& args) {
     parsed = bytes.status();
     memory_limit = bytes.value_or(0);
   }
+  int64_t memory_reserve = 0;
   if (parsed.ok() && !f.memory_reserve.empty()) {
     absl::StatusOr<int64_t> reserve = ParseByteSize("memory-reserve", f.memory_reserve);
-    absl::StatusOr<int64_t> offered =
-        reserve.ok() ? ReservedMemoryLimit(
-                           EffectiveMemoryLimit(ProcessMemoryLimit(), 0, memory_limit), *reserve)
-                     : reserve.status();
-    parsed = offered.status();
-    memory_limit = offered.value_or(0);
+    // Reported apart (DeviceInfo.memory_reserve_bytes): the coordinator
+    // takes it off the worker's own limit or its share of the host's RAM.
+    parsed = reserve.ok()
+                 ? ReservedMemoryLimit(EffectiveMemoryLimit(ProcessMemoryLimit(), 0, memory_limit),
+                                       *reserve)
+                       .status()
+                 : reserve.status();
+    memory_reserve = reserve.value_or(0);
   }
   MailboxLimits mailbox_limits;
   if (parsed.ok()) {
@@ -434,6 +438,7 @@ int Run(const std::vector<std::string>& args) {
   options.backend = backend->backend;
   options.session = &session;
   options.memory_limit_bytes = memory_limit;
+  options.memory_reserve_bytes = memory_reserve;
   options.data_roots = data_roots;
   options.checkpoint_root = f.checkpoint_root;
   options.checkpoint_hold = *checkpoint_hold;

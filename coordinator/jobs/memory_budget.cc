@@ -22,7 +22,17 @@ struct Budget {
   // draws from (as `shared` names it for the others), which its limit
   // leaves the sharers less of.
   std::string claims_from;
+  // Kept out of the plans from what it gets (DeviceInfo.memory_reserve_bytes;
+  // host memory, so a CPU worker's only). Its own limit still claims the
+  // whole from the host's RAM: the reserve is memory it uses.
+  double reserve = 0;
 };
+
+// What a plan may use of `budget` once `reserve` is kept out: at least a
+// byte (0 would read as unlimited); an unlimited (0) budget stays so.
+double LessReserve(double budget, double reserve) {
+  return budget <= 0 ? budget : std::max(1.0, budget - reserve);
+}
 
 // A sharer's part of a memory of `bytes` that `sharers` workers share beside
 // `claims` bytes of others' own limits on its host: at least a byte (0
@@ -47,6 +57,7 @@ Budget BudgetOf(const v1::Worker& w) {
   }
   const int64_t limit = d.memory_limit_bytes() > 0 ? d.memory_limit_bytes() : d.memory_bytes();
   b.bytes = static_cast<double>(limit);
+  b.reserve = static_cast<double>(d.memory_reserve_bytes());
   if (!d.hostname().empty() && limit >= d.memory_bytes()) {
     b.shared = HostRam(d);
   } else if (!d.hostname().empty()) {
@@ -75,10 +86,11 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
   std::vector<double> out;
   for (const Budget& b : budgets) {
     if (b.shared.empty() || b.bytes <= 0) {  // its own, or unreported: unlimited
-      out.push_back(b.bytes);
+      out.push_back(LessReserve(b.bytes, b.reserve));
       continue;
     }
-    out.push_back(SharerBudget(b.bytes, claimed[b.shared].first, sharers[b.shared]));
+    out.push_back(
+        LessReserve(SharerBudget(b.bytes, claimed[b.shared].first, sharers[b.shared]), b.reserve));
   }
   if (shared != nullptr) {
     std::vector<std::string> parts;
@@ -100,7 +112,12 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
 
 std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers) {
   std::vector<v1::Worker> on_the_host = workers;
-  for (v1::Worker& w : on_the_host) w.mutable_device()->clear_gpu_model();
+  for (v1::Worker& w : on_the_host) {
+    w.mutable_device()->clear_gpu_model();
+    // The corpus bound (a third of this) is one of the things the reserve
+    // is kept for, not taken out of it again.
+    w.mutable_device()->clear_memory_reserve_bytes();
+  }
   return PlanMemoryBudgets(on_the_host);
 }
 

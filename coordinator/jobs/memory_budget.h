@@ -35,7 +35,9 @@ namespace pipetrain {
 //    (or above) it, the host's RAM is, by the plan's CPU workers with the
 //    same hostname that rely on it, less the own limits of the plan's
 //    other workers on that host (at least 1 byte each: a budget of
-//    nothing, never unlimited).
+//    nothing, never unlimited); either less its memory_reserve_bytes
+//    (--memory-reserve: kept out of plans), at least 1 byte. Its own
+//    limit claims the whole from the sharers, the reserve included.
 // Workers that report no hostname share nothing (nothing says where they
 // run). `shared` (may be null) gets what was divided, for messages, e.g.
 // "host vm's RAM shared by 4 workers"; empty when nothing was.
@@ -47,7 +49,8 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
 // counted as CPU ones: a GPU worker's corpus and host copies live in the
 // host's RAM, whatever its device's memory (Assignment.host_memory_budget_
 // bytes). Eight GPU workers of a host without limits of their own each
-// held their corpus to a third of the whole RAM.
+// held their corpus to a third of the whole RAM. No reserve is taken out
+// (the corpus is what it is kept for).
 std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
 
 // Which `count` of `workers` have the most memory for a plan: indices into

@@ -67,6 +67,31 @@ TEST(PlanMemoryBudgetsTest, OwnLimitsBelowTheRam_KeptAndTakenFromTheSharedRam) {
   EXPECT_EQ(PlanMemoryBudgets(full), (std::vector<double>{10.0 * kGiB, 10.0 * kGiB, 1.0}));
 }
 
+// A worker's --memory-reserve (DeviceInfo.memory_reserve_bytes) comes off
+// what it gets, its own limit or its share of the RAM; a limit of its own
+// still claims the whole from the sharers. Sharers with reserves stay
+// sharers (their limit is the RAM): before, a worker took its reserve off
+// the limit it reported, which then read as a limit of its own below the
+// RAM, and two on a 64 GiB host were each planned with 63 GiB. Its share
+// of the host's RAM for the corpus keeps the reserve (what it is for).
+TEST(PlanMemoryBudgetsTest, Reserve_TakenOffTheBudgetSharersStillShare) {
+  v1::Worker sharer = CpuWorker("node", 64 * kGiB, 64 * kGiB);
+  sharer.mutable_device()->set_memory_reserve_bytes(kGiB);
+  v1::Worker own = CpuWorker("node", 64 * kGiB, 16 * kGiB);
+  own.mutable_device()->set_memory_reserve_bytes(4 * kGiB);
+  EXPECT_EQ(PlanMemoryBudgets({sharer, sharer}), (std::vector<double>{31.0 * kGiB, 31.0 * kGiB}));
+  EXPECT_EQ(PlanMemoryBudgets({sharer, own}), (std::vector<double>{47.0 * kGiB, 12.0 * kGiB}));
+  EXPECT_EQ(HostRamBudgets({sharer, own}), (std::vector<double>{48.0 * kGiB, 16.0 * kGiB}));
+  // A reserve of all of it leaves a byte, never unlimited; an unreported
+  // memory stays unlimited.
+  v1::Worker all = CpuWorker("node", 8 * kGiB, 4 * kGiB);
+  all.mutable_device()->set_memory_reserve_bytes(4 * kGiB);
+  EXPECT_EQ(PlanMemoryBudgets({all}), (std::vector<double>{1.0}));
+  v1::Worker unreported = CpuWorker("", 0, 0);
+  unreported.mutable_device()->set_memory_reserve_bytes(kGiB);
+  EXPECT_EQ(PlanMemoryBudgets({unreported}), (std::vector<double>{0.0}));
+}
+
 // Without a hostname nothing says where a worker runs: each keeps its own.
 TEST(PlanMemoryBudgetsTest, NoHostname_NothingShared) {
   const std::vector<v1::Worker> w(2, CpuWorker("", 24 * kGiB, 0));

@@ -42,11 +42,13 @@ int64_t PhysicalMemoryBytes();
 // physical memory and its cgroup's limit (EffectiveMemoryLimit).
 int64_t ProcessMemoryLimit();
 
-// What a worker offers the coordinator's plans of its memory `limit`
-// (bytes) once `reserve` (--memory-reserve) is kept for what the plans do
-// not count (received tensors up to --mailbox-limit, the corpus, the
-// allocator's own): limit - reserve. INVALID_ARGUMENT when `reserve` is
-// negative or leaves nothing.
+// What is left of a worker's memory `limit` (bytes) once `reserve`
+// (--memory-reserve) is kept for what the plans do not count (received
+// tensors up to --mailbox-limit, the corpus, the allocator's own): limit -
+// reserve; the worker checks at start that some is. (The coordinator takes
+// the reserve off the worker's own limit or its share of the host's RAM:
+// memory_budget.h.) INVALID_ARGUMENT when `reserve` is negative or leaves
+// nothing.
 absl::StatusOr<int64_t> ReservedMemoryLimit(int64_t limit, int64_t reserve);
 
 // Parses a byte count with an optional binary suffix: "512M", "8G", "1.5T",

@@ -127,6 +127,7 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   device_ = CollectDeviceInfo(options_.backend);
   device_.set_memory_limit_bytes(
       EffectiveMemoryLimit(device_.memory_limit_bytes(), 0, options_.memory_limit_bytes));
+  device_.set_memory_reserve_bytes(options_.memory_reserve_bytes);
   device_.set_gpu_index(options_.backend->device_facts().index);
   device_.set_link_bandwidth_bytes_per_second(options_.emulated_bandwidth_bytes_per_second);
   device_.set_link_latency_seconds(options_.emulated_latency_seconds);

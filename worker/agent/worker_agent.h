@@ -99,6 +99,9 @@ struct WorkerAgentOptions {
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.
   int64_t memory_limit_bytes = 0;
+  // --memory-reserve: DeviceInfo.memory_reserve_bytes, which the
+  // coordinator takes off what it plans this worker with. 0: none.
+  int64_t memory_reserve_bytes = 0;
   // The data plane serves and dials with TLS (--data-tls-*), reported at
   // registration (RegisterWorkerRequest.data_plane_tls).
   bool data_plane_tls = false;

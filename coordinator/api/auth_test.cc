@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -25,13 +26,16 @@
 #include "common/clock.h"
 #include "common/grpc_credentials.h"
 #include "common/http_server.h"
+#include "common/secrets.h"
 #include "coordinator/api/bad_specs_testing.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
+#include "coordinator/api/page_cursor.h"
 #include "coordinator/api/rest_service.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/registration_limits.h"
 #include "coordinator/registry/worker_registry.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -374,6 +378,92 @@ TEST_F(AuthTest, RequestBytes_ParsedOnlyAfterTheCredentialAndTheSizeBound) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_TRUE(absl::StrContains(s.error_message(), "request_id")) << s.error_message();
   EXPECT_EQ(Snapshot(), before);
+}
+
+// Every request bounded by kMaxSmallRequestBytes, with each field a client
+// sets at its documented bound, fits in half of it: a field added later
+// that pushes a legitimate request past the bound fails here, not as a
+// RESOURCE_EXHAUSTED a worker retries for ever.
+TEST(SmallRequestBound, EveryFieldAtItsBound_FitsInHalf) {
+  const std::string id(kMaxIdBytes, 'i');
+  v1::RegisterWorkerRequest join;
+  join.set_join_token(std::string(kMaxSecretBytes, 't'));
+  v1::DeviceInfo* d = join.mutable_device();
+  d->set_hostname(std::string(kMaxNameBytes, 'h'));
+  d->set_cpu_model(std::string(kMaxDescriptionBytes, 'c'));
+  d->set_gpu_model(std::string(kMaxDescriptionBytes, 'g'));
+  d->set_backend(std::string(kMaxDescriptionBytes, 'b'));
+  d->set_gpu_pci_bus_id(std::string(kMaxPciBusIdBytes, 'p'));
+  d->set_nccl_unique_id(std::string(kMaxNcclIdBytes, 'n'));
+  d->set_cpu_cores(kMaxCpuCores);
+  d->set_compute_threads(kMaxCpuCores);
+  d->set_gpu_sm_count(kMaxCpuCores);
+  d->set_gpu_index(kMaxCpuCores);
+  d->set_memory_bytes(kMaxMemoryBytes);
+  d->set_memory_limit_bytes(kMaxMemoryBytes);
+  d->set_gpu_memory_bytes(kMaxMemoryBytes);
+  d->set_memory_reserve_bytes(kMaxMemoryBytes);
+  d->set_measured_gflops(kMaxGflops);
+  d->set_link_bandwidth_bytes_per_second(1e13);
+  d->set_link_latency_seconds(1);
+  d->set_data_plane_overhead_seconds(kMaxDataPlaneOverheadSeconds);
+  d->set_data_plane_bytes_per_second(kMaxDataPlaneBytesPerSecond);
+  join.set_data_address(std::string(kMaxAddressBytes, 'a'));
+  join.set_metrics_address(std::string(kMaxAddressBytes, 'm'));
+  join.set_node_name(std::string(kMaxNameBytes, 'n'));
+  join.set_drained(true);
+  join.set_previous_incarnation(std::numeric_limits<int64_t>::max());
+  join.mutable_build()->set_version(std::string(kMaxBuildFieldBytes, 'v'));
+  join.mutable_build()->set_commit(std::string(kMaxBuildFieldBytes, 'c'));
+  join.set_data_plane_tls(true);
+  join.set_registration_id(std::string(kMaxRegistrationIdBytes, 'r'));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(id);
+  beat.set_incarnation(std::numeric_limits<int64_t>::max());
+  beat.set_current_instruction(std::string(kMaxDescriptionBytes, 'x'));
+  beat.set_nccl_unique_id(std::string(kMaxNcclIdBytes, 'n'));
+  beat.set_last_job_id(std::string(kMaxDescriptionBytes, 'j'));
+  v1::ListJobsRequest list_jobs;
+  list_jobs.set_page_size(1000);
+  list_jobs.set_page_token(std::string(kMaxPageTokenBytes, 'p'));
+  list_jobs.set_view(v1::JOB_VIEW_FULL);
+  v1::ListWorkersRequest list_workers;
+  list_workers.set_page_size(1000);
+  list_workers.set_page_token(std::string(kMaxPageTokenBytes, 'p'));
+  v1::GetJobRequest get;
+  get.set_id(id);
+  get.set_view(v1::JOB_VIEW_FULL);
+  v1::CancelJobRequest cancel;
+  cancel.set_id(id);
+  v1::GetPlanRequest plan;
+  plan.set_job_id(id);
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id(id);
+  v1::DeregisterWorkerRequest leave;
+  leave.set_worker_id(id);
+  leave.set_incarnation(std::numeric_limits<int64_t>::max());
+  v1::WatchAssignmentsRequest watch;
+  watch.set_worker_id(id);
+  watch.set_incarnation(std::numeric_limits<int64_t>::max());
+  const std::vector<const google::protobuf::Message*> requests = {
+      &join, &beat, &list_jobs, &list_workers, &get, &cancel, &plan, &drain, &leave, &watch};
+  for (const google::protobuf::Message* request : requests) {
+    SCOPED_TRACE(request->GetTypeName());
+    EXPECT_LE(request->ByteSizeLong(), kMaxSmallRequestBytes / 2);
+  }
+  // Every field of those messages is set above: one added without a bound
+  // here fails this count.
+  std::vector<const google::protobuf::Message*> messages = requests;
+  messages.push_back(&join.device());
+  messages.push_back(&join.build());
+  size_t fields = 0, set = 0;
+  for (const google::protobuf::Message* request : messages) {
+    std::vector<const google::protobuf::FieldDescriptor*> present;
+    request->GetReflection()->ListFields(*request, &present);
+    fields += request->GetDescriptor()->field_count();
+    set += present.size();
+  }
+  EXPECT_EQ(set, fields) << "a request field without a bound in this test";
 }
 
 TEST_F(AuthTest, RightCredentials_SameCallsSucceed) {

@@ -118,6 +118,7 @@
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/confined_path.h"
 #include "common/data_plane_keys.h"
 #include "common/job_state.h"
 #include "common/link_model.h"
@@ -318,6 +319,10 @@ struct JobManagerOptions {
   // Tests: called off the job manager's lock just before a job's weights
   // file is created (by the upload that creates it).
   std::function<void()> before_weights_file_created;
+  // The bytes free to this process on the file system of the directory
+  // `dir_fd` (open), at submit; nullopt when unknown. Null: fstatvfs.
+  // Tests set it to stand in for a full disk.
+  std::function<std::optional<double>(int dir_fd)> free_bytes_for_testing;
 };
 class JobManager {
  public:
@@ -1278,6 +1283,13 @@ class JobManager {
   // CheckPaths past CheckOutputDirGiven: the paths' confinement, with the
   // filesystem's codes (CheckPaths maps them to a submit's).
   absl::Status CheckPathsConfined(const ResolvedJobSpec& resolved) const;
+  // FAILED_PRECONDITION when the file system `parent` (the weights file's
+  // directory, or the output directory while that one is to be created)
+  // lies on has less free room than the final weights of `model` take: a
+  // job learnt it only after its last step (a full volume shared with the
+  // state and the checkpoints). At submit only, and the checkpoints'
+  // bytes are not counted: the room may still run out later.
+  absl::Status CheckRoomForFinalWeights(const ConfinedParent& parent, const GptConfig& model) const;
   // CheckPaths' first check: a job that writes weights or checkpoints
   // needs options_.output_dir (INVALID_ARGUMENT naming the field). Also
   // at Restore: a coordinator restarted without --output-dir fails such

@@ -1,13 +1,17 @@
 // JobManager: admitting a job (Submit): its paths within the operator's
 // roots and not another job's, the source of its initial weights, and the
 // bounds a spec must meet before anything is kept. Contracts: job_manager.h.
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -144,7 +148,49 @@ absl::Status CheckGrowthHasCheckpoints(const v1::JobSpec& spec) {
       "or leave max_workers out"));
 }
 
+// The bytes of a job's final weights file: every parameter tensor once
+// (wte, tied to the head, once), as fp32; the header's few KiB left out.
+double FinalWeightsBytes(const GptConfig& model) {
+  std::set<std::string> seen;
+  double bytes = 0;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (!seen.insert(p.name).second) continue;
+      double numel = 1;
+      for (int64_t d : p.shape) numel *= static_cast<double>(d);
+      bytes += 4 * numel;
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
+
+absl::Status JobManager::CheckRoomForFinalWeights(const ConfinedParent& parent,
+                                                  const GptConfig& model) const {
+  // The directory the file goes into, or, where a directory on its way is
+  // not there yet (the write creates it), the output directory itself.
+  ScopedFd root;
+  int dir = parent.dir.get();
+  if (dir < 0) {
+    root = ScopedFd(open(options_.output_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    dir = root.get();
+  }
+  std::optional<double> free_bytes;
+  if (options_.free_bytes_for_testing) {
+    free_bytes = options_.free_bytes_for_testing(dir);
+  } else if (struct statvfs fs; dir >= 0 && fstatvfs(dir, &fs) == 0) {
+    free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+  }
+  const double need = FinalWeightsBytes(model);
+  if (!free_bytes.has_value() || need <= *free_bytes)
+    return absl::OkStatus();  // unknown: the write says
+  return absl::FailedPreconditionError(absl::StrCat(
+      "spec.output.weights_path: the final weights take ", static_cast<int64_t>(need),
+      " bytes, but the file system of ", kOutputDirFlag, " has ", static_cast<int64_t>(*free_bytes),
+      " free: the job would train to its end and fail writing them; free space there (ask the "
+      "operator) or leave weights_path out"));
+}
 
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
   RETURN_IF_ERROR(CheckOutputDirGiven(resolved));
@@ -154,10 +200,11 @@ absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
 absl::Status JobManager::CheckPathsConfined(const ResolvedJobSpec& resolved) const {
   const std::string& weights = resolved.spec.output().weights_path();
   if (!weights.empty()) {
-    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag,
-                                       "spec.output.weights_path", weights,
-                                       /*create_dirs=*/false)
-                        .status());
+    ASSIGN_OR_RETURN(
+        const ConfinedParent parent,
+        OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
+                           /*create_dirs=*/false));
+    RETURN_IF_ERROR(CheckRoomForFinalWeights(parent, resolved.train.model));
   }
   const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();
   if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {

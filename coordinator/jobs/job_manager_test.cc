@@ -3067,6 +3067,56 @@ TEST(JobManagerWeightsFileTest, CreatedOffTheLock_OtherCallsGoOnMeanwhile) {
   ASSERT_TRUE(jobs.Cancel(id).ok());
 }
 
+// A job whose final weights would not fit the output directory's file
+// system is refused at submit (FAILED_PRECONDITION naming both sizes): it
+// trained to its end and failed writing them. Room enough, or room not
+// known, and it is taken; a job without weights_path is not checked.
+TEST(JobManagerWeightsFileTest, NoRoomForTheFinalWeights_RefusedAtSubmit) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
+  AssignmentHub hub;
+  std::optional<double> free_bytes = 1000;
+  int asked = 0;
+  JobManagerOptions options{.output_dir = OutputDir()};
+  options.free_bytes_for_testing = [&](int dir_fd) {
+    EXPECT_GE(dir_fd, 0);
+    ++asked;
+    return free_bytes;
+  };
+  JobManager jobs(&registry, &hub, &clock, options);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("not-yet-there/final.safetensors");
+  const absl::StatusOr<v1::Job> refused = jobs.Submit(spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  double need = 0;
+  std::set<std::string> seen;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (!seen.insert(p.name).second) continue;
+      double numel = 1;
+      for (int64_t d : p.shape) numel *= static_cast<double>(d);
+      need += 4 * numel;
+    }
+  }
+  EXPECT_TRUE(absl::StrContains(
+      refused.status().message(),
+      absl::StrCat("spec.output.weights_path: the final weights take ", static_cast<int64_t>(need),
+                   " bytes, but the file system of the "
+                   "coordinator's --output-dir has 1000 free")))
+      << refused.status();
+  free_bytes = need;
+  EXPECT_TRUE(jobs.Submit(spec).ok());
+  spec.mutable_output()->set_weights_path("other/final.safetensors");
+  free_bytes = std::nullopt;
+  EXPECT_TRUE(jobs.Submit(spec).ok());
+  EXPECT_EQ(asked, 3);
+  spec.mutable_output()->clear_weights_path();
+  free_bytes = 0;
+  EXPECT_TRUE(jobs.Submit(spec).ok());
+  EXPECT_EQ(asked, 3);
+}
+
 TEST(JobManagerBackgroundTest, CancelsAndLossesWhilePlanning_StateStaysConsistent) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});

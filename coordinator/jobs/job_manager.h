@@ -740,9 +740,13 @@ class JobManager {
     // again by the scheduling pass on a backoff (RetryExpiringLocked), not
     // at the next save.
     std::vector<ExpiredCheckpoint> expiring;
-    // The last failed checkpoint report counted ("plan version/stage/step"):
-    // the same one again is a retry, not another failure.
-    std::string last_checkpoint_error;
+    // Each stage's last failed checkpoint report counted, by stage ("plan
+    // version/step"): the same one again is a retry, not another failure.
+    // By stage: one key for the job took a stage's retry for a new failure
+    // once another stage's failure came between (a full disk fails them
+    // all at once). A stage writes its checkpoints in order, so its last
+    // is the one a retry repeats.
+    std::map<int, std::string> last_checkpoint_error_by_stage;
     int recoveries_without_progress = 0;
     // The furthest step any complete checkpoint reached (stored, so a
     // restart does not lower it to the latest); only a checkpoint beyond

@@ -63,9 +63,10 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // A report sent again after its answer was lost (ReportWithRetries)
   // changes nothing: it must not count twice in the metrics or the job.
   if (!c.error().empty()) {
-    const std::string key = absl::StrCat(record.job.plan_version(), "/", stage, "/", c.step());
-    if (record.last_checkpoint_error == key) return absl::OkStatus();
-    record.last_checkpoint_error = key;
+    const std::string key = absl::StrCat(record.job.plan_version(), "/", c.step());
+    std::string& last = record.last_checkpoint_error_by_stage[stage];
+    if (last == key) return absl::OkStatus();
+    last = key;
   } else {
     const v1::UnitRange& owned = record.plan.stages(stage).backward();
     const bool all_owned = std::all_of(c.units().begin(), c.units().end(), [&](const auto& f) {

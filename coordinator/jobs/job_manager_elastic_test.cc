@@ -2475,6 +2475,13 @@ TEST_F(JobManagerElasticTest, CheckpointReportRepeated_CountedOnce) {
   for (int step = 11; step <= 15; ++step) Step(id, step);
   ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 15)).ok());
   EXPECT_EQ(failed, 2);
+  // Another stage's failure of that step counts; the first stage's repeat
+  // after it does not (one key for the job took it for a new failure).
+  ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w1, 15)).ok());
+  EXPECT_EQ(failed, 3);
+  ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 15)).ok());
+  EXPECT_EQ(failed, 3);
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_failures(), 2);
 }
 
 // A drain stops every stage after the boundary step's checkpoint. If a

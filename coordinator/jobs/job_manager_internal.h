@@ -25,13 +25,6 @@ namespace pipetrain::job_manager_internal {
 // Also a checkpoint's write_seconds.
 inline constexpr double kMaxReportedStepSeconds = 1e6;
 
-// The GEMM rate `w`'s cores reach: on the CPU, the best start-up probe of
-// the workers in `workers` on w's host (they compute on the same cores; a
-// probe taken while others probed too measures that contention, which the
-// planner models itself, coordinator/planner/host_sharing.h); on a GPU,
-// w's own. (job_manager_placement.cc)
-double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w);
-
 // The sizes `model`'s shape gives each unit for `request` on workers that
 // run attention as `attention` (the analytic profile's), and its FLOPs as
 // seconds at kModelSizesFlopsPerSecond: what a worker's profile must agree

@@ -15,6 +15,7 @@
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "common/utf8_prefix.h"
+#include "coordinator/jobs/host_gflops.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
@@ -25,26 +26,10 @@
 
 namespace pipetrain {
 
-using job_manager_internal::HostGflops;
 using job_manager_internal::IsGoneWorker;
 using job_manager_internal::MarkedInIncarnation;
 using job_manager_internal::ModelSizes;
 using job_manager_internal::NotAmong;
-
-namespace job_manager_internal {
-
-double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
-  double best = w.device().measured_gflops();
-  if (!w.device().gpu_model().empty() || w.device().hostname().empty()) return best;
-  for (const v1::Worker& other : workers) {
-    if (other.device().hostname() == w.device().hostname() && other.device().gpu_model().empty()) {
-      best = std::max(best, other.device().measured_gflops());
-    }
-  }
-  return best;
-}
-
-}  // namespace job_manager_internal
 
 namespace {
 

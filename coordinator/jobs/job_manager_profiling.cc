@@ -11,6 +11,7 @@
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
+#include "coordinator/jobs/host_gflops.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
@@ -20,7 +21,6 @@
 
 namespace pipetrain {
 
-using job_manager_internal::HostGflops;
 using job_manager_internal::ModelSizes;
 
 namespace {

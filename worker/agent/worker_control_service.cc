@@ -90,15 +90,20 @@ grpc::Status WorkerControlService::RunProfile(const v1::ProfileRequest& request,
                << request.micro_batch_size() << ") for " << peer;
   absl::StatusOr<SelectedBackend> backend =
       make_backend_ != nullptr ? make_backend_() : SelectBackend("cpu", "fp32");
-  // Between units: a worker shutting down, or a caller gone, ends it (a
-  // profile of a large model takes minutes, and shutdown waits for it).
-  const ProfileProgressFn go_on = [this, context](int, const std::string&) {
+  // Between passes: a worker shutting down, or a caller gone (its
+  // deadline passed: the coordinator plans without this profile, and may
+  // give this worker a job at once), ends it within a pass (a profile of a
+  // large model takes minutes, and shutdown waits for it).
+  const ProfileStopCheck go_on = [this, context]() {
     if (stopping_.load()) return absl::CancelledError("the worker is shutting down");
     if (context->IsCancelled()) return absl::CancelledError("the caller went away");
     return absl::OkStatus();
   };
   absl::StatusOr<v1::ModelProfile> profile =
-      backend.ok() ? ProfileUnits(request, go_on, backend->backend) : backend.status();
+      backend.ok() ? ProfileUnits(
+                         request, [&go_on](int, const std::string&) { return go_on(); },
+                         backend->backend, go_on)
+                   : backend.status();
   if (!profile.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(profile.status().code()),
                         std::string(profile.status().message()));

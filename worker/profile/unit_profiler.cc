@@ -259,9 +259,12 @@ double TimedOptimizerStep(Unit& unit, AdamWOptimizer& optimizer) {
 }
 
 // Profiles unit `index` on `input` (null for embed) and returns its output,
-// the next unit's input. The unit is freed before returning.
-Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
-                   const Tensor& input, Backend* backend, v1::UnitProfile* out) {
+// the next unit's input. The unit is freed before returning. `stop_check`
+// (may be null) is asked before each pass; its error ends the unit.
+absl::StatusOr<Tensor> ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
+                                   const Tensor& input, Backend* backend,
+                                   const ProfileStopCheck& stop_check, v1::UnitProfile* out) {
+  const auto go_on = [&stop_check]() { return stop_check ? stop_check() : absl::OkStatus(); };
   std::unique_ptr<Unit> unit = MakeUnit(r.model, index, backend);
   InitializeParameters(unit.get(), r.seed);
   UnitContext ctx;
@@ -274,20 +277,26 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
   out->set_peak_memory_bytes(PeakMemoryEstimate(*unit, weight_bytes, input, batch, output, ctx));
 
   const Tensor dy = OutputGradient(*unit, output, r.seed);
-  for (int i = 0; i < r.warmup; ++i) TimedPass(*unit, input, batch, dy, &ctx);
+  for (int i = 0; i < r.warmup; ++i) {
+    RETURN_IF_ERROR(go_on());
+    TimedPass(*unit, input, batch, dy, &ctx);
+  }
   std::vector<double> forward, backward;
   for (int i = 0; i < r.repetitions; ++i) {
+    RETURN_IF_ERROR(go_on());
     const auto [fwd, bwd] = TimedPass(*unit, input, batch, dy, &ctx);
     forward.push_back(fwd);
     backward.push_back(bwd);
   }
   out->set_fwd_seconds(Median(forward));
   out->set_bwd_seconds(Median(backward));
+  RETURN_IF_ERROR(go_on());
   out->set_transient_bytes(MeasureTransientBytes(*unit, input, batch, dy, &ctx));
   // The unit's share of the optimizer step, as the runtime takes it (the
   // default hyperparameters and decay policy: AdamW's work per element
   // does not depend on their values). The first step allocates the moments.
   {
+    RETURN_IF_ERROR(go_on());
     AdamWOptimizer optimizer(AdamWConfig{}, DecayPolicy::kMatricesOnly, backend);
     optimizer.Step(unit->parameters());
     for (int i = 0; i < r.warmup; ++i) TimedOptimizerStep(*unit, optimizer);
@@ -303,10 +312,15 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
     const Tensor part_input = input.is_null() ? input : input.Slice(0, samples);
     const Tensor part_dy = unit->kind() == UnitKind::kHead ? dy : dy.Slice(0, samples);
     UnitContext part_ctx;
+    RETURN_IF_ERROR(go_on());
     unit->Forward(part_input, part, &part_ctx);
-    for (int i = 0; i < r.warmup; ++i) TimedPass(*unit, part_input, part, part_dy, &part_ctx);
+    for (int i = 0; i < r.warmup; ++i) {
+      RETURN_IF_ERROR(go_on());
+      TimedPass(*unit, part_input, part, part_dy, &part_ctx);
+    }
     std::vector<double> part_forward, part_backward;
     for (int i = 0; i < r.repetitions; ++i) {
+      RETURN_IF_ERROR(go_on());
       const auto [fwd, bwd] = TimedPass(*unit, part_input, part, part_dy, &part_ctx);
       part_forward.push_back(fwd);
       part_backward.push_back(bwd);
@@ -405,7 +419,8 @@ absl::Status TimePowerSgdAllReduce(int rank, const ResolvedRequest& r, v1::Codec
 }  // namespace
 
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
-                                              const ProfileProgressFn& progress, Backend* backend) {
+                                              const ProfileProgressFn& progress, Backend* backend,
+                                              const ProfileStopCheck& stop_check) {
   ASSIGN_OR_RETURN(const ResolvedRequest r, Resolve(request));
   v1::ModelProfile profile;
   profile.set_micro_batch_size(r.micro_batch_size);
@@ -418,7 +433,8 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
   Tensor activation;  // embed ignores its x
   for (int i = 0; i < NumUnits(r.model); ++i) {
     if (progress) RETURN_IF_ERROR(progress(i, UnitName(r.model, i)));
-    activation = ProfileUnit(r, i, batch, activation, backend, profile.add_units());
+    ASSIGN_OR_RETURN(
+        activation, ProfileUnit(r, i, batch, activation, backend, stop_check, profile.add_units()));
   }
   RETURN_IF_ERROR(backend->status());
   for (const char* name : kProfiledQuantizers) {

@@ -120,6 +120,14 @@ inline constexpr int64_t kPowerSgdTimingRows = 512;
 // on the calling thread.
 using ProfileProgressFn = std::function<absl::Status(int unit_index, const std::string& unit_name)>;
 
+// Asked between the passes within a unit (warm-up, timed, transient,
+// optimizer and partition passes): an error ends the profile with it, so a
+// caller that gave up (its deadline passed) or a worker shutting down
+// waits one pass, not the rest of a large unit (minutes), which held the
+// worker's memory and cores beside the job it was given meanwhile. Runs on
+// the calling thread.
+using ProfileStopCheck = std::function<absl::Status()>;
+
 // Profiles every unit of request.model (see the file comment).
 //
 // Request fields: model.vocab_size defaults to 256 and model.max_seq_len to
@@ -142,7 +150,8 @@ using ProfileProgressFn = std::function<absl::Status(int unit_index, const std::
 // peak_memory_bytes at a time); that is not checked.
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
                                               const ProfileProgressFn& progress = nullptr,
-                                              Backend* backend = CpuBackend());
+                                              Backend* backend = CpuBackend(),
+                                              const ProfileStopCheck& stop_check = nullptr);
 
 // The profile JSON file form read by the planner (docs/formats.md,
 // coordinator/planner/profile.h), indented:

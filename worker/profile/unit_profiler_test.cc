@@ -282,6 +282,39 @@ TEST(ProfileUnitsTest, ProgressError_EndsTheProfileBeforeTheNextUnit) {
   EXPECT_EQ(calls, 3);
 }
 
+// The stop check is asked before each pass within a unit: a caller gone
+// (the coordinator's deadline) ends the profile within a pass, in the
+// first unit here, not after the rest of it; once per pass of a unit that
+// runs to its end.
+TEST(ProfileUnitsTest, StopCheckError_EndsTheProfileWithinTheUnit) {
+  v1::ProfileRequest request = SmallRequest();
+  request.set_warmup(2);
+  request.set_repetitions(3);
+  int units = 0, checks = 0;
+  auto profile = ProfileUnits(
+      request,
+      [&units](int, const std::string&) {
+        ++units;
+        return absl::OkStatus();
+      },
+      CpuBackend(),
+      [&checks]() {
+        return ++checks == 4 ? absl::CancelledError("the caller went away") : absl::OkStatus();
+      });
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(profile.status().message(), "the caller went away");
+  EXPECT_EQ(units, 1);  // the first unit's fourth pass: before its third timed one
+  EXPECT_EQ(checks, 4);
+  checks = 0;
+  ASSERT_TRUE(ProfileUnits(request, nullptr, CpuBackend(), [&checks]() {
+                ++checks;
+                return absl::OkStatus();
+              }).ok());
+  // Per unit: 2 warm-up and 3 timed passes, the transient and the
+  // optimizer's (partitions: none asked).
+  EXPECT_EQ(checks, 6 * (2 + 3 + 2));
+}
+
 struct InvalidCase {
   const char* label;
   void (*mutate)(v1::ProfileRequest*);

@@ -104,7 +104,11 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckLineShape(absl::string_view 
     return Reject(400, "INVALID_ARGUMENT",
                   "the request target must be a path starting with '/' (origin form)");
   }
-  const absl::string_view path = parts[1].substr(0, parts[1].find_first_of("?#"));
+  // Everything before the query: httplib splits the target at '?' alone and
+  // decodes all before it, a '#' and what follows included (a fragment is
+  // never sent, RFC 9112 3.2): "/v1/jobs/job-1#%3Acancel" reached the
+  // ":cancel" route.
+  const absl::string_view path = parts[1].substr(0, parts[1].find('?'));
   if (path.find('%') != absl::string_view::npos) {
     return Reject(400, "INVALID_ARGUMENT",
                   "percent-encoded characters in the path: no route or id needs them (the "

@@ -40,7 +40,8 @@
 //                           9112 3.2); a line of the head ending in a bare
 //                           LF (the head's end is CRLF CRLF, so such a
 //                           client would otherwise wait for the deadline);
-//                           a '%' in the request line's path (httplib
+//                           a '%' in the request line's path, all before
+//                           the '?' ('#' and what follows included; httplib
 //                           decodes it before routing, so an encoded ':'
 //                           or '/' would reach another route than the raw
 //                           path names; the query may hold escapes);

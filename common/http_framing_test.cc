@@ -141,7 +141,8 @@ TEST(HttpRequestFramer, Update_UnknownMethod_Rejected501_KnownOnesPass) {
 TEST(HttpRequestFramer, Update_PercentInThePath_Rejected400_InTheQueryAccepted) {
   for (const char* line :
        {"POST /v1/jobs/job-1%3Acancel HTTP/1.1", "GET /v1/jobs/a%2Fplan HTTP/1.1",
-        "GET /%68ealthz HTTP/1.1", "GET /v1/jobs/a%2Fplan#x HTTP/1.1"}) {
+        "GET /%68ealthz HTTP/1.1", "GET /v1/jobs/a%2Fplan#x HTTP/1.1",
+        "POST /v1/jobs/job-1#%3Acancel HTTP/1.1"}) {
     HttpRequestFramer framer(kLimits);
     EXPECT_EQ(FeedByteByByte(framer, std::string(line) + "\r\n\r\n"), Progress::kRejected) << line;
     EXPECT_EQ(framer.rejection().status, 400);

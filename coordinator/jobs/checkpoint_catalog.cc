@@ -73,8 +73,7 @@ CheckpointCatalog::CheckpointCatalog(const v1::CheckpointSpec& spec, const GptCo
 absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
     const v1::CheckpointWritten& report, const v1::UnitRange& owned) {
   const int64_t step = report.step();
-  const bool on_interval = step % spec_.interval_steps() == 0 || allowed_.count(step) > 0;
-  if (step <= 0 || step >= steps_ || !on_interval) {
+  if (!IsCheckpointStep(step)) {
     return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.checkpoint.step: ", step,
                                                    " is not a checkpoint step of the job "
                                                    "(multiples of ",
@@ -155,6 +154,34 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
     complete_.pop_front();
   }
   return std::optional<v1::ResumeFrom>(from);
+}
+
+bool CheckpointCatalog::IsCheckpointStep(int64_t step) const {
+  const bool on_interval = step % spec_.interval_steps() == 0 || allowed_.count(step) > 0;
+  return step > 0 && step < steps_ && on_interval;
+}
+
+void CheckpointCatalog::Failed(int64_t step) {
+  if (Holds(step) || !IsCheckpointStep(step)) return;
+  // An entry of no units (unless stages reported some): a later
+  // completion abandons it as any older pending step, and it displaces no
+  // stage's units.
+  pending_[step];
+  incomplete_.insert(step);
+  // At most kMaxPendingCheckpoints steps with no units, the oldest handed
+  // over first: reports of failures (a peer's word) must not grow the
+  // catalog without bound.
+  int empty = 0;
+  for (const auto& [other, units] : pending_) empty += units.empty();
+  for (auto it = pending_.begin(); empty > kMaxPendingCheckpoints && it != pending_.end();) {
+    if (!it->second.empty()) {
+      ++it;
+      continue;
+    }
+    --empty;
+    Abandon(it->first);
+    it = pending_.erase(it);
+  }
 }
 
 bool CheckpointCatalog::Repeats(const v1::CheckpointWritten& report) const {

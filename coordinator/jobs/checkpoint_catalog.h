@@ -78,6 +78,16 @@ class CheckpointCatalog {
   // plan nothing else does (a redone step's checkpoint was forgotten,
   // ForgetAfter, and a re-plan clears pending steps).
   bool Repeats(const v1::CheckpointWritten& report) const;
+  // A stage could not write its units of `step` (a full disk): the step
+  // will not complete, but the units written before the failure, its own
+  // and other stages', stay in its directory. It counts as incomplete: its
+  // directory is handed over (TakeAbandoned) once a later step completes
+  // (every stage has finished writing it by then), or at the job's end
+  // (TakeIncomplete). Before, a step every stage failed was in neither
+  // list, and its files stayed until the job ended, each a full disk's
+  // leftovers keeping the next checkpoints from fitting. Nothing for a
+  // step not allowed, or one the catalog holds complete.
+  void Failed(int64_t step);
   // Whether a complete checkpoint of `step` is in the catalog (not expired
   // or dropped).
   bool Holds(int64_t step) const;
@@ -131,6 +141,9 @@ class CheckpointCatalog {
   std::string StepDirMismatch(const v1::ResumeFrom& c) const;
 
  private:
+  // A step in [1, steps) on the interval, or allowed (AllowStep).
+  bool IsCheckpointStep(int64_t step) const;
+
   const v1::CheckpointSpec spec_;
   const int num_units_;
   const int64_t steps_;

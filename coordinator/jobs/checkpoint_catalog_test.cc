@@ -342,6 +342,35 @@ TEST_F(CheckpointCatalogTest, TakeIncomplete_StepsNeverCompletedOrHandedOver) {
   EXPECT_TRUE(catalog_.Holds(4));
 }
 
+// A step whose writes failed (a full disk) keeps the files written before
+// the failure: every stage failed (no units reported) or one did. It is
+// handed over when a later step completes, or at the end; a complete step
+// or one off the job's steps is left alone, and failures of many steps
+// keep at most kMaxPendingCheckpoints of them (the oldest handed over).
+// Before, a step every stage failed was in neither list.
+TEST_F(CheckpointCatalogTest, FailedSteps_HandedOverOnceALaterOneCompletesOrAtTheEnd) {
+  catalog_.Failed(1);  // both stages failed
+  catalog_.Failed(1);
+  EXPECT_FALSE(Report(0, 2));
+  catalog_.Failed(2);  // stage 1 failed; stage 0's files are there
+  EXPECT_FALSE(Report(0, 3));
+  EXPECT_TRUE(Report(1, 3));
+  EXPECT_EQ(AbandonedSteps(), (std::vector<int64_t>{1, 2}));
+  catalog_.Failed(3);     // complete: left alone
+  catalog_.Failed(5000);  // not a step of the job
+  catalog_.Failed(4);
+  std::vector<int64_t> steps;
+  for (const v1::ResumeFrom& gone : catalog_.TakeIncomplete()) steps.push_back(gone.step());
+  EXPECT_EQ(steps, std::vector<int64_t>{4});
+  EXPECT_TRUE(catalog_.Holds(3));
+
+  for (int64_t step = 10; step < 10 + kMaxPendingCheckpoints + 2; ++step) catalog_.Failed(step);
+  EXPECT_EQ(AbandonedSteps(), (std::vector<int64_t>{10, 11}));
+  EXPECT_FALSE(Report(0, 20));
+  EXPECT_TRUE(Report(1, 20));
+  EXPECT_EQ(AbandonedSteps(), (std::vector<int64_t>{12, 13, 14, 15}));
+}
+
 // The manifest's temporary is this write's alone: "manifest.json.tmp.<pid>"
 // was unlinked and created again, so two coordinators of one pid (each pid
 // 1 in its container, one volume) could rename each other's half-written

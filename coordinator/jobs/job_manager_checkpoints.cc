@@ -78,6 +78,9 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
                     << " could not write its checkpoint of step " << c.step() << ": "
                     << c.error().substr(0, 4096);
+    // Its files written before the failure, and the other stages', are
+    // removed once a later checkpoint completes, or at the job's end.
+    record.checkpoints->Failed(c.step());
     if (events_.checkpoint_failed) events_.checkpoint_failed();
     // Shown in the job (GetJob, `pipetrain job`), not only the log and a
     // counter: a job whose checkpoints all fail cannot recover as asked.

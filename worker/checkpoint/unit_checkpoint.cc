@@ -106,23 +106,22 @@ absl::StatusOr<ScopedFd> OpenToReadAt(int dir_fd, const std::string& name, const
   return fd;
 }
 
-// Reads the whole file `name` in `dir_fd` (OpenToReadAt's checks and
-// codes); a failure to read is UNAVAILABLE.
-absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
-                                   int64_t recorded_bytes = -1) {
-  int64_t size = 0;
-  ASSIGN_OR_RETURN(ScopedFd fd, OpenToReadAt(dir_fd, name, path, recorded_bytes, &size));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
+// The size and SHA-256 of the open file `fd`, read in chunks of 1 MiB at
+// offsets (its file offset is left alone); a failure to read is
+// UNAVAILABLE.
+absl::StatusOr<std::pair<int64_t, std::string>> SizeAndSha256Of(int fd, const std::string& path) {
+  Sha256Stream sha;
+  std::string chunk(size_t{1} << 20, '\0');
+  int64_t done = 0;
+  for (;;) {
+    const ssize_t n = pread(fd, chunk.data(), chunk.size(), done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ReaderTrouble(errno, "cannot read", path);
-    if (n == 0) break;  // shrank while we read
-    done += static_cast<size_t>(n);
+    if (n == 0) break;
+    sha.Update(absl::string_view(chunk.data(), static_cast<size_t>(n)));
+    done += n;
   }
-  bytes.resize(done);
-  return bytes;
+  return std::make_pair(done, sha.FinishHex());
 }
 
 // The size and SHA-256 of the file `name` in `dir_fd` (OpenToReadAt's
@@ -133,18 +132,7 @@ absl::StatusOr<std::pair<int64_t, std::string>> SizeAndSha256At(int dir_fd, cons
                                                                 const std::string& path) {
   int64_t size = 0;
   ASSIGN_OR_RETURN(ScopedFd fd, OpenToReadAt(dir_fd, name, path, -1, &size));
-  Sha256Stream sha;
-  std::string chunk(size_t{1} << 20, '\0');
-  int64_t done = 0;
-  for (;;) {
-    const ssize_t n = read(fd.get(), chunk.data(), chunk.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ReaderTrouble(errno, "cannot read", path);
-    if (n == 0) break;
-    sha.Update(absl::string_view(chunk.data(), static_cast<size_t>(n)));
-    done += n;
-  }
-  return std::make_pair(done, sha.FinishHex());
+  return SizeAndSha256Of(fd.get(), path);
 }
 
 SafetensorsMetadata MetadataFor(const CheckpointIdentity& id, int unit, int64_t step,
@@ -460,17 +448,34 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
                      "--output-dir is?"));
   }
   // The recorded size first (a negative one matches no file but an empty one).
-  ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path,
-                                             std::max<int64_t>(expected.bytes(), 0)));
-  if (static_cast<int64_t>(bytes.size()) != expected.bytes()) {  // it shrank while read
-    return SizeDiffers(path, static_cast<int64_t>(bytes.size()), expected.bytes());
+  int64_t size = 0;
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenToReadAt(parent.dir.get(), parent.name, path,
+                                             std::max<int64_t>(expected.bytes(), 0), &size));
+  ASSIGN_OR_RETURN(const auto hashed, SizeAndSha256Of(fd.get(), path));
+  if (hashed.first != expected.bytes()) {  // it shrank while read
+    return SizeDiffers(path, hashed.first, expected.bytes());
   }
-  if (Sha256Hex(bytes) != expected.sha256()) {
+  if (hashed.second != expected.sha256()) {
     return absl::DataLossError(
         absl::StrCat(path, ": SHA-256 differs from the one recorded (corrupt)"));
   }
-  absl::StatusOr<SafetensorsContents> parsed = ParseSafetensors(bytes, path);
-  if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
+  // Decoded from the same open file, a tensor at a time: the bytes hashed
+  // (a writer replaces a unit file by a rename, never in place), never the
+  // whole file beside its fp32 copies. Read whole, a unit's weights,
+  // moments and every replica's residuals were held twice at the resume's
+  // peak, which the plan does not budget (a worker admitted to a close
+  // plan was killed loading, at every recovery).
+  absl::StatusOr<SafetensorsContents> parsed =
+      ReadSafetensorsTensorsFrom(std::move(fd), path, [](std::string_view) { return true; });
+  if (!parsed.ok()) {
+    // The file hashed as recorded: a read that fails now is this worker's
+    // trouble (UNAVAILABLE as above); a file that does not parse is the
+    // checkpoint's.
+    if (absl::IsInvalidArgument(parsed.status()) || absl::IsDataLoss(parsed.status())) {
+      return absl::DataLossError(parsed.status().message());
+    }
+    return parsed.status();
+  }
   const SafetensorsContents& contents = *parsed;
   const SafetensorsMetadata& meta = contents.metadata;
   if (Get(meta, "format") != kFormat || Get(meta, "version") != kVersion) {

@@ -59,11 +59,11 @@ int64_t OneStoredCheckpointBytes(const v1::CheckpointSpec& spec, int units) {
 }  // namespace
 
 int64_t StoredCheckpointBytes(const v1::CheckpointSpec& spec, int units) {
-  return (std::max<int64_t>(spec.keep(), 0) + 1) * OneStoredCheckpointBytes(spec, units);
+  return (std::max<int64_t>(spec.keep(), 0) + 2) * OneStoredCheckpointBytes(spec, units);
 }
 
 int MaxStoredKeep(const v1::CheckpointSpec& spec, int units) {
-  return static_cast<int>(kMaxStoredCheckpointBytes / OneStoredCheckpointBytes(spec, units)) - 1;
+  return static_cast<int>(kMaxStoredCheckpointBytes / OneStoredCheckpointBytes(spec, units)) - 2;
 }
 
 CheckpointCatalog::CheckpointCatalog(const v1::CheckpointSpec& spec, const GptConfig& model,
@@ -149,11 +149,32 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
     return std::optional<v1::ResumeFrom>();  // a redone step completed again
   }
   complete_.push_back(from);
-  while (complete_.size() > static_cast<size_t>(spec_.keep())) {
-    expired_.push_back(complete_.front());
-    complete_.pop_front();
-  }
+  ExpireBeyondKeep();
   return std::optional<v1::ResumeFrom>(from);
+}
+
+void CheckpointCatalog::SetReached(int64_t step) {
+  reached_ = step;
+  ExpireBeyondKeep();
+}
+
+void CheckpointCatalog::ExpireBeyondKeep() {
+  const size_t keep = static_cast<size_t>(std::max(spec_.keep(), 1));
+  // The newest at or before reached_: a resume's (LatestAtOrBefore).
+  std::optional<int64_t> resumable;
+  for (const v1::ResumeFrom& c : complete_) {
+    if (c.step() <= reached_) resumable = c.step();
+  }
+  std::deque<v1::ResumeFrom> kept;
+  for (size_t i = 0; i < complete_.size(); ++i) {
+    const bool newest = complete_.size() - i <= keep;
+    if (newest || complete_[i].step() == resumable) {
+      kept.push_back(std::move(complete_[i]));
+    } else {
+      expired_.push_back(std::move(complete_[i]));
+    }
+  }
+  complete_ = std::move(kept);
 }
 
 bool CheckpointCatalog::IsCheckpointStep(int64_t step) const {
@@ -257,6 +278,9 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
 }
 
 std::vector<v1::ResumeFrom> CheckpointCatalog::ForgetAfter(int64_t step) {
+  // The job goes back to `step`: until its loss reaches a later checkpoint
+  // again, `step`'s is the one to keep.
+  reached_ = std::min(reached_, step);
   std::vector<v1::ResumeFrom> forgotten;
   while (!complete_.empty() && complete_.back().step() > step) {
     forgotten.push_back(complete_.back());
@@ -284,7 +308,8 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::Complete() const {
   return std::vector<v1::ResumeFrom>(complete_.begin(), complete_.end());
 }
 
-std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>& complete) {
+std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>& complete,
+                                               int64_t reached) {
   complete_.clear();
   pending_.clear();
   int64_t previous = 0;
@@ -309,6 +334,7 @@ std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>
     }
   }
   complete_.assign(complete.begin(), complete.end());
+  reached_ = reached;
   return "";
 }
 

@@ -102,8 +102,20 @@ class CheckpointCatalog {
   // when no complete checkpoint has that step.
   std::optional<v1::ResumeFrom> Drop(int64_t step);
   // Complete checkpoints beyond `keep`, oldest first, no longer in the
-  // catalog: the caller removes their directories.
+  // catalog: the caller removes their directories. The newest one at or
+  // before the step the job has reached (SetReached) is never expired,
+  // whatever `keep` says (so up to keep + 1 are held).
   std::vector<v1::ResumeFrom> TakeExpired();
+  // The job's loss reached `step` (JobProgress.step): a resume takes the
+  // newest complete checkpoint at or before it (LatestAtOrBefore), which
+  // stays until a newer one is at or before the step reached; those
+  // beyond keep it held back are expired now (TakeExpired). A checkpoint
+  // completes when every unit is written, which does not wait for the loss
+  // stage's report when the loss stage writes no units (a forward-only
+  // head under Bi-Partition), so the stages ahead completed `keep` newer
+  // ones, and expiry deleted the last one a recovery could resume from:
+  // the job started again from step 0.
+  void SetReached(int64_t step);
   // A recovery resumes from `step`: the complete checkpoints beyond it (a
   // later one whose last loss never arrived) are forgotten, their steps
   // redone. The redo writes their files again (other bytes under another
@@ -134,7 +146,8 @@ class CheckpointCatalog {
   // own file name, a size in [1, kMaxUnitFileBytes] and a SHA-256; else
   // nothing is taken and the reason is returned ("" when taken).
   std::vector<v1::ResumeFrom> Complete() const;
-  std::string RestoreComplete(const std::vector<v1::ResumeFrom>& complete);
+  // `reached`: the job's step as stored (SetReached's, without expiring).
+  std::string RestoreComplete(const std::vector<v1::ResumeFrom>& complete, int64_t reached);
   // Why `c` does not name one of this job's step directories (a step in
   // [1, steps), its StepDir), or "" when it does: a stored expired
   // checkpoint (StoredJob.expiring) is removed after a restart only then.
@@ -143,6 +156,9 @@ class CheckpointCatalog {
  private:
   // A step in [1, steps) on the interval, or allowed (AllowStep).
   bool IsCheckpointStep(int64_t step) const;
+  // Moves the complete checkpoints beyond keep, but the newest at or
+  // before reached_, to expired_.
+  void ExpireBeyondKeep();
 
   const v1::CheckpointSpec spec_;
   const int num_units_;
@@ -155,6 +171,7 @@ class CheckpointCatalog {
   // Steps with units reported that have not completed or been abandoned
   // since (pending_'s keys, and those ClearPending forgot).
   std::set<int64_t> incomplete_;
+  int64_t reached_ = 0;  // SetReached
 
   // Notes `step`'s directory for TakeAbandoned unless it is a complete one.
   void Abandon(int64_t step);

@@ -200,7 +200,7 @@ TEST_F(CheckpointCatalogTest, RestoreComplete_OnlyTheJobsOwnWellFormedCheckpoint
   const std::vector<v1::ResumeFrom> good = catalog_.Complete();
   ASSERT_EQ(good.size(), 2u);
   CheckpointCatalog restored(Spec(), Model(), 1000);
-  EXPECT_EQ(restored.RestoreComplete(good), "");
+  EXPECT_EQ(restored.RestoreComplete(good, 0), "");
   EXPECT_EQ(restored.Latest()->step(), 4);
   struct Case {
     const char* label;
@@ -225,7 +225,7 @@ TEST_F(CheckpointCatalogTest, RestoreComplete_OnlyTheJobsOwnWellFormedCheckpoint
     std::vector<v1::ResumeFrom> damaged = good;
     c.damage(damaged);
     CheckpointCatalog catalog(Spec(), Model(), 1000);
-    const std::string reason = catalog.RestoreComplete(damaged);
+    const std::string reason = catalog.RestoreComplete(damaged, 0);
     EXPECT_NE(reason.find(c.reason), std::string::npos) << c.label << ": " << reason;
     EXPECT_EQ(catalog.Latest(), nullptr) << c.label;  // nothing taken
   }
@@ -271,8 +271,10 @@ TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) 
   spec.set_dir("checkpoints/job-1");
   spec.set_keep(2);
   const int64_t small = StoredCheckpointBytes(spec, 4);
-  spec.set_keep(5);
-  EXPECT_EQ(StoredCheckpointBytes(spec, 4), small * 2);  // (keep + 1) records
+  spec.set_keep(6);
+  // keep + 2 records: the checkpoint a resume would take, held beyond keep
+  // (SetReached), and an init.from one.
+  EXPECT_EQ(StoredCheckpointBytes(spec, 4), small * 2);
   EXPECT_GT(StoredCheckpointBytes(spec, 514), StoredCheckpointBytes(spec, 4) * 100);
   const int keep = MaxStoredKeep(spec, 514);  // GPT-2 at 256 layers
   ASSERT_GE(keep, 1);
@@ -280,6 +282,47 @@ TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) 
   EXPECT_LE(StoredCheckpointBytes(spec, 514), kMaxStoredCheckpointBytes);
   spec.set_keep(keep + 1);
   EXPECT_GT(StoredCheckpointBytes(spec, 514), kMaxStoredCheckpointBytes);
+}
+
+// The newest complete checkpoint at or before the step the job's loss
+// reached is a resume's, and is never expired: with a loss stage that
+// writes no units (a forward-only head), checkpoints complete ahead of the
+// loss, and expiring by keep alone deleted the last one a recovery could
+// take (the job went back to step 0). Held beyond keep until the loss
+// reaches a newer one; a recovery's ForgetAfter lowers the step reached.
+TEST_F(CheckpointCatalogTest, ResumableCheckpoint_NeverExpiredWhileTheLossLagsBehind) {
+  const auto steps = [](const std::vector<v1::ResumeFrom>& list) {
+    std::vector<int64_t> out;
+    for (const v1::ResumeFrom& c : list) out.push_back(c.step());
+    return out;
+  };
+  catalog_.SetReached(1);
+  for (int64_t step = 1; step <= 4; ++step) {
+    EXPECT_FALSE(Report(0, step));
+    EXPECT_TRUE(Report(1, step));
+  }
+  EXPECT_EQ(steps(catalog_.Complete()), (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_EQ(steps(catalog_.TakeExpired()), std::vector<int64_t>{2});
+  EXPECT_EQ(catalog_.LatestAtOrBefore(1)->step(), 1);
+  catalog_.SetReached(3);
+  EXPECT_EQ(steps(catalog_.TakeExpired()), std::vector<int64_t>{1});
+  EXPECT_EQ(steps(catalog_.Complete()), (std::vector<int64_t>{3, 4}));
+  // Back to 3 after a recovery: 4 is forgotten (redone), 5 and 6 complete
+  // before the loss passes 3 again: 3 stays.
+  EXPECT_EQ(steps(catalog_.ForgetAfter(3)), std::vector<int64_t>{4});
+  for (int64_t step = 4; step <= 6; ++step) {
+    EXPECT_FALSE(Report(0, step));
+    EXPECT_TRUE(Report(1, step));
+  }
+  EXPECT_EQ(steps(catalog_.Complete()), (std::vector<int64_t>{3, 5, 6}));
+  EXPECT_EQ(steps(catalog_.TakeExpired()), std::vector<int64_t>{4});
+  // Restored with the step reached as stored: the held one is kept.
+  CheckpointCatalog restored(Spec(), Model(), /*steps=*/1000);
+  ASSERT_EQ(restored.RestoreComplete(catalog_.Complete(), 3), "");
+  EXPECT_FALSE(restored.Add(ReportOf(0, 7), Owned(0)).value().has_value());
+  EXPECT_TRUE(restored.Add(ReportOf(1, 7), Owned(1)).value().has_value());
+  EXPECT_EQ(steps(restored.Complete()), (std::vector<int64_t>{3, 6, 7}));
+  EXPECT_EQ(steps(restored.TakeExpired()), std::vector<int64_t>{5});
 }
 
 TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {

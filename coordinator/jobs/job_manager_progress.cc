@@ -317,6 +317,15 @@ bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgres
   p->set_loss(loss);
   p->add_loss_history(loss);
   counted->step = true;
+  if (record.checkpoints != nullptr) {
+    // A checkpoint held back for the steps the loss had not reached yet
+    // may expire now: removed after the next save, as at a completion.
+    record.checkpoints->SetReached(p->step());
+    const absl::Time expired_at = absl::Now();
+    for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
+      record.expiring.push_back(ExpiredCheckpoint{std::move(expired), expired_at});
+    }
+  }
   if (p->loss_history_size() > kMaxLossHistory) {
     const int drop = p->loss_history_size() - kMaxLossHistory;
     p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),

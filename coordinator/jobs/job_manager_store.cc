@@ -556,8 +556,8 @@ absl::Status JobManager::Restore() {
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
           checkpoint, record->resolved.train.model, record->resolved.train.steps);
-      const std::string checkpoints_mismatch =
-          record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+      const std::string checkpoints_mismatch = record->checkpoints->RestoreComplete(
+          {s.checkpoints().begin(), s.checkpoints().end()}, record->job.progress().step());
       // None is taken then: expiring them would delete what they name.
       if (!checkpoints_mismatch.empty()) {
         fail_unfit("checkpoints do not fit the job", checkpoints_mismatch);

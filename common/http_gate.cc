@@ -221,7 +221,29 @@ bool HttpGate::Writing() const {
 
 void HttpGate::Adopt(int fd) {
   MakeNonBlocking(fd);
-  bool over_limit = CountOpen() >= options_.max_connections;
+  // Regular places and the probe reserve are counted apart: were a new
+  // connection to take a probes-only one's place as a regular one, pairs of
+  // a silent connection and a whole request would queue requests past
+  // max_connections without bound (and a regular one would turn away a
+  // kubelet's probe whose request has not arrived yet).
+  bool probes_only = false;
+  bool room = MakeRoom(/*probes_only=*/false);
+  if (!room && options_.is_probe) {
+    // Every place taken by a request being handled or answered: a probe may
+    // still come (a kubelet's, which restarts the process when it fails).
+    probes_only = true;
+    room = MakeRoom(/*probes_only=*/true);
+  }
+  auto owned = std::make_unique<Connection>(next_id_++, fd, options_.limits);
+  Connection& connection = *owned;
+  connection.deadline = GateNow() + options_.request_timeout;
+  connection.probes_only = probes_only;
+  connections_.emplace(connection.id, std::move(owned));
+  if (!room) Reject(connection, 503, "UNAVAILABLE", OverCapMessage(options_.max_connections));
+}
+
+bool HttpGate::MakeRoom(bool probes_only) {
+  const size_t places = probes_only ? options_.probe_connections : options_.max_connections;
   // The oldest connection still sending its request makes room: clients
   // that hold connections without finishing a request (up to the cap,
   // reopening each as it times out) would otherwise turn every new one
@@ -231,52 +253,34 @@ void HttpGate::Adopt(int fd) {
   // before it has read any, so the oldest is read first: one whose request
   // has arrived (a probe sends its request with its connect) is handed off
   // instead of turned away. Read before judged, each candidate once.
-  Connection* oldest = nullptr;
-  while (over_limit) {
-    oldest = OldestReading();
+  while (CountOpen(probes_only) >= places) {
+    Connection* oldest = OldestReading(probes_only);
     if (oldest == nullptr) break;
     ReadAvailable(*oldest);
-    if (!oldest->done && oldest->state == State::kReading) break;  // truly unfinished
-    oldest = nullptr;
-    over_limit = CountOpen() >= options_.max_connections;
+    if (oldest->done || oldest->state != State::kReading) continue;  // read: count again
+    Reject(*oldest, 503, "UNAVAILABLE",
+           absl::StrCat("the server has the most open connections it accepts (",
+                        options_.max_connections,
+                        ") and this request, the oldest unfinished one, made room for a new "
+                        "connection; send requests whole, or retry later"));
+    return true;
   }
-  if (over_limit) {
-    // Else the oldest whose client is not reading its answer (bytes still
-    // to write): those can hold places just as long, until
-    // response_timeout. Its answer is cut off: it gets no 503 mid-answer.
-    Connection* stalled = nullptr;
-    for (auto& [id, open] : connections_) {
-      if (oldest != nullptr) break;
-      if (open->done || open->state != State::kWriting || open->written >= open->out.size()) {
-        continue;
-      }
-      if (stalled == nullptr || open->accepted < stalled->accepted) stalled = open.get();
+  if (CountOpen(probes_only) < places) return true;
+  if (probes_only) return false;
+  // Else the oldest whose client is not reading its answer (bytes still to
+  // write): those can hold places just as long, until response_timeout.
+  // Its answer is cut off: it gets no 503 mid-answer.
+  Connection* stalled = nullptr;
+  for (auto& [id, open] : connections_) {
+    if (open->done || open->probes_only || open->state != State::kWriting ||
+        open->written >= open->out.size()) {
+      continue;
     }
-    if (oldest != nullptr) {
-      Reject(*oldest, 503, "UNAVAILABLE",
-             absl::StrCat("the server has the most open connections it accepts (",
-                          options_.max_connections,
-                          ") and this request, the oldest unfinished one, made room for a new "
-                          "connection; send requests whole, or retry later"));
-      over_limit = false;
-    } else if (stalled != nullptr) {
-      stalled->done = true;  // closed by the next Sweep
-      over_limit = false;
-    }
+    if (stalled == nullptr || open->accepted < stalled->accepted) stalled = open.get();
   }
-  auto owned = std::make_unique<Connection>(next_id_++, fd, options_.limits);
-  Connection& connection = *owned;
-  connection.deadline = GateNow() + options_.request_timeout;
-  connections_.emplace(connection.id, std::move(owned));
-  // Every place taken by a request being handled or answered: a probe may
-  // still come (a kubelet's, which restarts the process when it fails).
-  if (over_limit && options_.is_probe && CountProbesOnly() < options_.probe_connections) {
-    connection.probes_only = true;
-    over_limit = false;
-  }
-  if (over_limit) {
-    Reject(connection, 503, "UNAVAILABLE", OverCapMessage(options_.max_connections));
-  }
+  if (stalled == nullptr) return false;
+  stalled->done = true;  // closed by the next Sweep
+  return true;
 }
 
 void HttpGate::Answer(uint64_t id, std::string response) {
@@ -369,10 +373,10 @@ void HttpGate::ReadAvailable(Connection& connection) {
   }
 }
 
-HttpGate::Connection* HttpGate::OldestReading() {
+HttpGate::Connection* HttpGate::OldestReading(bool probes_only) {
   Connection* oldest = nullptr;
   for (auto& [id, open] : connections_) {
-    if (open->done || open->state != State::kReading) continue;
+    if (open->done || open->state != State::kReading || open->probes_only != probes_only) continue;
     if (oldest == nullptr || open->accepted < oldest->accepted) oldest = open.get();
   }
   return oldest;
@@ -405,6 +409,7 @@ void HttpGate::HandOff(Connection& connection) {
   GatedRequest request;
   request.connection = connection.id;
   request.bytes = connection.in.substr(0, connection.framer.request_bytes());
+  request.complete = GateNow();
   if (connection.probes_only && !options_.is_probe(request.bytes)) {
     Reject(connection, 503, "UNAVAILABLE", OverCapMessage(options_.max_connections));
     return;
@@ -499,17 +504,11 @@ size_t HttpGate::CountIn(State state) const {
                        [state](const auto& entry) { return entry.second->state == state; });
 }
 
-size_t HttpGate::CountProbesOnly() const {
-  return std::count_if(connections_.begin(), connections_.end(), [](const auto& entry) {
-    return entry.second->probes_only && !entry.second->done &&
-           entry.second->state != State::kLingering;
-  });
-}
-
-size_t HttpGate::CountOpen() const {
+size_t HttpGate::CountOpen(bool probes_only) const {
   // Connections marked done are closed at the end of this turn: not open.
-  return std::count_if(connections_.begin(), connections_.end(), [](const auto& entry) {
-    return !entry.second->done && entry.second->state != State::kLingering;
+  return std::count_if(connections_.begin(), connections_.end(), [probes_only](const auto& entry) {
+    const Connection& c = *entry.second;
+    return !c.done && c.state != State::kLingering && c.probes_only == probes_only;
   });
 }
 

@@ -28,8 +28,14 @@
 // whose requests all wait for a handler: past max_connections, up to
 // probe_connections more are admitted for probes only (Options::is_probe);
 // such a connection whose request is no probe is answered 503 once it is
-// whole. The server runs probes on a thread of their own (http_server.h),
-// so they are answered at once. Answers not yet written are bounded in
+// whole. The two kinds of place are counted apart: a probes-only
+// connection never makes room for a regular one (else a silent one and a
+// whole request, pair after pair, would queue requests past
+// max_connections); when the probe places are full too, the oldest
+// probes-only connection still reading its request makes room (as above)
+// for the new one, which is then probes-only as well. The server runs
+// probes on a thread of their own (http_server.h), so they are answered at
+// once. Answers not yet written are bounded in
 // bytes too (max_unsent_response_bytes): past it, the oldest unread one is
 // cut off.
 // Answers go out with "Connection: close";
@@ -71,6 +77,10 @@ struct GatedRequest {
   std::string bytes;        // the head and body, exactly (nothing after them)
   std::string remote_ip, local_ip;
   int remote_port = 0, local_port = 0;
+  // When the request was complete, a MonotonicClock() reading (common/
+  // clock.h): its handling is timed from here, its wait for a handler
+  // thread included.
+  absl::Time complete;
 };
 
 class HttpGate {
@@ -163,9 +173,16 @@ class HttpGate {
   // Reads until the socket has nothing more or the connection leaves
   // kReading.
   void ReadAvailable(Connection& connection);
+  // Whether a new connection fits among the open ones admitted as it would
+  // be (`probes_only`, or regular): fewer than their places
+  // (probe_connections, or max_connections) are open, or one is freed by
+  // turning away the oldest of them still reading its request (503; it is
+  // read first, and handed off if whole) or, for a regular place, by
+  // cutting off the oldest whose client does not read its answer.
+  bool MakeRoom(bool probes_only);
   // The connection accepted longest ago of those still reading their
-  // request; nullptr when none is.
-  Connection* OldestReading();
+  // request and admitted as `probes_only` (or regular); nullptr when none is.
+  Connection* OldestReading(bool probes_only);
   // Cuts off stalled answers (oldest first, never `answered`) while the
   // unsent bytes exceed max_unsent_response_bytes.
   void LimitUnsentBytes(const Connection& answered);
@@ -180,8 +197,9 @@ class HttpGate {
   void Expire(absl::Time now);
   void Sweep();
   size_t CountIn(State state) const;
-  size_t CountOpen() const;  // reading, handling or writing, and not done
-  size_t CountProbesOnly() const;  // open ones admitted for probes only
+  // Reading, handling or writing, not done, and admitted as `probes_only`
+  // (or regular): the two kinds of place are counted apart.
+  size_t CountOpen(bool probes_only) const;
 
   const Options options_;
   const Dispatch dispatch_;

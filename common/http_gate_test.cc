@@ -6,9 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
@@ -135,6 +138,98 @@ TEST(HttpGateTest, UnsentAnswersPastTheBound_OldestUnreadCutOff) {
   EXPECT_LT(cut.size(), answer.size());
   EXPECT_EQ(cut.rfind("HTTP/1.1 200 OK", 0), 0u);
   (*gate)->Stop();
+}
+
+constexpr char kOk[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+// A gate at its cap (max_connections = 1) with its one place taken by a
+// request being handled (dispatched first, never answered); every later
+// request is answered 200 at once. Probes are GET /healthz.
+class FullGate {
+ public:
+  explicit FullGate(size_t probe_connections) {
+    HttpGate::Options options{.max_connections = 1, .probe_connections = probe_connections};
+    options.is_probe = [](absl::string_view request) {
+      return absl::StartsWith(request, "GET /healthz ");
+    };
+    auto started = HttpGate::Start(std::move(options), [this](GatedRequest request) {
+      AnnotatedMutexLock lock(&mu_);
+      dispatched_.push_back(request.bytes);
+      if (dispatched_.size() > 1) gate_->Respond(request.connection, kOk);
+    });
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) gate_ = std::move(*started);
+  }
+  ~FullGate() {
+    if (gate_ != nullptr) gate_->Stop();
+  }
+
+  // Admits `held`, whose request is whole, and waits until it is dispatched.
+  bool Fill(const Client& held) {
+    if (gate_ == nullptr || !held.Send("GET /held HTTP/1.1\r\nHost: t\r\n\r\n")) return false;
+    gate_->Admit(held.for_gate);
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !dispatched_.empty(); },
+        absl::Seconds(30));
+  }
+  void Admit(const Client& client) { gate_->Admit(client.for_gate); }
+  std::vector<std::string> dispatched() {
+    AnnotatedMutexLock lock(&mu_);
+    return dispatched_;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::vector<std::string> dispatched_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HttpGate> gate_;  // set before any request can arrive
+};
+
+// A kubelet's probe connects, and its request arrives a moment later. Its
+// connection, admitted for probes only (every place taken), was the oldest
+// unfinished reader, so the next regular connection turned it away (503)
+// and took a regular place: the probe failed, and each such pair queued one
+// more request past max_connections. The two kinds of place are apart now:
+// the regular connection finds no place and gets a probes-only one (503,
+// its request being no probe), and the probe is answered.
+TEST(HttpGateTest, AtCap_RegularConnectionDoesNotEvictAProbesOnlyReader) {
+  FullGate gate(/*probe_connections=*/8);
+  Client held, probe, regular;
+  ASSERT_TRUE(gate.Fill(held));
+  gate.Admit(probe);  // nothing sent yet
+  ASSERT_TRUE(regular.Send("GET /work HTTP/1.1\r\nHost: t\r\n\r\n"));
+  gate.Admit(regular);
+  const std::string refused = regular.ReadToEnd();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_NE(refused.find("the most open connections it accepts (1); retry later"),
+            std::string::npos)
+      << refused;
+  ASSERT_TRUE(probe.Send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"));
+  EXPECT_EQ(probe.ReadToEnd(), kOk);
+  EXPECT_EQ(gate.dispatched(),
+            (std::vector<std::string>{"GET /held HTTP/1.1\r\nHost: t\r\n\r\n",
+                                      "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"}));
+}
+
+// The probe reserve full of connections that send nothing: a new one takes
+// the place of the oldest of them (503), for probes only too.
+TEST(HttpGateTest, ProbeReserveFull_OldestProbesOnlyReaderMakesRoom) {
+  FullGate gate(/*probe_connections=*/1);
+  Client held, silent, probe, regular;
+  ASSERT_TRUE(gate.Fill(held));
+  gate.Admit(silent);  // the reserve's one place
+  ASSERT_TRUE(probe.Send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"));
+  gate.Admit(probe);
+  EXPECT_EQ(probe.ReadToEnd(), kOk);
+  const std::string evicted = silent.ReadToEnd();
+  EXPECT_EQ(evicted.rfind("HTTP/1.1 503", 0), 0u) << evicted;
+  EXPECT_NE(evicted.find("the oldest unfinished one, made room"), std::string::npos) << evicted;
+  // The place it took was a probes-only one.
+  ASSERT_TRUE(regular.Send("GET /work HTTP/1.1\r\nHost: t\r\n\r\n"));
+  gate.Admit(regular);
+  const std::string refused = regular.ReadToEnd();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused;
+  EXPECT_EQ(gate.dispatched().size(), 2u);
 }
 
 // A graceful stop (HttpServer::Stop with a grace): after Finish, a request

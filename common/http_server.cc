@@ -456,7 +456,6 @@ void HttpServer::Dispatch(GatedRequest request) {
 }
 
 std::string HttpServer::Answer(const GatedRequest& request) {
-  const absl::Time start = absl::Now();
   t_matched_route = nullptr;
   std::string response = server_->Handle(request);
   const std::string* matched = t_matched_route;
@@ -476,8 +475,11 @@ std::string HttpServer::Answer(const GatedRequest& request) {
   } else {
     route = RouteOf(method, path);  // refused before its handler (401), or unrouted
   }
+  // From the request being complete (its wait in the handler queue
+  // included), on the monotonic clock: a step of the wall clock is no
+  // request's duration.
   options_.on_response(BoundedMethod(method), route, status,
-                       absl::ToDoubleSeconds(absl::Now() - start));
+                       absl::ToDoubleSeconds(MonotonicClock()->Now() - request.complete));
   return response;
 }
 
@@ -500,6 +502,7 @@ std::string HttpServer::AnswerRequestBytes(absl::string_view received) {
   GatedRequest request;
   request.bytes = std::string(received.substr(0, framer.request_bytes()));
   request.remote_ip = request.local_ip = "127.0.0.1";
+  request.complete = MonotonicClock()->Now();
   return Answer(request);
 }
 

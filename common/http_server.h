@@ -105,8 +105,9 @@ class HttpServer {
     std::set<std::string> public_paths = {"/healthz", "/readyz", "/metrics"};
 
     // Bounds on what clients can hold (docs/api.md, "HTTP limits"). Worst
-    // case memory is about max_connections * (max_header_bytes +
-    // max_body_bytes), and only for clients that really send that much.
+    // case memory is about (max_connections + 8 probes-only places) *
+    // (max_header_bytes + max_body_bytes), and only for clients that really
+    // send that much.
     //
     // Connections being read, handled or answered; a new one beyond this is
     // answered 503 UNAVAILABLE at once.
@@ -151,9 +152,11 @@ class HttpServer {
     //            request line over 1 KiB, 415, 416 a malformed Range, 431,
     //            503);
     //   status:  the HTTP status sent;
-    //   seconds: handled requests: from the request being complete to its
-    //            response being ready (queueing included); gate answers: from
-    //            accepting the connection.
+    //   seconds: handled requests: from the request being complete (read
+    //            whole by the gate) to its response being ready, its wait
+    //            for a handler thread included; gate answers: from
+    //            accepting the connection. On the monotonic clock (a step
+    //            of the wall clock changes no duration).
     // Every label is drawn from a bounded set: clients cannot create new
     // ones. Runs on a handler thread, or on the gate's thread for gate
     // answers: it must be thread-safe, quick and must not block.
@@ -230,7 +233,8 @@ class HttpServer {
   void Route(const std::string& method, const std::string& pattern, Handler handler);
   void InstallHooks();
   void Dispatch(GatedRequest request);  // on the gate's thread: queue for a handler
-  // Handles `request` on a handler thread; reports it to on_response.
+  // Handles `request` on a handler thread; reports it to on_response,
+  // timed from request.complete.
   std::string Answer(const GatedRequest& request);
   // The first registered pattern for `method` matching `path`, else the
   // first for another method (a 405), else kUnmatchedRoute.

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/host_port.h"
 #include "common/slow_http_clients.h"
 #include "gtest/gtest.h"
@@ -946,6 +948,53 @@ TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
   }
 }
 
+// Every place taken by a request being handled, clients alternate a
+// connection that sends nothing (admitted for probes only) and a whole
+// request. The second turned the first away as the oldest unfinished one
+// and took a regular place, so each pair queued one more request (up to
+// 1 MiB each) past max_connections. Regular places are counted apart from
+// the probes-only ones now: each whole request is refused 503.
+TEST(HttpServer, Get_AllPlacesHandled_SilentThenWholeRequestPairs_WholeRequestsRefused503) {
+  HeldHandler slow_handler;  // outlives the server, whose handlers use it
+  HttpServer server({.max_connections = 3, .handler_threads = 3});
+  server.Get("/slow", slow_handler.Handler());
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  std::vector<std::unique_ptr<RawConnection>> held, silent, whole;
+  auto connect = [&](std::vector<std::unique_ptr<RawConnection>>& into) {
+    into.push_back(std::make_unique<RawConnection>(*port, absl::Seconds(30)));
+    return into.back()->connected();
+  };
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(connect(held));
+    ASSERT_TRUE(held.back()->Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  }
+  ASSERT_TRUE(slow_handler.AwaitStarted(3));
+  // Connected in order, so the gate takes each silent one before its pair.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(connect(silent));
+    ASSERT_TRUE(connect(whole));
+    ASSERT_TRUE(whole.back()->Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  }
+  // The gate takes connections in order: once a probe connected last is
+  // answered, every connection above has its place (a whole request on a
+  // probes-only one is refused however soon places free up).
+  httplib::Result probe = ClientFor(*port)->Get("/healthz");
+  ASSERT_TRUE(probe) << httplib::to_string(probe.error());
+  EXPECT_EQ(probe->status, 200) << probe->body;
+  // Released only now: a request queued past the cap would be answered 200.
+  slow_handler.Release();
+  for (auto& connection : held) EXPECT_EQ(HttpStatusOf(connection->Read()), 200);
+  for (auto& connection : whole) {
+    const std::string response = connection->Read();
+    ASSERT_EQ(HttpStatusOf(response), 503) << response;
+    EXPECT_EQ(
+        nlohmann::json::parse(BodyOf(response)),
+        ErrorBody(14, "the server has the most open connections it accepts (3); retry later"));
+  }
+}
+
 TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   HttpServer server({.request_timeout = absl::Milliseconds(200)});
   server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
@@ -1020,6 +1069,7 @@ class ResponseLog {
       EXPECT_GE(seconds, 0.0);
       std::lock_guard<std::mutex> lock(mu_);
       entries_.emplace_back(method, route, status);
+      seconds_.push_back(seconds);
     };
     return options;
   }
@@ -1027,10 +1077,16 @@ class ResponseLog {
     std::lock_guard<std::mutex> lock(mu_);
     return entries_;
   }
+  // The seconds reported with each entry, in the same order.
+  std::vector<double> seconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seconds_;
+  }
 
  private:
   std::mutex mu_;
   std::vector<Entry> entries_;
+  std::vector<double> seconds_;
 };
 
 constexpr char kThingRoute[] = R"(/things/([^/]+))";
@@ -1080,6 +1136,44 @@ TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
   ASSERT_EQ(HttpStatusOf(connection.Read()), 501);
   EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"POST", "rejected", 413},
                                                             {"OTHER", "rejected", 501}}));
+}
+
+// A request's reported duration runs from the request being complete,
+// its wait for a handler thread included (as documented); it began when a
+// handler thread picked the request up, so a server whose handlers were all
+// busy reported fast answers while clients waited.
+TEST(HttpServer, OnResponse_RequestQueuedBehindABusyHandler_SecondsIncludeTheWait) {
+  ResponseLog log;
+  HeldHandler slow_handler;  // outlives the server, whose handler uses it
+  HttpServer server(log.Observing({.max_connections = 2, .handler_threads = 1, .probe_paths = {}}));
+  server.Get("/slow", slow_handler.Handler());
+  server.Get("/fast", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection held(*port, absl::Seconds(30)), queued(*port, absl::Seconds(30));
+  ASSERT_TRUE(held.connected());
+  ASSERT_TRUE(held.Send("GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  ASSERT_TRUE(slow_handler.AwaitStarted(1));
+  ASSERT_TRUE(queued.connected());
+  ASSERT_TRUE(queued.Send("GET /fast HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  // Both places taken: before turning a third connection away, the gate
+  // reads the oldest one still reading (`queued`, whole), so once the third
+  // has its 503 the queued request is complete and waits for the handler.
+  RawConnection third(*port, absl::Seconds(30));
+  ASSERT_TRUE(third.connected());
+  ASSERT_EQ(HttpStatusOf(third.Read()), 503);
+  const absl::Time complete_by = MonotonicClock()->Now();
+  absl::SleepFor(absl::Milliseconds(200));  // the wait to be measured
+  const double waited = absl::ToDoubleSeconds(MonotonicClock()->Now() - complete_by);
+  slow_handler.Release();
+  EXPECT_EQ(HttpStatusOf(held.Read()), 200);
+  EXPECT_EQ(HttpStatusOf(queued.Read()), 200);
+  const std::vector<ResponseLog::Entry> entries = log.entries();
+  const std::vector<double> seconds = log.seconds();
+  const auto fast =
+      std::find(entries.begin(), entries.end(), ResponseLog::Entry{"GET", "/fast", 200});
+  ASSERT_NE(fast, entries.end());
+  EXPECT_GE(seconds[fast - entries.begin()], waited);
 }
 
 TEST(HttpServer, Post_KnownPathWrongMethod_Returns405WithAllow) {

@@ -24,8 +24,9 @@ HttpRedMetrics::HttpRedMetrics(prometheus::Registry& registry)
                     .Register(registry)),
       duration_(prometheus::BuildHistogram()
                     .Name("pipetrain_http_request_duration_seconds")
-                    .Help("HTTP requests answered by this server, from the complete request to "
-                          "the response, seconds, by method, route and status code")
+                    .Help("HTTP requests answered by this server, from the complete request "
+                          "(its wait for a handler included) to the response, seconds, by "
+                          "method, route and status code")
                     .Register(registry)) {}
 
 void HttpRedMetrics::AddRoute(const std::string& method, const std::string& route) {

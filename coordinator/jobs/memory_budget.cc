@@ -127,15 +127,24 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
   std::vector<Budget> budgets;
   for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
   // A divided memory among the chosen workers, as PlanMemoryBudgets
-  // divides it: each sharer gets (its bytes - the claims) / sharers, the
-  // smallest that of the sharer with the fewest bytes.
+  // divides it: each sharer gets (its bytes - the claims) / sharers, less
+  // its reserve; the smallest that of the sharer with the fewest bytes and
+  // the largest reserve (bounded below by both).
   struct Divided {
     int sharers = 0;
     double fewest_bytes = kUnlimited;  // of the sharers with a budget
     double claims = 0;                 // own limits chosen on that host
+    double largest_reserve = 0;        // of the sharers
     double Share() const {
       return sharers == 0 ? kUnlimited : SharerBudget(fewest_bytes, claims, sharers);
     }
+    double Least() const {
+      return sharers == 0 ? kUnlimited : LessReserve(Share(), largest_reserve);
+    }
+  };
+  // A worker's own budget (not divided), less its reserve.
+  const auto own_of = [](const Budget& b) {
+    return b.bytes > 0 ? LessReserve(b.bytes, b.reserve) : kUnlimited;
   };
   std::map<std::string, Divided> divided;
   double own_min = kUnlimited;  // the smallest budget that is not divided
@@ -146,8 +155,9 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
       Divided& d = divided[b.shared];
       ++d.sharers;
       d.fewest_bytes = std::min(d.fewest_bytes, whole);
+      if (b.bytes > 0) d.largest_reserve = std::max(d.largest_reserve, b.reserve);
     } else {
-      own_min = std::min(own_min, whole);
+      own_min = std::min(own_min, own_of(b));
       if (!b.claims_from.empty()) divided[b.claims_from].claims += b.bytes;
     }
   };
@@ -160,7 +170,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
     std::string lowest_name;
     double lowest = kUnlimited, second = kUnlimited;
     for (const auto& [name, d] : divided) {
-      const double share = d.Share();
+      const double share = d.Least();
       if (share < lowest) {
         second = lowest;
         lowest = share;
@@ -180,7 +190,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
       const double whole = b.bytes > 0 ? b.bytes : kUnlimited;
       // The smallest budget of the chosen workers with i among them (a
       // sharer or a claim changes only its own memory's share), and i's.
-      double worst = own_min, own = whole;
+      double worst = own_min, own = own_of(b);
       const std::string& touched = !b.shared.empty() ? b.shared : b.claims_from;
       if (!touched.empty()) {
         auto it = divided.find(touched);
@@ -188,11 +198,14 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
         if (!b.shared.empty()) {
           ++d.sharers;
           d.fewest_bytes = std::min(d.fewest_bytes, whole);
-          if (b.bytes > 0) own = d.Share();  // unreported: unlimited, as PlanMemoryBudgets
+          if (b.bytes > 0) {  // unreported: unlimited, as PlanMemoryBudgets
+            d.largest_reserve = std::max(d.largest_reserve, b.reserve);
+            own = LessReserve(d.Share(), b.reserve);
+          }
         } else {
           d.claims += b.bytes;
         }
-        worst = std::min({worst, others(touched), d.Share(), own});
+        worst = std::min({worst, others(touched), d.Least(), own});
       } else {
         worst = std::min({worst, lowest, own});
       }

@@ -152,6 +152,22 @@ TEST(RoomiestWorkersTest, SpreadsOverHostsBeforeSharingOne) {
   EXPECT_TRUE(RoomiestWorkers(w, 0).empty());
 }
 
+// A reserve comes off a worker's budget in the ranking too, as
+// PlanMemoryBudgets takes it: a 16 GiB limit with a 12 GiB reserve (4 GiB
+// for plans) ranks below two 12 GiB workers, and a sharer's reserve comes
+// off its share.
+TEST(RoomiestWorkersTest, ReserveComesOffTheBudgetRanked) {
+  v1::Worker reserved = CpuWorker("a", 64 * kGiB, 16 * kGiB);
+  reserved.mutable_device()->set_memory_reserve_bytes(12 * kGiB);
+  const std::vector<v1::Worker> w = {reserved, CpuWorker("b", 64 * kGiB, 12 * kGiB),
+                                     CpuWorker("c", 64 * kGiB, 12 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{1, 2}));
+  v1::Worker sharer = CpuWorker("d", 24 * kGiB, 24 * kGiB);
+  sharer.mutable_device()->set_memory_reserve_bytes(20 * kGiB);
+  EXPECT_EQ(RoomiestWorkers({sharer, CpuWorker("e", 8 * kGiB, 8 * kGiB)}, 1),
+            (std::vector<size_t>{1}));
+}
+
 // A recovering job's survivors are in the plan already: a spare on their
 // host divides its RAM with them. Alone, vm's spare (30 GiB) looks roomier
 // than other's 12 GiB; beside the two survivors on vm it would leave each

@@ -4,7 +4,8 @@
 // Stages report the unit files they wrote for step k
 // (ReportProgressRequest.checkpoint); checkpoint k is complete once every
 // unit of the model is in, and only then can a job resume from it. The
-// catalog keeps the newest `keep` complete ones; the caller writes each
+// catalog keeps the newest `keep` complete ones, and the newest at or
+// before the step the job's loss reached (SetReached); the caller writes each
 // completed checkpoint's manifest (WriteCheckpointManifest) and deletes the
 // directories of those it expires (RemoveCheckpointDir). Reports are
 // checked before anything is kept: a stage may report only units it owns,
@@ -49,7 +50,8 @@ inline constexpr int64_t kMaxUnitFileBytes = int64_t{1} << 50;
 inline constexpr int64_t kMaxStoredCheckpointBytes = 512 << 10;
 
 // The most bytes the `spec.keep` complete checkpoints of a model of `units`
-// units, and a spec.init.from checkpoint, take in the stored record.
+// units, the one a resume takes held beyond them (SetReached), and a
+// spec.init.from checkpoint take in the stored record.
 int64_t StoredCheckpointBytes(const v1::CheckpointSpec& spec, int units);
 // The largest keep whose checkpoints fit kMaxStoredCheckpointBytes.
 int MaxStoredKeep(const v1::CheckpointSpec& spec, int units);

@@ -771,9 +771,11 @@ class JobManager {
     // Saves in a row whose record stayed over the store's limit after all
     // that (each fails): said once a minute, not at every save.
     FailureStretch unfit_saves;
-    // Cancel answered UNAVAILABLE (its save failed) and no cancel has been
-    // answered OK since: the next cancel answers as a first one, even if a
-    // retried save recorded it meanwhile.
+    // A cancel's save is in flight, or Cancel answered UNAVAILABLE (its
+    // save failed or took too long) and no cancel has been answered OK
+    // since: the next cancel saves and answers as a first one, even if a
+    // retried save recorded it meanwhile. Not stored (a restored CANCELLED
+    // job is recorded).
     bool cancel_unconfirmed = false;
     // A job submitted with spec.parallelism.data 0 (auto): its
     // spec.parallelism.workers. Every plan, re-plans after a loss or a

@@ -79,8 +79,16 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                     << " could not write its checkpoint of step " << c.step() << ": "
                     << c.error().substr(0, 4096);
     // Its files written before the failure, and the other stages', are
-    // removed once a later checkpoint completes, or at the job's end.
+    // removed once a later checkpoint completes, or at the job's end; the
+    // failed steps past the catalog's few go now (no checkpoint may
+    // complete while the disk stays full, and they are what fills it).
     record.checkpoints->Failed(c.step());
+    if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();
+        !abandoned.empty()) {
+      io_.Post(
+          [output_dir = options_.output_dir, id = record.job.id(),
+           abandoned = std::move(abandoned)] { RemoveCheckpointDirs(output_dir, id, abandoned); });
+    }
     if (events_.checkpoint_failed) events_.checkpoint_failed();
     // Shown in the job (GetJob, `pipetrain job`), not only the log and a
     // counter: a job whose checkpoints all fail cannot recover as asked.

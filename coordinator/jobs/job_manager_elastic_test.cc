@@ -2425,6 +2425,37 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(summary_failures(), 0);
 }
 
+// While every checkpoint fails (a full disk), the failed steps' files past
+// the catalog's few are removed as more fail: no checkpoint can complete
+// to remove them, and they are what fills the disk. The newest few stay
+// (a later completion, or the job's end, removes them).
+TEST_F(JobManagerElasticTest, CheckpointsFailingOnAFullDisk_OldestFailedStepsRemoved) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const auto step_dir = [&](int64_t step) {
+    return absl::StrCat(OutputDir(), "/checkpoints/", id, absl::StrFormat("/step-%08d", step));
+  };
+  const int64_t last = 5 * (kMaxPendingCheckpoints + 2);
+  for (int64_t step = 5; step <= last; step += 5) {
+    std::filesystem::create_directories(step_dir(step));
+    std::ofstream(step_dir(step) + "/unit-0000.safetensors") << "half";
+  }
+  for (int64_t step = 1; step <= last; ++step) {
+    Step(id, step);
+    if (step % 5 == 0) {
+      ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w1, step)).ok());
+      ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, step)).ok());
+    }
+  }
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(step_dir(5)));
+  EXPECT_FALSE(std::filesystem::exists(step_dir(10)));
+  for (int64_t step = 15; step <= last; step += 5) {
+    EXPECT_TRUE(std::filesystem::exists(step_dir(step))) << step;
+  }
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+}
+
 // A job whose checkpoints fail does not grow into a spare: the boundary's
 // checkpoint would fail as well, and the recovery from it rewind the job to
 // its last complete checkpoint (here step 0). Once one completes, it grows.

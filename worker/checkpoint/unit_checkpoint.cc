@@ -468,13 +468,18 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   absl::StatusOr<SafetensorsContents> parsed =
       ReadSafetensorsTensorsFrom(std::move(fd), path, [](std::string_view) { return true; });
   if (!parsed.ok()) {
-    // The file hashed as recorded: a read that fails now is this worker's
-    // trouble (UNAVAILABLE as above); a file that does not parse is the
-    // checkpoint's.
+    // The file hashed as recorded: a file that does not parse (its format:
+    // INVALID_ARGUMENT; shrunk in place: DATA_LOSS) is the checkpoint's; a
+    // read that fails now (an errno's code) is this worker's trouble, as
+    // above, so that the coordinator keeps a checkpoint whose bytes just
+    // matched.
     if (absl::IsInvalidArgument(parsed.status()) || absl::IsDataLoss(parsed.status())) {
       return absl::DataLossError(parsed.status().message());
     }
-    return parsed.status();
+    return absl::UnavailableError(
+        absl::StrCat(parsed.status().message(),
+                     " (read after its checksum matched: this worker's trouble, the checkpoint "
+                     "is kept)"));
   }
   const SafetensorsContents& contents = *parsed;
   const SafetensorsMetadata& meta = contents.metadata;

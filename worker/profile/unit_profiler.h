@@ -120,8 +120,9 @@ inline constexpr int64_t kPowerSgdTimingRows = 512;
 // on the calling thread.
 using ProfileProgressFn = std::function<absl::Status(int unit_index, const std::string& unit_name)>;
 
-// Asked between the passes within a unit (warm-up, timed, transient,
-// optimizer and partition passes): an error ends the profile with it, so a
+// Asked before the passes within a unit (each warm-up and timed pass, the
+// transient pass, the optimizer's timing, each partition pass): an error
+// ends the profile with it, so a
 // caller that gave up (its deadline passed) or a worker shutting down
 // waits one pass, not the rest of a large unit (minutes), which held the
 // worker's memory and cores beside the job it was given meanwhile. Runs on

@@ -303,7 +303,7 @@ TEST(ProfileUnitsTest, StopCheckError_EndsTheProfileWithinTheUnit) {
       });
   EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(profile.status().message(), "the caller went away");
-  EXPECT_EQ(units, 1);  // the first unit's fourth pass: before its third timed one
+  EXPECT_EQ(units, 1);  // the first unit's fourth check: before its second timed pass
   EXPECT_EQ(checks, 4);
   checks = 0;
   ASSERT_TRUE(ProfileUnits(request, nullptr, CpuBackend(), [&checks]() {

@@ -272,11 +272,22 @@ async function scenario(document, coordinator, workerId) {
   await call('POST', '/v1/workers/w-none:drain', { expect: 404 });
 
   // Cancels: one the state store cannot record (503), the same once it can
-  // (200, as a first cancel), a job, the same again (400), unknown.
+  // (200, as a first cancel), a job, the same again (200: a repeat), one
+  // that failed (400: it ended otherwise), unknown.
   await whileStateLocked(() => call('POST', `/v1/jobs/${busyId}:cancel`, { expect: 503 }));
   await call('POST', `/v1/jobs/${busyId}:cancel`, { expect: 200 });
   await call('POST', `/v1/jobs/${unplacedId}:cancel`, { expect: 200 });
-  await call('POST', `/v1/jobs/${unplacedId}:cancel`, { expect: 400 });
+  await call('POST', `/v1/jobs/${unplacedId}:cancel`, { expect: 200 });
+  const doomed = await call('POST', '/v1/jobs', { expect: 200, body: {
+    name: 'doomed', model: { nLayer: 2, nHead: 2, dModel: 16 },
+    training: { seqLen: 8, batchSize: 4, steps: '10' }, parallelism: { stages: 2 },
+    scheduling: { queueTimeout: '1s' } } });
+  const doomedId = doomed.json && doomed.json.id;
+  await until('the unplaceable job to fail its queue timeout', 60000, async () => {
+    const r = await fetch(`${base}/v1/jobs/${doomedId}`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    return (await r.json()).state === 'JOB_STATE_FAILED';
+  });
+  await call('POST', `/v1/jobs/${doomedId}:cancel`, { expect: 400 });
   await call('POST', '/v1/jobs/job-none:cancel', { expect: 404 });
   await until('the worker to be free', 60000, async () => {
     const r = await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${TOKEN}` } });

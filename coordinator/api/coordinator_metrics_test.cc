@@ -5,6 +5,7 @@
 #include "coordinator/api/coordinator_metrics.h"
 
 #include <atomic>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -322,6 +323,33 @@ class FailingStore final : public Store {
   MemoryStore store_;
 };
 
+// After one failure of a job's state write: two more once-a-second
+// retries fail (the job stays shown as failing, `failing_gauge` 1), then
+// one succeeds (0); `failures_counter` counts the 3. Returns the last
+// scrape.
+std::string RetriesFailThenSucceed(FakeClock& clock, JobManager& jobs, FailingStore& store,
+                                   const std::function<std::string()>& scrape,
+                                   const std::string& failing_gauge,
+                                   const std::string& failures_counter) {
+  std::string text;
+  for (int retry = 0; retry < 2; ++retry) {  // each second's retry fails too
+    clock.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    text = scrape();
+    EXPECT_EQ(SeriesValue(text, failing_gauge), 1) << text;
+  }
+  EXPECT_EQ(SeriesValue(text, failures_counter), 3) << text;
+  store.failing = false;
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, failing_gauge), 0) << text;
+  EXPECT_EQ(SeriesValue(text, failures_counter), 3) << text;
+  return text;
+}
+
 // Saves that fail show in /metrics: each one counted, and the jobs whose
 // latest save failed (which a restart would bring back as last saved)
 // while the once-a-second retries fail too, until one succeeds. Both exist
@@ -349,21 +377,8 @@ TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
   text = scrape();
   EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 1) << text;
   EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 1) << text;
-  for (int retry = 0; retry < 2; ++retry) {  // each second's retry fails too
-    clock.Advance(absl::Seconds(2));
-    jobs.ScheduleQueued();
-    jobs.FlushIo();
-    text = scrape();
-    EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 1) << text;
-  }
-  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 3) << text;
-  store.failing = false;
-  clock.Advance(absl::Seconds(2));
-  jobs.ScheduleQueued();
-  jobs.FlushIo();
-  text = scrape();
-  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 0) << text;
-  EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 3) << text;
+  text = RetriesFailThenSucceed(clock, jobs, store, scrape, "pipetrain_jobs_state_save_failing",
+                                "pipetrain_state_save_failures_total");
   EXPECT_EQ(state.LoadJobs().value()[0].job().state(), v1::JOB_STATE_CANCELLED);
 }
 
@@ -397,21 +412,8 @@ TEST(CoordinatorMetricsTest, StateDeletes_FailuresCountedFailingJobsShown) {
   text = scrape();
   EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 1) << text;
   EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 1) << text;
-  for (int retry = 0; retry < 2; ++retry) {  // each second's retry fails too
-    clock.Advance(absl::Seconds(2));
-    jobs.ScheduleQueued();
-    jobs.FlushIo();
-    text = scrape();
-    EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 1) << text;
-  }
-  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 3) << text;
-  store.failing = false;
-  clock.Advance(absl::Seconds(2));
-  jobs.ScheduleQueued();
-  jobs.FlushIo();
-  text = scrape();
-  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_delete_failing"), 0) << text;
-  EXPECT_EQ(SeriesValue(text, "pipetrain_state_delete_failures_total"), 3) << text;
+  text = RetriesFailThenSucceed(clock, jobs, store, scrape, "pipetrain_jobs_state_delete_failing",
+                                "pipetrain_state_delete_failures_total");
   EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 0) << text;
   EXPECT_TRUE(state.LoadJobs().value().empty());
 }

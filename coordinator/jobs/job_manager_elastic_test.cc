@@ -4919,6 +4919,16 @@ class JobManagerStoreTest : public ::testing::Test {
     jobs.ScheduleQueued();
     jobs.FlushIo();
   }
+  // Two minutes of once-a-second retry passes while one job's deletes fail:
+  // it stays counted among those whose delete failed.
+  void TwoMinutesOfFailingDeletes(JobManager& jobs) {
+    for (int pass = 0; pass < 120; ++pass) {
+      clock_.Advance(absl::Seconds(1));
+      jobs.ScheduleQueued();
+      jobs.FlushIo();
+      ASSERT_EQ(jobs.JobsWithFailedDelete(), 1) << pass;
+    }
+  }
   // Worker `w` reports step `step` of job `id` (plan `version`): its
   // losses, then, with `checkpoint`, its checkpoint of 4 unit files.
   static void ReportStep(JobManager& jobs, const std::string& w, const std::string& id,
@@ -5473,12 +5483,7 @@ TEST_F(JobManagerStoreTest, PrunedJobDeleteFailing_WarningOnceAMinuteJobCountedU
   jobs.ScheduleQueued();  // prunes it; its delete fails
   jobs.FlushIo();
   ASSERT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
-  for (int pass = 0; pass < 120; ++pass) {  // 2 minutes of once-a-second retries
-    clock_.Advance(absl::Seconds(1));
-    jobs.ScheduleQueued();
-    jobs.FlushIo();
-    ASSERT_EQ(jobs.JobsWithFailedDelete(), 1) << pass;
-  }
+  TwoMinutesOfFailingDeletes(jobs);
   store_.deletes_fail = false;
   RetryPass(jobs);
   const std::string log = ::testing::internal::GetCapturedStderr();
@@ -5513,12 +5518,7 @@ TEST_F(JobManagerStoreTest, SubmitUnsettledDeleteFailing_WarningOnceAMinuteJobCo
   store_.puts_unconfirmed = false;
   const std::string ghost = state_.LoadJobs().value().at(0).job().id();
   EXPECT_EQ(jobs.JobsWithFailedDelete(), 1);
-  for (int pass = 0; pass < 120; ++pass) {  // 2 minutes of once-a-second retries
-    clock_.Advance(absl::Seconds(1));
-    jobs.ScheduleQueued();
-    jobs.FlushIo();
-    ASSERT_EQ(jobs.JobsWithFailedDelete(), 1) << pass;
-  }
+  TwoMinutesOfFailingDeletes(jobs);
   store_.deletes_fail = false;
   RetryPass(jobs);
   const std::string log = ::testing::internal::GetCapturedStderr();

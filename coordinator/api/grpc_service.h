@@ -4,9 +4,11 @@
 // code and message (see those headers for the codes each method returns).
 //
 // Authentication comes first (caller_auth.h), before the request is even
-// parsed (RawCoordinatorService): a refused call changes nothing, is counted in
-// pipetrain_rpc_refused_total{method,code} (and, as every call, timed with its code by the RED
-// interceptor), and ends UNAUTHENTICATED or PERMISSION_DENIED.
+// parsed (RawCoordinatorService; RegisterWorker, whose join token is in its
+// request, after the size bound alone): a refused call changes nothing, is
+// counted in pipetrain_rpc_refused_total{method,code} (and, as every call,
+// timed with its code by the RED interceptor), and ends UNAUTHENTICATED or
+// PERMISSION_DENIED.
 //
 // Additions beyond translation:
 //   WatchAssignments a stream the worker cancels (its process exited or its

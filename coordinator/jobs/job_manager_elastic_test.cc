@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/data_plane_keys.h"
 #include "common/proto_time.h"
+#include "common/testing/log_lines.h"
 #include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
@@ -4068,14 +4069,7 @@ TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointNotRemovable_StaysListed)
   EXPECT_TRUE(std::filesystem::is_symlink(absl::StrCat(OutputDir(), "/", step_dir)));
 }
 
-// The lines of `log` holding `text`.
-int LinesWith(const std::string& log, const std::string& text) {
-  int n = 0;
-  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
-    if (absl::StrContains(line, text)) ++n;
-  }
-  return n;
-}
+using ::pipetrain::testing::LinesWith;
 
 // While the manifest's write keeps failing (a full or read-only volume),
 // its retry every 5 s logs the first failure, then one a minute saying how

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -102,9 +103,13 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     // checkpoint it completed now could expire the one the re-plan resumes
     // from (kept: spec.checkpoint.keep), so it counts for nothing.
     if (stopped) {
-      PT_LOG(INFO) << "job " << r.job_id() << ": checkpoint of step " << r.checkpoint().step()
-                   << " from " << r.worker_id() << " ignored: the job is "
-                   << EnumShortName(record->job.state());
+      // Rate-limited, as below: a worker's retries come at RPC rate.
+      static LogRateLimiter ignored_log(10, absl::Seconds(10));
+      if (int64_t dropped = 0; ignored_log.Allow(&dropped)) {
+        PT_LOG(INFO) << "job " << r.job_id() << ": checkpoint of step " << r.checkpoint().step()
+                     << " from " << r.worker_id() << " ignored: the job is "
+                     << EnumShortName(record->job.state()) << LogRateLimiter::Dropped(dropped);
+      }
       response.set_all_ready(true);
       return response;
     }
@@ -148,8 +153,14 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   // is a retry whose answer was lost (JobRunner::ReportWithRetries), answered
   // as before but not applied again (its loss and times added twice).
   if (r.iteration() < stage.iterations_done) {
-    PT_LOG(INFO) << "job " << r.job_id() << ": " << r.worker_id() << "'s report of iteration "
-                 << r.iteration() << " came again; counted once";
+    // At most 10 lines per 10 s: a worker that repeats a report in a loop
+    // (a fault, or a host not to be trusted) must not flood the log.
+    static LogRateLimiter repeats_log(10, absl::Seconds(10));
+    if (int64_t dropped = 0; repeats_log.Allow(&dropped)) {
+      PT_LOG(INFO) << "job " << r.job_id() << ": " << r.worker_id() << "'s report of iteration "
+                   << r.iteration() << " came again; counted once"
+                   << LogRateLimiter::Dropped(dropped);
+    }
     return response;
   }
   stage.iterations_done = r.iteration() + 1;

@@ -23,6 +23,7 @@
 #include "common/device_kind.h"
 #include "common/link_model.h"
 #include "common/proto_time.h"
+#include "common/testing/log_lines.h"
 #include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
@@ -900,6 +901,13 @@ TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {
   EXPECT_DOUBLE_EQ(job.progress().stage_times(1).busy_seconds(), 0.5);
   r.set_iteration(1);
   ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  EXPECT_EQ(jobs_.Get(id).value().progress().loss_history_size(), 2);
+  // A worker that repeats its report in a loop gets at most 10 log lines
+  // per 10 s (the limit is process-wide: earlier repeats may have used it).
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_LE(::pipetrain::testing::LinesWith(logged, "came again"), 10) << logged;
   EXPECT_EQ(jobs_.Get(id).value().progress().loss_history_size(), 2);
   (void)w1;
   (void)w2;

@@ -14,6 +14,7 @@
 #include "common/build_identity.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
 #include "common/secrets.h"
@@ -186,8 +187,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
       response.set_session_token(SessionTokenOf(entry));
       response.set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
       response.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
-      PT_LOG(INFO) << Describe(old) << " registered again with the same registration (the answer "
-                   << "to the first was lost): answered with its incarnation " << old.incarnation();
+      // Rate-limited: a join-token holder can repeat one registration at will.
+      static LogRateLimiter repeats_log(10, absl::Seconds(10));
+      if (int64_t dropped = 0; repeats_log.Allow(&dropped)) {
+        PT_LOG(INFO) << Describe(old) << " registered again with the same registration (the "
+                     << "answer to the first was lost): answered with its incarnation "
+                     << old.incarnation() << LogRateLimiter::Dropped(dropped);
+      }
       return response;
     }
     if (old.state() == v1::WORKER_STATE_ASSIGNED) {

@@ -169,9 +169,11 @@ absl::Status CheckEtcdOptions(const EtcdOptions& options) {
   if (options.scan_page_keys < 1) {
     return absl::InvalidArgumentError("etcd scan_page_keys must be >= 1");
   }
-  if (options.compaction_interval_commits < 1 || options.kept_revisions < 1) {
+  if (options.compaction_interval_commits < 1 || options.compaction_interval_bytes < 1 ||
+      options.kept_revisions < 1) {
     return absl::InvalidArgumentError(
-        "etcd compaction_interval_commits and kept_revisions must be >= 1");
+        "etcd compaction_interval_commits, compaction_interval_bytes and kept_revisions must be "
+        ">= 1");
   }
   return absl::OkStatus();
 }

@@ -161,7 +161,7 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
   etcdserverpb::TxnResponse response;
   RETURN_IF_ERROR(client_->Txn(txn, &response));
   if (response.succeeded()) {
-    MaybeCompact(response.header().revision());
+    MaybeCompact(response.header().revision(), static_cast<int64_t>(bytes));
     return absl::OkStatus();
   }
   // Only a fenced Txn has a compare that can fail.
@@ -177,9 +177,13 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
                                 " created at revision ", term->create_revision, ") has ended"));
 }
 
-void EtcdStore::MaybeCompact(int64_t revision) {
+void EtcdStore::MaybeCompact(int64_t revision, int64_t bytes) {
   const EtcdOptions& options = client_->options();
-  if ((commits_.fetch_add(1) + 1) % options.compaction_interval_commits != 0) return;
+  const bool commits_up = (commits_.fetch_add(1) + 1) % options.compaction_interval_commits == 0;
+  const bool bytes_up =
+      bytes_since_compaction_.fetch_add(bytes) + bytes >= options.compaction_interval_bytes;
+  if (!commits_up && !bytes_up) return;
+  bytes_since_compaction_.store(0);  // the next interval counts from this try
   const int64_t target = revision - options.kept_revisions;
   if (target <= compacted_to_.load()) return;
   etcdserverpb::CompactionRequest request;
@@ -196,7 +200,8 @@ void EtcdStore::MaybeCompact(int64_t revision) {
     return;
   }
   PT_LOG(WARNING) << "etcd compaction up to revision " << target << " failed (tried again after "
-                  << options.compaction_interval_commits << " more commits): " << compacted;
+                  << options.compaction_interval_commits << " more commits or "
+                  << options.compaction_interval_bytes << " more bytes): " << compacted;
 }
 
 absl::StatusOr<std::optional<std::string>> EtcdStore::Get(const std::string& key) const {

@@ -32,10 +32,12 @@
 // job's record (tens of KB with its loss history) up to once a second:
 // etcd's default 2 GiB quota filled within a day, after which etcd refused
 // every write (NOSPACE) and no coordinator could be elected. So every
-// options.compaction_interval_commits successful Commits, the store
-// compacts etcd up to options.kept_revisions revisions before the one it
-// just wrote (a failure is logged and tried again after the next interval;
-// the Commit stands). Only the writer compacts, and Scan reads again when
+// options.compaction_interval_commits successful Commits, or sooner once
+// those since the last compaction carried options.compaction_interval_bytes
+// (records may be up to 1 MiB: a thousand of them alone fill half the
+// quota), the store compacts etcd up to options.kept_revisions revisions
+// before the one it just wrote (a failure is logged and tried again after
+// the next interval; the Commit stands). Only the writer compacts, and Scan reads again when
 // its revision was compacted meanwhile. etcd's own --auto-compaction-*
 // flags may run beside it.
 //
@@ -108,9 +110,9 @@ class EtcdStore final : public Store {
 
   // The etcd key of Store key `key`.
   std::string DataKey(const std::string& key) const { return data_prefix_ + key; }
-  // Counts a successful Commit that wrote `revision`, and compacts etcd's
-  // history when the interval is up (see above).
-  void MaybeCompact(int64_t revision);
+  // Counts a successful Commit of `bytes` (its Txn) that wrote `revision`,
+  // and compacts etcd's history when an interval is up (see above).
+  void MaybeCompact(int64_t revision, int64_t bytes);
   // One pass of Scan over [begin, end); OUT_OF_RANGE when etcd compacted
   // the revision it reads at.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ScanOnce(
@@ -120,6 +122,7 @@ class EtcdStore final : public Store {
   const LeadershipView* const leadership_;
   const std::string data_prefix_;  // "<prefix>kv/"
   std::atomic<int64_t> commits_{0};
+  std::atomic<int64_t> bytes_since_compaction_{0};  // of Commits since the last try
   std::atomic<int64_t> compacted_to_{0};  // the latest revision compacted up to
 };
 

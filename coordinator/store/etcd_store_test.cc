@@ -172,6 +172,7 @@ TEST(EtcdStoreTest, Open_BadOptions_InvalidArgument) {
       {[](EtcdOptions& o) { o.scan_page_keys = 0; }, "scan_page_keys"},
       {[](EtcdOptions& o) { o.compaction_interval_commits = 0; }, "compaction_interval_commits"},
       {[](EtcdOptions& o) { o.kept_revisions = 0; }, "kept_revisions"},
+      {[](EtcdOptions& o) { o.compaction_interval_bytes = 0; }, "compaction_interval_bytes"},
   };
   for (const auto& [change, message] : cases) {
     EtcdOptions options = SharedOptions(NewPrefix());
@@ -323,6 +324,38 @@ TEST(EtcdStoreTest, Commit_EveryInterval_CompactsTheHistory) {
   EXPECT_EQ(value_at(first->mod_revision()).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(value_at(tenth->mod_revision() - 3).value_or("?"), "6");
   EXPECT_EQ(store->Get("k").value(), std::optional<std::string>("9"));
+}
+
+// Records may be up to 1 MiB: a thousand commits of them would keep 1 GiB
+// of history, half of etcd's default quota. So the store also compacts once
+// its commits since the last compaction carried compaction_interval_bytes.
+TEST(EtcdStoreTest, Commit_LargeRecords_CompactsByBytesBeforeTheCommitInterval) {
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("compaction-bytes");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EtcdOptions options = (*etcd)->Options("/bytes/");
+  options.compaction_interval_commits = 1000;
+  options.compaction_interval_bytes = 10000;
+  options.kept_revisions = 1;
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> raw = EtcdClient::Create(options);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const auto status_at = [&](int64_t revision) {
+    etcdserverpb::RangeRequest request;
+    request.set_key("/bytes/kv/k");
+    request.set_revision(revision);
+    etcdserverpb::RangeResponse response;
+    return (*raw)->Range(request, &response);
+  };
+  const std::string record(4000, 'r');  // each Txn carries a little more
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", record)}), absl::OkStatus());
+  const std::optional<mvccpb::KeyValue> first = RawGet(**raw, "/bytes/kv/k");
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", record)}), absl::OkStatus());
+  EXPECT_EQ(status_at(first->mod_revision()), absl::OkStatus());  // about 8,000 bytes so far
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", record)}), absl::OkStatus());  // over 10,000
+  EXPECT_EQ(status_at(first->mod_revision()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store->Get("k").value(), std::optional<std::string>(record));
 }
 
 TEST(EtcdStoreTest, Commit_AcknowledgedThenEtcdKilled_FoundAfterRestart) {

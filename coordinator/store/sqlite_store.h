@@ -12,10 +12,14 @@
 //                       there leaves this file, which the next Open removes.
 //
 // Every commit is checkpointed into the database file as it is made
-// (wal_autocheckpoint=1), and Open checkpoints what a crash left in the WAL,
-// so the .db file alone holds the state: a copy of it, or a WAL lost after
-// a crash, misses at most the commit in flight. For a consistent backup of
-// a running coordinator use sqlite3's .backup, or stop it first.
+// (wal_autocheckpoint=1; a checkpoint a reader blocks, or one that fails,
+// leaves commits in the WAL until the next), and Open checkpoints what a
+// crash left in the WAL. A plain copy of the .db file taken while the
+// coordinator runs is not a backup: a checkpoint rewrites pages in place as
+// the copy reads them, so the copy can pair an old page with a new one and
+// silently lack records (SQLite reads it without an error). Back up with
+// sqlite3's .backup (or VACUUM INTO), an atomic snapshot of the filesystem
+// holding the directory, or a copy made while the coordinator is stopped.
 //
 // Durability: the database runs in WAL mode with synchronous=FULL, so Commit
 // returns only after the WAL has been fsync()ed; SQLite documents that this

@@ -73,6 +73,11 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   // validation activations raw too.
   void BeginIteration(int64_t iteration, bool eval = false) {
     iteration_ = iteration;
+    // Tickets count from 0 again when none is outstanding (every pass waits
+    // for its all-reduces): a count kept over the whole run passed INT_MAX
+    // after about 90,000 steps of 48 layers, 4 partitions and 32
+    // micro-batches (signed overflow).
+    if (pending_.empty()) next_ticket_ = 0;
     next_tag_ = kTensorParallelTagBase + (eval ? kStepTagSpan : 0);
     tag_end_ = next_tag_ + (eval ? eval_tag_span_ : step_tag_span_);
     eval_ = eval;

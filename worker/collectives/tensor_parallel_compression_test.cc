@@ -438,6 +438,29 @@ TEST(HybridCompressionTest, StreamedAcrossUnits_SameAsWaitingInEachUnit) {
   }
 }
 
+// The all-reduce tickets start from 0 again each pass with none outstanding,
+// so their int never overflows in a long run.
+TEST(TensorParallelCommTest, BeginIteration_NoneOutstanding_TicketsStartAgain) {
+  InProcessFabric fabric(1);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  Collectives collectives(transport.get(), CollectiveGroup{{0}, "tp"});
+  CollectivesTensorParallelComm comm(&collectives, CpuBackend());
+  Tensor data = Tensor::Zeros({4});
+  for (int64_t iteration = 0; iteration < 3; ++iteration) {
+    comm.BeginIteration(iteration);
+    for (int expected = 0; expected < 5; ++expected) {
+      const int ticket = comm.StartAllReduceSum(data);
+      EXPECT_EQ(ticket, expected) << "iteration " << iteration;
+      comm.WaitAllReduce(ticket);
+    }
+  }
+  // A ticket still outstanding keeps the count going (none is reused).
+  const int outstanding = comm.StartAllReduceSum(data);
+  comm.BeginIteration(3);
+  EXPECT_GT(comm.StartAllReduceSum(data), outstanding);
+  EXPECT_TRUE(comm.status().ok()) << comm.status();
+}
+
 TEST(HybridCompressionTest, KeepTopTokensPerSample_TiesToTheLowerToken) {
   EXPECT_EQ(KeepTopTokensPerSample({1, 3, 3, 0, 5, 5, 5, 5}, 4, 0.5),
             (std::vector<uint8_t>{0, 1, 1, 0, 1, 1, 0, 0}));

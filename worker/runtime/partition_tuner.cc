@@ -12,11 +12,11 @@ std::string PartitionCandidate::ToString() const {
                       absl::StrJoin(backward, ","), "]");
 }
 
-PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units,
+PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<bool>& tunable,
                                int samples, int steps_per_candidate)
-    : samples_(samples), steps_(steps_per_candidate) {
-  PT_CHECK(steps_ >= 1 && samples >= 1 && planned.forward.size() == block_units.size() &&
-           planned.backward.size() == block_units.size())
+    : tunable_(tunable), samples_(samples), steps_(steps_per_candidate) {
+  PT_CHECK(steps_ >= 1 && samples >= 1 && planned.forward.size() == tunable.size() &&
+           planned.backward.size() == tunable.size())
       << "PartitionTuner: bad arguments";
   // As the units run them (Unit::TensorParallelPartitions).
   const auto as_run = [samples](PartitionCandidate c) {
@@ -27,9 +27,9 @@ PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<boo
   candidates_.push_back(as_run(std::move(planned)));
   for (int k : {1, 2, 4}) {
     PartitionCandidate uniform;
-    for (bool block : block_units) {
-      uniform.forward.push_back(block ? k : 1);
-      uniform.backward.push_back(block ? k : 1);
+    for (size_t u = 0; u < tunable.size(); ++u) {
+      uniform.forward.push_back(tunable[u] ? k : candidates_[0].forward[u]);
+      uniform.backward.push_back(tunable[u] ? k : candidates_[0].backward[u]);
     }
     uniform = as_run(std::move(uniform));
     bool seen = false;
@@ -77,6 +77,12 @@ bool PartitionTuner::Adopt(const PartitionCandidate& choice) {
   for (const std::vector<int>* counts : {&choice.forward, &choice.backward}) {
     for (int k : *counts) {
       if (PartitionsRun(k, samples_) != k) return false;
+    }
+  }
+  for (size_t u = 0; u < tunable_.size(); ++u) {
+    if (!tunable_[u] && (choice.forward[u] != candidates_[0].forward[u] ||
+                         choice.backward[u] != candidates_[0].backward[u])) {
+      return false;
     }
   }
   for (size_t c = 0; c < candidates_.size(); ++c) {

@@ -46,16 +46,23 @@ struct PartitionCandidate {
 
 class PartitionTuner {
  public:
-  // `planned`: the plan's choice; `block_units[u]`: whether unit u is an
-  // attention or MLP unit (the others always get 1); `samples`: the
-  // samples of a micro-batch. The candidates are the plan's and uniform 1,
-  // 2 and 4 over the block units, each count held as it runs, cut to
-  // gcd(count, samples) (Unit::TensorParallelPartitions), duplicates
-  // dropped: uniform 4 on 2 samples runs as uniform 2, measured once, and
-  // a count that never runs is never reported. Requires
-  // steps_per_candidate >= 1, samples >= 1 and planned vectors of
-  // block_units' size.
-  PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units, int samples,
+  // `planned`: the plan's choice; `tunable[u]`: whether unit u's counts
+  // may vary (an attention or MLP unit whose forward and backward passes
+  // both run on this stage; the others keep the plan's counts in every
+  // candidate); `samples`: the samples of a micro-batch. The candidates
+  // are the plan's and uniform 1, 2 and 4 over the tunable units, each
+  // count held as it runs, cut to gcd(count, samples)
+  // (Unit::TensorParallelPartitions), duplicates dropped: uniform 4 on 2
+  // samples runs as uniform 2, measured once, and a count that never runs
+  // is never reported. Requires steps_per_candidate >= 1, samples >= 1 and
+  // planned vectors of tunable's size.
+  //
+  // Why a unit must run both passes here to be tuned: its count decides
+  // the bits of its output (a codec's scale per partition, the ring's
+  // segments), and under Bi-Partition another stage runs its forward or
+  // its recompute, with a tuner of its own that may choose otherwise: the
+  // recompute would then not rebuild the forward that made the loss.
+  PartitionTuner(PartitionCandidate planned, const std::vector<bool>& tunable, int samples,
                  int steps_per_candidate);
 
   const std::vector<PartitionCandidate>& candidates() const { return candidates_; }
@@ -76,7 +83,9 @@ class PartitionTuner {
   // from now on. False, and nothing changes, unless it has the planned
   // vectors' sizes and holds every count as the units run it on these
   // samples (PartitionsRun), as every candidate is: a count the units
-  // would cut is not what was measured.
+  // would cut is not what was measured; nor unless it holds the plan's
+  // counts for every unit that is not tunable (a record from before they
+  // were kept, or from another layout of the stages).
   bool Adopt(const PartitionCandidate& choice);
   bool decided() const { return chosen_ >= 0; }
   int chosen() const { return chosen_; }
@@ -84,7 +93,8 @@ class PartitionTuner {
   int64_t tuning_iterations() const;
 
  private:
-  std::vector<PartitionCandidate> candidates_;
+  std::vector<PartitionCandidate> candidates_;  // [0]: the plan's, as run
+  std::vector<bool> tunable_;
   int samples_;
   int steps_;
   std::vector<double> totals_;

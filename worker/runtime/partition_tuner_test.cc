@@ -106,5 +106,23 @@ TEST(PartitionTuner, Adopt_RefusesWhatCouldNotHaveRun) {
   EXPECT_EQ(tuner.CandidateFor(2).forward, (std::vector<int>{1, 1, 1, 1}));
 }
 
+// Under Bi-Partition a block unit whose forward or backward runs on another
+// stage keeps the plan's counts in every candidate (that stage's tuner may
+// choose otherwise, and the recompute must rebuild the forward), and a
+// recorded choice that changed them is refused.
+TEST(PartitionTuner, UnitNotTunable_KeepsThePlansCounts) {
+  // attn_0 runs both passes here; mlp_0's forward runs elsewhere.
+  const std::vector<bool> tunable = {false, true, false, false};
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, tunable, 8, 1);
+  ASSERT_EQ(tuner.candidates().size(), 4u);
+  for (const PartitionCandidate& c : tuner.candidates()) {
+    EXPECT_EQ(c.forward[2], 4) << c.ToString();
+    EXPECT_EQ(c.backward[2], 2) << c.ToString();
+  }
+  EXPECT_EQ(tuner.candidates()[1].forward, (std::vector<int>{1, 1, 4, 1}));
+  EXPECT_FALSE(tuner.Adopt({{1, 2, 2, 1}, {1, 4, 2, 1}}));
+  EXPECT_TRUE(tuner.Adopt({{1, 1, 4, 1}, {1, 1, 2, 1}}));
+}
+
 }  // namespace
 }  // namespace pipetrain

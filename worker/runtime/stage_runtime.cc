@@ -529,14 +529,19 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }
-  if (setup.tensor_partition_tune_steps > 0) {
-    std::vector<bool> block_units;
-    for (int u = 0; u < num_units_; ++u) {
-      block_units.push_back(IsBlockUnitKind(UnitKindAt(setup.train.model, u)));
-    }
+  // Only units whose forward and backward both run here are tuned (see
+  // PartitionTuner): a stage with none keeps the plan's counts unmeasured.
+  std::vector<bool> tunable;
+  for (int u = 0; u < num_units_; ++u) {
+    tunable.push_back(IsBlockUnitKind(UnitKindAt(setup.train.model, u)) &&
+                      setup.forward.begin() <= u && u < setup.forward.end() &&
+                      setup.backward.begin() <= u && u < setup.backward.end());
+  }
+  if (setup.tensor_partition_tune_steps > 0 &&
+      std::find(tunable.begin(), tunable.end(), true) != tunable.end()) {
     tuner_ = std::make_unique<PartitionTuner>(
         PartitionCandidate{setup.tensor_partitions_forward, setup.tensor_partitions_backward},
-        block_units, setup.train.batch_size / setup.train.micro_batches,
+        tunable, setup.train.batch_size / setup.train.micro_batches,
         setup.tensor_partition_tune_steps);
   }
   // 3-D: a cube unit hands its next unit its block only when both run in

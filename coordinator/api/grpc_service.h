@@ -183,8 +183,8 @@ class CoordinatorGrpcService final : public RawCoordinatorService {
   // finishes the call with its status (the RED interceptor times it).
   template <typename Call, typename Handler>
   void Unary(Call* call, absl::string_view method, const absl::Status& authorized, Handler handler);
-  // As Unary, but `handler` runs through `run` (store_calls_ or
-  // registrations_), after the reaction has returned: it must hold what it
+  // As Unary, but `handler` runs through `run` (store_calls_,
+  // registrations_ or plan_reads_), after the reaction has returned: it must hold what it
   // uses by value (the call stays valid until it is finished). A call its
   // client gave up on while it waited there (its deadline passed) is
   // answered CANCELLED without running `handler`: the client retries, and
@@ -235,6 +235,11 @@ class CoordinatorGrpcService final : public RawCoordinatorService {
   // retry was refused past the worker's retry window) and the scheduling
   // passes posted after registrations.
   std::array<SerialExecutor, 4> upload_strands_;
+  // GetPlan's renderings, one at a time (through plan_reads_).
+  SerialExecutor plan_renders_;
+  const Runner plan_reads_ = [this](std::function<void()> task) {
+    plan_renders_.Post(std::move(task));
+  };
   SerialExecutor own_store_calls_;    // used when no runner was given
   SerialExecutor own_registrations_;  // the same
   Runner store_calls_;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
@@ -27,6 +28,28 @@ absl::Status CheckRate(absl::string_view field, double value, double min, double
   if (value == 0 || (value >= min && value <= limit)) return absl::OkStatus();  // false for NaN
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": ", value, " is neither 0 (not measured) nor in [", min, ", ", limit, "]"));
+}
+
+// Empty, or host:port as the worker's --metrics-address gives it (a name or
+// an IPv4 address, or an IPv6 one in brackets). The coordinator exports it
+// as a label on its open /metrics (pipetrain_worker_info), which dashboards
+// use in a regular expression: quotes, spaces or regex characters from a
+// join-token holder have no business there.
+absl::Status CheckMetricsAddress(const std::string& address) {
+  if (address.empty()) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  bool valid = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+               address.size() - colon - 1 <= 5;
+  for (size_t i = 0; valid && i < address.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(address[i]);
+    valid = i > colon ? absl::ascii_isdigit(c)
+                      : absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':' ||
+                            c == '[' || c == ']' || c == '%';
+  }
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "RegisterWorkerRequest.metrics_address: not host:port (letters, digits, '.', '-', '_', "
+      "an IPv6 address in brackets, then a decimal port), nor empty");
 }
 
 absl::Status CheckDevice(const v1::DeviceInfo& d) {
@@ -71,6 +94,7 @@ absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& r) {
       CheckLength("RegisterWorkerRequest.data_address", r.data_address(), kMaxAddressBytes));
   RETURN_IF_ERROR(
       CheckLength("RegisterWorkerRequest.metrics_address", r.metrics_address(), kMaxAddressBytes));
+  RETURN_IF_ERROR(CheckMetricsAddress(r.metrics_address()));
   RETURN_IF_ERROR(CheckLength("RegisterWorkerRequest.node_name", r.node_name(), kMaxNameBytes));
   RETURN_IF_ERROR(CheckLength("RegisterWorkerRequest.registration_id", r.registration_id(),
                               kMaxRegistrationIdBytes));

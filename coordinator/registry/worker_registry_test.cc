@@ -215,6 +215,27 @@ TEST(WorkerRegistryTest, Register_MissingDataAddress_InvalidArgumentNamingField)
               HasSubstr("RegisterWorkerRequest.data_address is empty"));
 }
 
+// The metrics address becomes a label on the coordinator's open /metrics,
+// which dashboards match as a regular expression: only host:port or empty.
+TEST(WorkerRegistryTest, Register_MetricsAddressNotHostPort_InvalidArgument) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (const std::string bad : {"w\"} 1", "10.0.0.1:9100\n", "host:port", "(a|b):1", ":9100",
+                                "10.0.0.1:", "10.0.0.1:123456", "a b:1"}) {
+    v1::RegisterWorkerRequest request = Request(1);
+    request.set_metrics_address(bad);
+    const auto response = registry.Register(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(response.status().message(), HasSubstr("RegisterWorkerRequest.metrics_address"));
+  }
+  int n = 2;
+  for (const std::string good : {"", "10.0.0.2:9100", "[fd00::1]:9100", "worker-0.pods_a:0"}) {
+    v1::RegisterWorkerRequest request = Request(n++);
+    request.set_metrics_address(good);
+    EXPECT_TRUE(registry.Register(request).ok()) << good;
+  }
+}
+
 TEST(WorkerRegistryTest, Register_WrongTokenAndNoAddress_TokenCheckedFirst) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock));

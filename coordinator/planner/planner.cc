@@ -299,8 +299,13 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
       // the quantizer's.
       std::vector<double> fractions;
       if (r.data_parallel_powersgd_rank > 0) {
-        fractions =
-            PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank);
+        // Each tensor rank compresses its own shards. A 3-D cube's blocks
+        // ([N / p, K / p^2] weights, vectors on its diagonal) are not 1-D
+        // splits: those are still priced as whole matrices, which
+        // under-counts what their ranks send.
+        const int split_ranks = r.tensor_mode == "3d" ? 1 : tensor;
+        fractions = PowerSgdByteFractions(r.train.model, solved.backward,
+                                          r.data_parallel_powersgd_rank, split_ranks);
       } else {
         ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeCodec(r.data_parallel_quantizer));
         fractions = QuantizerByteFractions(r.train.model, solved.backward, *codec);

@@ -24,26 +24,47 @@ std::vector<ParameterShape> StageParameters(const GptConfig& model, const Range&
   return out;
 }
 
-double Elements(const ParameterShape& p) {
+double Elements(const std::vector<int64_t>& shape) {
   double numel = 1;
-  for (int64_t d : p.shape) numel *= static_cast<double>(d);
+  for (int64_t d : shape) numel *= static_cast<double>(d);
   return numel;
+}
+double Elements(const ParameterShape& p) { return Elements(p.shape); }
+
+// What one of `tensor_parallel` 1-D tensor ranks holds of `p`: its
+// split_dim cut into equal pieces, as Unit::AddParameter cuts it. Whole
+// where T does not divide it (the spec's validation refuses such a T
+// before a plan is made; priced whole rather than failing here).
+std::vector<int64_t> RankShard(const ParameterShape& p, int tensor_parallel) {
+  std::vector<int64_t> shard = p.shape;
+  if (p.split_dim < 0 || tensor_parallel <= 1 || p.split_dim >= static_cast<int>(shard.size()) ||
+      shard[p.split_dim] % tensor_parallel != 0) {
+    return shard;
+  }
+  shard[p.split_dim] /= tensor_parallel;
+  return shard;
 }
 
 }  // namespace
 
 std::vector<double> PowerSgdByteFractions(const GptConfig& model,
-                                          const std::vector<Range>& backward, int rank) {
+                                          const std::vector<Range>& backward, int rank,
+                                          int tensor_parallel) {
   std::vector<double> out;
   for (const Range& r : backward) {
     double raw = 0, sent = 0;
     for (const ParameterShape& p : StageParameters(model, r)) {
       if (p.name == "wte.weight") continue;  // exact, not in the fraction
-      const double numel = Elements(p);
+      // The runtime decides on the shard's shape (PowerSgdPays): a
+      // compressed shard sends r (rows / T + cols) values (or r (rows +
+      // cols / T)), more than a T-th of the matrix's r (rows + cols), and a
+      // row-split shard of few rows goes whole where the matrix would not.
+      const std::vector<int64_t> shard = RankShard(p, tensor_parallel);
+      const double numel = Elements(shard);
       raw += numel;
-      const double factors =
-          p.shape.size() == 2 ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
-      sent += std::min(numel, factors);
+      const bool pays =
+          shard.size() == 2 && int64_t{rank} * (shard[0] + shard[1]) < shard[0] * shard[1];
+      sent += pays ? double(rank) * static_cast<double>(shard[0] + shard[1]) : numel;
     }
     out.push_back(raw > 0 ? sent / raw : 1.0);
   }

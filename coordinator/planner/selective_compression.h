@@ -22,12 +22,18 @@ namespace pipetrain {
 // Per stage (backward ranges of one replica): the share of its
 // data-parallel gradient bytes other than the tied wte's (which always go
 // exact) that PowerSGD of `rank` sends, as the runtime compresses
-// (StageSetup::data_parallel_powersgd_rank): a 2-D gradient [rows, cols]
-// goes as r (rows + cols) values when that is fewer, everything else
-// whole (SimulationCosts::all_reduce_byte_fraction). 1 for a stage without
-// such gradients.
+// (StageSetup::data_parallel_powersgd_rank, StageRuntime::PowerSgdPays):
+// each tensor rank all-reduces its own shards, so with `tensor_parallel`
+// T 1-D tensor ranks a parameter counts as one rank's shard (its
+// ParameterShape::split_dim cut into T, or whole where it has none), and a
+// 2-D shard [rows, cols] goes as r (rows + cols) values when that is fewer
+// than rows * cols, everything else whole
+// (SimulationCosts::all_reduce_byte_fraction). 1 for a stage without such
+// gradients. T 1 (or below) prices whole matrices; a dimension T does not
+// divide (which ValidateTensorParallel refuses) is priced whole.
 std::vector<double> PowerSgdByteFractions(const GptConfig& model,
-                                          const std::vector<Range>& backward, int rank);
+                                          const std::vector<Range>& backward, int rank,
+                                          int tensor_parallel);
 
 // The same for a quantizer carrying the all-reduce
 // (StageSetup::data_parallel_quantizer): every gradient but the tied wte

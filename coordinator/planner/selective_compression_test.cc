@@ -197,12 +197,44 @@ GptConfig SmallGpt() {
 // stage's is wpe's alone.
 TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
   const GptConfig model = SmallGpt();
-  const std::vector<double> f = PowerSgdByteFractions(model, {{0, 1}, {1, 3}, {3, 6}}, 4);
+  const std::vector<double> f = PowerSgdByteFractions(model, {{0, 1}, {1, 3}, {3, 6}}, 4, 1);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(f[0], 4.0 * (64 + 256) / (64 * 256));  // wpe (64 x 256) at rank 4
   EXPECT_LT(f[1], 0.05);                           // attention + MLP matrices at rank 4
   EXPECT_GT(f[1], 0.0);
-  EXPECT_EQ(PowerSgdByteFractions(model, {{2, 2}}, 4)[0], 1.0);  // no gradients
+  EXPECT_EQ(PowerSgdByteFractions(model, {{2, 2}}, 4, 1)[0], 1.0);  // no gradients
+}
+
+// With T = 4 tensor ranks each rank compresses its own shards (d 64, rank
+// 16): c_attn [64, 48] and the MLP's [64, 64] send r (rows + cols), more
+// than a quarter of the whole matrix's, and attn.c_proj's row shard
+// [16, 64] (16 x 80 >= 1024 values) goes whole. LayerNorms and the
+// projections' biases are whole on every rank; c_attn's and c_fc's biases
+// are split. Priced on whole matrices the shares are far smaller.
+TEST(PowerSgdByteFractions, TensorRanks_PricedOnEachRanksShards) {
+  GptConfig model;
+  model.n_layer = 2;
+  model.n_head = 4;
+  model.d_model = 64;
+  model.vocab_size = 256;
+  model.max_seq_len = 64;
+  const std::vector<Range> attn_and_mlp = {{1, 2}, {2, 3}};
+  const std::vector<double> f = PowerSgdByteFractions(model, attn_and_mlp, 16, 4);
+  ASSERT_EQ(f.size(), 2u);
+  // attn_0: ln_1 128, c_attn [64, 48] 3072 as 16 x 112, its bias 48,
+  // c_proj [16, 64] 1024 whole, its bias 64.
+  EXPECT_EQ(f[0], (128.0 + 16 * 112 + 48 + 1024 + 64) / (128 + 3072 + 48 + 1024 + 64));
+  // mlp_0: ln_2 128, c_fc [64, 64] 4096 as 16 x 128, its bias 64, c_proj
+  // [64, 64] 4096 as 16 x 128, its bias 64.
+  EXPECT_EQ(f[1], (128.0 + 16 * 128 + 64 + 16 * 128 + 64) / (128 + 4096 + 64 + 4096 + 64));
+  // The whole matrices' shares, 1 tensor rank: c_attn [64, 192] as
+  // 16 x 256, c_proj [64, 64] as 16 x 128; c_fc and the MLP's c_proj as
+  // 16 x 320.
+  const std::vector<double> whole = PowerSgdByteFractions(model, attn_and_mlp, 16, 1);
+  EXPECT_EQ(whole[0], (128.0 + 16 * 256 + 192 + 16 * 128 + 64) / (128 + 12288 + 192 + 4096 + 64));
+  EXPECT_EQ(whole[1], (128.0 + 16 * 320 + 256 + 16 * 320 + 64) / (128 + 16384 + 256 + 16384 + 64));
+  EXPECT_GT(f[0], 1.5 * whole[0]);
+  EXPECT_GT(f[1], 1.5 * whole[1]);
 }
 
 // bf16 halves every value but the tied wte's, which goes exact and is

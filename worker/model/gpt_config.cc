@@ -59,29 +59,31 @@ int64_t CountParameters(const GptConfig& c) {
 
 std::vector<ParameterShape> UnitParameterShapes(const GptConfig& c, int index) {
   const int64_t d = c.d_model, vocab = c.vocab_size;
+  // split_dim as the units' AddParameter calls split: kRows cuts dimension
+  // 0, kColumns the last (1 for a weight, 0 for a bias), kNone none (-1).
   switch (UnitKindAt(c, index)) {
     case UnitKind::kEmbed:
-      return {{"wte.weight", {vocab, d}}, {"wpe.weight", {int64_t{c.max_seq_len}, d}}};
+      return {{"wte.weight", {vocab, d}, 0}, {"wpe.weight", {int64_t{c.max_seq_len}, d}}};
     case UnitKind::kAttention: {
       const std::string p = absl::StrCat("h.", UnitLayer(c, index), ".");
       return {{p + "ln_1.weight", {d}},
               {p + "ln_1.bias", {d}},
-              {p + "attn.c_attn.weight", {d, 3 * d}},
-              {p + "attn.c_attn.bias", {3 * d}},
-              {p + "attn.c_proj.weight", {d, d}},
+              {p + "attn.c_attn.weight", {d, 3 * d}, 1},
+              {p + "attn.c_attn.bias", {3 * d}, 0},
+              {p + "attn.c_proj.weight", {d, d}, 0},
               {p + "attn.c_proj.bias", {d}}};
     }
     case UnitKind::kMlp: {
       const std::string p = absl::StrCat("h.", UnitLayer(c, index), ".");
       return {{p + "ln_2.weight", {d}},
               {p + "ln_2.bias", {d}},
-              {p + "mlp.c_fc.weight", {d, 4 * d}},
-              {p + "mlp.c_fc.bias", {4 * d}},
-              {p + "mlp.c_proj.weight", {4 * d, d}},
+              {p + "mlp.c_fc.weight", {d, 4 * d}, 1},
+              {p + "mlp.c_fc.bias", {4 * d}, 0},
+              {p + "mlp.c_proj.weight", {4 * d, d}, 0},
               {p + "mlp.c_proj.bias", {d}}};
     }
     case UnitKind::kHead:
-      return {{"ln_f.weight", {d}}, {"ln_f.bias", {d}}, {"wte.weight", {vocab, d}}};
+      return {{"ln_f.weight", {d}}, {"ln_f.bias", {d}}, {"wte.weight", {vocab, d}, 0}};
   }
   return {};
 }

@@ -47,15 +47,20 @@ std::string UnitName(const GptConfig& config, int index);
 int64_t CountParameters(const GptConfig& config);
 
 // One parameter of a unit as the units declare it: its Hugging Face GPT-2
-// name and shape (Conv1D weights (in, out)).
+// name and shape (Conv1D weights (in, out)), and the dimension that 1-D
+// tensor parallelism (tensor_parallel.h) cuts into T equal pieces, one per
+// rank: 0 for ParameterShard::Split::kRows, the last for kColumns, -1 for a
+// tensor every rank holds whole. A rank's shard is `shape` with
+// shape[split_dim] / T (units_test.cc builds the units to check it).
 struct ParameterShape {
   std::string name;
   std::vector<int64_t> shape;
+  int split_dim = -1;
 };
 // The parameters unit `index` holds, in the unit's parameters() order,
-// without creating it (the coordinator checks uploads against these). The
-// head lists its tied copy of wte.weight. Requires 0 <= index <
-// NumUnits(config).
+// without creating it (the coordinator checks uploads against these; the
+// planner prices a tensor rank's shards with split_dim). The head lists its
+// tied copy of wte.weight. Requires 0 <= index < NumUnits(config).
 std::vector<ParameterShape> UnitParameterShapes(const GptConfig& config, int index);
 
 // The token embedding, whose rows a padded vocabulary adds to.

@@ -554,5 +554,49 @@ TEST(UnitParameterShapesTest, EveryUnit_MatchesTheUnitsParameters) {
   }
 }
 
+// A tensor-parallel group's rank as MakeUnit needs it to build a unit's
+// shards; nothing runs, so nothing is summed.
+class ShapeOnlyComm : public TensorParallelComm {
+ public:
+  ShapeOnlyComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void AllReduceSum(Tensor&) override {}
+  absl::Status status() const override { return absl::OkStatus(); }
+
+ private:
+  int rank_, size_;
+};
+
+// The planner prices a tensor rank's data-parallel gradients on the shards
+// UnitParameterShapes' split_dim gives (selective_compression.h): each
+// rank of every unit kind must hold exactly those, and split_dim must name
+// a tensor as sharded just when the unit shards it.
+TEST(UnitParameterShapesTest, TensorParallel_SplitDimGivesEachRanksShard) {
+  GptConfig c = TinyConfig();
+  c.vocab_size = 12;  // tensor parallelism of 2 needs an even vocabulary
+  const int kRanks = 2;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    ShapeOnlyComm comm(rank, kRanks);
+    for (int u = 0; u < NumUnits(c); ++u) {
+      std::unique_ptr<Unit> unit = MakeUnit(c, u, CpuBackend(), &comm);
+      const std::vector<ParameterShape> expected = UnitParameterShapes(c, u);
+      const std::vector<Parameter*> params = unit->parameters();
+      ASSERT_EQ(params.size(), expected.size()) << UnitName(c, u);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const ParameterShape& e = expected[i];
+        Shape shard(e.shape.begin(), e.shape.end());
+        if (e.split_dim >= 0) {
+          ASSERT_LT(e.split_dim, static_cast<int>(shard.size())) << e.name;
+          shard[e.split_dim] /= kRanks;
+        }
+        EXPECT_EQ(params[i]->name, e.name) << UnitName(c, u);
+        EXPECT_EQ(params[i]->value.shape(), shard) << e.name << " on rank " << rank;
+        EXPECT_EQ(params[i]->shard.sharded(), e.split_dim >= 0) << e.name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

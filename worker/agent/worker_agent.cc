@@ -197,7 +197,7 @@ bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
                                d);
 }
 
-absl::Status WorkerAgent::RegisterWithRetry() {
+absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
   Backoff backoff(options_.backoff);
   GroupIdToReport();  // a used id must not be offered again
   v1::RegisterWorkerRequest request;
@@ -233,11 +233,22 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
     const CoordinatorStub coordinator = Stub();
-    // Not cancelled by Leave (unlike a heartbeat): a registration cut off
-    // may yet be committed, leaving a READY incarnation no one deregisters
-    // until its lease ends; answered, Leave deregisters it. Bounded by
-    // rpc_timeout, within the default stop bound.
-    const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
+    // Cancelled by Leave (`cancel`, the heartbeat thread's), as a heartbeat
+    // is: a slow coordinator held the shutdown for up to rpc_timeout, past
+    // the stop bound, and the process exited without deregistering. A
+    // registration cut off may yet be committed, though, leaving a READY
+    // incarnation no one deregisters until its lease ends: asked once more,
+    // the coordinator names it, and Leave deregisters it.
+    grpc::Status s;
+    {
+      const CallCancel::Scope cancellable(cancel, [&context] { context.TryCancel(); });
+      if (!cancellable.active()) return absl::CancelledError("stopped before registering");
+      s = coordinator.stub->RegisterWorker(&context, request, &response);
+    }
+    if (!s.ok() && cancel != nullptr && cancel->cancelled()) {
+      SettleCutOffRegistration(request, coordinator);
+      return absl::CancelledError("stopped while registering");
+    }
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.ok()) {
       bool drain_now = false;
@@ -272,6 +283,27 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   }
 }
 
+void WorkerAgent::SettleCutOffRegistration(v1::RegisterWorkerRequest request,
+                                           const CoordinatorStub& coordinator) {
+  // Drained: nothing is placed on what this makes in the moment before
+  // Leave deregisters it. A cut-off attempt that committed undrained is then
+  // superseded rather than answered again, which ends it all the same.
+  request.set_drained(true);
+  grpc::ClientContext context;
+  SetDeadline(&context, std::min(options_.rpc_timeout, kDeregisterTimeout) / 2);
+  v1::RegisterWorkerResponse response;
+  const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
+  AnnotatedMutexLock lock(&mu_);
+  settled_registration_ = true;
+  if (s.ok()) {
+    RecordRegistrationLocked(request, response);
+    return;
+  }
+  PT_LOG(WARNING) << "leaving while registering, and the coordinator did not answer again ("
+                  << s.error_message() << "): an incarnation the registration may have made "
+                  << "is marked LOST after its lease";
+}
+
 void WorkerAgent::RecordRegistrationLocked(const v1::RegisterWorkerRequest& request,
                                            const v1::RegisterWorkerResponse& response) {
   worker_id_ = response.worker_id();
@@ -290,7 +322,9 @@ void WorkerAgent::RecordRegistrationLocked(const v1::RegisterWorkerRequest& requ
 }
 
 absl::Status WorkerAgent::Start() {
-  absl::Status registered = RegisterWithRetry();
+  // Not cancelled by Leave, which does not wait for it: answered, it is
+  // deregistered below.
+  absl::Status registered = RegisterWithRetry(nullptr);
   if (!registered.ok()) return registered;
   {
     // Stop() (another thread, on a signal) sets stopping_ under mu_ before
@@ -415,6 +449,9 @@ void WorkerAgent::Leave() {
     if (stopping_ && !heartbeat_thread_.joinable() && !watch_thread_.joinable()) return;
     stopping_ = true;  // no heartbeat re-registers, no watch reopens from now on
   }
+  // The heartbeat thread's call in flight: a heartbeat, or a registration
+  // again, which that thread settles (SettleCutOffRegistration) before it
+  // ends, so that the Deregister below names what it may have made.
   heartbeat_cancel_.Cancel();
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   // Deregistered before the assignment stream closes: the coordinator
@@ -434,19 +471,22 @@ void WorkerAgent::Leave() {
 // effort: a coordinator that cannot be reached finds out by the lease.
 void WorkerAgent::Deregister() {
   v1::DeregisterWorkerRequest request;
+  absl::Duration timeout = std::min(options_.rpc_timeout, kDeregisterTimeout);
   {
     AnnotatedMutexLock lock(&mu_);
     if (worker_id_.empty() || deregistered_) return;
     deregistered_ = true;
     request.set_worker_id(worker_id_);
     request.set_incarnation(incarnation_);
+    // The other half after SettleCutOffRegistration: the shutdown's
+    // watchdog reserves one kDeregisterTimeout for both.
+    if (settled_registration_) timeout -= timeout / 2;
   }
   v1::DeregisterWorkerResponse response;
   const grpc::Status s =
-      CallLeader(std::min(options_.rpc_timeout, kDeregisterTimeout),
-                 [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
-                   return stub.DeregisterWorker(context, request, &response);
-                 });
+      CallLeader(timeout, [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
+        return stub.DeregisterWorker(context, request, &response);
+      });
   if (s.ok()) {
     PT_LOG(INFO) << "deregistered " << request.worker_id();
   } else {
@@ -518,7 +558,7 @@ void WorkerAgent::HeartbeatLoop() {
         if (stopping_) return;  // Stop() stops the runner, under its bound
       }
       StopRunner();
-      const absl::Status registered = RegisterWithRetry();
+      const absl::Status registered = RegisterWithRetry(&heartbeat_cancel_);
       if (!registered.ok()) {
         if (IsRegistrationRefusal(static_cast<grpc::StatusCode>(registered.code()))) {
           PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered

@@ -124,8 +124,9 @@ struct WorkerAgentOptions {
 };
 
 // The most a clean shutdown's DeregisterWorker call waits (with
-// WorkerAgentOptions::rpc_timeout, if shorter): a coordinator that cannot
-// be reached finds the worker gone by its lease instead.
+// WorkerAgentOptions::rpc_timeout, if shorter; Leave shares it with a
+// registration it cut off, see there): a coordinator that cannot be
+// reached finds the worker gone by its lease instead.
 inline constexpr absl::Duration kDeregisterTimeout = absl::Seconds(2);
 
 class WorkerAgent {
@@ -147,7 +148,12 @@ class WorkerAgent {
   // assignment stream, each bounded by its RPC deadline; the job's stage
   // still runs (a STOP that comes meanwhile leaves it to Stop()). For a shutdown that
   // bounds the stage's stop alone (--stop-timeout-seconds): the coordinator
-  // has seen the worker leave before that clock starts. Idempotent.
+  // has seen the worker leave before that clock starts. A heartbeat or a
+  // registration again (after the coordinator dropped this worker) in
+  // flight is cancelled, not waited for (up to rpc_timeout); a registration
+  // cut off so is sent once more, said drained, so that the incarnation it
+  // may have made is the one deregistered: the two calls share
+  // kDeregisterTimeout (or the RPC timeout, if shorter). Idempotent.
   void Leave();
   // Before a clean shutdown, as soon as it is decided: asks the coordinator
   // to drain this worker (DrainWorker), whether or not a job runs here, so
@@ -191,7 +197,17 @@ class WorkerAgent {
 
  private:
   class GrpcLink;
-  absl::Status RegisterWithRetry();
+  // Registers, retrying with backoff until answered, refused or stopped.
+  // `cancel` (may be null) cuts off the call in flight; a call cut off is
+  // settled (SettleCutOffRegistration) and CANCELLED returned.
+  absl::Status RegisterWithRetry(CallCancel* cancel);
+  struct CoordinatorStub;
+  // A registration Leave cut off may yet commit: the same request again
+  // (its registration_id), said drained, on the same coordinator, within
+  // half of Leave's deregistration bound; its answer, the incarnation the
+  // first made or a new one, is recorded for Deregister. Best effort.
+  void SettleCutOffRegistration(v1::RegisterWorkerRequest request,
+                                const CoordinatorStub& coordinator);
   // Takes a successful registration's answer.
   void RecordRegistrationLocked(const v1::RegisterWorkerRequest& request,
                                 const v1::RegisterWorkerResponse& response)
@@ -264,8 +280,12 @@ class WorkerAgent {
   // AwaitDrained calls waiting on mu_ (AwaitDrainWaitingForTesting).
   int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // The heartbeat call in flight, which Leave() cancels (and every later one).
+  // The heartbeat thread's call in flight (a heartbeat, or a registration
+  // again), which Leave() cancels (and every later one).
   CallCancel heartbeat_cancel_;
+  // SettleCutOffRegistration took half of the bound it shares with
+  // Deregister, which has the other half.
+  bool settled_registration_ ABSL_GUARDED_BY(mu_) = false;
   // registrations_ when the stream of watch_context_ opened: one opened as
   // the newest registration is not cancelled "to reopen as the new one".
   int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;

@@ -74,7 +74,8 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
   }
   if (stages == 2) {
     // AccTFM's fine-grained pipeline: micro-batches of 2 samples in 2
-    // partitions (4 is cut to 2), all-reduces overlapped with compute.
+    // partitions (4 is cut to 2; 4 runs in TensorParallelFourPartitionsTest),
+    // all-reduces overlapped with compute.
     testing::PipelineExtras partitioned = extras;
     partitioned.tensor_partitions = 4;
     ExpectMatchesLocal(
@@ -114,6 +115,90 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelEquivalenceTest,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Values(1, 2, 3),
+                                            ::testing::Values("1f1b", "gpipe")),
+                         [](const auto& info) {
+                           return "T" + std::to_string(std::get<0>(info.param)) + "_P" +
+                                  std::to_string(std::get<1>(info.param)) + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+// The tensor-parallel all-reduces one micro-batch takes on one rank when
+// the units run these partitions (none cut): embed 1, each attention and
+// MLP one per forward and backward partition, the head 2 forward + 1
+// backward; and the units in `recomputed` run their forward partitions
+// once more.
+int64_t AllReducesPerMicroBatch(const std::vector<int>& forward, const std::vector<int>& backward,
+                                const std::vector<int>& recomputed) {
+  int64_t n = 1 + 3;
+  for (size_t u = 1; u + 1 < forward.size(); ++u) n += forward[u] + backward[u];
+  for (int u : recomputed) n += forward[u];
+  return n;
+}
+
+// AccTFM's partitions as the cases above ask them, on micro-batches of 4
+// samples (batch 16 in 4 micro-batches), so that a 4 runs as 4 and not as
+// 2: uniform 4, and per unit counts mixing 1, 2 and 4 that re-cut every
+// streamed output (SplitOrMerge) one way in the forward pass (4 -> 2,
+// 2 -> 1, 1 -> 4) and the other in the backward pass (2 -> 4, 4 -> 1,
+// 1 -> 2); units in one stage (P = 1) stream across all four block units,
+// in two (P = 2) across attn -> mlp, and the Bi-Partition plan (P = 3)
+// recomputes units 1-3 in partitions. The runtime reports the counts it
+// ran only when tuning (IterationResult::tensor_partitions), so the
+// all-reduces it counted show them: one per partition, fewer had a count
+// been cut.
+class TensorParallelFourPartitionsTest
+    : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {};
+
+TEST_P(TensorParallelFourPartitionsTest, FourSampleMicroBatches_RunCountsUncut_MatchSingleProcess) {
+  const auto& [tensor, stages, schedule_name] = GetParam();
+  TrainConfig c = TensorParallelConfig();
+  c.batch_size = 16;
+  c.micro_batches = 4;
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  const Schedule schedule = ParseSchedule(schedule_name).value();
+  std::vector<Range> forward = UniformPartition(NumUnits(c.model), stages).value();
+  std::vector<Range> backward = forward;
+  std::vector<int> recomputed;
+  if (stages == 3) {
+    // Bi-Partition, as above: worker 1 recomputes units 1-3 for its
+    // backward passes.
+    forward = {{0, 2}, {2, 2}, {2, 6}};
+    backward = {{0, 1}, {1, 4}, {4, 6}};
+    recomputed = {1, 2, 3};
+  }
+  // Units embed, attn_0, mlp_0, attn_1, mlp_1, head: the counts they run.
+  struct Case {
+    std::string what;
+    bool per_unit;  // else StageSetup::tensor_partitions 4 (embed and head do not cut)
+    std::vector<int> forward, backward;
+  };
+  const std::vector<Case> cases = {
+      {"uniform 4", false, {1, 4, 4, 4, 4, 1}, {1, 4, 4, 4, 4, 1}},
+      {"per layer", true, {1, 4, 2, 1, 4, 1}, {1, 2, 1, 4, 2, 1}},
+  };
+  for (const Case& k : cases) {
+    testing::PipelineExtras extras;
+    extras.tensor_parallel = tensor;
+    if (k.per_unit) {
+      extras.tensor_partitions_forward = k.forward;
+      extras.tensor_partitions_backward = k.backward;
+    } else {
+      extras.tensor_partitions = 4;
+    }
+    const RunOutput pipe =
+        RunPipeline(c, data, forward, backward, schedule, nullptr, nullptr, extras);
+    ExpectMatchesLocal(c, pipe, local, k.what);
+    ASSERT_TRUE(pipe.collectives.count("tensor_parallel")) << k.what;
+    EXPECT_EQ(pipe.collectives.at("tensor_parallel"),
+              tensor * testing::kIterations * c.micro_batches *
+                  AllReducesPerMicroBatch(k.forward, k.backward, recomputed))
+        << k.what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelFourPartitionsTest,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Values(1, 2, 3),
                                             ::testing::Values("1f1b", "gpipe")),
                          [](const auto& info) {

@@ -108,6 +108,11 @@ class PowerSgdCodec : public Codec {
     Tensor out = Tensor::Zeros(f.shape);
     // As the all-reduce's (powersgd_all_reduce.cc): every CPU decodes alike.
     LowRankProduct(f.p.data(), f.q.data(), f.matrix.rows, f.matrix.cols, rank_, out.data());
+    // Finite factors can multiply past float32's range (P and Q of 1e30):
+    // refused as the other decoders refuse non-finite values, not handed
+    // on as Inf (a NaN loss blamed on training, a residual that fails the
+    // next Encode).
+    RETURN_IF_ERROR(CheckFinite(out, "powersgd decode (P Q^T)"));
     return out;
   }
 

@@ -552,6 +552,23 @@ TEST(PowerSgdTest, Encode_FactorOverflow_RefusedStateKept) {
   EXPECT_EQ(state.powersgd_q.ToVector(), kept);
 }
 
+// Finite factors whose product is beyond float32 (1e30 x 1e30): refused, as
+// every other decoder refuses to produce a non-finite value.
+TEST(PowerSgdTest, Decode_ProductOverflows_InvalidArgument) {
+  auto codec = MakePowerSgdCodec(1).value();
+  const std::vector<float> p = {1e30f, 1e30f}, q = {1e30f, 1e30f};
+  const absl::StatusOr<Tensor> y =
+      codec->Decode(WritePowerSgdPayload({2, 2}, 1, p.data(), q.data()));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument) << y.status();
+  EXPECT_THAT(y.status().message(), HasSubstr("powersgd decode (P Q^T)"));
+  // Large but representable products decode.
+  const std::vector<float> big = {1e18f, 1e18f};
+  const absl::StatusOr<Tensor> ok =
+      codec->Decode(WritePowerSgdPayload({2, 2}, 1, big.data(), big.data()));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FLOAT_EQ((*ok)[0], 1e36f);
+}
+
 TEST(PowerSgdTest, Decode_TruncatedCorruptedOrOtherRank_InvalidArgument) {
   auto codec = MakePowerSgdCodec(2).value();
   const std::string payload = codec->Encode(RandomTensor({4, 5}, 80), nullptr).value();

@@ -9,6 +9,7 @@
 #include "kernels/compress/powersgd_codec.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/powersgd.h"
+#include "kernels/cuda/quantize.h"
 #include "kernels/cuda/stream_scratch.h"
 
 namespace pipetrain {
@@ -65,7 +66,8 @@ absl::StatusOr<Shape> PowerSgdDecodePayloadCuda(const CublasHandle& handle,
       cudaMemcpyAsync(q_dev.get(), f.q.data(), q_bytes, cudaMemcpyHostToDevice, stream));
   RETURN_IF_ERROR(PowerSgdDecodeCuda(handle, p_dev.as<float>(), q_dev.as<float>(), f.matrix.rows,
                                      f.matrix.cols, rank, out));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // As the CPU Decode: finite factors may multiply past float32's range.
+  RETURN_IF_ERROR(CheckFiniteCuda(out, numel, "powersgd decode (P Q^T)", stream));
   return f.shape;
 }
 

@@ -291,6 +291,12 @@ TEST_F(PowerSgdCudaTest, PayloadDecode_CpuPayload_MatchesCpuDecode_BadOnesRefuse
   EXPECT_EQ(bad.status(), MakePowerSgdCodec(2).value()->Decode(payload).status());
   bad = PowerSgdDecodePayloadCuda(handle_, payload, 3, out->data(), NumElements(shape) - 1);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  // Finite factors whose product overflows float32: the CPU's refusal.
+  const std::vector<float> p = {1e30f, 1e30f}, q = {1e30f, 1e30f};
+  const std::string overflowing = WritePowerSgdPayload({2, 2}, 1, p.data(), q.data());
+  bad = PowerSgdDecodePayloadCuda(handle_, overflowing, 1, out->data(), NumElements(shape));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_EQ(bad.status().code(), MakePowerSgdCodec(1).value()->Decode(overflowing).status().code());
 }
 
 // --- Argument checks before any CUDA call: run without a GPU. ---

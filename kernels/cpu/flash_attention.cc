@@ -43,6 +43,7 @@ float Scale(int hd) { return 1.0f / std::sqrt(static_cast<float>(hd)); }  // as 
 
 float RoundToBf16(float x) {
   // The bf16 codec's rounding (kernels/compress/fp16_codec.h).
+  if (std::isnan(x)) return x;  // stays NaN, as on the GPU (kernels/cuda/bf16_round.h)
   uint16_t bits = 0;
   if (!FloatToBf16(x, &bits)) return std::copysign(INFINITY, x);  // beyond bf16's range
   return Bf16ToFloat(bits);

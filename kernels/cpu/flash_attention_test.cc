@@ -125,6 +125,9 @@ TEST(FlashAttentionTwinTest, RoundToBf16_NearestEven) {
   EXPECT_EQ(RoundToBf16(-2.5f), -2.5f);
   EXPECT_EQ(RoundToBf16(3.4e38f), INFINITY);  // beyond bf16's largest finite value
   EXPECT_EQ(RoundToBf16(-3.4e38f), -INFINITY);
+  // NaN stays NaN, as the GPU's rounding keeps it (kernels/cuda/bf16_round.h).
+  EXPECT_TRUE(std::isnan(RoundToBf16(NAN)));
+  EXPECT_TRUE(std::isnan(RoundToBf16(-NAN)));
 }
 
 }  // namespace

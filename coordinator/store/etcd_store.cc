@@ -12,8 +12,13 @@ namespace {
 
 using KeyValues = std::vector<std::pair<std::string, std::string>>;
 
-// Store keys live under "<prefix>kv/"; the election's key beside them.
+// Store keys live under "<prefix>kv/"; the election's key and the write
+// sequence beside them.
 constexpr char kDataDir[] = "kv/";
+constexpr char kSequenceKey[] = "seq";
+// A Commit whose Txn fails on the sequence key is sent this many times in
+// all, the key read again in between.
+constexpr int kSequenceAttempts = 2;
 // Scan starts again from scratch this often when etcd compacts the revision
 // it reads at; compaction keeps at least the last few minutes, so more
 // means something is wrong.
@@ -101,11 +106,47 @@ void AddFence(const LeaderTerm& term, etcdserverpb::TxnRequest* txn) {
   txn->add_failure()->mutable_request_range()->set_key(term.key);
 }
 
+// The write sequence: the key still has the mod_revision `revision` (0:
+// absent), and the Txn puts it. On failure the Txn reads the key, as the
+// new revision to expect.
+void AddSequence(const std::string& key, int64_t revision, etcdserverpb::TxnRequest* txn) {
+  etcdserverpb::Compare* same = txn->add_compare();
+  same->set_key(key);
+  same->set_target(etcdserverpb::Compare::MOD);
+  same->set_result(etcdserverpb::Compare::EQUAL);
+  same->set_mod_revision(revision);
+  txn->add_success()->mutable_request_put()->set_key(key);
+  txn->add_failure()->mutable_request_range()->set_key(key);
+}
+
+// What a failed Txn's failure branch read of the key of compare `i` (each
+// compare adds one Range, in order); null where the key is absent.
+const mvccpb::KeyValue* ReadBack(const etcdserverpb::TxnResponse& response, int i) {
+  if (i >= response.responses_size()) return nullptr;
+  const etcdserverpb::RangeResponse& range = response.responses(i).response_range();
+  return range.kvs_size() > 0 ? &range.kvs(0) : nullptr;
+}
+
 absl::Status NotLeader(const std::string& leader, const std::string& why) {
   return absl::FailedPreconditionError(absl::StrCat(
       "not the leader (",
       leader.empty() ? "no leader is elected now; retry once one is" : "leader is " + leader,
       "): ", why));
+}
+
+// OK where a failed Txn's leader fence on `term` held (the failure branch
+// read the leader key first), so another compare failed; else the error
+// naming the leader now.
+absl::Status FenceHeld(const LeaderTerm& term, const etcdserverpb::TxnResponse& response) {
+  const mvccpb::KeyValue* held = ReadBack(response, 0);
+  if (held != nullptr && held->create_revision() == term.create_revision) {
+    return absl::OkStatus();
+  }
+  // Filtered as the election filters it: whoever may write the key may put
+  // anything there, and this goes into logs and callers' errors.
+  return NotLeader(held == nullptr ? "" : LeaderIdentityOf(held->value()),
+                   absl::StrCat("the term of ", term.identity, " (leader key ", term.key,
+                                " created at revision ", term.create_revision, ") has ended"));
 }
 
 }  // namespace
@@ -126,29 +167,82 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Open(EtcdOptions options,
 EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, const LeadershipView* leadership)
     : client_(std::move(client)),
       leadership_(leadership),
-      data_prefix_(client_->options().prefix + kDataDir) {}
+      data_prefix_(client_->options().prefix + kDataDir),
+      seq_key_(client_->options().prefix + kSequenceKey) {}
 
 absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
   RETURN_IF_ERROR(CheckStoreWrites(writes));
   if (writes.empty() && leadership_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::optional<LeaderTerm> term, FencingTerm());
+  const int seq = term.has_value() ? 1 : 0;  // the index of the sequence's compare
+  AnnotatedMutexLock lock(&commit_mu_);
+  for (int attempt = 1;; ++attempt) {
+    ASSIGN_OR_RETURN(const etcdserverpb::TxnRequest txn, BuildTxn(writes, term));
+    const bool sequenced = txn.compare_size() > seq;
+    etcdserverpb::TxnResponse response;
+    absl::Status sent = client_->Txn(txn, &response);
+    if (!sent.ok()) {
+      seq_revision_.reset();  // It may have been applied, now or later.
+      return sent;
+    }
+    if (response.succeeded()) {
+      if (sequenced) seq_revision_ = response.header().revision();  // It put the key.
+      MaybeCompact(response.header().revision(), static_cast<int64_t>(txn.ByteSizeLong()));
+      return absl::OkStatus();
+    }
+    if (term.has_value()) RETURN_IF_ERROR(FenceHeld(*term, response));
+    if (!sequenced) return absl::InternalError("etcd failed a Txn whose leader fence holds");
+    // Another write came first: a Commit of this store's that timed out and
+    // was applied since, or another store's (no LeadershipView). This batch
+    // is still the latest intent, so it goes again, fenced on the new key.
+    const mvccpb::KeyValue* now = ReadBack(response, seq);
+    seq_revision_ = now == nullptr ? 0 : now->mod_revision();
+    if (attempt == kSequenceAttempts) {
+      return absl::UnavailableError(absl::StrCat(
+          "etcd Commit to ", Describe(), ": another write came first ", kSequenceAttempts,
+          " times (the write sequence key ", seq_key_,
+          " changed), so nothing was applied; another store writes this prefix (give the "
+          "coordinators a leader election, or each a prefix of its own); retry"));
+    }
+  }
+}
+
+absl::StatusOr<etcdserverpb::TxnRequest> EtcdStore::BuildTxnForTesting(
+    const std::vector<StoreWrite>& writes) {
+  RETURN_IF_ERROR(CheckStoreWrites(writes));
+  ASSIGN_OR_RETURN(const std::optional<LeaderTerm> term, FencingTerm());
+  AnnotatedMutexLock lock(&commit_mu_);
+  return BuildTxn(writes, term);
+}
+
+absl::StatusOr<std::optional<LeaderTerm>> EtcdStore::FencingTerm() const {
+  if (leadership_ == nullptr) return std::optional<LeaderTerm>();
+  std::optional<LeaderTerm> term = leadership_->CurrentTerm();
+  if (!term.has_value()) {
+    return NotLeader(leadership_->Leader(), "this coordinator lost the election");
+  }
+  return term;
+}
+
+absl::StatusOr<etcdserverpb::TxnRequest> EtcdStore::BuildTxn(
+    const std::vector<StoreWrite>& writes, const std::optional<LeaderTerm>& term) {
   std::vector<StoreWrite> scoped = writes;
   for (StoreWrite& w : scoped) w.key = DataKey(w.key);
   etcdserverpb::TxnRequest txn;
   AddOps(Net(scoped), &txn);
+  const bool sequenced = txn.success_size() > 0;  // Else nothing to apply late.
   const EtcdOptions& options = client_->options();
-  if (txn.success_size() > options.max_txn_ops) {
+  const int ops = txn.success_size() + (sequenced ? 1 : 0);
+  if (ops > options.max_txn_ops) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "batch of ", writes.size(), " writes needs ", txn.success_size(),
-        " etcd operations; the limit is ", options.max_txn_ops,
+        "batch of ", writes.size(), " writes needs ", ops,
+        " etcd operations (one is the store's write sequence); the limit is ", options.max_txn_ops,
         " (etcd --max-txn-ops); split the batch, or raise the limit in etcd and in EtcdOptions"));
   }
-  std::optional<LeaderTerm> term;
-  if (leadership_ != nullptr) {
-    term = leadership_->CurrentTerm();
-    if (!term.has_value()) {
-      return NotLeader(leadership_->Leader(), "this coordinator lost the election");
-    }
-    AddFence(*term, &txn);
+  if (term.has_value()) AddFence(*term, &txn);  // First: its Range is the failure's first.
+  if (sequenced) {
+    if (!seq_revision_.has_value()) RETURN_IF_ERROR(ReadSequence());
+    AddSequence(seq_key_, *seq_revision_, &txn);
   }
   const size_t bytes = txn.ByteSizeLong();
   if (bytes > options.max_request_bytes) {
@@ -158,23 +252,16 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
         " (etcd --max-request-bytes); split the batch, or raise the limit in etcd and in "
         "EtcdOptions"));
   }
-  etcdserverpb::TxnResponse response;
-  RETURN_IF_ERROR(client_->Txn(txn, &response));
-  if (response.succeeded()) {
-    MaybeCompact(response.header().revision(), static_cast<int64_t>(bytes));
-    return absl::OkStatus();
-  }
-  // Only a fenced Txn has a compare that can fail.
-  if (!term.has_value()) return absl::InternalError("etcd failed a Txn that has no compare");
-  std::string leader;
-  if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0) {
-    // Filtered as the election filters it: whoever may write the key may
-    // put anything there, and this goes into logs and callers' errors.
-    leader = LeaderIdentityOf(response.responses(0).response_range().kvs(0).value());
-  }
-  return NotLeader(leader,
-                   absl::StrCat("the term of ", term->identity, " (leader key ", term->key,
-                                " created at revision ", term->create_revision, ") has ended"));
+  return txn;
+}
+
+absl::Status EtcdStore::ReadSequence() {
+  etcdserverpb::RangeRequest request;
+  request.set_key(seq_key_);
+  etcdserverpb::RangeResponse response;
+  RETURN_IF_ERROR(client_->Range(request, &response));
+  seq_revision_ = response.kvs_size() == 0 ? 0 : response.kvs(0).mod_revision();
+  return absl::OkStatus();
 }
 
 void EtcdStore::MaybeCompact(int64_t revision, int64_t bytes) {

@@ -424,7 +424,9 @@ void JobManager::RetryDeletesLocked() {
 
 absl::Status JobManager::Restore() {
   if (options_.state == nullptr) return absl::OkStatus();
-  ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfiles());
+  // Oldest save first: the cache then evicts the least recently saved, not
+  // the alphabetically first key (ProfileCache says what a restart loses).
+  ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfilesBySave());
   for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
   ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
   std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {

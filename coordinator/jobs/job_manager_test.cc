@@ -2070,6 +2070,46 @@ TEST_F(JobManagerTest, MeasuredProfile_StoredAndTakenBackAfterARestart) {
   EXPECT_TRUE(absl::StartsWith(source, "measured on cpu: for an earlier job (cached)")) << source;
 }
 
+// A restarted coordinator with a full profile cache evicts the least
+// recently saved profile first, as it would have before the restart.
+// Restored in key order, the first profile measured after it evicted the
+// alphabetically first key ("a", saved last here) instead.
+TEST_F(JobManagerTest, RestoredFullProfileCache_NewProfileEvictsTheLeastRecentlySaved) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  for (size_t i = 0; i + 1 < kMaxCachedProfiles; ++i) {
+    ASSERT_TRUE(state.SaveProfile(absl::StrCat("b-", 100 + i), v1::ModelProfile()).ok());
+  }
+  ASSERT_TRUE(state.SaveProfile("a", v1::ModelProfile()).ok());
+  JobManager restarted(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{.state = &state, .background_runner = background_.Runner()});
+  ASSERT_TRUE(restarted.Restore().ok());
+  ASSERT_EQ(restarted.profiles().size(), static_cast<int>(kMaxCachedProfiles));
+  restarted.SetProfileFetcher(
+      [](const std::string&, const std::string&,
+         const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        return FakeProfile(request);
+      });
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  ASSERT_TRUE(restarted.Submit(spec).ok());
+  restarted.AwaitProfiling();
+  background_.RunAll();
+  restarted.FlushIo();
+
+  const std::map<std::string, v1::ModelProfile> stored = state.LoadProfiles().value();
+  EXPECT_EQ(stored.size(), kMaxCachedProfiles);
+  EXPECT_EQ(stored.count("a"), 1u);
+  EXPECT_EQ(stored.count("b-100"), 0u);  // saved first
+  EXPECT_EQ(stored.count("b-101"), 1u);
+  EXPECT_EQ(restarted.profiles().size(), static_cast<int>(kMaxCachedProfiles));
+  EXPECT_TRUE(restarted.profiles().Get("a").has_value());
+  EXPECT_FALSE(restarted.profiles().Get("b-100").has_value());
+}
+
 TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile) {
   int calls = 0;
   std::string asked;

@@ -186,6 +186,12 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
                                    unit_names.size(), " units"));
   }
   if (profile.repetitions() < 0) return BadProfile("repetitions", "is negative");
+  // The store's numbering of its records (CoordinatorState::SaveProfile): a
+  // worker has none to give, and a cached profile carrying one would differ
+  // from the same profile loaded back from the store.
+  if (profile.store_sequence() != 0) {
+    return BadProfile("store_sequence", "is set; only the coordinator's store sets it");
+  }
   if (profile.device_kind().size() > kMaxProfileDeviceKindBytes) {
     return BadProfile("device_kind",
                       absl::StrCat("is over ", kMaxProfileDeviceKindBytes, " bytes"));

@@ -114,9 +114,10 @@ inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 // bytes given once with all_reduce_seconds_per_byte in
 // [kMinProfileCodecSecondsPerByte, kMaxCodecSecondsPerByte] (a worker
 // measures every codec it lists); device_kind at most
-// kMaxProfileDeviceKindBytes; repetitions >= 0. INVALID_ARGUMENT naming the first field that is
-// not. A worker is a peer: what it sends reaches the planner, whose indexing and CHECKs trust the
-// unit count, only through this. With `model_sizes` (the sizes the model's
+// kMaxProfileDeviceKindBytes; repetitions >= 0; store_sequence 0 (the
+// store's to set). INVALID_ARGUMENT naming the first field that is not.
+// A worker is a peer: what it sends reaches the planner, whose indexing
+// and CHECKs trust the unit count, only through this. With `model_sizes` (the sizes the model's
 // shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
 // and activation_bytes must equal them and its stash_bytes and
 // transient_bytes be within a factor of two of them (a transient_bytes of
@@ -136,6 +137,12 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
 // new shapes would grow the coordinator's memory and store for good.
 inline constexpr size_t kMaxCachedProfiles = 512;
 
+// Least recently used goes first. A restarted coordinator puts the stored
+// profiles back oldest save first (CoordinatorState::LoadProfilesBySave),
+// so the order survives a restart as far as saves tell it: a Get is not
+// stored (that would be a commit of the whole record per job planned), so
+// a profile measured long ago and got since ranks after the restart by its
+// save alone, below profiles measured later.
 class ProfileCache {
  public:
   explicit ProfileCache(size_t capacity = kMaxCachedProfiles) : capacity_(capacity) {}

@@ -336,6 +336,8 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
        [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_all_reduce_seconds_per_byte(0); }},
       {"repetitions", [](v1::ModelProfile& p) { p.set_repetitions(-1); }},
       {"device_kind", [](v1::ModelProfile& p) { p.set_device_kind(std::string(300, 'x')); }},
+      // The store's number for the record, not the worker's to give.
+      {"store_sequence is set", [](v1::ModelProfile& p) { p.set_store_sequence(7); }},
   };
   for (const Case& c : cases) {
     v1::ModelProfile p = GoodProfile(request, names);

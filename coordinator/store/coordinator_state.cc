@@ -1,5 +1,10 @@
 #include "coordinator/store/coordinator_state.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -14,6 +19,7 @@ namespace pipetrain {
 namespace {
 
 constexpr char kVersionKey[] = "meta/version";
+constexpr char kProfileSequenceKey[] = "meta/profile_sequence";
 constexpr char kWorkers[] = "workers/";
 constexpr char kJobs[] = "jobs/";
 constexpr char kProfiles[] = "profiles/";
@@ -152,22 +158,51 @@ absl::StatusOr<std::vector<store::StoredJob>> CoordinatorState::LoadJobs() const
 
 absl::Status CoordinatorState::SaveProfile(const std::string& key,
                                            const v1::ModelProfile& profile) {
-  return store_->Commit({StoreWrite::Put(kProfiles + key, Sealed(profile))});
+  // Read at each save (profiles are saved once per profiling run): kept in
+  // memory, a save before any load would number from 1 again, below every
+  // stored profile.
+  ASSIGN_OR_RETURN(std::optional<std::string> last, store_->Get(kProfileSequenceKey));
+  int64_t sequence = 0;
+  if (last.has_value() && (!absl::SimpleAtoi(*last, &sequence) || sequence < 0 ||
+                           sequence == std::numeric_limits<int64_t>::max())) {
+    return absl::DataLossError(
+        absl::StrCat(store_->Describe(), ": ", kProfileSequenceKey, " holds \"",
+                     absl::CHexEscape(last->substr(0, 32)),
+                     "\", not a count of profile saves; delete that record"));
+  }
+  v1::ModelProfile stored = profile;
+  stored.set_store_sequence(++sequence);
+  return store_->Commit({StoreWrite::Put(kProfiles + key, Sealed(stored)),
+                         StoreWrite::Put(kProfileSequenceKey, absl::StrCat(sequence))});
 }
 
 absl::Status CoordinatorState::DeleteProfile(const std::string& key) {
   return store_->Commit({StoreWrite::Delete(kProfiles + key)});
 }
 
-absl::StatusOr<std::map<std::string, v1::ModelProfile>> CoordinatorState::LoadProfiles() const {
+absl::StatusOr<std::vector<std::pair<std::string, v1::ModelProfile>>>
+CoordinatorState::LoadProfilesBySave() const {
   ASSIGN_OR_RETURN(auto rows, store_->Scan(kProfiles));
-  std::map<std::string, v1::ModelProfile> out;
+  std::vector<std::pair<std::string, v1::ModelProfile>> out;
+  out.reserve(rows.size());
   for (const auto& [key, value] : rows) {
     v1::ModelProfile p;
     RETURN_IF_ERROR(Unseal(*store_, key, value, &p));
-    out[key.substr(sizeof(kProfiles) - 1)] = std::move(p);
+    out.emplace_back(key.substr(sizeof(kProfiles) - 1), std::move(p));
   }
+  // Stable: equal numbers (0 for records older than numbering) keep the
+  // scan's key order.
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.second.store_sequence() < b.second.store_sequence();
+  });
+  for (auto& [key, profile] : out) profile.clear_store_sequence();
   return out;
+}
+
+absl::StatusOr<std::map<std::string, v1::ModelProfile>> CoordinatorState::LoadProfiles() const {
+  ASSIGN_OR_RETURN(auto by_save, LoadProfilesBySave());
+  return std::map<std::string, v1::ModelProfile>(std::make_move_iterator(by_save.begin()),
+                                                 std::make_move_iterator(by_save.end()));
 }
 
 }  // namespace pipetrain

@@ -2,9 +2,11 @@
 // Store (store.h). Keys:
 //
 //   meta/version            the layout version (kStateVersion)
+//   meta/profile_sequence   the last store_sequence a profile was saved with
 //   workers/<id>            StoredWorker (state.proto)
 //   jobs/<id>               StoredJob
-//   profiles/<key>          v1::ModelProfile (jobs/profile_cache.h keys)
+//   profiles/<key>          v1::ModelProfile (jobs/profile_cache.h keys),
+//                           store_sequence set
 //
 // Every Save returns once the store committed it (durable: store.h), so a
 // caller that acknowledges only after Save never acknowledges what a
@@ -20,6 +22,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,8 +64,21 @@ class CoordinatorState {
   // is not kJobs + its job's id is left out, with a warning.
   absl::StatusOr<std::vector<store::StoredJob>> LoadJobs() const;
 
+  // Saves `profile` numbered one past meta/profile_sequence (store_sequence),
+  // and that number there, in one commit: numbers rise across restarts.
+  // Two saves at once may take the same number (LoadProfilesBySave then
+  // orders them by key). DATA_LOSS when meta/profile_sequence is not a
+  // number.
   absl::Status SaveProfile(const std::string& key, const v1::ModelProfile& profile);
   absl::Status DeleteProfile(const std::string& key);
+  // The saved profiles, least recently saved first: by store_sequence, then
+  // key (records saved before it was kept have none and come first, in key
+  // order). Why: a restarted coordinator puts them back in its cache in
+  // this order, which evicts the least recently used; in key order it
+  // evicted the alphabetically first, however recently measured. Returned
+  // with store_sequence cleared (so do LoadProfiles).
+  absl::StatusOr<std::vector<std::pair<std::string, v1::ModelProfile>>> LoadProfilesBySave() const;
+  // The same, by key.
   absl::StatusOr<std::map<std::string, v1::ModelProfile>> LoadProfiles() const;
 
   std::string Describe() const { return store_->Describe(); }

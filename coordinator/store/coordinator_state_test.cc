@@ -1,6 +1,9 @@
 #include "coordinator/store/coordinator_state.h"
 
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
@@ -30,6 +33,51 @@ TEST(CoordinatorStateTest, DeletedProfile_NotLoaded) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->size(), 1u);
   EXPECT_EQ(loaded->count("b"), 1u);
+}
+
+// Profiles come back in the order they were saved (a saved-again profile
+// moves last; a new CoordinatorState on the same store, a restart, numbers
+// on), with records saved before the numbering first in key order. A
+// restarted coordinator's cache puts them back so and keeps its least
+// recently used order; in key order, it evicted "a" first.
+TEST(CoordinatorStateTest, LoadProfilesBySave_OldestSaveFirst_UnnumberedFirstInKeyOrder) {
+  MemoryStore store;
+  for (const char* old_key : {"profiles/z", "profiles/y"}) {
+    ASSERT_TRUE(
+        store.Commit({StoreWrite::Put(old_key, v1::ModelProfile().SerializeAsString())}).ok());
+  }
+  {
+    CoordinatorState state(&store);
+    for (const char* key : {"c", "a", "b"}) {
+      ASSERT_TRUE(state.SaveProfile(key, v1::ModelProfile()).ok());
+    }
+  }
+  CoordinatorState state(&store);  // restarted
+  ASSERT_TRUE(state.SaveProfile("c", v1::ModelProfile()).ok());
+  EXPECT_EQ(store.Get("meta/profile_sequence").value(), std::optional<std::string>("4"));
+  const auto loaded = state.LoadProfilesBySave();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<std::string> keys;
+  for (const auto& [key, profile] : *loaded) {
+    keys.push_back(key);
+    EXPECT_EQ(profile.store_sequence(), 0) << key;  // the store's, not the caller's
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"y", "z", "a", "b", "c"}));
+  const auto by_key = state.LoadProfiles();
+  ASSERT_TRUE(by_key.ok()) << by_key.status();
+  EXPECT_EQ(by_key->size(), 5u);
+  EXPECT_EQ(by_key->at("c").store_sequence(), 0);
+}
+
+TEST(CoordinatorStateTest, SaveProfile_SequenceNotANumber_DataLossNamingIt) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("meta/profile_sequence", "x1")}).ok());
+  const absl::Status status = state.SaveProfile("a", v1::ModelProfile());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(status.message().find("meta/profile_sequence holds \"x1\""), std::string::npos)
+      << status;
+  EXPECT_EQ(store.Get("profiles/a").value(), std::nullopt);
 }
 
 TEST(CoordinatorStateTest, DeletedWorker_NotLoaded) {

@@ -1,5 +1,6 @@
 #include "coordinator/planner/distpar_layout.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -246,6 +247,19 @@ MatmulLayout LayoutAt(int index) { return static_cast<MatmulLayout>(index); }
 // Always fits (nothing split): the fallback where every cost overflows.
 constexpr int kReplicateIndex = static_cast<int>(MatmulLayout::kReplicate);
 
+// Whether `cost` beats `best` by more than rounding: the search sums a
+// scheme's terms in another order than EvaluateLayouts, so two schemes of
+// bitwise-equal evaluated cost can differ by a few ulps here; treating
+// costs within 1e-12 of the larger as equal keeps the earlier candidate,
+// which is the header's tie rule. Real differences between schemes are
+// differences of element counts (times beta), in practice far above this.
+bool Cheaper(double cost, double best) {
+  constexpr double kRelativeTie = 1e-12;
+  if (!(cost < best)) return false;
+  if (std::isinf(best)) return true;  // a finite cost beats an overflowed one
+  return best - cost > kRelativeTie * std::max(std::fabs(cost), std::fabs(best));
+}
+
 }  // namespace
 
 std::string SbpName(Sbp sbp) {
@@ -399,7 +413,7 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
           if (!LayoutFits(problem, i + 1, LayoutAt(b))) continue;
           const double link = PairLink(problem, i, LayoutAt(a), LayoutAt(b)).communication;
           const double cost = problem.beta * link + suffix[i + 1][b];
-          if (cost < best) best = cost, then[i][a] = b;
+          if (Cheaper(cost, best)) best = cost, then[i][a] = b;
         }
       }
       suffix[i][a] = own(i, a) + best;
@@ -412,7 +426,7 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   for (int b = 0; b < kMatmulLayouts; ++b) {
     if (!LayoutFits(problem, 0, LayoutAt(b))) continue;
     const double cost = problem.beta * StartLink(problem, LayoutAt(b)).communication + suffix[0][b];
-    if (cost < target) target = cost, a = b;
+    if (Cheaper(cost, target)) target = cost, a = b;
   }
   std::vector<MatmulLayout> layouts;
   for (size_t i = 0; i < layers; ++i) {
@@ -436,7 +450,7 @@ absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem
     for (int d : digits) layouts.push_back(LayoutAt(d));
     if (SchemeFits(problem, layouts)) {
       LayoutScheme scheme = EvaluateLayouts(problem, layouts);
-      if (scheme.cost < best.cost) best = std::move(scheme);
+      if (Cheaper(scheme.cost, best.cost)) best = std::move(scheme);
     }
     size_t i = digits.size();
     while (i > 0 && digits[i - 1] == kMatmulLayouts - 1) digits[--i] = 0;

@@ -44,6 +44,10 @@
 // summed over the forward matmul and the two backward ones and over all n
 // devices (the paper's simplification: every layout runs the same kernels,
 // so work follows the operands' sizes; replication thus costs n times).
+// This is what `pipetrain plan --tensor` prints. `plan --data auto` prints
+// another "DistPar cost" (DistParLayoutCost, data_parallel_layout.h) whose
+// computation is the busiest device's, not the sum over devices: the two
+// commands' costs are not comparable.
 // Communication: the elements all devices together send for each
 // conversion, with ring collectives on |T| elements:
 //   S(i) -> B   all-gather        (n-1)|T|
@@ -152,7 +156,9 @@ struct LayoutScheme {
 // The scheme of least cost, by dynamic programming over the chain (exact:
 // the cost is a sum of per-layer terms and terms of adjacent pairs), among
 // the layouts and conversions whose splits divide (LayoutFits). Ties go
-// to the lexicographically smallest layouts (in MatmulLayout order).
+// to the lexicographically smallest layouts (in MatmulLayout order); costs
+// within a relative 1e-12 tie, as the search adds a scheme's terms in
+// another order than EvaluateLayouts and rounding must not decide.
 // INVALID_ARGUMENT for no layers, a non-positive dimension, devices < 2,
 // beta < 0 or not finite, negative samples or heads, or an input/output
 // property of P or one whose split does not divide the first layer's
@@ -190,6 +196,7 @@ absl::StatusOr<double> CalibratedBeta(const std::vector<MatmulLayer>& layers,
                                       double flops_per_second, double bandwidth_bytes_per_second);
 
 // Every assignment tried; for tests on small chains (at most 8 layers).
+// The same tie rule as SolveLayouts, so both return the same scheme.
 absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem);
 
 }  // namespace pipetrain

@@ -39,6 +39,14 @@ check tensor_four_layers 'len(j["layers"]) == 4 and j["devices"] == 4'
 check tensor_weights_split 'all(l["layout"] in ("column", "row") for l in j["layers"])'
 check tensor_no_worse_than_megatron 'j["cost"] <= j["fixed_scheme_costs"]["megatron"]'
 expect_exit tensor_cube_text 0 'vs cube' -- --tensor 8
+# A 3-D cube job needs p^2, not T, to divide d_model: T 8 (p 2) on d_model
+# 36 with 6 heads is a valid job, so the cube gets a cost while Megatron's
+# column split of 108 qkv columns 8 ways is not possible.
+expect_exit tensor_cube_d_model 0 '"layout"' -- --tensor 8 --d-model 36 --heads 6 \
+  --micro-batch-size 4 --seq-len 256 --json
+check tensor_cube_d_model_costs 'j["fixed_scheme_costs"]["cube"] is not None and j["fixed_scheme_costs"]["megatron"] is None'
+expect_exit tensor_cube_d_model_text 0 'vs cube' -- --tensor 8 --d-model 36 --heads 6 \
+  --micro-batch-size 4 --seq-len 256
 # 1001 tokens: 8 devices split no rows, so the all-data and all-cube
 # schemes are not possible (cost null), and none is chosen.
 expect_exit tensor_indivisible_text 0 'vs data       (data,data,data,data): not possible' \
@@ -275,12 +283,16 @@ expect_exit tensor_negative_seq_len 2 "--seq-len -32 is outside" -- \
 expect_exit tensor_with_svg 2 "--svg has no effect with --tensor" -- --tensor 2 --svg "$TMP/t.svg"
 expect_exit tensor_with_solver 2 "--solver has no effect with --tensor" -- --tensor 2 --solver auto
 # --gflops calibrates beta only with --bandwidth-gbps; --distpar-beta sets
-# it instead; a T not dividing d_model is no layout a job could run.
+# it instead; a d_model that neither T (1-D) nor, for T = p^3, p^2 (the
+# cube) divides is no layout a job could run.
 expect_exit tensor_gflops_alone 2 "--gflops has no effect with --tensor without --bandwidth-gbps" \
   -- --tensor 2 --gflops 5
 expect_exit tensor_beta_and_calibration 2 "--distpar-beta sets beta" -- --tensor 2 \
   --distpar-beta 1 --gflops 5 --bandwidth-gbps 10
 expect_exit tensor_not_dividing 2 "--tensor 5 must divide --d-model 768" -- --tensor 5
+expect_exit tensor_cube_not_dividing 2 \
+  "--tensor 8 must divide --d-model 30 (each device takes an equal share), or for the 3-D cube (8 = 2^3) p^2 = 4 must" \
+  -- --tensor 8 --d-model 30 --heads 6
 expect_exit acctfm_with_layers 2 "--layers has no effect with --solver acctfm" -- \
   --profile "$TMP/paper.json" --solver acctfm --layers 3
 expect_exit tensor_search_with_svg 2 "--svg has no effect with --tensor-parallel" -- \

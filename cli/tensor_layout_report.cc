@@ -1,6 +1,7 @@
 #include "cli/tensor_layout_report.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -45,12 +46,21 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
     return absl::InvalidArgumentError(
         "--seq-len, --micro-batch-size and --d-model must be >= 1 for --tensor");
   }
-  // A split dimension (d_model, and the 3 and 4 x d_model of QKV and the
-  // MLP) is cut into T equal shares, as a job's tensor ranks cut it.
-  if (request.d_model % request.devices != 0) {
+  // A job's tensor ranks cut d_model into equal shares: T of them in the
+  // 1-D layout, p^2 row blocks in the 3-D cube (T = p^3). A d_model that
+  // neither job could run is refused; else the search leaves out the
+  // layouts whose splits do not divide (a cube job's d_model need not be
+  // a multiple of T).
+  const int64_t side = CubeSide(request.devices);
+  if (request.d_model % request.devices != 0 &&
+      (side == 0 || request.d_model % (side * side) != 0)) {
+    const std::string cube = side > 0
+                                 ? absl::StrCat(", or for the 3-D cube (", request.devices, " = ",
+                                                side, "^3) p^2 = ", side * side, " must")
+                                 : "";
     return absl::InvalidArgumentError(absl::StrCat("--tensor ", request.devices,
                                                    " must divide --d-model ", request.d_model,
-                                                   " (each device takes an equal share)"));
+                                                   " (each device takes an equal share)", cube));
   }
   LayoutProblem problem;
   problem.layers = GptBlockLayers(request.tokens, request.d_model);

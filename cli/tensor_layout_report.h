@@ -36,7 +36,12 @@ struct TensorLayoutRequest {
 
 // The report as text (json = false) or JSON. INVALID_ARGUMENT naming the
 // flag for T < 2, beta < 0 (other than kCalibratedBeta), non-positive
-// dimensions, or a calibration from a non-positive GEMM rate.
+// dimensions, a calibration from a non-positive GEMM rate, or a d_model
+// no job on T could cut: T must divide it (1-D), or T = p^3 and p^2
+// divide it (3-D cube).
+// The costs are distpar_layout.h's, computation summed over all T
+// devices: not comparable with `plan --data auto`'s DistPar cost
+// (DistParLayoutCost, a busiest-device figure).
 absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& request, bool json);
 
 }  // namespace pipetrain

@@ -175,7 +175,10 @@ ClusterSpec TensorGroupCluster(const ClusterSpec& cluster, int tensor_parallel);
 //    pass reads the output's gradient and writes the input's: the same
 //    sizes). Devices compute concurrently on their local (physical)
 //    tensors, so a layout's computational cost is its busiest device's sum
-//    over one step (the programs hold m / D micro-batches).
+//    over one step (the programs hold m / D micro-batches): a maximum over
+//    devices, not a total. `plan --tensor` (distpar_layout.h) sums its
+//    computation over all devices instead, so that command's "DistPar
+//    cost" and this one (`plan --data auto`) are not comparable.
 //  - "Communication cost is defined as the total communications across
 //    multiple devices", the conversions' volumes: every Send of one
 //    replica's programs (TransferBytes / 4) times D replicas, plus each

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/utf8_prefix.h"
@@ -75,9 +76,15 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     if (all_owned && record.checkpoints->Repeats(c)) return absl::OkStatus();
   }
   if (!c.error().empty()) {
-    PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
-                    << " could not write its checkpoint of step " << c.step() << ": "
-                    << c.error().substr(0, 4096);
+    // Rate-limited: a stage reporting failures of ever other steps (a
+    // fault, or a host not to be trusted) passes the repeat check above,
+    // and each line carries up to 4 KiB of its text.
+    static LogRateLimiter failures_log(10, absl::Seconds(10));
+    if (int64_t dropped = 0; failures_log.Allow(&dropped)) {
+      PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
+                      << " could not write its checkpoint of step " << c.step() << ": "
+                      << c.error().substr(0, 4096) << LogRateLimiter::Dropped(dropped);
+    }
     // Its files written before the failure, and the other stages', are
     // removed once a later checkpoint completes, or at the job's end; the
     // failed steps past the catalog's few go now (no checkpoint may

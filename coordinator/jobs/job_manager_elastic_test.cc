@@ -48,6 +48,8 @@
 namespace pipetrain {
 namespace {
 
+using ::pipetrain::testing::LinesWith;
+
 // 1 layer: units 0 (embed), 1 (attn), 2 (mlp), 3 (head).
 constexpr int kUnits = 4;
 
@@ -2424,6 +2426,15 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(job.progress().checkpoint_failures(), 0);
   EXPECT_EQ(job.progress().checkpoint_error(), "");
   EXPECT_EQ(summary_failures(), 0);
+  // A stage that reports failures of steps in turn (each passes the repeat
+  // check) logs at most 10 of its lines per 10 s (the limit is
+  // process-wide: earlier reports may have used some).
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 9 + i % 2)).ok());
+  }
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_LE(LinesWith(logged, "could not write its checkpoint"), 10) << logged;
 }
 
 // While every checkpoint fails (a full disk), the failed steps' files past
@@ -4068,8 +4079,6 @@ TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointNotRemovable_StaysListed)
   EXPECT_EQ(found, 1);
   EXPECT_TRUE(std::filesystem::is_symlink(absl::StrCat(OutputDir(), "/", step_dir)));
 }
-
-using ::pipetrain::testing::LinesWith;
 
 // While the manifest's write keeps failing (a full or read-only volume),
 // its retry every 5 s logs the first failure, then one a minute saying how

@@ -45,6 +45,10 @@ absl::Status PowerSgdAllReduce(Collectives& collectives, int64_t iteration, int 
   // on every member, and so must be what each adds to its weights, on any
   // CPU and --threads (low_rank.h).
   LowRankProduct(p.data(), q.data(), rows, cols, r, m.data());
+  // Finite factors may multiply past float32 (Q's entries near FLT_MAX / r):
+  // refused alike on every member (the product is the same on each), before
+  // the Inf reaches the weights or, through the residual, every later call.
+  RETURN_IF_ERROR(CheckFinite(m, "PowerSGD all-reduce (the approximation P Q^T)"));
   if (error_feedback) {
     const float share = 1.0f / static_cast<float>(collectives.size());
     state->residual = matrix;  // M - P^ Q'^T / N

@@ -1,5 +1,6 @@
 #include "coordinator/registry/registration_limits.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -28,28 +29,6 @@ absl::Status CheckRate(absl::string_view field, double value, double min, double
   if (value == 0 || (value >= min && value <= limit)) return absl::OkStatus();  // false for NaN
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": ", value, " is neither 0 (not measured) nor in [", min, ", ", limit, "]"));
-}
-
-// Empty, or host:port as the worker's --metrics-address gives it (a name or
-// an IPv4 address, or an IPv6 one in brackets). The coordinator exports it
-// as a label on its open /metrics (pipetrain_worker_info), which dashboards
-// use in a regular expression: quotes, spaces or regex characters from a
-// join-token holder have no business there.
-absl::Status CheckMetricsAddress(const std::string& address) {
-  if (address.empty()) return absl::OkStatus();
-  const size_t colon = address.rfind(':');
-  bool valid = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
-               address.size() - colon - 1 <= 5;
-  for (size_t i = 0; valid && i < address.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(address[i]);
-    valid = i > colon ? absl::ascii_isdigit(c)
-                      : absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':' ||
-                            c == '[' || c == ']' || c == '%';
-  }
-  if (valid) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      "RegisterWorkerRequest.metrics_address: not host:port (letters, digits, '.', '-', '_', "
-      "an IPv6 address in brackets, then a decimal port), nor empty");
 }
 
 absl::Status CheckDevice(const v1::DeviceInfo& d) {
@@ -88,6 +67,39 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
 }
 
 }  // namespace
+
+absl::Status CheckMetricsAddress(const std::string& address) {
+  if (address.empty()) return absl::OkStatus();
+  const size_t colon = address.rfind(':');
+  bool valid = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+               address.size() - colon - 1 <= 5;
+  for (size_t i = colon + 1; valid && i < address.size(); ++i) {
+    valid = absl::ascii_isdigit(static_cast<unsigned char>(address[i]));
+  }
+  absl::string_view host = valid ? absl::string_view(address).substr(0, colon) : "";
+  // Brackets only around the whole host, an IPv6 address (hex digits, ':'
+  // and '.', a zone after '%'); ':' and '%' nowhere else.
+  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
+  if (v6) {
+    const absl::string_view inside = host.substr(1, host.size() - 2);
+    const size_t zone = std::min(inside.find('%'), inside.size());
+    valid = inside.substr(0, zone).find(':') != absl::string_view::npos;
+    for (size_t i = 0; valid && i < inside.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(inside[i]);
+      valid = i < zone ? absl::ascii_isxdigit(c) || c == ':' || c == '.'
+                       : i == zone || absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
+    }
+  } else {
+    for (size_t i = 0; valid && i < host.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(host[i]);
+      valid = absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
+    }
+  }
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "RegisterWorkerRequest.metrics_address: not host:port (letters, digits, '.', '-', '_', "
+      "or an IPv6 address in brackets, then ':' and a decimal port), nor empty");
+}
 
 absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& r) {
   RETURN_IF_ERROR(

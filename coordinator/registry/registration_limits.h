@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -46,8 +47,18 @@ inline constexpr double kMaxDataPlaneBytesPerSecond = 1e13;
 // 300 bytes exceeds the limit of 256") for any field out of bounds. The
 // join token and data_address presence are the registry's checks.
 absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& request);
+
 // The same for a heartbeat's current_instruction and nccl_unique_id.
 absl::Status CheckHeartbeatBounds(const v1::HeartbeatRequest& request);
+
+// Empty, or host:port as a worker's --metrics-address gives it: a host of
+// letters, digits, '.', '-' and '_', or an IPv6 address in brackets (hex
+// digits, ':' and '.', a zone after '%'), then ':' and a decimal port of
+// at most 5 digits. The coordinator exports it as a label on its open
+// /metrics (pipetrain_worker_info), which dashboards use in a regular
+// expression. INVALID_ARGUMENT naming RegisterWorkerRequest.metrics_address
+// otherwise (CheckRegistrationBounds calls it).
+absl::Status CheckMetricsAddress(const std::string& address);
 
 }  // namespace pipetrain
 

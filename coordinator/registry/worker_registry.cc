@@ -684,6 +684,9 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
       continue;
     }
     usable.push_back(w);
+    // Saved before RegisterWorker checked it: exported as a label again
+    // only if Register would take it now.
+    if (!CheckMetricsAddress(w.metrics_address()).ok()) usable.back().clear_metrics_address();
   }
   const size_t room = static_cast<size_t>(std::max(0, options_.max_workers)) > workers_.size()
                           ? static_cast<size_t>(options_.max_workers) - workers_.size()

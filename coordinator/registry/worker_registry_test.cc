@@ -221,7 +221,8 @@ TEST(WorkerRegistryTest, Register_MetricsAddressNotHostPort_InvalidArgument) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock));
   for (const std::string bad : {"w\"} 1", "10.0.0.1:9100\n", "host:port", "(a|b):1", ":9100",
-                                "10.0.0.1:", "10.0.0.1:123456", "a b:1"}) {
+                                "10.0.0.1:", "10.0.0.1:123456", "a b:1", "[a-z]:1", "[[:1", "a]b:1",
+                                "a:b:1", "[]:1", "a%b:1"}) {
     v1::RegisterWorkerRequest request = Request(1);
     request.set_metrics_address(bad);
     const auto response = registry.Register(request);
@@ -229,7 +230,8 @@ TEST(WorkerRegistryTest, Register_MetricsAddressNotHostPort_InvalidArgument) {
     EXPECT_THAT(response.status().message(), HasSubstr("RegisterWorkerRequest.metrics_address"));
   }
   int n = 2;
-  for (const std::string good : {"", "10.0.0.2:9100", "[fd00::1]:9100", "worker-0.pods_a:0"}) {
+  for (const std::string good :
+       {"", "10.0.0.2:9100", "[fd00::1]:9100", "[fe80::1%eth0]:9100", "worker-0.pods_a:0"}) {
     v1::RegisterWorkerRequest request = Request(n++);
     request.set_metrics_address(good);
     EXPECT_TRUE(registry.Register(request).ok()) << good;
@@ -884,6 +886,25 @@ TEST(WorkerRegistryTest, Restore_NumbersThatWouldOverflowAreSkipped) {
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->worker_id(), "w-5");
   EXPECT_EQ(second->incarnation(), 1);
+}
+
+// A record saved before RegisterWorker checked the metrics address comes
+// back without one it would refuse now (the address is a label on the open
+// /metrics), and with one it would take.
+TEST(WorkerRegistryTest, Restore_MetricsAddressRegisterWouldRefuse_Cleared) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 2; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+  }
+  ASSERT_EQ(saved.size(), 2u);
+  saved[0].set_metrics_address("[a-z]\"}:1");
+  WorkerRegistry after(options);
+  after.Restore(saved);
+  EXPECT_EQ(after.Get("w-1")->metrics_address(), "");
+  EXPECT_EQ(after.Get("w-2")->metrics_address(), "10.0.0.2:9100");
 }
 
 // Stored records that would share one entry ("w-01" parses as 1, and a

@@ -1,6 +1,7 @@
 #include "coordinator/store/etcd_store.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -266,12 +267,25 @@ absl::Status EtcdStore::ReadSequence() {
 
 void EtcdStore::MaybeCompact(int64_t revision, int64_t bytes) {
   const EtcdOptions& options = client_->options();
+  recent_.emplace_back(revision, bytes);
+  while (static_cast<int64_t>(recent_.size()) > options.kept_revisions) recent_.pop_front();
   const bool commits_up = (commits_.fetch_add(1) + 1) % options.compaction_interval_commits == 0;
   const bool bytes_up =
       bytes_since_compaction_.fetch_add(bytes) + bytes >= options.compaction_interval_bytes;
   if (!commits_up && !bytes_up) return;
   bytes_since_compaction_.store(0);  // the next interval counts from this try
-  const int64_t target = revision - options.kept_revisions;
+  // kept_revisions revisions back, or nearer: the oldest of this store's
+  // latest Commits that together carry at most compaction_interval_bytes
+  // (the newest whatever its size).
+  int64_t target = revision - options.kept_revisions;
+  int64_t kept_bytes = 0;
+  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+    kept_bytes += it->second;
+    if (it != recent_.rbegin() && kept_bytes > options.compaction_interval_bytes) {
+      target = std::max(target, std::prev(it)->first);  // the oldest that fits
+      break;
+    }
+  }
   if (target <= compacted_to_.load()) return;
   etcdserverpb::CompactionRequest request;
   request.set_revision(target);

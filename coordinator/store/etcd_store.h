@@ -53,10 +53,13 @@
 // those since the last compaction carried options.compaction_interval_bytes
 // (records may be up to 1 MiB: a thousand of them alone fill half the
 // quota), the store compacts etcd up to options.kept_revisions revisions
-// before the one it just wrote (a failure is logged and tried again after
-// the next interval; the Commit stands). Only the writer compacts, and Scan reads again when
-// its revision was compacted meanwhile. etcd's own --auto-compaction-*
-// flags may run beside it.
+// before the one it just wrote, or nearer, so that its own Commits kept
+// carry at most options.compaction_interval_bytes (the newest is always
+// kept); so what this store keeps in etcd's history is bounded by about
+// twice that many bytes, whatever the records' size (a failure is logged
+// and tried again after the next interval; the Commit stands). Only the writer compacts, and Scan
+// reads again when its revision was compacted meanwhile. etcd's own --auto-compaction-* flags may
+// run beside it.
 //
 // Reads are linearizable (etcd's default): they see every Commit that
 // returned, from any coordinator. Scan reads pages of at most
@@ -92,6 +95,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,7 +157,7 @@ class EtcdStore final : public Store {
   absl::Status ReadSequence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_);
   // Counts a successful Commit of `bytes` (its Txn) that wrote `revision`,
   // and compacts etcd's history when an interval is up (see above).
-  void MaybeCompact(int64_t revision, int64_t bytes);
+  void MaybeCompact(int64_t revision, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(commit_mu_);
   // One pass of Scan over [begin, end); OUT_OF_RANGE when etcd compacted
   // the revision it reads at.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ScanOnce(
@@ -169,6 +173,9 @@ class EtcdStore final : public Store {
   std::optional<int64_t> seq_revision_ ABSL_GUARDED_BY(commit_mu_);
   std::atomic<int64_t> commits_{0};
   std::atomic<int64_t> bytes_since_compaction_{0};  // of Commits since the last try
+  // (revision, Txn bytes) of this store's latest Commits, oldest first, at
+  // most kept_revisions: how near a compaction goes to keep the bytes bound.
+  std::deque<std::pair<int64_t, int64_t>> recent_ ABSL_GUARDED_BY(commit_mu_);
   std::atomic<int64_t> compacted_to_{0};  // the latest revision compacted up to
 };
 

@@ -409,14 +409,16 @@ TEST(EtcdStoreTest, Commit_EveryInterval_CompactsTheHistory) {
 
 // Records may be up to 1 MiB: a thousand commits of them would keep 1 GiB
 // of history, half of etcd's default quota. So the store also compacts once
-// its commits since the last compaction carried compaction_interval_bytes.
+// its commits since the last compaction carried compaction_interval_bytes,
+// and keeps no more of its history than that many bytes (not
+// kept_revisions' 1000 commits).
 TEST(EtcdStoreTest, Commit_LargeRecords_CompactsByBytesBeforeTheCommitInterval) {
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("compaction-bytes");
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   EtcdOptions options = (*etcd)->Options("/bytes/");
   options.compaction_interval_commits = 1000;
   options.compaction_interval_bytes = 10000;
-  options.kept_revisions = 1;
+  options.kept_revisions = 1000;
   std::unique_ptr<EtcdStore> store = MustOpen(options);
   ASSERT_NE(store, nullptr);
   absl::StatusOr<std::unique_ptr<EtcdClient>> raw = EtcdClient::Create(options);
@@ -434,8 +436,12 @@ TEST(EtcdStoreTest, Commit_LargeRecords_CompactsByBytesBeforeTheCommitInterval) 
   ASSERT_TRUE(first.has_value());
   ASSERT_EQ(store->Commit({StoreWrite::Put("k", record)}), absl::OkStatus());
   EXPECT_EQ(status_at(first->mod_revision()), absl::OkStatus());  // about 8,000 bytes so far
+  const std::optional<mvccpb::KeyValue> second = RawGet(**raw, "/bytes/kv/k");
+  ASSERT_TRUE(second.has_value());
   ASSERT_EQ(store->Commit({StoreWrite::Put("k", record)}), absl::OkStatus());  // over 10,000
+  // The last two commits carry under 10,000 bytes: they stay, the first goes.
   EXPECT_EQ(status_at(first->mod_revision()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(status_at(second->mod_revision()), absl::OkStatus());
   EXPECT_EQ(store->Get("k").value(), std::optional<std::string>(record));
 }
 

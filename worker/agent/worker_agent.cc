@@ -176,6 +176,12 @@ bool WorkerAgent::AwaitDrainWaitingForTesting(absl::Duration timeout) const {
       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drain_waiters_ > 0; }, timeout);
 }
 
+bool WorkerAgent::AwaitRegistrationBackoffForTesting(absl::Duration timeout) const {
+  AnnotatedMutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return registration_backoffs_ > 0; }, timeout);
+}
+
 absl::Duration WorkerAgent::ReportRetryFor() const {
   AnnotatedMutexLock lock(&mu_);
   return ReportRetryForLease(lease_, heartbeat_interval_);
@@ -221,14 +227,24 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
   // went through (its answer lost to a deadline) is answered with the
   // incarnation that attempt made, not a new one.
   request.set_registration_id(RandomHex(16));
+  // An attempt that failed otherwise than by a refusal (a deadline, a lost
+  // connection) may yet commit on the coordinator: stopped after one, the
+  // registration is settled as one cut off is (SettleCutOffRegistration).
+  bool maybe_committed = false;
+  const auto stopped = [&]() {
+    if (maybe_committed) SettleCutOffRegistration(request, Stub());
+    return absl::CancelledError("stopped before registering");
+  };
   while (true) {
+    bool stopping = false;
     {
       AnnotatedMutexLock lock(&mu_);
-      if (stopping_) return absl::CancelledError("stopped before registering");
+      stopping = stopping_;
       // Read at every attempt: a drain asked for while registering (a
       // SIGTERM while the coordinator was unreachable) goes with the next.
       request.set_drained(drained_);
     }
+    if (stopping) return stopped();
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
@@ -238,11 +254,12 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
     // the stop bound, and the process exited without deregistering. A
     // registration cut off may yet be committed, though, leaving a READY
     // incarnation no one deregisters until its lease ends: asked once more,
-    // the coordinator names it, and Leave deregisters it.
+    // the coordinator names it, and Leave deregisters it (best effort: the
+    // second asking has half of kDeregisterTimeout, SettleCutOffRegistration).
     grpc::Status s;
     {
       const CallCancel::Scope cancellable(cancel, [&context] { context.TryCancel(); });
-      if (!cancellable.active()) return absl::CancelledError("stopped before registering");
+      if (!cancellable.active()) return stopped();
       s = coordinator.stub->RegisterWorker(&context, request, &response);
     }
     if (!s.ok() && cancel != nullptr && cancel->cancelled()) {
@@ -262,8 +279,13 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
         drain_now = drained_ && !request.drained() && !stopping_;
       }
       if (drain_now) {
-        const absl::Status drained = RequestDrain();
-        if (!drained.ok()) PT_LOG(WARNING) << "cannot drain after registering: " << drained;
+        // Under `cancel` too: a Leave meanwhile must not wait for it.
+        const absl::Status drained = AskDrain(options_.rpc_timeout, cancel);
+        if (drained.ok()) {
+          PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
+        } else {
+          PT_LOG(WARNING) << "cannot drain after registering: " << drained;
+        }
       }
       return absl::OkStatus();
     }
@@ -274,12 +296,17 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
     if (IsRegistrationRefusal(s.error_code())) {
       return FromGrpc(s);
     }
+    maybe_committed = true;
     const absl::Duration wait = backoff.Next();
     const std::string hint = CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
     PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
                     << s.error_message() << (hint.empty() ? "" : "; " + hint) << "); retrying in "
                     << absl::FormatDuration(wait);
-    if (!SleepUnlessStopped(wait)) return absl::CancelledError("stopped before registering");
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ++registration_backoffs_;
+    }
+    if (!SleepUnlessStopped(wait)) return stopped();
   }
 }
 
@@ -325,6 +352,12 @@ absl::Status WorkerAgent::Start() {
   // Not cancelled by Leave, which does not wait for it: answered, it is
   // deregistered below.
   absl::Status registered = RegisterWithRetry(nullptr);
+  if (absl::IsCancelled(registered)) {
+    // Stopped after an attempt that may have committed: what the settling
+    // named, if anything, is deregistered (Stop's Deregister found no id).
+    Deregister();
+    return registered;
+  }
   if (!registered.ok()) return registered;
   {
     // Stop() (another thread, on a signal) sets stopping_ under mu_ before
@@ -350,13 +383,15 @@ WorkerAgent::CoordinatorStub WorkerAgent::Stub() {
 }
 
 template <typename Rpc>
-grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc) {
+grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc, CallCancel* cancel) {
   grpc::Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
     AddBearer(context, session_->Get());
     const CoordinatorStub coordinator = Stub();
+    const CallCancel::Scope cancellable(cancel, [&context] { context.TryCancel(); });
+    if (!cancellable.active()) return grpc::Status(grpc::StatusCode::CANCELLED, "stopped");
     s = rpc(*coordinator.stub, &context);
     if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
     endpoints_->Failed(s, context, coordinator.channel);
@@ -379,7 +414,7 @@ absl::Status WorkerAgent::RecheckDrain() {
   return AskDrain(std::min(options_.rpc_timeout, kRecheckDrainTimeout));
 }
 
-absl::Status WorkerAgent::AskDrain(absl::Duration timeout) {
+absl::Status WorkerAgent::AskDrain(absl::Duration timeout, CallCancel* cancel) {
   v1::DrainWorkerRequest request;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -395,10 +430,12 @@ absl::Status WorkerAgent::AskDrain(absl::Duration timeout) {
     request.set_worker_id(worker_id_);
   }
   v1::Worker response;
-  const grpc::Status s =
-      CallLeader(timeout, [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
+  const grpc::Status s = CallLeader(
+      timeout,
+      [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
         return stub.DrainWorker(context, request, &response);
-      });
+      },
+      cancel);
   if (!s.ok()) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),

@@ -194,6 +194,9 @@ class WorkerAgent {
   // Tests: whether an AwaitDrained is waiting (past its first look) within
   // `timeout`.
   bool AwaitDrainWaitingForTesting(absl::Duration timeout) const;
+  // Tests: waits until a registration has waited out (or is waiting out) a
+  // backoff after a failed attempt; false after `timeout`.
+  bool AwaitRegistrationBackoffForTesting(absl::Duration timeout) const;
 
  private:
   class GrpcLink;
@@ -202,10 +205,13 @@ class WorkerAgent {
   // settled (SettleCutOffRegistration) and CANCELLED returned.
   absl::Status RegisterWithRetry(CallCancel* cancel);
   struct CoordinatorStub;
-  // A registration Leave cut off may yet commit: the same request again
-  // (its registration_id), said drained, on the same coordinator, within
-  // half of Leave's deregistration bound; its answer, the incarnation the
-  // first made or a new one, is recorded for Deregister. Best effort.
+  // A registration Leave cut off, or one stopped after an attempt that
+  // failed otherwise than by a refusal (its deadline), may yet commit: the
+  // same request again (its registration_id), said drained, within half of
+  // Leave's deregistration bound; its answer, the incarnation the first
+  // made or a new one, is recorded for Deregister. Best effort: a
+  // coordinator too slow to answer it in time keeps what the cut-off
+  // attempt made (READY, or drained) until its lease ends.
   void SettleCutOffRegistration(v1::RegisterWorkerRequest request,
                                 const CoordinatorStub& coordinator);
   // Takes a successful registration's answer.
@@ -215,17 +221,18 @@ class WorkerAgent {
   // `rpc(stub, context)` with the session credential and a deadline of
   // `timeout`, twice at most: right after a failover the first may reach a
   // follower, whose UNAVAILABLE names the leader (CoordinatorEndpoints
-  // follows it). For calls made once, not in a loop of their own.
+  // follows it). For calls made once, not in a loop of their own. `cancel`
+  // (may be null) cuts off the call in flight and the retry (CANCELLED).
   template <typename Rpc>
-  grpc::Status CallLeader(absl::Duration timeout, Rpc rpc);
+  grpc::Status CallLeader(absl::Duration timeout, Rpc rpc, CallCancel* cancel = nullptr);
   void HeartbeatLoop();
   void WatchLoop();
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
-  // DrainWorker (each try bounded by `timeout`), and assigned_job_ set (or
-  // cleared) from its answer.
-  absl::Status AskDrain(absl::Duration timeout);
+  // DrainWorker (each try bounded by `timeout`, cut off by `cancel` if not
+  // null), and assigned_job_ set (or cleared) from its answer.
+  absl::Status AskDrain(absl::Duration timeout, CallCancel* cancel = nullptr);
   // Whether no job holds this worker (AwaitDrained): no RUN being taken, no
   // job named by the drain's answer still to come, and no runner or a
   // completed one.
@@ -279,6 +286,8 @@ class WorkerAgent {
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   // AwaitDrained calls waiting on mu_ (AwaitDrainWaitingForTesting).
   int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // Backoffs RegisterWithRetry began (AwaitRegistrationBackoffForTesting).
+  int64_t registration_backoffs_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The heartbeat thread's call in flight (a heartbeat, or a registration
   // again), which Leave() cancels (and every later one).

@@ -633,6 +633,82 @@ TEST(WorkerAgentTest, Leave_ReRegistrationHeld_CancelledSentAgainAndDeregistered
   rig->Shutdown();
 }
 
+// Registers incarnation 1, then refuses its heartbeats; the registration
+// again fails UNAVAILABLE as an attempt whose deadline passed does (it may
+// have committed), and every later one is answered.
+class FailedReRegistrationCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    registrations_.push_back(*request);
+    const int n = static_cast<int>(registrations_.size());
+    if (n == 2) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the save timed out");
+    return RegisteredAsW1(response, n);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->incarnation() == 1) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest* request,
+                                v1::DeregisterWorkerResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    if (request->worker_id() == "w-1") deregistered_.push_back(request->incarnation());
+    return grpc::Status::OK;
+  }
+  bool AwaitRegistrations(int n) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                    mu_) { return static_cast<int>(registrations_.size()) >= n; },
+                                absl::Seconds(30));
+  }
+  std::vector<v1::RegisterWorkerRequest> registrations() {
+    AnnotatedMutexLock lock(&mu_);
+    return registrations_;
+  }
+  std::vector<int64_t> deregistered() {
+    AnnotatedMutexLock lock(&mu_);
+    return deregistered_;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> deregistered_ ABSL_GUARDED_BY(mu_);
+};
+
+// Leave() while the registration again waits out its backoff after an
+// attempt that failed (a deadline: the coordinator may have committed it):
+// that registration is sent once more, said drained, and the incarnation
+// its answer names is the one deregistered. Before, the loop just stopped,
+// and what the failed attempt made stayed READY until its lease ended.
+TEST(WorkerAgentTest, Leave_AfterAFailedReRegistration_SentAgainAndDeregistered) {
+  FailedReRegistrationCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Hours(1);  // Leave comes during it
+  options.backoff.max = absl::Hours(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitRegistrations(2));
+  ASSERT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
+  agent.Leave();
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 3u);
+  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
+  EXPECT_FALSE(registrations[1].drained());
+  EXPECT_TRUE(registrations[2].drained());
+  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Registers incarnation n at the n-th registration and records whether it
 // said drained. A drain is refused as the real coordinator refuses a LOST
 // worker's (its lease ran out meanwhile), and from then on incarnation 1's

@@ -132,9 +132,10 @@ WorkerMetrics::WorkerMetrics()
           prometheus::BuildGauge()
               .Name("pipetrain_tensor_parallel_partitions")
               .Help("With spec.parallelism.tensor_partitions 0 and measured tuning: the "
-                    "AccTFM partition count each attention and MLP unit of this stage ran in "
-                    "the last iteration, by unit and pass (forward, backward); after the "
-                    "tuning steps, the counts kept")
+                    "AccTFM partition count each attention and MLP unit whose forward and "
+                    "backward both run on this stage (the units tuned) ran in the last "
+                    "iteration, by unit and pass (forward, backward); after the tuning steps, "
+                    "the counts kept")
               .Register(*registry_)) {
   AddBuildInfo(*registry_);
   tensor_parallel_compressed_bytes_.Add({{"encoding", "raw"}});

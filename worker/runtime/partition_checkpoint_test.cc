@@ -141,6 +141,10 @@ TEST_P(PartitionCheckpointTest, KeptCountsRecorded_ResumesBitwise) {
       while (u < static_cast<int>(names.size()) && names[u] != unit) ++u;
       ASSERT_LT(u, static_cast<int>(names.size())) << unit;
       EXPECT_EQ(std::make_pair(tuned->forward[u], tuned->backward[u]), counts) << unit;
+      // Only the units tuned are reported: both passes run on this stage.
+      EXPECT_TRUE(layout.forward[s].begin <= u && u < layout.forward[s].end &&
+                  layout.backward[s].begin <= u && u < layout.backward[s].end)
+          << unit;
     }
   }
 

@@ -66,6 +66,10 @@ class PartitionTuner {
                  int steps_per_candidate);
 
   const std::vector<PartitionCandidate>& candidates() const { return candidates_; }
+  // Whether unit u's counts vary between candidates (`tunable` above).
+  bool tunable(int u) const {
+    return u >= 0 && u < static_cast<int>(tunable_.size()) && tunable_[u];
+  }
   // The counts iteration i runs (the choice once decided).
   const PartitionCandidate& CandidateFor(int64_t i) const;
   // Records iteration i's compute seconds when it is a measured one.

@@ -609,10 +609,10 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
 absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* result) {
   const int64_t i = tuned_iterations_++;
   const PartitionCandidate& ran = tuner_->CandidateFor(i);
+  // The units tuned: a count the plan fixed is not reported as measured.
   for (const auto& [u, unit] : units_) {
-    if (IsBlockUnitKind(unit->kind())) {
+    if (tuner_->tunable(u))
       result->tensor_partitions[unit->name()] = {ran.forward[u], ran.backward[u]};
-    }
   }
   // The stage's compute, with the all-reduce time its units waited for.
   double compute = 0;

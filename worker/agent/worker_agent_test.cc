@@ -534,11 +534,11 @@ TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained)
 }
 
 // Registers incarnation n at the n-th registration and forgets incarnation
-// 1 at its first heartbeat (a restarted coordinator). Holds the second
-// registration (the agent's registration again) until Release(), as a
-// coordinator whose store is slow, while that incarnation may commit.
-// Records the registrations and the incarnations deregistered.
-class HeldReRegistrationCoordinator final : public NoAssignmentsCoordinator {
+// 1 at its first heartbeat (a restarted coordinator), so that the agent
+// registers again; records the registrations and the incarnations
+// deregistered. The second registration (the registration again) is as
+// the subclass says (SecondRegistration, called with mu_ held).
+class ReRegistrationCoordinator : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
@@ -546,104 +546,9 @@ class HeldReRegistrationCoordinator final : public NoAssignmentsCoordinator {
     registrations_.push_back(*request);
     const int n = static_cast<int>(registrations_.size());
     if (n == 2) {
-      held_ = true;
-      mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
-                           absl::Minutes(10));
+      const grpc::Status second = SecondRegistration();
+      if (!second.ok()) return second;
     }
-    return RegisteredAsW1(response, n);
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse*) override {
-    if (request->incarnation() == 1) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
-    }
-    return grpc::Status::OK;
-  }
-  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest* request,
-                                v1::DeregisterWorkerResponse*) override {
-    AnnotatedMutexLock lock(&mu_);
-    if (request->worker_id() == "w-1") deregistered_.push_back(request->incarnation());
-    return grpc::Status::OK;
-  }
-  bool AwaitHeld() {
-    AnnotatedMutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_; },
-                                absl::Seconds(30));
-  }
-  void Release() {
-    AnnotatedMutexLock lock(&mu_);
-    released_ = true;
-  }
-  std::vector<v1::RegisterWorkerRequest> registrations() {
-    AnnotatedMutexLock lock(&mu_);
-    return registrations_;
-  }
-  std::vector<int64_t> deregistered() {
-    AnnotatedMutexLock lock(&mu_);
-    return deregistered_;
-  }
-
- private:
-  AnnotatedMutex mu_;
-  std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> deregistered_ ABSL_GUARDED_BY(mu_);
-  bool held_ ABSL_GUARDED_BY(mu_) = false;
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// Leave() while the registration again (after the coordinator dropped the
-// worker) is held: it waited for the call's whole deadline (here an hour;
-// the shutdown's watchdog allows seconds, so the process exited without
-// deregistering). Now it cancels the call, sends it once more (the same
-// registration_id, said drained) and deregisters the incarnation that
-// answer names: the registry answers with the one the held attempt made,
-// or supersedes it.
-TEST(WorkerAgentTest, Leave_ReRegistrationHeld_CancelledSentAgainAndDeregistered) {
-  HeldReRegistrationCoordinator coordinator;
-  Mailbox mailbox;
-  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
-  ASSERT_TRUE(rig.ok()) << rig.status();
-  WorkerAgentOptions options = rig->options;
-  options.rpc_timeout = absl::Hours(1);
-  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
-  ASSERT_TRUE(agent.Start().ok());
-  ASSERT_TRUE(coordinator.AwaitHeld());
-  AnnotatedMutex mu;
-  bool left = false;
-  std::thread leaver([&] {
-    agent.Leave();
-    AnnotatedMutexLock lock(&mu);
-    left = true;
-  });
-  bool left_in_time = false;
-  {
-    AnnotatedMutexLock lock(&mu);
-    left_in_time = mu.AwaitWithTimeout([&] { return left; }, absl::Seconds(30));
-  }
-  coordinator.Release();  // also ends a Leave that waits for the held call
-  leaver.join();
-  EXPECT_TRUE(left_in_time) << "Leave waited for the held registration";
-  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
-  ASSERT_EQ(registrations.size(), 3u);
-  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
-  EXPECT_FALSE(registrations[1].drained());
-  EXPECT_TRUE(registrations[2].drained());
-  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
-  agent.Stop();
-  rig->Shutdown();
-}
-
-// Registers incarnation 1, then refuses its heartbeats; the registration
-// again fails UNAVAILABLE as an attempt whose deadline passed does (it may
-// have committed), and every later one is answered.
-class FailedReRegistrationCoordinator final : public NoAssignmentsCoordinator {
- public:
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
-                              v1::RegisterWorkerResponse* response) override {
-    AnnotatedMutexLock lock(&mu_);
-    registrations_.push_back(*request);
-    const int n = static_cast<int>(registrations_.size());
-    if (n == 2) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the save timed out");
     return RegisteredAsW1(response, n);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
@@ -674,11 +579,83 @@ class FailedReRegistrationCoordinator final : public NoAssignmentsCoordinator {
     return deregistered_;
   }
 
- private:
+ protected:
+  virtual grpc::Status SecondRegistration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   AnnotatedMutex mu_;
+
+ private:
   std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> deregistered_ ABSL_GUARDED_BY(mu_);
 };
+
+// Holds the registration again until Release(), as a coordinator whose
+// store is slow, while that incarnation may commit.
+class HeldReRegistrationCoordinator final : public ReRegistrationCoordinator {
+ public:
+  void Release() {
+    AnnotatedMutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  grpc::Status SecondRegistration() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
+                         absl::Minutes(10));
+    return grpc::Status::OK;
+  }
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Fails the registration again UNAVAILABLE, as an attempt whose deadline
+// passed does (it may have committed); every later one is answered.
+class FailedReRegistrationCoordinator final : public ReRegistrationCoordinator {
+ private:
+  grpc::Status SecondRegistration() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the save timed out");
+  }
+};
+
+// Leave() while the registration again (after the coordinator dropped the
+// worker) is held: it waited for the call's whole deadline (here an hour;
+// the shutdown's watchdog allows seconds, so the process exited without
+// deregistering). Now it cancels the call, sends it once more (the same
+// registration_id, said drained) and deregisters the incarnation that
+// answer names: the registry answers with the one the held attempt made,
+// or supersedes it.
+TEST(WorkerAgentTest, Leave_ReRegistrationHeld_CancelledSentAgainAndDeregistered) {
+  HeldReRegistrationCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.rpc_timeout = absl::Hours(1);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitRegistrations(2));
+  AnnotatedMutex mu;
+  bool left = false;
+  std::thread leaver([&] {
+    agent.Leave();
+    AnnotatedMutexLock lock(&mu);
+    left = true;
+  });
+  bool left_in_time = false;
+  {
+    AnnotatedMutexLock lock(&mu);
+    left_in_time = mu.AwaitWithTimeout([&] { return left; }, absl::Seconds(30));
+  }
+  coordinator.Release();  // also ends a Leave that waits for the held call
+  leaver.join();
+  EXPECT_TRUE(left_in_time) << "Leave waited for the held registration";
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 3u);
+  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
+  EXPECT_FALSE(registrations[1].drained());
+  EXPECT_TRUE(registrations[2].drained());
+  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
+  agent.Stop();
+  rig->Shutdown();
+}
 
 // Leave() while the registration again waits out its backoff after an
 // attempt that failed (a deadline: the coordinator may have committed it):

@@ -161,11 +161,18 @@ absl::Status Internal(const std::string& what) {
 
 // `failed`, with the error of a background send (or overlapped all-reduce)
 // that failed too (possibly the cause: a peer that cannot be reached also
-// sends nothing back).
+// sends nothing back). A receive that timed out while this stage's own
+// send failed takes the send's code: the peer was most likely waiting for
+// that send (as RecvWireWatchingSends says on the wire path; a device-path
+// receive cannot watch the sends). Reported as a timeout, a send refused as
+// "training diverged" read as a lost peer, and the job recovered into the
+// same divergence until its recoveries ran out.
 absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
   if (sends.ok()) return failed;
-  return absl::Status(failed.code(),
-                      absl::StrCat(failed.message(), "; also failed: ", sends.message()));
+  const absl::StatusCode code = absl::IsDeadlineExceeded(failed) && !absl::IsDeadlineExceeded(sends)
+                                    ? sends.code()
+                                    : failed.code();
+  return absl::Status(code, absl::StrCat(failed.message(), "; also failed: ", sends.message()));
 }
 
 // Takes map[key] out of `m`; INTERNAL naming `what` when absent.

@@ -266,6 +266,59 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
 }
 
 // A channel's error fails the iteration, naming the send.
+// A transport whose every send is refused as a codec refuses a non-finite
+// tensor ("training diverged"), and which receives nothing.
+class DivergedSendsTransport : public Transport {
+ public:
+  int stage() const override { return 0; }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    return absl::FailedPreconditionError("training diverged: element 3 is nan");
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
+    return absl::DeadlineExceededError("nothing on the wire here");
+  }
+};
+
+// A channel whose receives time out at once: the peer never sent (it was
+// waiting for this stage's send).
+class TimedOutChannel : public DeviceChannel {
+ public:
+  absl::Status Send(int, const Tensor&) override { return absl::OkStatus(); }
+  absl::StatusOr<Tensor> Recv(int peer, const Shape&) override {
+    return absl::DeadlineExceededError(
+        absl::StrCat("device channel: nothing from stage ", peer, " in time"));
+  }
+  absl::Status Flush(absl::Duration, const std::function<bool()>&) override {
+    return absl::OkStatus();
+  }
+  void Abort() override {}
+};
+
+// Activations down the wire (a compressed link stays there), gradients up
+// the device path: the wire send fails in the background, the device
+// receive of the answer to it times out, and the iteration fails with the
+// send's code (a diverged model), not as a lost peer's timeout, after which
+// the job recovered into the same divergence again and again.
+TEST(DevicePathRunTest, WireSendFailedThenDeviceRecvTimedOut_FailsWithTheSendsCode) {
+  const Dataset data = MakeDataset();
+  v1::Program program = TwoStageDevicePrograms()[0];
+  for (v1::Instruction& in : *program.mutable_instructions()) {
+    if (in.has_send()) in.mutable_send()->set_path(v1::LINK_PATH_WIRE);
+  }
+  DivergedSendsTransport transport;
+  TimedOutChannel channel;
+  StageSetup setup = TwoStageSetup(program);
+  setup.device_channel = &channel;
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  absl::StatusOr<IterationResult> result = (*runtime)->RunIteration(0);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "training diverged")) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "nothing from stage 1"))
+      << result.status();
+}
+
 TEST(DevicePathRunTest, ChannelError_FailsTheIterationNamingTheSend) {
   const Dataset data = MakeDataset();
   const std::vector<v1::Program> programs = TwoStageDevicePrograms();

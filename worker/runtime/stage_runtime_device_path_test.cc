@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/annotated_mutex.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
@@ -266,25 +267,50 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
 }
 
 // A channel's error fails the iteration, naming the send.
+// Set once the device receive began: the sends below fail only then, so
+// the iteration meets the failure at the receive, as when the peer's answer
+// is what the failed send held up (not at a later Send instruction).
+struct ReceiveBegan {
+  void Set() {
+    AnnotatedMutexLock lock(&mu);
+    began = true;
+  }
+  void Await() {
+    AnnotatedMutexLock lock(&mu);
+    mu.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return began; },
+                        absl::Seconds(30));
+  }
+  AnnotatedMutex mu;
+  bool began ABSL_GUARDED_BY(mu) = false;
+};
+
 // A transport whose every send is refused as a codec refuses a non-finite
-// tensor ("training diverged"), and which receives nothing.
+// tensor ("training diverged"), once the device receive began, and which
+// receives nothing.
 class DivergedSendsTransport : public Transport {
  public:
+  explicit DivergedSendsTransport(ReceiveBegan* began) : began_(began) {}
   int stage() const override { return 0; }
   absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    began_->Await();
     return absl::FailedPreconditionError("training diverged: element 3 is nan");
   }
   absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
     return absl::DeadlineExceededError("nothing on the wire here");
   }
+
+ private:
+  ReceiveBegan* const began_;
 };
 
 // A channel whose receives time out at once: the peer never sent (it was
 // waiting for this stage's send).
 class TimedOutChannel : public DeviceChannel {
  public:
+  explicit TimedOutChannel(ReceiveBegan* began) : began_(began) {}
   absl::Status Send(int, const Tensor&) override { return absl::OkStatus(); }
   absl::StatusOr<Tensor> Recv(int peer, const Shape&) override {
+    began_->Set();
     return absl::DeadlineExceededError(
         absl::StrCat("device channel: nothing from stage ", peer, " in time"));
   }
@@ -292,6 +318,9 @@ class TimedOutChannel : public DeviceChannel {
     return absl::OkStatus();
   }
   void Abort() override {}
+
+ private:
+  ReceiveBegan* const began_;
 };
 
 // Activations down the wire (a compressed link stays there), gradients up
@@ -305,8 +334,9 @@ TEST(DevicePathRunTest, WireSendFailedThenDeviceRecvTimedOut_FailsWithTheSendsCo
   for (v1::Instruction& in : *program.mutable_instructions()) {
     if (in.has_send()) in.mutable_send()->set_path(v1::LINK_PATH_WIRE);
   }
-  DivergedSendsTransport transport;
-  TimedOutChannel channel;
+  ReceiveBegan began;
+  DivergedSendsTransport transport(&began);
+  TimedOutChannel channel(&began);
   StageSetup setup = TwoStageSetup(program);
   setup.device_channel = &channel;
   auto runtime = StageRuntime::Create(setup, &data, &transport);

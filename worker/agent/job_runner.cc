@@ -432,9 +432,13 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
     if (stop_.load()) return absl::CancelledError("stopped while loading the checkpoint");
     const bool owned = u >= backward.begin() && u < backward.end();
     int64_t steps = 0;
+    // Only this replica's share of the old replicas' residuals (those
+    // Restore folds into it) and, for a forward-only unit, its weights
+    // alone: decoding every tensor was not budgeted (unit_checkpoint.h).
     ASSIGN_OR_RETURN(UnitState state,
                      ReadUnitCheckpoint(options_.checkpoint_root, from, *f->second, identity,
-                                        /*with_moments=*/owned, &steps));
+                                        /*with_moments=*/owned, &steps, assignment_.replica(),
+                                        std::max(1, assignment_.replicas())));
     if (owned) {
       if (optimizer_steps >= 0 && steps != optimizer_steps) {
         return absl::DataLossError(absl::StrCat("checkpoint ", from.dir(),

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -155,6 +156,17 @@ SafetensorsMetadata MetadataFor(const CheckpointIdentity& id, int unit, int64_t 
 std::string Get(const SafetensorsMetadata& metadata, const std::string& key) {
   auto it = metadata.find(key);
   return it == metadata.end() ? "" : it->second;
+}
+
+// The replica r of a residual stored as "feedback.<r>.<name>", or -1 where
+// r is not spelt as the writer spells it (ReadUnitCheckpoint looks no such
+// name up).
+int64_t FeedbackReplicaOf(absl::string_view stored) {
+  stored.remove_prefix(strlen(kFeedback));
+  const absl::string_view digits = stored.substr(0, stored.find('.'));
+  int64_t r = 0;
+  if (!absl::SimpleAtoi(digits, &r) || digits != absl::StrCat(r) || r < 0) return -1;
+  return r;
 }
 
 std::string LinkWarmQName(const LinkWarmStart& link) {
@@ -386,7 +398,11 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
                                              const v1::UnitFile& expected,
                                              const CheckpointIdentity& identity, bool with_moments,
-                                             int64_t* optimizer_steps) {
+                                             int64_t* optimizer_steps, int replica, int replicas) {
+  if (replicas < 1 || replica < 0 || replica >= replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reading a unit checkpoint for replica ", replica, " of ", replicas));
+  }
   const std::string relative = absl::StrCat(from.dir(), "/", expected.file());
   const std::string path = absl::StrCat(root, "/", relative);
   if (expected.unit() < 0 || expected.unit() >= NumUnits(identity.model)) {
@@ -465,8 +481,36 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   // moments and every replica's residuals were held twice at the resume's
   // peak, which the plan does not budget (a worker admitted to a close
   // plan was killed loading, at every recovery).
+  //
+  // Only what the caller uses is decoded: the unit's parameters, and
+  // with its moments also the moments, the warm starts and the residuals
+  // of the old replicas r = replica mod replicas (those Restore folds into
+  // this replica's). Decoding every tensor held about (3 + D_old) unsplit
+  // copies of the stage's weights until Restore, where the plan budgets
+  // 3 + D_new shards (weights alone for a forward-only unit): a recovery
+  // that shrank D was killed loading, at every attempt. Every residual's
+  // name is kept, decoded or not, to check that a parameter has every
+  // replica's or none.
+  std::set<std::string> parameters;
+  for (const ParameterShape& p : UnitParameterShapes(identity.model, expected.unit())) {
+    parameters.insert(p.name);
+  }
+  std::set<std::string> residuals;  // every "feedback.<r>.<name>" the file holds
+  const auto wanted = [&](std::string_view view) {
+    const absl::string_view name(view.data(), view.size());
+    if (absl::StartsWith(name, kFeedback)) {
+      residuals.emplace(name);
+      const int64_t r = FeedbackReplicaOf(name);
+      return with_moments && r >= 0 && r % replicas == replica;
+    }
+    if (absl::StartsWith(name, kMomentM) || absl::StartsWith(name, kMomentV) ||
+        absl::StartsWith(name, kWarmQ) || absl::StartsWith(name, kLinkWarmQ)) {
+      return with_moments;
+    }
+    return parameters.count(std::string(name)) > 0;
+  };
   absl::StatusOr<SafetensorsContents> parsed =
-      ReadSafetensorsTensorsFrom(std::move(fd), path, [](std::string_view) { return true; });
+      ReadSafetensorsTensorsFrom(std::move(fd), path, wanted);
   if (!parsed.ok()) {
     // The file hashed as recorded: a file that does not parse (its format:
     // INVALID_ARGUMENT; shrunk in place: DATA_LOSS) is the checkpoint's; a
@@ -505,6 +549,7 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   // Finite numbers only, as WriteStageCheckpoint writes, and AdamW's v is
   // a mean of squares: anything else (a file written by hand, with its
   // manifest) would turn the resumed weights to NaN at the first step.
+  // (Of the tensors decoded: the others are not used.)
   for (const NamedTensor& t : contents.tensors) {
     std::string bad = DescribeFirstNonFinite(t.tensor);
     if (bad.empty() && absl::StartsWith(t.name, kMomentV)) bad = DescribeFirstNegative(t.tensor);
@@ -535,16 +580,16 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   UnitState state;
   state.unit = expected.unit();
   // Error feedback: written only after a step, by a job that compressed.
-  int64_t replicas = 0;
+  int64_t file_replicas = 0;
   const std::string replicas_text = Get(meta, kFeedbackReplicas);
   if (with_moments && steps > 0 && !replicas_text.empty()) {
-    if (!absl::SimpleAtoi(replicas_text, &replicas) || replicas < 1 ||
-        replicas > kMaxFeedbackReplicas) {
+    if (!absl::SimpleAtoi(replicas_text, &file_replicas) || file_replicas < 1 ||
+        file_replicas > kMaxFeedbackReplicas) {
       return absl::DataLossError(absl::StrCat(path, ": bad ", kFeedbackReplicas, " \"",
                                               replicas_text.substr(0, 32), "\" (1..",
                                               kMaxFeedbackReplicas, ")"));
     }
-    state.feedback.resize(static_cast<size_t>(replicas));
+    state.feedback.resize(static_cast<size_t>(file_replicas));
   }
   for (const ParameterShape& p : UnitParameterShapes(identity.model, expected.unit())) {
     RETURN_IF_ERROR(find(p.name, p.shape, &state.values, p.name));
@@ -552,18 +597,21 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
       RETURN_IF_ERROR(find(p.name, p.shape, &state.m, kMomentM + p.name));
       RETURN_IF_ERROR(find(p.name, p.shape, &state.v, kMomentV + p.name));
     }
-    if (replicas == 0) continue;
+    if (file_replicas == 0) continue;
     // Every replica's residual of a compressed parameter, or none: a file
     // with some replicas' alone (not written by a stage) would resume the
-    // others without theirs, silently.
+    // others without theirs, silently. Those this replica does not fold
+    // were not decoded: checked by name.
     bool any_feedback = false;
-    for (int64_t r = 0; r < replicas && !any_feedback; ++r) {
-      any_feedback = contents.Find(absl::StrCat(kFeedback, r, ".", p.name)) != nullptr;
+    for (int64_t r = 0; r < file_replicas && !any_feedback; ++r) {
+      any_feedback = residuals.count(absl::StrCat(kFeedback, r, ".", p.name)) > 0;
     }
-    if (any_feedback) {
-      for (int64_t r = 0; r < replicas; ++r) {
-        RETURN_IF_ERROR(find(p.name, p.shape, &state.feedback[static_cast<size_t>(r)],
-                             absl::StrCat(kFeedback, r, ".", p.name)));
+    for (int64_t r = 0; any_feedback && r < file_replicas; ++r) {
+      const std::string stored = absl::StrCat(kFeedback, r, ".", p.name);
+      if (r % replicas == replica) {
+        RETURN_IF_ERROR(find(p.name, p.shape, &state.feedback[static_cast<size_t>(r)], stored));
+      } else if (residuals.count(stored) == 0) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", stored, " is missing"));
       }
     }
     if (const Tensor* q = contents.Find(kWarmQ + p.name); q != nullptr) {

@@ -108,7 +108,9 @@ struct UnitState {
   std::vector<NamedTensor> m, v;
   // Selective stage compression's state, of the parameters that have it
   // (in the order of `values`): feedback[r] holds replica r's error-feedback
-  // residuals (unsplit), for every replica of the job that wrote it;
+  // residuals (unsplit), one entry per replica of the job that wrote it,
+  // filled only for the replicas the reader folds (ReadUnitCheckpoint's
+  // r mod replicas == replica; empty for the others);
   // warm_q PowerSGD's warm starts Q [cols, rank] (the same on every
   // replica) of matrices one rank held whole, warm_q_ranks those of
   // matrices split across T tensor ranks: [T, rows, rank], rank t's Q
@@ -195,13 +197,13 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
 // corrupt), its metadata names this format, unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s
-// (FAILED_PRECONDITION: a checkpoint of another model), every tensor is
-// finite and every second moment (optimizer.v.*) at least 0 (DATA_LOSS
-// naming the tensor: WriteStageCheckpoint writes no other), and every parameter
+// (FAILED_PRECONDITION: a checkpoint of another model), every tensor
+// decoded is finite and every second moment (optimizer.v.*) at least 0
+// (DATA_LOSS naming the tensor: WriteStageCheckpoint writes no other), and every parameter
 // of the unit is there with its shape (DATA_LOSS), with its moments and
 // its error feedback when `with_moments` (feedback_replicas in
-// 1..kMaxFeedbackReplicas, every replica's residual of a parameter there
-// with the parameter's shape, a warm start Q of the parameter's columns
+// 1..kMaxFeedbackReplicas, every replica's residual of a parameter there,
+// those decoded with the parameter's shape, a warm start Q of the parameter's columns
 // and at most 1024 columns of rank, per-rank ones of 2..1024 ranks and at
 // most the parameter's columns of rows, a link's warm start named with a
 // replica below kMaxFeedbackReplicas, a peer below 1024, a known tensor
@@ -209,10 +211,19 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // partition counts as ParseTunedPartitions takes them, else DATA_LOSS).
 // Every message names the file. `*optimizer_steps` (may be null) gets the
 // file's optimizer step count.
+// Only what the caller uses is decoded (the checksum still covers the
+// whole file): the parameters; with `with_moments` also the moments, the
+// warm starts (powersgd.q.*, link.q.*, every replica's) and the residuals
+// of the old replicas r with r mod `replicas` == `replica` (this replica
+// of the new layout's `replicas`: those StageRuntime::Restore folds into
+// it), so a resume holds no other replica's residuals and a forward-only
+// unit its weights alone. The defaults (0 of 1) keep every residual.
+// INVALID_ARGUMENT unless 0 <= replica < replicas.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
                                              const v1::UnitFile& expected,
                                              const CheckpointIdentity& identity, bool with_moments,
-                                             int64_t* optimizer_steps);
+                                             int64_t* optimizer_steps, int replica = 0,
+                                             int replicas = 1);
 
 }  // namespace pipetrain
 

@@ -11,11 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
+#include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 
@@ -189,6 +191,96 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
     SCOPED_TRACE(c.what);
     ExpectRefused(c.state, "bad-" + std::to_string(&c - cases.data()), c.expected);
   }
+}
+
+// Bytes of the tensors of `list`.
+int64_t BytesOf(const std::vector<NamedTensor>& list) {
+  int64_t bytes = 0;
+  for (const NamedTensor& t : list) bytes += t.tensor.size_bytes();
+  return bytes;
+}
+
+// The host tensor bytes `read` allocated at its peak beyond those live
+// before it.
+int64_t PeakBytesOf(const std::function<void()>& read) {
+  const int64_t live = CurrentHostTensorMemory().live_bytes;
+  ResetHostTensorPeak();
+  read();
+  return CurrentHostTensorMemory().peak_bytes - live;
+}
+
+// A forward-only unit (no moments) of a file with 8 replicas' residuals
+// decodes its weights alone: every tensor decoded (moments, residuals and
+// warm starts) held about 10x the weights until Restore, where the plan
+// budgets the weights.
+TEST_F(UnitCheckpointTest, WithoutMoments_DecodesTheWeightsAlone) {
+  const v1::ResumeFrom from = Write({WithFeedback(8)}, "fb8");
+  ASSERT_EQ(from.units_size(), 1);
+  const int64_t weights = BytesOf(MakeUnit(1, 1, true).values);
+  absl::StatusOr<UnitState> read = absl::UnknownError("not read");
+  const int64_t peak = PeakBytesOf([&] {
+    read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/false, nullptr);
+  });
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(BytesOf(read->values), weights);
+  EXPECT_TRUE(read->m.empty());
+  EXPECT_TRUE(read->v.empty());
+  EXPECT_TRUE(read->feedback.empty());
+  EXPECT_TRUE(read->warm_q.empty());
+  EXPECT_TRUE(read->warm_q_ranks.empty());
+  EXPECT_LT(peak, weights * 5 / 2) << "weights " << weights;
+}
+
+// Replica 1 of 4 resumed from 8 replicas decodes the residuals of old
+// replicas 1 and 5 alone (those Restore folds into it: r mod 4 == 1); the
+// others' entries stay empty, so the peak is the weights, their moments,
+// two residuals and the warm starts.
+TEST_F(UnitCheckpointTest, ReplicaOfFewer_DecodesOnlyTheResidualsItFolds) {
+  const UnitState want = WithFeedback(8);
+  const v1::ResumeFrom from = Write({want}, "fb8");
+  ASSERT_EQ(from.units_size(), 1);
+  absl::StatusOr<UnitState> read = absl::UnknownError("not read");
+  const int64_t peak = PeakBytesOf([&] {
+    read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/true, nullptr,
+                              /*replica=*/1, /*replicas=*/4);
+  });
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->feedback.size(), 8u);
+  for (size_t r = 0; r < 8; ++r) {
+    SCOPED_TRACE(r);
+    if (r != 1 && r != 5) {
+      EXPECT_TRUE(read->feedback[r].empty());
+      continue;
+    }
+    ASSERT_EQ(read->feedback[r].size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(read->feedback[r][i].name, want.feedback[r][i].name);
+      EXPECT_EQ(read->feedback[r][i].tensor.ToVector(), want.feedback[r][i].tensor.ToVector());
+    }
+  }
+  EXPECT_EQ(read->m.size(), want.values.size());
+  EXPECT_EQ(read->v.size(), want.values.size());
+  EXPECT_EQ(read->warm_q.size(), 1u);
+  EXPECT_EQ(read->warm_q_ranks.size(), 1u);
+  const int64_t decoded = 3 * BytesOf(want.values) + 2 * BytesOf(want.feedback[0]) +
+                          BytesOf(want.warm_q) + BytesOf(want.warm_q_ranks);
+  EXPECT_LE(peak, decoded);
+}
+
+// A residual of a replica this one does not fold is not decoded, but its
+// absence is still DATA_LOSS: every replica's residual of a parameter, or
+// none.
+TEST_F(UnitCheckpointTest, UnfoldedReplicasResidualMissing_IsDataLoss) {
+  UnitState state = WithFeedback(8);
+  state.feedback[2].pop_back();  // c_proj's of old replica 2
+  const v1::ResumeFrom from = Write({state}, "fb8-missing");
+  ASSERT_EQ(from.units_size(), 1);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr, /*replica=*/1, 4);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("feedback.2.h.0.attn.c_proj.weight is missing"),
+            std::string::npos)
+      << read.status();
 }
 
 // Unit 1 with two replicas' warm starts of two pipeline links (PowerSGD

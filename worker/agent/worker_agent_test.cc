@@ -588,6 +588,17 @@ class ReRegistrationCoordinator : public NoAssignmentsCoordinator {
   std::vector<int64_t> deregistered_ ABSL_GUARDED_BY(mu_);
 };
 
+// The registration again was sent once more (the same registration_id,
+// said drained) and the incarnation that answer named was deregistered.
+void ExpectSentAgainDrainedAndDeregistered(ReRegistrationCoordinator& coordinator) {
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 3u);
+  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
+  EXPECT_FALSE(registrations[1].drained());
+  EXPECT_TRUE(registrations[2].drained());
+  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
+}
+
 // Holds the registration again until Release(), as a coordinator whose
 // store is slow, while that incarnation may commit.
 class HeldReRegistrationCoordinator final : public ReRegistrationCoordinator {
@@ -647,12 +658,7 @@ TEST(WorkerAgentTest, Leave_ReRegistrationHeld_CancelledSentAgainAndDeregistered
   coordinator.Release();  // also ends a Leave that waits for the held call
   leaver.join();
   EXPECT_TRUE(left_in_time) << "Leave waited for the held registration";
-  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
-  ASSERT_EQ(registrations.size(), 3u);
-  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
-  EXPECT_FALSE(registrations[1].drained());
-  EXPECT_TRUE(registrations[2].drained());
-  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
+  ExpectSentAgainDrainedAndDeregistered(coordinator);
   agent.Stop();
   rig->Shutdown();
 }
@@ -676,12 +682,7 @@ TEST(WorkerAgentTest, Leave_AfterAFailedReRegistration_SentAgainAndDeregistered)
   ASSERT_TRUE(coordinator.AwaitRegistrations(2));
   ASSERT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
   agent.Leave();
-  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
-  ASSERT_EQ(registrations.size(), 3u);
-  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
-  EXPECT_FALSE(registrations[1].drained());
-  EXPECT_TRUE(registrations[2].drained());
-  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({3}));
+  ExpectSentAgainDrainedAndDeregistered(coordinator);
   agent.Stop();
   rig->Shutdown();
 }

@@ -182,8 +182,8 @@ bool CheckpointCatalog::IsCheckpointStep(int64_t step) const {
   return step > 0 && step < steps_ && on_interval;
 }
 
-void CheckpointCatalog::Failed(int64_t step) {
-  if (Holds(step) || !IsCheckpointStep(step)) return;
+bool CheckpointCatalog::Failed(int64_t step) {
+  if (Holds(step) || !IsCheckpointStep(step)) return false;
   // An entry of no units (unless stages reported some): a later
   // completion abandons it as any older pending step, and it displaces no
   // stage's units.
@@ -203,6 +203,7 @@ void CheckpointCatalog::Failed(int64_t step) {
     Abandon(it->first);
     it = pending_.erase(it);
   }
+  return true;
 }
 
 bool CheckpointCatalog::Repeats(const v1::CheckpointWritten& report) const {

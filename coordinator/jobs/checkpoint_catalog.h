@@ -88,8 +88,9 @@ class CheckpointCatalog {
   // (TakeIncomplete). Before, a step every stage failed was in neither
   // list, and its files stayed until the job ended, each a full disk's
   // leftovers keeping the next checkpoints from fitting. Nothing for a
-  // step not allowed, or one the catalog holds complete.
-  void Failed(int64_t step);
+  // step not allowed, or one the catalog holds complete: returns false
+  // then (the report counts for nothing), else true.
+  bool Failed(int64_t step);
   // Whether a complete checkpoint of `step` is in the catalog (not expired
   // or dropped).
   bool Holds(int64_t step) const;

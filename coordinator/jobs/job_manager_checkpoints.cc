@@ -76,6 +76,15 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     if (all_owned && record.checkpoints->Repeats(c)) return absl::OkStatus();
   }
   if (!c.error().empty()) {
+    // A step that is no checkpoint step of the job, or one already
+    // complete, failed nowhere that matters (a stage's fault, or its
+    // report of a step the others completed after all): not counted, not
+    // shown, no alert. Else its files written before the failure, and the
+    // other stages', are removed once a later checkpoint completes, or at
+    // the job's end; the failed steps past the catalog's few go now (no
+    // checkpoint may complete while the disk stays full, and they are
+    // what fills it).
+    if (!record.checkpoints->Failed(c.step())) return absl::OkStatus();
     // Rate-limited: a stage reporting failures of ever other steps (a
     // fault, or a host not to be trusted) passes the repeat check above,
     // and each line carries up to 4 KiB of its text.
@@ -85,11 +94,6 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                       << " could not write its checkpoint of step " << c.step() << ": "
                       << c.error().substr(0, 4096) << LogRateLimiter::Dropped(dropped);
     }
-    // Its files written before the failure, and the other stages', are
-    // removed once a later checkpoint completes, or at the job's end; the
-    // failed steps past the catalog's few go now (no checkpoint may
-    // complete while the disk stays full, and they are what fills it).
-    record.checkpoints->Failed(c.step());
     if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();
         !abandoned.empty()) {
       io_.Post(

@@ -2426,12 +2426,22 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(job.progress().checkpoint_failures(), 0);
   EXPECT_EQ(job.progress().checkpoint_error(), "");
   EXPECT_EQ(summary_failures(), 0);
+  // Failures of a step that is no checkpoint step (9) or one complete (10)
+  // count for nothing: not shown, no alert.
+  for (int step : {9, 10}) {
+    ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, step)).ok());
+  }
+  job = jobs_->Get(id).value();
+  EXPECT_EQ(job.progress().checkpoint_failures(), 0);
+  EXPECT_EQ(job.progress().checkpoint_error(), "");
+  EXPECT_EQ(failed, 1);
   // A stage that reports failures of steps in turn (each passes the repeat
   // check) logs at most 10 of its lines per 10 s (the limit is
   // process-wide: earlier reports may have used some).
+  for (int step = 11; step <= 15; ++step) Step(id, step);
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 100; ++i) {
-    ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 9 + i % 2)).ok());
+    ASSERT_TRUE(jobs_->ReportProgress(CheckpointFullDisk(id, w2, 15 - 5 * (i % 2))).ok());
   }
   const std::string logged = ::testing::internal::GetCapturedStderr();
   EXPECT_LE(LinesWith(logged, "could not write its checkpoint"), 10) << logged;

@@ -211,7 +211,10 @@ class WorkerAgent {
   // Leave's deregistration bound; its answer, the incarnation the first
   // made or a new one, is recorded for Deregister. Best effort: a
   // coordinator too slow to answer it in time keeps what the cut-off
-  // attempt made (READY, or drained) until its lease ends.
+  // attempt made (READY, or drained) until its lease ends. An attempt that
+  // could not have committed (a refused connection, a follower's
+  // UNAVAILABLE) is settled all the same: the coordinator then makes a
+  // drained incarnation that is deregistered at once (one LEFT entry).
   void SettleCutOffRegistration(v1::RegisterWorkerRequest request,
                                 const CoordinatorStub& coordinator);
   // Takes a successful registration's answer.

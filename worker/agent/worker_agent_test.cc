@@ -536,8 +536,8 @@ TEST(WorkerAgentTest, DrainAskedWhileRetryingTheRegistration_TheNextSaysDrained)
 // Registers incarnation n at the n-th registration and forgets incarnation
 // 1 at its first heartbeat (a restarted coordinator), so that the agent
 // registers again; records the registrations and the incarnations
-// deregistered. The second registration (the registration again) is as
-// the subclass says (SecondRegistration, called with mu_ held).
+// deregistered. Registration n is answered as the subclass says
+// (Attempt(n), called with mu_ held).
 class ReRegistrationCoordinator : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
@@ -545,10 +545,8 @@ class ReRegistrationCoordinator : public NoAssignmentsCoordinator {
     AnnotatedMutexLock lock(&mu_);
     registrations_.push_back(*request);
     const int n = static_cast<int>(registrations_.size());
-    if (n == 2) {
-      const grpc::Status second = SecondRegistration();
-      if (!second.ok()) return second;
-    }
+    const grpc::Status attempt = Attempt(n);
+    if (!attempt.ok()) return attempt;
     return RegisteredAsW1(response, n);
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
@@ -580,7 +578,7 @@ class ReRegistrationCoordinator : public NoAssignmentsCoordinator {
   }
 
  protected:
-  virtual grpc::Status SecondRegistration() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  virtual grpc::Status Attempt(int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
   AnnotatedMutex mu_;
 
  private:
@@ -609,21 +607,28 @@ class HeldReRegistrationCoordinator final : public ReRegistrationCoordinator {
   }
 
  private:
-  grpc::Status SecondRegistration() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
-                         absl::Minutes(10));
+  grpc::Status Attempt(int n) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (n == 2) {
+      mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
+                           absl::Minutes(10));
+    }
     return grpc::Status::OK;
   }
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Fails the registration again UNAVAILABLE, as an attempt whose deadline
-// passed does (it may have committed); every later one is answered.
-class FailedReRegistrationCoordinator final : public ReRegistrationCoordinator {
+// Fails registration `failing` UNAVAILABLE, as an attempt whose deadline
+// passed does (it may have committed); every other one is answered.
+class FailedRegistrationCoordinator final : public ReRegistrationCoordinator {
+ public:
+  explicit FailedRegistrationCoordinator(int failing) : failing_(failing) {}
+
  private:
-  grpc::Status SecondRegistration() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  grpc::Status Attempt(int n) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (n != failing_) return grpc::Status::OK;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the save timed out");
   }
+  const int failing_;
 };
 
 // Leave() while the registration again (after the coordinator dropped the
@@ -669,7 +674,7 @@ TEST(WorkerAgentTest, Leave_ReRegistrationHeld_CancelledSentAgainAndDeregistered
 // its answer names is the one deregistered. Before, the loop just stopped,
 // and what the failed attempt made stayed READY until its lease ended.
 TEST(WorkerAgentTest, Leave_AfterAFailedReRegistration_SentAgainAndDeregistered) {
-  FailedReRegistrationCoordinator coordinator;
+  FailedRegistrationCoordinator coordinator(/*failing=*/2);
   Mailbox mailbox;
   absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
   ASSERT_TRUE(rig.ok()) << rig.status();
@@ -683,6 +688,35 @@ TEST(WorkerAgentTest, Leave_AfterAFailedReRegistration_SentAgainAndDeregistered)
   ASSERT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
   agent.Leave();
   ExpectSentAgainDrainedAndDeregistered(coordinator);
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// The same on Start's path: stopped while the first registration waits out
+// its backoff after an attempt that failed, the agent sends it once more,
+// drained, and Start deregisters what that names.
+TEST(WorkerAgentTest, StoppedWhileStartBacksOff_SentAgainAndDeregistered) {
+  FailedRegistrationCoordinator coordinator(/*failing=*/1);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Hours(1);
+  options.backoff.max = absl::Hours(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  absl::Status started = absl::UnknownError("not returned");
+  std::thread starter([&] { started = agent.Start(); });
+  ASSERT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
+  agent.Leave();
+  starter.join();
+  EXPECT_EQ(started.code(), absl::StatusCode::kCancelled) << started;
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 2u);
+  EXPECT_EQ(registrations[1].registration_id(), registrations[0].registration_id());
+  EXPECT_FALSE(registrations[0].drained());
+  EXPECT_TRUE(registrations[1].drained());
+  EXPECT_EQ(coordinator.deregistered(), std::vector<int64_t>({2}));
   agent.Stop();
   rig->Shutdown();
 }

@@ -18,16 +18,18 @@
 //   bit 3     the recorded checksum is another file's (the file was
 //             replaced after it was reported)
 //   bit 4     the bytes are manifest.json instead of a unit file
+//   bits 5-6  the reading layout's data-parallel degree, 1-4, and bit 7
+//             its replica (0 or 1, mod the degree): the residuals read
+//             are those of the old replicas that replica folds
 //
 // Checks beyond the sanitizers:
 //  - a unit file read with a checksum that is not its own fails, DATA_LOSS;
 //  - a unit file that loads holds exactly the unit's parameters, in order,
 //    with their shapes (and moments of the same, when asked for after a
-//    step), error feedback of every replica in 1..1024 of the parameters'
-//    shapes, warm starts and measured partition counts within the bounds
-//    unit_checkpoint.h documents (the counts parse back from their own
-//    text), and
-//    every tensor's buffer holds the elements its shape declares (each is
+//    step), error feedback of the folded replicas among 1..1024 (every
+//    parameter's or none, of the parameters' shapes; none of the others'), warm starts and measured
+//    partition counts within the bounds unit_checkpoint.h documents (the counts parse back from
+//    their own text), and every tensor's buffer holds the elements its shape declares (each is
 //    read, so ASan sees a short one);
 //  - a manifest that loads has one well-formed entry per unit of a model
 //    within the JobSpec limits, and reading the file gives what parsing
@@ -123,7 +125,10 @@ const ParameterShape& ParameterNamed(const std::vector<ParameterShape>& params,
   __builtin_trap();
 }
 
-void CheckUnit(const UnitState& state, int unit, bool with_moments, int64_t steps) {
+// `replica` of `replicas`: the residuals decoded are those of the old
+// replicas r with r mod replicas == replica, every parameter's or none.
+void CheckUnit(const UnitState& state, int unit, bool with_moments, int64_t steps, int replica,
+               int replicas) {
   const GptConfig model = Identity().model;
   const std::vector<ParameterShape> params = UnitParameterShapes(model, unit);
   if (state.unit != unit || steps < 0) __builtin_trap();
@@ -137,9 +142,16 @@ void CheckUnit(const UnitState& state, int unit, bool with_moments, int64_t step
     __builtin_trap();  // nothing but the weights was asked for
   }
   if (state.feedback.size() > static_cast<size_t>(kMaxFeedbackReplicas)) __builtin_trap();
-  for (const std::vector<NamedTensor>& replica : state.feedback) {
-    if (replica.size() != state.feedback[0].size()) __builtin_trap();  // every replica's or none
-    for (const NamedTensor& e : replica) {
+  const size_t folded = state.feedback.size() > static_cast<size_t>(replica)
+                            ? state.feedback[static_cast<size_t>(replica)].size()
+                            : 0;
+  for (size_t r = 0; r < state.feedback.size(); ++r) {
+    const std::vector<NamedTensor>& residuals = state.feedback[r];
+    // Every folded replica's residuals alike, none of the others'.
+    if (residuals.size() != (static_cast<int>(r % replicas) == replica ? folded : 0)) {
+      __builtin_trap();
+    }
+    for (const NamedTensor& e : residuals) {
       const ParameterShape& p = ParameterNamed(params, e.name);
       if (e.tensor.shape() != Shape(p.shape.begin(), p.shape.end())) __builtin_trap();
       CheckTensor(e.tensor);
@@ -263,10 +275,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   expected.set_bytes(static_cast<int64_t>(bytes.size()));
   const bool replaced = mode & 8;
   expected.set_sha256(Sha256Hex(std::string(bytes) + (replaced ? "#" : "")));
+  // The new layout's data-parallel degree (1..4) and this replica of it
+  // (0 or 1): a resume decodes only the residuals it folds.
+  const int replicas = 1 + ((mode >> 5) & 3);
+  const int replica = ((mode >> 7) & 1) % replicas;
   int64_t steps = -1;
-  const absl::StatusOr<UnitState> state =
-      ReadUnitCheckpoint(scratch.root, from, expected, Identity(), with_moments, &steps);
+  const absl::StatusOr<UnitState> state = ReadUnitCheckpoint(
+      scratch.root, from, expected, Identity(), with_moments, &steps, replica, replicas);
   if (replaced && state.status().code() != absl::StatusCode::kDataLoss) __builtin_trap();
-  if (state.ok()) CheckUnit(*state, unit, with_moments, steps);
+  if (state.ok()) CheckUnit(*state, unit, with_moments, steps, replica, replicas);
   return 0;
 }

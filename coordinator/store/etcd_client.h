@@ -98,7 +98,9 @@ struct EtcdOptions {
   int scan_page_keys = 256;
   // EtcdStore compacts etcd's history every this many Commits, or sooner
   // once its Commits since the last compaction carried this many bytes,
-  // keeping the last kept_revisions revisions (see EtcdStore). All >= 1.
+  // keeping the last kept_revisions revisions, or fewer where its latest
+  // Commits carry more than compaction_interval_bytes (see EtcdStore).
+  // All >= 1.
   int compaction_interval_commits = 1000;
   int64_t compaction_interval_bytes = int64_t{256} << 20;
   int64_t kept_revisions = 1000;

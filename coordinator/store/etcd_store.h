@@ -55,8 +55,9 @@
 // quota), the store compacts etcd up to options.kept_revisions revisions
 // before the one it just wrote, or nearer, so that its own Commits kept
 // carry at most options.compaction_interval_bytes (the newest is always
-// kept); so what this store keeps in etcd's history is bounded by about
-// twice that many bytes, whatever the records' size (a failure is logged
+// kept); so what this store's Commits that returned keep in etcd's
+// history is bounded by about twice that many bytes, whatever the
+// records' size (one applied after it timed out is not counted) (a failure is logged
 // and tried again after the next interval; the Commit stands). Only the writer compacts, and Scan
 // reads again when its revision was compacted meanwhile. etcd's own --auto-compaction-* flags may
 // run beside it.

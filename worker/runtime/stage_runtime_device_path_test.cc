@@ -266,7 +266,6 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   }
 }
 
-// A channel's error fails the iteration, naming the send.
 // Set once the device receive began: the sends below fail only then, so
 // the iteration meets the failure at the receive, as when the peer's answer
 // is what the failed send held up (not at a later Send instruction).
@@ -349,6 +348,7 @@ TEST(DevicePathRunTest, WireSendFailedThenDeviceRecvTimedOut_FailsWithTheSendsCo
       << result.status();
 }
 
+// A channel's error fails the iteration, naming the send.
 TEST(DevicePathRunTest, ChannelError_FailsTheIterationNamingTheSend) {
   const Dataset data = MakeDataset();
   const std::vector<v1::Program> programs = TwoStageDevicePrograms();

@@ -97,15 +97,26 @@ async function until(what, timeoutMs, probe) {
 
 // Runs `fn` while another process (the sqlite3 shell) holds the write lock
 // of the coordinator's state database, so its saves fail (busy) as with a
-// store that cannot commit; the lock goes when `fn` is done.
+// store that cannot commit; the lock goes when `fn` is done. The shell waits
+// its turn (.timeout) while the coordinator itself writes, and stops at an
+// error (-bail) so that the flag means the lock is held.
 async function whileStateLocked(fn) {
   const flag = path.join(args.tmp, 'state.locked');
   fs.rmSync(flag, { force: true });  // a former call's would pass for this one's lock
-  const shell = childProcess.spawn('sqlite3', [path.join(args.tmp, 'state', 'coordinator.db')],
+  const shell = childProcess.spawn('sqlite3',
+                                   ['-bail', path.join(args.tmp, 'state', 'coordinator.db')],
                                    { stdio: ['pipe', 'ignore', 'inherit'] });
-  const exited = new Promise((resolve) => shell.on('exit', resolve));
-  shell.stdin.write(`BEGIN EXCLUSIVE;\n.shell touch ${flag}\n`);
-  await until('the state database to be locked', 30000, async () => fs.existsSync(flag));
+  let shellExit = null;
+  const exited = new Promise((resolve) => shell.on('exit', (code) => {
+    shellExit = code;
+    resolve(code);
+  }));
+  shell.stdin.write(`.timeout 30000\nBEGIN EXCLUSIVE;\n.shell touch ${flag}\n`);
+  await until('the state database to be locked', 40000, async () => {
+    if (fs.existsSync(flag)) return true;
+    if (shellExit !== null) throw new Error(`sqlite3 could not lock the state database (exit ${shellExit})`);
+    return false;
+  });
   try {
     return await fn();
   } finally {

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -70,22 +71,17 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
 
 absl::Status CheckMetricsAddress(const std::string& address) {
   if (address.empty()) return absl::OkStatus();
-  const size_t colon = address.rfind(':');
-  bool valid = colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
-               address.size() - colon - 1 <= 5;
-  for (size_t i = colon + 1; valid && i < address.size(); ++i) {
-    valid = absl::ascii_isdigit(static_cast<unsigned char>(address[i]));
-  }
-  absl::string_view host = valid ? absl::string_view(address).substr(0, colon) : "";
-  // Brackets only around the whole host, an IPv6 address (hex digits, ':'
-  // and '.', a zone after '%'); ':' and '%' nowhere else.
-  const bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
-  if (v6) {
-    const absl::string_view inside = host.substr(1, host.size() - 2);
-    const size_t zone = std::min(inside.find('%'), inside.size());
-    valid = inside.substr(0, zone).find(':') != absl::string_view::npos;
-    for (size_t i = 0; valid && i < inside.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(inside[i]);
+  // The port and the brackets as every listen flag is parsed (SplitHostPort:
+  // a decimal port of at most 65535; a host with ':' only in brackets);
+  // then the host's characters.
+  const absl::StatusOr<HostPort> split = SplitHostPort(address, "metrics_address");
+  bool valid = split.ok();
+  const absl::string_view host = valid ? absl::string_view(split->host) : "";
+  if (valid && address.front() == '[') {  // an IPv6 address, a zone after '%'
+    const size_t zone = std::min(host.find('%'), host.size());
+    valid = host.substr(0, zone).find(':') != absl::string_view::npos;
+    for (size_t i = 0; valid && i < host.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(host[i]);
       valid = i < zone ? absl::ascii_isxdigit(c) || c == ':' || c == '.'
                        : i == zone || absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_';
     }

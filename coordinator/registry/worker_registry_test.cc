@@ -221,8 +221,8 @@ TEST(WorkerRegistryTest, Register_MetricsAddressNotHostPort_InvalidArgument) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock));
   for (const std::string bad : {"w\"} 1", "10.0.0.1:9100\n", "host:port", "(a|b):1", ":9100",
-                                "10.0.0.1:", "10.0.0.1:123456", "a b:1", "[a-z]:1", "[[:1", "a]b:1",
-                                "a:b:1", "[]:1", "a%b:1"}) {
+                                "10.0.0.1:", "10.0.0.1:123456", "10.0.0.1:70000", "a b:1",
+                                "[a-z]:1", "[[:1", "a]b:1", "a:b:1", "[]:1", "a%b:1"}) {
     v1::RegisterWorkerRequest request = Request(1);
     request.set_metrics_address(bad);
     const auto response = registry.Register(request);

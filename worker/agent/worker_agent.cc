@@ -280,12 +280,8 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
       }
       if (drain_now) {
         // Under `cancel` too: a Leave meanwhile must not wait for it.
-        const absl::Status drained = AskDrain(options_.rpc_timeout, cancel);
-        if (drained.ok()) {
-          PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
-        } else {
-          PT_LOG(WARNING) << "cannot drain after registering: " << drained;
-        }
+        const absl::Status drained = RequestDrain(cancel);
+        if (!drained.ok()) PT_LOG(WARNING) << "cannot drain after registering: " << drained;
       }
       return absl::OkStatus();
     }
@@ -399,8 +395,8 @@ grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc, CallCancel
   return s;
 }
 
-absl::Status WorkerAgent::RequestDrain() {
-  const absl::Status asked = AskDrain(options_.rpc_timeout);
+absl::Status WorkerAgent::RequestDrain(CallCancel* cancel) {
+  const absl::Status asked = AskDrain(options_.rpc_timeout, cancel);
   if (asked.ok()) PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
   return asked;
 }

@@ -167,8 +167,10 @@ class WorkerAgent {
   // worker too).
   // When the coordinator answers that this worker is ASSIGNED to a job
   // whose runner has not started (a plan being made, its RUN on the way),
-  // the drain waits for that job's word too (AwaitDrained).
-  absl::Status RequestDrain();
+  // the drain waits for that job's word too (AwaitDrained). `cancel` (may
+  // be null) cuts the call off (the heartbeat thread's, which Leave
+  // cancels).
+  absl::Status RequestDrain(CallCancel* cancel = nullptr);
   // Then: waits up to `timeout` for a job running here, or the job the
   // drain's answer named, to let it go. OK when nothing holds this worker
   // or the job let go; DEADLINE_EXCEEDED otherwise. Logs nothing: a caller

@@ -85,7 +85,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     // checkpoint may complete while the disk stays full, and they are
     // what fills it).
     if (!record.checkpoints->Failed(c.step())) return absl::OkStatus();
-    // Rate-limited: a stage reporting failures of ever other steps (a
+    // Rate-limited: a stage reporting failures of ever newer steps (a
     // fault, or a host not to be trusted) passes the repeat check above,
     // and each line carries up to 4 KiB of its text.
     static LogRateLimiter failures_log(10, absl::Seconds(10));

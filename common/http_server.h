@@ -202,8 +202,10 @@ class HttpServer {
   // written when the gate stops is cut off. With one, first the requests already taken
   // (queued or running) are answered and their answers written (and left
   // for their clients to read: the gate's linger), for up to `grace` in
-  // all, while requests that arrive meanwhile are answered 503 ("shutting
-  // down"): a submit that did its work says so. Idempotent; safe to call
+  // all, while further requests on connections already open are answered
+  // 503 ("shutting down"): a submit that did its work says so. New
+  // connections are refused from the start (the listening socket closes
+  // first), so a client sees "connection refused". Idempotent; safe to call
   // when never started. A stopped server cannot be started again. Not to be
   // called from a handler (it would wait for itself), nor concurrently
   // with itself.

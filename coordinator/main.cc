@@ -943,7 +943,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   health.Detach();
   // The REST API gets the same grace as gRPC, at the same time: a call it
   // has taken (a submit, a cancel, a drain that did its work) is answered,
-  // not cut off with the connection; new ones are answered 503.
+  // not cut off with the connection; new ones on open connections are
+  // answered 503, new connections refused.
   std::thread http_stop([&http] { http.Stop(absl::FromChrono(kShutdownGrace)); });
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   http_stop.join();

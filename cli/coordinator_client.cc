@@ -14,8 +14,11 @@
 #include "common/rpc_status.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
+#include "worker/agent/coordinator_channel.h"
 
 namespace pipetrain {
+
+grpc::ChannelArguments CoordinatorClientChannelArguments() { return CoordinatorChannelArguments(); }
 
 std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(const std::string& address,
                                                                  const std::string& tls_ca,
@@ -36,9 +39,8 @@ using StubFactory = std::function<std::unique_ptr<Stub>(const std::string&)>;
 StubFactory StubsWith(const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                       const std::string& user_token) {
   return [credentials, user_token](const std::string& one) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    return v1::CoordinatorService::NewStub(BearerChannel(one, credentials, args, user_token));
+    return v1::CoordinatorService::NewStub(
+        BearerChannel(one, credentials, CoordinatorClientChannelArguments(), user_token));
   };
 }
 

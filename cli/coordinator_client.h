@@ -14,6 +14,14 @@
 
 namespace pipetrain {
 
+// The arguments of the CLI's channels to a coordinator: a worker's
+// (CoordinatorChannelArguments), so that a coordinator back from a restart
+// or a new leader is reached within 2 s. gRPC's own reconnect backoff grows
+// to 2 minutes, and a new channel to the same address shares the old one's
+// connection and its backoff: after an outage of 45 s, `submit --follow`
+// gave up (its 60 s) on a coordinator serving for some time already.
+grpc::ChannelArguments CoordinatorClientChannelArguments();
+
 // `tls_ca`: a PEM CA file for TLS; empty for plaintext. `user_token`: sent
 // as "authorization: Bearer <token>" on every call (the coordinator's
 // --user-token); empty: none. An unreadable CA file gives a channel that

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -250,6 +251,24 @@ TEST(SubmitWithRetriesTest, RepeatsOnlyUnknownOutcomesWithDoublingWaits) {
       }).status();
   EXPECT_EQ(stopped.message(), "a");
   EXPECT_EQ(calls, 1);
+}
+
+// A coordinator back after an outage is reached within 2 s: the channel's
+// reconnect backoff stays under that (gRPC's own grows to 2 minutes), and
+// its calls keep the 64 MiB answers.
+TEST(CoordinatorClientChannelArgumentsTest, ReconnectBackoffCappedAt2Seconds) {
+  grpc_channel_args raw;
+  const grpc::ChannelArguments args = CoordinatorClientChannelArguments();
+  args.SetChannelArgs(&raw);
+  std::map<std::string, int> ints;
+  for (size_t i = 0; i < raw.num_args; ++i) {
+    if (raw.args[i].type == GRPC_ARG_INTEGER) ints[raw.args[i].key] = raw.args[i].value.integer;
+  }
+  ASSERT_EQ(ints.count(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS), 1u);
+  EXPECT_LE(ints[GRPC_ARG_MAX_RECONNECT_BACKOFF_MS], 2000);
+  ASSERT_EQ(ints.count(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS), 1u);
+  EXPECT_LE(ints[GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS], 2000);
+  EXPECT_EQ(ints[GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH], 64 << 20);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The arguments of a worker's gRPC channel to the coordinator.
+// The arguments of a gRPC channel to the coordinator: a worker's, and the
+// CLI's (CoordinatorClientChannelArguments).
 //
 // Reconnects: a coordinator that comes back (a restart, a new leader) is
 // found within 2 s (gRPC's default backoff grows to 2 minutes, and a worker

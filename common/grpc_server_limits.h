@@ -6,9 +6,12 @@
 //   connection without limit (gRPC's default), each costing memory (about
 //   12 KiB) while it waits to be served or refused. At most
 //   kMaxStreamsPerConnection are open at once; a client's further streams
-//   wait (HTTP/2 flow control), so the memory an attacker ties up grows
-//   with its connections, which the process's file descriptors bound, not
-//   with its streams. A worker's connection to the coordinator keeps a few
+//   wait (HTTP/2 flow control). Each open stream may still hold a request
+//   left unfinished, up to the server's receive bound (gRPC reads a whole
+//   request before any handler checks it): the memory a client without
+//   credentials ties up is bounded per connection (streams x that bound),
+//   and connections only by the process's file descriptors (no memory
+//   quota is set; docs/operations.md, "Bounds"). A worker's connection to the coordinator keeps a few
 //   streams (register, heartbeats, assignments, reports); a peer's data-plane
 //   connection one per sending stage.
 // - Threads: gRPC's synchronous services (server reflection, the only one

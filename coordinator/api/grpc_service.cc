@@ -292,6 +292,25 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorGrpcService::WatchAssignm
   return streams_.Open(request.worker_id(), request.incarnation());
 }
 
+namespace {
+
+// FAILED_PRECONDITION unless the report is of the incarnation whose session
+// credential it carries. A worker's job runner reads the agent's current
+// credential at each call: a runner the worker had not yet stopped when it
+// registered again (or one its watch thread started from the earlier
+// incarnation's stream) sends the new credential with its own, earlier
+// incarnation, and its reports must not count as the new incarnation's.
+absl::Status CheckReportIncarnation(const v1::ReportProgressRequest& request,
+                                    const WorkerRegistry::SessionIdentity& caller) {
+  if (request.incarnation() == caller.incarnation) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker ", caller.worker_id, ": the report is of incarnation ",
+                   request.incarnation(), ", not its session's current one (", caller.incarnation,
+                   "): from a job runner of an earlier incarnation; not taken"));
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw, grpc::ByteBuffer* answer) {
   // Up to the server's 4 MiB: a traced step's report is large.
@@ -301,13 +320,15 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
       [this](Call* call) {
         const v1::ReportProgressRequest* request = &call->request;
         v1::ReportProgressResponse* response = &call->response;
-        Unary(call, "ReportProgress", WorkerCall(*call->context(), request->worker_id()),
-              [&]() -> absl::Status {
-                JobManager::ProgressCounted counted;
-                ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request, &counted));
-                RecordProgress(*request, counted);
-                return absl::OkStatus();
-              });
+        const absl::StatusOr<WorkerRegistry::SessionIdentity> caller =
+            auth_->CheckWorker(AuthorizationOf(*call->context()), request->worker_id());
+        Unary(call, "ReportProgress", caller.status(), [&]() -> absl::Status {
+          RETURN_IF_ERROR(CheckReportIncarnation(*request, *caller));
+          JobManager::ProgressCounted counted;
+          ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request, &counted));
+          RecordProgress(*request, counted);
+          return absl::OkStatus();
+        });
       });
 }
 

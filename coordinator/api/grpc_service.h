@@ -24,7 +24,10 @@
 //                    worker is LOST/LEFT; it must register again). Then see
 //                    assignment_streams.h.
 //   UploadWeights    authenticated when the stream opens; see weights_upload.h.
-//   ReportProgress   feeds pipetrain_stage_{busy,idle}_seconds_total and
+//   ReportProgress   refuses a report whose incarnation is not its session
+//                    credential's (FAILED_PRECONDITION: a job runner of an
+//                    earlier incarnation); feeds
+//                    pipetrain_stage_{busy,idle}_seconds_total and
 //                    pipetrain_job_steps_total after JobManager accepted it.
 // Every call, refused ones and streams included, is counted and timed by
 // the RED interceptor: pipetrain_rpc_{requests_total,duration_seconds}

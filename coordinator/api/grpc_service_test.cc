@@ -645,6 +645,7 @@ TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
   v1::ReportProgressRequest request;
   request.set_worker_id(worker.worker_id());
+  request.set_incarnation(worker.incarnation());
   request.set_job_id(job.id());
   request.set_plan_version(7);
   v1::ReportProgressResponse response;
@@ -653,6 +654,48 @@ TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
   AddBearer(context, worker.session_token());
   EXPECT_EQ(raw_->ReportProgress(&context, request, &response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A job runner reads the worker's current session credential at each call:
+// one of an earlier incarnation, not yet stopped when the worker registered
+// again, sends the new credential with its own incarnation. The credential
+// is valid, the report is not the session's.
+TEST_F(GrpcServiceTest, ReportProgress_OtherIncarnationThanSession_FailedPrecondition) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  ASSERT_EQ(worker.incarnation(), 1);
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  ASSERT_EQ(jobs_.Get(job.id())->state(), v1::JOB_STATE_RUNNING);
+  v1::ReportProgressRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_job_id(job.id());
+  request.set_plan_version(1);
+  request.set_iteration(0);
+  request.add_micro_batch_losses(2.5f);  // the job has one micro-batch
+  auto report = [&](int64_t incarnation) {
+    request.set_incarnation(incarnation);
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    AddBearer(context, worker.session_token());
+    return raw_->ReportProgress(&context, request, &response);
+  };
+
+  for (const int64_t other : {int64_t{0}, int64_t{2}}) {
+    SCOPED_TRACE(other);
+    const grpc::Status refused = report(other);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(refused.error_message(),
+              "worker w-1: the report is of incarnation " + std::to_string(other) +
+                  ", not its session's current one (1): from a job runner of an earlier "
+                  "incarnation; not taken");
+    EXPECT_EQ(jobs_.Get(job.id())->progress().loss_history_size(), 0);
+  }
+  const grpc::Status accepted = report(worker.incarnation());
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
+  EXPECT_EQ(jobs_.Get(job.id())->progress().loss(), 2.5f);
+  EXPECT_EQ(jobs_.Get(job.id())->progress().loss_history_size(), 1);
 }
 
 // Uploads `chunks` on one stream with credential `session` and returns the

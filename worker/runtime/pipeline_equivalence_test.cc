@@ -182,5 +182,47 @@ INSTANTIATE_TEST_SUITE_P(Stages, ClippedScheduleEquivalenceTest,
                                   std::get<1>(info.param);
                          });
 
+// The same options across a checkpoint (docs/api.md: a lossless plain
+// pipeline resumes bitwise): 2 uniform stages snapshot after step 6, in
+// the cosine decay past the warm-up, and 3 stages (uniform, and a
+// Bi-Partition plan) restore it. Restore must put the schedule at the
+// checkpoint's optimizer step, and the validation passes after steps 8 and
+// 10 run on resumed weights, so losses, validation losses and final
+// weights must all be train-local's bitwise.
+TEST(ClippedScheduleResumeTest, Restore_TwoStageCheckpointOnThreeStages_EqualsLocalBitwise) {
+  TrainConfig c = testing::WithClippingAndCosine(SmallConfig());
+  c.steps = kIterations;  // the cosine spans the run: each step's rate differs
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  constexpr int kStep = 6;
+  ASSERT_EQ(local.val_losses.size(), 3u);  // after steps 4, 8 and 10
+  const std::vector<Range> two = UniformPartition(NumUnits(c.model), 2).value();
+  testing::PipelineExtras snapshot;
+  snapshot.snapshot_after = kStep;
+  const RunOutput whole =
+      RunPipeline(c, data, two, two, Schedule::kOneFOneB, nullptr, nullptr, snapshot);
+  EXPECT_EQ(whole.losses, local.losses);
+  EXPECT_EQ(whole.val_losses, local.val_losses);
+  EXPECT_EQ(whole.weights, local.weights);
+  ASSERT_EQ(whole.checkpoint.step, kStep);
+  ASSERT_EQ(whole.checkpoint.optimizer_steps, kStep);
+  ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
+
+  testing::PipelineExtras resume;
+  resume.resume = &whole.checkpoint;
+  const std::vector<Range> three = UniformPartition(NumUnits(c.model), 3).value();
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    const RunOutput resumed = RunPipeline(c, data, three, three, ParseSchedule(schedule).value(),
+                                          nullptr, nullptr, resume);
+    testing::ExpectResumedMatches(c, resumed, local, kStep, "P2 resumed on P3 " + schedule,
+                                  /*weights_relative=*/0);
+  }
+  const BiPlan plan = BiPlans()[0];  // P3_BackwardCutFirst
+  const RunOutput bi = RunPipeline(c, data, plan.forward, plan.backward, Schedule::kOneFOneB,
+                                   nullptr, nullptr, resume);
+  testing::ExpectResumedMatches(c, bi, local, kStep, "P2 resumed on " + plan.name,
+                                /*weights_relative=*/0);
+}
+
 }  // namespace
 }  // namespace pipetrain

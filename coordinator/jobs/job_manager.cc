@@ -404,6 +404,15 @@ void JobManager::PruneLocked() {
     return a.first != b.first ? a.first > b.first : a.second > b.second;
   });
   std::vector<bool> prune(order_.size(), false);
+  // Whether a manifest of the job whose write failed waits for its retry
+  // (manifest_failures_ is keyed (job id, step directory): the job's first
+  // entry is the first at or after (id, "")).
+  const auto manifest_retrying = [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto failed = manifest_failures_.lower_bound({id, std::string()});
+    if (failed != manifest_failures_.end() && failed->first.first == id) return true;
+    return std::any_of(unwritten_manifests_.begin(), unwritten_manifests_.end(),
+                       [&id](const ManifestToWrite& m) { return m.job_id == id; });
+  };
   int planned_with_detail = 0;
   for (size_t rank = 0; rank < ended.size(); ++rank) {
     const auto& [ended_at, index] = ended[rank];
@@ -422,10 +431,14 @@ void JobManager::PruneLocked() {
       // backoff, RetryExpiringLocked): pruned, they stayed on disk with
       // their manifests, and the sweeps keep complete ones, so `init.from`
       // or `checkpoint export` of the directory could take a corrupt one.
+      // Nor while a manifest whose write failed waits for its retry (a
+      // full or read-only volume; every 5 s, RetryManifestsLocked): pruned,
+      // the retry found no job and gave up, and the newest checkpoints
+      // stayed without one (export and `init.from` took an older step).
       // A later pass prunes it; past the retention it goes all the same,
       // and a warning names what is left (WarnExpiringLeftLocked).
-      const bool files_wait =
-          manifests_after_save_.count(record.job.id()) > 0 || !record.expiring.empty();
+      const bool files_wait = manifests_after_save_.count(record.job.id()) > 0 ||
+                              !record.expiring.empty() || manifest_retrying(record.job.id());
       if (record.checkpoint_sweeps_pending == 0 && (!files_wait || ended_at < oldest_kept)) {
         prune[index] = true;
       }
@@ -447,6 +460,11 @@ void JobManager::PruneLocked() {
     }
     if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
     save_failures_.erase(id);
+    // Past the retention with a save still failing: no save of a pruned
+    // job comes to write or drop them (RetryUnsavedLocked skips it), and
+    // they stayed for the process's life. (A failed manifest write's
+    // entries go at its next retry, which finds the job gone.)
+    manifests_after_save_.erase(id);
     WarnExpiringLeftLocked(*jobs_.at(id));
     jobs_.erase(id);
   }

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -18,6 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/data_plane_keys.h"
 #include "common/device_kind.h"
@@ -31,6 +34,7 @@
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
+#include "coordinator/store/store.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
@@ -2867,6 +2871,146 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByWhenTheyEnded_NotBySubmission) {
   EXPECT_EQ(kept->state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(jobs.Get(short_jobs[0]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(jobs.Get(short_jobs[1]).ok());
+}
+
+// A MemoryStore whose commits fail while `failing` is set (an unreachable
+// state store).
+class UnreachableWhileFailingStore final : public Store {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (failing.load()) return absl::UnavailableError("the store is unreachable");
+    return store_.Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return store_.Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return store_.Scan(prefix);
+  }
+  std::string Describe() const override { return store_.Describe(); }
+
+  std::atomic<bool> failing{false};
+
+ private:
+  MemoryStore store_;
+};
+
+// Job `id` (one stage, on `worker`, checkpoints every 5 steps) runs steps 1
+// to 5 and reports its checkpoint of step 5, which completes it.
+void RunToCheckpointFive(JobManager& jobs, const std::string& worker, const std::string& id,
+                         const v1::Assignment& assignment) {
+  for (int64_t iteration = 0; iteration < 5; ++iteration) {
+    v1::ReportProgressRequest step;
+    step.set_worker_id(worker);
+    step.set_job_id(id);
+    step.set_plan_version(1);
+    step.set_iteration(iteration);
+    step.add_micro_batch_losses(1.0f);
+    step.add_micro_batch_losses(1.0f);
+    ASSERT_TRUE(jobs.ReportProgress(step).ok()) << iteration;
+  }
+  v1::ReportProgressRequest checkpoint;
+  checkpoint.set_worker_id(worker);
+  checkpoint.set_job_id(id);
+  checkpoint.set_plan_version(1);
+  checkpoint.set_iteration(4);
+  checkpoint.mutable_checkpoint()->set_step(5);
+  for (int u = assignment.backward_units().begin(); u < assignment.backward_units().end(); ++u) {
+    v1::UnitFile* f = checkpoint.mutable_checkpoint()->add_units();
+    f->set_unit(u);
+    f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+    f->set_bytes(100 + u);
+    f->set_sha256(std::string(64, 'a' + u));
+  }
+  ASSERT_TRUE(jobs.ReportProgress(checkpoint).ok());
+  EXPECT_EQ(jobs.Get(id).value().progress().checkpoint_step(), 5);
+}
+
+// An ended job whose newest checkpoint's manifest failed to write (a full
+// or read-only volume; here a directory in its place, which even root
+// cannot rename over) is not pruned while the write is tried again every
+// 5 s, even past max_ended_jobs: pruned, the retry found no job and gave
+// up, and the checkpoint stayed without a manifest for good (export and
+// init.from took an older step). Once written, the job goes.
+TEST_F(JobManagerTest, EndedJobs_ManifestWriteRetrying_NotPrunedUntilWritten) {
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e3",
+                                    .max_ended_jobs = 1,
+                                    .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("retried");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string manifest = OutputDir() + "/retried/step-00000005/manifest.json";
+  std::filesystem::create_directories(manifest + "/in-the-way");
+  ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(jobs, worker, id, AssignmentOf(worker)));
+  jobs.FlushIo();
+  ASSERT_TRUE(std::filesystem::is_directory(manifest));  // the write failed
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  // Past the late sweep's wait: the end's sweeps are done, which alone no
+  // longer holds the job. The retries meanwhile fail too.
+  clock_.Advance(kLateSweepWait + absl::Seconds(1));
+  for (int pass = 0; pass < 2; ++pass) {
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  clock_.Advance(absl::Seconds(1));
+  const std::string later = jobs.Submit(SmallSpec(3)).value().id();  // one worker: queued
+  ASSERT_TRUE(jobs.Cancel(later).ok());
+  jobs.ScheduleQueued();  // the pruning pass: `later` is the one ended job kept
+  ASSERT_TRUE(jobs.Get(id).ok()) << "pruned with its manifest unwritten";
+  std::filesystem::remove_all(manifest);  // the way cleared
+  clock_.Advance(absl::Seconds(5));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
+  jobs.ScheduleQueued();
+  EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs.Get(later).ok());
+}
+
+// A job pruned past the retention while its manifest still waits for a
+// save that succeeds (the state store unreachable throughout) leaves no
+// held manifest behind: no save of a pruned job comes to write or drop it,
+// and held manifests grew with every such job for the process's life.
+TEST_F(JobManagerTest, EndedJobs_PrunedPastRetentionWithAHeldManifest_NoneLeftHeld) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e4",
+                                    .ended_job_retention = absl::Hours(1),
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("held");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  store.failing = true;
+  ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(jobs, worker, id, AssignmentOf(worker)));
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.HeldManifestsForTesting(id), 1u);
+  (void)jobs.Cancel(id);  // ended here; its save fails (UNAVAILABLE, retried)
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  clock_.Advance(absl::Hours(2));
+  // The first pass retries the save (it fails) and sweeps the directory a
+  // second time; the next prunes the job, its retention over.
+  for (int pass = 0; pass < 2; ++pass) {
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  ASSERT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
 }
 
 // An ended job's drawings (megabytes for a plan of many micro-batches)

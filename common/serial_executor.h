@@ -16,13 +16,16 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 
 namespace pipetrain {
 
 class SerialExecutor {
  public:
-  SerialExecutor();
+  // `clock` (not owned; MonotonicClock() when null) times OldestTaskAge.
+  explicit SerialExecutor(const Clock* clock = nullptr);
   // Runs every task already posted, then joins the thread.
   ~SerialExecutor();
   SerialExecutor(const SerialExecutor&) = delete;
@@ -32,11 +35,24 @@ class SerialExecutor {
   // may post further tasks.
   void Post(std::function<void()> task);
 
+  // How long ago the oldest task not yet finished was posted (the one
+  // running, else the first waiting); zero when none is. A queue whose
+  // task is stuck (a file system that stopped answering) shows it here
+  // while every task behind it waits.
+  absl::Duration OldestTaskAge() const;
+
  private:
+  struct Task {
+    std::function<void()> run;
+    absl::Time posted;
+  };
   void Run();
 
-  AnnotatedMutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  const Clock* const clock_;
+  mutable AnnotatedMutex mu_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  // When the task now running was posted; InfiniteFuture when none runs.
+  absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the fields above exist
 };

@@ -103,6 +103,15 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                "submit holds its paths and request_id.")
            .Register(*registry_)
            .Add({});
+  jobs_io_queue_age_seconds_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_jobs_io_queue_age_seconds")
+           .Help(
+               "How long the oldest unfinished task on the coordinator's job I/O queue (state "
+               "saves, checkpoint manifests and removals, one at a time) has waited or run; 0 "
+               "when idle. A stuck file operation holds every later save without failing one.")
+           .Register(*registry_)
+           .Add({});
   state_delete_failures_ = &prometheus::BuildCounter()
                                 .Name("pipetrain_state_delete_failures_total")
                                 .Help(
@@ -362,6 +371,7 @@ void CoordinatorMetrics::Refresh() {
   jobs_checkpoint_failing_->Set(failing);
   jobs_state_save_failing_->Set(jobs_->JobsWithFailedSave());
   jobs_state_delete_failing_->Set(jobs_->JobsWithFailedDelete());
+  jobs_io_queue_age_seconds_->Set(absl::ToDoubleSeconds(jobs_->IoQueueAge()));
   RefreshWorkers();
   RefreshCurrentJob(jobs);
   CountTokens(jobs);

@@ -218,6 +218,7 @@ class CoordinatorMetrics {
   prometheus::Gauge* jobs_state_save_failing_;
   prometheus::Counter* state_save_failures_;
   prometheus::Gauge* jobs_state_delete_failing_;
+  prometheus::Gauge* jobs_io_queue_age_seconds_;
   prometheus::Counter* state_delete_failures_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <iterator>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -380,6 +382,67 @@ TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
   text = RetriesFailThenSucceed(clock, jobs, store, scrape, "pipetrain_jobs_state_save_failing",
                                 "pipetrain_state_save_failures_total");
   EXPECT_EQ(state.LoadJobs().value()[0].job().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A store whose commits wait, once `hang` is set, until `release` is set:
+// an etcd, or a file system under SQLite, that stopped answering.
+class HangingStore final : public Store {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (hang.exchange(false)) {
+      entered.set_value();
+      released.wait();
+    }
+    return store_.Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return store_.Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return store_.Scan(prefix);
+  }
+  std::string Describe() const override { return "hanging"; }
+  std::atomic<bool> hang{false};
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+
+ private:
+  MemoryStore store_;
+};
+
+// A save that does not return shows as the job I/O queue's age (no save
+// has failed, so the failure gauges stay 0), back to 0 once it returns.
+TEST(CoordinatorMetricsTest, StuckSave_ShownAsTheIoQueuesAge) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  HangingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  jobs.SetEvents(metrics.Events());
+  const auto scrape = [&] {
+    metrics.Refresh();
+    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  };
+  std::string text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_io_queue_age_seconds"), 0) << text;
+  const std::string id = jobs.Submit(TinySpec()).value().id();  // no workers: queued
+  jobs.FlushIo();
+  store.hang = true;
+  std::thread cancel([&] { EXPECT_TRUE(jobs.Cancel(id).ok()); });  // its save hangs
+  store.entered.get_future().wait();
+  clock.Advance(absl::Seconds(150));
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_io_queue_age_seconds"), 150) << text;
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_state_save_failing"), 0) << text;
+  store.release.set_value();
+  cancel.join();
+  jobs.FlushIo();
+  text = scrape();
+  EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_io_queue_age_seconds"), 0) << text;
 }
 
 // Deletes that fail (a pruned job's, which a restart would bring back)

@@ -500,6 +500,13 @@ class JobManager {
   // failover) meanwhile restores it as last saved (an ended job RUNNING
   // again), its expired checkpoints kept on disk. Thread-safe.
   int JobsWithFailedSave() const;
+  // How long the oldest unfinished task on the jobs' I/O queue has waited
+  // or run (elapsed clock); zero when the queue is idle. The queue runs
+  // state saves and checkpoint file work (manifests, removals, sweeps) one
+  // at a time: a file system that stopped answering (a hard-mounted NFS
+  // server gone) holds every later save, though none has failed.
+  // Thread-safe.
+  absl::Duration IoQueueAge() const { return io_.OldestTaskAge(); }
   // How many jobs' latest delete from options.state failed: pruned jobs,
   // which a restart (or failover) meanwhile brings back, and submits that
   // failed, whose paths and request_id stay held (JobRecord::unsettled).
@@ -1546,7 +1553,7 @@ class JobManager {
   // checkpoints), in order. Destroyed after background_, whose tasks may post
   // here, and before everything else, finishing its tasks while everything
   // they use exists.
-  SerialExecutor io_;
+  SerialExecutor io_{elapsed_clock_};  // its OldestTaskAge on the elapsed clock
   // The default background runner (null with options.background_runner);
   // reset first in the destructor.
   std::unique_ptr<SerialExecutor> background_;

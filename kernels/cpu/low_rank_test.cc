@@ -63,7 +63,9 @@ TEST(LowRankProductTest, BitwiseTheFixedOrderAndCloseToDouble) {
           exact += term;
           magnitude += std::fabs(term);
         }
-        worst = std::max(worst, std::fabs(got[i * c.cols + j] - exact) / magnitude);
+        const double error = std::fabs(got[i * c.cols + j] - exact) / magnitude;
+        // A NaN is infinitely far: std::max would drop it (it compares false).
+        worst = std::max(worst, std::isfinite(error) ? error : INFINITY);
       }
     }
     // A sum of r products in float: at most about r ulps of the terms' size.
@@ -133,7 +135,11 @@ double WorstRelativeError(const std::vector<float>& got, int64_t count,
       exact += term(static_cast<int64_t>(e), t);
       magnitude += std::fabs(term(static_cast<int64_t>(e), t));
     }
-    if (magnitude > 0) worst = std::max(worst, std::fabs(got[e] - exact) / magnitude);
+    const double error = std::fabs(got[e] - exact);
+    // A NaN is infinitely far, whatever the magnitude: std::max would drop
+    // it (it compares false).
+    if (!std::isfinite(error)) return INFINITY;
+    if (magnitude > 0) worst = std::max(worst, error / magnitude);
   }
   return worst;
 }

@@ -773,7 +773,9 @@ double ExpectPiecewiseWithinBound(const EncodedRun& run, int n, int64_t rows, in
   for (size_t i = 0; i < run.results[0].size(); ++i) {
     double exact = 0;
     for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, false)[i];
-    worst = std::max(worst, std::fabs(run.results[0][i] - exact));
+    const double diff = std::fabs(run.results[0][i] - exact);
+    // A NaN is infinitely far: std::max would drop it (it compares false).
+    worst = std::max(worst, std::isfinite(diff) ? diff : INFINITY);
     for (int r = 1; r < n; ++r) EXPECT_EQ(run.results[r][i], run.results[0][i]) << r << " " << i;
   }
   EXPECT_LE(worst, bound);
@@ -830,7 +832,9 @@ TEST(CollectivesTest, EncodedAllReduce_CodingErrorsAddUpToWhatTheResultLacks) {
           exact += EncodedInput(m, kRows, false)[i];
           fed_back += errors[m][i];
         }
-        worst = std::max(worst, std::fabs(results[0][i] + fed_back - exact));
+        const double diff = std::fabs(results[0][i] + fed_back - exact);
+        // A NaN is infinitely far: std::max would drop it (it compares false).
+        worst = std::max(worst, std::isfinite(diff) ? diff : INFINITY);
         lacking = std::max(lacking, std::fabs(results[0][i] - exact));
       }
       EXPECT_GT(lacking, 0.1);  // the codec does drop something

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/philox.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/elem_topk_codec.h"
 #include "worker/collectives/tensor_parallel_chain_testing.h"
@@ -235,7 +236,9 @@ TEST(HybridCompressionTest, KeepHalfPiecewise4Bit_RanksAgree_TwelveTimesFewerByt
     double scale = 0, worst = 0;
     for (int64_t i = 0; i < want.numel(); ++i) {
       scale = std::max(scale, double{std::abs(want[i] - x[i])});
-      worst = std::max(worst, double{std::abs(got[i] - want[i])});
+      const double diff = std::abs(got[i] - want[i]);
+      // A NaN is infinitely far: std::max would drop it (it compares false).
+      worst = std::max(worst, std::isfinite(diff) ? diff : INFINITY);
     }
     EXPECT_GT(worst, 0.0);
     EXPECT_LE(worst, 0.25 * scale) << (attention ? "attention" : "mlp");
@@ -465,6 +468,31 @@ TEST(HybridCompressionTest, KeepTopTokensPerSample_TiesToTheLowerToken) {
   EXPECT_EQ(KeepTopTokensPerSample({1, 3, 3, 0, 5, 5, 5, 5}, 4, 0.5),
             (std::vector<uint8_t>{0, 1, 1, 0, 1, 1, 0, 0}));
   EXPECT_EQ(KeepTopTokensPerSample({2, 1, 0}, 3, 0.1), (std::vector<uint8_t>{1, 0, 0}));
+}
+
+// The tolerance helpers this file (and tensor_parallel_model_test) checks
+// with bound the largest difference, which std::max computes without a NaN
+// (it compares false): a NaN on either side must fail, naming its entry.
+TEST(CloseHelpersTest, ExpectScaledClose_NaNEntry_FailsNamingIt) {
+  const std::vector<float> want = {1, 2, 3}, nan_got = {1, NAN, 3}, nan_want = {1, 2, NAN};
+  EXPECT_NONFATAL_FAILURE(testing::ExpectScaledClose(nan_got, want, 1e-5, "y"),
+                          "y: entry 1 is nan against 2");
+  EXPECT_NONFATAL_FAILURE(testing::ExpectScaledClose(want, nan_want, 1e-5, "y"),
+                          "y: entry 2 is 3 against nan");
+}
+
+// Also in the key bias, whose entries are not compared (data_parallel_testing.h).
+TEST(CloseHelpersTest, ExpectWeightsClose_NaNEntry_FailsNamingIt) {
+  using Weights = std::map<std::string, std::vector<float>>;
+  const Weights want = {{"h.0.mlp.c_fc.bias", {1, 2, 3}}, {"h.0.attn.c_attn.bias", {1, 2, 3}}};
+  Weights got = want;
+  got["h.0.mlp.c_fc.bias"][1] = NAN;
+  EXPECT_NONFATAL_FAILURE(testing::ExpectWeightsClose(got, want, /*d_model=*/1, "w"),
+                          "w h.0.mlp.c_fc.bias: entry 1 is nan against 2");
+  got = want;
+  got["h.0.attn.c_attn.bias"][1] = NAN;  // d_model 1: entry 1 is the key bias
+  EXPECT_NONFATAL_FAILURE(testing::ExpectWeightsClose(got, want, /*d_model=*/1, "w"),
+                          "w h.0.attn.c_attn.bias: entry 1 is nan against 2");
 }
 
 }  // namespace

@@ -57,7 +57,9 @@ double RelativeError(const std::string& what, const std::vector<float>& got,
   double max_want = 0, max_diff = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     max_want = std::max(max_want, std::fabs(double(want[i])));
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - double(want[i])));
+    const double diff = std::fabs(double(got[i]) - double(want[i]));
+    // A NaN is infinitely far: std::max would drop it (it compares false).
+    max_diff = std::max(max_diff, std::isfinite(diff) ? diff : INFINITY);
   }
   const double error = max_want > 0 ? max_diff / max_want : max_diff;
   EXPECT_LE(error, kTolerance) << what << ": max |diff| " << max_diff << ", max |unsplit| "

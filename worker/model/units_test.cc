@@ -418,7 +418,11 @@ TEST(UnitTest, FlashStyleBackend_KeepsRowStatisticsAndMatches) {
     ASSERT_EQ(got.size(), want.size()) << what;
     float scale = 0, worst = 0;
     for (float v : want) scale = std::max(scale, std::fabs(v));
-    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float diff = std::fabs(got[i] - want[i]);
+      // A NaN is infinitely far: std::max would drop it (it compares false).
+      worst = std::max(worst, std::isfinite(diff) ? diff : INFINITY);
+    }
     EXPECT_LE(worst, 5e-2f * scale) << what;
     EXPECT_GT(worst, 0.0f) << what << ": bitwise equal, so the twin did not run";
   };

@@ -14,9 +14,19 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Fails naming entry `i` if |got[i] - want[i]| is not finite: std::max
+// drops a NaN (it compares false), so a NaN would pass any bound on the
+// largest difference. Returns whether it failed.
+bool FailedNonFinite(const std::vector<float>& got, const std::vector<float>& want, size_t i,
+                     const std::string& what) {
+  if (std::isfinite(double{got[i]} - want[i])) return false;
+  ADD_FAILURE() << what << ": entry " << i << " is " << got[i] << " against " << want[i];
+  return true;
+}
+
 // max |a - b| <= relative * max |b| over the entries outside
 // [skip_begin, skip_end), which are not compared (the key bias: see the
-// header).
+// header) but must still be finite.
 void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& want,
                        const std::string& what, double relative, size_t skip_begin,
                        size_t skip_end) {
@@ -24,6 +34,7 @@ void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& 
   double scale = 0, worst = 0;
   for (float w : want) scale = std::max(scale, double{std::fabs(w)});
   for (size_t i = 0; i < want.size(); ++i) {
+    if (FailedNonFinite(got, want, i, what)) return;
     if (skip_begin <= i && i < skip_end) continue;
     worst = std::max(worst, std::fabs(double{got[i]} - want[i]));
   }
@@ -38,6 +49,7 @@ void ExpectScaledClose(const std::vector<float>& got, const std::vector<float>& 
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 0, diff = 0;
   for (size_t i = 0; i < want.size(); ++i) {
+    if (FailedNonFinite(got, want, i, what)) return;
     scale = std::max(scale, std::fabs(double{want[i]}));
     diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
   }

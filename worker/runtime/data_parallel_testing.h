@@ -51,7 +51,8 @@ inline constexpr double kDataParallelRelative = 1e-5;
 inline constexpr double kTensorParallelWeightsRelative = 5e-5;
 
 // max |got - want| <= relative * max |want| (+ 1e-9 for an all-zero
-// `want`), the same sizes (EXPECT; the message names `what`).
+// `want`), the same sizes, every difference finite (a NaN fails naming its
+// entry) (EXPECT; the message names `what`).
 void ExpectScaledClose(const std::vector<float>& got, const std::vector<float>& want,
                        double relative, const std::string& what);
 
@@ -61,7 +62,8 @@ void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& 
 
 // Every tensor of `want` present in `got` and within `relative` of its
 // largest magnitude in the max norm, but the key bias of a d_model-wide
-// model, which is not compared (above) (EXPECT).
+// model, which is not compared (above); every entry's difference, the key
+// bias's too, finite (a NaN fails naming its entry) (EXPECT).
 void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
                         const std::map<std::string, std::vector<float>>& want, int d_model,
                         const std::string& what, double relative = kDataParallelRelative);

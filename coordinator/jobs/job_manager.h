@@ -849,9 +849,17 @@ class JobManager {
   // paths nest), or null.
   const JobRecord* CheckpointDirUserLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Another job than `record`, in any state, whose checkpoint directory
-  // overlaps `record`'s (one may have taken over an ended one's), or null.
+  // Another job than `record` whose checkpoint directory overlaps
+  // `record`'s and that may have written there since `record` did: one
+  // not ended, or one created after it (it took over the directory once
+  // `record` had ended); or null. Of ended jobs sharing a directory, the
+  // one created last owns it.
   const JobRecord* OtherCheckpointDirUserLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step directories of the complete checkpoints of every job, in any
+  // state, whose checkpoint directory overlaps `dir`: what a sweep of
+  // `dir` keeps, manifest or not.
+  std::set<std::string> CompleteCheckpointsOverlappingLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended (or whose checkpoint_sweep_pending) whose
   // checkpoint directory holds `path`, or null.

@@ -215,20 +215,22 @@ std::function<void()> JobManager::CheckpointSweepLocked(JobRecord& record, absl:
   // which no catalog of this process knows: a previous coordinator's, killed
   // while it wrote or expired them; but not while another live job shares
   // the directory (state stored before sharing was refused), nor the steps
-  // this job holds complete (a manifest whose write failed). The directory
-  // stays this job's until the removal is done (checkpoint_sweep_pending),
-  // and only files written before the end go. (Manifests are written on
-  // io_ too, so those of checkpoints completed before the end are in place
-  // when this runs, except one held by a failed state save or waiting for
-  // its retry: its step is among those this job holds complete, and kept.)
+  // this job or another whose directory overlaps (the job it took the
+  // directory over from, or one that took it over since) holds complete (a
+  // manifest whose write failed).
+  // The directory stays this job's until the removal is done
+  // (checkpoint_sweep_pending), and only files written before the end go.
+  // (Manifests are written on io_ too, so those of checkpoints completed
+  // before the end are in place when this runs, except one held by a failed
+  // state save or waiting for its retry: its step is among those this job
+  // holds complete, and kept.)
   if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
     const std::string& checkpoint_dir = record.resolved.spec.checkpoint().dir();
     const bool shared = CheckpointDirUserLocked(checkpoint_dir) != nullptr;
     std::vector<v1::ResumeFrom> incomplete = record.checkpoints->TakeIncomplete();
     // Not for the second pass: the complete steps (kept) and the incomplete
     // ones (removed first, tried once).
-    std::set<std::string> known;
-    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) known.insert(c.dir());
+    std::set<std::string> known = CompleteCheckpointsOverlappingLocked(checkpoint_dir);
     for (const v1::ResumeFrom& i : incomplete) known.insert(i.dir());
     // Stages stopping may still write a step or two after the end (a cancel
     // reaches them tens of ms later); those files come after `ended`, so
@@ -267,15 +269,17 @@ void JobManager::SweepStoppedJobsLocked() {
                     [&](const std::string& w) { return registry_->StoppedSince(w, since); });
     if (!all_stopped && now < record->late_sweep_by) continue;
     record->late_sweep_workers.clear();
-    // Every step directory without a manifest but those this job holds
-    // complete (a manifest whose write failed). Every file in them once
+    // Every step directory without a manifest but those this job or another
+    // whose directory overlaps holds complete (a manifest whose write
+    // failed; after a restart, also one of a job that took over this ended
+    // job's directory, which Restore queued to write). Every file in them once
     // every worker has stopped: none writes there any more, and the
     // directory is still the job's (reserved until its sweeps end). A
     // time filter would compare this host's clock with the file system's
     // (the file server's, or the writing host's): one running ahead kept
     // the files for good. Files up to now when the wait ran out instead.
-    std::set<std::string> complete;
-    for (const v1::ResumeFrom& c : record->checkpoints->Complete()) complete.insert(c.dir());
+    std::set<std::string> complete =
+        CompleteCheckpointsOverlappingLocked(record->resolved.spec.checkpoint().dir());
     std::optional<absl::Time> until;
     if (!all_stopped) until = absl::Now();
     io_.Post([this, output_dir = options_.output_dir, id = id,

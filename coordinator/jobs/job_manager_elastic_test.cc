@@ -190,6 +190,40 @@ class JobManagerElasticTest : public ::testing::Test {
     return id;
   }
 
+  // Job A runs to its checkpoint of step 5 in `dir` and is cancelled; then
+  // job B goes on from it in the same directory (spec.init.from, the
+  // continued run of docs/api.md) and completes step 10, whose manifest's
+  // write fails (a directory in its place, as a full disk would), and is
+  // cancelled. Both ends' sweeps are done; then the way is cleared (space
+  // freed): step 10 has no manifest, its unit files there at the sizes B's
+  // reports recorded. Returns step 10's directory.
+  std::string TwoEndedJobsInOneDir(const std::string& dir) {
+    v1::JobSpec spec = ElasticSpec(2, 5);
+    spec.mutable_checkpoint()->set_dir(dir);
+    const std::string a = Submit(spec).value().id();
+    StepCheckpointingEvery5(a, 5);
+    EXPECT_TRUE(jobs_->Cancel(a).ok());
+    AwaitEndSweeps();
+    WriteUnitFiles(dir + "/step-00000005");
+    spec.mutable_init()->set_from(dir + "/step-00000005");
+    const std::string b = Submit(spec).value().id();
+    const std::string step10 = absl::StrCat(OutputDir(), "/", dir, "/step-00000010");
+    std::filesystem::create_directories(
+        absl::StrCat(step10, "/", kCheckpointManifestName, "/in-the-way"));
+    for (int step = 6; step <= 10; ++step) Step(b, step);
+    CheckpointAll(b, 10);
+    EXPECT_EQ(jobs_->Get(b).value().progress().checkpoint_step(), 10);
+    EXPECT_TRUE(jobs_->Cancel(b).ok());
+    AwaitEndSweeps();
+    std::filesystem::remove_all(absl::StrCat(step10, "/", kCheckpointManifestName));
+    for (int u = 0; u < kUnits; ++u) {  // CheckpointReport's sizes
+      std::ofstream(absl::StrFormat("%s/unit-%04d.safetensors", step10, u), std::ios::binary)
+          << std::string(100 + u, 'w');
+    }
+    jobs_->FlushIo();
+    return step10;
+  }
+
   // Registers a worker at 127.0.0.1:`port`, limited to `memory_limit`
   // bytes for its stage (0: no limit).
   std::string AddWorker(int port, int64_t memory_limit = 0) {
@@ -819,6 +853,54 @@ TEST_F(JobManagerElasticTest, RestartBeforeTheLateSweep_StepsWrittenAfterTheEndS
   reuse.mutable_init()->set_from("late/restart/step-00000005");
   const absl::StatusOr<v1::Job> reused = jobs_->Submit(reuse);
   EXPECT_TRUE(reused.ok()) << reused.status();
+}
+
+// Two ended jobs of one checkpoint directory, the later one started from
+// the earlier one's checkpoint: the directory is the later one's. After a
+// restart, its missing manifest was left unwritten (the earlier job
+// "overlapped"), and the earlier job's sweep removed its complete step
+// (only the earlier job's own were kept).
+TEST_F(JobManagerElasticTest, RestartAfterTwoEndedJobsInOneDir_TheLaterJobsManifestWritten) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string step10 = TwoEndedJobsInOneDir("continued/one");
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  AwaitEndSweeps();
+  EXPECT_TRUE(std::filesystem::is_regular_file(step10 + "/unit-0000.safetensors"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(step10 + "/" + kCheckpointManifestName));
+  // The sweeps are done (the directory is free), and a run goes on from it.
+  v1::JobSpec next = ElasticSpec(2, 5);
+  next.mutable_checkpoint()->set_dir("continued/one");
+  next.mutable_init()->set_from("continued/one/step-00000010");
+  const absl::StatusOr<v1::Job> continued = Submit(next);
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  EXPECT_EQ(continued->progress().step(), 10);
+}
+
+// The same, with a unit file of that step not back at the restart (a
+// volume restored by hand): no manifest is written over it, and the earlier
+// job's sweep still keeps the step, which the later job holds complete. The
+// next coordinator writes its manifest once the file is back.
+TEST_F(JobManagerElasticTest, RestartAfterTwoEndedJobsInOneDir_NoManifestYet_StepKept) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string step10 = TwoEndedJobsInOneDir("continued/two");
+  const std::string missing = absl::StrFormat("%s/unit-%04d.safetensors", step10, kUnits - 1);
+  const std::string manifest = absl::StrCat(step10, "/", kCheckpointManifestName);
+  ASSERT_TRUE(std::filesystem::remove(missing));
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  AwaitEndSweeps();
+  EXPECT_TRUE(std::filesystem::is_regular_file(step10 + "/unit-0000.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+  std::ofstream(missing, std::ios::binary) << std::string(100 + kUnits - 1, 'w');
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
 }
 
 // init.from through a link to a directory the workers would refuse to

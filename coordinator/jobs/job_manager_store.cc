@@ -679,7 +679,9 @@ absl::Status JobManager::Restore() {
   for (const std::string& id : ended_with_checkpoints) {
     JobRecord& record = *jobs_[id];
     // No workers (ended before it ran): nothing was written. A live job
-    // sharing the directory: its steps are not ours to judge.
+    // sharing the directory: its steps are not ours to judge. Another
+    // ended job's sweep armed here: one per directory, which keeps every
+    // overlapping job's complete checkpoints.
     if (options_.output_dir.empty() || record.job.worker_ids_size() == 0 ||
         CheckpointDirUserLocked(record.resolved.spec.checkpoint().dir()) != nullptr) {
       continue;
@@ -696,8 +698,9 @@ absl::Status JobManager::Restore() {
   // Expired checkpoints a restart found listed: the coordinator may have
   // stopped between the save that expired them and their removal, which
   // left them on disk with nothing else naming them. Removed now, unless
-  // another job's checkpoint directory overlaps (it may have taken over an
-  // ended job's and written the same steps) or a job starts from one.
+  // another job's checkpoint directory overlaps and it may have written
+  // there since (it has not ended, or took over this ended job's directory
+  // and may have written the same steps) or a job starts from one.
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_[id];
     if (record.expiring.empty()) continue;
@@ -721,8 +724,10 @@ absl::Status JobManager::Restore() {
   // or while a failed write waited for its retry (held in memory only).
   // Without it, export and init.from on the directory take an older step,
   // and a new job could reuse the directory over it. Written now, unless
-  // another job's checkpoint directory overlaps (it may have written the
-  // same steps since).
+  // another job's checkpoint directory overlaps and it may have written the
+  // same steps since (OtherCheckpointDirUserLocked). An ended job created
+  // before does not count: this one took its directory over (and that
+  // job's sweep keeps this one's complete checkpoints).
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_[id];
     if (options_.output_dir.empty() || record.checkpoints == nullptr ||

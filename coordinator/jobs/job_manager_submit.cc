@@ -415,14 +415,34 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
 const JobManager::JobRecord* JobManager::OtherCheckpointDirUserLocked(
     const JobRecord& record) const {
   const std::string& mine = record.job.spec().checkpoint().dir();
+  const absl::Time created = FromProtoTimestamp(record.job.create_time());
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, other] : *jobs) {
       if (other.get() == &record || other->checkpoints == nullptr) continue;
+      // Ended and created before: it wrote there only before `record` was
+      // accepted (Submit refuses a directory whose job has not ended, or
+      // is being swept), so the directory is `record`'s, not its.
+      if (IsTerminal(other->job.state()) &&
+          FromProtoTimestamp(other->job.create_time()) < created) {
+        continue;
+      }
       const std::string& theirs = other->job.spec().checkpoint().dir();
       if (PathWithin(mine, theirs) || PathWithin(theirs, mine)) return other.get();
     }
   }
   return nullptr;
+}
+
+std::set<std::string> JobManager::CompleteCheckpointsOverlappingLocked(
+    const std::string& dir) const {
+  std::set<std::string> complete;
+  for (const auto& [id, record] : jobs_) {
+    if (record->checkpoints == nullptr) continue;
+    const std::string& theirs = record->job.spec().checkpoint().dir();
+    if (!PathWithin(dir, theirs) && !PathWithin(theirs, dir)) continue;
+    for (const v1::ResumeFrom& c : record->checkpoints->Complete()) complete.insert(c.dir());
+  }
+  return complete;
 }
 
 const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::string& path) const {

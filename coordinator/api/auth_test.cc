@@ -494,6 +494,23 @@ TEST_F(AuthTest, RightCredentials_SameCallsSucceed) {
   EXPECT_EQ(drained.id(), "w-2");
 }
 
+// A worker's drain with its own session gone stale (it registered again)
+// is refused as a stale session, not as a rejected user token: workers
+// hold none.
+TEST_F(AuthTest, DrainWorker_StaleSession_RefusedAsAStaleSession) {
+  const v1::RegisterWorkerResponse again = Register("127.0.0.1:9002");
+  ASSERT_EQ(again.worker_id(), two_.worker_id());
+  ASSERT_NE(again.incarnation(), two_.incarnation());
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id(two_.worker_id());
+  v1::Worker drained;
+  const grpc::Status status =
+      stub_->DrainWorker(Context("Bearer " + two_.session_token()).get(), drain, &drained);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_FALSE(absl::StrContains(status.error_message(), "user token")) << status.error_message();
+  EXPECT_FALSE(workers_.Get(two_.worker_id())->drained());
+}
+
 // The positive control for every user method and REST endpoint: the user
 // token is let in everywhere the bad credentials were refused (an answer
 // of the method's own, such as FAILED_PRECONDITION, is fine). A method that

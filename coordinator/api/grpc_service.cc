@@ -232,7 +232,15 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DrainWorker(grpc::CallbackServ
   // A user may drain any worker; a worker only itself (as it shuts down).
   const absl::Status as_user = UserCall(*context);
   absl::Status credential = as_user;
-  if (!credential.ok() && AnyWorkerCall(*context).ok()) credential = absl::OkStatus();
+  if (!credential.ok()) {
+    // A worker's own session gone stale (it registered again, or the
+    // coordinator restarted) is refused as such: "user token rejected"
+    // sent its operator looking for a token that workers never hold.
+    const absl::Status as_worker = AnyWorkerCall(*context);
+    if (as_worker.ok() || auth_->IsStaleWorkerSession(AuthorizationOf(*context))) {
+      credential = as_worker;
+    }
+  }
   using Call = TypedCall<v1::DrainWorkerRequest, v1::Worker>;
   return Parsed<v1::DrainWorkerRequest, v1::Worker>(
       context, "DrainWorker", credential, kMaxSmallRequestBytes, raw, answer,

@@ -132,6 +132,14 @@ absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
   }
 }
 
+// The longest --node-name: the coordinator's bound on names (kMaxNameBytes,
+// coordinator/registry/registration_limits.h, which worker/ may not include:
+// scripts/check_layering.sh), a Kubernetes node name's. Checked here: the
+// coordinator refuses a longer one at registration, and one past its 16 KiB
+// request limit with RESOURCE_EXHAUSTED, which the agent retries (a full
+// registry answers so too), never ready and never exiting.
+constexpr size_t kMaxNodeNameBytes = 253;
+
 struct Flags {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";
@@ -247,6 +255,11 @@ int Run(const std::vector<std::string>& args) {
   // all (process_hardening.h).
   if (parsed.ok() && !f.allow_core_dumps) parsed = ForbidCoreDumpsAndTracing();
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  if (parsed.ok() && f.node_name.size() > kMaxNodeNameBytes) {
+    parsed = absl::InvalidArgumentError(absl::StrCat(
+        "--node-name is ", f.node_name.size(), " bytes, more than the ", kMaxNodeNameBytes,
+        " the coordinator accepts (a Kubernetes node name's bound)"));
+  }
   // Each address with a port gRPC will not wrap: registration carries the
   // join token.
   if (parsed.ok()) parsed = ParseCoordinatorAddresses("--coordinator", f.coordinator).status();

@@ -24,11 +24,14 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 }
 
 // What RegisterWorker answers when it would refuse the same request again:
-// the join token (UNAUTHENTICATED), a fact out of bounds (INVALID_ARGUMENT)
-// or this worker's build (FAILED_PRECONDITION, not the coordinator's).
+// the join token (UNAUTHENTICATED), a fact out of bounds (INVALID_ARGUMENT),
+// this worker's build (FAILED_PRECONDITION, not the coordinator's), or
+// UNIMPLEMENTED: what answers serves gRPC but not the coordinator's API (a
+// worker's --listen port, etcd), which no retry changes. Not
+// RESOURCE_EXHAUSTED: a registry at its most workers may have room later.
 bool IsRegistrationRefusal(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT ||
-         code == grpc::StatusCode::FAILED_PRECONDITION;
+         code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::UNIMPLEMENTED;
 }
 
 constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
@@ -284,6 +287,16 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
         if (!drained.ok()) PT_LOG(WARNING) << "cannot drain after registering: " << drained;
       }
       return absl::OkStatus();
+    }
+    // Not a coordinator at all: no attempt reached RegisterWorker, so none
+    // may have committed. Said so, naming the address: gRPC's own message
+    // ("unknown service ...", or none) does not say which flag is wrong.
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::UnimplementedError(absl::StrCat(
+          endpoints_->current(), " does not serve the coordinator's API (RegisterWorker: ",
+          s.error_message().empty() ? "UNIMPLEMENTED" : s.error_message(),
+          "): --coordinator must name a coordinator's --grpc-address, not a worker's --listen "
+          "port, etcd or another gRPC service"));
     }
     // The coordinator refuses the join token, what this request says of
     // the worker (a --node-name or device fact out of its bounds), or this

@@ -9,7 +9,8 @@
 //    its job and registers again; if that registration is refused
 //    (UNAUTHENTICATED: the join token is no longer accepted;
 //    INVALID_ARGUMENT: what the worker says of itself is out of bounds;
-//    FAILED_PRECONDITION: this worker's build is not the coordinator's)
+//    FAILED_PRECONDITION: this worker's build is not the coordinator's;
+//    UNIMPLEMENTED: the address does not serve the coordinator's API)
 //    nothing more can be done, and options.on_registration_refused says so;
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks, at once when the agent registers again meanwhile: a restarted
@@ -84,8 +85,9 @@ struct WorkerAgentOptions {
   // JobRunnerOptions::on_backend_failure for every job.
   std::function<void(const absl::Status&)> on_backend_failure;
   // Registering again after the coordinator dropped this worker was
-  // refused (UNAUTHENTICATED, INVALID_ARGUMENT, or FAILED_PRECONDITION for
-  // a build other than the coordinator's; with the coordinator's message):
+  // refused (UNAUTHENTICATED, INVALID_ARGUMENT, FAILED_PRECONDITION for a
+  // build other than the coordinator's, with the coordinator's message; or
+  // UNIMPLEMENTED, naming an address that does not serve its API):
   // the agent
   // sends no more heartbeats, so the process should end (and its
   // supervisor restart it with a valid token). Called once, from the
@@ -140,7 +142,11 @@ class WorkerAgent {
   // at once when the coordinator rejects the join token, INVALID_ARGUMENT
   // when it refuses what the registration says (a --node-name over its
   // bound, a device fact out of range), FAILED_PRECONDITION when it refuses
-  // this worker's build (not its own): retrying cannot help either.
+  // this worker's build (not its own), UNIMPLEMENTED naming the address
+  // when what answers there serves gRPC but not the coordinator's API (a
+  // worker's --listen port, etcd): retrying cannot help either.
+  // RESOURCE_EXHAUSTED (a registry at its most workers), UNAVAILABLE and
+  // the like are retried.
   absl::Status Start();
   // Leave() then the runner's stop. Idempotent.
   void Stop();

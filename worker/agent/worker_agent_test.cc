@@ -857,6 +857,108 @@ TEST(WorkerAgentTest, RegistrationRefusedForItsContentOrBuild_StartFailsAtOnce) 
   }
 }
 
+// Answers every registration UNIMPLEMENTED, as a gRPC server without the
+// coordinator's service does (a worker's --listen port, etcd), counting the
+// attempts under the caller's `mu`, so that a test waits for Start() to
+// return or for a second attempt, whichever comes first.
+class NotACoordinator final : public NoAssignmentsCoordinator {
+ public:
+  NotACoordinator(AnnotatedMutex* mu, int* attempts) : mu_(mu), attempts_(attempts) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override {
+    AnnotatedMutexLock lock(mu_);
+    ++*attempts_;
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "unknown service pipetrain.v1.CoordinatorService");
+  }
+
+ private:
+  AnnotatedMutex* const mu_;
+  int* const attempts_;
+};
+
+// --coordinator naming something that serves gRPC but not the coordinator:
+// Start() fails at once (the worker exits 1) naming the address, instead of
+// backing off and retrying forever, never ready. The backoff is short, so
+// an agent that retries makes a second attempt at once, which ends the wait.
+TEST(WorkerAgentTest, Start_AddressDoesNotServeTheCoordinator_FailsAtOnceNamingIt) {
+  AnnotatedMutex mu;  // a hand-off TSan sees
+  int attempts = 0;
+  NotACoordinator coordinator(&mu, &attempts);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  absl::Status started;
+  bool returned = false;
+  std::thread starter([&] {
+    absl::Status status = agent.Start();
+    AnnotatedMutexLock lock(&mu);
+    started = std::move(status);
+    returned = true;
+  });
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return returned || attempts >= 2; }, absl::Seconds(30)));
+  }
+  agent.Leave();  // ends a Start() that retries (CANCELLED)
+  starter.join();
+  AnnotatedMutexLock lock(&mu);
+  EXPECT_EQ(attempts, 1);
+  EXPECT_EQ(started.code(), absl::StatusCode::kUnimplemented) << started;
+  EXPECT_EQ(started.message(),
+            absl::StrCat(options.coordinator_address,
+                         " does not serve the coordinator's API (RegisterWorker: unknown service "
+                         "pipetrain.v1.CoordinatorService): --coordinator must name a "
+                         "coordinator's --grpc-address, not a worker's --listen port, etcd or "
+                         "another gRPC service"));
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// The same against a real server without the service: the rig's data plane
+// (a worker's --listen port), whose gRPC answers the unknown method itself.
+TEST(WorkerAgentTest, Start_CoordinatorIsAWorkersListenPort_FailsAtOnce) {
+  NoAssignmentsCoordinator unused;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&unused, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.coordinator_address = rig->data_plane->address();
+  options.backoff.initial = absl::Hours(1);  // a retrying agent waits here until Leave()
+  options.backoff.max = absl::Hours(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  AnnotatedMutex mu;
+  absl::Status started;
+  bool returned = false;
+  std::thread starter([&] {
+    absl::Status status = agent.Start();
+    AnnotatedMutexLock lock(&mu);
+    started = std::move(status);
+    returned = true;
+  });
+  bool in_time = false;
+  {
+    AnnotatedMutexLock lock(&mu);
+    in_time = mu.AwaitWithTimeout([&] { return returned; }, absl::Seconds(30));
+  }
+  if (!in_time) agent.Leave();  // a retrying Start() returns CANCELLED then
+  starter.join();
+  AnnotatedMutexLock lock(&mu);
+  EXPECT_EQ(started.code(), absl::StatusCode::kUnimplemented) << started;
+  EXPECT_TRUE(absl::StartsWith(
+      started.message(),
+      absl::StrCat(options.coordinator_address, " does not serve the coordinator's API")))
+      << started;
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Registers the worker; its first heartbeat's answer says it is drained,
 // the second is refused as by a restarted coordinator (register again);
 // records each registration.

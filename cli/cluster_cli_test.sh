@@ -416,9 +416,9 @@ cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
 expect_exit up_loss_log_is_data 2 "--loss-log $TMP/corpus.txt is --data $TMP/corpus.txt; writing it would destroy an input" -- \
   up --workers 2 --data "$TMP/corpus.txt" --loss-log "$TMP/corpus.txt" --out "$TMP/up-bad"
 ok up_loss_log_data_kept cmp -s "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
-# Nor a file up writes in --out: the weights (replaced by the losses after
-# they were written), the lock (a second run got in), a log.
-for own in weights.safetensors up.lock worker-0.log; do
+# Nor a file up writes in --out: the jobs' output directory, the lock (a
+# second run got in), a log.
+for own in output up.lock worker-0.log; do
   expect_exit "up_loss_log_is_own_${own//[.-]/_}" 2 "--loss-log $TMP/up-bad/$own is one of the files the command writes in --out $TMP/up-bad ($own)" -- \
     up --workers 2 --loss-log "$TMP/up-bad/$own" --out "$TMP/up-bad"
 done
@@ -503,6 +503,11 @@ ok up_no_dead_metrics_url test "$(grep -c "metrics: http" "$OUT")" -eq 0
 ok up_logs_line grep -qx "logs: $TMP/up-short" "$OUT"
 # --loss-log in the --out directory up creates: allowed, written.
 ok up_loss_log_in_new_out test "$(wc -l <"$TMP/up-short/losses.txt")" -eq 3
+# The weights go to the output directory in --out, and a --loss-log there
+# may not replace them.
+ok up_weights_in_output grep -qx "weights: $TMP/up-short/output/weights.safetensors" "$OUT"
+expect_exit up_loss_log_is_weights 2 "--loss-log $TMP/up-short/output/weights.safetensors is one of the files the command writes in the output directory $TMP/up-short/output (weights.safetensors)" -- \
+  up --workers 1 --loss-log "$TMP/up-short/output/weights.safetensors" --out "$TMP/up-short"
 # A --loss-log that cannot take the losses fails the run, naming why, after
 # its report (the final flush of a full disk went unchecked: exit 0).
 if [[ -w /dev/full ]]; then
@@ -595,6 +600,22 @@ up_pid=$!
 pids+=("$up_pid")
 running() { for _ in $(seq 1 1200); do grep -q "^cluster running: " "$1" && return 0; sleep 0.05; done; return 1; }
 ok up_keep_running_said running "$TMP/up-keep.out"
+# Jobs name their files under the coordinator's --output-dir, --out/output:
+# weights named up.lock leave the run's lock (holding up's pid) alone, and
+# so a second `up` on this --out is still refused.
+cat >"$TMP/up-lock-job.json" <<'JSON'
+{"name": "weights-named-up-lock", "model": {"nLayer": 1, "nHead": 1, "dModel": 8},
+ "training": {"seqLen": 4, "batchSize": 1, "steps": 3},
+ "data": {"syntheticBytes": 5000}, "parallelism": {"stages": 1},
+ "checkpoint": {"intervalSteps": 1}, "output": {"weightsPath": "up.lock"}}
+JSON
+keep_addr=$(sed -nE 's/^cluster running: --coordinator ([^ ]+) .*/\1/p' "$TMP/up-keep.out")
+expect_exit up_keep_weights_named_up_lock 0 "SUCCEEDED" -- submit "$TMP/up-lock-job.json" \
+  --follow --coordinator="$keep_addr" --token-file="$TMP/up-keep/user.token"
+ok up_keep_lock_untouched grep -qx "$up_pid" "$TMP/up-keep/up.lock"
+ok up_keep_weights_in_output test -s "$TMP/up-keep/output/up.lock"
+expect_exit up_keep_out_still_locked 2 "--out $TMP/up-keep: in use by another \`pipetrain up\` (pid $up_pid)" -- \
+  up --workers 1 --steps 1 --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-keep"
 pkill -KILL -f -- "--ports-file=$TMP/up-keep/coordinator[.]ports"
 wait "$up_pid"
 rc=$?

@@ -327,9 +327,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
            "spec.parallelism.tensor_mode)");
   f.String("out", &o.out,
-           "directory for logs, weights, tokens, ports files and the timelines (SVG); made mode "
-           "0700 if missing (missing parents too, mode 0755, as mkdir -p), refused if another "
-           "user owns it or others may write in it, and locked: one `up` at a time");
+           "directory for logs, tokens, ports files, the timelines (SVG) and output/, where the "
+           "jobs' weights and checkpoints go; made mode 0700 if missing (missing parents too, "
+           "mode 0755, as mkdir -p), refused if another user owns it or others may write in it, "
+           "and locked: one `up` at a time");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
   f.Int("heads", &o.heads, "attention heads");
@@ -340,8 +341,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int64("steps", &o.steps, "optimizer steps");
   f.Int("eval-interval", &o.eval_interval, "validate every N steps and at the end; 0 = never");
   f.Int("checkpoint-interval", &o.checkpoint_interval,
-        "checkpoint every N steps under --out/checkpoints, so the job survives a worker's loss "
-        "(kill one to see it recover); 0 = never");
+        "checkpoint every N steps under --out/output/checkpoints, so the job survives a worker's "
+        "loss (kill one to see it recover); 0 = never");
   f.String("emulate-link", &o.emulate_link,
            "pace the workers' sends as over links of BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms "
            "(loopback standing in for a network); empty: loopback as it is");
@@ -509,7 +510,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   }
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
-  // Under the coordinator's --output-dir, which `up` sets to --out.
+  // Under the coordinator's --output-dir, which `up` sets to --out/output.
   spec.mutable_output()->set_weights_path("weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward(o.forward_codec);
@@ -703,6 +704,37 @@ FlagSet UpFlags(UpOptions& o) {
       "Starts a coordinator and workers on this machine and trains a GPT-2 model.");
   BindUp(flags, o);
   return flags;
+}
+
+// up's directory for the jobs' files in --out: the coordinator's
+// --output-dir and the workers' --checkpoint-root. Jobs name their files
+// there (spec.output.weights_path, spec.checkpoint.dir), so it is not --out
+// itself, where a job's weights named up.lock or user.token were renamed
+// over this run's lock or token (as the coordinator keeps --state-dir out
+// of --output-dir).
+constexpr char kUpOutputDir[] = "output";
+
+// Makes <out>/output mode 0700 (as ClusterDir makes --out), or takes the
+// existing directory; returns its path. `shown_out` is --out as the user
+// gave it, for messages. Errors: the errno's code when it cannot be made;
+// FAILED_PRECONDITION when something other than a directory has its name.
+absl::StatusOr<std::string> MakeUpOutputDir(const std::string& out, const std::string& shown_out) {
+  const std::string dir = absl::StrCat(out, "/", kUpOutputDir);
+  const std::string shown = absl::StrCat(shown_out, "/", kUpOutputDir);
+  // Exactly 0700 when made here, whatever the umask did.
+  if (mkdir(dir.c_str(), 0700) == 0 && chmod(dir.c_str(), 0700) == 0) return dir;
+  const int error = errno;
+  struct stat info;
+  if (error == EEXIST && stat(dir.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return dir;
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out ", shown_out, ": ", shown,
+                     " is not a directory; up keeps the jobs' weights and checkpoints there: "
+                     "move it away or pick another --out"));
+  }
+  return absl::ErrnoToStatus(
+      error, absl::StrCat("--out ", shown_out, ": cannot create ", shown, ": ",
+                          std::strerror(error)));
 }
 
 // The plan's predicted step and the workers' measured one, as SVG files in
@@ -916,14 +948,20 @@ int RunUp(const std::vector<std::string>& args) {
                      kLossHistorySteps, " steps, or read the losses from the workers' metrics"));
   }
   // Written after the run: it must not be the corpus the run trains on,
-  // nor a file the run writes in --out (the weights, the lock).
+  // nor a file the run writes in --out (the lock, the output directory) or
+  // in its output directory (the weights).
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
   if (valid.ok()) {
     valid = CheckNotOwnedFile("--loss-log", o.loss_log, "--out", o.out, [](absl::string_view name) {
-      return LocalCluster::WritesFileNamed(name) || name == "weights.safetensors" ||
-             name == "checkpoints" || name == "timeline-predicted.svg" ||
-             name == "timeline-measured.svg";
+      return LocalCluster::WritesFileNamed(name) || name == kUpOutputDir ||
+             name == "timeline-predicted.svg" || name == "timeline-measured.svg";
     });
+  }
+  if (valid.ok()) {
+    valid = CheckNotOwnedFile("--loss-log", o.loss_log, "the output directory",
+                              absl::StrCat(o.out, "/", kUpOutputDir), [](absl::string_view name) {
+                                return name == "weights.safetensors" || name == "checkpoints";
+                              });
   }
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
@@ -1017,9 +1055,16 @@ int RunUp(const std::vector<std::string>& args) {
   // read its --out directory (the token files are mode 0600), get in.
   cluster_options.join_token = RandomToken();
   cluster_options.user_token = RandomToken();
-  cluster_options.coordinator_args = {"--output-dir=" + out};
+  // The jobs' files in a directory of their own (kUpOutputDir), which the
+  // workers' checkpoints share: the coordinator reads them there.
+  const absl::StatusOr<std::string> output = MakeUpOutputDir(out, o.out);
+  if (!output.ok()) {
+    std::fprintf(stderr, "pipetrain up: %s\n", std::string(output.status().message()).c_str());
+    return kExitUsage;
+  }
+  cluster_options.coordinator_args = {"--output-dir=" + *output};
   cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention,
-                                 "--checkpoint-root=" + out};
+                                 "--checkpoint-root=" + *output};
   if (!o.emulate_link.empty()) {
     cluster_options.worker_args.push_back("--emulate-link=" + o.emulate_link);
   }

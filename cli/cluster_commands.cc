@@ -732,9 +732,8 @@ absl::StatusOr<std::string> MakeUpOutputDir(const std::string& out, const std::s
                      " is not a directory; up keeps the jobs' weights and checkpoints there: "
                      "move it away or pick another --out"));
   }
-  return absl::ErrnoToStatus(
-      error, absl::StrCat("--out ", shown_out, ": cannot create ", shown, ": ",
-                          std::strerror(error)));
+  return absl::ErrnoToStatus(error, absl::StrCat("--out ", shown_out, ": cannot create ", shown,
+                                                 ": ", std::strerror(error)));
 }
 
 // The plan's predicted step and the workers' measured one, as SVG files in

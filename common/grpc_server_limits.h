@@ -11,9 +11,9 @@
 //   request before any handler checks it): the memory a client without
 //   credentials ties up is bounded per connection (streams x that bound),
 //   and connections only by the process's file descriptors (no memory
-//   quota is set; docs/operations.md, "Bounds"). A worker's connection to the coordinator keeps a few
-//   streams (register, heartbeats, assignments, reports); a peer's data-plane
-//   connection one per sending stage.
+//   quota is set; docs/operations.md, "Bounds"). A worker's connection to
+//   the coordinator keeps a few streams (register, heartbeats, assignments,
+//   reports); a peer's data-plane connection one per sending stage.
 // - Threads: gRPC's synchronous services (server reflection, the only one
 //   pipetrain serves) take one thread per open call, and a reflection
 //   stream needs no credential: unbounded, a client could open streams

@@ -402,43 +402,89 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 
 namespace {
 
+// The entries of the directory open at `dir` (<checkpoint_dir>, as errors
+// name it) named as step directories, by step; the errno's code when it
+// cannot be read through.
+absl::StatusOr<std::map<int64_t, std::string>> StepDirNames(int dir,
+                                                            const std::string& checkpoint_dir) {
+  const int listed = dup(dir);
+  DIR* stream = listed < 0 ? nullptr : fdopendir(listed);
+  if (stream == nullptr) {
+    const int error = errno;
+    if (listed >= 0) close(listed);
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", checkpoint_dir));
+  }
+  std::map<int64_t, std::string> names;
+  int error = 0;
+  for (;;) {
+    errno = 0;  // readdir's end and its failure both return null
+    const dirent* entry = readdir(stream);
+    if (entry == nullptr) {
+      error = errno;
+      break;
+    }
+    int64_t step = 0;
+    if (ParseStepDirName(entry->d_name, &step)) names.emplace(step, entry->d_name);
+  }
+  closedir(stream);
+  if (error != 0) return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", checkpoint_dir));
+  return names;
+}
+
+// Whether the entry `name` of the directory open at `dir` is a step
+// directory that holds a manifest; nullopt when it is no directory (a link
+// among them) or is gone. The errno's code when that cannot be told (EACCES,
+// EMFILE, EIO, ESTALE on NFS).
+absl::StatusOr<std::optional<bool>> HoldsManifest(int dir, const std::string& name,
+                                                  const std::string& shown) {
+  const auto unknown = [&shown](int error, absl::string_view what) {
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot ", what, " ", shown));
+  };
+  struct stat st;
+  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int error = errno;
+    if (error == ENOENT) return std::nullopt;  // removed since it was listed
+    return unknown(error, "stat");
+  }
+  if (!S_ISDIR(st.st_mode)) return std::nullopt;
+  ScopedFd step_dir(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (step_dir.get() < 0) {
+    const int error = errno;
+    // Removed, or swapped for a link or a file, since the stat.
+    if (error == ENOENT || error == ELOOP || error == ENOTDIR) return std::nullopt;
+    return unknown(error, "open");
+  }
+  if (fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
+  const int error = errno;
+  if (error == ENOENT) return false;
+  return unknown(error, absl::StrCat("look for ", kCheckpointManifestName, " in"));
+}
+
 // The step directories directly in <output_dir>/<checkpoint_dir> that hold
 // a manifest (`complete`) or none, by step; links neither followed nor
-// listed.
-std::vector<v1::ResumeFrom> StepDirsByManifest(const std::string& output_dir,
-                                               const std::string& checkpoint_dir, bool complete) {
+// listed; none when the directory does not exist. An error when it cannot
+// be listed, and, for the complete ones, when a step directory cannot be
+// told to hold a manifest or not: left out, a complete checkpoint would
+// pass for none. For the incomplete ones such a step is left out (as
+// "no manifest", a sweep would remove a complete checkpoint).
+absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsByManifest(const std::string& output_dir,
+                                                               const std::string& checkpoint_dir,
+                                                               bool complete) {
+  ASSIGN_OR_RETURN(const ConfinedParent parent,
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                                      absl::StrCat(checkpoint_dir, "/", kCheckpointManifestName),
+                                      /*create_dirs=*/false));
   std::vector<v1::ResumeFrom> out;
-  absl::StatusOr<ConfinedParent> parent =
-      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
-                         absl::StrCat(checkpoint_dir, "/", kCheckpointManifestName),
-                         /*create_dirs=*/false);
-  if (!parent.ok() || parent->dir.get() < 0) return out;
-  std::map<int64_t, std::string> names;  // by step
-  if (DIR* dir = fdopendir(dup(parent->dir.get()))) {
-    while (dirent* entry = readdir(dir)) {
-      int64_t step = 0;
-      if (ParseStepDirName(entry->d_name, &step)) names.emplace(step, entry->d_name);
-    }
-    closedir(dir);
-  }
+  if (parent.dir.get() < 0) return out;
+  ASSIGN_OR_RETURN(const auto names, StepDirNames(parent.dir.get(), checkpoint_dir));
   for (const auto& [step, name] : names) {
-    struct stat st;
-    if (fstatat(parent->dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISDIR(st.st_mode)) {
-      continue;
-    }
-    ScopedFd step_dir(
-        openat(parent->dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (step_dir.get() < 0) continue;  // unreadable
-    const bool has_manifest =
-        fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0;
-    // Not known either way (EIO, ESTALE on NFS): neither list has it. Read
-    // as "no manifest", a sweep would remove a complete checkpoint.
-    if (!has_manifest && errno != ENOENT) continue;
-    if (has_manifest != complete) continue;
+    const std::string dir = absl::StrCat(checkpoint_dir, "/", name);
+    absl::StatusOr<std::optional<bool>> holds = HoldsManifest(parent.dir.get(), name, dir);
+    if (!holds.ok() && complete) return holds.status();
+    if (!holds.ok() || !holds->has_value() || **holds != complete) continue;
     v1::ResumeFrom from;
     from.set_step(step);
-    from.set_dir(absl::StrCat(checkpoint_dir, "/", name));
+    from.set_dir(dir);
     out.push_back(std::move(from));
   }
   return out;
@@ -448,11 +494,13 @@ std::vector<v1::ResumeFrom> StepDirsByManifest(const std::string& output_dir,
 
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
                                                     const std::string& checkpoint_dir) {
-  return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/false);
+  absl::StatusOr<std::vector<v1::ResumeFrom>> dirs =
+      StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/false);
+  return dirs.ok() ? *std::move(dirs) : std::vector<v1::ResumeFrom>();
 }
 
-std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
-                                                 const std::string& checkpoint_dir) {
+absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsWithManifest(
+    const std::string& output_dir, const std::string& checkpoint_dir) {
   return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/true);
 }
 

@@ -198,9 +198,14 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
                                                     const std::string& checkpoint_dir);
 // The same for the step directories that hold a manifest: complete
-// checkpoints (or ones being removed, manifest first), by step.
-std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
-                                                 const std::string& checkpoint_dir);
+// checkpoints (or ones being removed, manifest first), by step. It fails
+// closed, as a check that no complete checkpoint is there needs: none when
+// the directory does not exist, but an error naming it when it cannot be
+// listed or a step directory in it cannot be told to hold a manifest or not
+// (EACCES, EMFILE, EIO: the errno's code); OpenConfinedParent's errors for
+// the directory itself (INVALID_ARGUMENT: a link or a file on the way).
+absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsWithManifest(const std::string& output_dir,
+                                                                 const std::string& checkpoint_dir);
 
 // Removes the manifest and the unit files in `from`'s directory, then the
 // directory (left in place if anything else is in it). With

@@ -1,9 +1,11 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -262,6 +264,45 @@ TEST(RemoveCheckpointDirTest, Cutoff_NewerFilesStay_TheManifestOnlyIfAsked) {
     EXPECT_TRUE(exists("unit-0001.safetensors")) << manifest_whatever_its_time;
     EXPECT_EQ(exists(kCheckpointManifestName), !manifest_whatever_its_time);
   }
+}
+
+// StepDirsWithManifest fails closed, as Submit's check that a job
+// overwrites no complete checkpoint needs: a directory it cannot list is
+// an error, not "no checkpoints" (a missing one has none). Out of
+// descriptors in a child whose limit is its lowest free descriptor, so
+// that its next open fails. StepDirsWithoutManifest has none then.
+TEST(StepDirsWithManifestTest, CompleteStepsListed_UnlistableDirectoryAnError) {
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/with-manifest");
+  for (const char* step : {"step-00000002", "step-00000004"}) {
+    std::filesystem::create_directories(absl::StrCat(out, "/ck/", step));
+  }
+  std::ofstream(out + "/ck/step-00000002/" + kCheckpointManifestName) << "{}";
+  std::ofstream(out + "/ck/step-00000006") << "a file, not a step directory";
+  const absl::StatusOr<std::vector<v1::ResumeFrom>> complete = StepDirsWithManifest(out, "ck");
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  ASSERT_EQ(complete->size(), 1u);
+  EXPECT_EQ((*complete)[0].dir(), "ck/step-00000002");
+  EXPECT_EQ((*complete)[0].step(), 2);
+  const std::vector<v1::ResumeFrom> incomplete = StepDirsWithoutManifest(out, "ck");
+  ASSERT_EQ(incomplete.size(), 1u);
+  EXPECT_EQ(incomplete[0].dir(), "ck/step-00000004");
+  const absl::StatusOr<std::vector<v1::ResumeFrom>> missing = StepDirsWithManifest(out, "none");
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_TRUE(missing->empty());
+  // Prints what both answer, for the expectation to match.
+  const auto list_out_of_descriptors = [&out] {
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    const struct rlimit limit = {static_cast<rlim_t>(lowest_free),
+                                 static_cast<rlim_t>(lowest_free)};
+    if (lowest_free < 0 || setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    fprintf(stderr, "[%s] [%zu]\n", StepDirsWithManifest(out, "ck").status().ToString().c_str(),
+            StepDirsWithoutManifest(out, "ck").size());
+    _exit(0);
+  };
+  EXPECT_EXIT(list_out_of_descriptors(), ::testing::ExitedWithCode(0),
+              "\\[RESOURCE_EXHAUSTED: cannot open the coordinator's --output-dir .*/with-manifest: "
+              "Too many open files\\] \\[0\\]");
 }
 
 // The stored record's checkpoint bytes grow with keep and the model's

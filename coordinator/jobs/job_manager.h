@@ -1318,6 +1318,9 @@ class JobManager {
   absl::Status CheckOutputDirGiven(const ResolvedJobSpec& resolved) const;
   // spec.init.from: the checkpoint or weights file it names, checked
   // against the job's model (INVALID_ARGUMENT naming the field otherwise).
+  // What keeps the coordinator from reading it is not the path's fault:
+  // FAILED_PRECONDITION (EACCES, the operator's to fix) or UNAVAILABLE
+  // (EMFILE, ENOMEM: retry), as CheckPaths answers them.
   struct InitSource {
     std::optional<v1::ResumeFrom> checkpoint;
     std::string weights;
@@ -1327,7 +1330,8 @@ class JobManager {
   // (an ended job's: live ones are refused under the lock) of a step after
   // the one this job starts from: its step-N directory would take this
   // job's files one by one, leaving neither checkpoint whole, and this
-  // job's sweeps would delete it.
+  // job's sweeps would delete it. Fails closed when it cannot list the
+  // directory: FAILED_PRECONDITION (EACCES), else UNAVAILABLE.
   absl::Status CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved,
                                        const InitSource& init) const;
   // What record's weights file will hold: spec.output.weights_path under

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -107,14 +108,57 @@ namespace {
 // answers: EACCES is the coordinator's own access (FAILED_PRECONDITION, not
 // PERMISSION_DENIED, which tells a client its credential is at fault), and
 // EMFILE or ENOMEM a passing shortage on its side (UNAVAILABLE: retry, not
-// RESOURCE_EXHAUSTED, a quota of the client's).
+// RESOURCE_EXHAUSTED, a quota of the client's). Submit checks its paths
+// before it keeps anything, so the UNAVAILABLE says nothing was submitted:
+// without it the CLI told its user the job might have been created.
 absl::Status AsSubmitPathError(absl::Status status) {
   if (absl::IsPermissionDenied(status)) {
     return absl::FailedPreconditionError(
         absl::StrCat(status.message(), " (the coordinator may not enter it: ask the operator)"));
   }
-  if (absl::IsResourceExhausted(status)) return absl::UnavailableError(status.message());
+  if (absl::IsResourceExhausted(status)) {
+    return absl::UnavailableError(absl::StrCat(status.message(), "; ", kNothingSubmitted));
+  }
   return status;
+}
+
+constexpr char kInitFromField[] = "spec.init.from: ";
+
+// An error met reading what spec.init.from names, as a submit answers it,
+// naming the field: the path's own fault (NOT_FOUND, DATA_LOSS,
+// INVALID_ARGUMENT, FAILED_PRECONDITION: missing, damaged, not a
+// checkpoint, the steps of two jobs) is INVALID_ARGUMENT, the client's to
+// fix; the coordinator's (EACCES, EMFILE, ENOMEM, EIO) as AsSubmitPathError
+// maps it. All were INVALID_ARGUMENT: out of descriptors, a user was sent
+// to fix a path that was fine, and the CLI did not retry.
+absl::Status AsInitFromError(const absl::Status& status) {
+  const std::string message = absl::StartsWith(status.message(), kInitFromField)
+                                  ? std::string(status.message())
+                                  : absl::StrCat(kInitFromField, status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::InvalidArgumentError(message);
+    default:
+      return AsSubmitPathError(absl::Status(status.code(), message));
+  }
+}
+
+// CheckNoLaterCheckpoints could not list spec.checkpoint.dir (`dir`): it
+// fails closed, as what it cannot see may be a complete checkpoint the job
+// would overwrite and delete. OpenConfinedParent's refusals (a link or a
+// file on the way, the output directory gone) as CheckPaths answers them,
+// EACCES FAILED_PRECONDITION (the operator's to fix), anything else
+// (EMFILE, EIO) UNAVAILABLE: a retry may see the directory.
+absl::Status CheckpointDirUnlisted(const std::string& dir, const absl::Status& status) {
+  if (absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status)) return status;
+  const std::string why =
+      absl::StrCat("spec.checkpoint.dir: cannot tell whether \"", dir,
+                   "\" holds a complete checkpoint this job would overwrite: ", status.message());
+  if (absl::IsPermissionDenied(status)) return AsSubmitPathError(absl::PermissionDeniedError(why));
+  return absl::UnavailableError(absl::StrCat(why, "; ", kNothingSubmitted));
 }
 
 // spec.checkpoint.dir given while interval_steps is 0: no checkpoint
@@ -232,9 +276,20 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   // Resolved (links followed), it must still lie under the output directory.
   std::unique_ptr<char, void (*)(void*)> root(realpath(options_.output_dir.c_str(), nullptr),
                                               std::free);
+  if (root == nullptr) {
+    const int error = errno;
+    return AsInitFromError(
+        absl::ErrnoToStatus(error, absl::StrCat("cannot resolve ", kOutputDirFlag)));
+  }
   std::unique_ptr<char, void (*)(void*)> real(
       realpath(absl::StrCat(options_.output_dir, "/", from).c_str(), nullptr), std::free);
-  if (root == nullptr || real == nullptr ||
+  // Missing, a file on the way, a link loop, too long: the path's fault.
+  // EACCES on a directory on the way, ENOMEM: the coordinator's.
+  if (const int error = errno; real == nullptr && error != ENOENT && error != ENOTDIR &&
+                               error != ELOOP && error != ENAMETOOLONG) {
+    return AsInitFromError(absl::ErrnoToStatus(error, absl::StrCat("cannot resolve ", from)));
+  }
+  if (real == nullptr ||
       !absl::StartsWith(std::string(real.get()), std::string(root.get()) + "/")) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.init.from: ", from,
@@ -254,9 +309,6 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
                      ", a path that is not UTF-8; a job's paths are saved and sent as UTF-8: "
                      "rename it, or name it through no link"));
   }
-  auto invalid = [](const absl::Status& status) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", status.message()));
-  };
   const GptConfig& model = resolved.train.model;
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
@@ -271,12 +323,10 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
     // Opened following no link: a directory on the way swapped for a link
     // out of the output directory since realpath is refused, not read.
     absl::StatusOr<ScopedFd> file = OpenRealPathNoLinks("spec.init.from", path);
-    if (!file.ok()) {  // its INVALID_ARGUMENT names the field already
-      return absl::IsInvalidArgument(file.status()) ? file.status() : invalid(file.status());
-    }
+    if (!file.ok()) return AsInitFromError(file.status());
     absl::StatusOr<std::vector<SafetensorsShape>> contents =
         ReadSafetensorsShapesFrom(*std::move(file), path);
-    if (!contents.ok()) return invalid(contents.status());
+    if (!contents.ok()) return AsInitFromError(contents.status());
     auto find = [&contents](const std::string& name) -> const Shape* {
       for (const SafetensorsShape& s : *contents) {
         if (s.name == name) return &s.shape;
@@ -317,10 +367,10 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
     return init;
   }
   absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(path);
-  if (!at.ok()) return invalid(at.status());
+  if (!at.ok()) return AsInitFromError(at.status());
   absl::StatusOr<CheckpointManifest> manifest =
       ReadCheckpointManifest(absl::StrCat(at->path(), "/", kCheckpointManifestName));
-  if (!manifest.ok()) return invalid(manifest.status());
+  if (!manifest.ok()) return AsInitFromError(manifest.status());
   const GptConfig& m = manifest->model;
   if (m.vocab_size != model.vocab_size || m.max_seq_len != model.max_seq_len ||
       m.n_layer != model.n_layer || m.n_head != model.n_head || m.d_model != model.d_model ||
@@ -389,7 +439,10 @@ absl::Status JobManager::CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved
     return absl::OkStatus();
   }
   const int64_t start = init.checkpoint.has_value() ? init.checkpoint->step() : 0;
-  for (const v1::ResumeFrom& held : StepDirsWithManifest(options_.output_dir, checkpoint.dir())) {
+  const absl::StatusOr<std::vector<v1::ResumeFrom>> complete =
+      StepDirsWithManifest(options_.output_dir, checkpoint.dir());
+  if (!complete.ok()) return CheckpointDirUnlisted(checkpoint.dir(), complete.status());
+  for (const v1::ResumeFrom& held : *complete) {
     if (held.step() <= start) continue;  // this job writes only later steps
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.checkpoint.dir: \"", checkpoint.dir(), "\" holds the complete checkpoint \"",

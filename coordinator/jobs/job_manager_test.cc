@@ -1,12 +1,16 @@
 #include "coordinator/jobs/job_manager.h"
 
 #include <dirent.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -1741,6 +1745,132 @@ TEST_F(JobManagerTest, InitFrom_OutputDirNameNotUtf8_Accepted) {
   background_.RunAll();
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(jobs.Get(job->id()).value().state(), v1::JOB_STATE_QUEUED);
+}
+
+// While alive, the calling thread goes without CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH (from its effective set; put back at the end), so
+// that file modes stop it as they stop a coordinator not run as root: the
+// tests may run as root, whom a mode 000 directory does not stop. Submit's
+// file checks run on the caller's thread, and capabilities are per thread.
+class WithoutFileAccessOverride {
+ public:
+  WithoutFileAccessOverride() {
+    if (syscall(SYS_capget, &header_, saved_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    for (const int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) {
+      dropped[cap / 32].effective &= ~(1u << (cap % 32));
+    }
+    ok_ = syscall(SYS_capset, &header_, dropped) == 0;
+  }
+  ~WithoutFileAccessOverride() {
+    if (ok_) syscall(SYS_capset, &header_, saved_);
+  }
+  WithoutFileAccessOverride(const WithoutFileAccessOverride&) = delete;
+  WithoutFileAccessOverride& operator=(const WithoutFileAccessOverride&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  __user_cap_header_struct header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2] = {};
+  bool ok_ = false;
+};
+
+// A directory on the way that the coordinator may not enter (EACCES) is
+// the operator's to fix: FAILED_PRECONDITION saying so, as for a spec's
+// other paths, not INVALID_ARGUMENT "not a checkpoint directory or weights
+// file", which sent the user to look for another path.
+TEST_F(JobManagerTest, InitFrom_DirectoryClosedToTheCoordinator_FailedPreconditionForTheOperator) {
+  v1::JobSpec spec = SmallSpec(1);
+  const std::string closed = OutputDir() + "/closed";
+  ASSERT_EQ(mkdir(closed.c_str(), 0700), 0);
+  const absl::Status written = WriteSafetensors(closed + "/w.safetensors", ZeroWeightsOf(spec));
+  ASSERT_TRUE(written.ok()) << written;
+  ASSERT_EQ(chmod(closed.c_str(), 0), 0);
+  spec.mutable_init()->set_from("closed/w.safetensors");
+  absl::Status refused;
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    refused = Submit(spec).status();
+  }
+  ASSERT_EQ(chmod(closed.c_str(), 0700), 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.init.from: cannot resolve closed/w.safetensors: Permission denied (the "
+            "coordinator may not enter it: ask the operator)");
+  EXPECT_TRUE(jobs_.List().empty());
+  EXPECT_TRUE(Submit(spec).ok());
+}
+
+// The check that spec.checkpoint.dir holds no complete checkpoint of a
+// later step fails closed: a step directory there that it cannot look into
+// may hold one, which the job would overwrite and then delete. The job was
+// accepted, as if the directory held none.
+TEST_F(JobManagerTest, CheckpointDir_StepDirectoryClosedToTheCoordinator_RefusedNotOverwritten) {
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_checkpoint()->set_interval_steps(1);
+  spec.mutable_checkpoint()->set_dir("reuse/ck");
+  const std::string step = OutputDir() + "/reuse/ck/step-00000001";
+  std::filesystem::create_directories(step);
+  std::ofstream(step + "/manifest.json") << "{}";
+  ASSERT_EQ(chmod(step.c_str(), 0), 0);
+  absl::Status refused;
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    refused = Submit(spec).status();
+  }
+  ASSERT_EQ(chmod(step.c_str(), 0700), 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.checkpoint.dir: cannot tell whether \"reuse/ck\" holds a complete checkpoint "
+            "this job would overwrite: cannot open reuse/ck/step-00000001: Permission denied (the "
+            "coordinator may not enter it: ask the operator)");
+  EXPECT_TRUE(jobs_.List().empty());
+  EXPECT_TRUE(absl::StrContains(Submit(spec).status().message(),
+                                "holds the complete checkpoint \"reuse/ck/step-00000001\""));
+}
+
+// Out of file descriptors (EMFILE) at submit is a passing shortage of the
+// coordinator's, found before anything is kept: UNAVAILABLE saying nothing
+// was submitted, which the CLI retries. It was INVALID_ARGUMENT on
+// spec.init.from (a user sent to fix a path that was fine), and, for
+// output.weights_path, an UNAVAILABLE after which the CLI said the job may
+// have been created. Each in a child whose descriptor limit is its lowest
+// free descriptor, so that its next open fails.
+using JobManagerDeathTest = JobManagerTest;
+TEST_F(JobManagerDeathTest, Submit_OutOfDescriptors_UnavailableNothingSubmitted) {
+  const v1::JobSpec spec = SmallSpec(1);
+  const absl::Status written =
+      WriteSafetensors(OutputDir() + "/w.safetensors", ZeroWeightsOf(spec));
+  ASSERT_TRUE(written.ok()) << written;
+  std::filesystem::create_directories(OutputDir() + "/ck/step-00000002");
+  std::ofstream(OutputDir() + "/ck/step-00000002/manifest.json") << "{}";
+  // Prints what Submit answers, for the expectations to match.
+  const auto submit_out_of_descriptors = [this](const v1::JobSpec& s) {
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    const struct rlimit limit = {static_cast<rlim_t>(lowest_free),
+                                 static_cast<rlim_t>(lowest_free)};
+    if (lowest_free < 0 || setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    fprintf(stderr, "[%s]\n", jobs_.Submit(s).status().ToString().c_str());
+    _exit(0);
+  };
+  v1::JobSpec weights = spec;
+  weights.mutable_init()->set_from("w.safetensors");
+  EXPECT_EXIT(submit_out_of_descriptors(weights), ::testing::ExitedWithCode(0),
+              "\\[UNAVAILABLE: spec\\.init\\.from: cannot open /: Too many open files; nothing was "
+              "submitted\\]");
+  v1::JobSpec checkpoint = spec;
+  checkpoint.mutable_init()->set_from("ck/step-00000002");
+  EXPECT_EXIT(submit_out_of_descriptors(checkpoint), ::testing::ExitedWithCode(0),
+              "\\[UNAVAILABLE: spec\\.init\\.from: cannot open /.*/ck/step-00000002/"
+              "manifest\\.json: Too many open files; nothing was submitted\\]");
+  v1::JobSpec output = spec;
+  output.mutable_output()->set_weights_path("out/final.safetensors");
+  EXPECT_EXIT(submit_out_of_descriptors(output), ::testing::ExitedWithCode(0),
+              "\\[UNAVAILABLE: cannot open the coordinator's --output-dir /.*: Too many open "
+              "files; nothing was submitted\\]");
 }
 
 // Completeness is by the elements covered, not by values counted: a chunk

@@ -435,8 +435,10 @@ void JobManager::PruneLocked() {
       // full or read-only volume; every 5 s, RetryManifestsLocked): pruned,
       // the retry found no job and gave up, and the newest checkpoints
       // stayed without one (export and `init.from` took an older step).
-      // A later pass prunes it; past the retention it goes all the same,
-      // and a warning names what is left (WarnExpiringLeftLocked).
+      // A later pass prunes it; past the retention it goes all the same: a
+      // warning names the expired checkpoints left (WarnExpiringLeftLocked);
+      // manifests still unwritten go without one (their last failure was
+      // logged).
       const bool files_wait = manifests_after_save_.count(record.job.id()) > 0 ||
                               !record.expiring.empty() || manifest_retrying(record.job.id());
       if (record.checkpoint_sweeps_pending == 0 && (!files_wait || ended_at < oldest_kept)) {

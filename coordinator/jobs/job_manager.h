@@ -1311,6 +1311,13 @@ class JobManager {
   // state and the checkpoints). At submit only, and the checkpoints'
   // bytes are not counted: the room may still run out later.
   absl::Status CheckRoomForFinalWeights(const ConfinedParent& parent, const GptConfig& model) const;
+  // CheckPaths: what spec.output.weights_path (`weights`, in `parent`)
+  // names, when it exists, must be a regular file (INVALID_ARGUMENT: a
+  // FIFO, socket or device, which the final rename refuses after every
+  // step ran), and its directory writable by the coordinator (EACCES:
+  // PERMISSION_DENIED, which CheckPaths answers FAILED_PRECONDITION).
+  absl::Status CheckWeightsNameReplaceable(const ConfinedParent& parent,
+                                           const std::string& weights) const;
   // CheckPaths' first check: a job that writes weights or checkpoints
   // needs options_.output_dir (INVALID_ARGUMENT naming the field). Also
   // at Restore: a coordinator restarted without --output-dir fails such

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -210,6 +211,25 @@ double FinalWeightsBytes(const GptConfig& model) {
 
 }  // namespace
 
+absl::Status JobManager::CheckWeightsNameReplaceable(const ConfinedParent& parent,
+                                                     const std::string& weights) const {
+  if (parent.dir.get() < 0) return absl::OkStatus();  // its directory is still to be made
+  struct stat st;
+  if (fstatat(parent.dir.get(), parent.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.output.weights_path: \"", weights,
+        "\" exists and is not a regular file (a FIFO, socket or device); the weights replace "
+        "only a regular file: remove it or name another path"));
+  }
+  if (faccessat(parent.dir.get(), ".", W_OK | X_OK, AT_EACCESS) != 0 && errno == EACCES) {
+    return absl::PermissionDeniedError(absl::StrCat("spec.output.weights_path: the directory of \"",
+                                                    weights,
+                                                    "\" is not writable by the coordinator"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobManager::CheckRoomForFinalWeights(const ConfinedParent& parent,
                                                   const GptConfig& model) const {
   // The directory the file goes into, or, where a directory on its way is
@@ -248,6 +268,7 @@ absl::Status JobManager::CheckPathsConfined(const ResolvedJobSpec& resolved) con
         const ConfinedParent parent,
         OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
                            /*create_dirs=*/false));
+    RETURN_IF_ERROR(CheckWeightsNameReplaceable(parent, weights));
     RETURN_IF_ERROR(CheckRoomForFinalWeights(parent, resolved.train.model));
   }
   const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();

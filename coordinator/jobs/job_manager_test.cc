@@ -3594,6 +3594,33 @@ TEST_F(JobManagerTest, Submit_WeightsPathsEscapingTheOutputDir_RejectedNothingWr
   EXPECT_EQ(entries, 1);  // the victim only
 }
 
+// A weights path the final rename cannot replace is refused at submit, not
+// after every step ran: a FIFO (socket, device) at its name, or a directory
+// the coordinator may not write (the operator's: FAILED_PRECONDITION).
+TEST_F(JobManagerTest, Submit_WeightsPathNotReplaceable_RefusedUpFront) {
+  ASSERT_EQ(mkfifo((OutputDir() + "/pipe.safetensors").c_str(), 0600), 0);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("pipe.safetensors");
+  const absl::Status fifo = Submit(spec).status();
+  EXPECT_EQ(fifo.code(), absl::StatusCode::kInvalidArgument) << fifo;
+  EXPECT_TRUE(absl::StrContains(fifo.message(), "exists and is not a regular file")) << fifo;
+  const std::string closed = OutputDir() + "/readonly";
+  ASSERT_EQ(mkdir(closed.c_str(), 0500), 0);
+  spec.mutable_output()->set_weights_path("readonly/w.safetensors");
+  absl::Status refused;
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    refused = Submit(spec).status();
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "is not writable by the coordinator"))
+      << refused;
+  EXPECT_TRUE(jobs_.List().empty());
+  ASSERT_EQ(chmod(closed.c_str(), 0700), 0);
+  EXPECT_TRUE(Submit(spec).ok());
+}
+
 TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) {
   const std::string w1 = AddWorker(7001);
   const std::string id = Submit(SmallSpec(1)).value().id();  // 2 micro-batches, 3 steps

@@ -108,8 +108,9 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Name("pipetrain_jobs_io_queue_age_seconds")
            .Help(
                "How long the oldest unfinished task on the coordinator's job I/O queue (state "
-               "saves, checkpoint manifests and removals, one at a time) has waited or run; 0 "
-               "when idle. A stuck file operation holds every later save without failing one.")
+               "saves and deletes, profile saves, checkpoint manifests and removals, one at a "
+               "time) has waited or run; 0 when idle. A stuck file operation holds every later "
+               "save without failing one.")
            .Register(*registry_)
            .Add({});
   state_delete_failures_ = &prometheus::BuildCounter()

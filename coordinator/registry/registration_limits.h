@@ -54,10 +54,11 @@ absl::Status CheckHeartbeatBounds(const v1::HeartbeatRequest& request);
 // Empty, or host:port as a worker's --metrics-address gives it: a host of
 // letters, digits, '.', '-' and '_', or an IPv6 address in brackets (hex
 // digits, ':' and '.', a zone after '%'), then ':' and a decimal port of
-// at most 65535 (SplitHostPort, as the worker's own flag is parsed). The coordinator exports it as
-// a label on its open /metrics (pipetrain_worker_info), which dashboards use in a regular
-// expression. INVALID_ARGUMENT naming RegisterWorkerRequest.metrics_address
-// otherwise (CheckRegistrationBounds calls it).
+// at most 65535 (SplitHostPort, as the worker's own flag is parsed). The
+// coordinator exports it as a label on its open /metrics
+// (pipetrain_worker_info), which dashboards use in a regular expression.
+// INVALID_ARGUMENT naming RegisterWorkerRequest.metrics_address otherwise
+// (CheckRegistrationBounds calls it).
 absl::Status CheckMetricsAddress(const std::string& address);
 
 }  // namespace pipetrain

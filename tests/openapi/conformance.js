@@ -106,6 +106,7 @@ async function whileStateLocked(fn) {
   const shell = childProcess.spawn('sqlite3',
                                    ['-bail', path.join(args.tmp, 'state', 'coordinator.db')],
                                    { stdio: ['pipe', 'ignore', 'inherit'] });
+  children.push(shell);  // killed at exit if it never got the lock
   let shellExit = null;
   const exited = new Promise((resolve) => shell.on('exit', (code) => {
     shellExit = code;

@@ -305,16 +305,18 @@ namespace {
 // FAILED_PRECONDITION unless the report is of the incarnation whose session
 // credential it carries. A worker's job runner reads the agent's current
 // credential at each call: a runner the worker had not yet stopped when it
-// registered again (or one its watch thread started from the earlier
-// incarnation's stream) sends the new credential with its own, earlier
-// incarnation, and its reports must not count as the new incarnation's.
+// registered again (or one it started, from the earlier incarnation's
+// stream, as the agent registered again) sends the new credential with its
+// own, earlier incarnation, and its reports must not count as the new
+// incarnation's. The message carries the phrase "report of a stale job
+// runner", which workers match (job_runner.cc, StaleRunnerRefused) to stop
+// such a runner quietly: keep it.
 absl::Status CheckReportIncarnation(const v1::ReportProgressRequest& request,
                                     const WorkerRegistry::SessionIdentity& caller) {
   if (request.incarnation() == caller.incarnation) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("worker ", caller.worker_id, ": the report is of incarnation ",
-                   request.incarnation(), ", not its session's current one (", caller.incarnation,
-                   "): from a job runner of an earlier incarnation; not taken"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker ", caller.worker_id, ": report of a stale job runner (incarnation ",
+      request.incarnation(), ", the session's is ", caller.incarnation, "); not taken"));
 }
 
 }  // namespace

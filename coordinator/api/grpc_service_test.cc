@@ -686,10 +686,9 @@ TEST_F(GrpcServiceTest, ReportProgress_OtherIncarnationThanSession_FailedPrecond
     SCOPED_TRACE(other);
     const grpc::Status refused = report(other);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_EQ(refused.error_message(),
-              "worker w-1: the report is of incarnation " + std::to_string(other) +
-                  ", not its session's current one (1): from a job runner of an earlier "
-                  "incarnation; not taken");
+    EXPECT_EQ(refused.error_message(), "worker w-1: report of a stale job runner (incarnation " +
+                                           std::to_string(other) +
+                                           ", the session's is 1); not taken");
     EXPECT_EQ(jobs_.Get(job.id())->progress().loss_history_size(), 0);
   }
   const grpc::Status accepted = report(worker.incarnation());

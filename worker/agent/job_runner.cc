@@ -108,6 +108,16 @@ bool JobAlreadyEnded(const absl::Status& status) {
          absl::StrContains(status.message(), " already ended (");
 }
 
+// The coordinator's refusal of a report whose incarnation is not that of
+// the session credential it carries (grpc_service.cc,
+// CheckReportIncarnation: "report of a stale job runner"): this runner
+// belongs to an incarnation the worker has registered past. Nothing failed
+// here, and the coordinator would refuse an error report alike.
+bool StaleRunnerRefused(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         absl::StrContains(status.message(), "report of a stale job runner");
+}
+
 }  // namespace
 
 std::string DataPlaneJobId(const v1::Assignment& assignment) {
@@ -246,6 +256,10 @@ void JobRunner::Run() {
     if (JobAlreadyEnded(status)) {
       PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
                    << "stage finished (" << status.message() << "); stopping";
+    } else if (StaleRunnerRefused(status)) {
+      PT_LOG(INFO) << "job " << assignment_.job_id() << ": this runner is of incarnation "
+                   << options_.incarnation << ", which this worker has registered past ("
+                   << status.message() << "); stopping this stage, not reporting it";
     } else if (session_refused_.load()) {
       // After every coordinator restart: not this stage's failure, and not
       // one the coordinator would take (the job re-plans once the worker

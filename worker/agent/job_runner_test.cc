@@ -71,7 +71,7 @@ class FakeLink : public CoordinatorLink {
     if (!r.has_checkpoint() && r.error().empty() && fail_left_ > 0) {
       --fail_left_;
       ++failed_;
-      return absl::Status(fail_code_, "the coordinator is not there");
+      return absl::Status(fail_code_, fail_message_);
     }
     if (r.has_checkpoint() && checkpoint_fail_left_ > 0) {
       --checkpoint_fail_left_;
@@ -158,11 +158,13 @@ class FakeLink : public CoordinatorLink {
     std::lock_guard<std::mutex> lock(mu_);
     return uploaded_;
   }
-  // The next `n` iteration reports fail with `code` (not kept).
-  void FailIterationReports(int n, absl::StatusCode code) {
+  // The next `n` iteration reports fail with `code` and `message` (not kept).
+  void FailIterationReports(int n, absl::StatusCode code,
+                            std::string message = "the coordinator is not there") {
     std::lock_guard<std::mutex> lock(mu_);
     fail_left_ = n;
     fail_code_ = code;
+    fail_message_ = std::move(message);
   }
   // The next `n` start-barrier reports fail UNAVAILABLE.
   void FailReadyReports(int n) {
@@ -205,6 +207,7 @@ class FakeLink : public CoordinatorLink {
   int ready_fail_left_ = 0;
   int failed_ = 0;
   absl::StatusCode fail_code_ = absl::StatusCode::kUnavailable;
+  std::string fail_message_;
   std::mutex mu_;
   std::condition_variable changed_;
   std::vector<v1::ReportProgressRequest> reports_;
@@ -1448,6 +1451,27 @@ TEST(JobRunnerTest, SessionRefused_StopsWithoutAnErrorReport) {
   InProcessFabric fabric(1);
   FakeLink link(1);
   link.FailIterationReports(100, absl::StatusCode::kUnauthenticated);
+  JobRunner runner(OneStageAssignment(3), &fabric.mailbox(0), FabricTransports(fabric), &link,
+                   JobRunnerOptions{"w", 1});
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));
+  runner.Stop();
+  EXPECT_FALSE(runner.completed());
+  EXPECT_EQ(link.failed(), 1);  // the first iteration's report, not retried
+  EXPECT_TRUE(link.reports().empty()) << link.reports()[0].error();
+}
+
+// A runner of an incarnation the worker has registered past (a RUN it took
+// as it registered again) has its reports refused as a stale runner's
+// (coordinator/api/grpc_service.cc): the stage stops without an error
+// report, which the coordinator would refuse alike. Before, it logged that
+// the job failed on this worker and that the failure could not be reported.
+TEST(JobRunnerTest, ReportRefusedAsAStaleRunners_StopsWithoutAnErrorReport) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailIterationReports(
+      100, absl::StatusCode::kFailedPrecondition,
+      "worker w: report of a stale job runner (incarnation 1, the session's is 2); not taken");
   JobRunner runner(OneStageAssignment(3), &fabric.mailbox(0), FabricTransports(fabric), &link,
                    JobRunnerOptions{"w", 1});
   runner.Start();

@@ -24,14 +24,14 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 }
 
 // What RegisterWorker answers when it would refuse the same request again:
-// the join token (UNAUTHENTICATED), a fact out of bounds (INVALID_ARGUMENT),
-// this worker's build (FAILED_PRECONDITION, not the coordinator's), or
-// UNIMPLEMENTED: what answers serves gRPC but not the coordinator's API (a
-// worker's --listen port, etcd), which no retry changes. Not
+// the join token (UNAUTHENTICATED), a fact out of bounds (INVALID_ARGUMENT)
+// or this worker's build (FAILED_PRECONDITION, not the coordinator's). Not
 // RESOURCE_EXHAUSTED: a registry at its most workers may have room later.
+// Nor UNIMPLEMENTED, which RegisterWithRetry refuses only at the first
+// registration (see there).
 bool IsRegistrationRefusal(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::INVALID_ARGUMENT ||
-         code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::UNIMPLEMENTED;
+         code == grpc::StatusCode::FAILED_PRECONDITION;
 }
 
 constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
@@ -206,7 +206,7 @@ bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
                                d);
 }
 
-absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
+absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
   Backoff backoff(options_.backoff);
   GroupIdToReport();  // a used id must not be offered again
   v1::RegisterWorkerRequest request;
@@ -289,9 +289,15 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
       return absl::OkStatus();
     }
     // Not a coordinator at all: no attempt reached RegisterWorker, so none
-    // may have committed. Said so, naming the address: gRPC's own message
-    // ("unknown service ...", or none) does not say which flag is wrong.
-    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // may have committed. At the first registration, a wrong --coordinator:
+    // said so, naming the address (gRPC's own message, "unknown service
+    // ...", or none, does not say which flag is wrong). Registering again,
+    // the address served the coordinator a moment ago: a proxy in front of
+    // it (nginx, Envoy, Istio) answering 404, which gRPC reports as
+    // UNIMPLEMENTED, during a rollout. Retried as an outage is: a worker
+    // that exited there would drop its stage.
+    const bool not_served = s.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+    if (not_served && first) {
       return absl::UnimplementedError(absl::StrCat(
           endpoints_->current(), " does not serve the coordinator's API (RegisterWorker: ",
           s.error_message().empty() ? "UNIMPLEMENTED" : s.error_message(),
@@ -305,9 +311,13 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel) {
     if (IsRegistrationRefusal(s.error_code())) {
       return FromGrpc(s);
     }
-    maybe_committed = true;
+    if (!not_served) maybe_committed = true;
     const absl::Duration wait = backoff.Next();
-    const std::string hint = CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
+    // One line per attempt, as for any failed attempt: the backoff paces them.
+    const std::string hint =
+        not_served ? "it does not serve the coordinator's API now (a proxy in front of it, "
+                     "during a rollout?)"
+                   : CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
     PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
                     << s.error_message() << (hint.empty() ? "" : "; " + hint) << "); retrying in "
                     << absl::FormatDuration(wait);
@@ -360,7 +370,7 @@ void WorkerAgent::RecordRegistrationLocked(const v1::RegisterWorkerRequest& requ
 absl::Status WorkerAgent::Start() {
   // Not cancelled by Leave, which does not wait for it: answered, it is
   // deregistered below.
-  absl::Status registered = RegisterWithRetry(nullptr);
+  absl::Status registered = RegisterWithRetry(nullptr, /*first=*/true);
   if (absl::IsCancelled(registered)) {
     // Stopped after an attempt that may have committed: what the settling
     // named, if anything, is deregistered (Stop's Deregister found no id).
@@ -604,7 +614,7 @@ void WorkerAgent::HeartbeatLoop() {
         if (stopping_) return;  // Stop() stops the runner, under its bound
       }
       StopRunner();
-      const absl::Status registered = RegisterWithRetry(&heartbeat_cancel_);
+      const absl::Status registered = RegisterWithRetry(&heartbeat_cancel_, /*first=*/false);
       if (!registered.ok()) {
         if (IsRegistrationRefusal(static_cast<grpc::StatusCode>(registered.code()))) {
           PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered
@@ -667,7 +677,7 @@ void WorkerAgent::WatchLoop() {
     v1::Assignment assignment;
     while (reader->Read(&assignment)) {
       backoff.Reset();
-      Handle(assignment);
+      Handle(assignment, request.incarnation());
     }
     const grpc::Status s = reader->Finish();
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
@@ -692,7 +702,7 @@ void WorkerAgent::WatchLoop() {
   }
 }
 
-void WorkerAgent::Handle(const v1::Assignment& a) {
+void WorkerAgent::Handle(const v1::Assignment& a, int64_t stream_incarnation) {
   // One change of runner at a time (runner_change_mu_): ClearJob only ever
   // clears the job whose runner it stopped.
   AnnotatedMutexLock change(&runner_change_mu_);
@@ -703,9 +713,18 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     // Leave joins, the stage's stop escaped that bound. Nor does a RUN
     // start anything now.
     if (stopping_) return;
+    // Read from the stream of an incarnation the coordinator has since
+    // dropped (the heartbeat thread registered again meanwhile): that
+    // session is over, and a runner started now would report as the new
+    // incarnation (the coordinator takes reports only of the session's).
+    if (stream_incarnation != incarnation_) {
+      PT_LOG(INFO) << "ignoring the assignment of job " << a.job_id() << " from the stream of "
+                   << "incarnation " << stream_incarnation << ", not the current " << incarnation_;
+      return;
+    }
     if (runner_ && runner_->assignment().job_id() == a.job_id() &&
         runner_->assignment().plan_version() == a.plan_version() &&
-        a.action() == v1::Assignment::ACTION_RUN) {
+        runner_incarnation_ == stream_incarnation && a.action() == v1::Assignment::ACTION_RUN) {
       return;  // already running this plan (a re-sent assignment)
     }
     // The job the drain said this worker is assigned to has spoken: its
@@ -778,7 +797,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
       group_id_used_ = true;
     }
     runner_options.worker_id = worker_id_;
-    runner_options.incarnation = incarnation_;
+    // The stream's, not incarnation_, which a registration again may have
+    // moved on since the check above: such a runner's reports are refused
+    // as a stale runner's, and it stops quietly.
+    runner_options.incarnation = stream_incarnation;
     runner_options.report_retry_for = ReportRetryForLease(lease_, heartbeat_interval_);
   }
   runner_options.recv_timeout = options_.recv_timeout;
@@ -796,6 +818,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner->Start();
   AnnotatedMutexLock lock(&mu_);
   runner_ = std::move(runner);
+  runner_incarnation_ = stream_incarnation;
   replacing_runner_ = false;
   last_job_id_ = a.job_id();
 }

@@ -9,13 +9,16 @@
 //    its job and registers again; if that registration is refused
 //    (UNAUTHENTICATED: the join token is no longer accepted;
 //    INVALID_ARGUMENT: what the worker says of itself is out of bounds;
-//    FAILED_PRECONDITION: this worker's build is not the coordinator's;
-//    UNIMPLEMENTED: the address does not serve the coordinator's API)
-//    nothing more can be done, and options.on_registration_refused says so;
+//    FAILED_PRECONDITION: this worker's build is not the coordinator's)
+//    nothing more can be done, and options.on_registration_refused says so
+//    (UNIMPLEMENTED is retried then: a proxy in front of the coordinator
+//    answers so during a rollout);
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks, at once when the agent registers again meanwhile: a restarted
 //    coordinator's jobs wait for it): RUN starts a JobRunner (replacing one of another job or plan
-//    version), STOP stops the runner of that job.
+//    version), STOP stops the runner of that job. An assignment read from
+//    the stream of an incarnation the agent has since registered past is
+//    ignored: its session is over.
 // Stop() stops the heartbeats, deregisters (the coordinator shows it LEFT,
 // and a job it ran fails or recovers saying it was shut down), then closes
 // the assignment stream and stops the runner.
@@ -86,9 +89,8 @@ struct WorkerAgentOptions {
   std::function<void(const absl::Status&)> on_backend_failure;
   // Registering again after the coordinator dropped this worker was
   // refused (UNAUTHENTICATED, INVALID_ARGUMENT, FAILED_PRECONDITION for a
-  // build other than the coordinator's, with the coordinator's message; or
-  // UNIMPLEMENTED, naming an address that does not serve its API):
-  // the agent
+  // build other than the coordinator's, with the coordinator's message;
+  // not UNIMPLEMENTED, which is retried: see Start): the agent
   // sends no more heartbeats, so the process should end (and its
   // supervisor restart it with a valid token). Called once, from the
   // heartbeat thread; may be null.
@@ -146,7 +148,9 @@ class WorkerAgent {
   // when what answers there serves gRPC but not the coordinator's API (a
   // worker's --listen port, etcd): retrying cannot help either.
   // RESOURCE_EXHAUSTED (a registry at its most workers), UNAVAILABLE and
-  // the like are retried.
+  // the like are retried; so is UNIMPLEMENTED when registering again later
+  // (the address served the coordinator: a proxy in front of it answers
+  // 404, which gRPC reports as UNIMPLEMENTED, during a rollout).
   absl::Status Start();
   // Leave() then the runner's stop. Idempotent.
   void Stop();
@@ -210,8 +214,9 @@ class WorkerAgent {
   class GrpcLink;
   // Registers, retrying with backoff until answered, refused or stopped.
   // `cancel` (may be null) cuts off the call in flight; a call cut off is
-  // settled (SettleCutOffRegistration) and CANCELLED returned.
-  absl::Status RegisterWithRetry(CallCancel* cancel);
+  // settled (SettleCutOffRegistration) and CANCELLED returned. UNIMPLEMENTED
+  // is a refusal only when `first` (Start's; see there), retried otherwise.
+  absl::Status RegisterWithRetry(CallCancel* cancel, bool first);
   struct CoordinatorStub;
   // A registration Leave cut off, or one stopped after an attempt that
   // failed otherwise than by a refusal (its deadline), may yet commit: the
@@ -238,7 +243,9 @@ class WorkerAgent {
   grpc::Status CallLeader(absl::Duration timeout, Rpc rpc, CallCancel* cancel = nullptr);
   void HeartbeatLoop();
   void WatchLoop();
-  void Handle(const v1::Assignment& assignment);
+  // `stream_incarnation`: the incarnation the assignment's stream was opened
+  // as; the runner reports as it. Ignored unless it is the current one.
+  void Handle(const v1::Assignment& assignment, int64_t stream_incarnation);
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
   // DrainWorker (each try bounded by `timeout`, cut off by `cancel` if not
@@ -310,6 +317,9 @@ class WorkerAgent {
   // the newest registration is not cancelled "to reopen as the new one".
   int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
+  // The incarnation runner_ reports as (its stream's): a RUN of the same
+  // plan on a newer incarnation's stream replaces it.
+  int64_t runner_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   // Handle is between taking a RUN and setting runner_ to its runner (the
   // old one stopping meanwhile, runner_ empty): AwaitDrained must not take
   // that for "the job let this worker go" (a re-plan may keep a drained

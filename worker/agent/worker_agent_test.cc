@@ -959,6 +959,58 @@ TEST(WorkerAgentTest, Start_CoordinatorIsAWorkersListenPort_FailsAtOnce) {
   rig->Shutdown();
 }
 
+// Answers the registration again (the second) UNIMPLEMENTED, as a proxy in
+// front of the coordinator (nginx, Envoy, Istio) answers a 404 during a
+// rollout; every other one is answered.
+class ProxyRolloutCoordinator final : public ReRegistrationCoordinator {
+ private:
+  grpc::Status Attempt(int n) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (n != 2) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "Received http2 header with status: 404");
+  }
+};
+
+// A worker that registered fine meets UNIMPLEMENTED when registering again:
+// the address served the coordinator, so it backs off and retries, keeping
+// its stage. Before, that was a refusal: the worker exited 1 mid-rollout.
+TEST(WorkerAgentTest, ReRegistrationAnsweredUnimplemented_RetriedNotRefused) {
+  ProxyRolloutCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  options.backoff.jitter = 0;
+  AnnotatedMutex mu;  // a hand-off TSan sees
+  bool refused = false, registered_again = false;
+  options.on_registration_refused = [&](const absl::Status&) {
+    AnnotatedMutexLock lock(&mu);
+    refused = true;
+  };
+  options.on_registration_change = [&](bool registered) {
+    AnnotatedMutexLock lock(&mu);
+    if (registered) registered_again = true;
+  };
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  {
+    // One or the other ends the registration again, from the heartbeat thread.
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(
+        mu.AwaitWithTimeout([&] { return refused || registered_again; }, absl::Seconds(30)));
+    EXPECT_FALSE(refused);
+    EXPECT_TRUE(registered_again);
+  }
+  EXPECT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 3u);
+  // The same registration, retried.
+  EXPECT_EQ(registrations[2].registration_id(), registrations[1].registration_id());
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Registers the worker; its first heartbeat's answer says it is drained,
 // the second is refused as by a restarted coordinator (register again);
 // records each registration.
@@ -1616,6 +1668,97 @@ TEST(WorkerAgentTest, Handle_UnboundedSteps_ReportedWithoutOpeningTheMailbox) {
   address.job_id = "job-1/1";
   address.iteration = std::numeric_limits<int64_t>::max();
   EXPECT_EQ(mailbox.Admit(address, 16).code(), absl::StatusCode::kAborted);
+}
+
+// Registers incarnation n at the n-th registration and forgets incarnation
+// 1 at its first heartbeat once incarnation 1's assignment stream is open.
+// That stream sends `assignment` only after AgentRegisteredAgain (the
+// agent has recorded incarnation 2) and then ends; a stream of incarnation
+// 2 stays open until the agent cancels it.
+class StaleStreamCoordinator final : public v1::CoordinatorService::Service {
+ public:
+  explicit StaleStreamCoordinator(v1::Assignment assignment) : assignment_(std::move(assignment)) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    return RegisteredAsW1(response, ++registrations_);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->incarnation() != 1) return grpc::Status::OK;
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_of_1_ >= 1; },
+                         absl::Seconds(30));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext* context,
+                                const v1::WatchAssignmentsRequest* request,
+                                grpc::ServerWriter<v1::Assignment>* writer) override {
+    if (request->incarnation() == 1) {
+      {
+        AnnotatedMutexLock lock(&mu_);
+        if (++streams_of_1_ > 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "again");
+        mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return registered_again_; },
+                             absl::Seconds(30));
+      }
+      writer->Write(assignment_);
+      return grpc::Status::OK;
+    }
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ++streams_of_2_;
+    }
+    while (!context->IsCancelled()) {  // open until the agent or the server ends it
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([] { return false; }, absl::Milliseconds(20));
+    }
+    return grpc::Status::OK;
+  }
+  void AgentRegisteredAgain() {
+    AnnotatedMutexLock lock(&mu_);
+    registered_again_ = true;
+  }
+  bool AwaitStreamOfIncarnation2() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_of_2_ >= 1; }, absl::Seconds(30));
+  }
+
+ private:
+  const v1::Assignment assignment_;
+  AnnotatedMutex mu_;
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_of_1_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_of_2_ ABSL_GUARDED_BY(mu_) = 0;
+  bool registered_again_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A RUN read from incarnation 1's stream after the heartbeat thread
+// registered again as incarnation 2 belongs to a session that is over: it
+// is not run. Before, its runner took the agent's current incarnation, 2,
+// and the coordinator took its reports as the new incarnation's. The
+// registration's callback (before the heartbeat thread looks at the
+// stream) holds until the watch thread, done with incarnation 1's stream,
+// opens incarnation 2's.
+TEST(WorkerAgentTest, Handle_RunFromTheStreamOfAnEarlierIncarnation_NotRun) {
+  StaleStreamCoordinator coordinator(RunAssignment());
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  std::atomic<bool> reopened{false};
+  options.on_registration_change = [&](bool registered) {
+    if (!registered) return;
+    coordinator.AgentRegisteredAgain();
+    reopened.store(coordinator.AwaitStreamOfIncarnation2());
+  };
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitStreamOfIncarnation2());
+  EXPECT_EQ(agent.InstructionAndLastJob(), (std::pair<std::string, std::string>{"idle", ""}));
+  agent.Stop();
+  EXPECT_TRUE(reopened.load());
+  rig->Shutdown();
 }
 
 }  // namespace

@@ -353,7 +353,7 @@ std::string CheckpointCatalog::StepDirMismatch(const v1::ResumeFrom& c) const {
 
 absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,
                                      const v1::ModelSpec& model, uint64_t seed,
-                                     const v1::ResumeFrom& from) {
+                                     const v1::ResumeFrom& from, bool create_step_dir) {
   nlohmann::json manifest = {{"format", "pipetrain-checkpoint-manifest"},
                              {"version", 1},
                              {"job_id", job_id},
@@ -371,11 +371,16 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
         {{"unit", f.unit()}, {"file", f.file()}, {"bytes", f.bytes()}, {"sha256", f.sha256()}});
   }
   const std::string text = manifest.dump(1) + "\n";
-  ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
-                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
-                                      /*create_dirs=*/true));
+  ASSIGN_OR_RETURN(
+      ConfinedParent parent,
+      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                         absl::StrCat(from.dir(), "/", kCheckpointManifestName), create_step_dir));
   const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kCheckpointManifestName);
+  // Not made again: a step directory removed since holds none of the files
+  // the manifest lists, and the manifest alone would pass it for complete.
+  if (parent.dir.get() < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": its step directory is gone"));
+  }
   // Unique: "manifest.json.tmp.<pid>" was unlinked and created again, so
   // two coordinators of one pid (containers sharing the volume) could
   // rename each other's half-written manifest into place. A crashed
@@ -519,24 +524,32 @@ std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
   return absl::TimeFromTimespec(st.st_mtim);
 }
 
-std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from) {
-  absl::StatusOr<ConfinedParent> parent =
-      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
-                         absl::StrCat(from.dir(), "/", kCheckpointManifestName),
-                         /*create_dirs=*/false);
-  if (!parent.ok()) return std::string(parent.status().message());
-  if (parent->dir.get() < 0) return "its directory is gone";
+absl::Status CheckUnitFiles(const std::string& output_dir, const v1::ResumeFrom& from) {
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
+                                      /*create_dirs=*/false));
+  if (parent.dir.get() < 0) return absl::NotFoundError("its directory is gone");
   for (const v1::UnitFile& f : from.units()) {
     struct stat st;
-    if (fstatat(parent->dir.get(), f.file().c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(st.st_mode)) {
-      return absl::StrCat(f.file(), " is missing or not a regular file");
+    const bool found = fstatat(parent.dir.get(), f.file().c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!found && errno != ENOENT) {  // EIO, ESTALE: cannot tell
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", f.file()));
+    }
+    if (!found || !S_ISREG(st.st_mode)) {
+      return absl::DataLossError(absl::StrCat(f.file(), " is missing or not a regular file"));
     }
     if (st.st_size != f.bytes()) {
-      return absl::StrCat(f.file(), " is ", st.st_size, " bytes, not the ", f.bytes(), " recorded");
+      return absl::DataLossError(
+          absl::StrCat(f.file(), " is ", st.st_size, " bytes, not the ", f.bytes(), " recorded"));
     }
   }
-  return "";
+  return absl::OkStatus();
+}
+
+std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from) {
+  const absl::Status checked = CheckUnitFiles(output_dir, from);
+  return checked.ok() ? "" : std::string(checked.message());
 }
 
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,

@@ -183,10 +183,12 @@ class CheckpointCatalog {
 // Writes <output_dir>/<from.dir>/manifest.json (0600, temporary name,
 // fsync, rename, directory fsync): what `pipetrain checkpoint export` and an
 // operator read to know the checkpoint is whole. Never through a symbolic
-// link (common/confined_path.h).
+// link (common/confined_path.h). The step directory is created (0700, with
+// any missing on the way) only with `create_step_dir`; otherwise a missing
+// one is NOT_FOUND, as is one removed during the write (ENOENT).
 absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,
                                      const v1::ModelSpec& model, uint64_t seed,
-                                     const v1::ResumeFrom& from);
+                                     const v1::ResumeFrom& from, bool create_step_dir = false);
 
 // The step directories ("step-" and digits) directly in
 // <output_dir>/<checkpoint_dir> that hold no manifest: checkpoints never
@@ -223,10 +225,15 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
 // before it; a later write there is another's (a redo of the step).
 std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
                                                  const v1::ResumeFrom& from);
-// Why `from`'s unit files are not the ones it records (a stat each: a
-// file missing, not a regular file, or of another size; its directory
-// gone), or "" when each is there at its recorded size. Contents are not
-// read: a redo under the same layout writes files of the same sizes.
+// Whether `from`'s unit files are the ones it records (a stat each): OK
+// when each is there at its recorded size; NOT_FOUND when its directory is
+// gone; DATA_LOSS naming a file missing, not a regular file, or of another
+// size. Other codes when that cannot be told: OpenConfinedParent's for the
+// directory (a link on the way, EACCES, EMFILE), the errno's for a file
+// (EIO, ESTALE). Contents are not read: a redo under the same layout writes
+// files of the same sizes.
+absl::Status CheckUnitFiles(const std::string& output_dir, const v1::ResumeFrom& from);
+// CheckUnitFiles' message, or "" when it is OK.
 std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from);
 
 }  // namespace pipetrain

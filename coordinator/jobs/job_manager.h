@@ -1472,7 +1472,12 @@ class JobManager {
   // and noted in unwritten_manifests_, for RetryManifestsLocked: without
   // its manifest a complete checkpoint cannot be exported or named by
   // init.from. Logged as manifest_failures_ allows: the first failure,
-  // then once a minute, and the write that succeeds after them.
+  // then once a minute, and the write that succeeds after them. A retry
+  // never creates the step directory and writes only over the unit files
+  // `m` records (CheckUnitFiles); an ended job's is not written once
+  // another job took its directory over (OtherCheckpointDirUserLocked).
+  // Such a manifest, or one whose directory is gone, is dropped (logged
+  // once, its manifest_failures_ entry erased).
   void WriteManifestIfHeld(const ManifestToWrite& m) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes again, at most every 5 s, the manifests whose write failed.
   void RetryManifestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -299,6 +299,8 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
   // of every later save and every cancel). On io_, in order with the
   // removals of expired checkpoints, so the check stays true for the write.
   const std::pair<std::string, std::string> key(m.job_id, m.complete.dir());
+  std::string unwritable;  // why this manifest is dropped, if it is
+  bool first_try = false;
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(m.job_id);
@@ -307,12 +309,48 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
       manifest_failures_.erase(key);
       return;
     }
+    // An ended job's directory is free for another job once swept: one that
+    // took it over (init.from, a continued run) may have written this step
+    // since, and this manifest would name the wrong checksums over its
+    // files (the guard RetryExpiringLocked and Restore use).
+    if (IsTerminal(record->job.state()) && OtherCheckpointDirUserLocked(*record) != nullptr) {
+      unwritable = "another job has used its checkpoint directory since this one ended";
+    }
+    first_try = manifest_failures_.count(key) == 0;
   }
-  const absl::Status written =
-      WriteCheckpointManifest(m.output_dir, m.job_id, m.model, m.seed, m.complete);
+  // A retry comes seconds to hours later (an ended job's, until it is
+  // pruned): the step directory may have been emptied or removed since (an
+  // operator freeing space), so it is written only over the files it
+  // records (CheckUnitFiles, as Restore checks a missing one), and the
+  // directory is never made again. What cannot be checked (EIO, EMFILE)
+  // counts as a failed write, tried again. The first try is not checked
+  // (a stat per unit file on every checkpoint): the stages reported those
+  // files written just before, and it may create the step directory (they
+  // did; reports in tests come without it).
+  absl::Status written = absl::OkStatus();
+  if (unwritable.empty() && !first_try) {
+    written = CheckUnitFiles(m.output_dir, m.complete);
+    if (absl::IsNotFound(written) || absl::IsDataLoss(written)) {
+      unwritable = std::string(written.message());
+    }
+  }
+  if (unwritable.empty() && written.ok()) {
+    written = WriteCheckpointManifest(m.output_dir, m.job_id, m.model, m.seed, m.complete,
+                                      /*create_step_dir=*/first_try);
+    if (absl::IsNotFound(written)) unwritable = std::string(written.message());
+  }
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = elapsed_clock_->Now();
   auto failures = manifest_failures_.find(key);
+  if (!unwritable.empty()) {
+    // Dropped, not retried (so logged once), and no longer holding the
+    // job: export and init.from take an older step. A restart writes it
+    // if its files are back and the directory is still the job's (Restore).
+    PT_LOG(WARNING) << "job " << m.job_id << ": the manifest of checkpoint " << m.complete.dir()
+                    << " is not written: " << unwritable;
+    if (failures != manifest_failures_.end()) manifest_failures_.erase(failures);
+    return;
+  }
   if (written.ok()) {
     if (failures != manifest_failures_.end()) {
       PT_LOG(INFO) << "job " << m.job_id << ": the manifest of checkpoint " << m.complete.dir()

@@ -454,6 +454,16 @@ class JobManagerElasticTest : public ::testing::Test {
     EXPECT_EQ(job.progress().step(), 5);
   }
 
+  // Each unit file CheckpointReport records, in `step_dir` (a path), of
+  // the size it records: what the stages would have written there.
+  static void WriteReportedUnitFiles(const std::string& step_dir) {
+    std::filesystem::create_directories(step_dir);
+    for (int u = 0; u < kUnits; ++u) {
+      std::ofstream(absl::StrFormat("%s/unit-%04d.safetensors", step_dir, u), std::ios::binary)
+          << std::string(100 + u, 'w');
+    }
+  }
+
   // The unit files a complete checkpoint's manifest lists, under the output
   // directory's `step_dir`, each of the size it records (the workers would
   // have written them; these tests report checkpoints without them). Dated
@@ -903,6 +913,42 @@ TEST_F(JobManagerElasticTest, RestartAfterTwoEndedJobsInOneDir_NoManifestYet_Ste
   EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
 }
 
+// An ended job whose manifest's write kept failing, its directory taken
+// over since by a job started from its checkpoint (init.from, a continued
+// run) that completed the same step: the ended job's retry does not rename
+// its manifest (its checksums, its job id) over the later job's.
+TEST_F(JobManagerElasticTest, EndedJobsManifestRetry_DirTakenOverSince_LaterJobsManifestKept) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("taken-over");
+  const std::string a = Submit(spec).value().id();
+  const std::string step10 = OutputDir() + "/taken-over/step-00000010";
+  const std::string manifest = absl::StrCat(step10, "/", kCheckpointManifestName);
+  std::filesystem::create_directories(manifest + "/in-the-way");
+  StepCheckpointingEvery5(a, 10);
+  jobs_->FlushIo();
+  ASSERT_TRUE(std::filesystem::is_directory(manifest));  // a's write failed: retried in 5 s
+  ASSERT_TRUE(jobs_->Cancel(a).ok());
+  AwaitEndSweeps();
+  std::filesystem::remove_all(manifest);  // space freed
+  WriteUnitFiles("taken-over/step-00000005");
+  spec.mutable_init()->set_from("taken-over/step-00000005");
+  const std::string b = Submit(spec).value().id();
+  for (int step = 6; step <= 10; ++step) Step(b, step);
+  CheckpointAll(b, 10);
+  jobs_->FlushIo();
+  // b's files, at the sizes a's manifest records too: only the takeover
+  // tells them apart.
+  WriteReportedUnitFiles(step10);
+  ASSERT_EQ(ReadCheckpointManifest(manifest).value().job_id, b);
+  clock_.Advance(absl::Seconds(5));
+  Schedule();  // a's retry
+  jobs_->FlushIo();
+  EXPECT_EQ(ReadCheckpointManifest(manifest).value().job_id, b);
+  EXPECT_EQ(jobs_->Get(a).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
 // init.from through a link to a directory the workers would refuse to
 // open files in (a control character in its name): refused at submit, not
 // when the job's first stage loads it.
@@ -1118,6 +1164,8 @@ TEST_F(JobManagerElasticTest, ManifestWriteFails_WrittenAgainLater) {
   spec.mutable_checkpoint()->set_dir("manifest-retry");  // job ids repeat across tests
   std::string manifest;
   const std::string id = CompleteWithoutManifest(spec, /*steps=*/5, &manifest);
+  // A retry writes only over the files the manifest records.
+  WriteReportedUnitFiles(OutputDir() + "/manifest-retry/step-00000005");
   HeartbeatAllAndSchedule({w1, w2});  // within 5 s of the failure: not yet
   jobs_->FlushIo();
   EXPECT_FALSE(std::filesystem::exists(manifest));
@@ -4185,6 +4233,7 @@ TEST_F(JobManagerElasticTest, ManifestWriteFailing_WarningOnceAMinuteThenWritten
   const std::string manifest =
       absl::StrCat(OutputDir(), "/manifest-failing/step-00000005/", kCheckpointManifestName);
   std::filesystem::create_directories(manifest + "/in-the-way");
+  WriteReportedUnitFiles(OutputDir() + "/manifest-failing/step-00000005");  // retries check them
   ::testing::internal::CaptureStderr();
   CheckpointAll(id, 5);
   jobs_->FlushIo();

@@ -3057,6 +3057,16 @@ void RunToCheckpointFive(JobManager& jobs, const std::string& worker, const std:
   EXPECT_EQ(jobs.Get(id).value().progress().checkpoint_step(), 5);
 }
 
+// The unit files RunToCheckpointFive reports, in `step_dir`, each of the
+// size reported (the stage would have written them there).
+void WriteUnitFilesOfFive(const std::string& step_dir, const v1::Assignment& assignment) {
+  std::filesystem::create_directories(step_dir);
+  for (int u = assignment.backward_units().begin(); u < assignment.backward_units().end(); ++u) {
+    std::ofstream(absl::StrFormat("%s/unit-%04d.safetensors", step_dir, u), std::ios::binary)
+        << std::string(100 + u, 'w');
+  }
+}
+
 // An ended job whose newest checkpoint's manifest failed to write (a full
 // or read-only volume; here a directory in its place, which even root
 // cannot rename over) is not pruned while the write is tried again every
@@ -3079,6 +3089,8 @@ TEST_F(JobManagerTest, EndedJobs_ManifestWriteRetrying_NotPrunedUntilWritten) {
   ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const std::string manifest = OutputDir() + "/retried/step-00000005/manifest.json";
   std::filesystem::create_directories(manifest + "/in-the-way");
+  // A retry writes only over the files the manifest records.
+  WriteUnitFilesOfFive(OutputDir() + "/retried/step-00000005", AssignmentOf(worker));
   ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(jobs, worker, id, AssignmentOf(worker)));
   jobs.FlushIo();
   ASSERT_TRUE(std::filesystem::is_directory(manifest));  // the write failed
@@ -3103,6 +3115,61 @@ TEST_F(JobManagerTest, EndedJobs_ManifestWriteRetrying_NotPrunedUntilWritten) {
   jobs.ScheduleQueued();
   EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(jobs.Get(later).ok());
+}
+
+// The same retry after the step directory was removed (an operator freeing
+// space; it had no manifest): the directory is not made again holding only
+// a manifest, which passed it for a complete checkpoint that export and
+// init.from would take and no stage could load. The manifest is dropped,
+// said once, and no longer holds the ended job.
+TEST_F(JobManagerTest, EndedJobs_ManifestRetryAfterItsStepDirWasRemoved_DirNotMadeAgain) {
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e5",
+                                    .max_ended_jobs = 1,
+                                    .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("freed");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string step_dir = OutputDir() + "/freed/step-00000005";
+  std::filesystem::create_directories(step_dir + "/manifest.json/in-the-way");
+  WriteUnitFilesOfFive(step_dir, AssignmentOf(worker));
+  ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(jobs, worker, id, AssignmentOf(worker)));
+  jobs.FlushIo();
+  ASSERT_TRUE(std::filesystem::is_directory(step_dir + "/manifest.json"));  // the write failed
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.FlushIo();  // the end's first sweep (it keeps the complete step)
+  ASSERT_TRUE(std::filesystem::is_directory(step_dir));
+  std::filesystem::remove_all(step_dir);
+  ::testing::internal::CaptureStderr();
+  clock_.Advance(absl::Seconds(5));
+  jobs.ScheduleQueued();  // the retry
+  jobs.FlushIo();
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(std::filesystem::exists(step_dir));
+  EXPECT_EQ(::pipetrain::testing::LinesWith(
+                logged, "job " + id +
+                            ": the manifest of checkpoint freed/step-00000005 is not written: its "
+                            "directory is gone"),
+            1)
+      << logged;
+  // Past the late sweep's wait, the job is pruned like any other.
+  clock_.Advance(kLateSweepWait + absl::Seconds(1));
+  for (int pass = 0; pass < 2; ++pass) {
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  EXPECT_FALSE(std::filesystem::exists(step_dir));
+  clock_.Advance(absl::Seconds(1));
+  const std::string later = jobs.Submit(SmallSpec(3)).value().id();  // one worker: queued
+  ASSERT_TRUE(jobs.Cancel(later).ok());
+  jobs.ScheduleQueued();
+  EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A job pruned past the retention while its manifest still waits for a

@@ -210,7 +210,11 @@ inline constexpr size_t kMaxPlanReasonBytes = 2048;
 // kMaxPlanHistoryBytes.
 void TrimPlanHistory(google::protobuf::RepeatedPtrField<v1::PlanVersion>& history);
 // Separate covered ranges a tensor's uploaded chunks may form (a stage's
-// come in order: one); a chunk that would add one more is refused.
+// come in order: one); a chunk that would add one more is refused. The
+// memory bound is the job's: its tensors' ranges summed, at most one a
+// tensor and kMaxWeightsRuns more (chunks are taken at any step while the
+// job runs, and a worker scattering 1-value chunks over every tensor of a
+// large model held about 2M ranges, 140 MB, under the per-tensor cap).
 inline constexpr int kMaxWeightsRuns = 1024;
 
 // What the job manager tells the coordinator's metrics (all optional; called
@@ -453,8 +457,12 @@ class JobManager {
   // allocated against the tensors the worker's stage owns (the parameters
   // of its backward units, gpt_config.h UnitParameterShapes):
   // PERMISSION_DENIED for a tensor of another stage; INVALID_ARGUMENT for an
-  // unknown tensor, a shape other than the model's, or values that do not
-  // fit (offset); the other codes as ReportProgress.
+  // unknown tensor, a shape other than the model's, values that do not
+  // fit (offset), or chunks scattered past kMaxWeightsRuns; the other codes
+  // as ReportProgress. UNAVAILABLE (nothing kept: send the upload again)
+  // when the weights file cannot be created for a passing shortage (EINTR,
+  // EAGAIN, EMFILE, ENFILE, ENOMEM); another failure to create or write it
+  // (a full disk, EIO) fails the job, and is answered.
   absl::Status AddWeightsChunk(const v1::WeightsChunk& chunk);
   // The worker sent all its weights (end of its UploadWeights stream).
   absl::Status FinishWeights(const std::string& worker_id, const std::string& job_id);
@@ -657,6 +665,8 @@ class JobManager {
     // no longer.
     std::shared_ptr<WeightsFileCreation> weights_creation;
     std::map<std::string, CoveredRanges> weights_covered;
+    // weights_covered's runs, summed: bounded by kMaxWeightsRuns.
+    int64_t weights_runs = 0;
     std::string profile_error;  // why the measured profile could not be had
     // Profiles that failed because their worker left (drained, stopped or
     // lost meanwhile): tried again on another, up to kMaxProfileAttempts.

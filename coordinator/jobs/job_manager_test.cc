@@ -1873,6 +1873,58 @@ TEST_F(JobManagerDeathTest, Submit_OutOfDescriptors_UnavailableNothingSubmitted)
               "files; nothing was submitted\\]");
 }
 
+// Out of descriptors when a job's first chunk creates its weights file: a
+// job that had trained to its last step FAILED, every step lost, and the
+// worker, answered RESOURCE_EXHAUSTED, did not retry. The chunk is refused
+// UNAVAILABLE (the worker sends the upload again), the job goes on, and the
+// upload sent again completes it. In a child whose descriptor limit is,
+// for that first chunk only, its lowest free descriptor.
+TEST_F(JobManagerDeathTest, Weights_OutOfDescriptorsCreatingTheFile_UnavailableJobGoesOn) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("short/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  // Prints what the first chunk is answered, the job's state then, whether
+  // every chunk sent again was taken, and the job's state at the end.
+  const auto upload_short_of_descriptors = [&] {
+    struct rlimit saved;
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    if (lowest_free < 0 || getrlimit(RLIMIT_NOFILE, &saved) != 0) _exit(2);
+    const struct rlimit limit = {static_cast<rlim_t>(lowest_free), saved.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    const absl::Status first =
+        jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0]));
+    if (setrlimit(RLIMIT_NOFILE, &saved) != 0) _exit(2);
+    fprintf(stderr, "[%s] [%s]\n", first.ToString().c_str(),
+            v1::JobState_Name(jobs_.Get(id).value().state()).c_str());
+    absl::Status again;
+    for (int u = 0; u < NumUnits(model); ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        if (again.ok()) again = jobs_.AddWeightsChunk(WholeTensor(w1, id, p));
+      }
+    }
+    if (again.ok()) {
+      again = jobs_.ReportProgress(IterationReport(w1, id, 2, {1.0f, 1.0f}, true)).status();
+    }
+    background_.RunAll();
+    if (again.ok()) again = jobs_.FinishWeights(w1, id);
+    background_.RunAll();  // the file's sync
+    const v1::Job job = jobs_.Get(id).value();
+    fprintf(stderr, "[again %s] [%s %s]\n", again.ToString().c_str(),
+            v1::JobState_Name(job.state()).c_str(), job.weights_path().c_str());
+    _exit(0);
+  };
+  EXPECT_EXIT(upload_short_of_descriptors(), ::testing::ExitedWithCode(0),
+              "\\[UNAVAILABLE: job " + id +
+                  ": cannot create the final weights file for now \\(cannot open the "
+                  "coordinator's --output-dir /.*: Too many open files\\); upload the weights "
+                  "again\\] \\[JOB_STATE_RUNNING\\].*"
+                  "\\[again OK\\] \\[JOB_STATE_SUCCEEDED /.*/short/final\\.safetensors\\]");
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).
@@ -1929,6 +1981,58 @@ TEST_F(JobManagerTest, Weights_ChunksScatteredOverTooManyRanges_Refused) {
   EXPECT_TRUE(absl::StrContains(refused.message(), "send a tensor's chunks in order")) << refused;
   one.set_offset(1);  // fills the first gap
   EXPECT_TRUE(jobs_.AddWeightsChunk(one).ok());
+}
+
+// Scattered over many tensors, each below kMaxWeightsRuns, a worker's
+// chunks kept ranges for the whole model (about 2M, 140 MB, for a large
+// one): the job's, summed over its tensors, are bounded at one a tensor and
+// kMaxWeightsRuns more. Here over two tensors: the chunk that would add
+// one more is refused; one that fills a gap is still taken.
+TEST_F(JobManagerTest, Weights_ChunksScatteredOverTensorsPastTheJobsBound_Refused) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("scattered.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  const int tensors = static_cast<int>(ZeroWeightsOf(spec).size());
+  const ParameterShape wte = UnitParameterShapes(model, 0)[0];
+  ASSERT_EQ(wte.name, "wte.weight");
+  ParameterShape largest;  // of the others
+  int64_t largest_numel = 0;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      const int64_t numel = NumElements(Shape(p.shape.begin(), p.shape.end()));
+      if (p.name == wte.name || numel <= largest_numel) continue;
+      largest = p;
+      largest_numel = numel;
+    }
+  }
+  ASSERT_GT(NumElements(Shape(wte.shape.begin(), wte.shape.end())), 2 * kMaxWeightsRuns);
+  ASSERT_GT(largest_numel, 2 * (tensors + 1));
+  // kMaxWeightsRuns ranges of wte, the most one tensor may have, and one a
+  // tensor of the other: the job's bound, each tensor well within its own.
+  v1::WeightsChunk one = WholeTensor(w1, id, wte);
+  one.mutable_values()->Truncate(1);
+  for (int k = 0; k < kMaxWeightsRuns; ++k) {
+    one.set_offset(2 * k);  // a gap after each
+    ASSERT_TRUE(jobs_.AddWeightsChunk(one).ok()) << k;
+  }
+  v1::WeightsChunk other = WholeTensor(w1, id, largest);
+  other.mutable_values()->Truncate(1);
+  for (int k = 0; k < tensors; ++k) {
+    other.set_offset(2 * k);
+    ASSERT_TRUE(jobs_.AddWeightsChunk(other).ok()) << largest.name << " " << k;
+  }
+  other.set_offset(2 * tensors);
+  const absl::Status refused = jobs_.AddWeightsChunk(other);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("chunks of job ", id, "'s weights arrive scattered over more than ",
+                         tensors + kMaxWeightsRuns, " separate ranges (one a tensor and ",
+                         kMaxWeightsRuns, " more); send each tensor's chunks in order"));
+  other.set_offset(1);  // fills the first gap
+  EXPECT_TRUE(jobs_.AddWeightsChunk(other).ok());
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
 // Cancelled while its weights arrive: the temporary file goes with it.

@@ -2,12 +2,15 @@
 // uploaded chunks' checks, and writing the weights file. Contracts:
 // job_manager.h.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
@@ -31,6 +34,32 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
     PT_LOG(INFO) << "job " << job_id << ": removed " << removed
                  << ", left by a coordinator that stopped during an upload";
   }
+}
+
+// Whether `failed`, the weights file's creation's error (OpenConfinedParent's
+// or SafetensorsFileWriter::Create's: an errno as absl::ErrnoToStatus maps
+// it), is a passing shortage of the coordinator's that a later try gets
+// past: EINTR, EAGAIN (UNAVAILABLE, as is a directory removed while it was
+// made) or out of descriptors or memory (EMFILE, ENFILE, ENOMEM). These are
+// RESOURCE_EXHAUSTED, as a full disk or quota (ENOSPC, EDQUOT) is, so they
+// are told by the errno's text the message ends with (ErrnoToStatus's, in
+// this process); a disk that is full or fails (EIO: UNKNOWN) is no shortage.
+bool IsPassingShortage(const absl::Status& failed) {
+  if (absl::IsUnavailable(failed)) return true;
+  if (!absl::IsResourceExhausted(failed)) return false;
+  for (const int error : {EMFILE, ENFILE, ENOMEM}) {
+    if (absl::EndsWith(failed.message(), absl::StrCat(": ", std::strerror(error)))) return true;
+  }
+  return false;
+}
+
+// What an upload whose chunk could not be written for a passing shortage
+// (IsPassingShortage) answers: UNAVAILABLE, which the worker retries,
+// sending the stream again (JobRunner::UploadWeightsWithRetries).
+absl::Status UploadAgainLater(const std::string& job_id, const absl::Status& failed) {
+  return absl::UnavailableError(absl::StrCat("job ", job_id,
+                                             ": cannot create the final weights file for now (",
+                                             failed.message(), "); upload the weights again"));
 }
 
 }  // namespace
@@ -88,13 +117,24 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
     // A stage sends each tensor's chunks in order (one run); chunks
     // scattered with gaps would each keep a run in memory (numel / 2 of
-    // them for a worker sending every other value).
-    if (auto covered = record->weights_covered.find(c.tensor_name());
-        covered != record->weights_covered.end() && covered->second.runs() >= kMaxWeightsRuns &&
-        !covered->second.Touches(c.offset(), c.offset() + c.values_size())) {
+    // them for a worker sending every other value). Bounded per tensor and,
+    // as a worker may scatter over every tensor, for the job (job_manager.h).
+    const auto covered = record->weights_covered.find(c.tensor_name());
+    const bool new_run =
+        c.values_size() > 0 && (covered == record->weights_covered.end() ||
+                                !covered->second.Touches(c.offset(), c.offset() + c.values_size()));
+    if (new_run && covered != record->weights_covered.end() &&
+        covered->second.runs() >= kMaxWeightsRuns) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunks of ", c.tensor_name(), " arrive scattered over more than ",
                        kMaxWeightsRuns, " separate ranges; send a tensor's chunks in order"));
+    }
+    const int64_t max_runs = static_cast<int64_t>(record->weight_owner.size()) + kMaxWeightsRuns;
+    if (new_run && record->weights_runs >= max_runs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks of job ", record->job.id(), "'s weights arrive scattered over more than ",
+          max_runs, " separate ranges (one a tensor and ", kMaxWeightsRuns,
+          " more); send each tensor's chunks in order"));
     }
     if (record->weights_file != nullptr) {
       file = record->weights_file;
@@ -111,11 +151,22 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     // WeightsFileCreation), and reports, heartbeats' drain checks and
     // every other job's calls take that lock.
     absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> created = CreateWeightsFile(*creation);
+    // Out of descriptors or memory for a moment: a job that trained to its
+    // last step failed for it, every step lost. This upload fails instead
+    // (the uploads waiting on `creation` too), and is sent again.
+    const bool passing = !created.ok() && IsPassingShortage(created.status());
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(c.job_id());
     // The job moved on meanwhile (ended, re-planned): nothing to record,
     // and the file (unused) goes with `creation`.
-    if (record == nullptr || record->weights_creation != creation) return created.status();
+    if (record == nullptr || record->weights_creation != creation) {
+      return passing ? UploadAgainLater(c.job_id(), created.status()) : created.status();
+    }
+    if (passing) {
+      // Nothing was written: the next chunk starts a creation afresh.
+      record->weights_creation.reset();
+      return UploadAgainLater(c.job_id(), created.status());
+    }
     if (!created.ok()) {
       const absl::Status failed = created.status();
       EndLocked(*record, v1::JOB_STATE_FAILED,
@@ -143,7 +194,10 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
               absl::StrCat("cannot write the final weights: ", written.message()));
     return written;
   }
-  record->weights_covered[c.tensor_name()].Add(c.offset(), c.offset() + c.values_size());
+  CoveredRanges& covered = record->weights_covered[c.tensor_name()];
+  const int runs_before = covered.runs();
+  covered.Add(c.offset(), c.offset() + c.values_size());
+  record->weights_runs += covered.runs() - runs_before;  // a chunk may join runs
   return absl::OkStatus();
 }
 
@@ -274,6 +328,7 @@ void JobManager::DropWeightsFile(JobRecord& record) {
   record.weights_file.reset();
   record.weights_index.clear();
   record.weights_covered.clear();
+  record.weights_runs = 0;
 }
 
 void JobManager::FinishWritingWeights(const std::string& job_id, const std::string& path,

@@ -119,7 +119,21 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
   AnnotatedMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
-  return it->second->job;
+  v1::Job job = it->second->job;
+  ShowUnsavedSuccessLocked(job);
+  return job;
+}
+
+bool JobManager::SuccessUnsavedLocked(const v1::Job& job) const {
+  return job.state() == v1::JOB_STATE_SUCCEEDED && save_failures_.count(job.id()) > 0;
+}
+
+void JobManager::ShowUnsavedSuccessLocked(v1::Job& job) const {
+  if (!SuccessUnsavedLocked(job)) return;
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_reason(
+      "finishing: its last step is done, and its end waits to be saved to the state store, "
+      "whose saves fail now (retried every second; the coordinator's log says why)");
 }
 
 std::vector<v1::Job> JobManager::List() const {
@@ -132,12 +146,13 @@ std::vector<v1::Job> JobManager::List() const {
     v1::Job& job = jobs_.at(id)->job;
     if (!job.has_progress()) {
       out.push_back(job);
-      continue;
+    } else {
+      google::protobuf::RepeatedField<float> history;
+      history.Swap(job.mutable_progress()->mutable_loss_history());
+      out.push_back(job);
+      history.Swap(job.mutable_progress()->mutable_loss_history());
     }
-    google::protobuf::RepeatedField<float> history;
-    history.Swap(job.mutable_progress()->mutable_loss_history());
-    out.push_back(job);
-    history.Swap(job.mutable_progress()->mutable_loss_history());
+    ShowUnsavedSuccessLocked(out.back());
   }
   return out;
 }
@@ -149,7 +164,9 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const v1::TrainingSpec& training = job.spec().training();
-    out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), job.state(),
+    // As ShowUnsavedSuccessLocked shows it (the list pages read this).
+    const v1::JobState state = SuccessUnsavedLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
+    out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),
                    job.progress().checkpoint_failures(), jobs_.at(id)->init_step});

@@ -380,7 +380,9 @@ class JobManager {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
-  // they begin).
+  // they begin). A job that SUCCEEDED whose save failed since is shown
+  // RUNNING until a save succeeds (ShowUnsavedSuccessLocked), here, in
+  // List and in Summaries.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   // Every job kept, in submission order, without progress.loss_history:
   // whole copies, for tests and the restore fuzzer (the API's pages and
@@ -1437,6 +1439,17 @@ class JobManager {
   // (events_.state_save_failed) and, with `log_failure`, logging it. Any
   // thread; no lock needed.
   absl::Status SaveStoredJob(const store::StoredJob& job, bool log_failure = true) const;
+  // What Get and List show of `job`: SUCCEEDED only once
+  // saved. While its saves fail (save_failures_) it is shown RUNNING, with
+  // a reason saying the end waits for its save: a restart or failover
+  // meanwhile (a leader that lost etcd) restores it as last saved, RUNNING,
+  // and a job without checkpoints then FAILED after a client was told it
+  // had succeeded (`submit --follow` exited 0). Other ends are shown as
+  // they are: a cancel waits for its save, and a failure that comes back
+  // fails again.
+  void ShowUnsavedSuccessLocked(v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` SUCCEEDED and its saves fail since (shown RUNNING).
+  bool SuccessUnsavedLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
   // and logs it: the first failure, then at most once a minute.
   void NoteFailedSaveLocked(const std::string& id, const absl::Status& status)

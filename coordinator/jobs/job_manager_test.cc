@@ -3821,5 +3821,42 @@ TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) 
   EXPECT_EQ(job.progress().step(), 0);
 }
 
+// A job that reached its end while its saves fail (a leader that lost
+// its etcd, which a failover then restores as last saved: RUNNING) is not
+// shown SUCCEEDED until its end is saved: a client told so, and a job
+// without checkpoints then FAILED after the failover. Shown RUNNING with a
+// reason saying why, by Get, List and Summaries alike.
+TEST_F(JobManagerTest, SucceededWhileSavesFail_ShownRunningUntilSaved) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{
+          .id_epoch = "e5", .state = &state, .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  const std::string id = jobs.Submit(SmallSpec(1)).value().id();  // 3 steps
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 0, {2.0f, 2.0f}, false)).ok());
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 1, {2.0f, 2.0f}, false)).ok());
+  store.failing = true;
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 2, {1.0f, 1.0f}, true)).ok());
+  background_.RunAll();
+  jobs.FlushIo();  // the end's save fails
+  const v1::Job shown = jobs.Get(id).value();
+  EXPECT_EQ(shown.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(absl::StrContains(shown.reason(), "waits to be saved")) << shown.reason();
+  EXPECT_EQ(jobs.List().at(0).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs.Summaries().at(0).state, v1::JOB_STATE_RUNNING);
+  store.failing = false;
+  clock_.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();  // the save's retry
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(jobs.List().at(0).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(jobs.Summaries().at(0).state, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(state.LoadJobs().value().at(0).job().state(), v1::JOB_STATE_SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -26,6 +26,7 @@
 #include "coordinator/jobs/recovery_kind.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_backed_store_testing.h"
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/store.h"
 #include "gtest/gtest.h"
@@ -305,24 +306,14 @@ TEST(CoordinatorMetricsTest, WorkerInfo_OnlyLiveWorkers) {
 
 // A MemoryStore whose commits fail while `failing` is set (a full disk
 // under --state-dir, an etcd refusing writes).
-class FailingStore final : public Store {
+class FailingStore final : public MemoryBackedStore {
  public:
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     if (failing.load()) return absl::UnavailableError("database or disk is full");
-    return store_.Commit(writes);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
-    return store_.Get(key);
-  }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
-      const std::string& prefix) const override {
-    return store_.Scan(prefix);
+    return CommitThrough(writes);
   }
   std::string Describe() const override { return "failing"; }
   std::atomic<bool> failing{false};
-
- private:
-  MemoryStore store_;
 };
 
 // After one failure of a job's state write: two more once-a-second
@@ -386,30 +377,20 @@ TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
 
 // A store whose commits wait, once `hang` is set, until `release` is set:
 // an etcd, or a file system under SQLite, that stopped answering.
-class HangingStore final : public Store {
+class HangingStore final : public MemoryBackedStore {
  public:
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     if (hang.exchange(false)) {
       entered.set_value();
       released.wait();
     }
-    return store_.Commit(writes);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
-    return store_.Get(key);
-  }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
-      const std::string& prefix) const override {
-    return store_.Scan(prefix);
+    return CommitThrough(writes);
   }
   std::string Describe() const override { return "hanging"; }
   std::atomic<bool> hang{false};
   std::promise<void> entered;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-
- private:
-  MemoryStore store_;
 };
 
 // A save that does not return shows as the job I/O queue's age (no save

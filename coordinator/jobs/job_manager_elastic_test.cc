@@ -40,6 +40,7 @@
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_backed_store_testing.h"
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/store.h"
 #include "gtest/gtest.h"
@@ -4852,7 +4853,7 @@ namespace {
 // A store whose commits fail while `failing` is set (a busy SQLite, a
 // full disk, an unreachable etcd), and wait while held (a slow disk),
 // counting the commits waiting, until released.
-class FlakyStore final : public Store {
+class FlakyStore final : public MemoryBackedStore {
  public:
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     {
@@ -4871,18 +4872,11 @@ class FlakyStore final : public Store {
     if (!puts && deletes_fail.load()) return absl::UnavailableError("the store is unreachable");
     if (puts && puts_unconfirmed.load()) {
       // Applied, but the answer is lost (an etcd deadline, a leader change).
-      if (absl::Status applied = store_.Commit(writes); !applied.ok()) return applied;
+      if (absl::Status applied = CommitThrough(writes); !applied.ok()) return applied;
       return absl::UnavailableError("etcd Txn: DEADLINE_EXCEEDED");
     }
     ++commits;
-    return store_.Commit(writes);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
-    return store_.Get(key);
-  }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
-      const std::string& prefix) const override {
-    return store_.Scan(prefix);
+    return CommitThrough(writes);
   }
   std::string Describe() const override { return "flaky"; }
   void Hold() {
@@ -4904,7 +4898,6 @@ class FlakyStore final : public Store {
   std::atomic<int> commits{0};                // that succeeded
 
  private:
-  MemoryStore store_;
   std::mutex mu_;
   std::condition_variable changed_;
   bool hold_ = false;

@@ -37,6 +37,7 @@
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_backed_store_testing.h"
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/store.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -3109,25 +3110,15 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByWhenTheyEnded_NotBySubmission) {
 
 // A MemoryStore whose commits fail while `failing` is set (an unreachable
 // state store).
-class UnreachableWhileFailingStore final : public Store {
+class UnreachableWhileFailingStore final : public MemoryBackedStore {
  public:
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     if (failing.load()) return absl::UnavailableError("the store is unreachable");
-    return store_.Commit(writes);
+    return CommitThrough(writes);
   }
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
-    return store_.Get(key);
-  }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
-      const std::string& prefix) const override {
-    return store_.Scan(prefix);
-  }
-  std::string Describe() const override { return store_.Describe(); }
+  std::string Describe() const override { return "memory"; }
 
   std::atomic<bool> failing{false};
-
- private:
-  MemoryStore store_;
 };
 
 // Job `id` (one stage, on `worker`, checkpoints every 5 steps) runs steps 1

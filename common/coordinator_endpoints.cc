@@ -93,8 +93,12 @@ std::string CoordinatorEndpoints::current() const {
 void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context,
                                   const std::shared_ptr<grpc::Channel>& used) {
   const grpc::StatusCode code = status.error_code();
+  // UNIMPLEMENTED: what answers there does not serve the coordinator's API
+  // (a proxy in front of it answering 404 during a rollout); another
+  // listed address may.
   if (addresses_.size() < 2 ||
-      (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED)) {
+      (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED &&
+       code != grpc::StatusCode::UNIMPLEMENTED)) {
     return;
   }
   // Only a listed leader: anyone answering on a listed address could name

@@ -71,10 +71,11 @@ class CoordinatorEndpoints {
   std::shared_ptr<grpc::Channel> channel();
   std::string current() const;
   // A call on `used` (an earlier channel()) failed with `status`.
-  // UNAVAILABLE (a follower's refusal, or nobody listening) and
-  // DEADLINE_EXCEEDED (nobody answering) move to the leader the refusal
-  // named if it is one of the addresses, or else to the address after the
-  // current one in the list.
+  // UNAVAILABLE (a follower's refusal, or nobody listening),
+  // DEADLINE_EXCEEDED (nobody answering) and UNIMPLEMENTED (no coordinator
+  // API there: a proxy answering 404 during a rollout) move to the leader
+  // the refusal named if it is one of the addresses, or else to the
+  // address after the current one in the list.
   // Other codes change nothing: the coordinator answered. Nor does a
   // failure on a channel that is no longer the current one: several
   // threads see one coordinator die, the first moves on, and the others

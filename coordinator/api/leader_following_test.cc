@@ -163,6 +163,19 @@ TEST(LeaderFollowingTest, AnAnswerThatIsNotARefusalChangesNothing) {
   EXPECT_EQ(endpoints.current(), follower.address());
 }
 
+// An address that answers UNIMPLEMENTED (a proxy in front of a coordinator
+// answering 404 during a rollout) is left for the next listed one, as one
+// that does not answer is: a worker registering again retried it forever.
+TEST(LeaderFollowingTest, UnimplementedMovesToTheNextAddress) {
+  const std::string dead = DeadAddress();
+  Follower follower(dead);
+  CoordinatorEndpoints endpoints({follower.address(), dead}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  grpc::ClientContext context;
+  endpoints.Failed(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, ""), context, channel);
+  EXPECT_EQ(endpoints.current(), dead);
+}
+
 TEST(LeaderFollowingTest, OneAddressIsAPlainChannel) {
   const std::string dead = DeadAddress();
   CoordinatorEndpoints endpoints({dead}, MakeChannel);

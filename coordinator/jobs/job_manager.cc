@@ -125,15 +125,15 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
 }
 
 bool JobManager::SuccessUnsavedLocked(const v1::Job& job) const {
-  return job.state() == v1::JOB_STATE_SUCCEEDED && save_failures_.count(job.id()) > 0;
+  return job.state() == v1::JOB_STATE_SUCCEEDED && end_unsaved_.count(job.id()) > 0;
 }
 
 void JobManager::ShowUnsavedSuccessLocked(v1::Job& job) const {
   if (!SuccessUnsavedLocked(job)) return;
   job.set_state(v1::JOB_STATE_RUNNING);
   job.set_reason(
-      "finishing: its last step is done, and its end waits to be saved to the state store, "
-      "whose saves fail now (retried every second; the coordinator's log says why)");
+      "finishing: its last step is done, and its end waits to be saved to the state store "
+      "(a save that fails is retried every second; the coordinator's log says why)");
 }
 
 std::vector<v1::Job> JobManager::List() const {
@@ -164,7 +164,7 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const v1::TrainingSpec& training = job.spec().training();
-    // As ShowUnsavedSuccessLocked shows it (the list pages read this).
+    // As ShowUnsavedSuccessLocked shows it (/metrics reads this).
     const v1::JobState state = SuccessUnsavedLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
@@ -196,6 +196,14 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
     const bool cancelled_before = record->job.state() == v1::JOB_STATE_CANCELLED;
     const bool unsaved_cancel =
         cancelled_before && (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
+    // Shown RUNNING ("finishing"): its end may yet be lost, and the job
+    // run on, with no cancel recorded.
+    if (SuccessUnsavedLocked(record->job)) {
+      return absl::UnavailableError(
+          absl::StrCat("job ", job_id,
+                       " reached its end, which waits to be saved to the state store; "
+                       "ask again"));
+    }
     if (IsTerminal(record->job.state()) && !cancelled_before) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
                                                         EnumShortName(record->job.state()), ")"));
@@ -372,6 +380,10 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   TouchLocked(record);
   for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
   registry_->Release(record.job.id());
+  // Shown RUNNING until a save of the end succeeds (ShowUnsavedSuccessLocked).
+  if (state == v1::JOB_STATE_SUCCEEDED && options_.state != nullptr) {
+    end_unsaved_.insert(record.job.id());
+  }
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   std::function<void()> sweep = CheckpointSweepLocked(record, absl::Now());
@@ -479,6 +491,7 @@ void JobManager::PruneLocked() {
     }
     if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
     save_failures_.erase(id);
+    end_unsaved_.erase(id);
     // Past the retention with a save still failing: no save of a pruned
     // job comes to write or drop them (RetryUnsavedLocked skips it), and
     // they stayed for the process's life. (A failed manifest write's
@@ -597,7 +610,10 @@ void JobManager::FlushIo() {
 std::map<v1::JobState, int> JobManager::CountByState() const {
   AnnotatedMutexLock lock(&mu_);
   std::map<v1::JobState, int> counts;
-  for (const auto& [id, record] : jobs_) counts[record->job.state()]++;
+  for (const auto& [id, record] : jobs_) {
+    const v1::JobState state = record->job.state();
+    counts[SuccessUnsavedLocked(record->job) ? v1::JOB_STATE_RUNNING : state]++;
+  }
   return counts;
 }
 

@@ -1440,15 +1440,17 @@ class JobManager {
   // thread; no lock needed.
   absl::Status SaveStoredJob(const store::StoredJob& job, bool log_failure = true) const;
   // What Get and List show of `job`: SUCCEEDED only once
-  // saved. While its saves fail (save_failures_) it is shown RUNNING, with
-  // a reason saying the end waits for its save: a restart or failover
+  // saved. Until a save of its end succeeds (end_unsaved_: one in flight,
+  // hung, or failing) it is shown RUNNING, with a reason saying the end
+  // waits for its save: a restart or failover
   // meanwhile (a leader that lost etcd) restores it as last saved, RUNNING,
   // and a job without checkpoints then FAILED after a client was told it
   // had succeeded (`submit --follow` exited 0). Other ends are shown as
   // they are: a cancel waits for its save, and a failure that comes back
   // fails again.
   void ShowUnsavedSuccessLocked(v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `job` SUCCEEDED and its saves fail since (shown RUNNING).
+  // Whether `job` SUCCEEDED and that end is not saved yet (shown RUNNING;
+  // Cancel answers UNAVAILABLE, CountByState counts it RUNNING).
   bool SuccessUnsavedLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
   // and logs it: the first failure, then at most once a minute.
@@ -1568,6 +1570,9 @@ class JobManager {
   // Jobs whose latest save on io_ failed (unlike unsaved_, kept while the
   // retry waits; JobsWithFailedSave), and since when.
   std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
+  // Jobs that SUCCEEDED (with options.state) and no save of that end has
+  // succeeded yet: shown RUNNING (ShowUnsavedSuccessLocked).
+  std::set<std::string> end_unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_
       ABSL_GUARDED_BY(mu_);

@@ -197,6 +197,8 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
       AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
         unsaved_.erase(id);
+        // An end is saved once a snapshot taken after it is (a job ends once).
+        if (IsTerminal(stored->job().state())) end_unsaved_.erase(id);
         if (auto it = save_failures_.find(id); it != save_failures_.end()) {
           PT_LOG(INFO) << "job " << id << ": its state is saved again, after " << it->second.count
                        << " failed saves over "

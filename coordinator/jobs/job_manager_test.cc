@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <map>
 #include <optional>
@@ -3847,6 +3848,48 @@ TEST_F(JobManagerTest, SucceededWhileSavesFail_ShownRunningUntilSaved) {
   EXPECT_EQ(jobs.List().at(0).state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(jobs.Summaries().at(0).state, v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(state.LoadJobs().value().at(0).job().state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+// The end's save in flight (a store that hangs, an etcd call waiting out
+// its deadline) is no saved end either: shown RUNNING, and a cancel meanwhile
+// is answered UNAVAILABLE (the end may yet be lost), until it returns.
+TEST_F(JobManagerTest, SucceededWhileItsSaveHangs_ShownRunningUntilItReturns) {
+  class HeldStore final : public MemoryBackedStore {
+   public:
+    absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+      if (hold.exchange(false)) {
+        entered.set_value();
+        released.wait();
+      }
+      return CommitThrough(writes);
+    }
+    std::atomic<bool> hold{false};
+    std::promise<void> entered;
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+  };
+  HeldStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{
+                      .id_epoch = "e6", .state = &state, .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  const std::string id = jobs.Submit(SmallSpec(1)).value().id();  // 3 steps
+  background_.RunAll();
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 0, {2.0f, 2.0f}, false)).ok());
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 1, {2.0f, 2.0f}, false)).ok());
+  jobs.FlushIo();
+  store.hold = true;
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 2, {1.0f, 1.0f}, true)).ok());
+  store.entered.get_future().wait();  // the end's save, held
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_SUCCEEDED], 0);
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
+  store.release.set_value();
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_SUCCEEDED], 1);
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -547,11 +547,6 @@ absl::Status CheckUnitFiles(const std::string& output_dir, const v1::ResumeFrom&
   return absl::OkStatus();
 }
 
-std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from) {
-  const absl::Status checked = CheckUnitFiles(output_dir, from);
-  return checked.ok() ? "" : std::string(checked.message());
-}
-
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before,
                                  bool manifest_whatever_its_time) {

@@ -233,8 +233,6 @@ std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
 // (EIO, ESTALE). Contents are not read: a redo under the same layout writes
 // files of the same sizes.
 absl::Status CheckUnitFiles(const std::string& output_dir, const v1::ResumeFrom& from);
-// CheckUnitFiles' message, or "" when it is OK.
-std::string UnitFilesMismatch(const std::string& output_dir, const v1::ResumeFrom& from);
 
 }  // namespace pipetrain
 

@@ -1491,18 +1491,26 @@ class JobManager {
     v1::ModelSpec model;
     uint64_t seed = 0;
     v1::ResumeFrom complete;
+    // Written just after its checkpoint completed and the save naming it
+    // succeeded, the stages' reports of its files moments old. False for
+    // one held by a failed save (written after a later one, possibly hours
+    // on) and one a restore writes: their step may have been removed since.
+    bool fresh = false;
   };
   // On io_: writes `m` while its job's catalog still holds the checkpoint
   // (one expired meanwhile gets none); a failure (a full disk) is logged
   // and noted in unwritten_manifests_, for RetryManifestsLocked: without
   // its manifest a complete checkpoint cannot be exported or named by
   // init.from. Logged as manifest_failures_ allows: the first failure,
-  // then once a minute, and the write that succeeds after them. A retry
-  // never creates the step directory and writes only over the unit files
-  // `m` records (CheckUnitFiles); an ended job's is not written once
-  // another job took its directory over (OtherCheckpointDirUserLocked).
-  // Such a manifest, or one whose directory is gone, is dropped (logged
-  // once, its manifest_failures_ entry erased).
+  // then once a minute, and the write that succeeds after them. Only the
+  // first try of a fresh `m` is unchecked and may create the step
+  // directory; any other write (a retry, or `m` not fresh) never creates
+  // it and writes only over the unit files `m` records (CheckUnitFiles: a
+  // check that cannot tell, EIO or EMFILE, counts as a failed write); an
+  // ended job's is not written once another job took its directory over
+  // (OtherCheckpointDirUserLocked). Such a manifest, or one whose
+  // directory is gone or files differ, is dropped (logged once, its
+  // manifest_failures_ entry erased).
   void WriteManifestIfHeld(const ManifestToWrite& m) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes again, at most every 5 s, the manifests whose write failed.
   void RetryManifestsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

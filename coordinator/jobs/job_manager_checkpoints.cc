@@ -171,10 +171,10 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
     record.expiring.push_back(ExpiredCheckpoint{std::move(expired), expired_at});
   }
-  PersistLocked(record, [this, manifest = ManifestToWrite{options_.output_dir, record.job.id(),
-                                                          record.resolved.spec.model(),
-                                                          record.resolved.train.seed,
-                                                          *complete}](const absl::Status& saved) {
+  ManifestToWrite manifest{options_.output_dir, record.job.id(), record.resolved.spec.model(),
+                           record.resolved.train.seed, *complete};
+  manifest.fresh = true;  // written as soon as this save succeeds
+  PersistLocked(record, [this, manifest = std::move(manifest)](const absl::Status& saved) {
     if (saved.ok()) {
       WriteManifestIfHeld(manifest);
       return;
@@ -195,7 +195,10 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                                 }),
                  held.end());
     }
+    // Written after a later save, which may come hours on: checked as a
+    // retry is (its step may have been removed meanwhile), never made again.
     held.push_back(manifest);
+    held.back().fresh = false;
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
@@ -316,15 +319,16 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
     if (IsTerminal(record->job.state()) && OtherCheckpointDirUserLocked(*record) != nullptr) {
       unwritable = "another job has used its checkpoint directory since this one ended";
     }
-    first_try = manifest_failures_.count(key) == 0;
+    first_try = m.fresh && manifest_failures_.count(key) == 0;
   }
   // A retry comes seconds to hours later (an ended job's, until it is
-  // pruned): the step directory may have been emptied or removed since (an
-  // operator freeing space), so it is written only over the files it
-  // records (CheckUnitFiles, as Restore checks a missing one), and the
-  // directory is never made again. What cannot be checked (EIO, EMFILE)
-  // counts as a failed write, tried again. The first try is not checked
-  // (a stat per unit file on every checkpoint): the stages reported those
+  // pruned), and so may a manifest that is not fresh (held by a failed
+  // save, or written at a restore): the step directory may have been
+  // emptied or removed since (an operator freeing space), so it is written
+  // only over the files it records (CheckUnitFiles), and the directory is
+  // never made again. What cannot be checked (EIO, EMFILE) counts as a
+  // failed write, tried again. A fresh one's first try is not checked (a
+  // stat per unit file on every checkpoint): the stages reported those
   // files written just before, and it may create the step directory (they
   // did; reports in tests come without it).
   absl::Status written = absl::OkStatus();

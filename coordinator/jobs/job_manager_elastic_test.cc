@@ -4917,6 +4917,17 @@ void AddFourUnitCheckpoint(v1::ReportProgressRequest& r, int64_t step) {
   }
 }
 
+// The unit files AddFourUnitCheckpoint reports, in `step_dir` (the stage
+// would have written them there): a manifest held by a failed save is
+// written, after a later save, only over them.
+void WriteFourUnitFiles(const std::string& step_dir) {
+  std::filesystem::create_directories(step_dir);
+  for (int u = 0; u < 4; ++u) {
+    std::ofstream(absl::StrFormat("%s/unit-%04d.safetensors", step_dir, u), std::ios::binary)
+        << std::string(100, 'w');
+  }
+}
+
 // Checkpoint 17 expires (keep 1) while the save that drops it fails; then
 // the store is back and either the retry alone saves the job
 // (`retry_only`) or a later checkpoint does. `redo`: before that, a stage
@@ -4974,6 +4985,7 @@ void ExpireWhileSavesFail(bool retry_only, Redo redo = Redo::kNone) {
   ASSERT_TRUE(manifest(17));
   store.failing = true;
   for (int64_t step = 18; step <= 34; ++step) report(step, false);
+  WriteFourUnitFiles(absl::StrFormat("%s/%s/step-%08d", OutputDir(), dir, 34));
   report(34, true);  // expires 17; its save fails
   jobs.FlushIo();
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
@@ -5128,6 +5140,7 @@ TEST_F(JobManagerStoreTest, SavesFailing_HeldManifestsBoundedByKeep) {
                 &st) == 0;
   };
   EXPECT_FALSE(manifest(50)) << "written although the state naming it was not saved";
+  WriteFourUnitFiles(absl::StrCat(OutputDir(), "/checkpoints/held-bounded/step-00000050"));
   store_.failing = false;
   RetryPass(jobs);
   EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
@@ -5174,6 +5187,7 @@ TEST_F(JobManagerStoreTest, SavesFailing_EndedJobWithHeldManifestNotPruned) {
   const std::string manifest =
       absl::StrCat(OutputDir(), "/checkpoints/held-pruned/step-00000005/manifest.json");
   EXPECT_FALSE(std::filesystem::exists(manifest));
+  WriteFourUnitFiles(absl::StrCat(OutputDir(), "/checkpoints/held-pruned/step-00000005"));
   store_.failing = false;
   RetryPass(jobs);
   EXPECT_TRUE(std::filesystem::exists(manifest));

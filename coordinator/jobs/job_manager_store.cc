@@ -740,7 +740,7 @@ absl::Status JobManager::Restore() {
     std::vector<ManifestToWrite> manifests;
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) {
       manifests.push_back(ManifestToWrite{options_.output_dir, id, record.resolved.spec.model(),
-                                          record.resolved.train.seed, c});
+                                          record.resolved.train.seed, c, /*fresh=*/false});
     }
     io_.Post([this, manifests = std::move(manifests)] {
       for (const ManifestToWrite& m : manifests) {
@@ -750,12 +750,15 @@ absl::Status JobManager::Restore() {
         // one with a file missing or of another size. Contents are not
         // read (a redo under the same layout writes the same sizes): the
         // workers check every file's SHA-256 when they resume from it.
-        if (const std::string damaged = UnitFilesMismatch(m.output_dir, m.complete);
-            !damaged.empty()) {
+        const absl::Status checked = CheckUnitFiles(m.output_dir, m.complete);
+        if (absl::IsNotFound(checked) || absl::IsDataLoss(checked)) {
           PT_LOG(WARNING) << "job " << m.job_id << ": checkpoint " << m.complete.dir()
-                          << " has no manifest, and none is written: " << damaged;
+                          << " has no manifest, and none is written: " << checked.message();
           continue;
         }
+        // A check that cannot tell (EIO, EMFILE, a volume not mounted yet)
+        // is no damage: WriteManifestIfHeld checks again (`m` is not fresh)
+        // and counts such a failure as a failed write, tried every 5 s.
         PT_LOG(INFO) << "job " << m.job_id << ": writing the missing manifest of checkpoint "
                      << m.complete.step();
         WriteManifestIfHeld(m);

@@ -3306,6 +3306,107 @@ TEST_F(JobManagerTest, EndedJobs_PrunedPastRetentionWithAHeldManifest_NoneLeftHe
   EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
 }
 
+// A manifest held by a failed save is written after a later save that
+// succeeds, which may come hours on: checked as a retry is. Here the job
+// ended and its step directory was removed meanwhile (an operator freeing
+// space; without a manifest it looked incomplete): the save that succeeds
+// does not make it again holding only a manifest, which passed it for a
+// complete checkpoint that export and init.from would take and no stage
+// could load. The manifest is dropped, said once.
+TEST_F(JobManagerTest, EndedJobs_HeldManifestAfterItsStepDirWasRemoved_DirNotMadeAgain) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e7",
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("held-freed");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string step_dir = OutputDir() + "/held-freed/step-00000005";
+  WriteUnitFilesOfFive(step_dir, AssignmentOf(worker));
+  store.failing = true;
+  ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(jobs, worker, id, AssignmentOf(worker)));
+  jobs.FlushIo();
+  ASSERT_EQ(jobs.HeldManifestsForTesting(id), 1u);
+  (void)jobs.Cancel(id);  // ended here; its save fails (UNAVAILABLE, retried)
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  jobs.FlushIo();  // the end's first sweep (it keeps the complete step)
+  ASSERT_TRUE(std::filesystem::is_directory(step_dir));
+  std::filesystem::remove_all(step_dir);
+  store.failing = false;
+  ::testing::internal::CaptureStderr();
+  clock_.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();  // the save's retry, which succeeds
+  jobs.FlushIo();
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(state.LoadJobs().value().at(0).job().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
+  EXPECT_FALSE(std::filesystem::exists(step_dir));
+  EXPECT_EQ(::pipetrain::testing::LinesWith(
+                logged, "job " + id +
+                            ": the manifest of checkpoint held-freed/step-00000005 is not "
+                            "written: its directory is gone"),
+            1)
+      << logged;
+}
+
+// A restarted coordinator that cannot check a missing manifest's unit files
+// (here its --output-dir is not there yet, a volume mounted late; EIO and
+// EMFILE alike) writes the manifest once it can, trying again every 5 s as
+// after a failed write: that counted as damage, and the checkpoint stayed
+// without a manifest (neither exported nor named by init.from) until the
+// next restart.
+TEST_F(JobManagerTest, Restore_UnitFilesCannotBeChecked_ManifestWrittenByARetry) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  const std::string volume = OutputDir() + "/volume";
+  std::filesystem::create_directories(volume);
+  const std::string step_dir = volume + "/late/step-00000005";
+  const std::string manifest = step_dir + "/manifest.json";
+  const JobManagerOptions options{.output_dir = volume,
+                                  .id_epoch = "e8",
+                                  .state = &state,
+                                  .background_runner = background_.Runner()};
+  std::string id;
+  {
+    JobManager first(&registry_, &hub_, &clock_, options);
+    const std::string worker = AddWorker(7001);
+    v1::JobSpec spec = SmallSpec(1);
+    spec.mutable_training()->set_steps(100);
+    spec.mutable_checkpoint()->set_interval_steps(5);
+    spec.mutable_checkpoint()->set_dir("late");
+    id = first.Submit(spec).value().id();
+    background_.RunAll();
+    ASSERT_EQ(first.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+    std::filesystem::create_directories(manifest + "/in-the-way");
+    WriteUnitFilesOfFive(step_dir, AssignmentOf(worker));
+    ASSERT_NO_FATAL_FAILURE(RunToCheckpointFive(first, worker, id, AssignmentOf(worker)));
+    first.FlushIo();
+    ASSERT_TRUE(std::filesystem::is_directory(manifest));  // the write failed
+    ASSERT_TRUE(first.Cancel(id).ok());
+    first.FlushIo();
+  }  // stopped while the write waited for its retry
+  std::filesystem::remove_all(manifest);  // the way cleared
+  std::filesystem::rename(volume, volume + ".unmounted");
+  JobManager restarted(&registry_, &hub_, &clock_, options);
+  ASSERT_TRUE(restarted.Restore().ok());
+  restarted.FlushIo();
+  std::filesystem::rename(volume + ".unmounted", volume);
+  ASSERT_FALSE(std::filesystem::exists(manifest));
+  clock_.Advance(absl::Seconds(5));
+  restarted.ScheduleQueued();  // the retry
+  restarted.FlushIo();
+  EXPECT_TRUE(std::filesystem::is_regular_file(manifest));
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
 // An ended job's drawings (megabytes for a plan of many micro-batches)
 // stay only for the newest ended jobs; the plan itself stays.
 TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {

@@ -1,7 +1,9 @@
 #include "cli/checkpoint_command.h"
 
 #include <dirent.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -352,6 +354,94 @@ TEST_F(CheckpointExportTest, LocateCheckpoint_LinkedStepDir_NotFollowed) {
   const absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(absl::StrCat(root_, "/", kJobDir));
   ASSERT_TRUE(at.ok()) << at.status();
   EXPECT_EQ(at->dir, StepDirName(5));
+}
+
+// While alive, the calling thread goes without CAP_DAC_OVERRIDE and
+// CAP_DAC_READ_SEARCH (from its effective set; put back at the end), so
+// that file modes stop it as they stop a user who is not root: the tests
+// may run as root, whom a mode 000 directory does not stop. Capabilities
+// are per thread, and LocateCheckpoint runs on the caller's.
+class WithoutFileAccessOverride {
+ public:
+  WithoutFileAccessOverride() {
+    if (syscall(SYS_capget, &header_, saved_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    for (const int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) {
+      dropped[cap / 32].effective &= ~(1u << (cap % 32));
+    }
+    ok_ = syscall(SYS_capset, &header_, dropped) == 0;
+  }
+  ~WithoutFileAccessOverride() {
+    if (ok_) syscall(SYS_capset, &header_, saved_);
+  }
+  WithoutFileAccessOverride(const WithoutFileAccessOverride&) = delete;
+  WithoutFileAccessOverride& operator=(const WithoutFileAccessOverride&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  __user_cap_header_struct header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2] = {};
+  bool ok_ = false;
+};
+
+// A step directory of a job's directory that cannot be looked into (here
+// EACCES; EIO, ESTALE alike) may hold the newest checkpoint: an error
+// naming it, not the newest step that could be read. It was skipped, and a
+// job given the directory as spec.init.from resumed at step 5, losing the
+// steps since; the CLI exported step 5 as the newest.
+TEST_F(CheckpointExportTest, LocateCheckpoint_StepDirItCannotLookInto_ErrorNotAnOlderStep) {
+  WriteCheckpoint(MakeSnapshot(5));
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string job_dir = absl::StrCat(root_, "/", kJobDir);
+  ASSERT_EQ(chmod(StepPath(10).c_str(), 0), 0);
+  absl::StatusOr<CheckpointLocation> at;
+  int code = -1;
+  testing::internal::CaptureStderr();
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    at = LocateCheckpoint(job_dir);
+    code = RunCheckpoint({"export", job_dir, "--out", out_});
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(chmod(StepPath(10).c_str(), 0700), 0);
+  ASSERT_FALSE(at.ok()) << "took " << at->dir;
+  EXPECT_EQ(at.status().code(), absl::StatusCode::kPermissionDenied) << at.status();
+  EXPECT_EQ(at.status().message(),
+            absl::StrCat("cannot open ", StepPath(10), ": Permission denied; ", StepPath(10),
+                         " may hold the newest checkpoint in ", job_dir,
+                         ", so none is picked: make it readable, or name the step directory to "
+                         "use"));
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("pipetrain checkpoint export: PERMISSION_DENIED: cannot open " + StepPath(10) +
+                     ": Permission denied; "),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(ListDir(out_dir_), std::vector<std::string>{});
+}
+
+// A manifest that cannot be read (EACCES here) in a job's directory is an
+// error too: its job is unknown, so the two-jobs check cannot be made.
+TEST_F(CheckpointExportTest, LocateCheckpoint_ManifestItCannotRead_ErrorNamingIt) {
+  WriteCheckpoint(MakeSnapshot(5));
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string manifest = StepPath(5) + "/manifest.json";
+  ASSERT_EQ(chmod(manifest.c_str(), 0), 0);
+  absl::StatusOr<CheckpointLocation> at;
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    at = LocateCheckpoint(absl::StrCat(root_, "/", kJobDir));
+  }
+  ASSERT_EQ(chmod(manifest.c_str(), 0600), 0);
+  ASSERT_FALSE(at.ok()) << "took " << at->dir;
+  EXPECT_EQ(at.status().code(), absl::StatusCode::kPermissionDenied) << at.status();
+  // The manifest by its resolved path, the step directory as given.
+  EXPECT_NE(at.status().message().find("/step-00000005/manifest.json: Permission denied; " +
+                                       StepPath(5) + " may hold the newest checkpoint in "),
+            std::string::npos)
+      << at.status();
+  EXPECT_TRUE(LocateCheckpoint(absl::StrCat(root_, "/", kJobDir)).ok());
 }
 
 // A manifest.json that is a symbolic link is not read, whatever it points

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -278,8 +279,43 @@ bool Exists(const std::string& path) {
   return lstat(path.c_str(), &st) == 0;
 }
 
+// Whether the entry `name` of the directory open at `dir` is a step
+// directory that holds a manifest; nullopt when it is no directory (a link
+// among them: not followed, it could lead out of the directory the caller
+// resolved and checked) or is gone. The errno's code when that cannot be
+// told (EACCES, EMFILE, EIO, ESTALE on NFS). As the coordinator's
+// checkpoint catalog tells it (checkpoint_catalog.cc, which worker/ may not
+// include).
+absl::StatusOr<std::optional<bool>> HoldsManifest(int dir, const std::string& name,
+                                                  const std::string& shown) {
+  const auto unknown = [&shown](int error, absl::string_view what) {
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot ", what, " ", shown));
+  };
+  struct stat st;
+  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int error = errno;
+    if (error == ENOENT) return std::nullopt;  // removed since it was listed
+    return unknown(error, "stat");
+  }
+  if (!S_ISDIR(st.st_mode)) return std::nullopt;
+  ScopedFd step_dir(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (step_dir.get() < 0) {
+    const int error = errno;
+    // Removed, or swapped for a link or a file, since the stat.
+    if (error == ENOENT || error == ELOOP || error == ENOTDIR) return std::nullopt;
+    return unknown(error, "open");
+  }
+  if (fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
+  const int error = errno;
+  if (error == ENOENT) return false;
+  return unknown(error, absl::StrCat("look for ", kCheckpointManifestName, " in"));
+}
+
 // The step-* directory in `dir` (a real path) with the highest step whose
 // manifest.json exists, links neither followed nor listed; empty when none.
+// A step directory it cannot look into, or whose manifest it cannot read,
+// is an error, not skipped: it may hold the newest checkpoint, and an
+// older one would be resumed, losing the steps since.
 absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::string& shown) {
   std::unique_ptr<DIR, int (*)(DIR*)> stream(opendir(dir.c_str()), closedir);
   if (stream == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
@@ -288,17 +324,32 @@ absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::str
   // A spec.checkpoint.dir that served two jobs holds both's steps: "the
   // newest" could then be another model's, so it is not guessed.
   std::set<std::string> jobs;
-  while (const dirent* entry = readdir(stream.get())) {
+  for (;;) {
+    errno = 0;  // readdir's end and its failure both return null
+    const dirent* entry = readdir(stream.get());
+    if (entry == nullptr && errno != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
+    }
+    if (entry == nullptr) break;
     const std::string name = entry->d_name;
     int64_t step = 0;
     if (!ParseStepDirName(name, &step)) continue;
-    // A step-* that is a link is not followed: it could lead out of the
-    // directory the caller resolved and checked (an output dir's).
-    struct stat st;
-    if (lstat(absl::StrCat(dir, "/", name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    const std::string step_dir = absl::StrCat(shown, "/", name);
+    // `status`, same code, saying why it is not skipped.
+    const auto unsure = [&](const absl::Status& status) {
+      return absl::Status(status.code(), absl::StrCat(status.message(), "; ", step_dir,
+                                                      " may hold the newest checkpoint in ", shown,
+                                                      ", so none is picked: make it readable, or "
+                                                      "name the step directory to use"));
+    };
+    absl::StatusOr<std::optional<bool>> holds = HoldsManifest(dirfd(stream.get()), name, step_dir);
+    if (!holds.ok()) return unsure(holds.status());
+    if (!holds->value_or(false)) continue;
     const std::string manifest = absl::StrCat(dir, "/", name, "/", kCheckpointManifestName);
-    if (!Exists(manifest)) continue;
     absl::StatusOr<CheckpointManifest> read = ReadCheckpointManifest(manifest);
+    if (absl::IsNotFound(read.status())) continue;  // removed since it was looked for
+    // A damaged manifest names no job; reading the newest reports it.
+    if (!read.ok() && !absl::IsDataLoss(read.status())) return unsure(read.status());
     if (read.ok()) jobs.insert(read->job_id);
     if (step <= newest_step) continue;
     newest = name;
@@ -312,7 +363,6 @@ absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::str
   return newest;
 }
 
-// `status` with `hint` appended to its message, same code.
 }  // namespace
 
 absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir) {

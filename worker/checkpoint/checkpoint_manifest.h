@@ -86,12 +86,20 @@ bool ParseStepDirName(const std::string& name, int64_t* step);
 // `dir` is a checkpoint when it is named step-<digits> or holds
 // manifest.json (of any kind: reading it reports what is wrong); otherwise
 // the step-<digits> directory in it with the highest step whose
-// manifest.json exists. Errors: NOT_FOUND when
+// manifest.json exists (step-* links are neither followed nor listed).
+// Errors: NOT_FOUND when
 // `dir` does not exist, or when neither it nor any step-* directory in it
 // has a manifest (the message names <dir>/manifest.json);
 // INVALID_ARGUMENT when `dir` is not a directory or is "/";
 // FAILED_PRECONDITION when `dir` holds the steps of more than one job;
-// other errno failures as absl::ErrnoToStatus.
+// other errno failures as absl::ErrnoToStatus (EACCES PERMISSION_DENIED,
+// EMFILE RESOURCE_EXHAUSTED, EIO UNKNOWN, ESTALE ABORTED): listing `dir`,
+// and, when it is a job's directory, telling whether a step directory in it
+// holds a manifest or reading one that does (never skipped: it may be the
+// newest checkpoint, and an older one would be resumed; the message names
+// it). A step directory or manifest removed meanwhile is skipped; a damaged
+// manifest (DATA_LOSS) counts as a step but names no job for the
+// two-jobs check, and reading it reports it.
 absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir);
 
 }  // namespace pipetrain

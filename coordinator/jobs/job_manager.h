@@ -1326,8 +1326,10 @@ class JobManager {
   // CheckPaths: what spec.output.weights_path (`weights`, in `parent`)
   // names, when it exists, must be a regular file (INVALID_ARGUMENT: a
   // FIFO, socket or device, which the final rename refuses after every
-  // step ran), and its directory writable by the coordinator (EACCES:
-  // PERMISSION_DENIED, which CheckPaths answers FAILED_PRECONDITION).
+  // step ran), and the directory it goes into, or, while directories on
+  // the way are still to be made, the deepest existing one, writable by the
+  // coordinator (EACCES, EROFS, EPERM: PERMISSION_DENIED, which CheckPaths
+  // answers FAILED_PRECONDITION; ENOSYS: not told).
   absl::Status CheckWeightsNameReplaceable(const ConfinedParent& parent,
                                            const std::string& weights) const;
   // CheckPaths' first check: a job that writes weights or checkpoints

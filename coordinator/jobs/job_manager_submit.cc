@@ -14,11 +14,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/confined_path.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
@@ -106,21 +108,27 @@ absl::Status JobManager::CheckOutputDirGiven(const ResolvedJobSpec& resolved) co
 namespace {
 
 // A filesystem error met checking a spec's paths, in the codes a submit
-// answers: EACCES is the coordinator's own access (FAILED_PRECONDITION, not
-// PERMISSION_DENIED, which tells a client its credential is at fault), and
-// EMFILE or ENOMEM a passing shortage on its side (UNAVAILABLE: retry, not
-// RESOURCE_EXHAUSTED, a quota of the client's). Submit checks its paths
-// before it keeps anything, so the UNAVAILABLE says nothing was submitted:
-// without it the CLI told its user the job might have been created.
+// answers: EACCES, EPERM or EROFS is the coordinator's own access
+// (FAILED_PRECONDITION, not PERMISSION_DENIED, which tells a client its
+// credential is at fault); EMFILE, ENOMEM, ENOSPC (RESOURCE_EXHAUSTED: not
+// a quota of the client's), EINTR, EAGAIN (UNAVAILABLE), ESTALE (ABORTED)
+// or EIO (UNKNOWN) a passing fault on its side: UNAVAILABLE, which the CLI
+// retries. Submit checks its paths before it keeps anything, so the
+// UNAVAILABLE says nothing was submitted: without it the CLI told its user
+// the job might have been created.
 absl::Status AsSubmitPathError(absl::Status status) {
-  if (absl::IsPermissionDenied(status)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(status.message(), " (the coordinator may not enter it: ask the operator)"));
+  switch (status.code()) {
+    case absl::StatusCode::kPermissionDenied:
+      return absl::FailedPreconditionError(
+          absl::StrCat(status.message(), " (the coordinator may not enter it: ask the operator)"));
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnknown:
+      return absl::UnavailableError(absl::StrCat(status.message(), "; ", kNothingSubmitted));
+    default:
+      return status;
   }
-  if (absl::IsResourceExhausted(status)) {
-    return absl::UnavailableError(absl::StrCat(status.message(), "; ", kNothingSubmitted));
-  }
-  return status;
 }
 
 constexpr char kInitFromField[] = "spec.init.from: ";
@@ -129,9 +137,10 @@ constexpr char kInitFromField[] = "spec.init.from: ";
 // naming the field: the path's own fault (NOT_FOUND, DATA_LOSS,
 // INVALID_ARGUMENT, FAILED_PRECONDITION: missing, damaged, not a
 // checkpoint, the steps of two jobs) is INVALID_ARGUMENT, the client's to
-// fix; the coordinator's (EACCES, EMFILE, ENOMEM, EIO) as AsSubmitPathError
-// maps it. All were INVALID_ARGUMENT: out of descriptors, a user was sent
-// to fix a path that was fine, and the CLI did not retry.
+// fix; the coordinator's (EACCES, EMFILE, ENOMEM, EIO, ESTALE) as
+// AsSubmitPathError maps it. All were INVALID_ARGUMENT: out of
+// descriptors, a user was sent to fix a path that was fine, and the CLI
+// did not retry.
 absl::Status AsInitFromError(const absl::Status& status) {
   const std::string message = absl::StartsWith(status.message(), kInitFromField)
                                   ? std::string(status.message())
@@ -209,11 +218,63 @@ double FinalWeightsBytes(const GptConfig& model) {
   return bytes;
 }
 
+// The deepest directory on the way to `relative` (its components but the
+// last) that exists under `root`, opened following no link, and its name
+// under `root` ("" for `root` itself); a closed descriptor when `root`
+// cannot be opened. Where the write of `relative` makes the missing ones.
+struct ExistingDir {
+  ScopedFd fd;
+  std::string name;
+};
+ExistingDir DeepestExistingDir(const std::string& root, const std::string& relative) {
+  ExistingDir deepest{ScopedFd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)), ""};
+  std::vector<std::string> parts = absl::StrSplit(relative, '/');
+  parts.pop_back();
+  for (const std::string& part : parts) {
+    if (deepest.fd.get() < 0) break;
+    ScopedFd next(
+        openat(deepest.fd.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (next.get() < 0) break;  // ENOENT: the write makes it (others: as the walk found)
+    deepest.fd = std::move(next);
+    deepest.name = deepest.name.empty() ? part : absl::StrCat(deepest.name, "/", part);
+  }
+  return deepest;
+}
+
+// PERMISSION_DENIED "spec.output.weights_path: <what> is not writable by
+// the coordinator: <strerror>" when the coordinator may not create a file
+// in `dir`: EACCES (its mode), EROFS (a read-only mount) or EPERM (an
+// immutable directory). OK when it may, and when that cannot be told (the
+// write then says): ENOSYS (faccessat with AT_EACCESS unavailable), EPERM
+// for F_OK as well (a seccomp filter refusing the call, not the
+// directory: every weights path would be refused), EIO.
+absl::Status CheckDirWritable(int dir, const std::string& what) {
+  if (faccessat(dir, ".", W_OK | X_OK, AT_EACCESS) == 0) return absl::OkStatus();
+  const int error = errno;
+  if (error != EACCES && error != EROFS && error != EPERM) return absl::OkStatus();
+  if (error == EPERM && faccessat(dir, ".", F_OK, AT_EACCESS) != 0 && errno == EPERM) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("spec.output.weights_path: ", what,
+                   " is not writable by the coordinator: ", std::strerror(error)));
+}
+
 }  // namespace
 
 absl::Status JobManager::CheckWeightsNameReplaceable(const ConfinedParent& parent,
                                                      const std::string& weights) const {
-  if (parent.dir.get() < 0) return absl::OkStatus();  // its directory is still to be made
+  if (parent.dir.get() < 0) {
+    // A directory on the way is still to be made: the write makes it in
+    // the deepest one there, which was accepted unchecked, and a job
+    // failed after every step when that one was read-only.
+    const ExistingDir deepest = DeepestExistingDir(options_.output_dir, weights);
+    if (deepest.fd.get() < 0) return absl::OkStatus();  // cannot tell: the write says
+    return CheckDirWritable(
+        deepest.fd.get(),
+        absl::StrCat(deepest.name.empty() ? kOutputDirFlag : absl::StrCat("\"", deepest.name, "\""),
+                     ", where the directories of \"", weights, "\" would be made,"));
+  }
   struct stat st;
   if (fstatat(parent.dir.get(), parent.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
       !S_ISREG(st.st_mode)) {
@@ -222,12 +283,7 @@ absl::Status JobManager::CheckWeightsNameReplaceable(const ConfinedParent& paren
         "\" exists and is not a regular file (a FIFO, socket or device); the weights replace "
         "only a regular file: remove it or name another path"));
   }
-  if (faccessat(parent.dir.get(), ".", W_OK | X_OK, AT_EACCESS) != 0 && errno == EACCES) {
-    return absl::PermissionDeniedError(absl::StrCat("spec.output.weights_path: the directory of \"",
-                                                    weights,
-                                                    "\" is not writable by the coordinator"));
-  }
-  return absl::OkStatus();
+  return CheckDirWritable(parent.dir.get(), absl::StrCat("the directory of \"", weights, "\""));
 }
 
 absl::Status JobManager::CheckRoomForFinalWeights(const ConfinedParent& parent,
@@ -417,7 +473,14 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   for (const v1::UnitFile& f : manifest->units) {
     const std::string unit_path = absl::StrCat(step_dir, "/", f.file());
     struct stat unit;
-    if (lstat(unit_path.c_str(), &unit) != 0 || !S_ISREG(unit.st_mode)) {
+    const bool found = lstat(unit_path.c_str(), &unit) == 0;
+    // EIO, ESTALE, ENOMEM: whether it is there cannot be told, which is
+    // not the checkpoint's fault (it was "damaged", and not retried).
+    if (const int error = errno; !found && error != ENOENT && error != ENOTDIR) {
+      return AsInitFromError(
+          absl::ErrnoToStatus(error, absl::StrCat(from, ": cannot stat ", f.file())));
+    }
+    if (!found || !S_ISREG(unit.st_mode)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.init.from: ", from, ": its manifest lists ", f.file(),
           ", which is missing or not a regular file; the checkpoint is damaged (give an "

@@ -2,9 +2,12 @@
 
 #include <dirent.h>
 #include <linux/capability.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -3883,6 +3886,88 @@ TEST_F(JobManagerTest, Submit_WeightsPathNotReplaceable_RefusedUpFront) {
   EXPECT_TRUE(jobs_.List().empty());
   ASSERT_EQ(chmod(closed.c_str(), 0700), 0);
   EXPECT_TRUE(Submit(spec).ok());
+}
+
+// A directory on the way to the weights that is not there yet is made at
+// the job's end in the deepest one that is (the output directory at
+// least): that one is checked. It was not, and a job writing into a
+// directory the coordinator may not write failed after every step.
+TEST_F(JobManagerTest, Submit_WeightsDirectoryToBeMadeInAClosedOne_RefusedUpFront) {
+  const std::string closed = OutputDir() + "/readonly";
+  ASSERT_EQ(mkdir(closed.c_str(), 0500), 0);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("readonly/new/w.safetensors");
+  v1::JobSpec in_output_dir = spec;
+  in_output_dir.mutable_output()->set_weights_path("new/w.safetensors");
+  absl::Status refused;
+  absl::Status refused_in_output_dir;
+  {
+    const WithoutFileAccessOverride unprivileged;
+    ASSERT_TRUE(unprivileged.ok());
+    refused = Submit(spec).status();
+    ASSERT_EQ(chmod(OutputDir().c_str(), 0500), 0);
+    refused_in_output_dir = Submit(in_output_dir).status();
+    ASSERT_EQ(chmod(OutputDir().c_str(), 0700), 0);
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.output.weights_path: \"readonly\", where the directories of "
+            "\"readonly/new/w.safetensors\" would be made, is not writable by the coordinator: "
+            "Permission denied (the coordinator may not enter it: ask the operator)");
+  EXPECT_EQ(refused_in_output_dir.code(), absl::StatusCode::kFailedPrecondition)
+      << refused_in_output_dir;
+  EXPECT_EQ(refused_in_output_dir.message(),
+            "spec.output.weights_path: the coordinator's --output-dir, where the directories of "
+            "\"new/w.safetensors\" would be made, is not writable by the coordinator: "
+            "Permission denied (the coordinator may not enter it: ask the operator)");
+  EXPECT_TRUE(jobs_.List().empty());
+  ASSERT_EQ(chmod(closed.c_str(), 0700), 0);
+  EXPECT_TRUE(Submit(spec).ok());
+  EXPECT_TRUE(Submit(in_output_dir).ok());
+}
+
+// Whether this process may give a child a mount namespace of its own
+// (root, or CAP_SYS_ADMIN): tried in a child, which mounts nothing.
+bool CanUnshareMounts() {
+  const pid_t child = fork();
+  if (child == 0) _exit(unshare(CLONE_NEWNS) == 0 ? 0 : 1);
+  int status = 0;
+  return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
+// A weights directory on a read-only mount (EROFS) is refused as one the
+// coordinator may not write (EACCES) is: only EACCES was. In a child with
+// a mount namespace of its own, a read-only tmpfs mounted there.
+TEST_F(JobManagerDeathTest, Submit_WeightsDirectoryOnAReadOnlyMount_FailedPrecondition) {
+  if (!CanUnshareMounts()) GTEST_SKIP() << "no mount namespace for this process (not root)";
+  const std::string mounted = OutputDir() + "/mounted";
+  ASSERT_EQ(mkdir(mounted.c_str(), 0700), 0);
+  // Prints what Submit answers for a file in the mount, and for one in a
+  // directory to be made there.
+  const auto submit_on_read_only_mount = [&] {
+    // Private first: the read-only mount must not reach the parent's
+    // namespace.
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", mounted.c_str(), "tmpfs", MS_RDONLY, nullptr) != 0) {
+      _exit(2);
+    }
+    v1::JobSpec spec = SmallSpec(1);
+    for (const char* weights : {"mounted/w.safetensors", "mounted/new/w.safetensors"}) {
+      spec.mutable_output()->set_weights_path(weights);
+      fprintf(stderr, "[%s]\n", jobs_.Submit(spec).status().ToString().c_str());
+    }
+    _exit(0);
+  };
+  EXPECT_EXIT(submit_on_read_only_mount(), ::testing::ExitedWithCode(0),
+              "\\[FAILED_PRECONDITION: spec\\.output\\.weights_path: the directory of "
+              "\"mounted/w\\.safetensors\" is not writable by the coordinator: Read-only file "
+              "system \\(the coordinator may not enter it: ask the operator\\)\\]\n"
+              "\\[FAILED_PRECONDITION: spec\\.output\\.weights_path: \"mounted\", where the "
+              "directories of \"mounted/new/w\\.safetensors\" would be made, is not writable by "
+              "the coordinator: Read-only file system");
+  EXPECT_TRUE(jobs_.List().empty());
 }
 
 TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) {

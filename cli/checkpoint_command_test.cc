@@ -1,9 +1,7 @@
 #include "cli/checkpoint_command.h"
 
 #include <dirent.h>
-#include <linux/capability.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "common/testing/file_access_override.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -355,34 +354,6 @@ TEST_F(CheckpointExportTest, LocateCheckpoint_LinkedStepDir_NotFollowed) {
   ASSERT_TRUE(at.ok()) << at.status();
   EXPECT_EQ(at->dir, StepDirName(5));
 }
-
-// While alive, the calling thread goes without CAP_DAC_OVERRIDE and
-// CAP_DAC_READ_SEARCH (from its effective set; put back at the end), so
-// that file modes stop it as they stop a user who is not root: the tests
-// may run as root, whom a mode 000 directory does not stop. Capabilities
-// are per thread, and LocateCheckpoint runs on the caller's.
-class WithoutFileAccessOverride {
- public:
-  WithoutFileAccessOverride() {
-    if (syscall(SYS_capget, &header_, saved_) != 0) return;
-    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
-    for (const int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) {
-      dropped[cap / 32].effective &= ~(1u << (cap % 32));
-    }
-    ok_ = syscall(SYS_capset, &header_, dropped) == 0;
-  }
-  ~WithoutFileAccessOverride() {
-    if (ok_) syscall(SYS_capset, &header_, saved_);
-  }
-  WithoutFileAccessOverride(const WithoutFileAccessOverride&) = delete;
-  WithoutFileAccessOverride& operator=(const WithoutFileAccessOverride&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  __user_cap_header_struct header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct saved_[2] = {};
-  bool ok_ = false;
-};
 
 // A step directory of a job's directory that cannot be looked into (here
 // EACCES; EIO, ESTALE alike) may hold the newest checkpoint: an error

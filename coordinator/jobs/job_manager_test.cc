@@ -1,12 +1,10 @@
 #include "coordinator/jobs/job_manager.h"
 
 #include <dirent.h>
-#include <linux/capability.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +32,7 @@
 #include "common/device_kind.h"
 #include "common/link_model.h"
 #include "common/proto_time.h"
+#include "common/testing/file_access_override.h"
 #include "common/testing/log_lines.h"
 #include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
@@ -1751,34 +1750,6 @@ TEST_F(JobManagerTest, InitFrom_OutputDirNameNotUtf8_Accepted) {
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(jobs.Get(job->id()).value().state(), v1::JOB_STATE_QUEUED);
 }
-
-// While alive, the calling thread goes without CAP_DAC_OVERRIDE and
-// CAP_DAC_READ_SEARCH (from its effective set; put back at the end), so
-// that file modes stop it as they stop a coordinator not run as root: the
-// tests may run as root, whom a mode 000 directory does not stop. Submit's
-// file checks run on the caller's thread, and capabilities are per thread.
-class WithoutFileAccessOverride {
- public:
-  WithoutFileAccessOverride() {
-    if (syscall(SYS_capget, &header_, saved_) != 0) return;
-    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
-    for (const int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) {
-      dropped[cap / 32].effective &= ~(1u << (cap % 32));
-    }
-    ok_ = syscall(SYS_capset, &header_, dropped) == 0;
-  }
-  ~WithoutFileAccessOverride() {
-    if (ok_) syscall(SYS_capset, &header_, saved_);
-  }
-  WithoutFileAccessOverride(const WithoutFileAccessOverride&) = delete;
-  WithoutFileAccessOverride& operator=(const WithoutFileAccessOverride&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  __user_cap_header_struct header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct saved_[2] = {};
-  bool ok_ = false;
-};
 
 // A directory on the way that the coordinator may not enter (EACCES) is
 // the operator's to fix: FAILED_PRECONDITION saying so, as for a spec's

@@ -164,7 +164,8 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const v1::TrainingSpec& training = job.spec().training();
-    // As ShowUnsavedSuccessLocked shows it (/metrics reads this).
+    // As ShowUnsavedSuccessLocked shows it (/metrics and the list pages
+    // read this).
     const v1::JobState state = SuccessUnsavedLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),

@@ -380,9 +380,9 @@ class JobManager {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
-  // they begin). A job that SUCCEEDED whose save failed since is shown
-  // RUNNING until a save succeeds (ShowUnsavedSuccessLocked), here, in
-  // List and in Summaries.
+  // they begin). A job that SUCCEEDED is shown RUNNING until a save of
+  // that end succeeds (in flight, hung or failing: ShowUnsavedSuccessLocked),
+  // here, in List, Summaries, CountByState and a repeated Submit.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   // Every job kept, in submission order, without progress.loss_history:
   // whole copies, for tests and the restore fuzzer (the API's pages and
@@ -414,7 +414,8 @@ class JobManager {
   // is a repeat (only Cancel ends a job so): answered OK with it at once
   // when its cancel is recorded, else as below. NOT_FOUND;
   // FAILED_PRECONDITION when the job ended otherwise (SUCCEEDED, FAILED);
-  // UNAVAILABLE when the
+  // UNAVAILABLE while a success's end waits to be saved (shown RUNNING:
+  // ShowUnsavedSuccessLocked), and when the
   // store did not record it, or not within options.cancel_save_wait: the
   // job is cancelled here (its workers are stopped) and the save is
   // retried every second (or still queued), but a coordinator that stops

@@ -365,7 +365,9 @@ void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
     return;
   }
   if (unwritten_manifests_.empty()) next_manifest_retry_ = now + absl::Seconds(5);
+  // A retry from now on: checked, never making the step directory.
   unwritten_manifests_.push_back(m);
+  unwritten_manifests_.back().fresh = false;
   // Tried every 5 s while the volume fails (full, read-only): a line each,
   // for every manifest held, buried the cause.
   FailureStretch& stretch = manifest_failures_[key];

@@ -756,9 +756,8 @@ absl::Status JobManager::Restore() {
                           << " has no manifest, and none is written: " << checked.message();
           continue;
         }
-        // A check that cannot tell (EIO, EMFILE, a volume not mounted yet)
-        // is no damage: WriteManifestIfHeld checks again (`m` is not fresh)
-        // and counts such a failure as a failed write, tried every 5 s.
+        // A check that cannot tell (EIO, ESTALE, EMFILE) is no damage: WriteManifestIfHeld checks
+        // again (`m` is not fresh) and counts such a failure as a failed write, tried every 5 s.
         PT_LOG(INFO) << "job " << m.job_id << ": writing the missing manifest of checkpoint "
                      << m.complete.step();
         WriteManifestIfHeld(m);

@@ -713,7 +713,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   if (!request_id.empty()) {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
-    if (earlier != nullptr) return earlier->job;
+    if (earlier != nullptr) {
+      v1::Job shown = earlier->job;  // a repeat sees what Get shows
+      ShowUnsavedSuccessLocked(shown);
+      return shown;
+    }
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
@@ -730,7 +734,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     AnnotatedMutexLock lock(&mu_);
     // Again: the same request may have come in meanwhile.
     ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
-    if (earlier != nullptr) return earlier->job;
+    if (earlier != nullptr) {
+      v1::Job shown = earlier->job;  // a repeat sees what Get shows
+      ShowUnsavedSuccessLocked(shown);
+      return shown;
+    }
     int pending = static_cast<int>(submitting_.size());
     for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
     if (pending >= options_.max_pending_jobs) {

@@ -3345,8 +3345,9 @@ TEST_F(JobManagerTest, EndedJobs_HeldManifestAfterItsStepDirWasRemoved_DirNotMad
 }
 
 // A restarted coordinator that cannot check a missing manifest's unit files
-// (here its --output-dir is not there yet, a volume mounted late; EIO and
-// EMFILE alike) writes the manifest once it can, trying again every 5 s as
+// (EIO, ESTALE, EMFILE; here, as a stand-in the test can make, its
+// --output-dir moved away, which the coordinator's start-up would refuse)
+// writes the manifest once it can, trying again every 5 s as
 // after a failed write: that counted as damage, and the checkpoint stayed
 // without a manifest (neither exported nor named by init.from) until the
 // next restart.
@@ -3914,7 +3915,15 @@ TEST_F(JobManagerTest, Submit_WeightsDirectoryToBeMadeInAClosedOne_RefusedUpFron
 // (root, or CAP_SYS_ADMIN): tried in a child, which mounts nothing.
 bool CanUnshareMounts() {
   const pid_t child = fork();
-  if (child == 0) _exit(unshare(CLONE_NEWNS) == 0 ? 0 : 1);
+  if (child == 0) {
+    // The whole of what the test does: some containers allow the unshare
+    // but refuse mounts (AppArmor).
+    _exit(unshare(CLONE_NEWNS) == 0 &&
+                  mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+                  mount("tmpfs", "/tmp", "tmpfs", MS_RDONLY, nullptr) == 0
+              ? 0
+              : 1);
+  }
   int status = 0;
   return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
          WEXITSTATUS(status) == 0;
@@ -3924,7 +3933,7 @@ bool CanUnshareMounts() {
 // coordinator may not write (EACCES) is: only EACCES was. In a child with
 // a mount namespace of its own, a read-only tmpfs mounted there.
 TEST_F(JobManagerDeathTest, Submit_WeightsDirectoryOnAReadOnlyMount_FailedPrecondition) {
-  if (!CanUnshareMounts()) GTEST_SKIP() << "no mount namespace for this process (not root)";
+  if (!CanUnshareMounts()) GTEST_SKIP() << "no mount namespace or mounts for this process";
   const std::string mounted = OutputDir() + "/mounted";
   ASSERT_EQ(mkdir(mounted.c_str(), 0700), 0);
   // Prints what Submit answers for a file in the mount, and for one in a
@@ -3951,7 +3960,6 @@ TEST_F(JobManagerDeathTest, Submit_WeightsDirectoryOnAReadOnlyMount_FailedPrecon
               "\\[FAILED_PRECONDITION: spec\\.output\\.weights_path: \"mounted\", where the "
               "directories of \"mounted/new/w\\.safetensors\" would be made, is not writable by "
               "the coordinator: Read-only file system");
-  EXPECT_TRUE(jobs_.List().empty());
 }
 
 TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) {

@@ -70,6 +70,8 @@ class CoordinatorEndpoints {
   // Failed with a failed call's outcome.
   std::shared_ptr<grpc::Channel> channel();
   std::string current() const;
+  // How many addresses are listed.
+  size_t size() const { return addresses_.size(); }
   // A call on `used` (an earlier channel()) failed with `status`.
   // UNAVAILABLE (a follower's refusal, or nobody listening),
   // DEADLINE_EXCEEDED (nobody answering) and UNIMPLEMENTED (no coordinator

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/build_identity.h"
@@ -238,6 +240,7 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
     if (maybe_committed) SettleCutOffRegistration(request, Stub());
     return absl::CancelledError("stopped before registering");
   };
+  std::set<std::string> not_serving;  // listed addresses that answered UNIMPLEMENTED
   while (true) {
     bool stopping = false;
     {
@@ -251,6 +254,7 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
+    const std::string address = endpoints_->current();  // before Failed moves on
     const CoordinatorStub coordinator = Stub();
     // Cancelled by Leave (`cancel`, the heartbeat thread's), as a heartbeat
     // is: a slow coordinator held the shutdown for up to rpc_timeout, past
@@ -296,10 +300,13 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
     // it (nginx, Envoy, Istio) answering 404, which gRPC reports as
     // UNIMPLEMENTED, during a rollout. Retried as an outage is: a worker
     // that exited there would drop its stage.
+    // With several addresses listed, the next is tried (Failed moved on)
+    // until every one has answered so.
     const bool not_served = s.error_code() == grpc::StatusCode::UNIMPLEMENTED;
-    if (not_served && first) {
+    if (not_served) not_serving.insert(address);
+    if (not_served && first && not_serving.size() >= endpoints_->size()) {
       return absl::UnimplementedError(absl::StrCat(
-          endpoints_->current(), " does not serve the coordinator's API (RegisterWorker: ",
+          address, " does not serve the coordinator's API (RegisterWorker: ",
           s.error_message().empty() ? "UNIMPLEMENTED" : s.error_message(),
           "): --coordinator must name a coordinator's --grpc-address, not a worker's --listen "
           "port, etcd or another gRPC service"));

@@ -920,6 +920,28 @@ TEST(WorkerAgentTest, Start_AddressDoesNotServeTheCoordinator_FailsAtOnceNamingI
   rig->Shutdown();
 }
 
+// With several coordinators listed, one that answers UNIMPLEMENTED (a
+// proxy's 404 in front of it during a rollout, here a worker's --listen
+// port) is passed over for the next: the first registration refused the
+// worker, naming the next address, though that one led.
+TEST(WorkerAgentTest, Start_FirstListedAddressNotACoordinator_RegistersWithTheNext) {
+  LeaseCoordinator coordinator(/*lease_seconds=*/300);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.coordinator_address =
+      absl::StrCat(rig->data_plane->address(), ",", rig->options.coordinator_address);
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  const absl::Status started = agent.Start();
+  EXPECT_TRUE(started.ok()) << started;
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // The same against a real server without the service: the rig's data plane
 // (a worker's --listen port), whose gRPC answers the unknown method itself.
 TEST(WorkerAgentTest, Start_CoordinatorIsAWorkersListenPort_FailsAtOnce) {

@@ -375,31 +375,13 @@ TEST(CoordinatorMetricsTest, StateSaves_FailuresCountedFailingJobsShown) {
   EXPECT_EQ(state.LoadJobs().value()[0].job().state(), v1::JOB_STATE_CANCELLED);
 }
 
-// A store whose commits wait, once `hang` is set, until `release` is set:
-// an etcd, or a file system under SQLite, that stopped answering.
-class HangingStore final : public MemoryBackedStore {
- public:
-  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
-    if (hang.exchange(false)) {
-      entered.set_value();
-      released.wait();
-    }
-    return CommitThrough(writes);
-  }
-  std::string Describe() const override { return "hanging"; }
-  std::atomic<bool> hang{false};
-  std::promise<void> entered;
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-};
-
 // A save that does not return shows as the job I/O queue's age (no save
 // has failed, so the failure gauges stay 0), back to 0 once it returns.
 TEST(CoordinatorMetricsTest, StuckSave_ShownAsTheIoQueuesAge) {
   FakeClock clock;
   WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
-  HangingStore store;
+  HeldCommitStore store;
   CoordinatorState state(&store);
   JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
   CoordinatorMetrics metrics(&workers, &jobs);
@@ -412,7 +394,7 @@ TEST(CoordinatorMetricsTest, StuckSave_ShownAsTheIoQueuesAge) {
   EXPECT_EQ(SeriesValue(text, "pipetrain_jobs_io_queue_age_seconds"), 0) << text;
   const std::string id = jobs.Submit(TinySpec()).value().id();  // no workers: queued
   jobs.FlushIo();
-  store.hang = true;
+  store.hold = true;
   std::thread cancel([&] { EXPECT_TRUE(jobs.Cancel(id).ok()); });  // its save hangs
   store.entered.get_future().wait();
   clock.Advance(absl::Seconds(150));

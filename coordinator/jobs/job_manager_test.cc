@@ -3380,7 +3380,7 @@ TEST_F(JobManagerTest, Restore_UnitFilesCannotBeChecked_ManifestWrittenByARetry)
     ASSERT_TRUE(std::filesystem::is_directory(manifest));  // the write failed
     ASSERT_TRUE(first.Cancel(id).ok());
     first.FlushIo();
-  }  // stopped while the write waited for its retry
+  }                                       // stopped while the write waited for its retry
   std::filesystem::remove_all(manifest);  // the way cleared
   std::filesystem::rename(volume, volume + ".unmounted");
   JobManager restarted(&registry_, &hub_, &clock_, options);
@@ -4032,25 +4032,12 @@ TEST_F(JobManagerTest, SucceededWhileSavesFail_ShownRunningUntilSaved) {
 // its deadline) is no saved end either: shown RUNNING, and a cancel meanwhile
 // is answered UNAVAILABLE (the end may yet be lost), until it returns.
 TEST_F(JobManagerTest, SucceededWhileItsSaveHangs_ShownRunningUntilItReturns) {
-  class HeldStore final : public MemoryBackedStore {
-   public:
-    absl::Status Commit(const std::vector<StoreWrite>& writes) override {
-      if (hold.exchange(false)) {
-        entered.set_value();
-        released.wait();
-      }
-      return CommitThrough(writes);
-    }
-    std::atomic<bool> hold{false};
-    std::promise<void> entered;
-    std::promise<void> release;
-    std::shared_future<void> released = release.get_future().share();
-  };
-  HeldStore store;
+  HeldCommitStore store;
   CoordinatorState state(&store);
-  JobManager jobs(&registry_, &hub_, &clock_,
-                  JobManagerOptions{
-                      .id_epoch = "e6", .state = &state, .background_runner = background_.Runner()});
+  JobManager jobs(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{
+          .id_epoch = "e6", .state = &state, .background_runner = background_.Runner()});
   const std::string worker = AddWorker(7001);
   const std::string id = jobs.Submit(SmallSpec(1)).value().id();  // 3 steps
   background_.RunAll();

@@ -13,6 +13,8 @@
 #ifndef PIPETRAIN_COORDINATOR_STORE_MEMORY_BACKED_STORE_TESTING_H_
 #define PIPETRAIN_COORDINATOR_STORE_MEMORY_BACKED_STORE_TESTING_H_
 
+#include <atomic>
+#include <future>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,6 +49,33 @@ class MemoryBackedStore : public Store {
 
  private:
   MemoryStore store_;
+};
+
+// Holds the next commit after `hold` is set (a store that stopped
+// answering: an etcd call waiting out its deadline, a hung file system)
+// until `release` is set; `entered` is set once it holds.
+//
+//   store.hold = true;
+//   ... something that commits, on another thread ...
+//   store.entered.get_future().wait();
+//   ... what is seen meanwhile ...
+//   store.release.set_value();
+class HeldCommitStore final : public MemoryBackedStore {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (hold.exchange(false)) {
+      entered.set_value();
+      released.wait();
+    }
+    return CommitThrough(writes);
+  }
+  std::string Describe() const override { return "held"; }
+  std::atomic<bool> hold{false};
+  std::promise<void> entered;
+  std::promise<void> release;
+
+ private:
+  std::shared_future<void> released = release.get_future().share();
 };
 
 }  // namespace pipetrain

@@ -180,7 +180,8 @@ int Run(const std::vector<std::string>& args) {
   flags.String("join-token", &f.join_token,
                "the coordinator's join token (visible in ps: prefer --join-token-file)");
   flags.String("join-token-file", &f.join_token_file, "read the join token from this file");
-  flags.String("node-name", &f.node_name, "node name reported to the coordinator");
+  flags.String("node-name", &f.node_name,
+               "node name reported to the coordinator (at most 253 bytes)");
   flags.String("memory-limit", &f.memory_limit,
                "memory this worker may use, e.g. 8G (default: the least of physical memory and "
                "its cgroup's limit); the coordinator admits jobs against it");

@@ -45,6 +45,7 @@
 #include "common/tls_credentials.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/device_info.h"
+#include "worker/agent/drain_retry.h"
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
@@ -86,6 +87,44 @@ char AwaitWake(absl::Duration timeout) {
   return byte;
 }
 
+// How long the shutdown's waits below wait between reads of the wake pipe.
+constexpr absl::Duration kSlice = absl::Milliseconds(200);
+
+// The wake pipe read without waiting: CANCELLED when a second signal ("go
+// on now", as during the shutdown delay) or a failure came, its message
+// ending with `waiting` (what it cut short); OK when nothing did.
+absl::Status WokenWhile(absl::string_view waiting) {
+  const char why = AwaitWake(absl::ZeroDuration());
+  if (why == kSignalled) {
+    return absl::CancelledError(
+        absl::StrCat("signalled again (", ShutdownSignalName(g_signal), ") ", waiting));
+  }
+  if (why == kFailed) return absl::CancelledError("the worker cannot go on (see its log)");
+  return absl::OkStatus();
+}
+
+// WorkerAgent::AwaitRegisteredAgain for up to `timeout`, in slices, between
+// which the wake pipe is read (WokenWhile): after a drain refused for this
+// worker's session gone stale, the heartbeat loop registers again, and the
+// drain asked before that would be refused again.
+absl::Status AwaitRegisteredAgainOrWake(WorkerAgent& agent, absl::Duration timeout) {
+  const absl::Time until = MonotonicClock()->Now() + timeout;
+  bool said = false;
+  while (true) {
+    const absl::Duration left = until - MonotonicClock()->Now();
+    const absl::Status registered =
+        agent.AwaitRegisteredAgain(std::max(absl::ZeroDuration(), std::min(left, kSlice)));
+    if (!absl::IsDeadlineExceeded(registered) || left <= kSlice) return registered;
+    if (!said) {
+      PT_LOG(INFO) << "the coordinator no longer takes this worker's session (it restarted or "
+                      "failed over): waiting up to "
+                   << absl::FormatDuration(timeout) << " to register again, then draining";
+      said = true;
+    }
+    if (absl::Status woken = WokenWhile("while registering again"); !woken.ok()) return woken;
+  }
+}
+
 // WorkerAgent::AwaitDrained for up to `seconds`, in slices, between which
 // the wake pipe is read: a second signal ("go on now", as during the
 // shutdown delay) or a failure ends the wait (CANCELLED) instead of being
@@ -94,7 +133,6 @@ char AwaitWake(absl::Duration timeout) {
 // (RecheckDrain: an abandoned placement sends it no word).
 absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
   const absl::Duration timeout = absl::Seconds(seconds);
-  constexpr absl::Duration kSlice = absl::Milliseconds(200);
   constexpr absl::Duration kRecheck = absl::Seconds(5);
   const absl::Time until = MonotonicClock()->Now() + timeout;
   absl::Time recheck = MonotonicClock()->Now() + kRecheck;
@@ -123,12 +161,7 @@ absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
       return absl::DeadlineExceededError(absl::StrCat("the job did not let this worker go within ",
                                                       absl::FormatDuration(timeout)));
     }
-    const char why = AwaitWake(absl::ZeroDuration());
-    if (why == kSignalled) {
-      return absl::CancelledError(
-          absl::StrCat("signalled again (", ShutdownSignalName(g_signal), ") while draining"));
-    }
-    if (why == kFailed) return absl::CancelledError("the worker cannot go on (see its log)");
+    if (absl::Status woken = WokenWhile("while draining"); !woken.ok()) return woken;
   }
 }
 
@@ -543,15 +576,24 @@ int Run(const std::vector<std::string>& args) {
   }
   if (!device_failed.load() && drains) {
     // Asked again after the delay when the first ask met a passing failure
-    // (a failover, a coordinator busy past the deadline): the coordinator
-    // may lead again by now, and a worker that leaves undrained costs its
-    // job the steps since its last checkpoint. Not when a second signal
-    // asked to go on now.
-    const bool ask_again =
-        !drain_asked.has_value() ||
-        (!hurried && (absl::IsUnavailable(*drain_asked) || absl::IsDeadlineExceeded(*drain_asked)));
-    absl::Status drained = ask_again ? agent.RequestDrain() : *drain_asked;
-    if (drained.ok()) drained = AwaitDrainedOrWake(agent, f.drain_timeout_seconds);
+    // (AsksDrainAfterDelay: a failover, a coordinator busy past the
+    // deadline, this worker's session gone stale): the coordinator may lead
+    // again by now, and a worker that leaves undrained costs its job the
+    // steps since its last checkpoint. Not when a second signal asked to go
+    // on now. A stale session's drain is asked once the agent registered
+    // again (with no delay, or a short one, it has not yet): that wait
+    // counts against the drain's timeout, which a supervisor's grace
+    // period is sized to.
+    absl::Status drained = drain_asked.value_or(absl::OkStatus());
+    double drain_seconds = f.drain_timeout_seconds;
+    if (AsksDrainAfterDelay(drain_asked, hurried)) {
+      const absl::Time start = MonotonicClock()->Now();
+      drained = AwaitRegisteredAgainOrWake(agent, absl::Seconds(drain_seconds));
+      drain_seconds =
+          std::max(0.0, drain_seconds - absl::ToDoubleSeconds(MonotonicClock()->Now() - start));
+      if (drained.ok()) drained = agent.RequestDrain();
+    }
+    if (drained.ok()) drained = AwaitDrainedOrWake(agent, drain_seconds);
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
   // A stage stuck in a long computation or a send to a stalled peer can

@@ -13,6 +13,7 @@
 #include "common/secrets.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/device_info.h"
+#include "worker/agent/drain_retry.h"
 
 namespace pipetrain {
 namespace {
@@ -426,9 +427,28 @@ grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc, CallCancel
 }
 
 absl::Status WorkerAgent::RequestDrain(CallCancel* cancel) {
-  const absl::Status asked = AskDrain(options_.rpc_timeout, cancel);
-  if (asked.ok()) PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
+  bool granted = false;
+  const absl::Status asked = AskDrain(options_.rpc_timeout, cancel, &granted);
+  // Not before a registration (none may ever come: a start-up refused):
+  // nothing was drained, and the registration says drained when it comes.
+  if (granted) PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
   return asked;
+}
+
+absl::Status WorkerAgent::AwaitRegisteredAgain(absl::Duration timeout) {
+  AnnotatedMutexLock lock(&mu_);
+  if (stale_drain_registration_ == 0) return absl::OkStatus();
+  mu_.AwaitWithTimeout(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return registrations_ > stale_drain_registration_ || stopping_;
+      },
+      timeout);
+  if (registrations_ > stale_drain_registration_) return absl::OkStatus();
+  if (stopping_) return absl::CancelledError("stopped before registering again");
+  // Not naming `timeout`: a caller waiting in slices names its own.
+  return absl::DeadlineExceededError(
+      "not registered again since the coordinator refused this worker's session as stale (it "
+      "restarted or failed over; see the heartbeat and registration warnings)");
 }
 
 absl::Status WorkerAgent::RecheckDrain() {
@@ -440,8 +460,13 @@ absl::Status WorkerAgent::RecheckDrain() {
   return AskDrain(std::min(options_.rpc_timeout, kRecheckDrainTimeout));
 }
 
-absl::Status WorkerAgent::AskDrain(absl::Duration timeout, CallCancel* cancel) {
+absl::Status WorkerAgent::AskDrain(absl::Duration timeout, CallCancel* cancel, bool* granted) {
+  if (granted != nullptr) *granted = false;
   v1::DrainWorkerRequest request;
+  // The registration whose session the call sends (CallLeader reads the
+  // session later: a registration meanwhile only makes the wait for one
+  // past it, AwaitRegisteredAgain, end at once).
+  int64_t registration = 0;
   {
     AnnotatedMutexLock lock(&mu_);
     // Idle too: a READY worker that is leaving must not be given a job (or
@@ -454,6 +479,7 @@ absl::Status WorkerAgent::AskDrain(absl::Duration timeout, CallCancel* cancel) {
     drained_ = true;
     if (worker_id_.empty()) return absl::OkStatus();  // not registered yet
     request.set_worker_id(worker_id_);
+    registration = registrations_;
   }
   v1::Worker response;
   const grpc::Status s = CallLeader(
@@ -463,10 +489,16 @@ absl::Status WorkerAgent::AskDrain(absl::Duration timeout, CallCancel* cancel) {
       },
       cancel);
   if (!s.ok()) {
-    return absl::Status(
+    const absl::Status refused(
         static_cast<absl::StatusCode>(s.error_code()),
         absl::StrCat("the coordinator would not drain this worker: ", s.error_message()));
+    if (IsStaleSessionRefusal(refused)) {
+      AnnotatedMutexLock lock(&mu_);
+      stale_drain_registration_ = std::max(stale_drain_registration_, registration);
+    }
+    return refused;
   }
+  if (granted != nullptr) *granted = true;
   AnnotatedMutexLock lock(&mu_);
   // Bounded: a job id is at most what the coordinator made it.
   const bool waiting_for_a_run =

@@ -169,18 +169,29 @@ class WorkerAgent {
   // to drain this worker (DrainWorker), whether or not a job runs here, so
   // that no job is placed on it from now on, and a job it runs re-plans
   // without it at the next step boundary, redoing nothing. OK when not
-  // registered (the registration, when it comes, says drained) or
-  // drained; the coordinator's refusal
-  // otherwise (a job without checkpoints; the caller stops anyway, and the
-  // job then recovers from its last checkpoint or fails). Either way every
-  // later registration says drained (one after the coordinator forgot this
-  // worker too).
+  // registered (the registration, when it comes, says drained; nothing is
+  // logged, as nothing was drained) or drained (logged); the coordinator's
+  // refusal otherwise (a job without checkpoints; the caller stops anyway,
+  // and the job then recovers from its last checkpoint or fails; or this
+  // worker's session gone stale, IsStaleSessionRefusal, drain_retry.h: see
+  // AwaitRegisteredAgain). Either way every later registration says
+  // drained (one after the coordinator forgot this worker too).
   // When the coordinator answers that this worker is ASSIGNED to a job
   // whose runner has not started (a plan being made, its RUN on the way),
   // the drain waits for that job's word too (AwaitDrained). `cancel` (may
   // be null) cuts the call off (the heartbeat thread's, which Leave
   // cancels).
   absl::Status RequestDrain(CallCancel* cancel = nullptr);
+  // After a drain refused for this worker's session gone stale (the
+  // coordinator restarted or failed over): waits up to `timeout` for the
+  // heartbeat loop, whose heartbeat is refused so too, to register again,
+  // said drained, with a session the coordinator takes; a drain asked
+  // then is answered (with the job that still holds this worker, which
+  // AwaitDrained waits for); one asked before is refused again. OK once
+  // registered past the refused session, or at once when no drain was
+  // refused so; DEADLINE_EXCEEDED otherwise; CANCELLED once stopping. Logs
+  // nothing: a caller may wait in slices (to hear a second signal).
+  absl::Status AwaitRegisteredAgain(absl::Duration timeout);
   // Then: waits up to `timeout` for a job running here, or the job the
   // drain's answer named, to let it go. OK when nothing holds this worker
   // or the job let go; DEADLINE_EXCEEDED otherwise. Logs nothing: a caller
@@ -249,8 +260,11 @@ class WorkerAgent {
   void StopRunner();
   void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
   // DrainWorker (each try bounded by `timeout`, cut off by `cancel` if not
-  // null), and assigned_job_ set (or cleared) from its answer.
-  absl::Status AskDrain(absl::Duration timeout, CallCancel* cancel = nullptr);
+  // null), and assigned_job_ set (or cleared) from its answer. `*granted`
+  // (may be null) says whether a coordinator granted it: false when not
+  // registered (nothing asked, OK) or refused.
+  absl::Status AskDrain(absl::Duration timeout, CallCancel* cancel = nullptr,
+                        bool* granted = nullptr);
   // Whether no job holds this worker (AwaitDrained): no RUN being taken, no
   // job named by the drain's answer still to come, and no runner or a
   // completed one.
@@ -302,6 +316,9 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   // The lease the coordinator holds this worker to (ReportRetryForLease).
   absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // registrations_ when the session of a drain the coordinator refused as
+  // stale was sent (AwaitRegisteredAgain waits to pass it); 0: none was.
+  int64_t stale_drain_registration_ ABSL_GUARDED_BY(mu_) = 0;
   // AwaitDrained calls waiting on mu_ (AwaitDrainWaitingForTesting).
   int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   // Backoffs RegisterWithRetry began (AwaitRegistrationBackoffForTesting).

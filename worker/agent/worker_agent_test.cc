@@ -22,6 +22,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/data_plane_keys.h"
 #include "coordinator/planner/schedule_compiler.h"
+#include "worker/agent/drain_retry.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
 #include "worker/transport/mailbox.h"
@@ -795,6 +796,146 @@ TEST(WorkerAgentTest, DrainRefusedThenRegisteredAgain_TheRegistrationSaysDrained
   rig->Shutdown();
 }
 
+// The shutdown asks for its drain after the delay when it did not before,
+// or when the first ask met a passing failure, a stale session's included
+// (the agent registers again meanwhile); never after a second signal said
+// to go on now, nor after a refusal for good or a drain granted.
+TEST(AsksDrainAfterDelayTest, PassingFailuresAndNotAskedYet_AskedAgainUnlessHurried) {
+  EXPECT_TRUE(AsksDrainAfterDelay(std::nullopt, /*hurried=*/false));
+  EXPECT_TRUE(AsksDrainAfterDelay(std::nullopt, /*hurried=*/true));
+  for (const absl::Status& passing :
+       {absl::UnavailableError("this coordinator follows"),
+        absl::DeadlineExceededError("Deadline Exceeded"),
+        absl::UnauthenticatedError("the coordinator would not drain this worker: session "
+                                   "credential not recognised: ... register again")}) {
+    SCOPED_TRACE(passing.ToString());
+    EXPECT_TRUE(AsksDrainAfterDelay(passing, /*hurried=*/false));
+    EXPECT_FALSE(AsksDrainAfterDelay(passing, /*hurried=*/true));
+  }
+  for (const absl::Status& final_answer :
+       {absl::OkStatus(), absl::FailedPreconditionError("w-1 runs job j, which has no checkpoints"),
+        absl::PermissionDeniedError("acts for w-2")}) {
+    SCOPED_TRACE(final_answer.ToString());
+    EXPECT_FALSE(AsksDrainAfterDelay(final_answer, /*hurried=*/false));
+  }
+  EXPECT_TRUE(
+      IsStaleSessionRefusal(absl::UnauthenticatedError("session credential not recognised")));
+  EXPECT_FALSE(IsStaleSessionRefusal(absl::FailedPreconditionError("worker w-1 is LOST")));
+}
+
+// Restarts as it is asked to drain w-1: that drain, and every later call
+// carrying incarnation 1's session (its heartbeats too), is refused as the
+// real coordinator refuses a session it no longer takes, so that the agent
+// registers again. Answers registration n as incarnation n, holding the
+// second until Release(), and grants a drain sent with a current session.
+// Records each registration's `drained` and the session each drain carried.
+class RestartedWhileDrainingCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    drained_.push_back(request->drained());
+    const int n = static_cast<int>(drained_.size());
+    if (n == 2) {
+      mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_; },
+                           absl::Seconds(30));
+    }
+    return RegisteredAsW1(response, n);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    if (request->incarnation() == 1 && restarted_) return StaleSession();
+    return grpc::Status::OK;
+  }
+  grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override {
+    const auto bearer = context->client_metadata().find("authorization");
+    const std::string session = bearer == context->client_metadata().end()
+                                    ? ""
+                                    : std::string(bearer->second.data(), bearer->second.size());
+    AnnotatedMutexLock lock(&mu_);
+    drain_sessions_.push_back(session);
+    if (session == "Bearer w-1.1.secret") {
+      restarted_ = true;
+      return StaleSession();
+    }
+    response->set_id(request->worker_id());
+    response->set_drained(true);
+    return grpc::Status::OK;
+  }
+  void Release() {
+    AnnotatedMutexLock lock(&mu_);
+    released_ = true;
+  }
+  std::vector<bool> drained() {
+    AnnotatedMutexLock lock(&mu_);
+    return drained_;
+  }
+  std::vector<std::string> drain_sessions() {
+    AnnotatedMutexLock lock(&mu_);
+    return drain_sessions_;
+  }
+
+ private:
+  // WorkerRegistry::AuthenticateSession's refusal.
+  static grpc::Status StaleSession() {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "session credential not recognised: it is malformed, or its worker "
+                        "incarnation is not current (the coordinator restarted, or the worker "
+                        "registered again); register again");
+  }
+  AnnotatedMutex mu_;
+  bool restarted_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> drain_sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+// A drain refused because the coordinator restarted (this worker's session
+// is stale) passes, as worker/main.cc decides: once the heartbeat loop has
+// registered again (said drained), the drain asked again is granted. Asked
+// before that, it is refused again: the shutdown waits for the
+// registration (AwaitRegisteredAgain). The worker used to leave undrained,
+// and its job lost the steps since its last checkpoint.
+TEST(WorkerAgentTest, DrainRefusedForAStaleSession_AskedAgainOnceRegisteredAgain_Granted) {
+  RestartedWhileDrainingCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  // The held registration must not time out and be retried meanwhile.
+  options.rpc_timeout = absl::Seconds(60);
+  options.backoff.initial = absl::Milliseconds(10);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  // No drain refused yet: nothing to wait for.
+  EXPECT_EQ(agent.AwaitRegisteredAgain(absl::ZeroDuration()), absl::OkStatus());
+  const absl::Status first = agent.RequestDrain();
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnauthenticated) << first;
+  EXPECT_TRUE(IsStaleSessionRefusal(first));
+  ASSERT_TRUE(AsksDrainAfterDelay(first, /*hurried=*/false));
+  // The registration again is held: the old session is refused again.
+  EXPECT_EQ(agent.RequestDrain().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(agent.AwaitRegisteredAgain(absl::ZeroDuration()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  coordinator.Release();
+  ASSERT_EQ(agent.AwaitRegisteredAgain(absl::Seconds(30)), absl::OkStatus());
+  ::testing::internal::CaptureStderr();
+  const absl::Status again = agent.RequestDrain();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(again, absl::OkStatus());
+  EXPECT_TRUE(absl::StrContains(log, "drained: no job is placed on this worker")) << log;
+  EXPECT_EQ(coordinator.drain_sessions(),
+            std::vector<std::string>(
+                {"Bearer w-1.1.secret", "Bearer w-1.1.secret", "Bearer w-1.2.secret"}));
+  // The registration again said drained (the first ask set it).
+  EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Refuses every registration for what it says (a --node-name over the
 // bound, say, or the worker's build): the same request would be refused
 // again.
@@ -855,6 +996,27 @@ TEST(WorkerAgentTest, RegistrationRefusedForItsContentOrBuild_StartFailsAtOnce) 
     agent.Stop();
     rig->Shutdown();
   }
+}
+
+// A worker whose start-up was refused (it never registered) and that then
+// shuts down asks for no drain and says nothing was drained: it logged
+// "drained: no job is placed on this worker from now on".
+TEST(WorkerAgentTest, RequestDrain_StartRefused_OkWithoutSayingDrained) {
+  RefusingCoordinator coordinator(
+      grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "join token rejected"));
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_EQ(agent.Start().code(), absl::StatusCode::kUnauthenticated);
+  ::testing::internal::CaptureStderr();
+  const absl::Status drained = agent.RequestDrain();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(drained, absl::OkStatus());
+  EXPECT_FALSE(absl::StrContains(log, "drained")) << log;
+  EXPECT_EQ(coordinator.registrations(), 1);
+  agent.Stop();
+  rig->Shutdown();
 }
 
 // Answers every registration UNIMPLEMENTED, as a gRPC server without the

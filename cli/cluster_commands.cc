@@ -1248,6 +1248,16 @@ struct SubmitOptions {
 constexpr int kSubmitAttempts = 5;
 constexpr absl::Duration kFirstSubmitBackoff = absl::Seconds(1);
 
+// Whether a call that failed with `status` was refused by a coordinator
+// serving only refusals (FollowerService: a follower, or a leader still
+// loading its state), which reads no request: UNAVAILABLE naming a leader
+// (kLeaderMetadataKey), which nothing else sends. The call did nothing.
+// A follower that knows no leader names none: its refusal reads as any
+// other UNAVAILABLE.
+bool RefusedUnread(const grpc::Status& status, const grpc::ClientContext& context) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE && !LeaderHint(context).empty();
+}
+
 FlagSet SubmitFlags(SubmitOptions& o) {
   FlagSet flags(
       "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow] [--request-id ID]\n"
@@ -1284,6 +1294,9 @@ int RunSubmit(const std::vector<std::string>& args) {
   *request.mutable_spec() = *spec;
   request.set_request_id(o.request_id.empty() ? RandomHex(16) : o.request_id);
   int attempt = 0;
+  // Whether every failed attempt is known to have done nothing: refused
+  // unread, or no leader found to send it to.
+  bool none_sent = true;
   absl::StatusOr<v1::Job> submitted = SubmitWithRetries(
       [&]() -> absl::StatusOr<v1::Job> {
         // A repeat connects again: the leader may have changed.
@@ -1293,8 +1306,12 @@ int RunSubmit(const std::vector<std::string>& args) {
           *stub = std::move(*fresh);
         }
         v1::Job job;
-        grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
-        if (!s.ok()) return ToAbsl(s);
+        const std::unique_ptr<grpc::ClientContext> context = WithDeadline(o.c.timeout);
+        grpc::Status s = (*stub)->SubmitJob(context.get(), request, &job);
+        if (!s.ok()) {
+          none_sent = none_sent && RefusedUnread(s, *context);
+          return ToAbsl(s);
+        }
         return job;
       },
       kSubmitAttempts, kFirstSubmitBackoff,
@@ -1310,11 +1327,20 @@ int RunSubmit(const std::vector<std::string>& args) {
       });
   if (!submitted.ok()) {
     const int exit_code = Fail("submit", submitted.status());
+    if (!CoordinatorOutcomeUnknown(submitted.status())) return exit_code;
+    // Certain, though the code says "retry" as for an unknown outcome: only
+    // coordinators that do not serve the API answered, or none was found.
+    if (none_sent) {
+      std::fprintf(stderr,
+                   "pipetrain submit: nothing was submitted: every attempt was refused by a "
+                   "coordinator that does not lead (or leads but is still loading its state) or "
+                   "found none that leads; run this command again once one leads\n");
+      return exit_code;
+    }
     // Whether the job exists is unknown (the id makes asking again safe),
     // unless the coordinator said nothing was submitted (a path held a
     // minute more, the state store refusing the job).
-    if (CoordinatorOutcomeUnknown(submitted.status()) &&
-        !SaysNothingSubmitted(submitted.status())) {
+    if (!SaysNothingSubmitted(submitted.status())) {
       std::fprintf(stderr,
                    "pipetrain submit: the job may or may not have been created; running this "
                    "command again with --request-id %s never creates a second one\n",

@@ -1,14 +1,104 @@
-// The checks `pipetrain up` makes before it starts anything.
+// The checks `pipetrain up` makes before it starts anything, and what
+// `pipetrain submit` says when every attempt failed (against a canned gRPC
+// coordinator on loopback).
 #include "cli/cluster_commands.h"
 
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cli/exit_codes.h"
+#include "common/coordinator_endpoints.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
 namespace {
+
+// Finishes at once; deletes itself when gRPC is done with it.
+class Answer final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Answer(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+// A coordinator on a loopback port of its own that refuses every call as a
+// follower does (UNAVAILABLE naming the leader, kLeaderMetadataKey), but
+// the first `unnamed`: UNAVAILABLE naming none, as a leader whose state
+// store failed mid-commit answers (the call may have taken effect).
+class Refusing final : public grpc::CallbackGenericService {
+ public:
+  explicit Refusing(int unnamed) : unnamed_(unnamed) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~Refusing() { server_->Shutdown(); }
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    if (calls_.fetch_add(1) < unnamed_) {
+      return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "etcd commit timed out"));
+    }
+    context->AddTrailingMetadata(kLeaderMetadataKey, "10.0.0.7:7070");
+    return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "this coordinator is a follower; the leader is 10.0.0.7:7070"));
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int calls() const { return calls_.load(); }
+
+ private:
+  const int unnamed_;
+  int port_ = 0;
+  std::atomic<int> calls_{0};
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// `pipetrain submit` of an empty spec to `coordinator`; its exit code, and
+// its stderr in *err. Five attempts, 15 s of backoff between them.
+int Submit(const std::string& coordinator, std::string* err) {
+  const std::string spec = absl::StrCat(std::getenv("TEST_TMPDIR"), "/job.json");
+  std::ofstream(spec, std::ios::trunc) << "{}";
+  testing::internal::CaptureStderr();
+  const int code = RunSubmit({spec, "--coordinator", coordinator, "--timeout", "10s"});
+  *err = testing::internal::GetCapturedStderr();
+  return code;
+}
+
+// A follower reads no request: when it refused every attempt, nothing was
+// submitted, and submit says so. It said "may or may not have been
+// created", as if an answer had been lost.
+TEST(RunSubmitTest, EveryAttemptRefusedByAFollower_SaysNothingWasSubmitted) {
+  Refusing follower(/*unnamed=*/0);
+  std::string err;
+  EXPECT_EQ(Submit(follower.address(), &err), ExitCodeFor(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(follower.calls(), 5);
+  EXPECT_TRUE(absl::StrContains(err,
+                                "pipetrain submit: nothing was submitted: every attempt was "
+                                "refused by a coordinator that does not lead"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "may or may not have been created")) << err;
+}
+
+// One attempt whose outcome is unknown (UNAVAILABLE naming no leader) is
+// enough for the job to exist, whatever the followers said after it.
+TEST(RunSubmitTest, OneAttemptOfUnknownOutcome_TheJobMayOrMayNotExist) {
+  Refusing coordinator(/*unnamed=*/1);
+  std::string err;
+  EXPECT_EQ(Submit(coordinator.address(), &err), ExitCodeFor(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(coordinator.calls(), 5);
+  EXPECT_TRUE(absl::StrContains(err, "pipetrain submit: the job may or may not have been created"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "nothing was submitted")) << err;
+}
 
 // A binary without CUDA refuses cuda and cuda:N up front (the workers
 // would refuse them only once started), naming the flag and the remedy.

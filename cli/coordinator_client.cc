@@ -46,7 +46,8 @@ StubFactory StubsWith(const std::shared_ptr<grpc::ChannelCredentials>& credentia
 
 // The leader among `addresses` (two or more), within `timeout`
 // (FindCoordinator's contract). A follower refuses at once, naming it (a
-// name not in `addresses` is ignored, as CoordinatorEndpoints does); any
+// name not in `addresses` is ignored, as CoordinatorEndpoints does; a
+// leader still loading its state names itself, and is asked again); any
 // other answer (even NOT_FOUND for this empty id) comes from the leader; a
 // coordinator that does not answer is skipped. As CoordinatorEndpoints
 // does: after a named leader that does not answer comes the address after
@@ -80,7 +81,13 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
     // Only a listed leader: whoever answers on a listed address must not
     // be able to send the user token anywhere else.
     const std::string leader = ListedLeaderHint(*context, addresses);
-    if (!leader.empty() && leader != candidate) {
+    if (leader == candidate) {
+      // It named itself: it leads, still loading its state. Asked again
+      // after a pause; the others would only name it.
+      absl::SleepFor(std::min(absl::Milliseconds(200), give_up - MonotonicClock()->Now()));
+      continue;
+    }
+    if (!leader.empty()) {
       at = std::find(addresses.begin(), addresses.end(), leader) - addresses.begin();
       candidate = leader;
     } else {

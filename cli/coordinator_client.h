@@ -43,7 +43,8 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
 // --timeout. `address` lists one coordinator, or several highly available
 // ones ("a:7070,b:7070"); then their leader is found first: each is asked
 // in turn (a follower names the leader, followed only when it is one of
-// the listed addresses, so that no one can redirect the token), each with
+// the listed addresses, so that no one can redirect the token; a leader
+// still loading its state names itself, and is asked again), each with
 // a deadline of `timeout` / (the number listed), so that a silent one
 // cannot use up the others' time, and rounds repeat (during a takeover
 // none may lead for a moment) until `timeout` has passed. One address is

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/annotated_mutex.h"
 #include "common/coordinator_endpoints.h"
 #include "common/secrets.h"
 #include "gtest/gtest.h"
@@ -63,6 +64,41 @@ class Server {
  private:
   Canned service_;
   int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// A newly elected leader still loading its state, as FollowerService
+// answers for it: every call refused, naming its own address; counts the
+// calls.
+class LoadingLeader final : public grpc::CallbackGenericService {
+ public:
+  LoadingLeader() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+    AnnotatedMutexLock lock(&mu_);
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~LoadingLeader() { server_->Shutdown(); }
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    calls_.fetch_add(1);
+    context->AddTrailingMetadata(kLeaderMetadataKey, address());
+    return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "this coordinator leads and is still loading its state"));
+  }
+  std::string address() const {
+    AnnotatedMutexLock lock(&mu_);
+    return address_;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> calls_{0};
   std::unique_ptr<grpc::Server> server_;
 };
 
@@ -180,6 +216,18 @@ TEST(FindCoordinatorTest, StoppingCoordinatorAnswersCancelled_TheNextIsTheLeader
   (*found)->GetJob(&context, v1::GetJobRequest(), &job);
   EXPECT_EQ(leader.calls(), 2);  // the stub is the leader's
   EXPECT_EQ(stopping.calls(), 1);
+}
+
+// A leader still loading its state names itself: it is asked again, and
+// the followers, which would only name it, are not (they were, a round
+// each time).
+TEST(FindCoordinatorTest, LeaderStillLoadingNamesItself_AskedAgainNotTheFollowers) {
+  LoadingLeader loading;
+  Server follower(kRefused, loading.address());
+  auto found = Find(absl::StrCat(loading.address(), ",", follower.address()), absl::Seconds(1));
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kUnavailable) << found.status();
+  EXPECT_GE(loading.calls(), 2);
+  EXPECT_EQ(follower.calls(), 0);
 }
 
 TEST(FindCoordinatorTest, OnlyFollowers_UnavailableNamingTheAddresses) {

@@ -106,7 +106,10 @@ void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::Client
   const std::string leader = ListedLeaderHint(context, addresses_);
   AnnotatedMutexLock lock(&mu_);
   if (used != channel_) return;  // another call has moved on already
-  if (!leader.empty() && leader != current_) {
+  // It named itself: it leads, still loading its state. The others would
+  // only name it again.
+  if (leader == current_) return;
+  if (!leader.empty()) {
     // The round robin goes on from the leader, so that if it is dead too
     // the next try is the address after it (not back to this one).
     position_ = std::find(addresses_.begin(), addresses_.end(), leader) - addresses_.begin();

@@ -5,9 +5,10 @@
 // a channel to the one it believes is the leader and follows the leader
 // when a call says otherwise: a follower refuses every call with
 // UNAVAILABLE and names the leader in the trailing metadata
-// kLeaderMetadataKey; a coordinator that does not answer at all is skipped
-// for the next address, round robin. A single address behaves as a plain
-// channel. Thread-safe.
+// kLeaderMetadataKey (a new leader still loading its state refuses so too,
+// naming itself: it is asked again); a coordinator that does not answer at
+// all is skipped for the next address, round robin. A single address
+// behaves as a plain channel. Thread-safe.
 //
 // Only the configured addresses are ever used: a named leader that is not
 // one of them, spelled exactly as given (so each coordinator's
@@ -77,7 +78,8 @@ class CoordinatorEndpoints {
   // DEADLINE_EXCEEDED (nobody answering) and UNIMPLEMENTED (no coordinator
   // API there: a proxy answering 404 during a rollout) move to the leader
   // the refusal named if it is one of the addresses, or else to the
-  // address after the current one in the list.
+  // address after the current one in the list. A refusal naming the
+  // current address itself (its leader, still loading its state) keeps it.
   // Other codes change nothing: the coordinator answered. Nor does a
   // failure on a channel that is no longer the current one: several
   // threads see one coordinator die, the first moves on, and the others

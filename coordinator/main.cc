@@ -332,7 +332,13 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
     AnnotatedMutexLock lock(mu);
     return *election ? (*election)->Leader() : std::string();
   };
-  *follower_service = std::make_unique<FollowerService>(leader);
+  // Once elected, until the state is loaded and the real servers take the
+  // ports: the refusals say so, naming no other leader.
+  const auto leading = [mu, election] {
+    AnnotatedMutexLock lock(mu);
+    return *election && (*election)->IsLeader();
+  };
+  *follower_service = std::make_unique<FollowerService>(leader, leading);
   FollowerService& follower = **follower_service;
   grpc::ServerBuilder builder;
   int port = 0;
@@ -352,7 +358,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   health.Attach(server);
   *follower_http =
       std::make_unique<HttpServer>(HttpServer::Options{.bearer_token = flags.user_token});
-  ServeFollowerHttp(**follower_http, &health, leader, follower_metrics);
+  ServeFollowerHttp(**follower_http, &health, leader, leading, follower_metrics);
   ASSIGN_OR_RETURN(*http_port, (*follower_http)->Start(config.http_host, config.http_port));
   if (!flags.ports_file.empty()) {
     RETURN_IF_ERROR(

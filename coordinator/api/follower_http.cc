@@ -18,10 +18,17 @@ FollowerMetrics::FollowerMetrics(const std::vector<TlsCertificateExpiry>& certif
 }
 
 void ServeFollowerHttp(HttpServer& server, const ServingHealth* health,
-                       std::function<std::string()> leader, const FollowerMetrics* metrics) {
+                       std::function<std::string()> leader, std::function<bool()> leading,
+                       const FollowerMetrics* metrics) {
   ServeHealthEndpoints(server, health);
   ServePrometheus(server, metrics->collectable());
-  const auto refuse = [leader = std::move(leader)](const HttpRequest&) {
+  const auto refuse = [leader = std::move(leader),
+                       leading = std::move(leading)](const HttpRequest&) {
+    // Not "the leader is" this very address: the caller would look elsewhere.
+    if (leading()) {
+      return JsonError(503, "UNAVAILABLE",
+                       "this coordinator leads and is still loading its state; retry shortly");
+    }
     const std::string address = leader();
     return JsonError(503, "UNAVAILABLE",
                      address.empty()

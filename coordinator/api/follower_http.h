@@ -9,7 +9,8 @@
 //             (PipetrainCoordinatorDown stays quiet), which build it runs,
 //             and a certificate of its own expiring before it takes over;
 //   /v1/...   every REST path, GET or POST: 503 UNAVAILABLE naming the
-//             leader (after the user token, as on the leader).
+//             leader (after the user token, as on the leader); a leader
+//             still loading its state says so instead.
 // Thread-safe once serving, as HttpServer's handlers must be.
 #ifndef PIPETRAIN_COORDINATOR_API_FOLLOWER_HTTP_H_
 #define PIPETRAIN_COORDINATOR_API_FOLLOWER_HTTP_H_
@@ -44,9 +45,11 @@ class FollowerMetrics {
 
 // Registers the routes above on `server` (not started yet). `health` and
 // `metrics` must outlive it; `leader` returns the leader's address, ""
-// while none is elected, and must be thread-safe.
+// while none is elected, `leading` whether this coordinator is that leader
+// (loading its state); both must be thread-safe.
 void ServeFollowerHttp(HttpServer& server, const ServingHealth* health,
-                       std::function<std::string()> leader, const FollowerMetrics* metrics);
+                       std::function<std::string()> leader, std::function<bool()> leading,
+                       const FollowerMetrics* metrics);
 
 }  // namespace pipetrain
 

@@ -24,7 +24,7 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
   std::string leader = "10.0.0.7:7070";
   HttpServer server({.bearer_token = "secret"});
   ServeFollowerHttp(
-      server, &health, [&leader] { return leader; }, &metrics);
+      server, &health, [&leader] { return leader; }, [] { return false; }, &metrics);
 
   EXPECT_EQ(HttpStatusOf(Get(server, "/healthz")), 200);
   const std::string ready = Get(server, "/readyz");
@@ -53,6 +53,22 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
   EXPECT_EQ(HttpStatusOf(Get(server, "/other", "secret")), 404);
 }
 
+// A new leader still loading its state serves these routes too: it says
+// so, not that it follows a leader at its own address.
+TEST(FollowerHttpTest, LeaderStillLoading_RefusesTheApiSayingSo) {
+  ServingHealth health({"pipetrain.v1.CoordinatorService"}, "loading the state");
+  FollowerMetrics metrics;
+  HttpServer server;
+  ServeFollowerHttp(
+      server, &health, [] { return std::string("10.0.0.7:7070"); }, [] { return true; }, &metrics);
+  const std::string refused = Get(server, "/v1/jobs");
+  EXPECT_EQ(HttpStatusOf(refused), 503) << refused;
+  EXPECT_TRUE(absl::StrContains(
+      refused, "this coordinator leads and is still loading its state; retry shortly"))
+      << refused;
+  EXPECT_FALSE(absl::StrContains(refused, "10.0.0.7")) << refused;
+}
+
 // A standby serving TLS exports its certificate's expiry (alerted on weeks
 // before), as the leader does: it serves gRPC with it already.
 TEST(FollowerHttpTest, StandbyWithTls_ExportsItsCertificatesExpiry) {
@@ -60,7 +76,7 @@ TEST(FollowerHttpTest, StandbyWithTls_ExportsItsCertificatesExpiry) {
   ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following");
   HttpServer server;
   ServeFollowerHttp(
-      server, &health, [] { return std::string(); }, &metrics);
+      server, &health, [] { return std::string(); }, [] { return false; }, &metrics);
   const std::string scraped = Get(server, "/metrics");
   EXPECT_TRUE(
       absl::StrContains(scraped,

@@ -19,6 +19,13 @@ grpc::ServerGenericBidiReactor* FollowerService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
   const std::string leader = leader_();
   if (!leader.empty()) context->AddTrailingMetadata(kLeaderMetadataKey, leader);
+  // Naming itself, a leader still loading keeps its clients: the followers
+  // would only send them back here.
+  if (leading_()) {
+    return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                    "this coordinator leads and is still loading its state; retry "
+                                    "shortly"));
+  }
   return new Refusal(grpc::Status(
       grpc::StatusCode::UNAVAILABLE,
       leader.empty() ? std::string("this coordinator is a follower and no leader is elected yet; "

@@ -20,7 +20,8 @@ namespace {
 // A FollowerService on a loopback port of its own, naming `leader`.
 class Follower {
  public:
-  explicit Follower(std::string leader) : service_([leader] { return leader; }) {
+  explicit Follower(std::string leader)
+      : service_([leader] { return leader; }, [] { return false; }) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterCallbackGenericService(&service_);
@@ -32,6 +33,38 @@ class Follower {
  private:
   FollowerService service_;
   int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// A newly elected leader still loading its state, which serves the
+// FollowerService until then: it names itself.
+class LoadingLeader {
+ public:
+  LoadingLeader()
+      : service_(
+            [this] {
+              AnnotatedMutexLock lock(&mu_);
+              return address_;
+            },
+            [] { return true; }) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+    AnnotatedMutexLock lock(&mu_);
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~LoadingLeader() { server_->Shutdown(); }
+  std::string address() const {
+    AnnotatedMutexLock lock(&mu_);
+    return address_;
+  }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  FollowerService service_;
   std::unique_ptr<grpc::Server> server_;
 };
 
@@ -81,6 +114,24 @@ TEST(LeaderFollowingTest, ARefusalNamingTheLeaderIsFollowed) {
   EXPECT_EQ(LeaderHint(*refused.context), leader);
   endpoints.Failed(refused.status, *refused.context, channel);
   EXPECT_EQ(endpoints.current(), leader);
+}
+
+// A leader still loading its state refuses as a follower does, but names
+// itself and says why: its clients ask it again. They moved on to the
+// followers, which only sent them back, a round later.
+TEST(LeaderFollowingTest, ALeaderStillLoading_NamesItselfAndIsAskedAgain) {
+  LoadingLeader loading;
+  Follower follower(loading.address());
+  CoordinatorEndpoints endpoints({loading.address(), follower.address()}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  Outcome refused = Call(channel);
+  ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(refused.status.error_message(),
+            "this coordinator leads and is still loading its state; retry shortly");
+  EXPECT_EQ(LeaderHint(*refused.context), loading.address());
+  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_EQ(endpoints.current(), loading.address());
+  EXPECT_EQ(endpoints.channel(), channel);
 }
 
 // The bug this guards against: the heartbeat and the assignment stream both

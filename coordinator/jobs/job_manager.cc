@@ -128,6 +128,10 @@ bool JobManager::SuccessUnsavedLocked(const v1::Job& job) const {
   return job.state() == v1::JOB_STATE_SUCCEEDED && end_unsaved_.count(job.id()) > 0;
 }
 
+bool JobManager::EndedForOthersLocked(const v1::Job& job) const {
+  return IsTerminal(job.state()) && !SuccessUnsavedLocked(job);
+}
+
 void JobManager::ShowUnsavedSuccessLocked(v1::Job& job) const {
   if (!SuccessUnsavedLocked(job)) return;
   job.set_state(v1::JOB_STATE_RUNNING);
@@ -381,16 +385,18 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   TouchLocked(record);
   for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
   registry_->Release(record.job.id());
-  // Shown RUNNING until a save of the end succeeds (ShowUnsavedSuccessLocked).
-  if (state == v1::JOB_STATE_SUCCEEDED && options_.state != nullptr) {
-    end_unsaved_.insert(record.job.id());
-  }
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   std::function<void()> sweep = CheckpointSweepLocked(record, absl::Now());
+  // Shown RUNNING until a save of the end succeeds (ShowUnsavedSuccessLocked),
+  // and counted ended then (PersistLocked): a failover before it runs the
+  // job again. Marked after the sweep is armed, which asks whether another
+  // live job shares the directory: this one would count as one.
+  const bool end_unsaved = state == v1::JOB_STATE_SUCCEEDED && options_.state != nullptr;
+  if (end_unsaved) end_unsaved_.insert(record.job.id());
   PersistLocked(record).IgnoreError();  // logged
   if (sweep) io_.Post(std::move(sweep));  // after the save, on the same queue
-  if (events_.ended) events_.ended(state);
+  if (events_.ended && !end_unsaved) events_.ended(state);
   const std::string ended = absl::StrCat("job ", record.job.id(), " ", EnumShortName(state),
                                          reason.empty() ? "" : ": ", reason);
   // A failure at WARNING: an operator who logs only warnings (or alerts

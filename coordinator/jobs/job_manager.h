@@ -233,7 +233,10 @@ struct JobEvents {
   std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
   // A job ended (SUCCEEDED, FAILED or CANCELLED), once per job; also a
-  // running job Restore fails for want of checkpoints.
+  // running job Restore fails for want of checkpoints. A success with
+  // options.state counts once its end is saved (on io_, as it leaves
+  // end_unsaved_): until then it is shown RUNNING, and a failover restores
+  // it RUNNING and runs it again.
   std::function<void(v1::JobState state)> ended;
   // A placement's planning ended (its plan used or not): seconds it waited
   // for the background thread, and seconds it computed.
@@ -857,6 +860,9 @@ class JobManager {
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // In the lookups of a path's holder below, "has not ended" is as
+  // EndedForOthersLocked says: a success whose end is unsaved has not.
+  //
   // A job that has not ended (or whose checkpoint_sweep_pending) and
   // checkpoints into `dir`, a directory inside it, or one it lies in (the
   // paths nest), or null.
@@ -888,18 +894,23 @@ class JobManager {
   // A job that has not ended whose weights file lies in `dir`, or null.
   const JobRecord* WeightsPathInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job holding a path, as refusals name its state: the state, or for a
-  // Submit left unsettled (in no list) what became of it.
-  static std::string HolderState(const JobRecord& record);
-  // " (<HolderState>)" then, for an ended holder whose leftovers are being
-  // removed, when to retry (inside the parentheses), else `live_advice`
-  // (e.g. ", give this job a directory of its own").
-  static std::string HolderStateAndAdvice(const JobRecord& record, absl::string_view live_advice);
+  // A job holding a path, as refusals name its state: the state as Get
+  // shows it (RUNNING for a success whose end is unsaved), or for a Submit
+  // left unsettled (in no list) what became of it.
+  std::string HolderStateLocked(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // " (<HolderStateLocked>)" then, for an ended holder whose leftovers are
+  // being removed, when to retry (inside the parentheses), else
+  // `live_advice` (e.g. ", give this job a directory of its own").
+  std::string HolderStateAndAdviceLocked(const JobRecord& record,
+                                         absl::string_view live_advice) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Submit refused because `holder` holds a path the spec names:
   // UNAVAILABLE when that passes by itself (an ended job's leftovers being
   // removed, an unsettled submit being dropped; a retry succeeds),
-  // INVALID_ARGUMENT while `holder` is live (the spec must change).
-  static absl::Status FilesInUseError(const JobRecord& holder, const std::string& message);
+  // INVALID_ARGUMENT while `holder` is live, a success whose end is unsaved
+  // included (the spec must change).
+  absl::Status FilesInUseErrorLocked(const JobRecord& holder, const std::string& message) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job an earlier Submit with `request_id` made, when its spec had
   // `spec_sha256` (RequestSpecSha256); null when none did or `request_id`
   // is empty. ALREADY_EXISTS when it had another spec; UNAVAILABLE while
@@ -1455,6 +1466,13 @@ class JobManager {
   // Whether `job` SUCCEEDED and that end is not saved yet (shown RUNNING;
   // Cancel answers UNAVAILABLE, CountByState counts it RUNNING).
   bool SuccessUnsavedLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` has ended as other jobs' claims judge it (Submit's checks
+  // of the paths it holds, and its pending count): terminal, and not a
+  // success whose end is unsaved. That one is shown RUNNING, and a
+  // failover meanwhile restores it RUNNING: it runs again, writing its
+  // weights file and checkpoint directory, and reloads what it started
+  // from, so no other job may take them over yet.
+  bool EndedForOthersLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
   // and logs it: the first failure, then at most once a minute.
   void NoteFailedSaveLocked(const std::string& id, const absl::Status& status)
@@ -1582,7 +1600,8 @@ class JobManager {
   // retry waits; JobsWithFailedSave), and since when.
   std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
   // Jobs that SUCCEEDED (with options.state) and no save of that end has
-  // succeeded yet: shown RUNNING (ShowUnsavedSuccessLocked).
+  // succeeded yet: shown RUNNING (ShowUnsavedSuccessLocked), holding their
+  // paths (EndedForOthersLocked), not counted ended (JobEvents::ended).
   std::set<std::string> end_unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_

@@ -541,7 +541,7 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (record->checkpoints == nullptr) continue;
-      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
+      if (EndedForOthersLocked(record->job) && record->checkpoint_sweeps_pending == 0) continue;
       const std::string& theirs = record->job.spec().checkpoint().dir();
       if (PathWithin(dir, theirs) || PathWithin(theirs, dir)) return record.get();
     }
@@ -559,7 +559,7 @@ const JobManager::JobRecord* JobManager::OtherCheckpointDirUserLocked(
       // Ended and created before: it wrote there only before `record` was
       // accepted (Submit refuses a directory whose job has not ended, or
       // is being swept), so the directory is `record`'s, not its.
-      if (IsTerminal(other->job.state()) &&
+      if (EndedForOthersLocked(other->job) &&
           FromProtoTimestamp(other->job.create_time()) < created) {
         continue;
       }
@@ -586,7 +586,7 @@ const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::s
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (record->checkpoints == nullptr) continue;
-      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
+      if (EndedForOthersLocked(record->job) && record->checkpoint_sweeps_pending == 0) continue;
       if (PathWithin(path, record->job.spec().checkpoint().dir())) return record.get();
     }
   }
@@ -596,7 +596,7 @@ const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::s
 const JobManager::JobRecord* JobManager::InitSourceInLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
+      if (EndedForOthersLocked(record->job) || record->init_source.empty()) continue;
       if (PathWithin(record->init_source, dir)) return record.get();
     }
   }
@@ -606,7 +606,7 @@ const JobManager::JobRecord* JobManager::InitSourceInLocked(const std::string& d
 const JobManager::JobRecord* JobManager::InitSourceHoldingLocked(const std::string& path) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
+      if (EndedForOthersLocked(record->job) || record->init_source.empty()) continue;
       if (PathWithin(path, record->init_source)) return record.get();
     }
   }
@@ -616,7 +616,7 @@ const JobManager::JobRecord* JobManager::InitSourceHoldingLocked(const std::stri
 const JobManager::JobRecord* JobManager::WeightsPathInLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state())) continue;
+      if (EndedForOthersLocked(record->job)) continue;
       const std::string& weights = record->job.spec().output().weights_path();
       if (!weights.empty() && PathWithin(weights, dir)) return record.get();
     }
@@ -628,7 +628,7 @@ const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string
   // Canonical relative names too (CheckPaths).
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state())) continue;
+      if (EndedForOthersLocked(record->job)) continue;
       const std::string& theirs = record->job.spec().output().weights_path();
       if (!theirs.empty() && (PathWithin(path, theirs) || PathWithin(theirs, path))) {
         return record.get();
@@ -649,26 +649,33 @@ const char* NestingOf(const std::string& path, const std::string& other) {
 
 }  // namespace
 
-std::string JobManager::HolderState(const JobRecord& record) {
-  if (!record.unsettled) return std::string(EnumShortName(record.job.state()));
-  return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
-}
-
-std::string JobManager::HolderStateAndAdvice(const JobRecord& record,
-                                             absl::string_view live_advice) {
-  if (IsTerminal(record.job.state())) {
-    return absl::StrCat(" (", HolderState(record), kLeftoversBeingRemoved, ")");
+std::string JobManager::HolderStateLocked(const JobRecord& record) const {
+  if (record.unsettled) {
+    return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
   }
-  return absl::StrCat(" (", HolderState(record), ")", live_advice);
+  // As Get shows it (ShowUnsavedSuccessLocked).
+  if (SuccessUnsavedLocked(record.job)) {
+    return "RUNNING, finishing: its end waits to be saved to the state store";
+  }
+  return std::string(EnumShortName(record.job.state()));
 }
 
-absl::Status JobManager::FilesInUseError(const JobRecord& holder, const std::string& message) {
+std::string JobManager::HolderStateAndAdviceLocked(const JobRecord& record,
+                                                   absl::string_view live_advice) const {
+  if (EndedForOthersLocked(record.job)) {
+    return absl::StrCat(" (", HolderStateLocked(record), kLeftoversBeingRemoved, ")");
+  }
+  return absl::StrCat(" (", HolderStateLocked(record), ")", live_advice);
+}
+
+absl::Status JobManager::FilesInUseErrorLocked(const JobRecord& holder,
+                                               const std::string& message) const {
   if (holder.unsettled) {
     return absl::UnavailableError(absl::StrCat(message,
                                                "; or retry once the coordinator has deleted job ",
                                                holder.job.id(), " (", kNothingSubmitted, ")"));
   }
-  if (IsTerminal(holder.job.state())) {
+  if (EndedForOthersLocked(holder.job)) {
     return absl::UnavailableError(absl::StrCat(message, "; ", kNothingSubmitted));
   }
   return absl::InvalidArgumentError(message);
@@ -740,7 +747,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       return shown;
     }
     int pending = static_cast<int>(submitting_.size());
-    for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
+    for (const auto& [id, other] : jobs_) pending += EndedForOthersLocked(other->job) ? 0 : 1;
     if (pending >= options_.max_pending_jobs) {
       return absl::ResourceExhaustedError(
           absl::StrCat(pending,
@@ -774,12 +781,12 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
     if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
       const std::string& theirs = other->job.spec().output().weights_path();
-      return FilesInUseError(
+      return FilesInUseErrorLocked(
           *other, absl::StrCat("spec.output.weights_path: \"", weights, "\" ",
                                weights == theirs ? "is the output"
                                                  : absl::StrCat(NestingOf(weights, theirs), " \"",
                                                                 theirs, "\", the output"),
-                               " of job ", other->job.id(), " (", HolderState(*other),
+                               " of job ", other->job.id(), " (", HolderStateLocked(*other),
                                "), which has not ended; give this job a file of its own"));
     }
     // A checkpoint directory's files are replaced by each checkpoint and
@@ -788,12 +795,12 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirUserLocked(weights)) {
       const std::string& theirs = other->job.spec().checkpoint().dir();
       const bool inside = PathWithin(weights, theirs);
-      return FilesInUseError(
+      return FilesInUseErrorLocked(
           *other,
           absl::StrCat(
               "spec.output.weights_path: \"", weights, "\" ", inside ? "lies in" : "holds",
               " the checkpoint directory \"", theirs, "\" of job ", other->job.id(),
-              HolderStateAndAdvice(
+              HolderStateAndAdviceLocked(
                   *other, inside ? ", whose checkpoints would replace or delete it; write "
                                    "it elsewhere"
                                  : ", whose checkpoints it would stop; write it elsewhere")));
@@ -809,43 +816,43 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     // checkpoint of its directory may be started from at once (a weights
     // file there may lie in a step they remove).
     if (init_holder != nullptr && init.checkpoint.has_value() &&
-        IsTerminal(init_holder->job.state())) {
+        EndedForOthersLocked(init_holder->job)) {
       init_holder = nullptr;
     }
     if (init_holder != nullptr) {
-      return FilesInUseError(
+      return FilesInUseErrorLocked(
           *init_holder,
           absl::StrCat(
               "spec.init.from: \"", resolved.spec.init().from(),
               "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
               "\" of job ", init_holder->job.id(),
-              HolderStateAndAdvice(*init_holder,
-                                   ", which deletes its older checkpoints as it goes; start "
-                                   "from it once that job has ended, or from a copy outside "
-                                   "that directory")));
+              HolderStateAndAdviceLocked(*init_holder,
+                                         ", which deletes its older checkpoints as it goes; start "
+                                         "from it once that job has ended, or from a copy "
+                                         "outside that directory")));
     }
     // A live job reloads what it started from at each recovery before its
     // first checkpoint: this job's weights must not replace it (or a unit
     // file of the checkpoint it is), nor this job start from weights a live
     // job replaces at its end.
     if (const JobRecord* other = weights.empty() ? nullptr : InitSourceHoldingLocked(weights)) {
-      return FilesInUseError(
+      return FilesInUseErrorLocked(
           *other,
           absl::StrCat(
               "spec.output.weights_path: \"", weights, "\" ",
               weights == other->init_source ? "is" : "lies in", " \"", other->init_source,
-              "\", where job ", other->job.id(), " (", HolderState(*other),
+              "\", where job ", other->job.id(), " (", HolderStateLocked(*other),
               ") started from (spec.init.from) and restarts from until its first checkpoint; "
               "write it elsewhere"));
     }
     if (const JobRecord* other = init_source.empty() ? nullptr : WeightsPathInLocked(init_source)) {
-      return FilesInUseError(
+      return FilesInUseErrorLocked(
           *other,
           absl::StrCat(
               "spec.init.from: \"", resolved.spec.init().from(), "\" ",
               other->job.spec().output().weights_path() == init_source ? "is" : "holds", " \"",
               other->job.spec().output().weights_path(), "\", the weights file of job ",
-              other->job.id(), " (", HolderState(*other),
+              other->job.id(), " (", HolderStateLocked(*other),
               "), which replaces it when it ends; start from it once that job has ended, or from a "
               "copy"));
     }
@@ -871,32 +878,33 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       // other's: refused while the other has not ended.
       if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().checkpoint().dir();
-        return FilesInUseError(
-            *other,
-            absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
-                         dir_defaulted ? "(the default, as the spec names none) " : "",
-                         theirs == checkpoint->dir()
-                             ? "is in use by job"
-                             : absl::StrCat("overlaps \"", theirs, "\", that of job"),
-                         " ", other->job.id(),
-                         HolderStateAndAdvice(*other, "; give this job a directory of its own")));
+        return FilesInUseErrorLocked(
+            *other, absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+                                 dir_defaulted ? "(the default, as the spec names none) " : "",
+                                 theirs == checkpoint->dir()
+                                     ? "is in use by job"
+                                     : absl::StrCat("overlaps \"", theirs, "\", that of job"),
+                                 " ", other->job.id(),
+                                 HolderStateAndAdviceLocked(
+                                     *other, "; give this job a directory of its own")));
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
-        return FilesInUseError(
+        return FilesInUseErrorLocked(
             *other,
             absl::StrCat(
                 "spec.checkpoint.dir: \"", checkpoint->dir(), "\" holds \"", other->init_source,
-                "\", where job ", other->job.id(), " (", HolderState(*other),
+                "\", where job ", other->job.id(), " (", HolderStateLocked(*other),
                 ") started from (spec.init.from), which this job's checkpoints could replace or "
                 "delete; give this job a directory of its own"));
       }
       if (const JobRecord* other = WeightsPathUserLocked(checkpoint->dir())) {
         const std::string& theirs = other->job.spec().output().weights_path();
-        return FilesInUseError(
-            *other, absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
-                                 NestingOf(checkpoint->dir(), theirs), " \"", theirs,
-                                 "\", the weights file of job ", other->job.id(), " (",
-                                 HolderState(*other), "); give this job a directory of its own"));
+        return FilesInUseErrorLocked(
+            *other,
+            absl::StrCat("spec.checkpoint.dir: \"", checkpoint->dir(), "\" ",
+                         NestingOf(checkpoint->dir(), theirs), " \"", theirs,
+                         "\", the weights file of job ", other->job.id(), " (",
+                         HolderStateLocked(*other), "); give this job a directory of its own"));
       }
       if (!weights.empty() && PathWithin(checkpoint->dir(), weights)) {
         return absl::InvalidArgumentError(

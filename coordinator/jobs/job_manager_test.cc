@@ -4057,5 +4057,116 @@ TEST_F(JobManagerTest, SucceededWhileItsSaveHangs_ShownRunningUntilItReturns) {
   EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A success whose end waits to be saved holds its files as a running job
+// does: a failover meanwhile restores it RUNNING, and it writes its weights
+// file and checkpoint directory again. A job naming them was accepted (the
+// submit checks read SUCCEEDED), and two live jobs wrote one file. Refused
+// as while it ran, until its end is saved.
+TEST_F(JobManagerTest, Submit_PathsOfASuccessWhoseSaveHangs_RefusedAsWhileItRanUntilSaved) {
+  HeldCommitStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e7",
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec weights = SmallSpec(1);  // 3 steps
+  weights.mutable_output()->set_weights_path("finishing/final.safetensors");
+  v1::JobSpec checkpoints = SmallSpec(1);
+  checkpoints.mutable_checkpoint()->set_interval_steps(5);  // none taken: only the directory
+  checkpoints.mutable_checkpoint()->set_dir("finishing/ck");
+  v1::JobSpec both = weights;
+  *both.mutable_checkpoint() = checkpoints.checkpoint();
+  const std::string id = jobs.Submit(both).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const GptConfig model = ResolveJobSpec(both).value().train.model;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      ASSERT_TRUE(jobs.AddWeightsChunk(WholeTensor(worker, id, p)).ok()) << p.name;
+    }
+  }
+  ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 2, {1.0f, 1.0f}, true)).ok());
+  ASSERT_TRUE(jobs.FinishWeights(worker, id).ok());
+  jobs.FlushIo();
+  store.hold = true;
+  EXPECT_EQ(background_.RunAll(), 1);  // the weights file written: the job SUCCEEDED
+  store.entered.get_future().wait();   // the end's save, held
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string held_by =
+      " " + id + " (RUNNING, finishing: its end waits to be saved to the state store)";
+  const absl::Status same_file = jobs.Submit(weights).status();
+  EXPECT_EQ(same_file.code(), absl::StatusCode::kInvalidArgument) << same_file;
+  EXPECT_EQ(same_file.message(),
+            "spec.output.weights_path: \"finishing/final.safetensors\" is the output of job" +
+                held_by + ", which has not ended; give this job a file of its own");
+  const absl::Status same_dir = jobs.Submit(checkpoints).status();
+  EXPECT_EQ(same_dir.code(), absl::StatusCode::kInvalidArgument) << same_dir;
+  EXPECT_EQ(same_dir.message(), "spec.checkpoint.dir: \"finishing/ck\" is in use by job" + held_by +
+                                    "; give this job a directory of its own");
+  EXPECT_EQ(jobs.List().size(), 1u);
+  store.release.set_value();
+  jobs.FlushIo();  // the end saved, and the directory's first sweep done
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  const absl::StatusOr<v1::Job> file_taken = jobs.Submit(weights);
+  EXPECT_TRUE(file_taken.ok()) << file_taken.status();
+  // The directory as any ended job's: free once its late sweep is done.
+  EXPECT_EQ(jobs.Submit(checkpoints).status().code(), absl::StatusCode::kUnavailable);
+  clock_.Advance(kLateSweepWait + absl::Seconds(1));
+  for (int pass = 0; pass < 2; ++pass) {
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  const absl::StatusOr<v1::Job> dir_taken = jobs.Submit(checkpoints);
+  EXPECT_TRUE(dir_taken.ok()) << dir_taken.status();
+}
+
+// pipetrain_jobs_ended_total counts a success once its end is saved, as
+// Get shows it: counted at its end, it was counted while still shown
+// RUNNING, and again by the leader that ran it once more after a failover.
+// A restart that restores it ended counts it no more.
+TEST_F(JobManagerTest, EndedEvent_SuccessWhoseSaveHangs_CountedOnceWhenSaved) {
+  HeldCommitStore store;
+  CoordinatorState state(&store);
+  std::vector<v1::JobState> ended;  // appended to on io_, read after FlushIo
+  const JobEvents events{.ended = [&ended](v1::JobState s) { ended.push_back(s); }};
+  std::string id;
+  {
+    JobManager jobs(
+        &registry_, &hub_, &clock_,
+        JobManagerOptions{
+            .id_epoch = "e8", .state = &state, .background_runner = background_.Runner()});
+    jobs.SetEvents(events);
+    const std::string worker = AddWorker(7001);
+    id = jobs.Submit(SmallSpec(1)).value().id();  // 3 steps
+    background_.RunAll();
+    ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 0, {2.0f, 2.0f})).ok());
+    ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 1, {2.0f, 2.0f})).ok());
+    jobs.FlushIo();
+    store.hold = true;
+    ASSERT_TRUE(jobs.ReportProgress(IterationReport(worker, id, 2, {1.0f, 1.0f}, true)).ok());
+    store.entered.get_future().wait();  // the end's save, held
+    EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+    EXPECT_TRUE(ended.empty());
+    store.release.set_value();
+    jobs.FlushIo();
+    EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ(ended, std::vector<v1::JobState>{v1::JOB_STATE_SUCCEEDED});
+    // Later passes and saves count nothing more.
+    clock_.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    EXPECT_EQ(ended.size(), 1u);
+  }
+  JobManager restarted(&registry_, &hub_, &clock_,
+                       JobManagerOptions{.id_epoch = "e9", .state = &state});
+  restarted.SetEvents(events);
+  ASSERT_TRUE(restarted.Restore().ok());
+  restarted.FlushIo();
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(ended.size(), 1u);
+}
+
 }  // namespace
 }  // namespace pipetrain

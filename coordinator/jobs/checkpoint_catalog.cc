@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_manifest_file.h"
 #include "common/confined_path.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -436,35 +437,6 @@ absl::StatusOr<std::map<int64_t, std::string>> StepDirNames(int dir,
   return names;
 }
 
-// Whether the entry `name` of the directory open at `dir` is a step
-// directory that holds a manifest; nullopt when it is no directory (a link
-// among them) or is gone. The errno's code when that cannot be told (EACCES,
-// EMFILE, EIO, ESTALE on NFS).
-absl::StatusOr<std::optional<bool>> HoldsManifest(int dir, const std::string& name,
-                                                  const std::string& shown) {
-  const auto unknown = [&shown](int error, absl::string_view what) {
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot ", what, " ", shown));
-  };
-  struct stat st;
-  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    const int error = errno;
-    if (error == ENOENT) return std::nullopt;  // removed since it was listed
-    return unknown(error, "stat");
-  }
-  if (!S_ISDIR(st.st_mode)) return std::nullopt;
-  ScopedFd step_dir(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (step_dir.get() < 0) {
-    const int error = errno;
-    // Removed, or swapped for a link or a file, since the stat.
-    if (error == ENOENT || error == ELOOP || error == ENOTDIR) return std::nullopt;
-    return unknown(error, "open");
-  }
-  if (fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
-  const int error = errno;
-  if (error == ENOENT) return false;
-  return unknown(error, absl::StrCat("look for ", kCheckpointManifestName, " in"));
-}
-
 // The step directories directly in <output_dir>/<checkpoint_dir> that hold
 // a manifest (`complete`) or none, by step; links neither followed nor
 // listed; none when the directory does not exist. An error when it cannot
@@ -484,7 +456,8 @@ absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsByManifest(const std::string
   ASSIGN_OR_RETURN(const auto names, StepDirNames(parent.dir.get(), checkpoint_dir));
   for (const auto& [step, name] : names) {
     const std::string dir = absl::StrCat(checkpoint_dir, "/", name);
-    absl::StatusOr<std::optional<bool>> holds = HoldsManifest(parent.dir.get(), name, dir);
+    absl::StatusOr<std::optional<bool>> holds =
+        HoldsCheckpointManifest(parent.dir.get(), name, dir);
     if (!holds.ok() && complete) return holds.status();
     if (!holds.ok() || !holds->has_value() || **holds != complete) continue;
     v1::ResumeFrom from;

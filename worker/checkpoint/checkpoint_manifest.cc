@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_manifest_file.h"
 #include "common/confined_path.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -279,38 +280,6 @@ bool Exists(const std::string& path) {
   return lstat(path.c_str(), &st) == 0;
 }
 
-// Whether the entry `name` of the directory open at `dir` is a step
-// directory that holds a manifest; nullopt when it is no directory (a link
-// among them: not followed, it could lead out of the directory the caller
-// resolved and checked) or is gone. The errno's code when that cannot be
-// told (EACCES, EMFILE, EIO, ESTALE on NFS). As the coordinator's
-// checkpoint catalog tells it (checkpoint_catalog.cc, which worker/ may not
-// include).
-absl::StatusOr<std::optional<bool>> HoldsManifest(int dir, const std::string& name,
-                                                  const std::string& shown) {
-  const auto unknown = [&shown](int error, absl::string_view what) {
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot ", what, " ", shown));
-  };
-  struct stat st;
-  if (fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    const int error = errno;
-    if (error == ENOENT) return std::nullopt;  // removed since it was listed
-    return unknown(error, "stat");
-  }
-  if (!S_ISDIR(st.st_mode)) return std::nullopt;
-  ScopedFd step_dir(openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (step_dir.get() < 0) {
-    const int error = errno;
-    // Removed, or swapped for a link or a file, since the stat.
-    if (error == ENOENT || error == ELOOP || error == ENOTDIR) return std::nullopt;
-    return unknown(error, "open");
-  }
-  if (fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) return true;
-  const int error = errno;
-  if (error == ENOENT) return false;
-  return unknown(error, absl::StrCat("look for ", kCheckpointManifestName, " in"));
-}
-
 // The step-* directory in `dir` (a real path) with the highest step whose
 // manifest.json exists, links neither followed nor listed; empty when none.
 // A step directory it cannot look into, or whose manifest it cannot read,
@@ -342,7 +311,8 @@ absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::str
                                                       ", so none is picked: make it readable, or "
                                                       "name the step directory to use"));
     };
-    absl::StatusOr<std::optional<bool>> holds = HoldsManifest(dirfd(stream.get()), name, step_dir);
+    absl::StatusOr<std::optional<bool>> holds =
+        HoldsCheckpointManifest(dirfd(stream.get()), name, step_dir);
     if (!holds.ok()) return unsure(holds.status());
     if (!holds->value_or(false)) continue;
     const std::string manifest = absl::StrCat(dir, "/", name, "/", kCheckpointManifestName);

@@ -25,12 +25,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint_manifest_file.h"  // kCheckpointManifestName
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
 
-inline constexpr char kCheckpointManifestName[] = "manifest.json";
 inline constexpr char kCheckpointManifestFormat[] = "pipetrain-checkpoint-manifest";
 inline constexpr int kCheckpointManifestVersion = 1;
 // Bounds of what a manifest may hold. The largest model within the JobSpec

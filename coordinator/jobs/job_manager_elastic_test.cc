@@ -3784,6 +3784,32 @@ TEST_F(JobManagerElasticTest, Recovery_WhileAJobIsQueued_TakesOnlyWhatItLost) {
   EXPECT_EQ(recovered.worker_ids_size(), 2) << "grew into the queued job's spares";
 }
 
+// A queued job that can run on none of the spares does not wait for them:
+// a 3-D tensor job (CPU only) queued for CPU workers kept a running GPU
+// job from growing into an idle GPU for the queued job's whole timeout.
+TEST_F(JobManagerElasticTest, QueuedJobThatCannotRunOnTheSpare_RunningJobGrowsIntoIt) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  v1::JobSpec cpu_only = SmallJobSpec(1);
+  cpu_only.mutable_parallelism()->set_tensor(8);
+  cpu_only.mutable_parallelism()->set_tensor_mode("3d");
+  cpu_only.mutable_training()->set_batch_size(8);  // p^2 = 4 samples a micro-batch
+  const std::string queued = Submit(cpu_only).value().id();
+  ASSERT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+  Step(id, 1);
+  const std::string g3 = AddGpuWorker(7003);
+  Schedule();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2) << "held off the GPU spare by a job that cannot run on it";
+  const v1::Job job = PassBoundary(id, 3, boundary);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g2, g3}));
+  EXPECT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+}
+
 // A worker lost from a job whose model the survivor cannot hold: the job
 // waits for a worker (a restarted process registering again, here) rather
 // than failing at once, and fails after spec.scheduling.queue_timeout

@@ -71,11 +71,39 @@ void JobManager::ScheduleQueued() {
   // A job being profiled is being placed: the worker it profiles on stays
   // READY meanwhile, so later jobs wait rather than take it (and say so).
   std::string profiling;
+  // Aging: later jobs that fit go first (backfill), so a stream of small
+  // jobs kept a large one short until its queue timeout failed it, though
+  // the cluster holds it. The first QUEUED job left short that has waited
+  // past half its spec.scheduling.queue_timeout, and that the cluster's
+  // workers could hold once the busy ones are freed (one they never could
+  // would hold workers from everyone until it fails), keeps the READY
+  // workers it could use, up to its need, for this pass: later jobs
+  // backfill only onto the others, and it runs once enough are freed.
+  std::string aged;
+  std::vector<std::string> held_for_aged;
+  // The cluster's workers, READY or busy and not drained: listed once a
+  // pass, when a job first waited that long.
+  std::optional<std::vector<std::string>> live;
+  const auto cluster_could_hold = [&](const JobRecord& record, int need)
+                                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!live.has_value()) {
+      live.emplace();
+      for (const v1::Worker& w : registry_->List()) {
+        const bool up =
+            w.state() == v1::WORKER_STATE_READY || w.state() == v1::WORKER_STATE_ASSIGNED;
+        if (up && !IsDrainedLocked(w)) live->push_back(w.id());
+      }
+    }
+    const std::vector<std::string> usable = ThatCanRunLocked(record, *live);
+    return static_cast<int>(usable.size()) >= need &&
+           OneKindPerStageLocked(record, usable, need).has_value();
+  };
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
-    std::vector<std::string> ready = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
+    std::vector<std::string> ready =
+        NotAmong(ThatCanRunLocked(record, SpareWorkersLocked(reserved)), held_for_aged);
     const int need = JobWorkers(record.resolved);
     // Enough of them, the set it is placed on: each stage of one kind
     // where replicas or tensor ranks must be (the first READY workers in id
@@ -91,6 +119,7 @@ void JobManager::ScheduleQueued() {
     // few minutes, and would not give this one more workers).
     if (!placed_on.has_value()) {
       const bool cpu_only = record.resolved.tensor_mode == "3d";
+      const size_t aged_holds = ThatCanRunLocked(record, held_for_aged).size();
       const std::string waiting =
           static_cast<int>(ready.size()) >= need
               ? WaitingForKinds(record, need, absl::StrCat(ready.size(), " READY"))
@@ -98,6 +127,10 @@ void JobManager::ScheduleQueued() {
                              cpu_only ? " READY CPU workers (" : " READY workers (",
                              ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready),
                                         drained_ready()),
+                             aged_holds == 0
+                                 ? ""
+                                 : absl::StrCat("; ", aged_holds, " more READY but held for job ",
+                                                aged, ", queued past half its queue timeout"),
                              cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU "
                                         "backend only)"
                                       : ")");
@@ -108,6 +141,11 @@ void JobManager::ScheduleQueued() {
                                absl::FormatDuration(record.resolved.queue_timeout), "): ", waiting,
                                "; add workers or ask for fewer stages"));
         continue;
+      }
+      if (aged.empty() && waited > record.resolved.queue_timeout / 2 &&
+          cluster_could_hold(record, need)) {
+        aged = id;
+        held_for_aged.assign(ready.begin(), ready.begin() + std::min<size_t>(need, ready.size()));
       }
       if (profiling.empty()) {
         record.job.set_reason(waiting);
@@ -130,6 +168,7 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() == v1::JOB_STATE_PROFILING) profiling = id;  // later jobs wait for it
   }
   if (!profiling.empty()) return;
+  reserved.insert(held_for_aged.begin(), held_for_aged.end());
   // Spare workers grow running elastic jobs, once no job waits for them.
   if (!NoJobWaitsForSparesLocked(reserved)) return;
   for (const std::string& id : order_) {
@@ -539,8 +578,13 @@ bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved
     if (&record == except) continue;
     const v1::JobState state = record.job.state();
     // A job being planned may yet go back to waiting (a worker lost).
-    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
-        state == v1::JOB_STATE_PLANNING) {
+    if (state == v1::JOB_STATE_PROFILING || state == v1::JOB_STATE_PLANNING) return false;
+    // A queued job waits only for spares it can run on: a 3-D tensor job
+    // (CPU only) queued for CPU workers kept every elastic GPU job off the
+    // idle GPUs for its whole queue timeout. (No OfItsKindsLocked: placed
+    // on whichever kind gives it a set, it runs on either.)
+    if (state == v1::JOB_STATE_QUEUED &&
+        !ThatCanRunLocked(record, SpareWorkersLocked(reserved)).empty()) {
       return false;
     }
     // A recovering job still here waits for workers (too few for its

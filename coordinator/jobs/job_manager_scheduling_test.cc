@@ -1,0 +1,136 @@
+// JobManager's queue order (ScheduleQueued): backfill, and the aging that
+// keeps a stream of small jobs from starving a large one. Driven through
+// its API with a fake clock: no processes.
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/testing/test_case_dir.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/background_queue_testing.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+class JobManagerSchedulingTest : public ::testing::Test {
+ protected:
+  JobManagerSchedulingTest()
+      : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
+        jobs_(&registry_, &hub_, &clock_,
+              JobManagerOptions{.output_dir = TestCaseDir(),
+                                .background_runner = background_.Runner()}) {}
+
+  std::string AddWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    return registry_.Register(request).value().worker_id();
+  }
+
+  // Submits a job of `stages` stages (one worker each; a model of 2
+  // layers, 6 units) waiting at most `queue_timeout` to be placed, and
+  // plans what that placed: its id.
+  std::string Submit(int stages, absl::Duration queue_timeout = absl::Hours(1)) {
+    v1::JobSpec spec = SmallJobSpec(stages);
+    spec.mutable_model()->set_n_layer(2);
+    spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(
+        absl::ToInt64Seconds(queue_timeout));
+    absl::StatusOr<v1::Job> job = jobs_.Submit(spec);
+    background_.RunAll();
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  // Cancels job `id`, which frees its workers, and schedules.
+  void End(const std::string& id) {
+    ASSERT_TRUE(jobs_.Cancel(id).ok());
+    jobs_.ScheduleQueued();
+    background_.RunAll();
+  }
+
+  v1::Job Job(const std::string& id) { return jobs_.Get(id).value(); }
+
+  std::vector<std::string> WorkersOf(const std::string& id) {
+    const v1::Job job = Job(id);
+    return {job.worker_ids().begin(), job.worker_ids().end()};
+  }
+
+  FakeClock clock_;
+  WorkerRegistry registry_;
+  AssignmentHub hub_;
+  BackgroundQueue background_;  // outlives jobs_
+  JobManager jobs_;
+};
+
+// Backfill before half of the big job's queue timeout, none after: the
+// pair S1 frees then is held for B, S3 waits (saying for whom), and B runs
+// once S2 frees the rest. Before, S3 took the pair, and so on with every
+// small job, until B's queue timeout failed it on a cluster that fits it.
+TEST_F(JobManagerSchedulingTest, BigJobPastHalfItsQueueTimeout_LaterJobsDoNotTakeItsWorkers) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string w3 = AddWorker(7003), w4 = AddWorker(7004);
+  const std::string s1 = Submit(2);
+  ASSERT_EQ(WorkersOf(s1), (std::vector<std::string>{w1, w2}));
+  const std::string b = Submit(4, absl::Seconds(600));
+  ASSERT_EQ(Job(b).state(), v1::JOB_STATE_QUEUED);
+  const std::string s2 = Submit(2);  // backfills: B waited less than half its timeout
+  ASSERT_EQ(WorkersOf(s2), (std::vector<std::string>{w3, w4}));
+  clock_.Advance(absl::Seconds(301));
+  End(s1);
+  ASSERT_EQ(Job(b).state(), v1::JOB_STATE_QUEUED);
+  const std::string s3 = Submit(2);
+  v1::Job waiting = Job(s3);
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << "took the workers freed for " << b;
+  EXPECT_EQ(waiting.reason(),
+            "waiting for 2 READY workers (0 ready; 2 more READY but held for job " + b +
+                ", queued past half its queue timeout)");
+  End(s2);
+  const v1::Job big = Job(b);
+  ASSERT_EQ(big.state(), v1::JOB_STATE_RUNNING) << big.reason();
+  EXPECT_EQ(WorkersOf(b), (std::vector<std::string>{w1, w2, w3, w4}));
+  EXPECT_EQ(Job(s3).state(), v1::JOB_STATE_QUEUED);
+}
+
+// A job the cluster could never hold (more workers than it has) holds
+// nothing, however long it has waited: held, its workers would be no
+// one's until its queue timeout failed it.
+TEST_F(JobManagerSchedulingTest, JobTheClusterCannotHold_PastHalfItsTimeout_HoldsNothing) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string s1 = Submit(2);
+  const std::string b = Submit(3, absl::Seconds(600));
+  clock_.Advance(absl::Seconds(301));
+  End(s1);
+  const std::string s2 = Submit(2);
+  const v1::Job later = Job(s2);
+  ASSERT_EQ(later.state(), v1::JOB_STATE_RUNNING) << later.reason();
+  EXPECT_EQ(WorkersOf(s2), (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(Job(b).state(), v1::JOB_STATE_QUEUED);
+}
+
+// The first job the cluster could hold is the one workers are held for:
+// an older one it never could (5 workers of 4) does not take its turn.
+TEST_F(JobManagerSchedulingTest, OlderJobTheClusterCannotHold_TheNextPastHalfItsTimeoutHolds) {
+  AddWorker(7001);
+  AddWorker(7002);
+  AddWorker(7003);
+  AddWorker(7004);
+  const std::string s1 = Submit(2), s2 = Submit(2);
+  const std::string too_big = Submit(5, absl::Seconds(600));
+  const std::string b = Submit(4, absl::Seconds(600));
+  clock_.Advance(absl::Seconds(301));
+  End(s1);
+  const std::string s3 = Submit(2);
+  EXPECT_EQ(Job(s3).state(), v1::JOB_STATE_QUEUED) << "took the workers freed for " << b;
+  End(s2);
+  const v1::Job big = Job(b);
+  ASSERT_EQ(big.state(), v1::JOB_STATE_RUNNING) << big.reason();
+  EXPECT_EQ(Job(too_big).state(), v1::JOB_STATE_QUEUED);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -776,6 +776,9 @@ int Serve(const Config& config, const sigset_t& signals) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
       return 1;
     }
+    // Elected: /readyz says so while the state loads (the follower's
+    // servers still answer, refusing as a loading leader).
+    health.SetNotReady("leading: loading the state; ready once it is loaded");
     // The real service listens where the follower did (a wildcard stays
     // one: "[::]" had become 127.0.0.1, unreachable to remote workers).
     grpc_address =

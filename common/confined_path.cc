@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/errno_status.h"
 #include "common/terminal_safe.h"
 #include "common/utf8_prefix.h"
 
@@ -114,7 +115,7 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
       return absl::FailedPreconditionError(
           absl::StrCat("cannot open ", root_flag, " ", root, ": ", strerror(error)));
     }
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot open ", root_flag, " ", root));
+    return ErrnoStatus(error, absl::StrCat("cannot open ", root_flag, " ", root));
   }
   std::vector<std::string> parts = absl::StrSplit(relative, '/');
   const std::string name = parts.back();
@@ -128,12 +129,12 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
         // whose files were all fsynced. EINVAL: the file system cannot sync
         // directories.
         if (fsync(dir.get()) != 0 && errno != EINVAL) {
-          return absl::ErrnoToStatus(
+          return ErrnoStatus(
               errno, absl::StrCat(field, ": cannot sync the directory of ", part, " under ", root));
         }
       } else if (errno != EEXIST) {
-        return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot create directory ", part,
-                                                       " under ", root));
+        return ErrnoStatus(
+            errno, absl::StrCat(field, ": cannot create directory ", part, " under ", root));
       }
       next = ScopedFd(OpenDirNoFollow(dir.get(), part));
       if (next.get() < 0 && errno == ENOENT) {
@@ -150,7 +151,7 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                          "not followed out of the output directory"));
     }
     if (next.get() < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot open ", part));
+      return ErrnoStatus(errno, absl::StrCat(field, ": cannot open ", part));
     }
     dir = std::move(next);
   }

@@ -83,7 +83,8 @@ struct ConfinedParent {
 // directory or not open to this process (the operator's flag, which
 // `root_flag` names, is wrong); UNAVAILABLE when a directory this call
 // created was removed before it could be opened; other errno failures
-// (EMFILE: RESOURCE_EXHAUSTED) as absl::ErrnoToStatus, naming the path.
+// (EMFILE: RESOURCE_EXHAUSTED) as absl::ErrnoToStatus, naming the path and
+// carrying the errno (common/errno_status.h: ErrnoOf).
 absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                                   absl::string_view root_flag,
                                                   absl::string_view field,

@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/temp_file.h"
@@ -52,6 +53,14 @@ constexpr uint64_t kDataAlignment = 8;
 
 absl::Status ErrnoError(int error_number, absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(error_number, absl::StrCat(what, " ", path));
+}
+
+// As ErrnoError, carrying the errno (ErrnoOf), for SafetensorsFileWriter::
+// Create's errors: its caller tells a passing shortage (EMFILE: retry) from
+// a full disk (ENOSPC: fail), both RESOURCE_EXHAUSTED. Not everywhere:
+// ToString shows a payload, and reads' errors are printed to users.
+absl::Status ErrnoCarryingError(int error_number, absl::string_view what, const std::string& path) {
+  return ErrnoStatus(error_number, absl::StrCat(what, " ", path));
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
@@ -318,7 +327,7 @@ absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mo
   if (fd < 0) {
     const int error = errno;
     OwnTemporaries::Remove(tmp);
-    return ErrnoError(error, "cannot create temporary file", tmp);
+    return ErrnoCarryingError(error, "cannot create temporary file", tmp);
   }
   flock(fd, LOCK_EX | LOCK_NB);  // see above: no lock is not an error
   return fd;
@@ -362,7 +371,7 @@ absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
   while (size > 0) {
     ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError(errno, "cannot write", path);
+    if (n < 0) return ErrnoCarryingError(errno, "cannot write", path);
     p += n;
     size -= static_cast<size_t>(n);
     offset += static_cast<uint64_t>(n);
@@ -675,7 +684,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
     offset += static_cast<uint64_t>(NumElements(t.shape)) * sizeof(float);
   }
   const int dir = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
-  if (dir < 0) return ErrnoError(errno, "cannot duplicate the directory of", name);
+  if (dir < 0) return ErrnoCarryingError(errno, "cannot duplicate the directory of", name);
   const std::string tmp = TempNameFor(name);
   absl::StatusOr<int> created = CreateLockedTemporary(dir, tmp, mode);
   if (!created.ok()) {
@@ -693,7 +702,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   // posix_fallocate returns the error number (not -1 and errno).
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(offset));
   if (reserved != 0) {
-    return ErrnoError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"), name);
+    return ErrnoCarryingError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"),
+                              name);
   }
   return writer;
 }

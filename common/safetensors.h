@@ -137,7 +137,8 @@ class SafetensorsFileWriter {
   // caller keeps its own) with permission bits `mode`, writes the header
   // and reserves the whole file's space, so a full disk says so now, not
   // halfway. Errors: INVALID_ARGUMENT for names as WriteSafetensors (or a
-  // negative dimension); errno codes naming the file.
+  // negative dimension); errno codes naming the file and carrying the errno
+  // (common/errno_status.h: ErrnoOf, which tells EMFILE from ENOSPC).
   // `metadata` goes into the header as WriteSafetensors' does (INVALID_ARGUMENT
   // if a key or value is not UTF-8).
   static absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> Create(

@@ -302,7 +302,7 @@ TEST(StepDirsWithManifestTest, CompleteStepsListed_UnlistableDirectoryAnError) {
   };
   EXPECT_EXIT(list_out_of_descriptors(), ::testing::ExitedWithCode(0),
               "\\[RESOURCE_EXHAUSTED: cannot open the coordinator's --output-dir .*/with-manifest: "
-              "Too many open files\\] \\[0\\]");
+              "Too many open files \\[type\\.pipetrain/errno='24'\\]\\] \\[0\\]");
 }
 
 // The stored record's checkpoint bytes grow with keep and the model's

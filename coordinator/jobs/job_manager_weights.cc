@@ -5,16 +5,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/enum_names.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
@@ -42,15 +42,12 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
 // past: EINTR, EAGAIN (UNAVAILABLE, as is a directory removed while it was
 // made) or out of descriptors or memory (EMFILE, ENFILE, ENOMEM). These are
 // RESOURCE_EXHAUSTED, as a full disk or quota (ENOSPC, EDQUOT) is, so they
-// are told by the errno's text the message ends with (ErrnoToStatus's, in
-// this process); a disk that is full or fails (EIO: UNKNOWN) is no shortage.
+// are told by the errno the status carries (ErrnoOf), never by its text; a
+// disk that is full or fails (EIO: UNKNOWN) is no shortage.
 bool IsPassingShortage(const absl::Status& failed) {
   if (absl::IsUnavailable(failed)) return true;
-  if (!absl::IsResourceExhausted(failed)) return false;
-  for (const int error : {EMFILE, ENFILE, ENOMEM}) {
-    if (absl::EndsWith(failed.message(), absl::StrCat(": ", std::strerror(error)))) return true;
-  }
-  return false;
+  const std::optional<int> error = ErrnoOf(failed);
+  return error == EMFILE || error == ENFILE || error == ENOMEM;
 }
 
 // What an upload whose chunk could not be written for a passing shortage
@@ -299,11 +296,12 @@ absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> JobManager::CreateWeights
       parent->dir.get(), parent->name, creation.tensors, 0600, HfWeightsMetadata());
   if (!writer.ok()) {
     // The writer names the file alone; say where it is (a full disk is
-    // the output directory's).
+    // the output directory's). Reworded keeping the errno, which
+    // IsPassingShortage reads.
     creation.status =
-        absl::Status(writer.status().code(),
-                     absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag, " ",
-                                  creation.output_dir, ": ", writer.status().message()));
+        WithMessage(writer.status(),
+                    absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag, " ",
+                                 creation.output_dir, ": ", writer.status().message()));
     return creation.status;
   }
   creation.file = *std::move(writer);

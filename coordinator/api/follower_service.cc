@@ -17,11 +17,16 @@ class Refusal final : public grpc::ServerGenericBidiReactor {
 
 grpc::ServerGenericBidiReactor* FollowerService::CreateReactor(
     grpc::GenericCallbackServerContext* context) {
+  // Leading asked first: an election won between the two reads then names
+  // this coordinator in the trailer of a follower's refusal (clients stay),
+  // never the previous leader in a loading leader's (clients leave for a
+  // follower that sends them back).
+  const bool leading = leading_();
   const std::string leader = leader_();
   if (!leader.empty()) context->AddTrailingMetadata(kLeaderMetadataKey, leader);
   // Naming itself, a leader still loading keeps its clients: the followers
   // would only send them back here.
-  if (leading_()) {
+  if (leading) {
     return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                     "this coordinator leads and is still loading its state; retry "
                                     "shortly"));

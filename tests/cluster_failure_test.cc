@@ -36,24 +36,8 @@ v1::JobSpec LongJob(int stages) {
   return spec;
 }
 
-// The worker id `worker_id` and the index of the local process behind it
-// (workers register in start order, but do not rely on it: the node name
-// "local-<i>" says which); index -1 if it cannot be found.
-std::pair<std::string, int> WorkerProcessOf(v1::CoordinatorService::Stub& stub,
-                                            const std::string& worker_id) {
-  v1::ListWorkersResponse workers;
-  if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) {
-    return {worker_id, -1};
-  }
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == worker_id && w.node_name().rfind("local-", 0) == 0) {
-      return {worker_id, std::stoi(w.node_name().substr(6))};
-    }
-  }
-  return {worker_id, -1};
-}
-
 using testing::AwaitJob;
+using testing::ProcessOf;
 using testing::StartTestCluster;
 using testing::SubmitJob;
 
@@ -68,9 +52,8 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.worker_ids_size(), 2);
   // Kill the process behind the job's second worker.
-  const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
-  const std::string victim_id = victim_process.first;
-  const int victim = victim_process.second;
+  const std::string victim_id = job.worker_ids(1);
+  const int victim = ProcessOf(*stub, victim_id);
   ASSERT_GE(victim, 0) << victim_id;
   v1::ListWorkersResponse workers;
   const absl::Time killed = absl::Now();
@@ -118,9 +101,8 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 2; });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
-  const std::string victim_id = victim_process.first;
-  const int victim = victim_process.second;
+  const std::string victim_id = job.worker_ids(1);
+  const int victim = ProcessOf(*stub, victim_id);
   ASSERT_GE(victim, 0) << victim_id;
   cluster->worker(victim).Signal(SIGTERM);
   EXPECT_EQ(cluster->worker(victim).Wait(absl::Seconds(20)), std::optional<int>(0));
@@ -152,7 +134,7 @@ TEST(ClusterFailureTest, StalledPeer_FailsJobWithDeadlineNamingPeerAndTensor) {
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  const int stalled = WorkerProcessOf(*stub, job.worker_ids(1)).second;
+  const int stalled = ProcessOf(*stub, job.worker_ids(1));
   ASSERT_GE(stalled, 0);
   cluster->worker(stalled).Signal(SIGSTOP);
   job = AwaitJob(*stub, id, absl::Seconds(20),

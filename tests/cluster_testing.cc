@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/coordinator_client.h"
 #include "common/ports_file.h"
@@ -116,6 +117,31 @@ v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl
 bool Ended(const v1::Job& job) {
   return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
          job.state() == v1::JOB_STATE_CANCELLED;
+}
+
+bool AwaitReadyWorkers(v1::CoordinatorService::Stub& stub, int n) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (absl::Now() < deadline) {
+    v1::ListWorkersResponse workers;
+    if (stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) {
+      int ready = 0;
+      for (const v1::Worker& w : workers.workers()) ready += w.state() == v1::WORKER_STATE_READY;
+      if (ready >= n) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
+  v1::ListWorkersResponse workers;
+  if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return -1;
+  for (const v1::Worker& w : workers.workers()) {
+    if (w.id() == id && absl::StartsWith(w.node_name(), "local-")) {
+      return std::stoi(w.node_name().substr(6));
+    }
+  }
+  return -1;
 }
 
 int WorkerMetricsPort(const std::string& subdir, int worker) {

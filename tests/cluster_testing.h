@@ -1,5 +1,6 @@
 // Helpers for the multi-process tests: start a LocalCluster from the test's
-// runfiles, submit a job and wait for its state over gRPC.
+// runfiles, submit a job and wait for its state over gRPC, wait for READY
+// workers and find the process behind one.
 #ifndef PIPETRAIN_TESTS_CLUSTER_TESTING_H_
 #define PIPETRAIN_TESTS_CLUSTER_TESTING_H_
 
@@ -37,6 +38,17 @@ v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl
                  const std::function<bool(const v1::Job&)>& done);
 
 bool Ended(const v1::Job& job);  // SUCCEEDED, FAILED or CANCELLED
+
+// Polls ListWorkers every 50 ms (a remote state, not synchronisation), each
+// call with a 5 s deadline, until at least `n` workers are READY: true, or
+// false after a minute. A failed call is polled again.
+bool AwaitReadyWorkers(v1::CoordinatorService::Stub& stub, int n);
+
+// The index of the cluster's worker process behind worker `id` (for
+// LocalCluster::worker), read from its node name "local-<i>": workers
+// register in start order, but tests do not rely on it. -1 if ListWorkers
+// fails or lists no such worker.
+int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id);
 
 // The metrics port worker `worker` of the cluster started as `subdir` wrote
 // to its ports file (0 and a test failure if it cannot be read).

@@ -28,6 +28,7 @@
 #include "httplib.h"
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
+#include "tests/parallel_cluster_testing.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/data/corpus.h"
 #include "worker/model/gpt_config.h"
@@ -63,12 +64,10 @@ v1::JobSpec ElasticSpec(int stages, const std::string& solver, const std::string
   return spec;
 }
 
-struct Reference {
-  std::vector<float> losses;
-  std::map<std::string, std::vector<float>> weights;
-};
+using testing::Reference;
 
-// train-local's run of ElasticSpec with `steps` steps (computed once each).
+// train-local's run of ElasticSpec with `steps` steps (computed once each);
+// no val_loss: ElasticSpec asks for no validation.
 const Reference& TrainLocally(int64_t steps = kSteps) {
   static std::map<int64_t, Reference>* cache = new std::map<int64_t, Reference>;
   auto found = cache->find(steps);
@@ -107,37 +106,7 @@ std::vector<float> LocalLossesFrom(const v1::JobSpec& spec, const std::string& w
   return losses;
 }
 
-// The local process index behind worker `id` (its node name "local-<i>").
-int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
-  v1::ListWorkersResponse workers;
-  if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return -1;
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == id && absl::StartsWith(w.node_name(), "local-")) {
-      return std::stoi(w.node_name().substr(6));
-    }
-  }
-  return -1;
-}
-
-void ExpectEqualsTrainLocal(const v1::Job& job) {
-  const int64_t steps = job.spec().training().steps();
-  const Reference& ref = TrainLocally(steps);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  ASSERT_EQ(job.progress().loss_history_size(), steps);
-  for (int i = 0; i < steps; ++i) {
-    EXPECT_EQ(job.progress().loss_history(i), ref.losses[i]) << "step " << i << " (bitwise)";
-  }
-  auto file = ReadSafetensors(job.weights_path());
-  ASSERT_TRUE(file.ok()) << file.status();
-  ASSERT_EQ(file->tensors.size(), ref.weights.size());
-  for (const auto& [name, values] : ref.weights) {
-    const Tensor* t = file->Find(name);
-    ASSERT_NE(t, nullptr) << name;
-    EXPECT_EQ(t->ToVector(), values) << name << " (bitwise)";
-  }
-}
-
-// As ExpectEqualsTrainLocal, within data_parallel_testing.h's tolerances:
+// As testing::ExpectEqualsTrainLocal, within data_parallel_testing.h's tolerances:
 // for jobs whose replicas sum gradients in another order.
 void ExpectCloseToTrainLocal(const v1::Job& job) {
   const Reference& ref = TrainLocally();
@@ -186,7 +155,7 @@ class ElasticClusterTest : public ::testing::Test {
     EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
     if (job.state() != v1::JOB_STATE_RUNNING) return "";
     const std::string victim = job.worker_ids(std::min(stage, job.worker_ids_size() - 1));
-    const int process = ProcessOf(*stub_, victim);
+    const int process = testing::ProcessOf(*stub_, victim);
     EXPECT_GE(process, 0) << victim;
     if (process < 0) return "";
     std::fprintf(stderr, "killing %s (stage %d) at step %lld\n", victim.c_str(), stage,
@@ -207,7 +176,7 @@ class ElasticClusterTest : public ::testing::Test {
   // Runs the job to its end and checks it against train-local.
   v1::Job Finish(const std::string& id) {
     const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
-    ExpectEqualsTrainLocal(job);
+    testing::ExpectEqualsTrainLocal(job, TrainLocally(job.spec().training().steps()));
     return job;
   }
   // Kills job `id`'s worker of `stage` (KillAtStep) at step 12, waits for
@@ -253,7 +222,7 @@ TEST_F(ElasticClusterTest, WorkerKilledAtRandomStep_EndsOnThreeWorkersEqualToTra
   const std::string victim = KillAtStep(id, kill_step, stage);
   ASSERT_FALSE(victim.empty());
   const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
-  ExpectEqualsTrainLocal(job);
+  testing::ExpectEqualsTrainLocal(job, TrainLocally(job.spec().training().steps()));
   EXPECT_EQ(job.worker_ids_size(), 3);
   EXPECT_EQ(job.progress().recoveries(), 1);
   ASSERT_EQ(job.plan_history_size(), 2);
@@ -538,7 +507,7 @@ TEST_F(ElasticClusterTest, TunedTensorRankKilled_RecordedPartitionCountsKept) {
                                      job.plan_history(0).worker_ids().end());
   for (const std::string& worker : job.plan_history(1).worker_ids()) {
     SCOPED_TRACE(worker);
-    const int process = ProcessOf(*stub_, worker);
+    const int process = testing::ProcessOf(*stub_, worker);
     ASSERT_GE(process, 0);
     std::ifstream in(cluster_->worker_log(process));
     const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -748,7 +717,7 @@ TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
   });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const std::string victim = job.worker_ids(2);
-  const int process = ProcessOf(*stub_, victim);
+  const int process = testing::ProcessOf(*stub_, victim);
   ASSERT_GE(process, 0);
   cluster_->worker(process).Signal(SIGTERM);
   EXPECT_EQ(cluster_->worker(process).Wait(absl::Seconds(60)), std::optional<int>(0));
@@ -928,7 +897,7 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
     EXPECT_EQ(status, 200) << "GET /v1/jobs on the new leader's port " << follower_http_port;
   }
   job = testing::AwaitJob(*survivor, id, absl::Seconds(180), testing::Ended);
-  ExpectEqualsTrainLocal(job);
+  testing::ExpectEqualsTrainLocal(job, TrainLocally(job.spec().training().steps()));
   bool resumed = false;
   for (const v1::PlanVersion& v : job.plan_history()) {
     resumed = resumed || absl::StrContains(v.reason(), "the coordinator restarted");

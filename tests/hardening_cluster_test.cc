@@ -68,23 +68,6 @@ v1::JobSpec SmallJob(int steps, int stages = 2) {
   return spec;
 }
 
-// Polls ListWorkers (a remote state) until `n` workers are READY; false
-// after a minute.
-bool AwaitReadyWorkers(v1::CoordinatorService::Stub& stub, int n) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (absl::Now() < deadline) {
-    v1::ListWorkersResponse workers;
-    if (stub.ListWorkers(Context().get(), {}, &workers).ok()) {
-      int ready = 0;
-      for (const v1::Worker& w : workers.workers())
-        ready += w.state() == v1::WORKER_STATE_READY ? 1 : 0;
-      if (ready >= n) return true;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 std::vector<float> Losses(const v1::Job& job) {
   return std::vector<float>(job.progress().loss_history().begin(),
                             job.progress().loss_history().end());
@@ -264,7 +247,7 @@ TEST(HardeningClusterTest, JobNeedingMoreWorkers_DoesNotDelayOneThatFits_ThenTim
   auto cluster = testing::StartTestCluster("queue", 2);
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
-  ASSERT_TRUE(AwaitReadyWorkers(*stub, 2));
+  ASSERT_TRUE(testing::AwaitReadyWorkers(*stub, 2));
   v1::JobSpec big = SmallJob(5, /*stages=*/3);
   // Long enough for the small job's profiling on a loaded machine.
   big.mutable_scheduling()->mutable_queue_timeout()->set_seconds(8);

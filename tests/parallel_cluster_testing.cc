@@ -98,6 +98,29 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, con
                      p.tensor() > 1 ? kTensorParallelWeightsRelative : kDataParallelRelative);
 }
 
+void ExpectEqualsTrainLocal(const v1::Job& ended, const Reference& reference) {
+  SCOPED_TRACE(ended.spec().name() + " (" + ended.id() + ")");
+  ASSERT_EQ(ended.state(), v1::JOB_STATE_SUCCEEDED) << ended.reason();
+  const int steps = static_cast<int>(reference.losses.size());
+  ASSERT_EQ(ended.progress().loss_history_size(), steps);
+  for (int i = 0; i < steps; ++i) {
+    EXPECT_EQ(ended.progress().loss_history(i), reference.losses[i])
+        << "step " << i << " (bitwise)";
+  }
+  if (ended.spec().training().eval_interval() > 0) {
+    EXPECT_EQ(ended.progress().val_step(), ended.spec().training().steps());
+    EXPECT_EQ(ended.progress().val_loss(), reference.val_loss) << "validation loss (bitwise)";
+  }
+  auto file = ReadSafetensors(ended.weights_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors.size(), reference.weights.size());
+  for (const auto& [name, values] : reference.weights) {
+    const Tensor* t = file->Find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->ToVector(), values) << name << " (bitwise)";
+  }
+}
+
 std::string LayoutWords(int replicas, int stages) {
   return absl::StrCat(replicas, replicas == 1 ? " replica x " : " replicas x ", stages,
                       stages == 1 ? " stage" : " stages");

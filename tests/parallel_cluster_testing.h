@@ -1,7 +1,9 @@
 // What the data- and tensor-parallel cluster tests share (testonly): their
 // job spec, their suite's local cluster, train-local on the same global
 // batch, and the check that a finished job's losses, validation loss and
-// exported weights equal it within data_parallel_testing.h's tolerance.
+// exported weights equal it within data_parallel_testing.h's tolerance;
+// and, for the pipeline-only cluster tests, the check that they equal it
+// bitwise.
 #ifndef PIPETRAIN_TESTS_PARALLEL_CLUSTER_TESTING_H_
 #define PIPETRAIN_TESTS_PARALLEL_CLUSTER_TESTING_H_
 
@@ -67,6 +69,15 @@ Reference TrainLocally(const v1::JobSpec& spec);
 // `ended` when given.
 void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref,
                              v1::Job* ended = nullptr);
+
+// Expects `ended` to have SUCCEEDED with exactly (bitwise) `reference`'s
+// per-step losses and final weights (the file at ended.weights_path(): the
+// same tensors, no more), and, where its spec asks for validation
+// (training.eval_interval > 0), a validation pass after the last step with
+// exactly reference.val_loss; otherwise val_loss is not read (EXPECT/ASSERT).
+// For jobs without data or tensor parallelism, whose every sum runs in
+// train-local's order; ExpectMatchesTrainLocal allows for the others.
+void ExpectEqualsTrainLocal(const v1::Job& ended, const Reference& reference);
 
 // How an auto layout's plan history names D replicas of P stages:
 // "2 replicas x 3 stages", "1 replica x 6 stages", "6 replicas x 1 stage"

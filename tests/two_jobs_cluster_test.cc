@@ -24,7 +24,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/coordinator_client.h"
-#include "common/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
 #include "tests/parallel_cluster_testing.h"
@@ -33,7 +32,10 @@ namespace pipetrain {
 namespace {
 
 using testing::AwaitJob;
+using testing::AwaitReadyWorkers;
 using testing::Ended;
+using testing::ExpectEqualsTrainLocal;
+using testing::ProcessOf;
 using testing::Reference;
 using testing::TrainLocally;
 
@@ -62,61 +64,11 @@ v1::JobSpec TwoStageJob(const std::string& name, uint64_t seed, int steps) {
   return spec;
 }
 
-// Polls ListWorkers (a remote state) until `n` workers are READY, so that
-// the first two jobs are placed together; false after a minute.
-bool AwaitReadyWorkers(v1::CoordinatorService::Stub& stub, int n) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (absl::Now() < deadline) {
-    v1::ListWorkersResponse workers;
-    if (stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) {
-      int ready = 0;
-      for (const v1::Worker& w : workers.workers()) ready += w.state() == v1::WORKER_STATE_READY;
-      if (ready >= n) return true;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
-// The local process index behind worker `id` (its node name "local-<i>");
-// -1 if it cannot be found.
-int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
-  v1::ListWorkersResponse workers;
-  if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return -1;
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == id && w.node_name().rfind("local-", 0) == 0) {
-      return std::stoi(w.node_name().substr(6));
-    }
-  }
-  return -1;
-}
-
 std::set<std::string> Workers(const v1::Job& job) {
   return {job.worker_ids().begin(), job.worker_ids().end()};
 }
 
 int64_t Nanos(const google::protobuf::Timestamp& t) { return t.seconds() * 1000000000 + t.nanos(); }
-
-// `job` SUCCEEDED with `ref`'s losses, validation loss and final weights,
-// bitwise, as cluster_equivalence_test checks a pipeline: without data or
-// tensor parallelism every sum runs in train-local's order.
-void ExpectBitwiseTrainLocal(const v1::Job& job, const Reference& ref) {
-  SCOPED_TRACE(job.spec().name() + " (" + job.id() + ")");
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
-                               job.progress().loss_history().end()),
-            ref.losses);
-  EXPECT_EQ(job.progress().val_step(), job.spec().training().steps());
-  EXPECT_EQ(job.progress().val_loss(), ref.val_loss) << "validation loss (bitwise)";
-  auto file = ReadSafetensors(job.weights_path());
-  ASSERT_TRUE(file.ok()) << file.status();
-  ASSERT_EQ(file->tensors.size(), ref.weights.size());
-  for (const auto& [name, values] : ref.weights) {
-    const Tensor* t = file->Find(name);
-    ASSERT_NE(t, nullptr) << name;
-    EXPECT_EQ(t->ToVector(), values) << name << " (bitwise)";
-  }
-}
 
 TEST(TwoJobsClusterTest, TwoJobsAtOnceAndAThirdQueued_EachMatchesItsOwnTrainLocal) {
   const std::vector<v1::JobSpec> specs = {TwoStageJob("first", 1, kFirstSteps),
@@ -132,6 +84,7 @@ TEST(TwoJobsClusterTest, TwoJobsAtOnceAndAThirdQueued_EachMatchesItsOwnTrainLoca
   auto cluster = testing::StartTestCluster("two_jobs", kWorkers, {"--lease-seconds=60"});
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
+  // All READY before the first submit, so that the first two are placed together.
   ASSERT_TRUE(AwaitReadyWorkers(*stub, kWorkers));
   std::vector<std::string> ids;
   for (const v1::JobSpec& spec : specs) ids.push_back(testing::SubmitJob(*stub, spec));
@@ -168,9 +121,11 @@ TEST(TwoJobsClusterTest, TwoJobsAtOnceAndAThirdQueued_EachMatchesItsOwnTrainLoca
   EXPECT_EQ(Workers(third), Workers(first));
   EXPECT_EQ(second_meanwhile.state(), v1::JOB_STATE_RUNNING) << second_meanwhile.reason();
 
-  ExpectBitwiseTrainLocal(first, refs[0]);
-  ExpectBitwiseTrainLocal(second, refs[1]);
-  ExpectBitwiseTrainLocal(third, refs[2]);
+  // Bitwise: without data or tensor parallelism every sum runs in
+  // train-local's order.
+  ExpectEqualsTrainLocal(first, refs[0]);
+  ExpectEqualsTrainLocal(second, refs[1]);
+  ExpectEqualsTrainLocal(third, refs[2]);
 }
 
 }  // namespace

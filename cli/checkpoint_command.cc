@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/output_paths.h"
+#include "common/errno_status.h"
 #include "common/flag_set.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -187,10 +188,11 @@ int RunExport(const std::vector<std::string>& args) {
       at.ok() ? ExportCheckpoint(*at, out, vocab) : absl::StatusOr<CheckpointExport>(at.status());
   // What a checkpoint's files say (its manifest's job id, a unit file's
   // metadata quoted in an error) is printed inert: the checkpoint may be
-  // someone else's, and "Nothing is trusted" includes the terminal.
+  // someone else's, and "Nothing is trusted" includes the terminal. No
+  // payload (a reader's errno) ends the line.
   if (!done.ok()) {
     std::fprintf(stderr, "pipetrain checkpoint export: %s\n",
-                 TerminalSafe(done.status().ToString()).c_str());
+                 TerminalSafe(StatusTextForUsers(done.status())).c_str());
     return 1;
   }
   for (const std::string& warning : done->warnings) {

@@ -23,6 +23,7 @@
 #include "cli/flag_names.h"
 #include "cli/output_paths.h"
 #include "cli/progress.h"
+#include "common/errno_status.h"
 #include "common/flag_set.h"
 #include "common/signal_names.h"
 #include "common/status_macros.h"
@@ -639,7 +640,8 @@ int RunTrainLocal(const std::vector<std::string>& args) {
     return kExitSignalBase + signal;
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "pipetrain train-local: %s\n", status.ToString().c_str());
+    // Code and message only: a payload (an errno, for code) is no reading.
+    std::fprintf(stderr, "pipetrain train-local: %s\n", StatusTextForUsers(status).c_str());
     return 1;
   }
   if (const int signal = g_signal.load(); signal != 0) {

@@ -129,12 +129,16 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
         // whose files were all fsynced. EINVAL: the file system cannot sync
         // directories.
         if (fsync(dir.get()) != 0 && errno != EINVAL) {
+          // Read before the message is built: StrCat allocates, and the
+          // order of arguments is unspecified. A retry decision reads it.
+          const int error = errno;
           return ErrnoStatus(
-              errno, absl::StrCat(field, ": cannot sync the directory of ", part, " under ", root));
+              error, absl::StrCat(field, ": cannot sync the directory of ", part, " under ", root));
         }
       } else if (errno != EEXIST) {
+        const int error = errno;
         return ErrnoStatus(
-            errno, absl::StrCat(field, ": cannot create directory ", part, " under ", root));
+            error, absl::StrCat(field, ": cannot create directory ", part, " under ", root));
       }
       next = ScopedFd(OpenDirNoFollow(dir.get(), part));
       if (next.get() < 0 && errno == ENOENT) {
@@ -151,7 +155,8 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                          "not followed out of the output directory"));
     }
     if (next.get() < 0) {
-      return ErrnoStatus(errno, absl::StrCat(field, ": cannot open ", part));
+      const int error = errno;  // as above: before StrCat
+      return ErrnoStatus(error, absl::StrCat(field, ": cannot open ", part));
     }
     dir = std::move(next);
   }

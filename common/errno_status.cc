@@ -30,4 +30,8 @@ absl::Status WithMessage(const absl::Status& status, absl::string_view message) 
   return reworded;
 }
 
+std::string StatusTextForUsers(const absl::Status& status) {
+  return status.ToString(absl::StatusToStringMode::kWithNoExtraData);
+}
+
 }  // namespace pipetrain

@@ -12,12 +12,15 @@
 // moving the status keeps it, but a status made anew from another's code
 // and message (absl::Status(code, new_message)) drops it: reword with
 // WithMessage instead. ToString (and so operator<<) shows it after the
-// message, as "[type.pipetrain/errno='24']"; message() is unchanged.
+// message, as "[type.pipetrain/errno='24']"; message() is unchanged. Text
+// for users (a CLI's error line, a job's failure reason) is
+// StatusTextForUsers, which leaves every payload out.
 // Thread-safe (no shared state).
 #ifndef PIPETRAIN_COMMON_ERRNO_STATUS_H_
 #define PIPETRAIN_COMMON_ERRNO_STATUS_H_
 
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -40,6 +43,11 @@ std::optional<int> ErrnoOf(const absl::Status& status);
 // `status` with `message` instead of its own: the same code and every
 // payload (the errno among them). An OK `status` gives OK.
 absl::Status WithMessage(const absl::Status& status, absl::string_view message);
+
+// `status` as a person reads it (a CLI's error line, a job's failure
+// reason): "CODE: message" as ToString gives it, without payloads, which
+// are for code (the errno: ErrnoOf), not people. "OK" for OK.
+std::string StatusTextForUsers(const absl::Status& status);
 
 }  // namespace pipetrain
 

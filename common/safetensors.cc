@@ -56,11 +56,20 @@ absl::Status ErrnoError(int error_number, absl::string_view what, const std::str
 }
 
 // As ErrnoError, carrying the errno (ErrnoOf), for SafetensorsFileWriter::
-// Create's errors: its caller tells a passing shortage (EMFILE: retry) from
-// a full disk (ENOSPC: fail), both RESOURCE_EXHAUSTED. Not everywhere:
-// ToString shows a payload, and reads' errors are printed to users.
+// Create's errors alone: its caller tells a passing shortage (EMFILE: retry)
+// from a full disk (ENOSPC: fail), both RESOURCE_EXHAUSTED. Not everywhere:
+// ToString shows a payload, and the errors of the helpers Create shares
+// with WriteSafetensors (exports, train-local, checkpoints) are printed to
+// users: those carry it only when Create asks (`carry_errno`).
 absl::Status ErrnoCarryingError(int error_number, absl::string_view what, const std::string& path) {
   return ErrnoStatus(error_number, absl::StrCat(what, " ", path));
+}
+
+// ErrnoCarryingError when `carry_errno`, else ErrnoError.
+absl::Status ErrnoErrorCarryingIf(bool carry_errno, int error_number, absl::string_view what,
+                                  const std::string& path) {
+  return carry_errno ? ErrnoCarryingError(error_number, what, path)
+                     : ErrnoError(error_number, what, path);
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
@@ -319,15 +328,17 @@ bool RemoveIfAbandoned(int dir_fd, const std::string& entry) {
 // The lock is taken a moment after the file appears; a file system without
 // flock leaves it unlocked, and the cleanup then leaves such files alone too.
 // TempNameFor's names do not repeat, so an existing file under the name is
-// an error (EEXIST), not a dead writer's to take over.
-absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mode_t mode) {
+// an error (EEXIST), not a dead writer's to take over. `carry_errno`: the
+// error carries the errno (SafetensorsFileWriter::Create's alone).
+absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mode_t mode,
+                                          bool carry_errno) {
   OwnTemporaries::Add(tmp);  // until CommitTemporary or the writer removes it
   const int fd =
       openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) {
     const int error = errno;
     OwnTemporaries::Remove(tmp);
-    return ErrnoCarryingError(error, "cannot create temporary file", tmp);
+    return ErrnoErrorCarryingIf(carry_errno, error, "cannot create temporary file", tmp);
   }
   flock(fd, LOCK_EX | LOCK_NB);  // see above: no lock is not an error
   return fd;
@@ -364,14 +375,15 @@ absl::Status CommitTemporary(int dir_fd, int fd, const std::string& tmp, const s
   return absl::OkStatus();
 }
 
-
+// Writes all of `data` at `offset` of `fd`; `carry_errno` as
+// CreateLockedTemporary's.
 absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
-                        const std::string& path) {
+                        const std::string& path, bool carry_errno) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoCarryingError(errno, "cannot write", path);
+    if (n < 0) return ErrnoErrorCarryingIf(carry_errno, errno, "cannot write", path);
     p += n;
     size -= static_cast<size_t>(n);
     offset += static_cast<uint64_t>(n);
@@ -392,7 +404,7 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
   }
   const std::string header = BuildHeader(tensors, metadata);
   const std::string tmp = TempNameFor(name);
-  ASSIGN_OR_RETURN(const int fd, CreateLockedTemporary(dir_fd, tmp, mode));
+  ASSIGN_OR_RETURN(const int fd, CreateLockedTemporary(dir_fd, tmp, mode, /*carry_errno=*/false));
   // Errors name the file the caller asked for, not the temporary.
   return CommitTemporary(dir_fd, fd, tmp, name, shown,
                          WriteContents(fd, header, tensors, shown, stopped));
@@ -686,7 +698,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   const int dir = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
   if (dir < 0) return ErrnoCarryingError(errno, "cannot duplicate the directory of", name);
   const std::string tmp = TempNameFor(name);
-  absl::StatusOr<int> created = CreateLockedTemporary(dir, tmp, mode);
+  absl::StatusOr<int> created = CreateLockedTemporary(dir, tmp, mode, /*carry_errno=*/true);
   if (!created.ok()) {
     close(dir);
     return created.status();
@@ -697,8 +709,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
       new SafetensorsFileWriter(dir, fd, name, tmp, std::move(tensors), std::move(begin)));
   const uint64_t length = header.size();
   // Errors name the file being written, not its temporary.
-  RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, name));
-  RETURN_IF_ERROR(WriteAllAt(fd, header.data(), header.size(), kLengthBytes, name));
+  RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, name, /*carry_errno=*/true));
+  RETURN_IF_ERROR(
+      WriteAllAt(fd, header.data(), header.size(), kLengthBytes, name, /*carry_errno=*/true));
   // posix_fallocate returns the error number (not -1 and errno).
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(offset));
   if (reserved != 0) {
@@ -742,7 +755,8 @@ absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const fl
         absl::StrCat(offset, " + ", count, " values exceed ", tensors_[index].name, "'s ", numel));
   }
   return WriteAllAt(fd_, values, static_cast<size_t>(count) * sizeof(float),
-                    begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), name_);
+                    begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), name_,
+                    /*carry_errno=*/false);
 }
 
 absl::Status SafetensorsFileWriter::Sync() {

@@ -151,7 +151,8 @@ class SafetensorsFileWriter {
   const std::vector<SafetensorsTensorSpec>& tensors() const { return tensors_; }
   // Writes `count` values at element `offset` of tensors()[index].
   // INVALID_ARGUMENT outside the tensor (nothing written); errno codes
-  // naming the file; FAILED_PRECONDITION after Commit.
+  // naming the file (without the errno Create's carry: ErrnoOf is nullopt);
+  // FAILED_PRECONDITION after Commit.
   absl::Status Write(size_t index, int64_t offset, const float* values, int64_t count);
   // Syncs what was written so far to the disk (the slow part of a commit,
   // which a caller may do before deciding to commit). Writes may follow.

@@ -19,6 +19,7 @@
 #include "common/confined_path.h"
 #include "common/data_plane_keys.h"
 #include "common/echo_input.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/rpc_status.h"
 #include "common/safetensors.h"
@@ -61,8 +62,9 @@ std::string ReportableError(const absl::Status& status) {
   // string, which the coordinator refuses to parse unless it is UTF-8 (the
   // report, and the failure it tells, would be lost), and the error may
   // quote a peer's gRPC status or a path with any bytes (a checkpoint
-  // root's name).
-  std::string text = ValidUtf8(status.ToString());
+  // root's name). Without payloads: an errno a helper attached is for code,
+  // and would end the job's reason as "[type.pipetrain/errno='28']".
+  std::string text = ValidUtf8(StatusTextForUsers(status));
   if (text.size() > 4096) text = absl::StrCat(Utf8Prefix(text, 4096), " [...]");
   return text;
 }

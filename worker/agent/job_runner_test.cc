@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/data_plane_keys.h"
+#include "common/errno_status.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
@@ -765,6 +767,16 @@ TEST(JobRunnerTest, ReportableError_EscapedToUtf8AndCutOnACharacterBoundary) {
   const std::string long_error = ReportableError(absl::InternalError(std::string(5000, 'a')));
   EXPECT_EQ(long_error.size(), 4096u + std::string(" [...]").size());
   EXPECT_TRUE(absl::EndsWith(long_error, " [...]"));
+}
+
+// A job's failure reason is read by people (`pipetrain job ID`): the
+// errno a status carries for code (common/errno_status.h) stays out of it,
+// where ToString would end it with "[type.pipetrain/errno='28']".
+TEST(JobRunnerTest, ReportableError_ErrnoPayloadLeftOut) {
+  const absl::Status full = ErrnoStatus(ENOSPC, "cannot write step-00000005/unit-0.safetensors");
+  EXPECT_EQ(ReportableError(full),
+            "RESOURCE_EXHAUSTED: cannot write step-00000005/unit-0.safetensors: "
+            "No space left on device");
 }
 
 // A data file past a third of the worker's memory limit (text takes 3x its

@@ -26,7 +26,6 @@
 #include "absl/strings/str_split.h"
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
-#include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
@@ -87,14 +86,12 @@ char AwaitWake(absl::Duration timeout) {
   return byte;
 }
 
-// How long the shutdown's waits below wait between reads of the wake pipe.
-constexpr absl::Duration kSlice = absl::Milliseconds(200);
-
-// The wake pipe read without waiting: CANCELLED when a second signal ("go
-// on now", as during the shutdown delay) or a failure came, its message
+// The wake pipe for DrainAfterDelay (DrainAfterDelayOptions::await_wake):
+// waits up to `wait` for a byte; CANCELLED when a second signal ("go on
+// now", as during the shutdown delay) or a failure came, its message
 // ending with `waiting` (what it cut short); OK when nothing did.
-absl::Status WokenWhile(absl::string_view waiting) {
-  const char why = AwaitWake(absl::ZeroDuration());
+absl::Status WokenWhile(absl::Duration wait, absl::string_view waiting) {
+  const char why = AwaitWake(wait);
   if (why == kSignalled) {
     return absl::CancelledError(
         absl::StrCat("signalled again (", ShutdownSignalName(g_signal), ") ", waiting));
@@ -103,67 +100,22 @@ absl::Status WokenWhile(absl::string_view waiting) {
   return absl::OkStatus();
 }
 
-// WorkerAgent::AwaitRegisteredAgain for up to `timeout`, in slices, between
-// which the wake pipe is read (WokenWhile): after a drain refused for this
-// worker's session gone stale, the heartbeat loop registers again, and the
-// drain asked before that would be refused again.
-absl::Status AwaitRegisteredAgainOrWake(WorkerAgent& agent, absl::Duration timeout) {
-  const absl::Time until = MonotonicClock()->Now() + timeout;
-  bool said = false;
-  while (true) {
-    const absl::Duration left = until - MonotonicClock()->Now();
-    const absl::Status registered =
-        agent.AwaitRegisteredAgain(std::max(absl::ZeroDuration(), std::min(left, kSlice)));
-    if (!absl::IsDeadlineExceeded(registered) || left <= kSlice) return registered;
-    if (!said) {
-      PT_LOG(INFO) << "the coordinator no longer takes this worker's session (it restarted or "
-                      "failed over): waiting up to "
-                   << absl::FormatDuration(timeout) << " to register again, then draining";
-      said = true;
-    }
-    if (absl::Status woken = WokenWhile("while registering again"); !woken.ok()) return woken;
+// The agent as the shutdown's drain (DrainAfterDelay) sees it.
+class AgentDrain final : public DrainingAgent {
+ public:
+  explicit AgentDrain(WorkerAgent& agent) : agent_(agent) {}
+  absl::Status RequestDrain() override { return agent_.RequestDrain(); }
+  absl::Status AwaitRegisteredAgain(absl::Duration timeout) override {
+    return agent_.AwaitRegisteredAgain(timeout);
   }
-}
+  absl::Status AwaitDrained(absl::Duration timeout) override {
+    return agent_.AwaitDrained(timeout);
+  }
+  absl::Status RecheckDrain() override { return agent_.RecheckDrain(); }
 
-// WorkerAgent::AwaitDrained for up to `seconds`, in slices, between which
-// the wake pipe is read: a second signal ("go on now", as during the
-// shutdown delay) or a failure ends the wait (CANCELLED) instead of being
-// lost until the drain or its timeout (up to a day). Every few seconds it
-// asks again whether a job the drain named still holds this worker
-// (RecheckDrain: an abandoned placement sends it no word).
-absl::Status AwaitDrainedOrWake(WorkerAgent& agent, double seconds) {
-  const absl::Duration timeout = absl::Seconds(seconds);
-  constexpr absl::Duration kRecheck = absl::Seconds(5);
-  const absl::Time until = MonotonicClock()->Now() + timeout;
-  absl::Time recheck = MonotonicClock()->Now() + kRecheck;
-  bool said = false;
-  while (true) {
-    const absl::Duration left = until - MonotonicClock()->Now();
-    const absl::Status drained =
-        agent.AwaitDrained(std::max(absl::ZeroDuration(), std::min(left, kSlice)));
-    if (!absl::IsDeadlineExceeded(drained)) return drained;
-    if (!said) {  // not for a worker that nothing holds: it leaves at once
-      PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
-                   << " for the job to re-plan without this worker (signal again to leave now)";
-      said = true;
-    }
-    // Not near the end: a recheck (two tries of 2 s at most) would overrun
-    // the drain timeout.
-    if (MonotonicClock()->Now() >= recheck && left > 3 * WorkerAgent::kRecheckDrainTimeout) {
-      if (absl::Status asked = agent.RecheckDrain(); !asked.ok()) {
-        PT_LOG(WARNING) << "asking again whether a job holds this worker: " << asked;
-      }
-      recheck = MonotonicClock()->Now() + kRecheck;
-    }
-    if (left <= kSlice) {
-      if (agent.AwaitDrained(absl::ZeroDuration()).ok())
-        return absl::OkStatus();  // a recheck freed it
-      return absl::DeadlineExceededError(absl::StrCat("the job did not let this worker go within ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    if (absl::Status woken = WokenWhile("while draining"); !woken.ok()) return woken;
-  }
-}
+ private:
+  WorkerAgent& agent_;
+};
 
 // The longest --node-name: the coordinator's bound on names (kMaxNameBytes,
 // coordinator/registry/registration_limits.h, which worker/ may not include:
@@ -558,7 +510,9 @@ int Run(const std::vector<std::string>& args) {
   const bool drains = f.drain_timeout_seconds > 0;
   const bool asks_drain = drains || f.shutdown_delay_seconds > 0;
   std::optional<absl::Status> drain_asked;
-  bool hurried = false;  // signalled again during the delay: go on now
+  // Go on now: signalled again during the delay, or the worker cannot go
+  // on (the drain is asked once then, not again).
+  bool hurried = false;
   if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
     PT_LOG(INFO) << "received " << ShutdownSignalName(g_signal) << "; leaving"
                  << (g_signal == SIGHUP
@@ -569,31 +523,30 @@ int Run(const std::vector<std::string>& args) {
     if (f.shutdown_delay_seconds > 0) {
       PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
                    << " s (--shutdown-delay-seconds; signal again to go on now)";
-      hurried = AwaitWake(absl::Seconds(f.shutdown_delay_seconds)) == kSignalled;
+      hurried = AwaitWake(absl::Seconds(f.shutdown_delay_seconds)) != 0;  // either byte
     }
   } else {
     health.Drain("stopping: the worker cannot go on (see its log)");
+    hurried = true;
   }
   if (!device_failed.load() && drains) {
-    // Asked again after the delay when the first ask met a passing failure
-    // (AsksDrainAfterDelay: a failover, a coordinator busy past the
-    // deadline, this worker's session gone stale): the coordinator may lead
-    // again by now, and a worker that leaves undrained costs its job the
-    // steps since its last checkpoint. Not when a second signal asked to go
-    // on now. A stale session's drain is asked once the agent registered
-    // again (with no delay, or a short one, it has not yet): that wait
-    // counts against the drain's timeout, which a supervisor's grace
-    // period is sized to.
-    absl::Status drained = drain_asked.value_or(absl::OkStatus());
-    double drain_seconds = f.drain_timeout_seconds;
-    if (AsksDrainAfterDelay(drain_asked, hurried)) {
-      const absl::Time start = MonotonicClock()->Now();
-      drained = AwaitRegisteredAgainOrWake(agent, absl::Seconds(drain_seconds));
-      drain_seconds =
-          std::max(0.0, drain_seconds - absl::ToDoubleSeconds(MonotonicClock()->Now() - start));
-      if (drained.ok()) drained = agent.RequestDrain();
-    }
-    if (drained.ok()) drained = AwaitDrainedOrWake(agent, drain_seconds);
+    // Asked again after the delay while the answer passes (DrainAfterDelay:
+    // a failover, a coordinator busy past the deadline, this worker's
+    // session gone stale, then once the agent registered again), unless
+    // hurried. A drain granted so spares a job the coordinator still holds
+    // the steps since its last checkpoint. After a stale session those are
+    // lost already (the restored job recovers from that checkpoint); the
+    // wait lets the job stop waiting --restart-grace-seconds for this
+    // worker (it registered again said drained), and the deregistration
+    // carry a current session (LEFT, not LOST). The asks and waits come
+    // out of the drain's timeout, which a supervisor's grace period is
+    // sized to.
+    AgentDrain draining(agent);
+    DrainAfterDelayOptions drain_options;
+    drain_options.timeout = absl::Seconds(f.drain_timeout_seconds);
+    drain_options.recheck_timeout = WorkerAgent::kRecheckDrainTimeout;
+    drain_options.await_wake = WokenWhile;
+    const absl::Status drained = DrainAfterDelay(draining, drain_asked, hurried, drain_options);
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
   // A stage stuck in a long computation or a send to a stalled peer can

@@ -440,10 +440,17 @@ absl::Status WorkerAgent::AwaitRegisteredAgain(absl::Duration timeout) {
   if (stale_drain_registration_ == 0) return absl::OkStatus();
   mu_.AwaitWithTimeout(
       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return registrations_ > stale_drain_registration_ || stopping_;
+        return registrations_ > stale_drain_registration_ || stopping_ ||
+               !registration_refused_.ok();
       },
       timeout);
   if (registrations_ > stale_drain_registration_) return absl::OkStatus();
+  // The heartbeat loop gave up: no registration comes.
+  if (!registration_refused_.ok()) {
+    return absl::Status(registration_refused_.code(),
+                        absl::StrCat("the coordinator refused this worker's registration again: ",
+                                     registration_refused_.message()));
+  }
   if (stopping_) return absl::CancelledError("stopped before registering again");
   // Not naming `timeout`: a caller waiting in slices names its own.
   return absl::DeadlineExceededError(
@@ -658,6 +665,10 @@ void WorkerAgent::HeartbeatLoop() {
         if (IsRegistrationRefusal(static_cast<grpc::StatusCode>(registered.code()))) {
           PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered
                         << "; no more heartbeats";
+          {
+            AnnotatedMutexLock lock(&mu_);
+            registration_refused_ = registered;  // ends AwaitRegisteredAgain
+          }
           if (options_.on_registration_refused) options_.on_registration_refused(registered);
         }
         return;  // refused, or stopped while retrying

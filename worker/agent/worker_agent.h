@@ -185,12 +185,18 @@ class WorkerAgent {
   // After a drain refused for this worker's session gone stale (the
   // coordinator restarted or failed over): waits up to `timeout` for the
   // heartbeat loop, whose heartbeat is refused so too, to register again,
-  // said drained, with a session the coordinator takes; a drain asked
-  // then is answered (with the job that still holds this worker, which
-  // AwaitDrained waits for); one asked before is refused again. OK once
-  // registered past the refused session, or at once when no drain was
-  // refused so; DEADLINE_EXCEEDED otherwise; CANCELLED once stopping. Logs
-  // nothing: a caller may wait in slices (to hear a second signal).
+  // said drained, with a session the coordinator takes. That registration
+  // is the drain: the new incarnation holds no job (the coordinator
+  // restored its jobs to recover from their last checkpoints, and the
+  // loop stopped the runner first), and a recovering job does not wait
+  // for a drained worker; a drain asked then is granted at once (see
+  // drain_retry.h for why it is asked all the same); one asked before is
+  // refused again. OK once registered past the refused session, or at
+  // once when no drain was refused so; at once, the refusal's code and
+  // message, when the loop gave up on a refused registration
+  // (options.on_registration_refused): none comes; DEADLINE_EXCEEDED
+  // otherwise; CANCELLED once stopping. Logs nothing: a caller may wait in
+  // slices (to hear a second signal).
   absl::Status AwaitRegisteredAgain(absl::Duration timeout);
   // Then: waits up to `timeout` for a job running here, or the job the
   // drain's answer named, to let it go. OK when nothing holds this worker
@@ -319,6 +325,9 @@ class WorkerAgent {
   // registrations_ when the session of a drain the coordinator refused as
   // stale was sent (AwaitRegisteredAgain waits to pass it); 0: none was.
   int64_t stale_drain_registration_ ABSL_GUARDED_BY(mu_) = 0;
+  // Why the heartbeat loop gave up registering again (a refusal, before
+  // options.on_registration_refused); OK while it has not.
+  absl::Status registration_refused_ ABSL_GUARDED_BY(mu_);
   // AwaitDrained calls waiting on mu_ (AwaitDrainWaitingForTesting).
   int drain_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   // Backoffs RegisterWithRetry began (AwaitRegistrationBackoffForTesting).

@@ -796,33 +796,6 @@ TEST(WorkerAgentTest, DrainRefusedThenRegisteredAgain_TheRegistrationSaysDrained
   rig->Shutdown();
 }
 
-// The shutdown asks for its drain after the delay when it did not before,
-// or when the first ask met a passing failure, a stale session's included
-// (the agent registers again meanwhile); never after a second signal said
-// to go on now, nor after a refusal for good or a drain granted.
-TEST(AsksDrainAfterDelayTest, PassingFailuresAndNotAskedYet_AskedAgainUnlessHurried) {
-  EXPECT_TRUE(AsksDrainAfterDelay(std::nullopt, /*hurried=*/false));
-  EXPECT_TRUE(AsksDrainAfterDelay(std::nullopt, /*hurried=*/true));
-  for (const absl::Status& passing :
-       {absl::UnavailableError("this coordinator follows"),
-        absl::DeadlineExceededError("Deadline Exceeded"),
-        absl::UnauthenticatedError("the coordinator would not drain this worker: session "
-                                   "credential not recognised: ... register again")}) {
-    SCOPED_TRACE(passing.ToString());
-    EXPECT_TRUE(AsksDrainAfterDelay(passing, /*hurried=*/false));
-    EXPECT_FALSE(AsksDrainAfterDelay(passing, /*hurried=*/true));
-  }
-  for (const absl::Status& final_answer :
-       {absl::OkStatus(), absl::FailedPreconditionError("w-1 runs job j, which has no checkpoints"),
-        absl::PermissionDeniedError("acts for w-2")}) {
-    SCOPED_TRACE(final_answer.ToString());
-    EXPECT_FALSE(AsksDrainAfterDelay(final_answer, /*hurried=*/false));
-  }
-  EXPECT_TRUE(
-      IsStaleSessionRefusal(absl::UnauthenticatedError("session credential not recognised")));
-  EXPECT_FALSE(IsStaleSessionRefusal(absl::FailedPreconditionError("worker w-1 is LOST")));
-}
-
 // Restarts as it is asked to drain w-1: that drain, and every later call
 // carrying incarnation 1's session (its heartbeats too), is refused as the
 // real coordinator refuses a session it no longer takes, so that the agent
@@ -893,11 +866,11 @@ class RestartedWhileDrainingCoordinator final : public NoAssignmentsCoordinator 
 };
 
 // A drain refused because the coordinator restarted (this worker's session
-// is stale) passes, as worker/main.cc decides: once the heartbeat loop has
+// is stale) passes, as DrainAfterDelay decides: once the heartbeat loop has
 // registered again (said drained), the drain asked again is granted. Asked
 // before that, it is refused again: the shutdown waits for the
 // registration (AwaitRegisteredAgain). The worker used to leave undrained,
-// and its job lost the steps since its last checkpoint.
+// and to deregister with the stale session (LOST, not LEFT).
 TEST(WorkerAgentTest, DrainRefusedForAStaleSession_AskedAgainOnceRegisteredAgain_Granted) {
   RestartedWhileDrainingCoordinator coordinator;
   Mailbox mailbox;
@@ -932,6 +905,79 @@ TEST(WorkerAgentTest, DrainRefusedForAStaleSession_AskedAgainOnceRegisteredAgain
                 {"Bearer w-1.1.secret", "Bearer w-1.1.secret", "Bearer w-1.2.secret"}));
   // The registration again said drained (the first ask set it).
   EXPECT_EQ(coordinator.drained(), std::vector<bool>({false, true}));
+  agent.Stop();
+  rig->Shutdown();
+}
+
+// Registers w-1, then restarts as it is asked to drain it: that drain, and
+// every later heartbeat of incarnation 1, is refused for the stale
+// session, and every registration again is refused (the restarted
+// coordinator no longer takes the join token).
+class RestartedThenRefusingCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    if (registrations_.fetch_add(1) > 0) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "join token not accepted");
+    }
+    return RegisteredAsW1(response);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return restarted_.load() ? StaleSession() : grpc::Status::OK;
+  }
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest*,
+                           v1::Worker*) override {
+    restarted_.store(true);
+    return StaleSession();
+  }
+  int registrations() const { return registrations_.load(); }
+
+ private:
+  static grpc::Status StaleSession() {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "session credential not recognised: register again");
+  }
+  std::atomic<bool> restarted_{false};
+  std::atomic<int> registrations_{0};
+};
+
+// After a drain refused for a stale session, the shutdown waits for the
+// heartbeat loop to register again; when that registration is refused, the
+// loop gives up, and the wait ends at once with the refusal. It used to
+// wait out the whole drain timeout (60 s by default, up to a day), then
+// warn "not registered again" without naming the refusal.
+TEST(WorkerAgentTest, AwaitRegisteredAgain_RegistrationRefused_EndsWithTheRefusal) {
+  RestartedThenRefusingCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  AnnotatedMutex mu;
+  bool refused = false;
+  options.on_registration_refused = [&](const absl::Status&) {
+    AnnotatedMutexLock lock(&mu);
+    refused = true;
+  };
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  const absl::Status first = agent.RequestDrain();
+  ASSERT_TRUE(IsStaleSessionRefusal(first)) << first;
+  // Ends when the loop gives up (a heartbeat of 50 ms from now), well
+  // before this bound, which only a regression waits out.
+  const absl::Status registered = agent.AwaitRegisteredAgain(absl::Seconds(20));
+  EXPECT_EQ(registered.code(), absl::StatusCode::kUnauthenticated) << registered;
+  EXPECT_TRUE(absl::StrContains(registered.message(),
+                                "the coordinator refused this worker's registration again: "))
+      << registered;
+  EXPECT_TRUE(absl::StrContains(registered.message(), "join token not accepted")) << registered;
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return refused; }, absl::Seconds(30)));
+  }
+  // Asked again, it answers so at once: no registration comes.
+  EXPECT_EQ(agent.AwaitRegisteredAgain(absl::ZeroDuration()), registered);
+  EXPECT_EQ(coordinator.registrations(), 2);
   agent.Stop();
   rig->Shutdown();
 }

@@ -3,9 +3,14 @@
 // boundary, and the job layout's worker counts (replicas, tensor ranks).
 // Contracts: job_manager.h.
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
@@ -22,6 +27,166 @@ namespace pipetrain {
 using job_manager_internal::IsGoneWorker;
 using job_manager_internal::MarkedInIncarnation;
 using job_manager_internal::NotAmong;
+
+namespace {
+
+// Whether a job runs on CPU workers only (a 3-D tensor job: CanRunLocked).
+bool CpuOnly(const ResolvedJobSpec& resolved) { return resolved.tensor_mode == "3d"; }
+
+// Whether `record` may not take spare `worker` (in `incarnation`) now:
+// found unfit for it, or it crashed joining it lately (SparesForLocked).
+// A template: JobRecord is JobManager's own type.
+template <typename JobRecord>
+bool KeptOutOf(const JobRecord& record, const std::string& worker, int64_t incarnation,
+               absl::Time now) {
+  const auto crashed = record.join_crashes.find(worker);
+  return MarkedInIncarnation(record.unfit, worker, incarnation) ||
+         (crashed != record.join_crashes.end() && now < crashed->second.until);
+}
+
+// OneKindPerStageLocked's choice of `need` of `ready`, for a job whose
+// stages must each be of one device kind when `one_kind` (`replicas` x
+// `ranks` workers a stage); `gpu_kinds` tells which workers are GPUs.
+std::optional<std::vector<std::string>> OneKindPerStage(
+    const std::vector<std::string>& ready, int need, bool one_kind, int replicas, int ranks,
+    absl::FunctionRef<std::vector<bool>(const std::vector<std::string>&)> gpu_kinds) {
+  std::vector<std::string> first(ready.begin(), ready.begin() + need);
+  if (!one_kind) return first;
+  if (need == 0 || need % (replicas * ranks) != 0) return std::nullopt;  // no whole stages
+  std::optional<std::vector<size_t>> picked =
+      ArrangeByDeviceKind(gpu_kinds(ready), replicas, need / (replicas * ranks), ranks);
+  if (!picked.has_value()) return std::nullopt;
+  std::vector<std::string> out;
+  for (size_t i : *picked) out.push_back(ready[i]);
+  return out;
+}
+
+// The registry's workers as one scheduling pass (ScheduleQueued) read
+// them: a List and a ReadyWorkers, once. Every queued job read them all
+// again (a ReadyWorkers and a Get for each READY worker's drain,
+// SpareWorkersLocked; as much again for its reason's held count,
+// HeldReadyLocked; a Get each for a CPU-only job's kinds): with 256 jobs
+// queued on 4,096 workers, about a million record copies a pass, under the
+// jobs lock every running job's progress report waits on. A placement
+// changes the workers it took: the pass reads those again (Update). Other
+// changes meanwhile (a worker lost) are the next pass's, and a placement
+// on a worker gone since fails and waits for it (StartLocked).
+class PassWorkers {
+ public:
+  // `all`: the registry's List(); `ready`: its ReadyWorkers(); `drained`:
+  // JobManager::IsDrainedLocked.
+  PassWorkers(const std::vector<v1::Worker>& all, const std::vector<std::string>& ready,
+              absl::FunctionRef<bool(const v1::Worker&)> drained) {
+    const std::set<std::string> listed_ready(ready.begin(), ready.end());
+    workers_.reserve(all.size());
+    for (const v1::Worker& w : all) {
+      index_[w.id()] = workers_.size();
+      workers_.push_back(Worker{w.id()});
+      Set(workers_.back(), w, listed_ready.count(w.id()) > 0, drained(w));
+    }
+  }
+
+  // SpareWorkersLocked(reserved), of those only the CPU workers for a
+  // CPU-only job (ThatCanRunLocked).
+  std::vector<std::string> Spare(const std::set<std::string>& reserved, bool cpu_only) const {
+    std::vector<std::string> spare;
+    for (const Worker& w : workers_) {
+      if (IsSpare(w) && Runs(&w, cpu_only) && reserved.count(w.id) == 0) spare.push_back(w.id);
+    }
+    return spare;
+  }
+  // HeldReadyLocked: of `reserved`, those READY and not drained that a job
+  // (CPU only or not) could run on.
+  size_t HeldReady(const std::set<std::string>& reserved, bool cpu_only) const {
+    size_t held = 0;
+    for (const std::string& id : reserved) {
+      const Worker* w = Find(id);
+      if (w != nullptr && IsSpare(*w) && Runs(w, cpu_only)) ++held;
+    }
+    return held;
+  }
+  // DrainedReadyLocked: those READY but drained.
+  size_t DrainedReady() const {
+    return std::count_if(workers_.begin(), workers_.end(),
+                         [](const Worker& w) { return w.ready && w.drained; });
+  }
+  // READY (stopping its last job or not) or ASSIGNED, and not drained.
+  std::vector<std::string> Live() const {
+    std::vector<std::string> live;
+    for (const Worker& w : workers_) {
+      if (w.up && !w.drained) live.push_back(w.id);
+    }
+    return live;
+  }
+  // ThatCanRunLocked: `ids` less those a CPU-only job cannot run on.
+  std::vector<std::string> ThatRun(std::vector<std::string> ids, bool cpu_only) const {
+    ids.erase(std::remove_if(ids.begin(), ids.end(),
+                             [&](const std::string& id) { return !Runs(Find(id), cpu_only); }),
+              ids.end());
+    return ids;
+  }
+  // GpuKindsLocked: one unknown when read counts as a CPU.
+  std::vector<bool> GpuKinds(const std::vector<std::string>& ids) const {
+    std::vector<bool> gpu;
+    gpu.reserve(ids.size());
+    for (const std::string& id : ids) {
+      const Worker* w = Find(id);
+      gpu.push_back(w != nullptr && w->gpu);
+    }
+    return gpu;
+  }
+  // IncarnationOf: 0 for one unknown when read.
+  int64_t Incarnation(const std::string& id) const {
+    const Worker* w = Find(id);
+    return w == nullptr ? 0 : w->incarnation;
+  }
+  // `id` as the registry answers for it now (`drained` by IsDrainedLocked),
+  // once a placement was tried on it: READY still only if it was.
+  void Update(const std::string& id, const absl::StatusOr<v1::Worker>& now, bool drained) {
+    const auto it = index_.find(id);
+    if (it == index_.end()) return;  // not one the pass offered
+    Worker& w = workers_[it->second];
+    if (now.ok()) {
+      Set(w, *now, w.ready && now->state() == v1::WORKER_STATE_READY, drained);
+    } else {
+      w = Worker{id};
+    }
+  }
+
+ private:
+  struct Worker {
+    std::string id;
+    bool known = false;  // registered when read
+    int64_t incarnation = 0;
+    bool gpu = false;
+    bool ready = false;  // among ReadyWorkers: READY, not stopping its last job
+    bool up = false;     // READY or ASSIGNED
+    bool drained = false;
+  };
+
+  static void Set(Worker& w, const v1::Worker& info, bool ready, bool drained) {
+    w.known = true;
+    w.incarnation = info.incarnation();
+    w.gpu = !info.device().gpu_model().empty();
+    w.ready = ready;
+    w.up = info.state() == v1::WORKER_STATE_READY || info.state() == v1::WORKER_STATE_ASSIGNED;
+    w.drained = drained;
+  }
+  static bool IsSpare(const Worker& w) { return w.ready && !w.drained; }
+  // CanRunLocked: a CPU-only job runs only on a worker known to have no GPU.
+  static bool Runs(const Worker* w, bool cpu_only) {
+    return !cpu_only || (w != nullptr && w->known && !w->gpu);
+  }
+  const Worker* Find(const std::string& id) const {
+    const auto it = index_.find(id);
+    return it == index_.end() ? nullptr : &workers_[it->second];
+  }
+
+  std::vector<Worker> workers_;  // in the registry's order (by id number)
+  absl::flat_hash_map<std::string, size_t> index_;
+};
+
+}  // namespace
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
@@ -40,13 +205,6 @@ void JobManager::ScheduleQueued() {
   SweepStoppedJobsLocked();
   CancelAbandonedProfilesLocked();
   const absl::Time now = elapsed_clock_->Now();
-  // Counted once a pass, when a waiting job first needs it (it reads every
-  // READY worker's record).
-  std::optional<size_t> drained_ready_count;
-  const auto drained_ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!drained_ready_count.has_value()) drained_ready_count = DrainedReadyLocked();
-    return *drained_ready_count;
-  };
   // Recovering jobs first: they ran already, and hold on to their workers.
   // Every one's survivors are reserved before any re-plans (reserved only
   // on its turn, a later job's were an earlier one's spares), and so are
@@ -56,6 +214,32 @@ void JobManager::ScheduleQueued() {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
   }
+  // The workers as the rest of the pass sees them (PassWorkers), read once
+  // when a job first needs them: after the re-plans above, which assign
+  // some.
+  std::optional<PassWorkers> pass_workers;
+  const auto workers = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!pass_workers.has_value()) {
+      pass_workers.emplace(registry_->List(), registry_->ReadyWorkers(),
+                           [&](const v1::Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                             return IsDrainedLocked(w);
+                           });
+    }
+    return &*pass_workers;
+  };
+  // SparesForLocked(record, held), of what the pass read.
+  const auto spares_for = [&](const JobRecord& record, const std::set<std::string>& held)
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const PassWorkers* read = workers();
+    std::vector<std::string> spare = read->Spare(held, CpuOnly(record.resolved));
+    const absl::Time at = elapsed_clock_->Now();
+    spare.erase(std::remove_if(spare.begin(), spare.end(),
+                               [&](const std::string& w) {
+                                 return KeptOutOf(record, w, read->Incarnation(w), at);
+                               }),
+                spare.end());
+    return spare;
+  };
   // One still recovering waits for workers (too few for its minimum, a
   // plan with more memory, survivors to be heard from): the spares it
   // could use are its own (NoJobWaitsForSparesLocked), not a queued job's.
@@ -64,7 +248,7 @@ void JobManager::ScheduleQueued() {
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::JOB_STATE_RECOVERING) continue;
-    for (std::string& w : OfItsKindsLocked(record, SparesForLocked(record, reserved))) {
+    for (std::string& w : OfItsKindsLocked(record, spares_for(record, reserved))) {
       reserved.insert(std::move(w));
     }
   }
@@ -81,29 +265,46 @@ void JobManager::ScheduleQueued() {
   // backfill only onto the others, and it runs once enough are freed.
   std::string aged;
   std::vector<std::string> held_for_aged;
+  // OneKindPerStageLocked, of what the pass read.
+  const auto one_kind_per_stage = [&](const JobRecord& record, const std::vector<std::string>& set,
+                                      int need) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return OneKindPerStage(
+        set, need, StagesOfOneKind(record), Replicas(record), TensorRanks(record),
+        [&](const std::vector<std::string>& ids) { return workers()->GpuKinds(ids); });
+  };
   // The cluster's workers, READY or busy and not drained: listed once a
   // pass, when a job first waited that long.
   std::optional<std::vector<std::string>> live;
   const auto cluster_could_hold = [&](const JobRecord& record, int need)
                                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!live.has_value()) {
-      live.emplace();
-      for (const v1::Worker& w : registry_->List()) {
-        const bool up =
-            w.state() == v1::WORKER_STATE_READY || w.state() == v1::WORKER_STATE_ASSIGNED;
-        if (up && !IsDrainedLocked(w)) live->push_back(w.id());
-      }
-    }
-    const std::vector<std::string> usable = ThatCanRunLocked(record, *live);
+    if (!live.has_value()) live = workers()->Live();
+    const std::vector<std::string> usable = workers()->ThatRun(*live, CpuOnly(record.resolved));
     return static_cast<int>(usable.size()) >= need &&
-           OneKindPerStageLocked(record, usable, need).has_value();
+           one_kind_per_stage(record, usable, need).has_value();
+  };
+  // Every queued job's spares (SpareWorkersLocked(reserved), those it can
+  // run on) and the READY workers held from it (HeldReadyLocked): the same
+  // for each job CPU-only or not, as `reserved` stays as it is until the
+  // queued jobs are placed. Listed once for them all (by CpuOnly), and
+  // again after a placement.
+  std::map<bool, std::pair<std::vector<std::string>, size_t>> offered;
+  const auto offer = [&](const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool cpu_only = CpuOnly(record.resolved);
+    auto it = offered.find(cpu_only);
+    if (it == offered.end()) {
+      const PassWorkers* read = workers();
+      it = offered
+               .emplace(cpu_only, std::make_pair(read->Spare(reserved, cpu_only),
+                                                 read->HeldReady(reserved, cpu_only)))
+               .first;
+    }
+    return &it->second;
   };
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
-    std::vector<std::string> ready =
-        NotAmong(ThatCanRunLocked(record, SpareWorkersLocked(reserved)), held_for_aged);
+    std::vector<std::string> ready = NotAmong(offer(record)->first, held_for_aged);
     const int need = JobWorkers(record.resolved);
     // Enough of them, the set it is placed on: each stage of one kind
     // where replicas or tensor ranks must be (the first READY workers in id
@@ -112,21 +313,21 @@ void JobManager::ScheduleQueued() {
     std::optional<std::vector<std::string>> placed_on;
     if (static_cast<int>(ready.size()) >= need) {
       if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
-      placed_on = OneKindPerStageLocked(record, ready, need);
+      placed_on = one_kind_per_stage(record, ready, need);
     }
     // Short of workers past its queue timeout: failed, whether or not
     // another job is being profiled meanwhile (a profile takes up to a
     // few minutes, and would not give this one more workers).
     if (!placed_on.has_value()) {
-      const bool cpu_only = record.resolved.tensor_mode == "3d";
-      const size_t aged_holds = ThatCanRunLocked(record, held_for_aged).size();
+      const bool cpu_only = CpuOnly(record.resolved);
+      const size_t aged_holds = workers()->ThatRun(held_for_aged, cpu_only).size();
       const std::string waiting =
           static_cast<int>(ready.size()) >= need
               ? WaitingForKinds(record, need, absl::StrCat(ready.size(), " READY"))
               : absl::StrCat("waiting for ", need,
                              cpu_only ? " READY CPU workers (" : " READY workers (",
-                             ReadyCount(ready.size(), HeldReadyLocked(record, reserved, ready),
-                                        drained_ready()),
+                             ReadyCount(ready.size(), offer(record)->second,
+                                        workers()->DrainedReady()),
                              aged_holds == 0
                                  ? ""
                                  : absl::StrCat("; ", aged_holds, " more READY but held for job ",
@@ -159,6 +360,13 @@ void JobManager::ScheduleQueued() {
     }
     ready = *std::move(placed_on);
     absl::Status started = StartLocked(record, ready);
+    // Those it took are ASSIGNED now (or one was found gone): read again,
+    // and the spares listed again for the jobs after it.
+    for (const std::string& w : ready) {
+      const absl::StatusOr<v1::Worker> info = registry_->Get(w);
+      workers()->Update(w, info, info.ok() && IsDrainedLocked(*info));
+    }
+    offered.clear();
     if (!started.ok()) {
       // A worker counted READY above changed since (lost, or gone): none
       // was assigned, and the next pass counts again.
@@ -183,7 +391,7 @@ void JobManager::ScheduleQueued() {
     // fail it after 3 such spares. Without the spare it trains on, as a
     // job whose writes fail does.
     if (record.job.progress().checkpoint_failures() > 0) continue;
-    const std::vector<std::string> spare = SparesForLocked(record, reserved);
+    const std::vector<std::string> spare = spares_for(record, reserved);
     if (spare.empty()) continue;  // another job may take those unfit for this one
     const int current = record.job.worker_ids_size();
     int want = std::min<int>(spare.size(), MaxJobWorkers(record) - current);
@@ -213,15 +421,10 @@ void JobManager::ScheduleQueued() {
 
 std::optional<std::vector<std::string>> JobManager::OneKindPerStageLocked(
     const JobRecord& record, const std::vector<std::string>& ready, int need) const {
-  std::vector<std::string> first(ready.begin(), ready.begin() + need);
-  if (!StagesOfOneKind(record)) return first;
-  if (need == 0 || need % WorkersPerStage(record) != 0) return std::nullopt;  // no whole stages
-  std::optional<std::vector<size_t>> picked = ArrangeByDeviceKind(
-      GpuKindsLocked(ready), Replicas(record), need / WorkersPerStage(record), TensorRanks(record));
-  if (!picked.has_value()) return std::nullopt;
-  std::vector<std::string> out;
-  for (size_t i : *picked) out.push_back(ready[i]);
-  return out;
+  return OneKindPerStage(ready, need, StagesOfOneKind(record), Replicas(record),
+                         TensorRanks(record),
+                         [this](const std::vector<std::string>& ids)
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return GpuKindsLocked(ids); });
 }
 
 std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
@@ -480,7 +683,7 @@ int JobManager::UsableWorkersLeftLocked(const JobRecord& record, const std::stri
 }
 
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
-  if (record.resolved.tensor_mode != "3d") return true;
+  if (!CpuOnly(record.resolved)) return true;
   absl::StatusOr<v1::Worker> info = registry_->Get(worker);
   return info.ok() && info->device().gpu_model().empty();
 }
@@ -499,14 +702,11 @@ std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
                                                      const std::set<std::string>& reserved) const {
   std::vector<std::string> spare = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
   const absl::Time now = elapsed_clock_->Now();
-  spare.erase(
-      std::remove_if(spare.begin(), spare.end(),
-                     [&](const std::string& w) {
-                       const auto crashed = record.join_crashes.find(w);
-                       return MarkedInIncarnation(record.unfit, w, IncarnationOf(w)) ||
-                              (crashed != record.join_crashes.end() && now < crashed->second.until);
-                     }),
-      spare.end());
+  spare.erase(std::remove_if(spare.begin(), spare.end(),
+                             [&](const std::string& w) {
+                               return KeptOutOf(record, w, IncarnationOf(w), now);
+                             }),
+              spare.end());
   return spare;
 }
 
@@ -573,6 +773,11 @@ void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
 
 bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
                                            const JobRecord* except) const {
+  // Listed once for every queued job, not once each (it reads every READY
+  // worker's record); whether a job can run on one of them depends only
+  // on whether it runs on CPU workers only (CanRunLocked).
+  std::optional<std::vector<std::string>> spare;
+  std::map<bool, bool> runs_on_one;  // by CpuOnly
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
     if (&record == except) continue;
@@ -583,9 +788,11 @@ bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved
     // (CPU only) queued for CPU workers kept every elastic GPU job off the
     // idle GPUs for its whole queue timeout. (No OfItsKindsLocked: placed
     // on whichever kind gives it a set, it runs on either.)
-    if (state == v1::JOB_STATE_QUEUED &&
-        !ThatCanRunLocked(record, SpareWorkersLocked(reserved)).empty()) {
-      return false;
+    if (state == v1::JOB_STATE_QUEUED) {
+      if (!spare.has_value()) spare = SpareWorkersLocked(reserved);
+      const auto [it, first] = runs_on_one.emplace(CpuOnly(record.resolved), false);
+      if (first) it->second = !ThatCanRunLocked(record, *spare).empty();
+      if (it->second) return false;
     }
     // A recovering job still here waits for workers (too few for its
     // minimum, or survivors to go idle): spares it could use are its own.

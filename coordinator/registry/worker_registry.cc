@@ -506,6 +506,7 @@ const WorkerRegistry::Entry* WorkerRegistry::FindLocked(const std::string& worke
 
 std::vector<v1::Worker> WorkerRegistry::List() const {
   AnnotatedMutexLock lock(&mu_);
+  records_read_ += workers_.size();
   std::vector<v1::Worker> workers;
   workers.reserve(workers_.size());
   for (const auto& [number, entry] : workers_) workers.push_back(entry.worker);
@@ -514,6 +515,7 @@ std::vector<v1::Worker> WorkerRegistry::List() const {
 
 absl::StatusOr<v1::Worker> WorkerRegistry::Get(const std::string& worker_id) const {
   AnnotatedMutexLock lock(&mu_);
+  ++records_read_;
   const Entry* entry = FindLocked(worker_id);
   if (entry == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker ", EchoInput(worker_id), " is not registered"));
@@ -523,6 +525,7 @@ absl::StatusOr<v1::Worker> WorkerRegistry::Get(const std::string& worker_id) con
 
 std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
   AnnotatedMutexLock lock(&mu_);
+  records_read_ += workers_.size();
   std::vector<std::string> ids;
   for (const auto& [number, entry] : workers_) {
     if (entry.worker.state() == v1::WORKER_STATE_READY && !entry.stopping) {
@@ -530,6 +533,11 @@ std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
     }
   }
   return ids;
+}
+
+int64_t WorkerRegistry::RecordsReadForTesting() const {
+  AnnotatedMutexLock lock(&mu_);
+  return records_read_;
 }
 
 absl::StatusOr<std::string> WorkerRegistry::NcclUniqueId(const std::string& worker_id) const {

@@ -286,6 +286,11 @@ class WorkerRegistry {
   // Ids of the READY workers a job may be given, ordered by id number: not
   // those still stopping their last job (see Release).
   std::vector<std::string> ReadyWorkers() const;
+  // The worker records List, Get and ReadyWorkers have gone through so far
+  // (one a Get, every record a List or ReadyWorkers): for tests that bound
+  // how much of the registry a caller reads under its own lock (a
+  // scheduling pass). Thread-safe.
+  int64_t RecordsReadForTesting() const;
 
   // The worker's current NCCL unique id (see above); empty when it has none
   // or it was consumed and no fresh one has arrived yet.
@@ -447,6 +452,7 @@ class WorkerRegistry {
   std::array<int, v1::WorkerState_ARRAYSIZE> counts_ ABSL_GUARDED_BY(mu_) = {};
   LossListener listener_ ABSL_GUARDED_BY(mu_);
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  mutable int64_t records_read_ ABSL_GUARDED_BY(mu_) = 0;  // RecordsReadForTesting
 
   // Serialises StartStalenessLoop and Stop; never held by the loop thread.
   AnnotatedMutex loop_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -253,9 +253,19 @@ absl::StatusOr<WorkerRegistry::Entry*> WorkerRegistry::EntryForAddressLocked(
   auto known = number_by_address_.find(data_address);
   if (known != number_by_address_.end()) return &workers_.at(known->second);
   if (static_cast<int>(workers_.size()) >= options_.max_workers && !EvictOneLocked()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the coordinator already tracks ", workers_.size(),
-                     " live workers (its limit); deregister idle workers first"));
+    const absl::Time now = clock_->Now();
+    int awaited = 0;
+    for (const auto& [number, entry] : workers_) {
+      if (AwaitedSinceRestoreLocked(entry, now)) ++awaited;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator already tracks ", workers_.size(),
+        " workers (its limit), none of them LEFT or LOST that it may drop",
+        awaited == 0
+            ? ""
+            : absl::StrCat(" (", awaited, " restored at its restart are kept for a lease, ",
+                           absl::FormatDuration(options_.lease), ", to register again)"),
+        "; retry later, or deregister idle workers"));
   }
   const int64_t number = ++last_number_;
   number_by_address_[data_address] = number;
@@ -265,9 +275,14 @@ absl::StatusOr<WorkerRegistry::Entry*> WorkerRegistry::EntryForAddressLocked(
 }
 
 bool WorkerRegistry::EvictOneLocked() {
+  const absl::Time now = clock_->Now();
   auto oldest = workers_.end();
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
-    if (IsLive(it->second.worker.state())) continue;
+    // A restored worker not heard from yet may be alive, its registration
+    // queued behind others: evicted, it came back under a new id, its drain
+    // and stored record gone. (All were seen at the restore, and the tie
+    // took the lowest id, which long-lived workers hold.)
+    if (IsLive(it->second.worker.state()) || AwaitedSinceRestoreLocked(it->second, now)) continue;
     if (oldest == workers_.end() || it->second.last_seen < oldest->second.last_seen) oldest = it;
   }
   if (oldest == workers_.end()) return false;
@@ -321,8 +336,12 @@ bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
   // with the old coordinator, so the token cannot be checked; taken for
   // one lease after the restore only (the burst of a restart), so that a
   // stranger naming a dead worker's id is not hidden for good.
-  return parts->incarnation == entry->worker.incarnation() && entry->restored_unheard &&
-         clock_->Now() - entry->restored_at <= options_.lease;
+  return parts->incarnation == entry->worker.incarnation() &&
+         AwaitedSinceRestoreLocked(*entry, clock_->Now());
+}
+
+bool WorkerRegistry::AwaitedSinceRestoreLocked(const Entry& entry, absl::Time now) const {
+  return entry.restored_unheard && now - entry.restored_at <= options_.lease;
 }
 
 absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {
@@ -660,8 +679,10 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
 
 void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
   const absl::Time now = clock_->Now();
-  // Those heard from last, as many as the registry keeps: a store older
-  // than the cap (or written under a larger one) does not grow it.
+  // Those saved last, as many as the registry keeps: a store older than
+  // the cap (or written under a larger one) does not grow it. A record's
+  // heartbeat is the one it had when saved (registering, drained or
+  // deregistering): heartbeats themselves are not saved.
   std::vector<v1::Worker> workers = all;
   std::stable_sort(workers.begin(), workers.end(), [](const v1::Worker& a, const v1::Worker& b) {
     return FromProtoTimestamp(a.last_heartbeat()) > FromProtoTimestamp(b.last_heartbeat());
@@ -700,8 +721,8 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
                           ? static_cast<size_t>(options_.max_workers) - workers_.size()
                           : 0;
   if (usable.size() > room) {
-    PT_LOG(WARNING) << "restoring the " << room << " workers heard from last of " << usable.size()
-                    << " saved (the registry's limit); forgetting the others";
+    PT_LOG(WARNING) << "restoring the " << room << " of " << usable.size()
+                    << " saved workers saved last (the registry's limit); forgetting the others";
     for (size_t i = room; i < usable.size(); ++i) {
       ForgetLocked(usable[i].id());
     }
@@ -710,7 +731,9 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
   for (const v1::Worker& w : usable) {
     const int64_t number = *WorkerIdNumber(w.id());
     // A worker saved as it deregistered stays LEFT, with its last
-    // heartbeat; any other was live when the old coordinator stopped.
+    // heartbeat. Any other may have been live when the old coordinator
+    // stopped, or lost long before (a loss is not saved): they cannot be
+    // told apart, so each is LOST and awaited (restored_unheard).
     const bool left = w.state() == v1::WORKER_STATE_LEFT;
     Entry& entry = workers_[number];
     entry.worker = w;
@@ -718,10 +741,8 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     entry.worker.clear_job_id();
     entry.worker.clear_current_instruction();
     // Eviction takes the LEFT or LOST entry seen longest ago: a LEFT one was
-    // last seen at its stored heartbeat, so it goes before those that were
-    // live when the old coordinator stopped (seen now; with one time for
-    // all, the lowest id went first, maybe a worker still in its job's
-    // restart grace).
+    // last seen at its stored heartbeat, so it goes before the others (seen
+    // now, and listed so), which EvictOneLocked skips for a lease anyway.
     entry.last_seen = now;
     entry.lease_start = lease_clock_->Now();
     if (left) entry.last_seen = std::min(now, FromProtoTimestamp(w.last_heartbeat()));

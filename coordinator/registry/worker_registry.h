@@ -45,11 +45,16 @@
 //
 // Capacity: at most Options::max_workers entries. A registration from a new
 // data_address when the registry is full evicts the LEFT or LOST entry seen
-// longest ago (Options::forget drops its saved copy); with none to evict it
-// is RESOURCE_EXHAUSTED. Restore keeps the max_workers restorable records
-// heard from last and forgets the others; a restored LEFT entry was last
-// seen at its stored heartbeat, the others (live when the coordinator
-// stopped) at the restore.
+// longest ago (Options::forget drops its saved copy), except a restored one
+// not heard from within a lease of the restore (it may be alive, about to
+// register again: evicted, it would lose its id and drain); with none to
+// evict it is RESOURCE_EXHAUSTED, which workers retry. Restore keeps the
+// max_workers restorable records saved last (a record keeps the heartbeat
+// it had when saved: at registration, drain or deregistration; heartbeats
+// are not saved) and forgets the others; a restored LEFT entry was last
+// seen at its stored heartbeat, the others at the restore: a loss is not
+// saved, so a worker lost long before the coordinator stopped is restored
+// as one that was live then.
 //
 // NCCL unique ids (coordinator.proto DeviceInfo.nccl_unique_id): the
 // registry keeps each worker's current id apart from its v1::Worker, so List
@@ -192,7 +197,7 @@ class WorkerRegistry {
   //   INVALID_ARGUMENT: data_address is empty, or a field exceeds its bound
   //     (registration_limits.h), naming the field.
   //   RESOURCE_EXHAUSTED: a new data_address while max_workers entries are
-  //     live (none LEFT or LOST to evict).
+  //     live, or LOST and restored within a lease (none to evict; retry).
   //   FAILED_PRECONDITION: another build than options.required_build, or
   //     data-plane TLS other than options.data_plane_tls (not to retry).
   //   UNAVAILABLE: the registration could not be saved (retry).
@@ -232,7 +237,7 @@ class WorkerRegistry {
   // kMaxRestoredWorkerNumber], or whose incarnation is outside [0,
   // kMaxRestoredWorkerNumber], are skipped: the next id and the next
   // incarnation add one to them. Of records sharing a data address the one
-  // heard from last is restored and the others forgotten (an eviction whose
+  // saved last is restored and the others forgotten (an eviction whose
   // delete failed). Skipped and forgotten records take none of the room.
   void Restore(const std::vector<v1::Worker>& workers);
   static constexpr int64_t kMaxRestoredWorkerNumber = int64_t{1} << 53;
@@ -242,8 +247,10 @@ class WorkerRegistry {
   // Possible errors:
   //   INVALID_ARGUMENT: worker_id empty, incarnation not positive, or
   //     current_instruction / nccl_unique_id over their bounds.
-  //   NOT_FOUND: no worker has this id (e.g. the coordinator restarted);
-  //     register again.
+  //   NOT_FOUND: no worker has this id (evicted, or never registered);
+  //     register again. Over gRPC a worker never sees it: the session check
+  //     before Heartbeat (AuthenticateSession) refuses an unknown worker, and
+  //     every worker after a coordinator restart, with UNAUTHENTICATED.
   //   FAILED_PRECONDITION: the incarnation is not the current one
   //     ("incarnation 2 superseded by 3; re-register"), or the worker is LOST
   //     or LEFT; in every case the worker must register again.
@@ -326,9 +333,9 @@ class WorkerRegistry {
   // ended at `since` (by the injected clock): it reported idle (no job
   // runner, so none of its files open) in a heartbeat received at or after
   // `since` that named the job it was released from last, or it is LOST,
-  // LEFT or unknown; not one restored LOST (live when the old coordinator
-  // stopped) that has not registered again since, which may still run a
-  // stage of a job that ended before the restart.
+  // LEFT or unknown; not one restored LOST (perhaps live when the old
+  // coordinator stopped) that has not registered again since, which may
+  // still run a stage of a job that ended before the restart.
   bool StoppedSince(const std::string& worker_id, absl::Time since) const;
 
   // The staleness check: every live worker silent for longer than `lease`
@@ -410,8 +417,14 @@ class WorkerRegistry {
   // RESOURCE_EXHAUSTED when full with nothing to evict.
   absl::StatusOr<Entry*> EntryForAddressLocked(const std::string& data_address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the LEFT or LOST entry seen longest ago; false when none.
+  // Removes the LEFT or LOST entry seen longest ago, but not one
+  // AwaitedSinceRestoreLocked; false when none.
   bool EvictOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restored (not LEFT), not heard from since, and restored no more than a
+  // lease before `now` (clock_): its process may be alive and about to
+  // register again (IsStaleSession, EvictOneLocked).
+  bool AwaitedSinceRestoreLocked(const Entry& entry, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartIncarnationLocked(Entry& entry, const v1::RegisterWorkerRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string SessionTokenOf(const Entry& entry);

@@ -1780,9 +1780,9 @@ TEST(WorkerRegistryCapacityTest, EvictedAndOverTheLimitRestored_Forgotten) {
 }
 
 // After a restart the LEFT entries, last seen at their stored heartbeats,
-// are evicted before the workers that were live when the coordinator
-// stopped. Before, every restored entry was seen "now", and the tie went to
-// the lowest id: here w-1, which was running a job.
+// are evicted before the other restored workers (perhaps live when the
+// coordinator stopped). Before, every restored entry was seen "now", and
+// the tie went to the lowest id: here w-1, which was running a job.
 TEST(WorkerRegistryCapacityTest, Restored_EvictsTheLeftOneFirst) {
   FakeClock clock(kStart + absl::Hours(24));
   std::vector<std::string> forgotten;
@@ -1804,6 +1804,58 @@ TEST(WorkerRegistryCapacityTest, Restored_EvictsTheLeftOneFirst) {
   ASSERT_TRUE(registry.Register(Request(3)).ok());
   EXPECT_EQ(forgotten, std::vector<std::string>{"w-2"});
   EXPECT_TRUE(registry.Get("w-1").ok());
+}
+
+// After a restart with the registry full and none LEFT, a restored worker
+// not heard from yet is kept for a lease (it may be alive, its registration
+// queued): a new address is refused meanwhile, and the restored one comes
+// back under its id, drained still. Before, the new address evicted w-1
+// (every restored entry seen at the restore, the tie to the lowest id), and
+// w-1's process came back as w-4, undrained.
+TEST(WorkerRegistryCapacityTest, RestoredUnheardWithinALease_NotEvicted_KeepsIdAndDrain) {
+  FakeClock clock(kStart + absl::Hours(24));
+  std::vector<std::string> forgotten;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.max_workers = 2;
+  options.forget = [&forgotten](const std::string& id) { forgotten.push_back(id); };
+  std::vector<v1::Worker> saved;
+  for (int n = 1; n <= 2; ++n) {
+    v1::Worker w;
+    w.set_id(absl::StrCat("w-", n));
+    w.set_data_address(Request(n).data_address());
+    w.set_incarnation(1);
+    *w.mutable_last_heartbeat() = ToProtoTimestamp(kStart + absl::Seconds(n));
+    saved.push_back(w);
+  }
+  WorkerRegistry registry(options);
+  registry.Restore(saved);
+  ASSERT_TRUE(registry.MarkDrained("w-1", 1).ok());
+
+  const absl::Status full = registry.Register(Request(3)).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_THAT(full.message(), HasSubstr("2 restored at its restart are kept for a lease, 5s"));
+  EXPECT_THAT(forgotten, IsEmpty());
+
+  v1::RegisterWorkerRequest same = Request(1);
+  same.set_previous_incarnation(1);
+  const absl::StatusOr<v1::RegisterWorkerResponse> back = registry.Register(same);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->worker_id(), "w-1");
+  EXPECT_EQ(back->incarnation(), 2);
+  const absl::StatusOr<v1::Worker> w1 = registry.Get("w-1");
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_TRUE(w1->drained());
+
+  // At exactly a lease w-2 is still awaited; past it, not heard from, it is
+  // taken for lost and evicted like any LOST entry.
+  clock.Advance(options.lease);
+  EXPECT_EQ(registry.Register(Request(3)).status().code(), absl::StatusCode::kResourceExhausted);
+  clock.Advance(absl::Nanoseconds(1));
+  const absl::StatusOr<v1::RegisterWorkerResponse> third = registry.Register(Request(3));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->worker_id(), "w-3");
+  EXPECT_EQ(forgotten, std::vector<std::string>{"w-2"});
+  EXPECT_EQ(registry.Get("w-2").status().code(), absl::StatusCode::kNotFound);
 }
 
 // Records that cannot be restored take none of the room: of two sharing an

@@ -115,8 +115,9 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorState::LoadWorkers() const {
     w.set_node_name(s.node_name());
     w.set_drained(s.drained());
     if (s.has_build()) *w.mutable_build() = s.build();
-    // Only LEFT is kept: any other state was live when the coordinator
-    // stopped (WorkerRegistry::Restore makes it LOST).
+    // Only LEFT is kept: any other was live when the coordinator stopped,
+    // or lost before (a loss is not saved); WorkerRegistry::Restore makes
+    // it LOST.
     if (s.left()) w.set_state(v1::WORKER_STATE_LEFT);
     *w.mutable_last_heartbeat() = s.last_heartbeat();
     out.push_back(std::move(w));

@@ -268,8 +268,10 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   jobs_ended_ = &prometheus::BuildCounter()
                      .Name("pipetrain_jobs_ended_total")
                      .Help(
-                         "Jobs that ended, by final state (SUCCEEDED, FAILED, CANCELLED); "
-                         "unlike pipetrain_jobs it does not fall when ended jobs are pruned.")
+                         "Jobs that ended, by final state (SUCCEEDED, FAILED, CANCELLED); a "
+                         "success or failure counts once its end is saved to the state store "
+                         "(shown RUNNING until then); unlike pipetrain_jobs it does not fall "
+                         "when ended jobs are pruned.")
                      .Register(*registry_);
   for (const char* state : {"SUCCEEDED", "FAILED", "CANCELLED"}) {
     jobs_ended_->Add({{"state", state}});

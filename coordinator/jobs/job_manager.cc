@@ -120,24 +120,32 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
   v1::Job job = it->second->job;
-  ShowUnsavedSuccessLocked(job);
+  ShowUnsavedEndLocked(job);
   return job;
 }
 
-bool JobManager::SuccessUnsavedLocked(const v1::Job& job) const {
-  return job.state() == v1::JOB_STATE_SUCCEEDED && end_unsaved_.count(job.id()) > 0;
+bool JobManager::EndShownRunningLocked(const v1::Job& job) const {
+  return (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED) &&
+         end_unsaved_.count(job.id()) > 0;
 }
 
 bool JobManager::EndedForOthersLocked(const v1::Job& job) const {
-  return IsTerminal(job.state()) && !SuccessUnsavedLocked(job);
+  return IsTerminal(job.state()) && !EndShownRunningLocked(job);
 }
 
-void JobManager::ShowUnsavedSuccessLocked(v1::Job& job) const {
-  if (!SuccessUnsavedLocked(job)) return;
+void JobManager::ShowUnsavedEndLocked(v1::Job& job) const {
+  if (!EndShownRunningLocked(job)) return;
+  constexpr absl::string_view kRetried =
+      "(a save that fails is retried every second; the coordinator's log says why)";
+  if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+    job.set_reason(absl::StrCat(
+        "finishing: its last step is done, and its end waits to be saved to the state store ",
+        kRetried));
+  } else {
+    job.set_reason(absl::StrCat("ending: it failed (", job.reason(),
+                                "), and that end waits to be saved to the state store ", kRetried));
+  }
   job.set_state(v1::JOB_STATE_RUNNING);
-  job.set_reason(
-      "finishing: its last step is done, and its end waits to be saved to the state store "
-      "(a save that fails is retried every second; the coordinator's log says why)");
 }
 
 std::vector<v1::Job> JobManager::List() const {
@@ -156,7 +164,7 @@ std::vector<v1::Job> JobManager::List() const {
       out.push_back(job);
       history.Swap(job.mutable_progress()->mutable_loss_history());
     }
-    ShowUnsavedSuccessLocked(out.back());
+    ShowUnsavedEndLocked(out.back());
   }
   return out;
 }
@@ -168,9 +176,9 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const v1::TrainingSpec& training = job.spec().training();
-    // As ShowUnsavedSuccessLocked shows it (/metrics and the list pages
-    // read this).
-    const v1::JobState state = SuccessUnsavedLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
+    // As ShowUnsavedEndLocked shows it (/metrics and the list pages read
+    // this).
+    const v1::JobState state = EndShownRunningLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),
@@ -197,17 +205,19 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
     if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
     // Only a cancel ends a job CANCELLED: a cancel of one is a repeat (the
     // caller's retry after a lost answer, or after an UNAVAILABLE whose
-    // save went through after all), answered as the first was.
+    // save went through after all), answered as the first was. Recorded
+    // once a save of the job taken after its end succeeded (end_unsaved_):
+    // not by whether the latest save did, which may be a later one (an
+    // expired checkpoint's removal) of a snapshot CANCELLED all the same.
     const bool cancelled_before = record->job.state() == v1::JOB_STATE_CANCELLED;
-    const bool unsaved_cancel =
-        cancelled_before && (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
-    // Shown RUNNING ("finishing"): its end may yet be lost, and the job
-    // run on, with no cancel recorded.
-    if (SuccessUnsavedLocked(record->job)) {
-      return absl::UnavailableError(
-          absl::StrCat("job ", job_id,
-                       " reached its end, which waits to be saved to the state store; "
-                       "ask again"));
+    const bool unsaved_cancel = cancelled_before && end_unsaved_.count(job_id) > 0;
+    // Shown RUNNING ("finishing", "ending"): its end may yet be lost, and
+    // the job run on (a checkpointed one resumed), with no cancel recorded.
+    if (EndShownRunningLocked(record->job)) {
+      return absl::UnavailableError(absl::StrCat(
+          "job ", job_id,
+          record->job.state() == v1::JOB_STATE_SUCCEEDED ? " reached its end" : " failed",
+          ", which waits to be saved to the state store; ask again"));
     }
     if (IsTerminal(record->job.state()) && !cancelled_before) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
@@ -219,13 +229,10 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
       cancelled.mutable_progress()->clear_loss_history();
       return cancelled;
     }
-    if (!unsaved_cancel) {
-      EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
-      // Until the wait below says how the save went: a repeat meanwhile (a
-      // REST cancel beside a gRPC one) saves again and waits too, rather
-      // than being told at once that the cancel is recorded.
-      record->cancel_unconfirmed = true;
-    }
+    // Until a save of the cancel succeeds (end_unsaved_), a repeat
+    // meanwhile (a REST cancel beside a gRPC one) saves again and waits
+    // too, rather than being told at once that the cancel is recorded.
+    if (!unsaved_cancel) EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
     // Answered once the store has the cancel: a coordinator that dies right
     // after must not restore the job RUNNING. This save, queued after
     // EndLocked's, says whether it has.
@@ -239,11 +246,12 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
     // (up to a few hundred KB) is GetJob with JOB_VIEW_FULL's.
     cancelled.mutable_progress()->clear_loss_history();
   }
-  // This save only (io_ runs in order: the end's file work queued before it
-  // is done too), not every job's file work queued since, and for at most
-  // cancel_save_wait: the cancel runs on the thread submits and drains
-  // share, and a backlog on io_ (checkpoint removals on slow storage, a
-  // slow store) held them all, and the client past its deadline.
+  // This save only (io_ runs in order; the end queues its file work, the
+  // removal of leftovers on the output volume, after its save, so a hung
+  // volume does not hold it), not every job's file work queued since, and
+  // for at most cancel_save_wait: the cancel runs on the thread submits and
+  // drains share, and a backlog on io_ (checkpoint removals on slow
+  // storage, a slow store) held them all, and the client past its deadline.
   absl::Status save_status;
   {
     const absl::Duration wait =
@@ -257,12 +265,6 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
                              "store work after ",
                              absl::FormatDuration(wait),
                              wait < options_.cancel_save_wait ? " (the call's deadline)" : ""));
-  }
-  {
-    AnnotatedMutexLock lock(&mu_);
-    if (JobRecord* record = FindLocked(job_id); record != nullptr) {
-      record->cancel_unconfirmed = !save_status.ok();
-    }
   }
   if (!save_status.ok()) {
     return absl::UnavailableError(absl::StrCat(
@@ -386,17 +388,23 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
   registry_->Release(record.job.id());
   DropWeightsFile(record);
-  if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   std::function<void()> sweep = CheckpointSweepLocked(record, absl::Now());
-  // Shown RUNNING until a save of the end succeeds (ShowUnsavedSuccessLocked),
-  // and counted ended then (PersistLocked): a failover before it runs the
-  // job again. Marked after the sweep is armed, which asks whether another
-  // live job shares the directory: this one would count as one.
-  const bool end_unsaved = state == v1::JOB_STATE_SUCCEEDED && options_.state != nullptr;
-  if (end_unsaved) end_unsaved_.insert(record.job.id());
+  // Unsaved until a save of the end succeeds (end_unsaved_): a failover
+  // before it restores the job as last saved and runs it again. A success
+  // or failure is shown RUNNING until then (ShowUnsavedEndLocked), and
+  // counted ended then (PersistLocked); a cancel is shown CANCELLED, and
+  // Cancel answers UNAVAILABLE until then. Marked after the sweep is
+  // armed, which asks whether another live job shares the directory: this
+  // one would count as one.
+  if (options_.state != nullptr) end_unsaved_.insert(record.job.id());
+  const bool shown_running = EndShownRunningLocked(record.job);
   PersistLocked(record).IgnoreError();  // logged
-  if (sweep) io_.Post(std::move(sweep));  // after the save, on the same queue
-  if (events_.ended && !end_unsaved) events_.ended(state);
+  // File work on the output volume after the save, on the same queue: a
+  // slow or hung volume must not hold the end's save (nor Cancel, which
+  // waits for it), and the store may be healthy.
+  if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
+  if (sweep) io_.Post(std::move(sweep));
+  if (events_.ended && !shown_running) events_.ended(state);
   const std::string ended = absl::StrCat("job ", record.job.id(), " ", EnumShortName(state),
                                          reason.empty() ? "" : ": ", reason);
   // A failure at WARNING: an operator who logs only warnings (or alerts
@@ -619,7 +627,7 @@ std::map<v1::JobState, int> JobManager::CountByState() const {
   std::map<v1::JobState, int> counts;
   for (const auto& [id, record] : jobs_) {
     const v1::JobState state = record->job.state();
-    counts[SuccessUnsavedLocked(record->job) ? v1::JOB_STATE_RUNNING : state]++;
+    counts[EndShownRunningLocked(record->job) ? v1::JOB_STATE_RUNNING : state]++;
   }
   return counts;
 }

@@ -233,10 +233,10 @@ struct JobEvents {
   std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
   // A job ended (SUCCEEDED, FAILED or CANCELLED), once per job; also a
-  // running job Restore fails for want of checkpoints. A success with
-  // options.state counts once its end is saved (on io_, as it leaves
-  // end_unsaved_): until then it is shown RUNNING, and a failover restores
-  // it RUNNING and runs it again.
+  // running job Restore fails for want of checkpoints. A success or a
+  // failure with options.state counts once its end is saved (on io_, as it
+  // leaves end_unsaved_): until then it is shown RUNNING, and a failover
+  // restores it as last saved and runs it again. A cancel counts at once.
   std::function<void(v1::JobState state)> ended;
   // A placement's planning ended (its plan used or not): seconds it waited
   // for the background thread, and seconds it computed.
@@ -383,9 +383,10 @@ class JobManager {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
-  // they begin). A job that SUCCEEDED is shown RUNNING until a save of
-  // that end succeeds (in flight, hung or failing: ShowUnsavedSuccessLocked),
-  // here, in List, Summaries, CountByState and a repeated Submit.
+  // they begin). A job that SUCCEEDED or FAILED is shown RUNNING until a
+  // save of that end succeeds (in flight, hung or failing:
+  // ShowUnsavedEndLocked), here, in List, Summaries, CountByState and a
+  // repeated Submit.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   // Every job kept, in submission order, without progress.loss_history:
   // whole copies, for tests and the restore fuzzer (the API's pages and
@@ -415,10 +416,11 @@ class JobManager {
   // Answers once the state store has the cancel, with the job in the basic
   // view (no progress.loss_history, as List). A cancel of a CANCELLED job
   // is a repeat (only Cancel ends a job so): answered OK with it at once
-  // when its cancel is recorded, else as below. NOT_FOUND;
+  // when its cancel is recorded (a save taken after it succeeded, whatever
+  // later saves did), else as below. NOT_FOUND;
   // FAILED_PRECONDITION when the job ended otherwise (SUCCEEDED, FAILED);
-  // UNAVAILABLE while a success's end waits to be saved (shown RUNNING:
-  // ShowUnsavedSuccessLocked), and when the
+  // UNAVAILABLE while a success's or failure's end waits to be saved
+  // (shown RUNNING: ShowUnsavedEndLocked), and when the
   // store did not record it, or not within options.cancel_save_wait: the
   // job is cancelled here (its workers are stopped) and the save is
   // retried every second (or still queued), but a coordinator that stops
@@ -794,12 +796,6 @@ class JobManager {
     // Saves in a row whose record stayed over the store's limit after all
     // that (each fails): said once a minute, not at every save.
     FailureStretch unfit_saves;
-    // A cancel's save is in flight, or Cancel answered UNAVAILABLE (its
-    // save failed or took too long) and no cancel has been answered OK
-    // since: the next cancel saves and answers as a first one, even if a
-    // retried save recorded it meanwhile. Not stored (a restored CANCELLED
-    // job is recorded).
-    bool cancel_unconfirmed = false;
     // A job submitted with spec.parallelism.data 0 (auto): its
     // spec.parallelism.workers. Every plan, re-plans after a loss or a
     // join included, chooses the layout again for the workers it gets, 1
@@ -861,7 +857,8 @@ class JobManager {
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // In the lookups of a path's holder below, "has not ended" is as
-  // EndedForOthersLocked says: a success whose end is unsaved has not.
+  // EndedForOthersLocked says: a success or failure whose end is unsaved
+  // has not.
   //
   // A job that has not ended (or whose checkpoint_sweep_pending) and
   // checkpoints into `dir`, a directory inside it, or one it lies in (the
@@ -1453,24 +1450,28 @@ class JobManager {
   // (events_.state_save_failed) and, with `log_failure`, logging it. Any
   // thread; no lock needed.
   absl::Status SaveStoredJob(const store::StoredJob& job, bool log_failure = true) const;
-  // What Get and List show of `job`: SUCCEEDED only once
+  // What Get and List show of `job`: SUCCEEDED or FAILED only once
   // saved. Until a save of its end succeeds (end_unsaved_: one in flight,
   // hung, or failing) it is shown RUNNING, with a reason saying the end
-  // waits for its save: a restart or failover
-  // meanwhile (a leader that lost etcd) restores it as last saved, RUNNING,
-  // and a job without checkpoints then FAILED after a client was told it
-  // had succeeded (`submit --follow` exited 0). Other ends are shown as
-  // they are: a cancel waits for its save, and a failure that comes back
-  // fails again.
-  void ShowUnsavedSuccessLocked(v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `job` SUCCEEDED and that end is not saved yet (shown RUNNING;
-  // Cancel answers UNAVAILABLE, CountByState counts it RUNNING).
-  bool SuccessUnsavedLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // waits for its save ("finishing: ..." for a success, "ending: it failed
+  // (<why>) ..." for a failure): a restart or failover meanwhile (a leader
+  // that lost etcd) restores it as last saved (RUNNING, say) and runs it
+  // again.
+  // A job without checkpoints then FAILED after a client was told it had
+  // succeeded (`submit --follow` exited 0); one with checkpoints that had
+  // failed (a stage's passing error, or too many recoveries: Restore
+  // counts none) resumed from its last checkpoint and could succeed, after
+  // clients were told it had failed and a cancel was refused. A cancel is
+  // shown CANCELLED: Cancel answers UNAVAILABLE until it is saved.
+  void ShowUnsavedEndLocked(v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` SUCCEEDED or FAILED and that end is not saved yet (shown
+  // RUNNING; Cancel answers UNAVAILABLE, CountByState counts it RUNNING).
+  bool EndShownRunningLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` has ended as other jobs' claims judge it (Submit's checks
   // of the paths it holds, and its pending count): terminal, and not a
-  // success whose end is unsaved. That one is shown RUNNING, and a
-  // failover meanwhile restores it RUNNING: it runs again, writing its
-  // weights file and checkpoint directory, and reloads what it started
+  // success or failure whose end is unsaved. That one is shown RUNNING, and
+  // a failover meanwhile restores it as last saved: it runs again, writing
+  // its weights file and checkpoint directory, and reloads what it started
   // from, so no other job may take them over yet.
   bool EndedForOthersLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
@@ -1599,9 +1600,11 @@ class JobManager {
   // Jobs whose latest save on io_ failed (unlike unsaved_, kept while the
   // retry waits; JobsWithFailedSave), and since when.
   std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
-  // Jobs that SUCCEEDED (with options.state) and no save of that end has
-  // succeeded yet: shown RUNNING (ShowUnsavedSuccessLocked), holding their
-  // paths (EndedForOthersLocked), not counted ended (JobEvents::ended).
+  // Jobs that ended (with options.state) and no save of that end has
+  // succeeded yet. A success or failure is shown RUNNING
+  // (ShowUnsavedEndLocked), holding its paths (EndedForOthersLocked), not
+  // counted ended (JobEvents::ended); a cancel is shown CANCELLED, and a
+  // repeated Cancel saves again and waits (answered OK at once after).
   std::set<std::string> end_unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_

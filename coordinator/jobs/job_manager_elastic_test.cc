@@ -2010,6 +2010,7 @@ TEST_F(JobManagerElasticTest, RestoredQueuedJob_TimeoutWaitsForTheRestartGrace) 
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_QUEUED);
   clock_.Advance(absl::Seconds(16));  // past the 15 s grace
   Schedule();
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
 }
 
@@ -3999,6 +4000,7 @@ TEST_F(JobManagerElasticTest, DataDigest_KeptAcrossARestartAndCheckedByTheNextPl
   ready(w1, digest);
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
   ready(w2, std::string(64, 'd'));
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(), "read other tokens")) << job.reason();

@@ -198,11 +198,14 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
       if (saved.ok()) {
         unsaved_.erase(id);
         // An end is saved once a snapshot taken after it is (a job ends once).
-        // A success is counted ended only now, not by EndLocked: until this
-        // save a failover restores it RUNNING, and the leader that runs it
+        // A success or failure is counted ended only now, not by EndLocked
+        // (a cancel, shown CANCELLED from its end, was): until this save a
+        // failover restores it as last saved, and the leader that runs it
         // again counts it too.
-        if (IsTerminal(stored->job().state()) && end_unsaved_.erase(id) > 0 && events_.ended) {
-          events_.ended(stored->job().state());
+        const v1::JobState state = stored->job().state();
+        if (IsTerminal(state) && end_unsaved_.erase(id) > 0 && events_.ended &&
+            state != v1::JOB_STATE_CANCELLED) {
+          events_.ended(state);
         }
         if (auto it = save_failures_.find(id); it != save_failures_.end()) {
           PT_LOG(INFO) << "job " << id << ": its state is saved again, after " << it->second.count

@@ -653,9 +653,11 @@ std::string JobManager::HolderStateLocked(const JobRecord& record) const {
   if (record.unsettled) {
     return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
   }
-  // As Get shows it (ShowUnsavedSuccessLocked).
-  if (SuccessUnsavedLocked(record.job)) {
-    return "RUNNING, finishing: its end waits to be saved to the state store";
+  // As Get shows it (ShowUnsavedEndLocked).
+  if (EndShownRunningLocked(record.job)) {
+    return record.job.state() == v1::JOB_STATE_SUCCEEDED
+               ? "RUNNING, finishing: its end waits to be saved to the state store"
+               : "RUNNING, ending: its failure waits to be saved to the state store";
   }
   return std::string(EnumShortName(record.job.state()));
 }
@@ -722,7 +724,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
     if (earlier != nullptr) {
       v1::Job shown = earlier->job;  // a repeat sees what Get shows
-      ShowUnsavedSuccessLocked(shown);
+      ShowUnsavedEndLocked(shown);
       return shown;
     }
   }
@@ -743,7 +745,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
     if (earlier != nullptr) {
       v1::Job shown = earlier->job;  // a repeat sees what Get shows
-      ShowUnsavedSuccessLocked(shown);
+      ShowUnsavedEndLocked(shown);
       return shown;
     }
     int pending = static_cast<int>(submitting_.size());

@@ -4168,5 +4168,147 @@ TEST_F(JobManagerTest, EndedEvent_SuccessWhoseSaveHangs_CountedOnceWhenSaved) {
   EXPECT_EQ(ended.size(), 1u);
 }
 
+// A failure whose end waits to be saved is no saved end either: a failover
+// meanwhile restores the job as last saved, and one with checkpoints
+// resumes and may succeed, writing its weights file. It was shown FAILED
+// (`submit --follow` exited 1), a cancel was refused as of an ended job
+// (400, not retried), and its weights path was free for another job. Shown
+// RUNNING ("ending: ..."), a cancel answered UNAVAILABLE and its paths held
+// as while it ran, and counted ended, once the save returns.
+TEST_F(JobManagerTest, FailedWhileItsSaveHangs_ShownRunningAndHeldUntilItReturns) {
+  HeldCommitStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e10",
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  std::vector<v1::JobState> ended;  // appended to on io_, read after FlushIo
+  jobs.SetEvents(JobEvents{.ended = [&ended](v1::JobState s) { ended.push_back(s); }});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("ending/final.safetensors");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  jobs.FlushIo();
+  store.hold = true;
+  v1::ReportProgressRequest error;
+  error.set_worker_id(worker);
+  error.set_job_id(id);
+  error.set_plan_version(1);
+  error.set_error("recv timed out");  // its own error, not a peer's: the job fails
+  ASSERT_TRUE(jobs.ReportProgress(error).ok());
+  store.entered.get_future().wait();  // the end's save, held
+  const std::string why = "worker " + worker + ": recv timed out [stages: 0=" + worker + "]";
+  const v1::Job shown = jobs.Get(id).value();
+  EXPECT_EQ(shown.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(shown.reason(), "ending: it failed (" + why +
+                                "), and that end waits to be saved to the state store (a save "
+                                "that fails is retried every second; the coordinator's log says "
+                                "why)");
+  EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_FAILED], 0);
+  const absl::Status cancel = jobs.Cancel(id).status();
+  EXPECT_EQ(cancel.code(), absl::StatusCode::kUnavailable) << cancel;
+  EXPECT_EQ(cancel.message(),
+            "job " + id + " failed, which waits to be saved to the state store; ask again");
+  const absl::Status same_file = jobs.Submit(spec).status();
+  EXPECT_EQ(same_file.code(), absl::StatusCode::kInvalidArgument) << same_file;
+  EXPECT_EQ(same_file.message(),
+            "spec.output.weights_path: \"ending/final.safetensors\" is the output of job " + id +
+                " (RUNNING, ending: its failure waits to be saved to the state store), which has "
+                "not ended; give this job a file of its own");
+  store.release.set_value();
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(jobs.Get(id).value().reason(), why);
+  EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_FAILED], 1);
+  EXPECT_EQ(ended, std::vector<v1::JobState>{v1::JOB_STATE_FAILED});
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<v1::Job> file_taken = jobs.Submit(spec);
+  EXPECT_TRUE(file_taken.ok()) << file_taken.status();
+}
+
+// An end's work on the output volume (removing the weights temporaries a
+// dead coordinator left) is queued after the end's save: queued before it,
+// on the one io_ queue, an output volume that hangs (NFS) held the save,
+// and a cancel answered UNAVAILABLE with the state store healthy, again at
+// every try. Here the save is held: the temporary is still there when it
+// starts, and goes once it returns.
+TEST_F(JobManagerTest, Cancel_LeftoverTemporariesRemovedAfterTheEndsSave) {
+  HeldCommitStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e11",
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  const std::string dir = OutputDir() + "/hung";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string stale = "final.safetensors.tmp.1.0";  // pid 1: a container's coordinator
+  std::ofstream(dir + "/" + stale) << "half a file";
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("hung/final.safetensors");
+  const std::string id = jobs.Submit(spec).value().id();  // no workers: queued
+  jobs.FlushIo();
+  store.hold = true;
+  // Answered at once (no wait): the save is held.
+  EXPECT_EQ(jobs.Cancel(id, absl::ZeroDuration()).status().code(), absl::StatusCode::kUnavailable);
+  store.entered.get_future().wait();  // the end's save, held: nothing after it has run
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{stale});
+  store.release.set_value();
+  jobs.FlushIo();
+  EXPECT_TRUE(FilesIn(dir).empty());
+  EXPECT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A repeated cancel is answered by whether the cancel is recorded (a save
+// taken after it succeeded), not by whether the job's latest save did:
+// that may be a later one of the same CANCELLED job (a restart's save that
+// stops listing expired checkpoints, a retried removal's) failing. It was
+// answered UNAVAILABLE, "the state store did not record it ... runs it
+// again", with the stored record CANCELLED.
+TEST_F(JobManagerTest, Cancel_RepeatedAfterALaterSaveFailed_AnsweredAsRecorded) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  v1::JobSpec spec = SmallSpec(1);  // 3 steps
+  spec.mutable_checkpoint()->set_interval_steps(1);
+  spec.mutable_checkpoint()->set_dir("recorded");
+  std::string id;
+  {
+    JobManager jobs(
+        &registry_, &hub_, &clock_,
+        JobManagerOptions{.output_dir = OutputDir(), .id_epoch = "e12", .state = &state});
+    id = jobs.Submit(spec).value().id();  // no workers: queued
+    ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
+  }
+  // As a coordinator that stopped between the save that expired a
+  // checkpoint and its removal leaves it: the restart removes it, then
+  // saves the job without it.
+  store::StoredJob stored = state.LoadJobs().value().at(0);
+  ASSERT_EQ(stored.job().state(), v1::JOB_STATE_CANCELLED);
+  v1::ResumeFrom* expired = stored.add_expiring();
+  expired->set_step(1);
+  expired->set_dir("recorded/step-00000001");
+  ASSERT_TRUE(state.SaveJob(stored).ok());
+  JobManager restarted(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{.output_dir = OutputDir(), .id_epoch = "e13", .state = &state});
+  store.failing = true;
+  ASSERT_TRUE(restarted.Restore().ok());
+  restarted.FlushIo();  // the removal
+  restarted.FlushIo();  // and the save after it, which fails
+  ASSERT_EQ(restarted.JobsWithFailedSave(), 1);
+  const absl::StatusOr<v1::Job> repeat = restarted.Cancel(id);
+  ASSERT_TRUE(repeat.ok()) << repeat.status();
+  EXPECT_EQ(repeat->state(), v1::JOB_STATE_CANCELLED);
+  store.failing = false;
+  JobManager again(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{.output_dir = OutputDir(), .id_epoch = "e14", .state = &state});
+  ASSERT_TRUE(again.Restore().ok());
+  EXPECT_EQ(again.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
 }  // namespace
 }  // namespace pipetrain

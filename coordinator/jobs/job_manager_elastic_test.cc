@@ -71,6 +71,16 @@ v1::JobSpec AutoLayoutSpec(int workers, int tensor) {
   return spec;
 }
 
+// A job of one stage on 8 tensor ranks of the 3-D mode: it runs on CPU
+// workers only (JobManager::CanRunLocked).
+v1::JobSpec CpuOnlySpec() {
+  v1::JobSpec spec = SmallJobSpec(1);
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_training()->set_batch_size(8);  // p^2 = 4 samples a micro-batch
+  return spec;
+}
+
 // Each case's own (job ids restart at job-1 in every case).
 std::string OutputDir() { return TestCaseDir(); }
 
@@ -604,6 +614,15 @@ class JobManagerElasticTest : public ::testing::Test {
     Schedule();
     g.boundary = Step(g.id, 2).stop_after_step();
     return g;
+  }
+  // Job `id` (CpuOnlySpec) is QUEUED with `ready` of its 8 CPU workers
+  // READY.
+  void ExpectWaitingForCpus(const std::string& id, int ready) {
+    const v1::Job job = jobs_->Get(id).value();
+    EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+    EXPECT_EQ(job.reason(), absl::StrCat("waiting for 8 READY CPU workers (", ready,
+                                         " ready; spec.parallelism.tensor_mode 3d runs on the "
+                                         "CPU backend only)"));
   }
   // Submits, and plans what that placed: the job as it is then.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
@@ -3809,6 +3828,75 @@ TEST_F(JobManagerElasticTest, QueuedJobThatCannotRunOnTheSpare_RunningJobGrowsIn
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g2, g3}));
   EXPECT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+}
+
+// A queued CPU-only job short of CPU workers holds the idle ones it can
+// run on, not every spare: a running GPU job grows into the idle GPU
+// beside them. Asked whether the queued job could run on any spare, the
+// two idle CPUs kept the GPU from it for the queued job's whole timeout.
+TEST_F(JobManagerElasticTest, QueuedCpuOnlyJobWithIdleCpus_RunningJobGrowsIntoTheIdleGpu) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string queued = Submit(CpuOnlySpec()).value().id();
+  ASSERT_EQ(jobs_->Get(queued).value().state(), v1::JOB_STATE_QUEUED);
+  Step(id, 1);
+  const std::string c3 = AddWorker(7003), c4 = AddWorker(7004), g5 = AddGpuWorker(7005);
+  Schedule();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2) << "held off the GPU spare by the CPU spares' queued job";
+  const v1::Job job = PassBoundary(id, 3, boundary);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g2, g5}));
+  ExpectWaitingForCpus(queued, 2);
+  EXPECT_EQ(registry_.Get(c3).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(registry_.Get(c4).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A drain's boundary past the job's minimum takes a spare no queued job
+// can run on: with a CPU-only job queued beside an idle CPU worker, the
+// job re-planned one short, off the idle GPU.
+TEST_F(JobManagerElasticTest, DrainBoundary_QueuedCpuOnlyJobWithAnIdleCpu_TakesTheIdleGpu) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002), g3 = AddGpuWorker(7003);
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string queued = Submit(CpuOnlySpec()).value().id();
+  const std::string c4 = AddWorker(7004), g5 = AddGpuWorker(7005);
+  Schedule();  // at its max_workers (3): no growth
+  for (int step = 1; step <= 3; ++step) Step(id, step);
+  ASSERT_TRUE(jobs_->Drain(g2).ok());
+  const int64_t boundary = Step(id, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  const v1::Job job = PassBoundary(id, 5, boundary);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g3, g5}));
+  ExpectWaitingForCpus(queued, 1);
+  EXPECT_EQ(registry_.Get(c4).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A recovery while a CPU-only job is queued replaces what it lost and
+// grows past its size before the loss onto the GPUs that job cannot run
+// on, leaving it the idle CPUs: asked whether the queued job could run on
+// any spare, the idle CPUs kept it at its size before the loss.
+TEST_F(JobManagerElasticTest, Recovery_WhileACpuOnlyJobIsQueued_GrowsOntoTheSparesItCannotUse) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const std::string queued = Submit(CpuOnlySpec()).value().id();
+  registry_.MarkLost(g2, incarnations_[g2], "killed");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string g3 = AddGpuWorker(7003), g4 = AddGpuWorker(7004);
+  const std::string c5 = AddWorker(7005), c6 = AddWorker(7006);
+  HeartbeatAllAndSchedule({g1, g3, g4, c5, c6});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g3, g4}));
+  ExpectWaitingForCpus(queued, 2);
 }
 
 // A worker lost from a job whose model the survivor cannot hold: the job

@@ -991,21 +991,48 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     chosen.insert(chosen.end(), group.begin(), group.end());
   }
   // A recovery replaces what it lost; it grows past its size before the
-  // loss (or its minimum) only while no other job waits for workers, as a
+  // loss (or its minimum) only onto spares no other job waits for, as a
   // running job grows: before, it took every spare up to max_workers ahead
   // of a QUEUED job, which then waited until its queue timeout failed it.
+  // A QUEUED job waits only for the spares it can run on (one job of each
+  // tensor mode is asked: CanRunLocked reads no more of it): a 3-D tensor
+  // job short of CPU workers does not keep it off idle GPUs.
   // The bound goes to the arrangement, not the list: cut first, a spare of
   // the wrong kind could take the place of the one a stage needs.
+  std::map<std::string, const JobRecord*> queued;  // by tensor mode
+  for (const std::string& id : order_) {
+    const JobRecord& other = *jobs_.at(id);
+    if (other.job.state() == v1::JOB_STATE_QUEUED) {
+      queued.emplace(other.resolved.tensor_mode, &other);
+    }
+  }
+  const std::vector<std::string> idle =
+      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(*reserved);
+  std::set<std::string> for_queued;
+  for (const auto& [mode, other] : queued) {
+    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
+  }
+  std::set<std::string> waited_for = *reserved;
+  waited_for.insert(for_queued.begin(), for_queued.end());
+  const int before_loss = std::max(
+      {MinJobWorkers(record), record.job.worker_ids_size(), static_cast<int>(alive.size())});
   int most = MaxJobWorkers(record);
-  if (!NoJobWaitsForSparesLocked(*reserved, &record)) {
-    most = std::min(most, std::max({MinJobWorkers(record), record.job.worker_ids_size(),
-                                    static_cast<int>(alive.size())}));
+  std::vector<std::string> candidates = chosen;
+  if (!NoJobWaitsForSparesLocked(waited_for, &record)) {
+    most = std::min(most, before_loss);
+  } else if (most > before_loss && !for_queued.empty()) {
+    // Up to its size before the loss of any of them (survivors first), past
+    // it of those no queued job can run on.
+    candidates = UsableSetLocked(record, chosen, before_loss);
+    for (const std::string& w : NotAmong(chosen, candidates)) {
+      if (for_queued.count(w) == 0) candidates.push_back(w);
+    }
   }
   // Counted before whole replicas are kept: 3 of a 4-rank group's workers
   // are "3 ready", though none can be used yet.
   const std::vector<std::string> counted(
       chosen.begin(), chosen.begin() + std::min<int>(chosen.size(), MaxJobWorkers(record)));
-  chosen = UsableSetLocked(record, chosen, most);
+  chosen = UsableSetLocked(record, candidates, most);
   // Why it waits rather than plans; empty: it plans. The very workers a
   // plan was refused on for memory (with the spares dropped before it)
   // would be refused again, so it waits for another as for too few

@@ -61,6 +61,46 @@ std::optional<std::vector<std::string>> OneKindPerStage(
   return out;
 }
 
+// What a QUEUED job left short keeps of `ready` (the READY workers it can
+// run on, in order; `ready_gpu` their kinds) when it needs `stages` stages
+// of `per_stage` workers, each stage of one kind: of the counts of GPU
+// stages that the cluster's workers it can run on, busy ones included
+// (kinds `live_gpu`), could fill, the one that keeps the most of `ready`
+// (of equals, the fewest GPU stages); of each kind, the first up to its
+// stages' places. Kept as the first `need` by id, a job only GPUs could
+// hold kept CPUs, and the GPUs it waited for went to later jobs. Empty
+// when no count could be filled.
+std::vector<std::string> KeptForStagesOfOneKind(const std::vector<std::string>& ready,
+                                                const std::vector<bool>& ready_gpu,
+                                                const std::vector<bool>& live_gpu, int stages,
+                                                int per_stage) {
+  const int ready_gpus = std::count(ready_gpu.begin(), ready_gpu.end(), true);
+  const int live_gpus = std::count(live_gpu.begin(), live_gpu.end(), true);
+  const int ready_cpus = static_cast<int>(ready_gpu.size()) - ready_gpus;
+  const int live_cpus = static_cast<int>(live_gpu.size()) - live_gpus;
+  int best = -1, gpus = 0, cpus = 0;
+  for (int gpu_stages = 0; gpu_stages <= stages; ++gpu_stages) {
+    const int gpu_places = gpu_stages * per_stage, cpu_places = (stages - gpu_stages) * per_stage;
+    if (gpu_places > live_gpus || cpu_places > live_cpus) continue;
+    const int kept_gpus = std::min(ready_gpus, gpu_places);
+    const int kept_cpus = std::min(ready_cpus, cpu_places);
+    if (kept_gpus + kept_cpus > best) {
+      best = kept_gpus + kept_cpus;
+      gpus = kept_gpus;
+      cpus = kept_cpus;
+    }
+  }
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    int& left = ready_gpu[i] ? gpus : cpus;
+    if (left > 0) {
+      kept.push_back(ready[i]);
+      --left;
+    }
+  }
+  return kept;
+}
+
 // The registry's workers as one scheduling pass (ScheduleQueued) read
 // them: a List and a ReadyWorkers, once. Every queued job read them all
 // again (a ReadyWorkers and a Get for each READY worker's drain,
@@ -272,15 +312,34 @@ void JobManager::ScheduleQueued() {
         set, need, StagesOfOneKind(record), Replicas(record), TensorRanks(record),
         [&](const std::vector<std::string>& ids) { return workers()->GpuKinds(ids); });
   };
-  // The cluster's workers, READY or busy and not drained: listed once a
-  // pass, when a job first waited that long.
+  // The cluster's workers `record` can run on, READY or busy and not
+  // drained: listed once a pass, when a job first waited that long.
   std::optional<std::vector<std::string>> live;
+  const auto live_for = [&](const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!live.has_value()) live = workers()->Live();
+    return workers()->ThatRun(*live, CpuOnly(record.resolved));
+  };
   const auto cluster_could_hold = [&](const JobRecord& record, int need)
                                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!live.has_value()) live = workers()->Live();
-    const std::vector<std::string> usable = workers()->ThatRun(*live, CpuOnly(record.resolved));
+    const std::vector<std::string> usable = live_for(record);
     return static_cast<int>(usable.size()) >= need &&
            one_kind_per_stage(record, usable, need).has_value();
+  };
+  // The READY workers the aged job keeps: of `ready` (those it can run on,
+  // holding no set), up to `need`; with stages each of one kind, those of
+  // the kinds it could run on once the busy ones are freed
+  // (KeptForStagesOfOneKind), not the first `need` by id.
+  const auto kept_for_aged = [&](const JobRecord& record, int need,
+                                 const std::vector<std::string>& ready)
+                                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!StagesOfOneKind(record)) {
+      return std::vector<std::string>(ready.begin(),
+                                      ready.begin() + std::min<size_t>(need, ready.size()));
+    }
+    const int per_stage = WorkersPerStage(record);
+    return KeptForStagesOfOneKind(ready, workers()->GpuKinds(ready),
+                                  workers()->GpuKinds(live_for(record)), need / per_stage,
+                                  per_stage);
   };
   // Every queued job's spares (SpareWorkersLocked(reserved), those it can
   // run on) and the READY workers held from it (HeldReadyLocked): the same
@@ -346,7 +405,7 @@ void JobManager::ScheduleQueued() {
       if (aged.empty() && waited > record.resolved.queue_timeout / 2 &&
           cluster_could_hold(record, need)) {
         aged = id;
-        held_for_aged.assign(ready.begin(), ready.begin() + std::min<size_t>(need, ready.size()));
+        held_for_aged = kept_for_aged(record, need, ready);
       }
       if (profiling.empty()) {
         record.job.set_reason(waiting);
@@ -377,7 +436,19 @@ void JobManager::ScheduleQueued() {
   }
   if (!profiling.empty()) return;
   reserved.insert(held_for_aged.begin(), held_for_aged.end());
-  // Spare workers grow running elastic jobs, once no job waits for them.
+  // Spare workers grow running elastic jobs, those no job waits for: a
+  // QUEUED job holds the spares it can run on (every one, or the CPU
+  // workers of a CPU-only job), and growth takes the rest. Asked whether
+  // any queued job could run on a spare, a 3-D tensor job short of CPU
+  // workers with two idle kept an idle GPU from elastic GPU jobs.
+  std::set<bool> queued_kinds;  // CpuOnly of each QUEUED job
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::JOB_STATE_QUEUED) queued_kinds.insert(CpuOnly(record.resolved));
+  }
+  for (const bool cpu_only : queued_kinds) {
+    for (std::string& w : workers()->Spare(reserved, cpu_only)) reserved.insert(std::move(w));
+  }
   if (!NoJobWaitsForSparesLocked(reserved)) return;
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
@@ -818,11 +889,28 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   std::set<std::string> reserved = HeldWorkersLocked();
   reserved.insert(old.begin(), old.end());
   // Past its minimum, a job takes only the spares held for this boundary,
-  // or any once no other job waits for workers (as ScheduleQueued grows
-  // jobs): a drain's boundary took a spare a recovering or queued job was
-  // counting on, which then waited until its queue timeout failed it.
+  // or those no other job waits for (as ScheduleQueued grows jobs): a
+  // drain's boundary took a spare a recovering or queued job was counting
+  // on, which then waited until its queue timeout failed it. A QUEUED job
+  // waits only for the spares it can run on, as in ScheduleQueued (one
+  // job of each tensor mode is asked: CanRunLocked reads no more of it).
   const std::set<std::string> held_for_it(record.boundary_held.begin(), record.boundary_held.end());
-  const bool may_grow = NoJobWaitsForSparesLocked(reserved);
+  std::map<std::string, const JobRecord*> queued;  // by tensor mode
+  for (const std::string& id : order_) {
+    const JobRecord& other = *jobs_.at(id);
+    if (other.job.state() == v1::JOB_STATE_QUEUED) {
+      queued.emplace(other.resolved.tensor_mode, &other);
+    }
+  }
+  const std::vector<std::string> idle =
+      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(reserved);
+  std::set<std::string> for_queued;
+  for (const auto& [mode, other] : queued) {
+    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
+  }
+  std::set<std::string> waited_for = reserved;
+  waited_for.insert(for_queued.begin(), for_queued.end());
+  const bool may_grow = NoJobWaitsForSparesLocked(waited_for);
   // Those held for it first: below its minimum it takes any, and another
   // spare taken before its own would leave its own idle and a waiting job
   // one short.
@@ -834,7 +922,9 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     const bool past_minimum =
         static_cast<int>(UsableSetLocked(record, chosen, MaxJobWorkers(record)).size()) >=
         MinJobWorkers(record);
-    if (past_minimum && !may_grow && held_for_it.count(w) == 0) continue;
+    if (past_minimum && (!may_grow || for_queued.count(w) > 0) && held_for_it.count(w) == 0) {
+      continue;
+    }
     chosen.push_back(w);
   }
   chosen = UsableSetLocked(record, chosen, MaxJobWorkers(record));

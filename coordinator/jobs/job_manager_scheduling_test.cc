@@ -2,6 +2,7 @@
 // keeps a stream of small jobs from starving a large one, and what a pass
 // reads of the registry. Driven through its API with a fake clock: no
 // processes.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ class JobManagerSchedulingTest : public ::testing::Test {
     v1::RegisterWorkerRequest request;
     request.set_data_address("127.0.0.1:" + std::to_string(port));
     return registry_.Register(request).value().worker_id();
+  }
+
+  // A worker at 127.0.0.1:`port` that computes on a GPU.
+  std::string AddGpuWorker(int port) {
+    return registry_.Register(GpuWorkerRequest(port)).value().worker_id();
   }
 
   // Submits a job of `stages` stages (one worker each; a model of 2
@@ -138,6 +144,41 @@ TEST_F(JobManagerSchedulingTest, OlderJobTheClusterCannotHold_TheNextPastHalfIts
   const v1::Job big = Job(b);
   ASSERT_EQ(big.state(), v1::JOB_STATE_RUNNING) << big.reason();
   EXPECT_EQ(Job(too_big).state(), v1::JOB_STATE_QUEUED);
+}
+
+// An aged job whose one stage needs 4 workers of one kind, on a cluster of
+// 3 CPUs and 4 GPUs, keeps the READY GPUs (only GPUs can hold it), and
+// later small jobs backfill onto the CPUs. It kept the first 4 READY by id
+// (the 3 CPUs and a GPU), a small job took a GPU it needed, and so on with
+// every GPU freed, until its queue timeout failed it.
+TEST_F(JobManagerSchedulingTest, AgedJobNeedingGpusOfOneKind_KeepsTheGpusNotTheFirstById) {
+  const std::string c1 = AddWorker(7001), c2 = AddWorker(7002), c3 = AddWorker(7003);
+  const std::string g1 = AddGpuWorker(7004), g2 = AddGpuWorker(7005);
+  const std::string g3 = AddGpuWorker(7006), g4 = AddGpuWorker(7007);
+  const std::string s1 = Submit(4);
+  ASSERT_EQ(WorkersOf(s1), (std::vector<std::string>{c1, c2, c3, g1}));
+  const std::string s2 = Submit(1);
+  ASSERT_EQ(WorkersOf(s2), (std::vector<std::string>{g2}));
+  v1::JobSpec replicated = SmallJobSpec(1);
+  // 4 replicas of one stage, all of one kind; a micro-batch each.
+  replicated.mutable_parallelism()->set_data(4);
+  replicated.mutable_training()->set_micro_batches(4);
+  replicated.mutable_training()->set_batch_size(8);
+  replicated.mutable_scheduling()->mutable_queue_timeout()->set_seconds(600);
+  const std::string b = SubmitSpec(replicated);
+  ASSERT_EQ(Job(b).state(), v1::JOB_STATE_QUEUED);
+  clock_.Advance(absl::Seconds(301));
+  End(s1);
+  ASSERT_EQ(Job(b).state(), v1::JOB_STATE_QUEUED) << "3 GPUs READY of the 4 it needs";
+  const std::string s3 = Submit(1), s4 = Submit(1);
+  EXPECT_EQ(WorkersOf(s3), (std::vector<std::string>{c1})) << "took a GPU held for " << b;
+  EXPECT_EQ(WorkersOf(s4), (std::vector<std::string>{c2}));
+  End(s2);
+  const v1::Job big = Job(b);
+  ASSERT_EQ(big.state(), v1::JOB_STATE_RUNNING) << big.reason();
+  std::vector<std::string> workers = WorkersOf(b);
+  std::sort(workers.begin(), workers.end());
+  EXPECT_EQ(workers, (std::vector<std::string>{g1, g2, g3, g4}));
 }
 
 // Several queued jobs placed in one pass each get workers of their own:

@@ -84,6 +84,9 @@ BIN="$COORDINATOR" expect_exit coordinator_etcd_prefix_without_etcd 2 \
 BIN="$COORDINATOR" expect_exit coordinator_heartbeat_below_50ms 2 \
   "--heartbeat-seconds must be >= 0.05 (workers heartbeat at most every 50 ms)" -- \
   --insecure --heartbeat-seconds=0.01 --lease-seconds=0.04 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_profile_timeout_out_of_range 2 \
+  "--profile-timeout-seconds must be in [10, 86400]" -- \
+  --insecure --profile-timeout-seconds=5 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
 BIN="$COORDINATOR" expect_exit coordinator_etcd_cert_without_ca 2 \
   "--etcd-cert and --etcd-key need --etcd-ca (TLS)" -- \
   --insecure --etcd-endpoints=127.0.0.1:2379 --etcd-cert="$TMP/c.pem" --etcd-key="$TMP/c.key" \

@@ -104,6 +104,7 @@ struct Flags {
   std::string data_roots;  // comma-separated
   std::string state_dir;
   double restart_grace_seconds = 15;
+  double profile_timeout_seconds = 600;
   std::string etcd_endpoints;  // comma-separated
   std::string etcd_prefix = "/pipetrain/";
   // Whether --etcd-prefix or --leader-lease-seconds was given: they tune
@@ -204,6 +205,9 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.Double("restart-grace-seconds", &flags.restart_grace_seconds,
              "after a restart, how long a running job waits for its workers to register again "
              "before it resumes without them");
+  set.Double("profile-timeout-seconds", &flags.profile_timeout_seconds,
+             "how long the coordinator waits for a worker to profile a job's model (jobs "
+             "queued after it wait meanwhile); past it, the job plans on the analytic profile");
   set.Double("shutdown-delay-seconds", &flags.shutdown_delay_seconds,
              "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
              "and keep serving this long before shutting down, so load balancers and "
@@ -635,6 +639,12 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
   }
+  // Below 10 s a real profile rarely finishes: every fetch would time out,
+  // and each model would then plan on the analytic profile for an hour.
+  if (!(config.flags.profile_timeout_seconds >= 10 &&
+        config.flags.profile_timeout_seconds <= 86400)) {
+    return absl::InvalidArgumentError("--profile-timeout-seconds must be in [10, 86400]");
+  }
   // Workers beat at most every 50 ms (WorkerAgent): a shorter interval
   // would start, and then lose every worker against a lease sized for it.
   if (!(config.flags.heartbeat_seconds >= 0.05)) {
@@ -841,7 +851,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   // Cancelled at shutdown: a leader waiting out a profile would hold its
   // etcd lease with its ports closed (no follower could take over).
   CancellableProfileFetcher fetcher =
-      MakeCancellableWorkerProfileFetcher(absl::Minutes(10), config.worker_tls);
+      MakeCancellableWorkerProfileFetcher(absl::Seconds(flags.profile_timeout_seconds),
+                                          config.worker_tls);
   jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all),
                          std::move(fetcher.cancel_to));
   // Before Restore, which reports the jobs it resumes as recoveries.

@@ -395,6 +395,25 @@ expect_exit resume_other_lr 0 "warning: this run's updates differ from the check
   train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 --synthetic-bytes 20000 \
   --steps 6 --lr 1e-4 --resume "$TMP/c.ckpt"
 
+# A --log that a full disk left with a torn last line (a run stopped by
+# ENOSPC can write part of a record, with no newline): a run appending to it
+# starts a line of its own, so every line but the torn one, kept as it was,
+# parses as JSON. Its first record was glued to the torn one before.
+TORN="$TMP/torn.jsonl"
+printf '{"step": 3, "lo' >"$TORN"
+expect_exit torn_log_appended 0 -- train-local "${TINY[@]}" --log "$TORN"
+if python3 - "$TORN" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert len(lines) == 3 and lines[0] == '{"step": 3, "lo' and lines[2] == "", lines
+assert json.loads(lines[1])["step"] == 1, lines
+PY
+then
+  passed=$((passed + 1))
+else
+  fail torn_log_line_kept_apart "$TORN holds: $(cat "$TORN")"
+fi
+
 # --grad-clip has the job spec's bound (spec.training.grad_clip).
 expect_exit grad_clip_over_limit 2 "--grad-clip 1e+07 is over the limit of 1e+06" -- \
   train-local --grad-clip 1e7

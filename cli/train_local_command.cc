@@ -1,5 +1,6 @@
 #include "cli/train_local_command.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -314,6 +315,17 @@ absl::StatusOr<Dataset> LoadData(const Options& o) {
   return dataset;
 }
 
+// Flushes what was written to the --log file since errno was cleared.
+absl::Status FlushLog(std::ofstream& log, const std::string& path) {
+  log.flush();
+  if (log) return absl::OkStatus();
+  // The cause (a full disk, a reader gone) from write(2), when it set one.
+  const int error = errno;
+  return absl::InternalError(
+      absl::StrCat("cannot write the --log file ", path,
+                   error != 0 ? absl::StrCat(" (", strerror(error), ")") : std::string()));
+}
+
 absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepResult& r,
                        std::optional<float> val, double tokens_per_second) {
   nlohmann::json line = {{"step", r.step},
@@ -322,13 +334,23 @@ absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepRe
                          {"tokens_per_second", tokens_per_second}};
   errno = 0;
   log << line.dump() << "\n";
-  log.flush();
-  if (log) return absl::OkStatus();
-  // The cause (a full disk, a reader gone) from write(2), when it set one.
-  const int error = errno;
-  return absl::InternalError(
-      absl::StrCat("cannot write the --log file ", path,
-                   error != 0 ? absl::StrCat(" (", strerror(error), ")") : std::string()));
+  return FlushLog(log, path);
+}
+
+// Whether `path` is a regular file whose last line has no newline: a run
+// stopped by a full disk can leave part of a record (write(2) may store
+// some of a buffer before ENOSPC). False for a FIFO or device, which are
+// not opened here, and for a file this process cannot read.
+bool LastLineTorn(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) || info.st_size == 0) return false;
+  // O_NONBLOCK: a FIFO put there since the stat must not hold the open.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  char last = '\n';
+  const bool got = pread(fd, &last, 1, info.st_size - 1) == 1;
+  close(fd);
+  return got && last != '\n';
 }
 
 // Trains to config.steps (or until SIGINT, or until the --log file or a
@@ -358,6 +380,13 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
       // PERMISSION_DENIED), not NOT_FOUND whatever the cause.
       return absl::ErrnoToStatus(open_error != 0 ? open_error : ENOENT,
                                  absl::StrCat("cannot open --log file ", o.log));
+    }
+    // A resumed run's first record glued to a torn line would make one
+    // unparsable line of both; the torn one is ended and kept as it was.
+    if (LastLineTorn(o.log)) {
+      errno = 0;
+      log << "\n";
+      RETURN_IF_ERROR(FlushLog(log, o.log));
     }
   }
   const TrainConfig& c = trainer.config();

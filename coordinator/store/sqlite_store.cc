@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -50,6 +51,13 @@ absl::Status SqliteError(sqlite3* db, int rc, const std::string& path, absl::str
           "state database ", path, " is corrupt (", what, ": ", message,
           "); restore it from a backup, or move it aside to start with empty state (its -wal "
           "and -shm files with it: a -wal belongs to its database alone)"));
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+      // A full disk, and an exceeded quota, which SQLite reports only as
+      // "disk I/O error" (its errno is not kept): the text must say what to do.
+      return absl::InternalError(absl::StrCat(
+          "state database ", path, ": ", what, ": ", message, " (sqlite code ", rc,
+          "); free space (or quota) on the disk of --state-dir, or check that disk for errors"));
     default:
       return absl::InternalError(absl::StrCat("state database ", path, ": ", what, ": ", message,
                                               " (sqlite code ", rc, ")"));
@@ -389,8 +397,19 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
   RETURN_IF_ERROR(EnsureSchema(db.get(), path));
   // A coordinator killed with -9 between a commit and its checkpoint left
   // that commit in the WAL alone; move it into the database file now (a
-  // clean close does the same).
-  RETURN_IF_ERROR(Exec(db.get(), path, "PRAGMA wal_checkpoint(TRUNCATE)"));
+  // clean close does the same). Best effort: SQLite reads the WAL, so the
+  // state is whole without it, and on a full disk, where the .db cannot
+  // grow, reads and the commits the WAL has room for still work. Refusing
+  // to start there made a crash loop, with no status, cancel or sweep
+  // (whose expiries free space) until someone freed space by hand. A
+  // corrupt file is still refused, as at every other step.
+  if (absl::Status checkpointed = Exec(db.get(), path, "PRAGMA wal_checkpoint(TRUNCATE)");
+      !checkpointed.ok()) {
+    if (absl::IsDataLoss(checkpointed)) return checkpointed;
+    PT_LOG(WARNING) << "--state-dir " << state_dir << ": could not checkpoint the WAL ("
+                    << checkpointed.message() << "); going on (SQLite reads its commits from "
+                    << "the WAL)";
+  }
 
   auto statements = std::make_unique<Statements>();
   const std::pair<Statement*, const char*> sql[] = {

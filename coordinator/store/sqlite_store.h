@@ -14,7 +14,8 @@
 // Every commit is checkpointed into the database file as it is made
 // (wal_autocheckpoint=1; a checkpoint a reader blocks, or one that fails,
 // leaves commits in the WAL until the next), and Open checkpoints what a
-// crash left in the WAL. A plain copy of the .db file taken while the
+// crash left in the WAL, best effort (a full disk leaves it there: SQLite
+// reads commits from the WAL, and the coordinator starts). A plain copy of the .db file taken while the
 // coordinator runs is not a backup: a checkpoint rewrites pages in place as
 // the copy reads them, so the copy can pair an old page with a new one and
 // silently lack records (SQLite reads it without an error). Back up with

@@ -133,6 +133,12 @@ bool JobManager::EndedForOthersLocked(const v1::Job& job) const {
   return IsTerminal(job.state()) && !EndShownRunningLocked(job);
 }
 
+v1::JobState JobManager::ShownStateLocked(const v1::Job& job) const {
+  if (!EndShownRunningLocked(job)) return job.state();
+  // As Restore makes of its last save: a job never planned waits again.
+  return job.plan_version() == 0 ? v1::JOB_STATE_QUEUED : v1::JOB_STATE_RUNNING;
+}
+
 void JobManager::ShowUnsavedEndLocked(v1::Job& job) const {
   if (!EndShownRunningLocked(job)) return;
   constexpr absl::string_view kRetried =
@@ -145,7 +151,7 @@ void JobManager::ShowUnsavedEndLocked(v1::Job& job) const {
     job.set_reason(absl::StrCat("ending: it failed (", job.reason(),
                                 "), and that end waits to be saved to the state store ", kRetried));
   }
-  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_state(ShownStateLocked(job));
 }
 
 std::vector<v1::Job> JobManager::List() const {
@@ -178,7 +184,7 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
     const v1::TrainingSpec& training = job.spec().training();
     // As ShowUnsavedEndLocked shows it (/metrics and the list pages read
     // this).
-    const v1::JobState state = EndShownRunningLocked(job) ? v1::JOB_STATE_RUNNING : job.state();
+    const v1::JobState state = ShownStateLocked(job);
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),
@@ -439,10 +445,16 @@ void JobManager::PruneLocked() {
   // its end), ties the later submitted first. By end, not by submission: a
   // long job submitted before many short ones was pruned the moment it
   // ended, its outcome lost to the user following it.
+  // Ended as EndedForOthersLocked says, however long the store fails: not
+  // a success or failure whose end waits to be saved. The store says it
+  // runs, and a failover restores it so (the delete of a pruned job fails
+  // too): pruned, it was never counted ended, and its paths went free
+  // while it could still run again. (A cancel counts and frees them at
+  // its end: pruned, its stored record goes once a delete succeeds.)
   std::vector<std::pair<absl::Time, size_t>> ended;  // (ended at, index in order_)
   for (size_t i = 0; i < order_.size(); ++i) {
     const v1::Job& job = jobs_.at(order_[i])->job;
-    if (IsTerminal(job.state())) ended.emplace_back(FromProtoTimestamp(job.update_time()), i);
+    if (EndedForOthersLocked(job)) ended.emplace_back(FromProtoTimestamp(job.update_time()), i);
   }
   std::sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second > b.second;
@@ -506,7 +518,7 @@ void JobManager::PruneLocked() {
     }
     if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
     save_failures_.erase(id);
-    end_unsaved_.erase(id);
+    end_unsaved_.erase(id);  // a cancel's
     // Past the retention with a save still failing: no save of a pruned
     // job comes to write or drop them (RetryUnsavedLocked skips it), and
     // they stayed for the process's life. (A failed manifest write's
@@ -625,10 +637,7 @@ void JobManager::FlushIo() {
 std::map<v1::JobState, int> JobManager::CountByState() const {
   AnnotatedMutexLock lock(&mu_);
   std::map<v1::JobState, int> counts;
-  for (const auto& [id, record] : jobs_) {
-    const v1::JobState state = record->job.state();
-    counts[EndShownRunningLocked(record->job) ? v1::JOB_STATE_RUNNING : state]++;
-  }
+  for (const auto& [id, record] : jobs_) counts[ShownStateLocked(record->job)]++;
   return counts;
 }
 

@@ -1,18 +1,30 @@
 // JobManager: the life of a job, from submission to trained weights.
 //
-//   Submit ──> QUEUED ──(enough READY workers)──> PLANNING ──> RUNNING
-//               │  ▲                                             │
-//               ▼  │ (bipartition/auto, no cached profile)       │
-//             PROFILING                                          │
-//                │                                              │
-//                └── Cancel ──> CANCELLED <── Cancel ───────────┤
-//                                          FAILED <── worker lost / error
-//                                       SUCCEEDED <── all stages finished
-//                                                     (and weights written)
+//                ┌─ first plan: a worker lost, or ──┐  ┌─ step boundary ─────┐
+//                ▲  refused for memory (once)       │  ▼  (a join, a drain)  │
+//   Submit ──> QUEUED ──(enough READY workers)──> PLANNING ──(plan in)──> RUNNING ──> SUCCEEDED
+//               │ ▲                  a worker lost  │  ▲                     │ a worker lost
+//               ▼ │               while re-planned  │  │ re-plan             │ or failed, with
+//            PROFILING                              ▼  │                     │ checkpoints
+//      (no cached profile; any solver)           RECOVERING ◄────────────────┘
+//
+//   FAILED    <── any state not ended, for an error: a worker's, a plan refused, a queue
+//                 timeout, a worker lost without checkpoints, too many recoveries
+//   CANCELLED <── any state not ended, by Cancel
+//   SUCCEEDED: every stage finished, and the weights file is written
+//
+// A restart (Restore) puts a job PROFILING or first PLANNING back to
+// QUEUED, and one later PLANNING, RUNNING or RECOVERING to RECOVERING
+// (FAILED without checkpoints). With options.state, an end is shown as a
+// failover would restore the job until a save of it succeeds
+// (ShowUnsavedEndLocked): a success RUNNING "finishing: ...", a failure
+// RUNNING "ending: ..." (QUEUED for a job never planned); a cancel
+// CANCELLED, Cancel answering UNAVAILABLE.
 //
 // Scheduling: QUEUED jobs are placed oldest first, but a job that cannot be
-// placed yet lets later jobs that fit go ahead; one that waits longer than
-// its spec.scheduling.queue_timeout FAILS (see ScheduleQueued).
+// placed yet lets later jobs that fit go ahead (past half its queue timeout
+// it keeps the READY workers it can use: see ScheduleQueued); one that
+// waits longer than its spec.scheduling.queue_timeout FAILS.
 // Planning runs off the job manager's lock (options.background_runner; by
 // default one background thread, a task at a time), so a large plan
 // (seconds, planner.h's budget) holds up no other job's reports or the API,
@@ -233,10 +245,11 @@ struct JobEvents {
   std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
   // A job ended (SUCCEEDED, FAILED or CANCELLED), once per job; also a
-  // running job Restore fails for want of checkpoints. A success or a
-  // failure with options.state counts once its end is saved (on io_, as it
-  // leaves end_unsaved_): until then it is shown RUNNING, and a failover
-  // restores it as last saved and runs it again. A cancel counts at once.
+  // job Restore fails (for want of checkpoints, say). A success or a
+  // failure with options.state (every one Restore fails) counts once its
+  // end is saved (on io_, as it leaves end_unsaved_): until then it is
+  // shown RUNNING (or QUEUED), and a failover restores it as last saved and
+  // runs it again. A cancel counts at once.
   std::function<void(v1::JobState state)> ended;
   // A placement's planning ended (its plan used or not): seconds it waited
   // for the background thread, and seconds it computed.
@@ -383,10 +396,10 @@ class JobManager {
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
-  // they begin). A job that SUCCEEDED or FAILED is shown RUNNING until a
-  // save of that end succeeds (in flight, hung or failing:
-  // ShowUnsavedEndLocked), here, in List, Summaries, CountByState and a
-  // repeated Submit.
+  // they begin). A job that SUCCEEDED or FAILED is shown RUNNING (QUEUED
+  // if it was never planned) until a save of that end succeeds (in flight,
+  // hung or failing: ShowUnsavedEndLocked), here, in List, Summaries,
+  // CountByState and a repeated Submit.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
   // Every job kept, in submission order, without progress.loss_history:
   // whole copies, for tests and the restore fuzzer (the API's pages and
@@ -497,10 +510,15 @@ class JobManager {
                     const std::string& reason, int64_t incarnation);
 
   // Starts queued jobs that have enough READY workers, oldest first. A job
-  // that cannot be placed does not hold up later ones that can (backfill;
-  // the big job's wait is bounded by its queue timeout). A QUEUED job older
-  // than spec.scheduling.queue_timeout FAILS with a reason saying what it
-  // waited for. While a job is PROFILING, later jobs wait.
+  // that cannot be placed does not hold up later ones that can (backfill),
+  // but aging bounds what they take: the first QUEUED job left short that
+  // has waited past half its spec.scheduling.queue_timeout, and that the
+  // cluster's workers could hold once the busy ones are freed, keeps the
+  // READY workers it can use (up to its need) for the pass; later jobs
+  // backfill onto the others only, so a stream of small jobs cannot starve
+  // it until it fails. A QUEUED job older than its queue timeout FAILS
+  // with a reason saying what it waited for. While a job is PROFILING,
+  // later jobs wait.
   void ScheduleQueued();
   // A thread calling ScheduleQueued every `period` until the destructor.
   void StartSchedulingLoop(absl::Duration period = absl::Milliseconds(100));
@@ -1452,11 +1470,11 @@ class JobManager {
   absl::Status SaveStoredJob(const store::StoredJob& job, bool log_failure = true) const;
   // What Get and List show of `job`: SUCCEEDED or FAILED only once
   // saved. Until a save of its end succeeds (end_unsaved_: one in flight,
-  // hung, or failing) it is shown RUNNING, with a reason saying the end
-  // waits for its save ("finishing: ..." for a success, "ending: it failed
-  // (<why>) ..." for a failure): a restart or failover meanwhile (a leader
-  // that lost etcd) restores it as last saved (RUNNING, say) and runs it
-  // again.
+  // hung, or failing) it is shown RUNNING (QUEUED if never planned:
+  // ShownStateLocked), with a reason saying the end waits for its save
+  // ("finishing: ..." for a success, "ending: it failed (<why>) ..." for a
+  // failure): a restart or failover meanwhile (a leader that lost etcd)
+  // restores it as last saved (RUNNING, say) and runs it again.
   // A job without checkpoints then FAILED after a client was told it had
   // succeeded (`submit --follow` exited 0); one with checkpoints that had
   // failed (a stage's passing error, or too many recoveries: Restore
@@ -1465,14 +1483,22 @@ class JobManager {
   // shown CANCELLED: Cancel answers UNAVAILABLE until it is saved.
   void ShowUnsavedEndLocked(v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` SUCCEEDED or FAILED and that end is not saved yet (shown
-  // RUNNING; Cancel answers UNAVAILABLE, CountByState counts it RUNNING).
+  // as not ended, ShownStateLocked; Cancel answers UNAVAILABLE).
   bool EndShownRunningLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state Get, List, Summaries and CountByState show of `job`: its own,
+  // but for an end not saved yet (EndShownRunningLocked) the state a
+  // failover would restore: RUNNING, or QUEUED for a job never planned
+  // (plan_version 0: a queue timeout, a first plan refused). That one ran
+  // nothing, but is no more ended than the others: restored QUEUED, it is
+  // placed as soon as workers are READY (before its queue timeout is
+  // judged), so it holds its paths too.
+  v1::JobState ShownStateLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` has ended as other jobs' claims judge it (Submit's checks
   // of the paths it holds, and its pending count): terminal, and not a
-  // success or failure whose end is unsaved. That one is shown RUNNING, and
-  // a failover meanwhile restores it as last saved: it runs again, writing
-  // its weights file and checkpoint directory, and reloads what it started
-  // from, so no other job may take them over yet.
+  // success or failure whose end is unsaved. That one is shown RUNNING (or
+  // QUEUED), and a failover meanwhile restores it as last saved: it runs
+  // again, writing its weights file and checkpoint directory, and reloads
+  // what it started from, so no other job may take them over yet.
   bool EndedForOthersLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
   // and logs it: the first failure, then at most once a minute.
@@ -1600,11 +1626,12 @@ class JobManager {
   // Jobs whose latest save on io_ failed (unlike unsaved_, kept while the
   // retry waits; JobsWithFailedSave), and since when.
   std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
-  // Jobs that ended (with options.state) and no save of that end has
-  // succeeded yet. A success or failure is shown RUNNING
-  // (ShowUnsavedEndLocked), holding its paths (EndedForOthersLocked), not
-  // counted ended (JobEvents::ended); a cancel is shown CANCELLED, and a
-  // repeated Cancel saves again and waits (answered OK at once after).
+  // Jobs that ended (with options.state; and every job Restore failed) and
+  // no save of that end has succeeded yet. A success or failure is shown
+  // RUNNING or QUEUED (ShowUnsavedEndLocked), holding its paths
+  // (EndedForOthersLocked), neither counted ended (JobEvents::ended) nor
+  // pruned (PruneLocked); a cancel is shown CANCELLED, and a repeated
+  // Cancel saves again and waits (answered OK at once after).
   std::set<std::string> end_unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_

@@ -43,6 +43,17 @@ std::vector<Expired> UntriedExpiring(const std::vector<Expired>& all) {
   return untried;
 }
 
+// Each of `job`'s times that StoredTimeFits refuses at `now`, replaced by
+// `now` (a restart's job may be shown and ordered by them).
+void ReplaceUnfitTimes(v1::Job& job, absl::Time now) {
+  std::vector<google::protobuf::Timestamp*> times = {job.mutable_create_time(),
+                                                     job.mutable_update_time()};
+  for (v1::PlanVersion& plan : *job.mutable_plan_history()) times.push_back(plan.mutable_time());
+  for (google::protobuf::Timestamp* time : times) {
+    if (!StoredTimeFits(*time, now)) *time = ToProtoTimestamp(now);
+  }
+}
+
 }  // namespace
 
 store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
@@ -77,7 +88,13 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
   stored.set_furthest_checkpoint_step(record.furthest_checkpoint_step);
-  if (record.job.state() == v1::JOB_STATE_RECOVERING) {
+  // While the job recovers, and while it re-plans for that recovery: a
+  // restart then (the planning budget allows minutes) kept only "the
+  // coordinator restarted", the cause gone with the old process's log.
+  const bool replanning_to_recover = record.job.state() == v1::JOB_STATE_PLANNING &&
+                                     record.pending.has_value() &&
+                                     record.pending->origin == PlacementOrigin::kRecovery;
+  if (record.job.state() == v1::JOB_STATE_RECOVERING || replanning_to_recover) {
     stored.set_recovery_reason(record.recovery_reason);
   }
   stored.set_request_spec_sha256(record.request_spec_sha256);
@@ -439,11 +456,18 @@ absl::Status JobManager::Restore() {
   ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfilesBySave());
   for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
   ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
-  std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {
-    return FromProtoTimestamp(a.job().create_time()) < FromProtoTimestamp(b.job().create_time());
-  });
-  AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
+  // By creation, one that does not fit (StoredTimeFits) as of now, as it is
+  // restored (below): list pages resume by creation time, in this order.
+  const auto created = [now](const store::StoredJob& s) {
+    return StoredTimeFits(s.job().create_time(), now) ? FromProtoTimestamp(s.job().create_time())
+                                                      : now;
+  };
+  std::sort(stored.begin(), stored.end(),
+            [&created](const store::StoredJob& a, const store::StoredJob& b) {
+              return created(a) < created(b);
+            });
+  AnnotatedMutexLock lock(&mu_);
   const absl::Time elapsed_now = elapsed_clock_->Now();
   int resumed = 0;
   // Failed by this restart, and whether its checkpoints' leftovers go.
@@ -508,6 +532,15 @@ absl::Status JobManager::Restore() {
         record->job, {s.checkpoints().begin(), s.checkpoints().end()},
         s.has_init_checkpoint() ? &s.init_checkpoint() : nullptr, s.recoveries_without_progress());
     if (!counters_mismatch.empty()) fail_unfit("progress is out of range", counters_mismatch);
+    // A time that does not fit is replaced by now, whatever the job's
+    // state (an ended one's too): kept, one far ahead dated every job
+    // submitted later after it (last_create_time_), and one past 9999 made
+    // the REST API refuse each of them.
+    if (const std::string times_mismatch = StoredTimesMismatch(record->job, now);
+        !times_mismatch.empty()) {
+      fail_unfit("times are out of range", times_mismatch);
+      ReplaceUnfitTimes(record->job, now);
+    }
     const bool owners_known = spec_resolves && plan_mismatch.empty();
     for (int st = 0; st < record->plan.stages_size(); ++st) {
       record->stage_of[record->plan.stages(st).worker_id()] = st;
@@ -640,7 +673,9 @@ absl::Status JobManager::Restore() {
         std::string why = "the coordinator restarted";
         const std::string cause =
             ValidUtf8(s.recovery_reason().substr(0, kMaxStoredRecoveryReason));
-        if (state == v1::JOB_STATE_RECOVERING && !cause.empty()) {
+        // Stored while it recovered or re-planned for it (StoredJobLocked).
+        if ((state == v1::JOB_STATE_RECOVERING || state == v1::JOB_STATE_PLANNING) &&
+            !cause.empty()) {
           why = absl::StartsWith(cause, why)
                     ? cause
                     : absl::StrCat(why, " (while recovering: ", cause, ")");
@@ -656,19 +691,15 @@ absl::Status JobManager::Restore() {
         if (events_.recovery_started) events_.recovery_started(RecoveryKind::kCoordinatorRestart);
       }
     }
-    // Failed by this restart: what the old coordinator was uploading goes,
-    // as EndLocked removes it for a job that fails while this one runs.
+    // Failed by this restart: ended once every job is restored (below).
     if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
-      // Ended now, whatever failed it (a spec, plan, counters or profile
-      // that no longer fit, or no checkpoints): counted once, as it is
-      // saved FAILED and a later restart finds it ended. Its update_time
+      // Ended now, whatever failed it (a spec, plan, counters, times or
+      // profile that no longer fit, or no checkpoints). Its update_time
       // says when it ended (the retention of ended jobs counts from it):
       // the stored one, from before a long outage, would have it pruned
       // at the first scheduling pass, its reason never seen.
       TouchLocked(*record);
-      if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
-      RemoveAbandonedWeightsOf(*record);
-      // So do its checkpoints' leftovers, once every job is restored (the
+      // Its checkpoints' leftovers go too, once every job is restored (the
       // sweep skips a directory another live job shares), and the failure
       // is saved. Not the leftovers when the spec no longer resolves: its
       // checkpoint directory was not checked again, and a job of the
@@ -773,13 +804,24 @@ absl::Status JobManager::Restore() {
     });
   }
   for (const auto& [id, sweeps] : failed_by_restart) {
+    JobRecord& record = *jobs_[id];
     // Failed here, not by EndLocked: its only other trace is the API.
-    PT_LOG(WARNING) << "job " << id << " FAILED: " << jobs_[id]->job.reason();
+    PT_LOG(WARNING) << "job " << id << " FAILED: " << record.job.reason();
     std::function<void()> sweep =
-        sweeps ? CheckpointSweepLocked(*jobs_[id], absl::Now()) : std::function<void()>();
-    // Else the store says RUNNING, and every restart fails it again (its
-    // "ended" counted each time).
-    PersistLocked(*jobs_[id]).IgnoreError();  // logged
+        sweeps ? CheckpointSweepLocked(record, absl::Now()) : std::function<void()>();
+    // An end as EndLocked's, unsaved until a save of it succeeds: the store
+    // says it runs, and a failover meanwhile restores it as saved (a
+    // standby given the --output-dir this leader lacks resumes it). Shown
+    // not ended, holding its paths, and counted ended once saved
+    // (PersistLocked): it was shown FAILED at once, and counted again by
+    // the next leader that failed it too. Marked after the sweep is armed,
+    // as EndLocked does.
+    end_unsaved_.insert(id);
+    // Else the store says RUNNING, and every restart fails it again.
+    PersistLocked(record).IgnoreError();  // logged
+    // What the old coordinator was uploading goes, as EndLocked removes it,
+    // after the save: a hung output volume must not hold it.
+    RemoveAbandonedWeightsOf(record);
     if (sweep) io_.Post(std::move(sweep));
   }
   PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "

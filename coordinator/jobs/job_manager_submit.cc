@@ -655,9 +655,10 @@ std::string JobManager::HolderStateLocked(const JobRecord& record) const {
   }
   // As Get shows it (ShowUnsavedEndLocked).
   if (EndShownRunningLocked(record.job)) {
-    return record.job.state() == v1::JOB_STATE_SUCCEEDED
-               ? "RUNNING, finishing: its end waits to be saved to the state store"
-               : "RUNNING, ending: its failure waits to be saved to the state store";
+    return absl::StrCat(EnumShortName(ShownStateLocked(record.job)),
+                        record.job.state() == v1::JOB_STATE_SUCCEEDED
+                            ? ", finishing: its end waits to be saved to the state store"
+                            : ", ending: its failure waits to be saved to the state store");
   }
   return std::string(EnumShortName(record.job.state()));
 }

@@ -44,6 +44,7 @@
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/store.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -4308,6 +4309,241 @@ TEST_F(JobManagerTest, Cancel_RepeatedAfterALaterSaveFailed_AnsweredAsRecorded) 
       JobManagerOptions{.output_dir = OutputDir(), .id_epoch = "e14", .state = &state});
   ASSERT_TRUE(again.Restore().ok());
   EXPECT_EQ(again.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A failure whose end is not saved yet is not pruned, past the retention
+// and max_ended_jobs (0 here) as the store stays unreachable: the store
+// says it runs, and a failover restores it so. Pruned, it was never
+// counted ended, and its paths went free (its stored record not deleted
+// either) while it could still run again. Once saved, it counts and goes.
+TEST_F(JobManagerTest, EndedJobs_FailureWhoseEndIsUnsaved_NotPrunedUntilSaved) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e15",
+                                    .ended_job_retention = absl::Hours(1),
+                                    .max_ended_jobs = 0,
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  std::vector<v1::JobState> ended;  // appended to on io_, read after FlushIo
+  jobs.SetEvents(JobEvents{.ended = [&ended](v1::JobState s) { ended.push_back(s); }});
+  const std::string worker = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("unpruned/final.safetensors");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  jobs.FlushIo();
+  store.failing = true;
+  v1::ReportProgressRequest error;
+  error.set_worker_id(worker);
+  error.set_job_id(id);
+  error.set_plan_version(1);
+  error.set_error("recv timed out");  // its own error: the job fails
+  ASSERT_TRUE(jobs.ReportProgress(error).ok());
+  jobs.FlushIo();  // the end's save fails
+  clock_.Advance(absl::Hours(2));
+  for (int pass = 0; pass < 2; ++pass) {  // the retried saves fail too
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  const absl::StatusOr<v1::Job> kept = jobs.Get(id);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(absl::StartsWith(kept->reason(), "ending: it failed (")) << kept->reason();
+  EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kInvalidArgument);  // path held
+  EXPECT_TRUE(ended.empty());
+  store.failing = false;
+  clock_.Advance(absl::Seconds(1));
+  jobs.ScheduleQueued();  // the save's retry
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended, std::vector<v1::JobState>{v1::JOB_STATE_FAILED});
+  jobs.ScheduleQueued();
+  EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  jobs.FlushIo();  // the deletion
+  EXPECT_TRUE(state.LoadJobs().value().empty());
+}
+
+// A restart while a recovery's re-plan is being computed (PLANNING, minutes
+// at the planning budget) keeps the recovery's cause, as one while the job
+// waits (RECOVERING) does: the cause is stored for the re-plan too. Here
+// the last save is the re-plan's, as when the recovery's own save failed
+// (a partition cut the worker and the store off) and was retried as the
+// re-plan began. It said only "the coordinator restarted".
+TEST_F(JobManagerTest, Restore_StoredWhileARecoveryReplans_KeepsItsCause) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  BackgroundQueue planning;  // outlives the managers: the re-plan is left unrun
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("replanned");
+  const std::string cause = "worker " + w1 + " was lost (its host went down)";
+  std::string id;
+  {
+    JobManager jobs(&registry_, &hub_, &clock_,
+                    JobManagerOptions{.output_dir = OutputDir(),
+                                      .id_epoch = "e16",
+                                      .state = &state,
+                                      .background_runner = planning.Runner()});
+    id = jobs.Submit(spec).value().id();
+    planning.RunAll();
+    ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+    ASSERT_EQ(jobs.Get(id).value().worker_ids(0), w1);
+    jobs.FlushIo();
+    store.failing = true;
+    const int64_t incarnation = registry_.Get(w1).value().incarnation();
+    registry_.MarkLost(w1, incarnation, "its host went down");  // the listener is jobs_'s
+    jobs.OnWorkerLost(w1, id, cause, incarnation);
+    ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+    jobs.FlushIo();  // the recovery's save fails
+    store.failing = false;
+    clock_.Advance(absl::Seconds(2));
+    // One pass queues the retried save (it takes the job as it is when it
+    // runs) and begins the re-plan on w2.
+    jobs.ScheduleQueued();
+    ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_PLANNING);
+    jobs.FlushIo();
+  }
+  ASSERT_EQ(state.LoadJobs().value().at(0).job().state(), v1::JOB_STATE_PLANNING);
+  JobManager restarted(&registry_, &hub_, &clock_,
+                       JobManagerOptions{.output_dir = OutputDir(),
+                                         .id_epoch = "e17",
+                                         .state = &state,
+                                         .background_runner = planning.Runner()});
+  ASSERT_TRUE(restarted.Restore().ok());
+  const v1::Job job = restarted.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job.reason(),
+            "recovering: the coordinator restarted (while recovering: " + cause + ")");
+}
+
+// A stored creation time past 9999 (a damaged or foreign-written store)
+// fails its job, and its time is the restart's: taken, it dated every job
+// submitted later after it (creation times only increase), and the REST
+// API answered 500 for each, as protobuf's JSON printer refuses such a
+// time.
+TEST_F(JobManagerTest, Restore_StoredCreateTimePastTheYear9999_JobFailsLaterJobsDatedNow) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  std::string id;
+  {
+    JobManager jobs(&registry_, &hub_, &clock_,
+                    JobManagerOptions{.id_epoch = "e18", .state = &state});
+    id = jobs.Submit(SmallSpec(3)).value().id();  // no workers: queued
+  }
+  store::StoredJob stored = state.LoadJobs().value().at(0);
+  stored.mutable_job()->mutable_create_time()->set_seconds(253402300800);  // 10000-01-01
+  ASSERT_TRUE(state.SaveJob(stored).ok());
+  JobManager restarted(&registry_, &hub_, &clock_,
+                       JobManagerOptions{.id_epoch = "e19", .state = &state});
+  ASSERT_TRUE(restarted.Restore().ok());
+  restarted.FlushIo();  // the failure saved
+  const v1::Job failed = restarted.Get(id).value();
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.reason(),
+            "after a coordinator restart, the stored times are out of range: create_time "
+            "(seconds 253402300800, nanos 0) outside [1970-01-01T00:00:00Z, "
+            "2023-11-15T22:13:20Z]");
+  EXPECT_EQ(FromProtoTimestamp(failed.create_time()), clock_.Now());
+  const v1::Job later = restarted.Submit(SmallSpec(3)).value();
+  EXPECT_EQ(FromProtoTimestamp(later.create_time()), clock_.Now() + absl::Nanoseconds(1));
+  std::string json;
+  for (const v1::Job& job : restarted.List()) {
+    EXPECT_TRUE(google::protobuf::util::MessageToJsonString(job, &json).ok()) << job.id();
+  }
+}
+
+// A job the restart fails (here: it ran, and has no checkpoints) ends as
+// one that fails while the coordinator runs: shown RUNNING ("ending: ...")
+// and counted ended only once that end is saved. The store says it runs,
+// and a failover meanwhile restores it so (a standby given the
+// --output-dir this leader lacks resumes it). It was shown FAILED at once
+// and counted, and counted again by the next leader that failed it too.
+TEST_F(JobManagerTest, Restore_JobFailedByTheRestart_ShownRunningAndCountedOnceSaved) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  AddWorker(7001);
+  std::string id;
+  {
+    JobManager jobs(
+        &registry_, &hub_, &clock_,
+        JobManagerOptions{
+            .id_epoch = "e20", .state = &state, .background_runner = background_.Runner()});
+    id = jobs.Submit(SmallSpec(1)).value().id();
+    background_.RunAll();
+    ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  }
+  JobManager restarted(&registry_, &hub_, &clock_,
+                       JobManagerOptions{.id_epoch = "e21", .state = &state});
+  std::vector<v1::JobState> ended;  // appended to on io_, read after FlushIo
+  restarted.SetEvents(JobEvents{.ended = [&ended](v1::JobState s) { ended.push_back(s); }});
+  store.failing = true;
+  ASSERT_TRUE(restarted.Restore().ok());
+  restarted.FlushIo();  // the failure's save fails
+  const v1::Job shown = restarted.Get(id).value();
+  EXPECT_EQ(shown.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(shown.reason(),
+            "ending: it failed (the coordinator restarted while the job ran, and the job has no "
+            "checkpoints (spec.checkpoint) to resume from), and that end waits to be saved to the "
+            "state store (a save that fails is retried every second; the coordinator's log says "
+            "why)");
+  EXPECT_EQ(restarted.CountByState()[v1::JOB_STATE_FAILED], 0);
+  EXPECT_EQ(restarted.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(ended.empty());
+  store.failing = false;
+  clock_.Advance(absl::Seconds(2));
+  restarted.ScheduleQueued();  // the save's retry
+  restarted.FlushIo();
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(ended, std::vector<v1::JobState>{v1::JOB_STATE_FAILED});
+}
+
+// A job that never ran (its queue timeout passed) and whose failure is not
+// saved yet is shown as a failover would restore it, QUEUED ("ending:
+// ..."), not RUNNING. Nor FAILED: restored QUEUED, it is placed as soon as
+// workers are READY, and runs.
+TEST_F(JobManagerTest, QueueTimeoutWhileSavesFail_ShownQueuedAsAFailoverRestoresIt) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  v1::JobSpec spec = SmallSpec(3);
+  spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  std::string id;
+  {
+    JobManager jobs(
+        &registry_, &hub_, &clock_,
+        JobManagerOptions{
+            .id_epoch = "e22", .state = &state, .background_runner = background_.Runner()});
+    id = jobs.Submit(spec).value().id();  // no workers: queued
+    store.failing = true;
+    clock_.Advance(absl::Seconds(61));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();  // the failure's save fails
+    const v1::Job shown = jobs.Get(id).value();
+    EXPECT_EQ(shown.state(), v1::JOB_STATE_QUEUED);
+    EXPECT_EQ(shown.reason(),
+              "ending: it failed (not placed within spec.scheduling.queue_timeout (1m): waiting "
+              "for 3 READY workers (0 ready); add workers or ask for fewer stages), and that end "
+              "waits to be saved to the state store (a save that fails is retried every second; "
+              "the coordinator's log says why)");
+    EXPECT_EQ(jobs.List().at(0).state(), v1::JOB_STATE_QUEUED);
+    EXPECT_EQ(jobs.Summaries().at(0).state, v1::JOB_STATE_QUEUED);
+    EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_QUEUED], 1);
+    EXPECT_EQ(jobs.CountByState()[v1::JOB_STATE_RUNNING], 0);
+  }  // its last try fails too
+  JobManager restarted(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{
+          .id_epoch = "e23", .state = &state, .background_runner = background_.Runner()});
+  ASSERT_TRUE(restarted.Restore().ok());
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  for (int port = 7001; port <= 7003; ++port) AddWorker(port);
+  restarted.ScheduleQueued();
+  background_.RunAll();
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
 }  // namespace

@@ -12,6 +12,14 @@ namespace {
 
 bool InCount(int64_t value) { return value >= 0 && value <= kMaxStoredCount; }
 
+// 9999-12-31T23:59:59Z: google.protobuf.Timestamp's last second.
+constexpr int64_t kMaxTimestampSeconds = 253402300799;
+
+// The last second a stored time may hold at `now` (StoredTimeFits).
+int64_t LatestStoredSecond(absl::Time now) {
+  return std::min(absl::ToUnixSeconds(now + kMaxStoredTimeAhead), kMaxTimestampSeconds);
+}
+
 }  // namespace
 
 std::string StoredPlanMismatch(const v1::Plan& plan, std::optional<int> units) {
@@ -96,6 +104,27 @@ std::string StoredCountersMismatch(const v1::Job& job,
     }
   }
   return "";
+}
+
+bool StoredTimeFits(const google::protobuf::Timestamp& time, absl::Time now) {
+  return time.nanos() >= 0 && time.nanos() < 1000000000 && time.seconds() >= 0 &&
+         time.seconds() <= LatestStoredSecond(now);
+}
+
+std::string StoredTimesMismatch(const v1::Job& job, absl::Time now) {
+  const std::string latest = absl::FormatTime(
+      "%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(LatestStoredSecond(now)), absl::UTCTimeZone());
+  const auto mismatch = [&](const std::string& name, const google::protobuf::Timestamp& time) {
+    if (StoredTimeFits(time, now)) return std::string();
+    return absl::StrCat(name, " (seconds ", time.seconds(), ", nanos ", time.nanos(),
+                        ") outside [1970-01-01T00:00:00Z, ", latest, "]");
+  };
+  std::string found = mismatch("create_time", job.create_time());
+  if (found.empty()) found = mismatch("update_time", job.update_time());
+  for (int i = 0; found.empty() && i < job.plan_history_size(); ++i) {
+    found = mismatch(absl::StrCat("plan_history[", i, "].time"), job.plan_history(i).time());
+  }
+  return found;
 }
 
 }  // namespace pipetrain

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "coordinator/planner/profile.h"
+#include "google/protobuf/timestamp.pb.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/model/gpt_config.h"
@@ -50,6 +52,28 @@ std::string StoredCountersMismatch(const v1::Job& job,
                                    const std::vector<v1::ResumeFrom>& checkpoints,
                                    const v1::ResumeFrom* init_checkpoint,
                                    int32_t recoveries_without_progress);
+
+// How far past the restoring coordinator's clock a stored time may lie:
+// coordinators' clocks (NTP) differ by seconds, not a day. Jobs stored by
+// one whose clock ran further ahead fail at the restart as a damaged
+// record's do, each reason naming the time.
+inline constexpr absl::Duration kMaxStoredTimeAhead = absl::Hours(24);
+
+// Whether `time` (a job's create_time, update_time or a plan's time) is
+// one a coordinator could have made by `now`: nanos in [0, 1e9), seconds
+// from the Unix epoch (no coordinator's clock reads earlier) to
+// `now` + kMaxStoredTimeAhead, and within the Timestamp's range (to
+// 9999-12-31T23:59:59Z). A later one is a damaged record (or a clock far
+// off): a creation time dates every later job after it (they only
+// increase, as list pages resume by them), so all go as far ahead; past
+// 2262 the list pages' nanosecond keys saturate and tie, and past 9999, or
+// with nanos outside the range, protobuf's JSON printer refuses each such
+// job (the REST API answered 500).
+bool StoredTimeFits(const google::protobuf::Timestamp& time, absl::Time now);
+
+// The job's create_time, update_time and every plan_history[].time, by
+// StoredTimeFits.
+std::string StoredTimesMismatch(const v1::Job& job, absl::Time now);
 
 }  // namespace pipetrain
 

@@ -111,5 +111,41 @@ TEST(StoredCountersMismatch, CountsThatCannotOverflowWhenTheyGrow) {
             "init_checkpoint step -5 outside [0, 9007199254740992]");
 }
 
+// A stored time must be one a coordinator could have made: from the epoch
+// to a day past the restoring coordinator's clock, within the Timestamp's
+// range, nanos in [0, 1e9). Year 10000 made every later job's JSON fail.
+TEST(StoredTimesMismatch, FromTheEpochToADayAheadOfNow) {
+  const absl::Time now = absl::FromUnixSeconds(1700000000);  // 2023-11-14T22:13:20Z
+  v1::Job job;
+  job.mutable_create_time()->set_seconds(1600000000);
+  job.mutable_update_time()->set_seconds(1700000000 + 86400);  // a day ahead: the bound
+  job.mutable_update_time()->set_nanos(999999999);
+  job.add_plan_history()->mutable_time()->set_seconds(0);  // the epoch
+  EXPECT_EQ(StoredTimesMismatch(job, now), "");
+  const std::string range = " outside [1970-01-01T00:00:00Z, 2023-11-15T22:13:20Z]";
+  v1::Job bad = job;
+  bad.mutable_create_time()->set_seconds(253402300800);  // 10000-01-01
+  EXPECT_EQ(StoredTimesMismatch(bad, now), "create_time (seconds 253402300800, nanos 0)" + range);
+  bad = job;
+  bad.mutable_update_time()->set_seconds(1700000000 + 86401);
+  bad.mutable_update_time()->set_nanos(0);
+  EXPECT_EQ(StoredTimesMismatch(bad, now), "update_time (seconds 1700086401, nanos 0)" + range);
+  bad = job;
+  bad.mutable_plan_history(0)->mutable_time()->set_seconds(-1);
+  EXPECT_EQ(StoredTimesMismatch(bad, now), "plan_history[0].time (seconds -1, nanos 0)" + range);
+  bad = job;
+  bad.mutable_create_time()->set_nanos(1000000000);
+  EXPECT_EQ(StoredTimesMismatch(bad, now),
+            "create_time (seconds 1600000000, nanos 1000000000)" + range);
+  bad.mutable_create_time()->set_nanos(-1);
+  EXPECT_FALSE(StoredTimeFits(bad.create_time(), now));
+  // A clock past 9999 (a day less than its end): the Timestamp's range binds.
+  google::protobuf::Timestamp last;
+  last.set_seconds(253402300799);
+  EXPECT_TRUE(StoredTimeFits(last, absl::FromUnixSeconds(253402300799)));
+  last.set_seconds(253402300800);
+  EXPECT_FALSE(StoredTimeFits(last, absl::FromUnixSeconds(253402300799)));
+}
+
 }  // namespace
 }  // namespace pipetrain

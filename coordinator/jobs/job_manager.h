@@ -964,7 +964,9 @@ class JobManager {
   // stopped), registered again (not `incarnation`, the one asked) or had
   // its call cancelled as lost leaves the job to be profiled again on
   // another worker, up to kMaxProfileAttempts times. A fetch past its
-  // deadline is remembered for later jobs (profile_timeouts_).
+  // deadline is remembered for later jobs (profile_timeouts_); the first
+  // for its key leaves the job to be profiled again on another worker of
+  // the kind, not on that one.
   void FinishProfiling(const std::string& job_id, const std::string& key, const std::string& worker,
                        int64_t incarnation, const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
@@ -1603,9 +1605,15 @@ class JobManager {
   // profile without trying, and why. Each such job held every later one
   // (they wait while a job is profiled) for the whole deadline, then
   // planned on the analytic profile anyway. At most kMaxProfileTimeouts.
+  // A key whose fetch ran past the deadline on one worker only is not
+  // given up yet (that worker may be wedged: its device or profiler hung,
+  // while it heartbeats READY): `worker` names it, and one other worker
+  // of the kind tries (the job's retry, or a later job's) before the key
+  // is given up (`worker` then empty).
   struct ProfileTimeout {
     absl::Time until;
     std::string error;
+    std::string worker;
   };
   std::map<std::string, ProfileTimeout> profile_timeouts_ ABSL_GUARDED_BY(mu_);
   // Profile fetches in flight or done and not yet joined: a finished one is

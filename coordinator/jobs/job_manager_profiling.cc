@@ -188,9 +188,12 @@ std::string JobManager::NotProfiledForMemory(const JobRecord& record,
   return "";
 }
 
-bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
+bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& placed,
                                      ModelProfile* profile, std::string* source,
                                      double* reference_gflops) {
+  // workers[0] profiles: the first placed, or the first of its kind that
+  // is not the one worker whose profile of the key ran past the deadline.
+  std::vector<v1::Worker> workers = placed;
   const v1::ProfileRequest request = ProfileRequestFor(record);
   const std::string kind = DeviceKind(workers[0].device());
   const std::string key =
@@ -226,11 +229,22 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   // model that cannot fit these workers whatever its profile: profiling
   // runs each of its units on one worker, and such units killed workers
   // (out of memory) before the plan was refused.
-  const std::string unfit = NotProfiledForMemory(record, request, workers);
   if (auto timed_out = profile_timeouts_.find(key);
       timed_out != profile_timeouts_.end() && record.profile_error.empty()) {
     const absl::Duration left = timed_out->second.until - elapsed_clock_->Now();
-    if (left > absl::ZeroDuration()) {
+    const std::string& wedged = timed_out->second.worker;
+    const auto other = std::find_if(workers.begin(), workers.end(), [&](const v1::Worker& w) {
+      return w.id() != wedged && ProfileDeviceKey(w.device(), w.build()) ==
+                                     ProfileDeviceKey(workers[0].device(), workers[0].build());
+    });
+    if (left > absl::ZeroDuration() && !wedged.empty() && other != workers.end()) {
+      std::iter_swap(workers.begin(), other);  // of the same key: `key` holds
+    } else if (left > absl::ZeroDuration() && !wedged.empty()) {
+      // Not given up: a later job placed with another of the kind tries.
+      record.profile_error = absl::StrCat(
+          "a profile of this model on ", wedged, " ran past the coordinator's deadline (",
+          timed_out->second.error, "), and no other ", kind, " worker of this job's may try it");
+    } else if (left > absl::ZeroDuration()) {
       record.profile_error =
           absl::StrCat("an earlier job's profile of this model (on ", kind,
                        ") ran past the coordinator's deadline (", timed_out->second.error,
@@ -240,6 +254,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
       profile_timeouts_.erase(timed_out);
     }
   }
+  const std::string unfit = NotProfiledForMemory(record, request, workers);
   if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
     ReapProfilersLocked();
     auto done = std::make_shared<std::atomic<bool>>(false);
@@ -301,6 +316,7 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
     // gone there is no model to check it against, and nobody waiting.
     absl::StatusOr<v1::ModelProfile> profile = fetched;
     if (record != nullptr) record->profile_in_flight = false;
+    std::string again;  // why the job is to be profiled again, if it is
     if (profile.ok() && record == nullptr) profile = absl::NotFoundError("job gone");
     // A job that ended meanwhile released its hold on the worker only now,
     // but another job may have run beside the measurement before this
@@ -320,6 +336,7 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       // fields only.
       profile->DiscardUnknownFields();
       record->profiled_by = worker;
+      profile_timeouts_.erase(key);  // a wedged worker's, another measured it
       const std::vector<std::string> evicted = profiles_.Put(key, *profile);
       // Stored on io_, off the lock (a commit waits for the disk or etcd,
       // and every call waits for the lock); in order, so that a later
@@ -346,33 +363,51 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
                         profiler->incarnation() != incarnation || record->profile_cancel_asked ||
                         (profiler->state() != v1::WORKER_STATE_READY &&
                          profiler->state() != v1::WORKER_STATE_ASSIGNED);
+      const bool timed_out = profile.status().code() == absl::StatusCode::kDeadlineExceeded;
+      auto earlier = profile_timeouts_.find(key);
+      const bool first_timeout =
+          earlier == profile_timeouts_.end() || earlier->second.until <= elapsed_clock_->Now();
+      // Remembered for later jobs of the key; at most kMaxProfileTimeouts
+      // keys (the one that expires first goes).
+      const auto remember = [&](ProfileTimeout timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (profile_timeouts_.size() >= kMaxProfileTimeouts && !profile_timeouts_.count(key)) {
+          profile_timeouts_.erase(std::min_element(
+              profile_timeouts_.begin(), profile_timeouts_.end(),
+              [](const auto& a, const auto& b) { return a.second.until < b.second.until; }));
+        }
+        profile_timeouts_[key] = std::move(timeout);
+      };
       if (left && ++record->profile_attempts < kMaxProfileAttempts) {
         PT_LOG(WARNING) << "job " << job_id << ": profiling on " << worker
                         << " ended as that worker left (" << profile.status()
                         << "); profiling again on another";
+        again = absl::StrCat(worker, " left while it profiled the model");
+      } else if (!left && timed_out && first_timeout) {
+        // The first past the deadline for the key: that worker may be
+        // wedged (a hung device or profiler, while it heartbeats READY)
+        // rather than the model too slow to profile. Another of its kind
+        // tries (ChooseProfileLocked) before the key is given up.
+        remember({elapsed_clock_->Now() + kProfileTimeoutMemory,
+                  ValidUtf8(profile.status().ToString()), worker});
+        PT_LOG(WARNING) << "job " << job_id << ": profiling on " << worker
+                        << " ran past the deadline (" << profile.status()
+                        << "); profiling again on another worker of its kind";
+        again = absl::StrCat(worker, "'s profile of the model ran past the deadline");
       } else {
         // Saved with the job (Plan.profile_source): UTF-8 whatever the
         // fetcher quoted, or the stored job would not parse back.
         record->profile_error = ValidUtf8(profile.status().ToString());
         PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
-        if (profile.status().code() == absl::StatusCode::kDeadlineExceeded) {
-          if (profile_timeouts_.size() >= kMaxProfileTimeouts && !profile_timeouts_.count(key)) {
-            // The one that expires first goes.
-            profile_timeouts_.erase(std::min_element(
-                profile_timeouts_.begin(), profile_timeouts_.end(),
-                [](const auto& a, const auto& b) { return a.second.until < b.second.until; }));
-          }
-          profile_timeouts_[key] = {elapsed_clock_->Now() + kProfileTimeoutMemory,
-                                    record->profile_error};
+        // A second worker past the deadline: the key is given up.
+        if (timed_out) {
+          remember({elapsed_clock_->Now() + kProfileTimeoutMemory, record->profile_error, ""});
         }
       }
     }
     if (record != nullptr && record->job.state() == v1::JOB_STATE_PROFILING) {
       record->job.set_state(v1::JOB_STATE_QUEUED);
-      record->job.set_reason(profile.ok() || !record->profile_error.empty()
-                                 ? "profiled; waiting to be planned"
-                                 : absl::StrCat("waiting to be profiled again: ", worker,
-                                                " left while it profiled the model"));
+      record->job.set_reason(again.empty() ? "profiled; waiting to be planned"
+                                           : absl::StrCat("waiting to be profiled again: ", again));
       TouchLocked(*record);
     }
   }

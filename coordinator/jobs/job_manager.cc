@@ -252,9 +252,11 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id,
     // (up to a few hundred KB) is GetJob with JOB_VIEW_FULL's.
     cancelled.mutable_progress()->clear_loss_history();
   }
-  // This save only (io_ runs in order; the end queues its file work, the
-  // removal of leftovers on the output volume, after its save, so a hung
-  // volume does not hold it), not every job's file work queued since, and
+  // This save only (io_ runs in order; the end queues its own file work,
+  // the removal of leftovers on the output volume, after its save, though
+  // file work queued before the end, this job's manifest writes and
+  // checkpoint removals or another job's sweep, still runs first: a hung
+  // volume can hold it), not every job's file work queued since, and
   // for at most cancel_save_wait: the cancel runs on the thread submits and
   // drains share, and a backlog on io_ (checkpoint removals on slow
   // storage, a slow store) held them all, and the client past its deadline.
@@ -405,9 +407,10 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   if (options_.state != nullptr) end_unsaved_.insert(record.job.id());
   const bool shown_running = EndShownRunningLocked(record.job);
   PersistLocked(record).IgnoreError();  // logged
-  // File work on the output volume after the save, on the same queue: a
-  // slow or hung volume must not hold the end's save (nor Cancel, which
-  // waits for it), and the store may be healthy.
+  // This end's file work on the output volume after the save, on the same
+  // queue: it must not hold the end's save (nor Cancel, which waits for it)
+  // while the store is healthy. File work queued earlier still runs first
+  // (io_ is one queue).
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   if (sweep) io_.Post(std::move(sweep));
   if (events_.ended && !shown_running) events_.ended(state);

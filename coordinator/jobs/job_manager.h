@@ -99,11 +99,14 @@
 //
 // Step boundaries (joins and drains): a RUNNING job with checkpoints that
 // has fewer stages than spec.elastic.max_workers grows when a READY worker
-// is spare and no job is QUEUED; Drain(worker) takes a worker out of its
+// is spare and no QUEUED job can run on it (a queued job holds the spares
+// it can run on; no job may be PROFILING or PLANNING, and no RECOVERING
+// one able to use it); Drain(worker) takes a worker out of its
 // job. Either way the job picks a step t beyond every stage's progress
 // (ReportProgressResponse.stop_after_step); each stage checkpoints after
 // step t and stops; once that checkpoint is complete the job re-plans on
-// its workers (less the drained, plus spares up to max_workers) and
+// its workers (less the drained, plus spares no queued job can run on, up
+// to max_workers) and
 // resumes at t, redoing nothing. A drained worker gets no job until its
 // process restarts (heartbeats tell it that it is drained, and it says so
 // when it registers again, e.g. after a coordinator restart).
@@ -1101,9 +1104,11 @@ class JobManager {
   // skewed for every later job of the model). Not spares to any job.
   std::set<std::string> HeldWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether no job waits for spare workers (besides `reserved`): none is
-  // QUEUED, PROFILING or PLANNING, and no RECOVERING one could use a
-  // spare (`except` not counted). Only then do spares grow running jobs,
-  // and a recovery past its size before the loss.
+  // PROFILING or PLANNING, no QUEUED one can run on a spare, and no
+  // RECOVERING one could use one (`except` not counted). Callers put the
+  // spares QUEUED jobs can run on in `reserved`, so that growth, a
+  // boundary, and a recovery past its size before the loss use only the
+  // rest.
   bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
                                  const JobRecord* except = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -47,6 +47,17 @@ absl::Duration WeightsUploadDeadline(int64_t bytes) {
                                 kWeightsUploadFloorBytesPerSecond));
 }
 
+absl::Duration HeartbeatDeadline(absl::Duration rpc_timeout, absl::Duration lease,
+                                 absl::Duration interval) {
+  if (!(lease > absl::ZeroDuration())) return rpc_timeout;
+  // The beat after one given up leaves its deadline plus an interval after
+  // it, and must be recorded within the lease of it: one interval is left
+  // for its way there (the lease counts from when a beat is recorded). Not
+  // under an interval: with an interval over a third of the lease no
+  // deadline leaves that margin, and a beat must have time to be answered.
+  return std::min(rpc_timeout, std::max(interval, lease - 2 * interval));
+}
+
 // CoordinatorLink over the coordinator's gRPC service.
 class WorkerAgent::GrpcLink : public CoordinatorLink {
  public:
@@ -621,11 +632,13 @@ void WorkerAgent::HeartbeatLoop() {
   while (true) {
     v1::HeartbeatRequest request;
     absl::Duration interval;
+    absl::Duration deadline;
     {
       AnnotatedMutexLock lock(&mu_);
       request.set_worker_id(worker_id_);
       request.set_incarnation(incarnation_);
       interval = heartbeat_interval_;
+      deadline = HeartbeatDeadline(options_.rpc_timeout, lease_, heartbeat_interval_);
     }
     // Read together: the coordinator takes "idle" as having stopped a job
     // only when the same heartbeat names it.
@@ -634,7 +647,9 @@ void WorkerAgent::HeartbeatLoop() {
     request.set_last_job_id(std::move(last_job));
     request.set_nccl_unique_id(GroupIdToReport());
     grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
+    // A beat answered too late for the lease is given up (DEADLINE_EXCEEDED,
+    // a failed beat like any other: the next goes an interval later).
+    SetDeadline(&context, deadline);
     AddBearer(context, session_->Get());
     v1::HeartbeatResponse response;
     const CoordinatorStub coordinator = Stub();

@@ -69,6 +69,17 @@ namespace pipetrain {
 inline constexpr int64_t kWeightsUploadFloorBytesPerSecond = int64_t{4} << 20;
 absl::Duration WeightsUploadDeadline(int64_t bytes);
 
+// How long one heartbeat waits for its answer: `rpc_timeout`, but for a
+// worker given a `lease` (RegisterWorkerResponse.lease_seconds; none: 0 or
+// less) at most max(interval, lease - 2 * interval). Beats go one at a
+// time, the next an interval after this one's answer: a beat recorded but
+// answered late (the coordinator's jobs lock held) kept the next from
+// being sent within the lease (rpc_timeout 10 s against the default 5 s
+// lease), and a healthy worker was marked LOST and its job recovered.
+// Given up in time, the next beat leaves an interval before the lease ends.
+absl::Duration HeartbeatDeadline(absl::Duration rpc_timeout, absl::Duration lease,
+                                 absl::Duration interval);
+
 struct WorkerAgentOptions {
   // host:port, or a comma-separated list of highly available coordinators
   // (the leader is followed).

@@ -261,6 +261,89 @@ TEST(WorkerAgentTest, Leave_HeartbeatUnanswered_CancelledAndDeregisters) {
   rig->Shutdown();
 }
 
+// The default 10 s RPC timeout, capped for a worker given a lease so that
+// the beat after one given up still comes an interval before the lease
+// ends; never under an interval, and uncapped without a lease.
+TEST(HeartbeatDeadlineTest, RpcTimeoutCappedToLeaveAnIntervalBeforeTheLease) {
+  const absl::Duration rpc = absl::Seconds(10);
+  EXPECT_EQ(HeartbeatDeadline(rpc, absl::Seconds(5), absl::Seconds(1)), absl::Seconds(3));
+  EXPECT_EQ(HeartbeatDeadline(rpc, absl::Seconds(11), absl::Seconds(1)), absl::Seconds(9));
+  EXPECT_EQ(HeartbeatDeadline(rpc, absl::Seconds(60), absl::Seconds(1)), rpc);
+  EXPECT_EQ(HeartbeatDeadline(rpc, absl::Seconds(5), absl::Seconds(2)), absl::Seconds(2));
+  EXPECT_EQ(HeartbeatDeadline(rpc, absl::ZeroDuration(), absl::Seconds(1)), rpc);
+  EXPECT_EQ(HeartbeatDeadline(absl::Seconds(2), absl::Seconds(5), absl::Seconds(1)),
+            absl::Seconds(2));
+}
+
+// Registers w-1 with the coordinator's defaults (a heartbeat every second,
+// a 5 s lease), then holds the first heartbeat's answer for up to a lease
+// (its jobs lock held), noting whether the next beat came meanwhile.
+class SlowFirstHeartbeatCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  static constexpr absl::Duration kInterval = absl::Seconds(1);
+  static constexpr absl::Duration kLease = absl::Seconds(5);
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_lease_seconds(absl::ToDoubleSeconds(kLease));
+    return RegisteredAsW1(response, 1, absl::ToDoubleSeconds(kInterval));
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    if (++beats_ > 1) return grpc::Status::OK;
+    first_wait_ = absl::FromChrono(context->deadline()) - absl::Now();
+    second_within_lease_ = mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return beats_ > 1; }, kLease);
+    first_answered_ = true;
+    return grpc::Status::OK;
+  }
+  // Waits until the first beat is answered; then how long it was let wait
+  // (its deadline, from its arrival) and whether the second came within a
+  // lease of it.
+  bool AwaitFirstAnswered(absl::Duration* first_wait, bool* second_within_lease) {
+    AnnotatedMutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return first_answered_; },
+                              absl::Seconds(60))) {
+      return false;
+    }
+    *first_wait = first_wait_;
+    *second_within_lease = second_within_lease_;
+    return true;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int beats_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration first_wait_ ABSL_GUARDED_BY(mu_);
+  bool second_within_lease_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_answered_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A beat answered late is given up in time for the next to keep the lease:
+// with the default 10 s RPC timeout the worker waited for the answer, sent
+// its next beat past the 5 s lease, and was marked LOST though healthy.
+TEST(WorkerAgentTest, Heartbeat_AnswerHeldPastTheLease_NextBeatSentWithinIt) {
+  SlowFirstHeartbeatCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  ASSERT_EQ(rig->options.rpc_timeout, absl::Seconds(10));
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  absl::Duration first_wait;
+  bool second_within_lease = false;
+  ASSERT_TRUE(coordinator.AwaitFirstAnswered(&first_wait, &second_within_lease));
+  // What the worker let the first beat wait leaves it an interval to send
+  // the next within the lease.
+  EXPECT_LE(first_wait,
+            SlowFirstHeartbeatCoordinator::kLease - SlowFirstHeartbeatCoordinator::kInterval)
+      << first_wait;
+  EXPECT_TRUE(second_within_lease);
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Forgets the worker at its first heartbeat (a restarted coordinator) and
 // takes it back at its next registration; its first assignment stream
 // ends at once, the next ones stay open until the server stops. Counts

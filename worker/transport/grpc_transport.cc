@@ -108,12 +108,13 @@ std::vector<grpc::ByteBuffer> EncodeFrameBuffers(int source_stage, const TensorA
 //
 // Lifetime: Start() takes a hold, so gRPC keeps the call alive while Send
 // threads may still start writes from outside any reaction; it goes once
-// Close() asked and no such write is still to be started (stream_hold.h).
-// The owner must call Close() and destroys the stream after it returns
-// (OnDone has run by then). Not a reaction: context_ may hold the last
-// reference to the channel, and gRPC teardown stays on our threads (a
-// variant that let OnDone drop the last reference once hit a double free
-// inside gRPC's callback completion queue under ASan).
+// a close was asked (BeginClose) and no such write is still to be started
+// (stream_hold.h). The owner must call Close() (or BeginClose, then
+// FinishClose) and destroys the stream after it returns (OnDone has run by
+// then). Not a reaction: context_ may hold the last reference to the
+// channel, and gRPC teardown stays on our threads (a variant that let
+// OnDone drop the last reference once hit a double free inside gRPC's
+// callback completion queue under ASan).
 // gRPC operations are never started while mu_ is held.
 class FrameStream final : public StreamReactor {
  public:
@@ -241,48 +242,64 @@ class FrameStream final : public StreamReactor {
     context_.TryCancel();
   }
 
-  // Half-closes the stream once every queued frame is written, or cancels
-  // it if that takes longer than `drain` (or the stream broke), then waits
-  // for gRPC to finish. Returns the call's final status. Safe to call from
-  // several threads; only the first does the closing.
+  // BeginClose, then FinishClose `drain` from now: half-closes the stream
+  // once every queued frame is written, or cancels it if that takes longer
+  // than `drain` (or the stream broke), then waits for gRPC to finish.
+  // Returns the call's final status.
   grpc::Status Close(absl::Duration drain) {
     const absl::Time deadline = MonotonicClock()->Now() + drain;
-    bool first = false;
-    bool drained = false;
+    BeginClose(/*cancel=*/false);
+    return FinishClose(deadline);
+  }
+
+  // Close's first half, which does not wait: no new frames from here on;
+  // the stream half-closes once every queued frame is written (at once if
+  // none is queued; else OnWriteDone, after the last), or is cancelled at
+  // once if `cancel`, or if it broke or was aborted. Only the first call
+  // (of this or Close) does anything.
+  void BeginClose(bool cancel) {
+    bool half_close = false;
+    bool cancel_now = false;
     {
       AnnotatedMutexLock lock(&mu_);
-      first = !closing_;
-      closing_ = true;  // Wakes Enqueue; no new frames from here on.
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return broken_ || (queue_.empty() && !writing_);
-      };
-      if (first) {
-        mu_.AwaitWithTimeout(idle, deadline - MonotonicClock()->Now());
-        drained = !broken_ && queue_.empty() && !writing_;
-        cancelled_ = !drained;  // Stops OnWriteDone from starting more writes.
-      }
-    }
-    if (first) {
-      if (drained) {
-        StartWritesDone();  // The peer then finishes the call.
+      if (closing_) return;
+      closing_ = true;  // Wakes Enqueue.
+      cancel_now = cancel || broken_ || aborted_;
+      if (cancel_now) {
+        cancelled_ = true;  // Stops OnWriteDone from starting more writes.
       } else {
-        context_.TryCancel();
+        half_close = HalfCloseDueLocked();
       }
-      // Not while an Enqueue is between claiming a write and starting it
-      // (when cancelling, before it started; drained, after it started and
-      // completed but before the Enqueue said so): that Enqueue removes it.
-      bool remove_hold = false;
-      {
-        AnnotatedMutexLock lock(&mu_);
-        remove_hold = hold_.CloseAsked();
-      }
-      if (remove_hold) RemoveHold();
     }
+    if (half_close) StartWritesDone();  // The peer then finishes the call.
+    if (cancel_now) context_.TryCancel();
+    // Not while an Enqueue is between claiming a write and starting it
+    // (when cancelling, before it started; drained, after it started and
+    // completed but before the Enqueue said so): that Enqueue removes it.
+    // Writes and the half-close still to come start in reactions, which
+    // need no hold.
+    bool remove_hold = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      remove_hold = hold_.CloseAsked();
+    }
+    if (remove_hold) RemoveHold();
+  }
+
+  // Close's second half: waits until `deadline` for the peer to finish the
+  // call, cancels it if it has not (whatever was still queued is lost),
+  // then waits for gRPC to finish. Returns the call's final status. Safe
+  // to call from several threads. An empty queue is not enough to end
+  // sooner: written frames may sit unread in the peer's flow-control
+  // window (a stream it holds, mailbox.h), and a cancel drops them there;
+  // the peer finishing the call after the half-close says it read them.
+  grpc::Status FinishClose(absl::Time deadline) {
     auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
     bool done = false;
     {
       AnnotatedMutexLock lock(&mu_);
       done = mu_.AwaitWithTimeout(finished, deadline - MonotonicClock()->Now());
+      if (!done) cancelled_ = true;  // No more writes, nor a half-close.
     }
     if (!done) context_.TryCancel();  // The peer did not finish the call in time.
     AnnotatedMutexLock lock(&mu_);
@@ -293,6 +310,7 @@ class FrameStream final : public StreamReactor {
   void OnWriteDone(bool ok) override {
     Write write;
     bool now_broken = false;
+    bool half_close = false;
     {
       AnnotatedMutexLock lock(&mu_);
       writing_ = false;
@@ -300,11 +318,13 @@ class FrameStream final : public StreamReactor {
       queue_.pop_front();
       if (ok) {
         write = NextWriteLocked();
+        half_close = HalfCloseDueLocked();
       } else {
         now_broken = MarkBrokenLocked();
       }
     }
     if (write.frame != nullptr) StartWrite(write.frame, write.options);
+    if (half_close) StartWritesDone();  // The last frame queued before BeginClose is written.
     if (now_broken) ReportBroken("a write failed", /*log=*/true);
   }
 
@@ -399,6 +419,18 @@ class FrameStream final : public StreamReactor {
     return write;
   }
 
+  // Whether the stream should half-close now: closing, everything queued
+  // written, and not half-closed yet, cancelled, broken or aborted. Marks
+  // it half-closed.
+  bool HalfCloseDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!closing_ || half_closed_ || cancelled_ || broken_ || aborted_ || writing_ ||
+        !queue_.empty()) {
+      return false;
+    }
+    half_closed_ = true;
+    return true;
+  }
+
   // Drops what is unsent (even while closing, so Close stops waiting for
   // it). Returns true if this is news to report: the first end of the
   // stream that Close did not ask for.
@@ -433,6 +465,8 @@ class FrameStream final : public StreamReactor {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // WritesDone started (at BeginClose, or after the last queued frame).
+  bool half_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;  // Abort(): nothing more is written
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   StreamHoldRelease hold_ ABSL_GUARDED_BY(mu_);  // who removes Start()'s hold
@@ -495,16 +529,25 @@ class GrpcTransport::PeerLink {
     return queued;
   }
 
-  void Shutdown() {
+  // Shutdown's first half, which does not wait: no more Sends; the
+  // stream, if any, half-closes once its queue is written (cancelled at
+  // once after an Abort). Returns it for FinishShutdown.
+  std::shared_ptr<FrameStream> BeginShutdown() {
     std::shared_ptr<FrameStream> stream;
     {
       AnnotatedMutexLock lock(&mu_);
       shut_down_ = true;
       stream = std::move(stream_);
     }
-    if (stream != nullptr) {
-      stream->Close(aborted_.load() ? absl::ZeroDuration() : options_.shutdown_drain_timeout);
-    }
+    if (stream != nullptr) stream->BeginClose(/*cancel=*/aborted_.load());
+    return stream;
+  }
+
+  // The second half: waits until `deadline` for the peer to finish
+  // `stream` (BeginShutdown's), cancelling it then, and for a Send in
+  // progress.
+  void FinishShutdown(const std::shared_ptr<FrameStream>& stream, absl::Time deadline) {
+    if (stream != nullptr) stream->FinishClose(deadline);
     AnnotatedMutexLock send_lock(&send_mu_);  // Waits out a Send in progress.
   }
 
@@ -761,7 +804,16 @@ bool GrpcTransport::AwaitSendsWaitingForRoom(int count, absl::Duration timeout) 
 
 void GrpcTransport::Shutdown() {
   shut_down_.store(true);
-  for (auto& link : links_) link->Shutdown();
+  // Every stream starts closing before any is waited for, and all share
+  // one deadline. Closed one after another, each peer that never finished
+  // its call (its host gone: the channel has no keepalive) cost a whole
+  // drain (60 s by default) in turn, and the streams behind it were not
+  // even half-closed meanwhile.
+  const absl::Time deadline = MonotonicClock()->Now() + options_.shutdown_drain_timeout;
+  std::vector<std::shared_ptr<FrameStream>> closing;
+  closing.reserve(links_.size());
+  for (auto& link : links_) closing.push_back(link->BeginShutdown());
+  for (size_t s = 0; s < links_.size(); ++s) links_[s]->FinishShutdown(closing[s], deadline);
 }
 
 }  // namespace pipetrain

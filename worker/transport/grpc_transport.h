@@ -78,8 +78,10 @@ struct GrpcTransportOptions {
   // (WaitForHeldStreamsAsLongAsReceivers).
   int64_t max_queued_bytes_per_peer = int64_t{256} << 20;
   absl::Duration queue_wait_timeout = absl::Seconds(60);
-  // How long Shutdown lets each stream deliver its queued frames before
-  // cancelling it (peer after peer; an Abort before cuts it to nothing).
+  // How long Shutdown lets the streams deliver their queued frames (and
+  // their peers finish the calls, which says the frames were read) before
+  // cancelling them: one deadline for all peers at once, not one each;
+  // an Abort before cuts it to nothing.
   absl::Duration shutdown_drain_timeout = absl::Seconds(10);
   // Called when `peer_stage` rejects a frame (the peer's code and text) or
   // its stream breaks (UNAVAILABLE; not after Shutdown; also the normal end
@@ -159,11 +161,13 @@ class GrpcTransport final : public Transport {
   // full queue; returns whether that happened. For tests.
   bool AwaitSendsWaitingForRoom(int count, absl::Duration timeout);
 
-  // Lets every stream deliver its queued frames (up to
-  // shutdown_drain_timeout each), closes it, and waits for gRPC to finish
-  // with it; an in-progress connection attempt is waited for. Later sends
-  // and receives return ABORTED. Does not shut the mailbox down (the worker
-  // owns it). Idempotent; thread-safe.
+  // Closes every stream at once: each half-closes as soon as its queued
+  // frames are written, and is cancelled if its peer has not finished the
+  // call within shutdown_drain_timeout (one deadline for all: peers that
+  // vanished cost one drain, not one each); then waits for gRPC to finish
+  // with them. An in-progress connection attempt is waited for. Later
+  // sends and receives return ABORTED. Does not shut the mailbox down (the
+  // worker owns it). Idempotent; thread-safe.
   void Shutdown();
 
  private:

@@ -2,8 +2,10 @@
 // and a GrpcTransport sending to the other's server.
 #include "worker/transport/grpc_transport.h"
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -11,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/data_plane_keys.h"
 #include "gtest/gtest.h"
@@ -701,6 +704,162 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
   next.iteration = 12;
   ExpectDelivered(next, Pattern({2, 2}, 9));  // no rejection waits for this Send either
   EXPECT_EQ(mailboxes_[1]->held(), 0u);
+}
+
+// Data-plane peers that read every stream to its half-close and then hold
+// it open: each answers (ends its call OK) only once `answer_at` streams
+// have half-closed, all of them together, and never if `answer_at` is 0
+// (silent peers: a host that vanished answers nothing either). Served on
+// `peers` ports of one server; counts half-closes, answers and cancels.
+class HalfCloseGate final : public grpc::CallbackGenericService {
+ public:
+  HalfCloseGate(int peers, int answer_at) : answer_at_(answer_at) {
+    grpc::ServerBuilder builder;
+    ports_.resize(peers);
+    for (int& port : ports_) {
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    }
+    builder.RegisterCallbackGenericService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~HalfCloseGate() override {
+    // Every call is answered or cancelled by now; the deadline is a backstop.
+    if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + kPatience));
+  }
+
+  bool started() const { return server_ != nullptr; }
+  std::vector<std::string> Addresses() const {
+    std::vector<std::string> out;
+    for (int port : ports_) out.push_back(absl::StrCat("127.0.0.1:", port));
+    return out;
+  }
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new Peer(this);
+  }
+
+  int answered() {
+    AnnotatedMutexLock lock(&mu_);
+    return answered_;
+  }
+  int cancelled() {
+    AnnotatedMutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // How many streams had half-closed when the first cancel came; -1 if none
+  // came within kPatience.
+  int HalfClosedAtFirstCancel() {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ > 0; },
+                         kPatience);
+    return half_closed_at_first_cancel_;
+  }
+  bool AwaitCancelled(int count) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ == count; }, kPatience);
+  }
+
+ private:
+  class Peer final : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Peer(HalfCloseGate* gate) : gate_(gate) { StartRead(&frame_); }
+    void OnReadDone(bool ok) override {
+      if (ok) {
+        StartRead(&frame_);
+      } else {
+        gate_->HalfClosed(this);
+      }
+    }
+    void OnCancel() override { gate_->Cancelled(this); }
+    void OnDone() override { delete this; }
+    bool finished = false;  // guarded by the gate's mu_: Finish is called once
+
+   private:
+    HalfCloseGate* const gate_;
+    grpc::ByteBuffer frame_;
+  };
+
+  void HalfClosed(Peer* peer) {
+    std::vector<Peer*> answer;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ++half_closed_;
+      holding_.push_back(peer);
+      if (half_closed_ != answer_at_) return;
+      for (Peer* p : holding_) {
+        if (p->finished) continue;
+        p->finished = true;
+        answer.push_back(p);
+      }
+      answered_ += static_cast<int>(answer.size());
+      holding_.clear();
+    }
+    for (Peer* p : answer) p->Finish(grpc::Status::OK);
+  }
+
+  void Cancelled(Peer* peer) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (cancelled_++ == 0) half_closed_at_first_cancel_ = half_closed_;
+      if (peer->finished) return;
+      peer->finished = true;
+      holding_.erase(std::remove(holding_.begin(), holding_.end(), peer), holding_.end());
+    }
+    peer->Finish(grpc::Status::CANCELLED);
+  }
+
+  const int answer_at_;
+  std::vector<int> ports_;
+  std::unique_ptr<grpc::Server> server_;
+  AnnotatedMutex mu_;
+  std::vector<Peer*> holding_ ABSL_GUARDED_BY(mu_);  // half-closed, not answered
+  int half_closed_ ABSL_GUARDED_BY(mu_) = 0;
+  int answered_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  int half_closed_at_first_cancel_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+// Stage 0 of four, sending one small tensor to each of the gate's three
+// peers (stages 1-3) so that each has a stream, then shutting down.
+void SendToEachPeerThenShutDown(HalfCloseGate& gate, absl::Duration drain) {
+  std::vector<std::string> addresses = {"127.0.0.1:1"};  // its own: never dialled
+  for (const std::string& a : gate.Addresses()) addresses.push_back(a);
+  Mailbox mailbox;
+  GrpcTransportOptions options;
+  options.connect_timeout = kPatience;
+  options.shutdown_drain_timeout = drain;
+  GrpcTransport transport(0, addresses, &mailbox, options);
+  for (int peer = 1; peer <= 3; ++peer) {
+    ASSERT_TRUE(
+        transport.Send(peer, Address(v1::TENSOR_KIND_ACTIVATION, 0, peer), Pattern({4}, peer))
+            .ok());
+  }
+  transport.Shutdown();
+  mailbox.Shutdown();
+}
+
+// Shutdown closes every stream at once: peers that each finish their call
+// only once all three streams half-closed are all answered within the
+// drain. Closed one after another, the first stream waited out its drain
+// for an answer that needed the others' half-close, and was cancelled.
+TEST(GrpcTransportShutdownTest, PeersAnswerOnceAllHalfClosed_AllAnsweredNoneCancelled) {
+  HalfCloseGate gate(/*peers=*/3, /*answer_at=*/3);
+  ASSERT_TRUE(gate.started());
+  SendToEachPeerThenShutDown(gate, /*drain=*/absl::Seconds(5));
+  EXPECT_EQ(gate.answered(), 3);
+  EXPECT_EQ(gate.cancelled(), 0);
+}
+
+// Silent peers (a host that vanished) cost one shared drain, not one each:
+// every stream has half-closed before the deadline cancels the first.
+TEST(GrpcTransportShutdownTest, ThreeSilentPeers_AllHalfClosedBeforeOneSharedDeadline) {
+  HalfCloseGate gate(/*peers=*/3, /*answer_at=*/0);
+  ASSERT_TRUE(gate.started());
+  SendToEachPeerThenShutDown(gate, /*drain=*/absl::Seconds(1));
+  EXPECT_EQ(gate.HalfClosedAtFirstCancel(), 3);
+  EXPECT_TRUE(gate.AwaitCancelled(3));
+  EXPECT_EQ(gate.answered(), 0);
 }
 
 TEST(GrpcTransportOptionsTest, HeldStreamWaits_AtLeastTheReceiveTimeout_DefaultsAsFloors) {

@@ -545,9 +545,18 @@ void JobManager::PruneLocked() {
     if (evicted(id)) gone.insert(id);
   }
   if (!gone.empty()) hub_->Forget([&gone](const std::string& id) { return gone.count(id) > 0; });
-  for (auto it = drained_.begin(); it != drained_.end();) {
-    it = evicted(it->first) ? drained_.erase(it) : std::next(it);
+  // The registry asked off drained_mu_ (a leaf lock).
+  std::vector<std::string> marked;
+  {
+    AnnotatedMutexLock drained_lock(&drained_mu_);
+    for (const auto& [id, incarnation] : drained_) marked.push_back(id);
   }
+  std::vector<std::string> forgotten;
+  for (const std::string& id : marked) {
+    if (evicted(id)) forgotten.push_back(id);
+  }
+  AnnotatedMutexLock drained_lock(&drained_mu_);
+  for (const std::string& id : forgotten) drained_.erase(id);
 }
 
 void JobManager::WarnExpiringLeftLocked(const JobRecord& record) {

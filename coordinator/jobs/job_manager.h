@@ -504,6 +504,7 @@ class JobManager {
   // Whether `worker` (its id and incarnation, as the registry lists it) is
   // drained: by Drain, or it registered as a drained process
   // (RegisterWorkerRequest.drained, which the registry's record keeps).
+  // Does not wait for the jobs lock (drained_mu_): heartbeats ask it.
   bool IsDrained(const v1::Worker& worker) const;
 
   // Registry loss listener: incarnation `incarnation` of the worker left
@@ -1629,8 +1630,13 @@ class JobManager {
     std::shared_ptr<std::atomic<bool>> done;  // set as the thread's last act
   };
   std::vector<Profiler> profilers_ ABSL_GUARDED_BY(mu_);
+  // Guards drained_ alone: a leaf, taken by itself or after mu_. IsDrained
+  // answers every worker heartbeat and must not wait for mu_, which a
+  // placement on thousands of workers holds for seconds: a heartbeat
+  // answered past the lease got a healthy worker marked LOST.
+  mutable AnnotatedMutex drained_mu_ ABSL_ACQUIRED_AFTER(mu_);
   // Drained workers: id -> the incarnation drained (a new one is not).
-  std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(drained_mu_);
   // Background tasks handed to the runner and not finished.
   int background_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Jobs whose latest save on io_ failed (the store was busy, full or

@@ -806,12 +806,7 @@ bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
   return worker.ok() && IsDrainedLocked(*worker);
 }
 
-bool JobManager::IsDrainedLocked(const v1::Worker& worker) const {
-  // Registered as a drained process: the registry's record says so from
-  // the moment it is READY, so no placement can come first.
-  if (worker.drained()) return true;
-  return MarkedInIncarnation(drained_, worker.id(), worker.incarnation());
-}
+bool JobManager::IsDrainedLocked(const v1::Worker& worker) const { return IsDrained(worker); }
 
 bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
   // Beyond every stage's progress: `furthest` is the most advanced stage's
@@ -979,8 +974,11 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
 }
 
 bool JobManager::IsDrained(const v1::Worker& worker) const {
-  AnnotatedMutexLock lock(&mu_);
-  return IsDrainedLocked(worker);
+  // Registered as a drained process: the registry's record says so from
+  // the moment it is READY, so no placement can come first.
+  if (worker.drained()) return true;
+  AnnotatedMutexLock lock(&drained_mu_);
+  return MarkedInIncarnation(drained_, worker.id(), worker.incarnation());
 }
 
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
@@ -1081,7 +1079,10 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           "; add a worker first"));
     }
   }
-  drained_[worker_id] = worker.incarnation();
+  {
+    AnnotatedMutexLock drained_lock(&drained_mu_);
+    drained_[worker_id] = worker.incarnation();
+  }
   PT_LOG(INFO) << "draining " << worker_id;
   // A held spare is not the job's worker: its boundary stays as it is. A
   // job being planned asks its boundary once the plan is in

@@ -3899,6 +3899,61 @@ TEST_F(JobManagerElasticTest, Recovery_WhileACpuOnlyJobIsQueued_GrowsOntoTheSpar
   ExpectWaitingForCpus(queued, 2);
 }
 
+// The same with the idle CPUs first by id: the lost worker's place goes to
+// a GPU spare, not to a CPU the queued job can run on. Its spares were
+// taken in id order: c3 in g2's place, then g5 past its former size, and
+// the queued job was left one CPU short though g5 and g6 filled both
+// places.
+TEST_F(JobManagerElasticTest, Recovery_WhileACpuOnlyJobIsQueued_FillsTheLostPlaceWithAGpu) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const std::string queued = Submit(CpuOnlySpec()).value().id();
+  registry_.MarkLost(g2, incarnations_[g2], "killed");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  const std::string c3 = AddWorker(7003), c4 = AddWorker(7004);
+  const std::string g5 = AddGpuWorker(7005), g6 = AddGpuWorker(7006);
+  HeartbeatAllAndSchedule({g1, c3, c4, g5, g6});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g5, g6}));
+  ExpectWaitingForCpus(queued, 2);
+  EXPECT_EQ(registry_.Get(c3).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(registry_.Get(c4).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A drain's boundary below the job's minimum (the spare held for it lost
+// since) takes a spare no queued job can run on first: with a CPU-only job
+// queued, the idle CPU, first by id, took the place the idle GPU fills.
+TEST_F(JobManagerElasticTest, DrainBoundaryBelowItsMinimum_QueuedCpuOnlyJob_TakesTheIdleGpu) {
+  const std::string g1 = AddGpuWorker(7001), g2 = AddGpuWorker(7002), g3 = AddGpuWorker(7003);
+  v1::JobSpec spec = ElasticSpec(3, 5);
+  spec.mutable_elastic()->set_min_workers(3);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string queued = Submit(CpuOnlySpec()).value().id();
+  const std::string held = AddGpuWorker(7004);
+  for (int step = 1; step <= 3; ++step) Step(id, step);
+  ASSERT_TRUE(jobs_->Drain(g2).ok());  // counting on `held`
+  registry_.MarkLost(held, incarnations_[held], "killed");
+  const std::string c5 = AddWorker(7005), g6 = AddGpuWorker(7006);
+  const int64_t boundary = Step(id, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  const v1::Job job = PassBoundary(id, 5, boundary);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(SortedWorkerIdsOf(job), (std::vector<std::string>{g1, g3, g6}));
+  Schedule();  // the queued job counts again
+  const v1::Job waiting = jobs_->Get(queued).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.reason(),
+            "waiting for 8 READY CPU workers (1 ready; 1 more READY but drained, taking no job "
+            "until restarted; spec.parallelism.tensor_mode 3d runs on the CPU backend only)");
+  EXPECT_EQ(registry_.Get(c5).value().state(), v1::WORKER_STATE_READY);
+}
+
 // A worker lost from a job whose model the survivor cannot hold: the job
 // waits for a worker (a restarted process registering again, here) rather
 // than failing at once, and fails after spec.scheduling.queue_timeout

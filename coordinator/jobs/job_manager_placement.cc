@@ -972,8 +972,29 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   const auto refused_with = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return MarkedInIncarnation(record.refused_for_memory, w, IncarnationOf(w));
   };
+  // A QUEUED job waits only for the spares it can run on (one job of each
+  // tensor mode is asked: CanRunLocked reads no more of it): a 3-D tensor
+  // job short of CPU workers does not keep a recovery off idle GPUs.
+  std::map<std::string, const JobRecord*> queued;  // by tensor mode
+  for (const std::string& id : order_) {
+    const JobRecord& other = *jobs_.at(id);
+    if (other.job.state() == v1::JOB_STATE_QUEUED) {
+      queued.emplace(other.resolved.tensor_mode, &other);
+    }
+  }
+  const std::vector<std::string> idle =
+      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(*reserved);
+  std::set<std::string> for_queued;
+  for (const auto& [mode, other] : queued) {
+    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
+  }
   std::vector<std::string> chosen = alive;
-  const std::vector<std::string> spares = SparesForLocked(record, *reserved);
+  // Of each group, the spares no queued job can run on first: in id order,
+  // a lost GPU's place went to an idle CPU a queued CPU-only job needed
+  // while idle GPUs would do.
+  std::vector<std::string> spares = SparesForLocked(record, *reserved);
+  std::stable_partition(spares.begin(), spares.end(),
+                        [&](const std::string& w) { return for_queued.count(w) == 0; });
   for (const bool refused_pass : {false, true}) {
     std::vector<std::string> group;
     for (const std::string& w : spares) {
@@ -994,24 +1015,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // loss (or its minimum) only onto spares no other job waits for, as a
   // running job grows: before, it took every spare up to max_workers ahead
   // of a QUEUED job, which then waited until its queue timeout failed it.
-  // A QUEUED job waits only for the spares it can run on (one job of each
-  // tensor mode is asked: CanRunLocked reads no more of it): a 3-D tensor
-  // job short of CPU workers does not keep it off idle GPUs.
   // The bound goes to the arrangement, not the list: cut first, a spare of
   // the wrong kind could take the place of the one a stage needs.
-  std::map<std::string, const JobRecord*> queued;  // by tensor mode
-  for (const std::string& id : order_) {
-    const JobRecord& other = *jobs_.at(id);
-    if (other.job.state() == v1::JOB_STATE_QUEUED) {
-      queued.emplace(other.resolved.tensor_mode, &other);
-    }
-  }
-  const std::vector<std::string> idle =
-      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(*reserved);
-  std::set<std::string> for_queued;
-  for (const auto& [mode, other] : queued) {
-    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
-  }
   std::set<std::string> waited_for = *reserved;
   waited_for.insert(for_queued.begin(), for_queued.end());
   const int before_loss = std::max(

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
@@ -108,9 +109,10 @@ std::vector<std::string> KeptForStagesOfOneKind(const std::vector<std::string>& 
 // HeldReadyLocked; a Get each for a CPU-only job's kinds): with 256 jobs
 // queued on 4,096 workers, about a million record copies a pass, under the
 // jobs lock every running job's progress report waits on. A placement
-// changes the workers it took: the pass reads those again (Update). Other
-// changes meanwhile (a worker lost) are the next pass's, and a placement
-// on a worker gone since fails and waits for it (StartLocked).
+// reads the workers it takes again before and after (Update): other
+// changes meanwhile (a worker lost, or one that became READY) are the next
+// pass's, but one no longer spare is not placed (Assign asks only for
+// READY: a worker drained or stopping a job since would be).
 class PassWorkers {
  public:
   // `all`: the registry's List(); `ready`: its ReadyWorkers(); `drained`:
@@ -181,16 +183,23 @@ class PassWorkers {
     return w == nullptr ? 0 : w->incarnation;
   }
   // `id` as the registry answers for it now (`drained` by IsDrainedLocked),
-  // once a placement was tried on it: READY still only if it was.
-  void Update(const std::string& id, const absl::StatusOr<v1::Worker>& now, bool drained) {
+  // read again for a placement: READY still only if it was, and if its
+  // record shows no stop of a job under way (ReadyWorkers leaves such a
+  // worker out; a late heartbeat may say so after the pass read it).
+  // Whether it is spare still.
+  bool Update(const std::string& id, const absl::StatusOr<v1::Worker>& now, bool drained) {
     const auto it = index_.find(id);
-    if (it == index_.end()) return;  // not one the pass offered
+    if (it == index_.end()) return false;  // not one the pass offered
     Worker& w = workers_[it->second];
     if (now.ok()) {
-      Set(w, *now, w.ready && now->state() == v1::WORKER_STATE_READY, drained);
+      Set(w, *now,
+          w.ready && now->state() == v1::WORKER_STATE_READY &&
+              !absl::StartsWith(now->current_instruction(), "stopping job "),
+          drained);
     } else {
       w = Worker{id};
     }
+    return IsSpare(w);
   }
 
  private:
@@ -418,6 +427,22 @@ void JobManager::ScheduleQueued() {
       continue;
     }
     ready = *std::move(placed_on);
+    // Read again first, only those it takes: one drained (registered again
+    // as a drained process), stopping a job or gone since the pass read it
+    // is not placed, and the next pass chooses again.
+    std::vector<std::string> changed;
+    for (const std::string& w : ready) {
+      const absl::StatusOr<v1::Worker> info = registry_->Get(w);
+      if (!workers()->Update(w, info, info.ok() && IsDrainedLocked(*info))) changed.push_back(w);
+    }
+    if (!changed.empty()) {
+      offered.clear();
+      record.job.set_reason(
+          absl::StrCat("waiting to be placed: ", absl::StrJoin(changed, ", "),
+                       changed.size() == 1 ? " is" : " are",
+                       " no longer spare (drained, stopping a job or gone since it was counted)"));
+      continue;
+    }
     absl::Status started = StartLocked(record, ready);
     // Those it took are ASSIGNED now (or one was found gone): read again,
     // and the spares listed again for the jobs after it.
@@ -449,7 +474,20 @@ void JobManager::ScheduleQueued() {
   for (const bool cpu_only : queued_kinds) {
     for (std::string& w : workers()->Spare(reserved, cpu_only)) reserved.insert(std::move(w));
   }
-  if (!NoJobWaitsForSparesLocked(reserved)) return;
+  // NoJobWaitsForSparesLocked, of what the pass read: asked of the registry
+  // as it is now, a worker READY since the pass read it (registered, or
+  // its stop done) is in no reservation, and a queued job that could run
+  // on it stopped all growth for the pass. A QUEUED job holds every spare
+  // it can run on by now (above).
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_.at(id);
+    const v1::JobState state = record.job.state();
+    // A job being planned may yet go back to waiting (a worker lost).
+    if (state == v1::JOB_STATE_PROFILING || state == v1::JOB_STATE_PLANNING) return;
+    if (state != v1::JOB_STATE_RECOVERING) continue;
+    const std::vector<std::string> spare = spares_for(record, reserved);
+    if (!spare.empty() && !OfItsKindsLocked(record, spare).empty()) return;
+  }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::JOB_STATE_RUNNING || record.checkpoints == nullptr ||
@@ -908,8 +946,11 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   const bool may_grow = NoJobWaitsForSparesLocked(waited_for);
   // Those held for it first: below its minimum it takes any, and another
   // spare taken before its own would leave its own idle and a waiting job
-  // one short.
+  // one short. Then those no queued job can run on: in id order, an idle
+  // CPU a queued CPU-only job needed took the place an idle GPU would fill.
   std::vector<std::string> spares = SparesForLocked(record, reserved);
+  std::stable_partition(spares.begin(), spares.end(),
+                        [&for_queued](const std::string& w) { return for_queued.count(w) == 0; });
   std::stable_partition(spares.begin(), spares.end(),
                         [&held_for_it](const std::string& w) { return held_for_it.count(w) > 0; });
   for (const std::string& w : spares) {

@@ -510,10 +510,10 @@ class JobManagerElasticTest : public ::testing::Test {
       events.ended = [&](v1::JobState) { ++ended; };
       jobs_->SetEvents(events);
       EXPECT_TRUE(jobs_->Restore().ok());
+      jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
       const v1::Job job = jobs_->Get(id).value();
       EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
       EXPECT_TRUE(absl::StrContains(job.reason(), reason)) << job.reason();
-      jobs_->FlushIo();
     }
     return ended;
   }
@@ -4198,6 +4198,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanPastTheModel_JobFailsTheCoordina
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(),
@@ -4241,6 +4242,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredProfileNotTheModels_JobFailsBeforeAn
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(
@@ -4280,6 +4282,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanDegreesOrCountersOutOfRange) {
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   EXPECT_EQ(jobs_->Get(ended).value().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(jobs_->GetPlan(ended).status().code(), absl::StatusCode::kFailedPrecondition);
   const v1::Job job = jobs_->Get(running).value();
@@ -4300,6 +4303,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredCheckpointOfAnotherDirectory_JobFail
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(),
@@ -4624,8 +4628,8 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_ItsIncompleteCheckpo
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved (shown RUNNING until then), the sweep done
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
-  jobs_->FlushIo();
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000035"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
 }
@@ -4675,6 +4679,7 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedAfterALongOutage_KeptForTheRetent
   clock_.Advance(absl::Hours(25));  // past the default retention of 24 h
   ASSERT_TRUE(jobs_->Restore().ok());
   Schedule();
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const absl::StatusOr<v1::Job> job = jobs_->Get(id);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
@@ -4711,6 +4716,7 @@ TEST_F(JobManagerElasticTest, Restore_WithoutTheOutputDirItsCheckpointsNeed_Fail
   const std::string id = CheckpointedJobInStore();
   Reset(/*with_state=*/true, /*max_ended_jobs=*/-1, /*with_output_dir=*/false);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StartsWith(job.reason(),
@@ -4748,6 +4754,7 @@ TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {
   });
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved: shown RUNNING ("ending: ...") until then
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(),
@@ -4968,8 +4975,8 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_DeadUploadRemovedRes
   };
   jobs_->SetEvents(events);
   ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();  // the failure saved (shown RUNNING until then), the temporary removed
   EXPECT_EQ(jobs_->Get(failed).value().state(), v1::JOB_STATE_FAILED);
-  jobs_->FlushIo();  // removed on the io queue
   EXPECT_EQ(access(stale.c_str(), F_OK), -1) << stale << " left behind";
   EXPECT_EQ(jobs_->Get(resumed).value().state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(recoveries, std::vector<std::string>{"coordinator_restart"});

@@ -391,6 +391,24 @@ absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
   return absl::OkStatus();
 }
 
+// Reserves the first `size` bytes of `fd` on the disk, so that a full disk
+// or quota says so now: 0, or the errno of a failure (ENOSPC, EDQUOT, EFBIG,
+// EIO, ...). A file system without fallocate(2) (EOPNOTSUPP: NFS before
+// 4.2, EFS, Filestore, CephFS, FUSE; ENOSYS: a kernel without it) gets no
+// reservation, and 0: the writes and the fsync still report a full disk.
+// Not posix_fallocate: there glibc emulates it by reading and writing a byte
+// of every block, which fails on a descriptor open for writing only (EBADF:
+// every job's final weights failed on such a volume), and would be a write
+// every 4 KiB over NFS.
+int ReserveSpace(int fd, uint64_t size) {
+  while (fallocate(fd, /*mode=*/0, 0, static_cast<off_t>(size)) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EOPNOTSUPP || errno == ENOSYS) return 0;
+    return errno;
+  }
+  return 0;
+}
+
 // The writer behind WriteSafetensors and WriteSafetensorsAt: `name` in
 // `dir_fd`, with `shown` naming the file in messages.
 absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::string& shown,
@@ -712,8 +730,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, name, /*carry_errno=*/true));
   RETURN_IF_ERROR(
       WriteAllAt(fd, header.data(), header.size(), kLengthBytes, name, /*carry_errno=*/true));
-  // posix_fallocate returns the error number (not -1 and errno).
-  const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(offset));
+  const int reserved = ReserveSpace(fd, offset);
   if (reserved != 0) {
     return ErrnoCarryingError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"),
                               name);

@@ -136,7 +136,9 @@ class SafetensorsFileWriter {
   // Creates the temporary file for `name` in `dir_fd` (duplicated: the
   // caller keeps its own) with permission bits `mode`, writes the header
   // and reserves the whole file's space, so a full disk says so now, not
-  // halfway. Errors: INVALID_ARGUMENT for names as WriteSafetensors (or a
+  // halfway. A file system without fallocate(2) (NFS before 4.2, CephFS,
+  // FUSE) reserves nothing: a full disk then fails a Write, Sync or Commit.
+  // Errors: INVALID_ARGUMENT for names as WriteSafetensors (or a
   // negative dimension); errno codes naming the file and carrying the errno
   // (common/errno_status.h: ErrnoOf, which tells EMFILE from ENOSPC).
   // `metadata` goes into the header as WriteSafetensors' does (INVALID_ARGUMENT

@@ -231,9 +231,8 @@ class CoordinatorGrpcService final : public RawCoordinatorService {
   // still exists (open_uploads_ included).
   SerialExecutor executor_;
   // UploadWeights streams, each on the strand of its worker (by hash): a
-  // job's first chunk reserves the whole weights file (fallocate, which a
-  // file system without it emulates block by block: minutes for a large
-  // model on NFS), and on one shared queue that held every other job's
+  // job's first chunk creates and reserves the whole weights file (slow on
+  // a slow volume), and on one shared queue that held every other job's
   // uploads, their ends (so a broken stream's slot stayed taken and its
   // retry was refused past the worker's retry window) and the scheduling
   // passes posted after registrations.

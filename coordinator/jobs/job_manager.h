@@ -616,9 +616,9 @@ class JobManager {
     std::map<std::string, int64_t> dropped_for_memory;
   };
   // A job's weights file, created off the lock by the first upload that
-  // needs it (it reserves the whole model's bytes: posix_fallocate, which
-  // a file system without it emulates by writing every block, seconds for
-  // GPT-2 on NFS); the job's other uploads wait for it here, not on the
+  // needs it (it reserves the whole model's bytes with fallocate, and on
+  // a file system without it, NFS before 4.2, creates the file unreserved;
+  // a slow volume still makes it take a while); the job's other uploads wait for it here, not on the
   // manager (the API runs uploads on a few strands by worker, so other
   // jobs' uploads on the same strand wait too: weights_upload.h).
   struct WeightsFileCreation {

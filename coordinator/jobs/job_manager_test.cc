@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -1862,6 +1863,43 @@ TEST_F(JobManagerDeathTest, Submit_OutOfDescriptors_UnavailableNothingSubmitted)
               "files; nothing was submitted\\]");
 }
 
+// A chunk that cannot be written (past the file size limit here, EFBIG, as
+// a full disk's ENOSPC or an NFS quota's EDQUOT) fails the job naming
+// spec.output.weights_path and the coordinator's --output-dir: "cannot
+// write final.safetensors" alone did not say which volume to look at. In a
+// child whose files may not grow once the weights file is created.
+TEST_F(JobManagerDeathTest, Weights_ChunkNotWritten_FailsNamingTheOutputDir) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("full/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::vector<ParameterShape> unit0 =
+      UnitParameterShapes(ResolveJobSpec(spec).value().train.model, 0);
+  ASSERT_GE(unit0.size(), 2u);
+  // Prints what the second chunk is answered, and the job's state and reason
+  // (the limit lifted first: the death test's stderr is a file too).
+  const auto upload_past_the_limit = [&] {
+    if (!jobs_.AddWeightsChunk(WholeTensor(w1, id, unit0[0])).ok()) _exit(2);  // created
+    struct rlimit saved;
+    if (signal(SIGXFSZ, SIG_IGN) == SIG_ERR || getrlimit(RLIMIT_FSIZE, &saved) != 0) _exit(2);
+    const struct rlimit limit = {0, saved.rlim_max};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    const absl::Status failed = jobs_.AddWeightsChunk(WholeTensor(w1, id, unit0[1]));
+    if (setrlimit(RLIMIT_FSIZE, &saved) != 0) _exit(2);
+    const v1::Job job = jobs_.Get(id).value();
+    fprintf(stderr, "[%s] [%s: %s]\n", failed.ToString().c_str(),
+            v1::JobState_Name(job.state()).c_str(), job.reason().c_str());
+    _exit(0);
+  };
+  EXPECT_EXIT(upload_past_the_limit(), ::testing::ExitedWithCode(0),
+              "\\[OUT_OF_RANGE: spec\\.output\\.weights_path full/final\\.safetensors under the "
+              "coordinator's --output-dir /.*: cannot write final\\.safetensors: File too "
+              "large\\] \\[JOB_STATE_FAILED: cannot write the final weights: "
+              "spec\\.output\\.weights_path full/final\\.safetensors under the coordinator's "
+              "--output-dir /.*: cannot write final\\.safetensors: File too large\\]");
+}
+
 // Out of descriptors when a job's first chunk creates its weights file: a
 // job that had trained to its last step FAILED, every step lost, and the
 // worker, answered RESOURCE_EXHAUSTED, did not retry. The chunk is refused
@@ -3602,8 +3640,7 @@ TEST_F(JobManagerTest, CancelWhilePlanning_PlanDroppedWorkersFree) {
 // workers are assigned to it and were sent its plan; every other worker's
 // current assignment runs nothing, or runs a RUNNING job that lists it.
 // The weights file reserves the whole model's bytes when the first chunk
-// comes, which a file system without fallocate emulates block by block:
-// created off the manager's lock, other calls (reports, heartbeats' drain
+// comes, which takes a while on a slow volume: created off the manager's lock, other calls (reports, heartbeats' drain
 // checks, other jobs) go on meanwhile.
 TEST(JobManagerWeightsFileTest, CreatedOffTheLock_OtherCallsGoOnMeanwhile) {
   FakeClock clock;

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,18 @@ bool IsPassingShortage(const absl::Status& failed) {
   return error == EMFILE || error == ENFILE || error == ENOMEM;
 }
 
+// `failed`, an error of the weights file's writer, which names the file
+// alone ("cannot fsync final.safetensors"), saying where the file is: a full
+// disk or quota is the output directory's. Reworded keeping the code and the
+// errno, which IsPassingShortage reads. OK stays OK (and costs nothing: a
+// chunk's every write passes here).
+absl::Status InOutputDir(const absl::Status& failed, const std::string& output_dir,
+                         const std::string& name) {
+  if (failed.ok()) return failed;
+  return WithMessage(failed, absl::StrCat("spec.output.weights_path ", name, " under ",
+                                          kOutputDirFlag, " ", output_dir, ": ", failed.message()));
+}
+
 // What an upload whose chunk could not be written for a passing shortage
 // (IsPassingShortage) answers: UNAVAILABLE, which the worker retries,
 // sending the stream again (JobRunner::UploadWeightsWithRetries).
@@ -81,6 +94,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   std::shared_ptr<SafetensorsFileWriter> file;
   std::shared_ptr<WeightsFileCreation> creation;
   size_t index = 0;
+  std::string weights_path;  // spec.output.weights_path, for errors
   {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
@@ -112,6 +126,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     }
     // The job asks for no file: checked, and nothing kept.
     if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
+    weights_path = record->resolved.spec.output().weights_path();
     // A stage sends each tensor's chunks in order (one run); chunks
     // scattered with gaps would each keep a run in memory (numel / 2 of
     // them for a worker sending every other value). Bounded per tensor and,
@@ -180,7 +195,9 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   // Straight to the file, outside the lock (a slow disk holds up this
   // upload, and those on its strand, not the manager): the coordinator
   // keeps none of the weights in memory.
-  const absl::Status written = file->Write(index, c.offset(), c.values().data(), c.values_size());
+  const absl::Status written =
+      InOutputDir(file->Write(index, c.offset(), c.values().data(), c.values_size()),
+                  options_.output_dir, weights_path);
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(c.job_id());
   // The job moved on meanwhile (ended, re-planned): nothing to record.
@@ -295,13 +312,7 @@ absl::StatusOr<std::shared_ptr<SafetensorsFileWriter>> JobManager::CreateWeights
   absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer = SafetensorsFileWriter::Create(
       parent->dir.get(), parent->name, creation.tensors, 0600, HfWeightsMetadata());
   if (!writer.ok()) {
-    // The writer names the file alone; say where it is (a full disk is
-    // the output directory's). Reworded keeping the errno, which
-    // IsPassingShortage reads.
-    creation.status =
-        WithMessage(writer.status(),
-                    absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag, " ",
-                                 creation.output_dir, ": ", writer.status().message()));
+    creation.status = InOutputDir(writer.status(), creation.output_dir, name);
     return creation.status;
   }
   creation.file = *std::move(writer);
@@ -344,9 +355,12 @@ void JobManager::FinishWritingWeights(const std::string& job_id, const std::stri
   record->writing_weights = false;
   // The rename under the lock, so a cancel comes before it (and the file is
   // not renamed) or after it (the job has SUCCEEDED).
-  const absl::Status committed = synced.ok() ? file.Commit() : synced;
+  const absl::Status committed =
+      InOutputDir(synced.ok() ? file.Commit() : synced, options_.output_dir,
+                  record->resolved.spec.output().weights_path());
   if (!committed.ok()) {
-    return EndLocked(*record, v1::JOB_STATE_FAILED, std::string(committed.message()));
+    return EndLocked(*record, v1::JOB_STATE_FAILED,
+                     absl::StrCat("cannot write the final weights: ", committed.message()));
   }
   record->job.set_weights_path(path);
   EndLocked(*record, v1::JOB_STATE_SUCCEEDED, "");

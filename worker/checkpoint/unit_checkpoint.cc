@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/confined_path.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -374,8 +375,15 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
           " a worker reads back whole (each data-parallel replica's error-feedback residual is "
           "kept: fewer compressed replicas, or more stages)"));
     }
-    RETURN_IF_ERROR(
-        WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600, stopped));
+    // The writer names the file alone; say where it is (a full disk is this
+    // worker's checkpoint volume), keeping the code and any errno.
+    const absl::Status written =
+        WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600, stopped);
+    if (!written.ok()) {
+      return WithMessage(
+          written, absl::StrCat("checkpoint ", step_dir, " under ", kCheckpointRootFlag, " ", root,
+                                ": ", written.message()));
+    }
     // Checksummed as written to disk (read back from the page cache).
     ASSIGN_OR_RETURN(const auto size_and_sha, SizeAndSha256At(parent.dir.get(), parent.name, path));
     v1::UnitFile file;

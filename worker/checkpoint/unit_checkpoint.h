@@ -164,7 +164,8 @@ std::string UnitFileName(int unit);
 // directory or may not be entered (ENOENT, ENOTDIR, EACCES; other failures
 // to open it, their errno's code); INVALID_ARGUMENT for a bad `dir`, or a
 // link or directory at a unit's file name; the errno's code for an I/O failure (a full disk is
-// RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
+// RESOURCE_EXHAUSTED), naming the file, its step directory and `root` as this worker's
+// --checkpoint-root (the volume to look at). Nothing is reported on failure, so a
 // partial checkpoint is never recorded complete. RESOURCE_EXHAUSTED before
 // a unit file of more than kMaxReadableUnitFileBytes of tensors is written. A
 // snapshot whose weights,

@@ -1,11 +1,16 @@
 #include "worker/checkpoint/unit_checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -813,6 +818,53 @@ TEST_F(UnitCheckpointTest, StoppedDuringTheWrite_CancelledAfterTheCurrentUnit) {
                                [] { return true; });
   EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled);
   EXPECT_NE(stat(absl::StrCat(root_, "/ck/stopped-early").c_str(), &st), 0);
+}
+
+// Runs `body` in a forked child, for what must not touch this process (a
+// file size limit), and returns what it returned, sent back through a
+// pipe; or why the child failed.
+std::string InChild(const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::StrCat("pipe: ", strerror(errno));
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    const std::string said = body();
+    _exit(write(fds[1], said.data(), said.size()) == static_cast<ssize_t>(said.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string said;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) != 0;) {
+    if (n > 0) said.append(buffer, static_cast<size_t>(n));
+    if (n < 0 && errno != EINTR) break;
+  }
+  close(fds[0]);
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    return absl::StrCat("the child failed (wait status ", status, "): ", said);
+  }
+  return said;
+}
+
+// A unit file that cannot be written (past the file size limit here,
+// EFBIG, as a full disk's ENOSPC or a quota's EDQUOT) names its step
+// directory and this worker's --checkpoint-root: the coordinator shows the
+// message as the job's checkpoint_error, and "cannot write
+// unit-0000.safetensors" alone did not say which volume was full.
+TEST_F(UnitCheckpointTest, UnitFileNotWritten_ErrorNamesTheStepDirectoryAndTheRoot) {
+  const std::string said = InChild([this]() -> std::string {
+    const struct rlimit limit = {0, RLIM_INFINITY};
+    if (signal(SIGXFSZ, SIG_IGN) == SIG_ERR || setrlimit(RLIMIT_FSIZE, &limit) != 0) {
+      return "cannot limit the file size";
+    }
+    const StageSnapshot snapshot{5, 5, {MakeUnit(0, 0, true)}};
+    return WriteStageCheckpoint(root_, "ck/full", snapshot, id_).status().ToString();
+  });
+  EXPECT_EQ(said, absl::StrCat("OUT_OF_RANGE: checkpoint ck/full/step-00000005 under this "
+                               "worker's --checkpoint-root ",
+                               root_, ": cannot write unit-0000.safetensors: File too large"));
 }
 
 TEST_F(UnitCheckpointTest, EscapingDir_IsRefusedAndWritesNothing) {

@@ -14,6 +14,7 @@
 #include "absl/strings/cord.h"
 #include "common/confined_path.h"
 #include "common/safetensors.h"
+#include "common/testing/sanitized_build.h"
 #include "common/testing/test_case_dir.h"
 #include "gtest/gtest.h"
 
@@ -121,6 +122,7 @@ void LimitFileSizeToNothing() {
 // coordinator tells a passing shortage (EMFILE: retry the upload) from a
 // full disk (ENOSPC: fail the job); both are RESOURCE_EXHAUSTED.
 TEST(ErrnoOfTest, OpenConfinedParentOutOfDescriptors_Emfile) {
+  if (kSanitizedBuild) GTEST_SKIP() << kNoDescriptorsUnderSanitizers;
   const std::string root = TestCaseDir();
   EXPECT_EQ(
       RunOutOfDescriptors([&root] {
@@ -130,6 +132,7 @@ TEST(ErrnoOfTest, OpenConfinedParentOutOfDescriptors_Emfile) {
 }
 
 TEST(ErrnoOfTest, SafetensorsFileWriterCreateOutOfDescriptors_Emfile) {
+  if (kSanitizedBuild) GTEST_SKIP() << kNoDescriptorsUnderSanitizers;
   const int dir_fd = open(TestCaseDir().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(dir_fd, 0);
   EXPECT_EQ(
@@ -160,6 +163,7 @@ TEST(ErrnoOfTest, SafetensorsFileWriterCreatePastFileSizeLimit_Efbig) {
 // fails with a status whose text users read, and a later chunk's write is
 // no creation (the coordinator asks ErrnoOf of creations alone).
 TEST(ErrnoOfTest, WriteSafetensorsAtOutOfDescriptors_NoErrno) {
+  if (kSanitizedBuild) GTEST_SKIP() << kNoDescriptorsUnderSanitizers;
   const int dir_fd = open(TestCaseDir().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(dir_fd, 0);
   EXPECT_EQ(RunOutOfDescriptors([dir_fd] {

@@ -35,6 +35,7 @@
 #include "common/proto_time.h"
 #include "common/testing/file_access_override.h"
 #include "common/testing/log_lines.h"
+#include "common/testing/sanitized_build.h"
 #include "common/testing/test_case_dir.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
@@ -1808,17 +1809,6 @@ TEST_F(JobManagerTest, CheckpointDir_StepDirectoryClosedToTheCoordinator_Refused
   EXPECT_TRUE(absl::StrContains(Submit(spec).status().message(),
                                 "holds the complete checkpoint \"reuse/ck/step-00000001\""));
 }
-
-// The sanitizers' own checks need descriptors (UBSan's vptr check tests
-// memory through a pipe): with none left they report a false error, so
-// the tests that use every descriptor up run in the plain builds only.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizedBuild = true;
-#else
-constexpr bool kSanitizedBuild = false;
-#endif
-constexpr char kNoDescriptorsUnderSanitizers[] =
-    "the sanitizers need file descriptors this test uses up (run in the plain build)";
 
 // Out of file descriptors (EMFILE) at submit is a passing shortage of the
 // coordinator's, found before anything is kept: UNAVAILABLE saying nothing

@@ -382,11 +382,15 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
                         << " ended as that worker left (" << profile.status()
                         << "); profiling again on another";
         again = absl::StrCat(worker, " left while it profiled the model");
-      } else if (!left && timed_out && first_timeout) {
+      } else if (!left && timed_out && first_timeout &&
+                 ++record->profile_attempts < kMaxProfileAttempts) {
         // The first past the deadline for the key: that worker may be
         // wedged (a hung device or profiler, while it heartbeats READY)
         // rather than the model too slow to profile. Another of its kind
-        // tries (ChooseProfileLocked) before the key is given up.
+        // tries (ChooseProfileLocked) before the key is given up. Counted
+        // as an attempt: with a deadline past the key's memory (an hour),
+        // each timeout was a first again, and the job's workers took turns
+        // forever, every later job waiting behind it.
         remember({elapsed_clock_->Now() + kProfileTimeoutMemory,
                   ValidUtf8(profile.status().ToString()), worker});
         PT_LOG(WARNING) << "job " << job_id << ": profiling on " << worker

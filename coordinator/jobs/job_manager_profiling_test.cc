@@ -155,5 +155,34 @@ TEST_F(JobManagerProfilingTest, ProfileTimesOutOnTwoWorkers_LaterJobsDoNotWaitFo
       << ProfileSource(second);
 }
 
+// A deadline past the key's memory (--profile-timeout-seconds above an
+// hour): each timeout found the one before forgotten and counted as a
+// first, so the job's two workers took turns for ever, every later job
+// waiting behind it. The retries count as the job's profile attempts.
+TEST_F(JobManagerProfilingTest, EachTimeoutPastTheKeysMemory_RetriesStillEnd) {
+  std::vector<std::string> asked;
+  jobs_.SetProfileFetcher(
+      [&](const std::string& address, const std::string&,
+          const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        asked.push_back(address);
+        // Ends the old endless turns in the test: a profile after the sixth.
+        if (asked.size() > 6) return FakeProfile(request);
+        clock_.Advance(absl::Minutes(61));  // the deadline, past the memory
+        return absl::DeadlineExceededError("Deadline Exceeded");
+      });
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = Submit(2);
+  for (int pass = 0; pass < 10 && jobs_.Get(id).value().state() != v1::JOB_STATE_RUNNING; ++pass) {
+    jobs_.ScheduleQueued();
+    jobs_.AwaitProfiling();
+    background_.RunAll();
+  }
+  EXPECT_EQ(asked.size(), 3u);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  EXPECT_TRUE(absl::StrContains(ProfileSource(id), "profiling failed: DEADLINE_EXCEEDED"))
+      << ProfileSource(id);
+}
+
 }  // namespace
 }  // namespace pipetrain

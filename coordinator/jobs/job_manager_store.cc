@@ -535,10 +535,14 @@ absl::Status JobManager::Restore() {
     // A time that does not fit is replaced by now, whatever the job's
     // state (an ended one's too): kept, one far ahead dated every job
     // submitted later after it (last_create_time_), and one past 9999 made
-    // the REST API refuse each of them.
+    // the REST API refuse each of them. The job is not failed for it: a
+    // clock stepped by more than a day (a VM resumed with a wrong clock, a
+    // host whose clock is not synced yet at boot) gives healthy records
+    // such times, and replacing them is all that is needed.
     if (const std::string times_mismatch = StoredTimesMismatch(record->job, now);
         !times_mismatch.empty()) {
-      fail_unfit("times are out of range", times_mismatch);
+      PT_LOG(WARNING) << "job " << record->job.id() << ": stored " << times_mismatch
+                      << "; replaced by now (check this coordinator's clock)";
       ReplaceUnfitTimes(record->job, now);
     }
     const bool owners_known = spec_resolves && plan_mismatch.empty();

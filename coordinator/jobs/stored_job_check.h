@@ -54,9 +54,10 @@ std::string StoredCountersMismatch(const v1::Job& job,
                                    int32_t recoveries_without_progress);
 
 // How far past the restoring coordinator's clock a stored time may lie:
-// coordinators' clocks (NTP) differ by seconds, not a day. Jobs stored by
-// one whose clock ran further ahead fail at the restart as a damaged
-// record's do, each reason naming the time.
+// coordinators' clocks (NTP) differ by seconds, not a day. A later time
+// (stored by a coordinator whose clock ran further ahead, or read by one
+// whose clock is behind) is replaced by the restoring coordinator's now,
+// with a warning; the job is not failed for it.
 inline constexpr absl::Duration kMaxStoredTimeAhead = absl::Hours(24);
 
 // Whether `time` (a job's create_time, update_time or a plan's time) is

@@ -855,7 +855,10 @@ std::string InChild(const std::function<std::string()>& body) {
 // unit-0000.safetensors" alone did not say which volume was full.
 TEST_F(UnitCheckpointTest, UnitFileNotWritten_ErrorNamesTheStepDirectoryAndTheRoot) {
   const std::string said = InChild([this]() -> std::string {
-    const struct rlimit limit = {0, RLIM_INFINITY};
+    // The hard limit kept: raising it takes privilege a runner may lack.
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_FSIZE, &limit) != 0) return "cannot read the file size limit";
+    limit.rlim_cur = 0;
     if (signal(SIGXFSZ, SIG_IGN) == SIG_ERR || setrlimit(RLIMIT_FSIZE, &limit) != 0) {
       return "cannot limit the file size";
     }

@@ -618,9 +618,10 @@ class JobManager {
   // A job's weights file, created off the lock by the first upload that
   // needs it (it reserves the whole model's bytes with fallocate, and on
   // a file system without it, NFS before 4.2, creates the file unreserved;
-  // a slow volume still makes it take a while); the job's other uploads wait for it here, not on the
-  // manager (the API runs uploads on a few strands by worker, so other
-  // jobs' uploads on the same strand wait too: weights_upload.h).
+  // a slow volume still makes it take a while); the job's other uploads
+  // wait for it here, not on the manager (the API runs uploads on a few
+  // strands by worker, so other jobs' uploads on the same strand wait too:
+  // weights_upload.h).
   struct WeightsFileCreation {
     // Set under the manager's lock, before any upload waits; read-only after.
     std::string output_dir, name, job_id;

@@ -29,6 +29,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/in_child.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -738,34 +739,6 @@ TEST(SafetensorsFileWriterTest, Metadata_AsWriteSafetensorsWritesIt_NotUtf8Refus
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   writer->reset();
   EXPECT_THAT(NamesIn(dir), UnorderedElementsAre("whole.safetensors", "chunked.safetensors"));
-}
-
-// Runs `body` in a forked child, for what must not touch this process (a
-// seccomp filter stays for good), and returns what it returned, sent back
-// through a pipe; or why the child failed.
-std::string InChild(const std::function<std::string()>& body) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::StrCat("pipe: ", strerror(errno));
-  const pid_t child = fork();
-  if (child == 0) {
-    close(fds[0]);
-    const std::string said = body();
-    _exit(write(fds[1], said.data(), said.size()) == static_cast<ssize_t>(said.size()) ? 0 : 1);
-  }
-  close(fds[1]);
-  std::string said;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) != 0;) {
-    if (n > 0) said.append(buffer, static_cast<size_t>(n));
-    if (n < 0 && errno != EINTR) break;
-  }
-  close(fds[0]);
-  int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0) {
-    return absl::StrCat("the child failed (wait status ", status, "): ", said);
-  }
-  return said;
 }
 
 // What FailFallocate's child says where no filter may be installed.

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/secrets.h"
 #include "common/tensor.h"
+#include "common/testing/in_child.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 
@@ -818,34 +819,6 @@ TEST_F(UnitCheckpointTest, StoppedDuringTheWrite_CancelledAfterTheCurrentUnit) {
                                [] { return true; });
   EXPECT_EQ(files.status().code(), absl::StatusCode::kCancelled);
   EXPECT_NE(stat(absl::StrCat(root_, "/ck/stopped-early").c_str(), &st), 0);
-}
-
-// Runs `body` in a forked child, for what must not touch this process (a
-// file size limit), and returns what it returned, sent back through a
-// pipe; or why the child failed.
-std::string InChild(const std::function<std::string()>& body) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::StrCat("pipe: ", strerror(errno));
-  const pid_t child = fork();
-  if (child == 0) {
-    close(fds[0]);
-    const std::string said = body();
-    _exit(write(fds[1], said.data(), said.size()) == static_cast<ssize_t>(said.size()) ? 0 : 1);
-  }
-  close(fds[1]);
-  std::string said;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fds[0], buffer, sizeof(buffer))) != 0;) {
-    if (n > 0) said.append(buffer, static_cast<size_t>(n));
-    if (n < 0 && errno != EINTR) break;
-  }
-  close(fds[0]);
-  int status = 0;
-  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0) {
-    return absl::StrCat("the child failed (wait status ", status, "): ", said);
-  }
-  return said;
 }
 
 // A unit file that cannot be written (past the file size limit here,

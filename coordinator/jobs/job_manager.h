@@ -1111,6 +1111,12 @@ class JobManager {
   // spares QUEUED jobs can run on in `reserved`, so that growth, a
   // boundary, and a recovery past its size before the loss use only the
   // rest.
+  // The spares (SpareWorkersLocked(reserved)) some QUEUED job can run on:
+  // those it waits for, kept from growth, boundaries and a recovery past
+  // its former size. One queued job of each tensor mode is asked
+  // (CanRunLocked reads no more of a job).
+  std::set<std::string> SparesForQueuedLocked(const std::set<std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
                                  const JobRecord* except = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

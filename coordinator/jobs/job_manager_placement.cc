@@ -975,19 +975,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // A QUEUED job waits only for the spares it can run on (one job of each
   // tensor mode is asked: CanRunLocked reads no more of it): a 3-D tensor
   // job short of CPU workers does not keep a recovery off idle GPUs.
-  std::map<std::string, const JobRecord*> queued;  // by tensor mode
-  for (const std::string& id : order_) {
-    const JobRecord& other = *jobs_.at(id);
-    if (other.job.state() == v1::JOB_STATE_QUEUED) {
-      queued.emplace(other.resolved.tensor_mode, &other);
-    }
-  }
-  const std::vector<std::string> idle =
-      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(*reserved);
-  std::set<std::string> for_queued;
-  for (const auto& [mode, other] : queued) {
-    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
-  }
+  const std::set<std::string> for_queued = SparesForQueuedLocked(*reserved);
   std::vector<std::string> chosen = alive;
   // Of each group, the spares no queued job can run on first: in id order,
   // a lost GPU's place went to an idle CPU a queued CPU-only job needed

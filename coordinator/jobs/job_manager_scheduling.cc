@@ -928,19 +928,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   // waits only for the spares it can run on, as in ScheduleQueued (one
   // job of each tensor mode is asked: CanRunLocked reads no more of it).
   const std::set<std::string> held_for_it(record.boundary_held.begin(), record.boundary_held.end());
-  std::map<std::string, const JobRecord*> queued;  // by tensor mode
-  for (const std::string& id : order_) {
-    const JobRecord& other = *jobs_.at(id);
-    if (other.job.state() == v1::JOB_STATE_QUEUED) {
-      queued.emplace(other.resolved.tensor_mode, &other);
-    }
-  }
-  const std::vector<std::string> idle =
-      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(reserved);
-  std::set<std::string> for_queued;
-  for (const auto& [mode, other] : queued) {
-    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
-  }
+  const std::set<std::string> for_queued = SparesForQueuedLocked(reserved);
   std::set<std::string> waited_for = reserved;
   waited_for.insert(for_queued.begin(), for_queued.end());
   const bool may_grow = NoJobWaitsForSparesLocked(waited_for);
@@ -1012,6 +1000,24 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
         record, "", absl::StrCat(reason, "; re-planning at step ", step, ": ", placed.message()),
         RecoveryKind::kWorkerLost);
   }
+}
+
+std::set<std::string> JobManager::SparesForQueuedLocked(
+    const std::set<std::string>& reserved) const {
+  std::map<std::string, const JobRecord*> queued;  // by tensor mode
+  for (const std::string& id : order_) {
+    const JobRecord& other = *jobs_.at(id);
+    if (other.job.state() == v1::JOB_STATE_QUEUED) {
+      queued.emplace(other.resolved.tensor_mode, &other);
+    }
+  }
+  const std::vector<std::string> idle =
+      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(reserved);
+  std::set<std::string> for_queued;
+  for (const auto& [mode, other] : queued) {
+    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
+  }
+  return for_queued;
 }
 
 bool JobManager::IsDrained(const v1::Worker& worker) const {

@@ -129,8 +129,12 @@ bool JobManager::EndShownRunningLocked(const v1::Job& job) const {
          end_unsaved_.count(job.id()) > 0;
 }
 
+bool JobManager::CancelUnsavedLocked(const v1::Job& job) const {
+  return job.state() == v1::JOB_STATE_CANCELLED && end_unsaved_.count(job.id()) > 0;
+}
+
 bool JobManager::EndedForOthersLocked(const v1::Job& job) const {
-  return IsTerminal(job.state()) && !EndShownRunningLocked(job);
+  return IsTerminal(job.state()) && end_unsaved_.count(job.id()) == 0;
 }
 
 v1::JobState JobManager::ShownStateLocked(const v1::Job& job) const {
@@ -401,7 +405,8 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   // before it restores the job as last saved and runs it again. A success
   // or failure is shown RUNNING until then (ShowUnsavedEndLocked), and
   // counted ended then (PersistLocked); a cancel is shown CANCELLED, and
-  // Cancel answers UNAVAILABLE until then. Marked after the sweep is
+  // Cancel answers UNAVAILABLE until then. Each holds its paths until then
+  // (EndedForOthersLocked). Marked after the sweep is
   // armed, which asks whether another live job shares the directory: this
   // one would count as one.
   if (options_.state != nullptr) end_unsaved_.insert(record.job.id());
@@ -449,11 +454,10 @@ void JobManager::PruneLocked() {
   // long job submitted before many short ones was pruned the moment it
   // ended, its outcome lost to the user following it.
   // Ended as EndedForOthersLocked says, however long the store fails: not
-  // a success or failure whose end waits to be saved. The store says it
-  // runs, and a failover restores it so (the delete of a pruned job fails
-  // too): pruned, it was never counted ended, and its paths went free
-  // while it could still run again. (A cancel counts and frees them at
-  // its end: pruned, its stored record goes once a delete succeeds.)
+  // a job whose end waits to be saved. The store says it runs, and a
+  // failover restores it so (the delete of a pruned job fails too):
+  // pruned, its paths went free while it could still run again (and a
+  // success or failure was never counted ended).
   std::vector<std::pair<absl::Time, size_t>> ended;  // (ended at, index in order_)
   for (size_t i = 0; i < order_.size(); ++i) {
     const v1::Job& job = jobs_.at(order_[i])->job;
@@ -521,7 +525,7 @@ void JobManager::PruneLocked() {
     }
     if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
     save_failures_.erase(id);
-    end_unsaved_.erase(id);  // a cancel's
+    end_unsaved_.erase(id);  // none: an unsaved end is not pruned
     // Past the retention with a save still failing: no save of a pruned
     // job comes to write or drop them (RetryUnsavedLocked skips it), and
     // they stayed for the process's life. (A failed manifest write's

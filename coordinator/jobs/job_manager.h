@@ -1509,12 +1509,17 @@ class JobManager {
   // judged), so it holds its paths too.
   v1::JobState ShownStateLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` has ended as other jobs' claims judge it (Submit's checks
-  // of the paths it holds, and its pending count): terminal, and not a
-  // success or failure whose end is unsaved. That one is shown RUNNING (or
-  // QUEUED), and a failover meanwhile restores it as last saved: it runs
-  // again, writing its weights file and checkpoint directory, and reloads
-  // what it started from, so no other job may take them over yet.
+  // of the paths it holds, its pending count, and pruning): terminal, and
+  // its end saved. A failover before that save restores the job as last
+  // saved (RUNNING, say): it runs again, writing its weights file and
+  // checkpoint directory, and reloads what it started from, so no other
+  // job may take them over yet. That holds for a cancel too, though it is
+  // shown CANCELLED (CancelUnsavedLocked): a resubmit of the same spec
+  // while the store fails is told to retry (UNAVAILABLE), not given the
+  // files of a job that may yet run on.
   bool EndedForOthersLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` was cancelled and no save of that end has succeeded yet.
+  bool CancelUnsavedLocked(const v1::Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notes that job `id`'s save on io_ failed with `status` (save_failures_),
   // and logs it: the first failure, then at most once a minute.
   void NoteFailedSaveLocked(const std::string& id, const absl::Status& status)
@@ -1654,10 +1659,10 @@ class JobManager {
   std::map<std::string, FailureStretch> save_failures_ ABSL_GUARDED_BY(mu_);
   // Jobs that ended (with options.state; and every job Restore failed) and
   // no save of that end has succeeded yet. A success or failure is shown
-  // RUNNING or QUEUED (ShowUnsavedEndLocked), holding its paths
-  // (EndedForOthersLocked), neither counted ended (JobEvents::ended) nor
-  // pruned (PruneLocked); a cancel is shown CANCELLED, and a repeated
-  // Cancel saves again and waits (answered OK at once after).
+  // RUNNING or QUEUED (ShowUnsavedEndLocked), not counted ended
+  // (JobEvents::ended); a cancel is shown CANCELLED, and a repeated Cancel
+  // saves again and waits (answered OK at once after). Each holds its
+  // paths (EndedForOthersLocked) and is not pruned (PruneLocked).
   std::set<std::string> end_unsaved_ ABSL_GUARDED_BY(mu_);
   // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_

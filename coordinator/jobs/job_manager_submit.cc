@@ -660,6 +660,10 @@ std::string JobManager::HolderStateLocked(const JobRecord& record) const {
                             ? ", finishing: its end waits to be saved to the state store"
                             : ", ending: its failure waits to be saved to the state store");
   }
+  if (CancelUnsavedLocked(record.job)) {
+    return "CANCELLED, but that waits to be saved to the state store: a coordinator that stops "
+           "before restores it and runs it again";
+  }
   return std::string(EnumShortName(record.job.state()));
 }
 
@@ -668,6 +672,8 @@ std::string JobManager::HolderStateAndAdviceLocked(const JobRecord& record,
   if (EndedForOthersLocked(record.job)) {
     return absl::StrCat(" (", HolderStateLocked(record), kLeftoversBeingRemoved, ")");
   }
+  // FilesInUseErrorLocked says to retry.
+  if (CancelUnsavedLocked(record.job)) return absl::StrCat(" (", HolderStateLocked(record), ")");
   return absl::StrCat(" (", HolderStateLocked(record), ")", live_advice);
 }
 
@@ -680,6 +686,13 @@ absl::Status JobManager::FilesInUseErrorLocked(const JobRecord& holder,
   }
   if (EndedForOthersLocked(holder.job)) {
     return absl::UnavailableError(absl::StrCat(message, "; ", kNothingSubmitted));
+  }
+  if (CancelUnsavedLocked(holder.job)) {
+    return absl::UnavailableError(absl::StrCat(message, "; or retry once the cancel of job ",
+                                               holder.job.id(),
+                                               " is saved (the coordinator "
+                                               "saves it again every second; ",
+                                               kNothingSubmitted, ")"));
   }
   return absl::InvalidArgumentError(message);
 }

@@ -3286,11 +3286,12 @@ TEST_F(JobManagerTest, EndedJobs_ManifestRetryAfterItsStepDirWasRemoved_DirNotMa
   EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
 }
 
-// A job pruned past the retention while its manifest still waits for a
-// save that succeeds (the state store unreachable throughout) leaves no
-// held manifest behind: no save of a pruned job comes to write or drop it,
-// and held manifests grew with every such job for the process's life.
-TEST_F(JobManagerTest, EndedJobs_PrunedPastRetentionWithAHeldManifest_NoneLeftHeld) {
+// A cancelled job whose manifest waits for a save that succeeds (the state
+// store unreachable) is not pruned past the retention while its end is
+// unsaved (a failover would run it again), and leaves no held manifest
+// behind once the save succeeds and it is pruned: held manifests grew with
+// every such job for the process's life.
+TEST_F(JobManagerTest, EndedJobs_CancelledWithAHeldManifest_PrunedOnceSavedNoneLeftHeld) {
   UnreachableWhileFailingStore store;
   CoordinatorState state(&store);
   JobManager jobs(&registry_, &hub_, &clock_,
@@ -3315,11 +3316,18 @@ TEST_F(JobManagerTest, EndedJobs_PrunedPastRetentionWithAHeldManifest_NoneLeftHe
   ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
   clock_.Advance(absl::Hours(2));
   // The first pass retries the save (it fails) and sweeps the directory a
-  // second time; the next prunes the job, its retention over.
+  // second time; the next keeps the job, its end unsaved.
   for (int pass = 0; pass < 2; ++pass) {
     jobs.ScheduleQueued();
     jobs.FlushIo();
   }
+  ASSERT_TRUE(jobs.Get(id).ok());
+  EXPECT_EQ(jobs.HeldManifestsForTesting(id), 1u);
+  store.failing = false;
+  clock_.Advance(absl::Seconds(1));
+  jobs.ScheduleQueued();  // the save's retry, which succeeds
+  jobs.FlushIo();
+  jobs.ScheduleQueued();  // prunes it, its retention over
   ASSERT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(jobs.HeldManifestsForTesting(id), 0u);
 }
@@ -4338,6 +4346,50 @@ TEST_F(JobManagerTest, Cancel_RepeatedAfterALaterSaveFailed_AnsweredAsRecorded) 
       JobManagerOptions{.output_dir = OutputDir(), .id_epoch = "e14", .state = &state});
   ASSERT_TRUE(again.Restore().ok());
   EXPECT_EQ(again.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A cancel not saved yet (the store unreachable) holds the job's paths, and
+// is not pruned, as an unsaved success or failure does: a failover before
+// its save restores the job RUNNING, writing its weights file again. A
+// resubmit of the same spec is told to retry (UNAVAILABLE); it was
+// accepted, and two jobs could write one file. Once saved, it frees them.
+TEST_F(JobManagerTest, Cancel_Unsaved_HoldsItsPathsUntilSaved) {
+  UnreachableWhileFailingStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.output_dir = OutputDir(),
+                                    .id_epoch = "e24",
+                                    .ended_job_retention = absl::Hours(1),
+                                    .max_ended_jobs = 0,
+                                    .state = &state,
+                                    .background_runner = background_.Runner()});
+  AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("held/final.safetensors");
+  const std::string id = jobs.Submit(spec).value().id();
+  background_.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  jobs.FlushIo();
+  store.failing = true;
+  EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  clock_.Advance(absl::Hours(2));
+  for (int pass = 0; pass < 2; ++pass) {  // the retried saves fail too
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
+  ASSERT_TRUE(jobs.Get(id).ok());  // not pruned
+  const absl::Status refused = jobs.Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                absl::StrCat("retry once the cancel of job ", id, " is saved")))
+      << refused;
+  store.failing = false;
+  clock_.Advance(absl::Seconds(1));
+  jobs.ScheduleQueued();  // the save's retry
+  jobs.FlushIo();
+  const absl::StatusOr<v1::Job> again = jobs.Submit(spec);
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 // A failure whose end is not saved yet is not pruned, past the retention

@@ -90,7 +90,7 @@ std::string CoordinatorEndpoints::current() const {
   return current_;
 }
 
-void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context,
+bool CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context,
                                   const std::shared_ptr<grpc::Channel>& used) {
   const grpc::StatusCode code = status.error_code();
   // UNIMPLEMENTED: what answers there does not serve the coordinator's API
@@ -99,25 +99,26 @@ void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::Client
   if (addresses_.size() < 2 ||
       (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED &&
        code != grpc::StatusCode::UNIMPLEMENTED)) {
-    return;
+    return false;
   }
   // Only a listed leader: anyone answering on a listed address could name
   // any host, and the calls that follow carry the bearer token.
   const std::string leader = ListedLeaderHint(context, addresses_);
   AnnotatedMutexLock lock(&mu_);
-  if (used != channel_) return;  // another call has moved on already
+  if (used != channel_) return false;  // another call has moved on already
   // It named itself: it leads, still loading its state. The others would
   // only name it again.
-  if (leader == current_) return;
+  if (leader == current_) return false;
   if (!leader.empty()) {
     // The round robin goes on from the leader, so that if it is dead too
     // the next try is the address after it (not back to this one).
     position_ = std::find(addresses_.begin(), addresses_.end(), leader) - addresses_.begin();
     SwitchToLocked(leader);
-    return;
+    return true;
   }
   position_ = (position_ + 1) % addresses_.size();
   SwitchToLocked(addresses_[position_]);
+  return false;
 }
 
 void CoordinatorEndpoints::SwitchToLocked(const std::string& address) {

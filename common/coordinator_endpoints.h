@@ -84,7 +84,11 @@ class CoordinatorEndpoints {
   // failure on a channel that is no longer the current one: several
   // threads see one coordinator die, the first moves on, and the others
   // moving again would send them all back to the dead one.
-  void Failed(const grpc::Status& status, const grpc::ClientContext& context,
+  //
+  // True when it moved to the leader the refusal named: a call sent again
+  // at once reaches it (a heartbeat need not wait its interval after a
+  // failover). False otherwise, a move to the next address included.
+  bool Failed(const grpc::Status& status, const grpc::ClientContext& context,
               const std::shared_ptr<grpc::Channel>& used);
 
  private:

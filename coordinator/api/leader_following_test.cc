@@ -112,7 +112,7 @@ TEST(LeaderFollowingTest, ARefusalNamingTheLeaderIsFollowed) {
   Outcome refused = Call(channel);
   ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(LeaderHint(*refused.context), leader);
-  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_TRUE(endpoints.Failed(refused.status, *refused.context, channel));  // resend at once
   EXPECT_EQ(endpoints.current(), leader);
 }
 
@@ -129,7 +129,7 @@ TEST(LeaderFollowingTest, ALeaderStillLoading_NamesItselfAndIsAskedAgain) {
   EXPECT_EQ(refused.status.error_message(),
             "this coordinator leads and is still loading its state; retry shortly");
   EXPECT_EQ(LeaderHint(*refused.context), loading.address());
-  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_FALSE(endpoints.Failed(refused.status, *refused.context, channel));
   EXPECT_EQ(endpoints.current(), loading.address());
   EXPECT_EQ(endpoints.channel(), channel);
 }
@@ -146,9 +146,9 @@ TEST(LeaderFollowingTest, SeveralCallsFailingOnTheSameDeadCoordinatorMoveOnOnce)
   Outcome watch = Call(channel);
   ASSERT_EQ(heartbeat.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   ASSERT_EQ(watch.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  endpoints.Failed(heartbeat.status, *heartbeat.context, channel);
+  EXPECT_FALSE(endpoints.Failed(heartbeat.status, *heartbeat.context, channel));  // no hint
   EXPECT_EQ(endpoints.current(), follower.address());
-  endpoints.Failed(watch.status, *watch.context, channel);  // stale: ignored
+  EXPECT_FALSE(endpoints.Failed(watch.status, *watch.context, channel));  // stale: ignored
   EXPECT_EQ(endpoints.current(), follower.address());
 }
 
@@ -187,7 +187,7 @@ TEST(LeaderFollowingTest, AHintNotInTheListIsIgnored) {
   ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(LeaderHint(*refused.context), "attacker.example:443");
   EXPECT_EQ(ListedLeaderHint(*refused.context, {follower.address(), next}), "");
-  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_FALSE(endpoints.Failed(refused.status, *refused.context, channel));
   EXPECT_EQ(endpoints.current(), next);
   EXPECT_EQ(channels, (std::vector<std::string>{follower.address(), next}));
 }

@@ -629,6 +629,10 @@ void WorkerAgent::StopRunnerLocked() {
 }
 
 void WorkerAgent::HeartbeatLoop() {
+  // Whether the beat before was sent at once after a refusal that named
+  // the leader: one such resend in a row, as two followers with stale
+  // hints could name each other.
+  bool resent_at_once = false;
   while (true) {
     v1::HeartbeatRequest request;
     absl::Duration interval;
@@ -662,7 +666,18 @@ void WorkerAgent::HeartbeatLoop() {
       if (!cancellable.active()) return;  // leaving
       s = coordinator.stub->Heartbeat(&context, request, &response);
     }
-    if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
+    // A follower's refusal naming the leader (the first beat after a
+    // failover, or the beat after one that timed out at the leader and
+    // moved on to the next address): sent again at once. An interval later,
+    // the leader went unheard for two or three intervals of its lease.
+    const bool followed_leader = !s.ok() && endpoints_->Failed(s, context, coordinator.channel);
+    if (followed_leader && !resent_at_once) {
+      resent_at_once = true;
+      AnnotatedMutexLock lock(&mu_);
+      if (stopping_) return;
+      continue;
+    }
+    resent_at_once = false;
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
         s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
         s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {

@@ -1470,6 +1470,86 @@ TEST(WorkerAgentTest, DrainAndDeregisterAfterAFailover_FollowTheNamedLeader) {
   leader_server->Shutdown();
 }
 
+// A leader that registers the worker (heartbeats every 60 s) and then, at
+// its first heartbeat, answers as a follower after a failover: UNAVAILABLE
+// naming `leader`.
+class FailedOverCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  explicit FailedOverCoordinator(std::string leader) : leader_(std::move(leader)) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    return RegisteredAsW1(response, 1, /*interval_seconds=*/60);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    context->AddTrailingMetadata(kLeaderMetadataKey, leader_);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this coordinator follows");
+  }
+  // Open until the agent ends it: a stream that failed would move the
+  // agent on to the leader before its heartbeat was refused.
+  grpc::Status WatchAssignments(grpc::ServerContext* context, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    while (!context->IsCancelled()) {
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([] { return false; }, absl::Milliseconds(20));
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string leader_;
+  AnnotatedMutex mu_;
+};
+
+// Counts the heartbeats it answers.
+class HeartbeatCountingLeader final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    AnnotatedMutexLock lock(&mu);
+    ++beats;
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    return grpc::Status::OK;
+  }
+  AnnotatedMutex mu;  // a hand-off TSan sees
+  int beats ABSL_GUARDED_BY(mu) = 0;
+};
+
+// A heartbeat a follower refused naming the leader is sent again to it at
+// once, not an interval (60 s here) later: after a failover, or after a
+// beat that timed out at the leader moved to the next address, the leader
+// went unheard for two or three intervals of its lease.
+TEST(WorkerAgentTest, HeartbeatRefusedNamingTheLeader_SentToItAtOnce) {
+  HeartbeatCountingLeader leader;
+  grpc::ServerBuilder builder;
+  int leader_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &leader_port);
+  builder.RegisterService(&leader);
+  std::unique_ptr<grpc::Server> leader_server = builder.BuildAndStart();
+  ASSERT_NE(leader_server, nullptr);
+  const std::string leader_address = absl::StrCat("127.0.0.1:", leader_port);
+  FailedOverCoordinator old_leader(leader_address);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&old_leader, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.coordinator_address = absl::StrCat(options.coordinator_address, ",", leader_address);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  {
+    AnnotatedMutexLock lock(&leader.mu);
+    EXPECT_TRUE(leader.mu.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(leader.mu) { return leader.beats > 0; },
+        absl::Seconds(30)));
+  }
+  agent.Stop();
+  rig->Shutdown();
+  leader_server->Shutdown();
+}
+
 // Registers the worker, accepts its heartbeats, sends `assignment` on the
 // first assignment stream (later ones end at once) and records the
 // progress reports, answering the start barrier's at once.

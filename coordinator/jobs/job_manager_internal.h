@@ -65,6 +65,15 @@ std::vector<std::string> NotAmong(const std::vector<std::string>& ids, const Ids
 // Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,
 // with `written_before`), logging the ones that fail. On io_.
 // (job_manager_checkpoints.cc)
+// `failed`, an error of a job's final weights file's writer, which names
+// the file alone ("cannot fsync final.safetensors"), saying where the file
+// is: a full disk or quota is the output directory's. Reworded keeping the
+// code and the errno, which the passing-shortage check reads. OK stays OK
+// (and costs nothing: a chunk's every write passes here).
+// (job_manager_weights.cc)
+absl::Status InOutputDir(const absl::Status& failed, const std::string& output_dir,
+                         const std::string& name);
+
 void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_id,
                           const std::vector<v1::ResumeFrom>& dirs,
                           std::optional<absl::Time> written_before = std::nullopt);

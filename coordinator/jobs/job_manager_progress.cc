@@ -21,6 +21,7 @@
 
 namespace pipetrain {
 
+using job_manager_internal::InOutputDir;
 using job_manager_internal::kMaxReportedStepSeconds;
 
 namespace {
@@ -508,9 +509,12 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     const std::string name = record.resolved.spec.output().weights_path();
     const std::string path = absl::StrCat(options_.output_dir, "/", name);
     if (stopping_) {  // no background work starts now: committed here
-      absl::Status committed = record.weights_file->Commit();
+      // Worded as FinishWritingWeights words its failure.
+      const absl::Status committed =
+          InOutputDir(record.weights_file->Commit(), options_.output_dir, name);
       if (!committed.ok()) {
-        return EndLocked(record, v1::JOB_STATE_FAILED, std::string(committed.message()));
+        return EndLocked(record, v1::JOB_STATE_FAILED,
+                         absl::StrCat("cannot write the final weights: ", committed.message()));
       }
       record.job.set_weights_path(path);
       return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");

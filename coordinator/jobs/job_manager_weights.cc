@@ -19,9 +19,23 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
+
+using job_manager_internal::InOutputDir;
+
+namespace job_manager_internal {
+
+absl::Status InOutputDir(const absl::Status& failed, const std::string& output_dir,
+                         const std::string& name) {
+  if (failed.ok()) return failed;
+  return WithMessage(failed, absl::StrCat("spec.output.weights_path ", name, " under ",
+                                          kOutputDirFlag, " ", output_dir, ": ", failed.message()));
+}
+
+}  // namespace job_manager_internal
 
 namespace {
 
@@ -49,18 +63,6 @@ bool IsPassingShortage(const absl::Status& failed) {
   if (absl::IsUnavailable(failed)) return true;
   const std::optional<int> error = ErrnoOf(failed);
   return error == EMFILE || error == ENFILE || error == ENOMEM;
-}
-
-// `failed`, an error of the weights file's writer, which names the file
-// alone ("cannot fsync final.safetensors"), saying where the file is: a full
-// disk or quota is the output directory's. Reworded keeping the code and the
-// errno, which IsPassingShortage reads. OK stays OK (and costs nothing: a
-// chunk's every write passes here).
-absl::Status InOutputDir(const absl::Status& failed, const std::string& output_dir,
-                         const std::string& name) {
-  if (failed.ok()) return failed;
-  return WithMessage(failed, absl::StrCat("spec.output.weights_path ", name, " under ",
-                                          kOutputDirFlag, " ", output_dir, ": ", failed.message()));
 }
 
 // What an upload whose chunk could not be written for a passing shortage

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The protos under proto/pipetrain checked with buf (buf.yaml; docs/api.md,
+# The protos under proto/pipetrain (and the stored records' state.proto)
+# checked with buf (buf.yaml; docs/api.md,
 # "Proto compatibility"):
 #   1. buf lint: no findings (buf.yaml lists the exceptions and why).
 #   2. buf breaking (FILE rules): the working tree's protos against those of
@@ -11,8 +12,10 @@
 #      baseline (a shallow clone of depth 1, a first commit, no git) this
 #      part is skipped with a message saying so.
 #   3. The checks themselves, each run: a copy of the protos with one field
-#      renumbered must fail buf breaking against the working tree, and a
-#      copy with an unprefixed enum value must fail buf lint.
+#      renumbered (of job.proto, and of the coordinator's stored records,
+#      coordinator/store/state.proto, which breaking covers but lint does
+#      not) must fail buf breaking against the working tree, and a copy with
+#      an unprefixed enum value must fail buf lint.
 # Runs under Bazel (//tests/proto:buf_test) or directly:
 #   tests/proto/buf_test.sh
 # Needs node on PATH and tools/openapi-check/node_modules (scripts/setup.sh
@@ -42,18 +45,27 @@ fi
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# A directory holding a copy of proto/pipetrain as it is in the working tree
-# (or, with a commit, as it was there) and the repository's buf.yaml, so
-# that buf finds the same module root and rules as in the source tree.
+# The coordinator's stored records (SQLite, etcd): not linted (buf.yaml),
+# but a new build must read what an older one stored.
+STATE_PROTO=coordinator/store/state.proto
+
+# A directory holding a copy of proto/pipetrain and $STATE_PROTO as they are
+# in the working tree (or, with a commit, as they were there) and the
+# repository's buf.yaml, so that buf finds the same module root and rules as
+# in the source tree.
 copy_protos() {  # DIR [COMMIT]
   mkdir -p "$1"
   cp "$SRC/buf.yaml" "$1/buf.yaml"
   if [ $# -eq 1 ]; then
-    mkdir -p "$1/proto" && cp -r "$SRC/proto/pipetrain" "$1/proto/"
+    mkdir -p "$1/proto" "$1/$(dirname "$STATE_PROTO")" && cp -r "$SRC/proto/pipetrain" "$1/proto/" &&
+      cp "$SRC/$STATE_PROTO" "$1/$STATE_PROTO"
   else
+    # A baseline from before the stored records were checked has none.
+    local paths=(proto/pipetrain)
+    if git -C "$SRC" cat-file -e "$2:$STATE_PROTO" 2>/dev/null; then paths+=("$STATE_PROTO"); fi
     # Through a file: a failed archive must not leave an empty baseline,
     # against which nothing would be breaking.
-    if ! git -C "$SRC" archive -o "$1.tar" "$2" proto/pipetrain || ! tar -x -C "$1" -f "$1.tar" ||
+    if ! git -C "$SRC" archive -o "$1.tar" "$2" "${paths[@]}" || ! tar -x -C "$1" -f "$1.tar" ||
       [ -z "$(find "$1/proto" -name '*.proto' 2>/dev/null)" ]; then
       fail "no proto/pipetrain/*.proto could be taken from $2"
     fi
@@ -132,7 +144,23 @@ else
   fi
 fi
 
-# 3b. An enum value without its enum's prefix is a lint finding.
+# 3b. So is one of the stored records': a new build would read an older
+# one's records into the wrong field.
+copy_protos "$T/renumbered-state"
+sed -i '0,/ = 1;/s// = 1000;/' "$T/renumbered-state/$STATE_PROTO"
+if ! grep -q ' = 1000;' "$T/renumbered-state/$STATE_PROTO"; then
+  fail "could not renumber a field of $STATE_PROTO in the copy (no \" = 1;\" left?)"
+else
+  out=$(cd "$T" && "$BUF" breaking renumbered-state --against current 2>&1)
+  code=$?
+  if [ $code -ne 100 ] || ! grep -q 'state.proto:.*Previously present field "1"' <<< "$out"; then
+    fail "buf breaking accepted a copy with a renumbered field of $STATE_PROTO (exit $code): $out"
+  else
+    echo "ok: buf breaking rejects a renumbered stored-record field: $(head -1 <<< "$out")"
+  fi
+fi
+
+# 3c. An enum value without its enum's prefix is a lint finding.
 copy_protos "$T/unprefixed"
 printf 'enum ScratchColor {\n  SCRATCH_COLOR_UNSPECIFIED = 0;\n  RED = 1;\n}\n' \
   >> "$T/unprefixed/proto/pipetrain/v1/job.proto"

@@ -46,8 +46,9 @@ struct CheckpointExport {
 
 // Reads and verifies the checkpoint at `at`, then writes its weights to
 // `out`. Errors: from ReadCheckpointManifest (NOT_FOUND, DATA_LOSS) and
-// ReadUnitCheckpoint (NOT_FOUND, DATA_LOSS, FAILED_PRECONDITION), each
-// naming the file; from WriteSafetensors for `out`. When `at.newest_of_job`,
+// ReadUnitCheckpoint (NOT_FOUND, DATA_LOSS, FAILED_PRECONDITION,
+// UNIMPLEMENTED: a unit file another build wrote in a format version this
+// one does not read), each naming the file; from WriteSafetensors for `out`. When `at.newest_of_job`,
 // the message adds how to export an older checkpoint. Nothing is written to
 // `out` unless every unit verified. `vocab` > 0 keeps the token
 // embedding's first `vocab` rows (a vocabulary padded for tensor ranks

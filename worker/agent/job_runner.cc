@@ -87,7 +87,9 @@ bool IsPeerFailure(const absl::Status& status) {
 // (UNAVAILABLE, which is a peer failure: the job recovers and tries the
 // same checkpoint again), too many open files, permissions. A good
 // checkpoint dropped for one worker's trouble cost the job every step since
-// the one before (with keep 1, the whole run).
+// the one before (with keep 1, the whole run). Nor is a file another build
+// wrote in a form this one does not read (UNIMPLEMENTED: ReadUnitCheckpoint):
+// dropped, it was deleted, and with it the job's way back on a rollback.
 bool CheckpointItselfUnusable(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kDataLoss:
@@ -96,6 +98,7 @@ bool CheckpointItselfUnusable(const absl::Status& status) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
       return true;
+    case absl::StatusCode::kUnimplemented:  // another build's format: kept
     default:
       return false;
   }

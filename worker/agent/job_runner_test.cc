@@ -13,6 +13,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -25,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/data_plane_keys.h"
 #include "common/errno_status.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
@@ -933,6 +936,62 @@ TEST(JobRunnerTest, ResumeLoadFailure_OnAFailedDevice_NotTheCheckpoints) {
   const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
   EXPECT_TRUE(absl::StrContains(report.error(), "has no file for unit 0")) << report.error();
   EXPECT_FALSE(report.checkpoint_unusable()) << report.error();
+}
+
+// A resume from unit files another build wrote (another format version,
+// after an upgrade or a rollback: ReadUnitCheckpoint's UNIMPLEMENTED) fails
+// the stage, but not as the checkpoint's fault: the coordinator would drop
+// the checkpoint and delete its files, and with them the job's way back to
+// the build that reads them.
+TEST(JobRunnerTest, ResumeFromAnotherBuildsFormatVersion_NotReportedUnusable) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("resume-another-version");
+  v1::Assignment resumed = a;
+  resumed.set_start_iteration(1);
+  resumed.mutable_resume()->set_step(1);
+  resumed.mutable_resume()->set_dir("ck/step-00000001");
+  {
+    InProcessFabric fabric(1);
+    FakeLink link(1);
+    JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+    runner.Start();
+    ASSERT_TRUE(link.AwaitReports(5));  // checkpoints at steps 1 and 2, then 3 iterations
+    runner.Stop();
+    for (const v1::ReportProgressRequest& r : link.reports()) {
+      if (r.has_checkpoint() && r.checkpoint().step() == 1) {
+        *resumed.mutable_resume()->mutable_units() = r.checkpoint().units();
+      }
+    }
+  }
+  ASSERT_EQ(resumed.resume().units_size(), 4);
+  // As written, it resumes.
+  v1::ReportProgressRequest report = FirstReportOfOneStage(resumed, options);
+  EXPECT_EQ(report.error(), "");
+  // Unit 0 of format version 2, whole: its record's size and SHA-256 match.
+  v1::UnitFile* unit = resumed.mutable_resume()->mutable_units(0);
+  const std::string path =
+      absl::StrCat(options.checkpoint_root, "/ck/step-00000001/", unit->file());
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("\"version\":\"1\"");
+  ASSERT_NE(at, std::string::npos) << path;
+  bytes.replace(at, 13, "\"version\":\"2\"");
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  unit->set_sha256(Sha256Hex(bytes));
+  report = FirstReportOfOneStage(resumed, options);
+  EXPECT_TRUE(absl::StartsWith(report.error(), "UNIMPLEMENTED: ")) << report.error();
+  EXPECT_TRUE(absl::StrContains(report.error(),
+                                "is a unit checkpoint of format version 2; this build reads "
+                                "version 1 only (written by another pipetrain build"))
+      << report.error();
+  EXPECT_FALSE(report.checkpoint_unusable()) << report.error();
+  EXPECT_FALSE(report.peer_failure()) << report.error();
 }
 
 // The steps come from the assignment's spec before ResolveJobSpec bounds

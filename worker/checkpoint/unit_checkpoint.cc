@@ -174,6 +174,16 @@ std::string LinkWarmQName(const LinkWarmStart& link) {
   return absl::StrCat(kLinkWarmQ, link.replica, ".", link.peer, ".", link.kind, ".", link.unit);
 }
 
+// UNIMPLEMENTED for a file another pipetrain build wrote in a form this one
+// does not read (ReadUnitCheckpoint): not corrupt, so not DATA_LOSS, which
+// the coordinator answers by deleting the checkpoint; the build that wrote
+// it may still resume from it (a rollback).
+absl::Status WrittenByAnotherBuild(const std::string& path, absl::string_view what) {
+  return absl::UnimplementedError(absl::StrCat(
+      path, " ", what, " (written by another pipetrain build; the checkpoint is kept: resume the "
+      "job with a build that reads it)"));
+}
+
 // A stored link warm start (its name after kLinkWarmQ, and the tensor),
 // checked against the bounds ReadUnitCheckpoint documents.
 absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Tensor& q,
@@ -188,8 +198,8 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
   }
   // The kind's range before the cast: 2^32 + 1 would wrap to a valid kind.
   ok = ok && n[0] >= 0 && n[0] < kMaxFeedbackReplicas && n[1] >= 0 && n[1] < kMaxLinkPeers &&
-       n[2] >= 0 && n[2] <= std::numeric_limits<int>::max() &&
-       v1::TensorKind_IsValid(static_cast<int>(n[2])) && n[3] >= 0 && n[3] < NumUnits(model);
+       n[2] >= 0 && n[2] <= std::numeric_limits<int>::max() && n[3] >= 0 &&
+       n[3] < NumUnits(model);
   const Shape& shape = q.shape();
   if (!ok || shape.size() != 2 || shape[0] < 1 || shape[0] > model.d_model || shape[1] < 1 ||
       shape[1] > kMaxLinkWarmQRank) {
@@ -197,6 +207,14 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
         absl::StrCat(path, ": tensor ", kLinkWarmQ, key.substr(0, 64), " ", ShapeToString(shape),
                      " is no link warm start (replica.peer.kind.unit within bounds, [1..",
                      model.d_model, ", 1..", kMaxLinkWarmQRank, "])"));
+  }
+  // Sound but for a kind this build does not know: one a later build
+  // added, not a corrupt file.
+  if (!v1::TensorKind_IsValid(static_cast<int>(n[2]))) {
+    return WrittenByAnotherBuild(
+        path, absl::StrCat("holds a link warm start (tensor ", kLinkWarmQ, key, ") of tensor kind ",
+                           n[2], ", which this build does not know (it knows kinds ",
+                           v1::TensorKind_MIN, "..", v1::TensorKind_MAX, ")"));
   }
   return LinkWarmStart{static_cast<int>(n[0]), static_cast<int>(n[1]), static_cast<int>(n[2]),
                        static_cast<int>(n[3]), q};
@@ -535,10 +553,22 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   }
   const SafetensorsContents& contents = *parsed;
   const SafetensorsMetadata& meta = contents.metadata;
-  if (Get(meta, "format") != kFormat || Get(meta, "version") != kVersion) {
+  // Another format version, spelt as a writer spells one, is another
+  // build's file (a newer one's, read after a rollback; an older one's
+  // after an upgrade), not a corrupt one.
+  const std::string version = Get(meta, "version");
+  int64_t version_number = 0;
+  if (Get(meta, "format") == kFormat && version != kVersion &&
+      absl::SimpleAtoi(version, &version_number) && version_number >= 1 &&
+      version == absl::StrCat(version_number)) {
+    return WrittenByAnotherBuild(path, absl::StrCat("is a unit checkpoint of format version ",
+                                                    version, "; this build reads version ",
+                                                    kVersion, " only"));
+  }
+  if (Get(meta, "format") != kFormat || version != kVersion) {
     return absl::DataLossError(absl::StrCat(path, " is not a pipetrain unit checkpoint (format \"",
-                                            Get(meta, "format"), "\" version \"",
-                                            Get(meta, "version"), "\")"));
+                                            Get(meta, "format"), "\" version \"", version,
+                                            "\")"));
   }
   if (Get(meta, "unit") != absl::StrCat(expected.unit()) ||
       Get(meta, "step") != absl::StrCat(from.step())) {

@@ -196,7 +196,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // non-directory on the way), the file exists (NOT_FOUND), at most
 // kMaxReadableUnitFileBytes (RESOURCE_EXHAUSTED: this reader's limit), its size and
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
-// corrupt), its metadata names this format, unit and step
+// corrupt), its metadata names this format (DATA_LOSS) in a version this
+// build reads (UNIMPLEMENTED naming the version found and the one read:
+// another build's file, not corrupt, which no caller may drop), its unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s
 // (FAILED_PRECONDITION: a checkpoint of another model), every tensor
 // decoded is finite and every second moment (optimizer.v.*) at least 0
@@ -207,9 +209,11 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // those decoded with the parameter's shape, a warm start Q of the parameter's columns
 // and at most 1024 columns of rank, per-rank ones of 2..1024 ranks and at
 // most the parameter's columns of rows, a link's warm start named with a
-// replica below kMaxFeedbackReplicas, a peer below 1024, a known tensor
-// kind and a unit of the model, [1..d_model, 1..65536], and measured
-// partition counts as ParseTunedPartitions takes them, else DATA_LOSS).
+// replica below kMaxFeedbackReplicas, a peer below 1024, a tensor kind
+// 0..INT_MAX and a unit of the model, [1..d_model, 1..65536], and measured
+// partition counts as ParseTunedPartitions takes them, else DATA_LOSS; a
+// link's warm start otherwise sound but of a tensor kind this build does not
+// know is UNIMPLEMENTED, another build's, as another version).
 // Every message names the file. `*optimizer_steps` (may be null) gets the
 // file's optimizer step count.
 // Only what the caller uses is decoded (the checksum still covers the

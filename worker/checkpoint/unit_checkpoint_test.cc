@@ -327,9 +327,8 @@ TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasLinkWarmStarts) {
   EXPECT_TRUE(read->link_warm_q.empty());
 }
 
-// A link warm start wider than d_model, of an unknown tensor kind, of a
-// unit the model lacks, a peer or replica out of bounds: DATA_LOSS naming
-// the file and the tensor.
+// A link warm start wider than d_model, of a unit the model lacks, a peer
+// or replica out of bounds: DATA_LOSS naming the file and the tensor.
 TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
   struct Case {
     std::string what;
@@ -339,7 +338,6 @@ TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
   const std::vector<Case> cases = {
       {"wide", {0, 1, 1, 1, Tensor::Filled({9, 2}, 1.0f)}, "link.q.0.1.1.1 [9, 2]"},
       {"one-dimensional", {0, 1, 1, 1, Tensor::Filled({8}, 1.0f)}, "link.q.0.1.1.1 [8]"},
-      {"kind", {0, 1, 99, 1, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1.99.1"},
       {"unit", {0, 1, 1, 4, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1.1.4"},
       {"peer", {0, 1024, 1, 1, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1024.1.1"},
       {"replica",
@@ -352,6 +350,29 @@ TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
     state.link_warm_q.push_back(c.link);
     ExpectRefused(state, "bad-link-" + c.what, c.expected);
   }
+}
+
+// A link warm start sound but for a tensor kind this build does not know
+// was written by a build that knows more kinds, and is not corrupt:
+// UNIMPLEMENTED, which the worker does not report as the checkpoint's fault
+// (DATA_LOSS made the coordinator delete it).
+TEST_F(UnitCheckpointTest, LinkWarmStartOfAnUnknownTensorKind_UnimplementedNotDataLoss) {
+  UnitState state = MakeUnit(1, 1, true);
+  state.link_warm_q.push_back({0, 1, 99, 1, Tensor::Filled({8, 2}, 1.0f)});
+  const v1::ResumeFrom from = Write({state}, "ck/kind");
+  ASSERT_EQ(from.units_size(), 1);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kUnimplemented) << read.status();
+  EXPECT_EQ(read.status().message(),
+            absl::StrCat(PathOf(from, 0),
+                         " holds a link warm start (tensor link.q.0.1.99.1) of tensor kind 99, "
+                         "which this build does not know (it knows kinds 0..6) (written by another "
+                         "pipetrain build; the checkpoint is kept: resume the job with a build "
+                         "that reads it)"));
+  // Weights alone (a forward unit) do not read the warm starts.
+  read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/false, nullptr);
+  EXPECT_TRUE(read.ok()) << read.status();
 }
 
 // A link's numbers must be spelt as the writer spells them: "+1" would
@@ -731,6 +752,47 @@ TEST_F(UnitCheckpointTest, OtherModelShape_IsFailedPrecondition) {
   other.seed = 8;
   EXPECT_EQ(ReadUnitCheckpoint(root_, from, from.units(1), other, true, nullptr).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A unit file of another format version, whole (its record's size and
+// SHA-256 match), was written by another build: after an upgrade that
+// raised the version, or read by an older build after a rollback. Not
+// corrupt: UNIMPLEMENTED naming both versions, which the worker does not
+// report as the checkpoint's fault (DATA_LOSS made the coordinator delete
+// it, and the job's way back with it). A version no writer spells is
+// still DATA_LOSS.
+TEST_F(UnitCheckpointTest, OtherFormatVersion_UnimplementedNamingBothNotDataLoss) {
+  struct Case {
+    std::string version;
+    absl::StatusCode code;
+  };
+  for (const Case& c : {Case{"2", absl::StatusCode::kUnimplemented},
+                        Case{"9", absl::StatusCode::kUnimplemented},
+                        Case{"0", absl::StatusCode::kDataLoss},
+                        Case{"x", absl::StatusCode::kDataLoss}}) {
+    SCOPED_TRACE(c.version);
+    v1::ResumeFrom from = WriteAll();
+    const std::string path = PathOf(from, 1);
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = bytes.find("\"version\":\"1\"");
+    ASSERT_NE(at, std::string::npos);
+    bytes.replace(at, 13, "\"version\":\"" + c.version + "\"");  // same length
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    from.mutable_units(1)->set_sha256(Sha256Hex(bytes));  // the record matches the file
+    const absl::Status read =
+        ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr).status();
+    EXPECT_EQ(read.code(), c.code) << read;
+    if (c.code != absl::StatusCode::kUnimplemented) continue;
+    EXPECT_EQ(read.message(),
+              absl::StrCat(path, " is a unit checkpoint of format version ", c.version,
+                           "; this build reads version 1 only (written by another pipetrain "
+                           "build; the checkpoint is kept: resume the job with a build that "
+                           "reads it)"));
+  }
 }
 
 TEST_F(UnitCheckpointTest, RecordNamingAnotherUnitOrStep_IsDataLoss) {

@@ -14,13 +14,19 @@ namespace pipetrain {
 // with OnDone either sees the stream finished or finds it gone.
 //
 // Finish is deferred while a write is in flight and issued from its
-// OnWriteDone, so the stream never has two operations outstanding.
+// OnWriteDone, so the stream never has two operations outstanding. An End
+// that finds a write in flight cancels the call, so that OnWriteDone(false)
+// comes even from a client that never reads.
 class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                public std::enable_shared_from_this<AssignmentStream> {
  public:
   AssignmentStream(AssignmentHub* hub, AssignmentStreams* owner, std::string worker_id,
-                   int64_t incarnation)
-      : hub_(hub), owner_(owner), worker_id_(std::move(worker_id)), incarnation_(incarnation) {}
+                   int64_t incarnation, AssignmentStreams::CallCanceller cancel)
+      : hub_(hub),
+        owner_(owner),
+        worker_id_(std::move(worker_id)),
+        incarnation_(incarnation),
+        cancel_(std::move(cancel)) {}
 
   // Takes ownership of itself until OnDone. Then, unless the set was shut
   // down, subscribes to the hub and sends the current assignment; otherwise
@@ -48,14 +54,23 @@ class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   int64_t incarnation() const { return incarnation_; }
 
   // Ends the stream with `status` once the write in flight (if any) is done.
-  // The first status wins; later calls do nothing.
-  // Returns whether this call ended it.
+  // That write is cancelled, not waited for: a client that grants no window
+  // never completes it, and a superseded stream kept its subscription and
+  // message, one more per reopen. The first status wins; later calls do
+  // nothing (so the OnWriteDone(false) and OnCancel that the cancel brings
+  // report no lost watcher). Returns whether this call ended it.
   bool End(grpc::Status status) {
     {
       AnnotatedMutexLock lock(&mu_);
       if (end_status_.has_value()) return false;
       end_status_ = status;
-      if (writing_) return true;  // OnWriteDone finishes
+      if (writing_) {
+        // Under mu_: while the write is in flight the call is not finished
+        // (OnDone, after which the context is gone, is still to come), and
+        // the cancel runs no reaction inline.
+        if (cancel_) cancel_();
+        return true;  // OnWriteDone finishes
+      }
       finished_ = true;
     }
     Finish(std::move(status));
@@ -153,6 +168,7 @@ class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   AssignmentStreams* const owner_;
   const std::string worker_id_;
   const int64_t incarnation_;
+  const AssignmentStreams::CallCanceller cancel_;  // may be empty
 
   AnnotatedMutex mu_;
   std::shared_ptr<AssignmentStream> self_ ABSL_GUARDED_BY(mu_);  // reset by OnDone
@@ -177,9 +193,11 @@ void AssignmentStreams::WatcherGone(const std::string& worker_id, int64_t incarn
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* AssignmentStreams::Open(const std::string& worker_id,
-                                                                    int64_t incarnation) {
+                                                                    int64_t incarnation,
+                                                                    CallCanceller cancel) {
   Supersede(worker_id, incarnation, /*same_too=*/true);
-  auto stream = std::make_shared<AssignmentStream>(hub_, this, worker_id, incarnation);
+  auto stream =
+      std::make_shared<AssignmentStream>(hub_, this, worker_id, incarnation, std::move(cancel));
   bool shut_down;
   {
     AnnotatedMutexLock lock(&mu_);

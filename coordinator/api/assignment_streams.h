@@ -15,6 +15,10 @@
 //                its connection broke. The set's WatcherGoneListener then
 //                hears of it at once (a worker's death is known long before
 //                its lease runs out; DESIGN.md §11 recovery time).
+// A stream ended (ABORTED, UNAVAILABLE) while a write is in flight does not
+// wait for the client to take that write: its call is cancelled (the client
+// sees CANCELLED), since a client that grants no flow-control window would
+// otherwise keep the stream, its subscription and its message forever.
 //
 // Thread-safe. Lock order: a stream's lock before the hub's; the set's lock
 // is never held while calling into a stream.
@@ -44,6 +48,11 @@ class AssignmentStreams {
   // after Shutdown.
   using WatcherGoneListener =
       std::function<void(const std::string& worker_id, int64_t incarnation)>;
+  // Cancels one stream's call: the method's `context->TryCancel()`. Called
+  // at most once, with the stream's lock held, and only while a write is in
+  // flight, so before the call's Finish (its context is alive). It must not
+  // run a reaction of the stream inline (gRPC's TryCancel does not).
+  using CallCanceller = std::function<void()>;
 
   // `hub` is not owned and must outlive every stream (the grpc::Server's
   // Shutdown waits for them).
@@ -57,11 +66,15 @@ class AssignmentStreams {
   // one stream, and each held a copy of its assignment, so a worker that
   // opened them by the thousand made the coordinator's memory grow without
   // end. An ended stream is no lost watcher (WatcherGone is not called).
-  // After Shutdown the stream ends at once with UNAVAILABLE. Returns the
+  // After Shutdown the stream ends at once with UNAVAILABLE. `cancel`
+  // cancels the call when it ends with a write in flight; without one
+  // (nullptr) such a stream stays until the client takes that write, so a
+  // gRPC method passes `[context] { context->TryCancel(); }`. Returns the
   // reactor for the gRPC method to return; it writes each assignment
   // serialized (a raw method's stream).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Open(const std::string& worker_id,
-                                                   int64_t incarnation);
+                                                   int64_t incarnation,
+                                                   CallCanceller cancel = nullptr);
 
   // Ends the streams of `worker_id` whose incarnation is older than
   // `incarnation`, or also of `incarnation` itself when `same_too`

@@ -30,8 +30,9 @@ v1::Assignment RunAssignment(int64_t version) {
   return assignment;
 }
 
-// Stands in for gRPC's side of a server-streaming call: records writes and
-// the final status; the test completes writes (OnWriteDone) when it chooses.
+// Stands in for gRPC's side of a server-streaming call: records writes,
+// cancels and the final status; the test completes writes (OnWriteDone) when
+// it chooses, also after a cancel.
 class FakeWriter final : public grpc::ServerCallbackWriter<grpc::ByteBuffer> {
  public:
   void Bind(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor) {
@@ -60,6 +61,13 @@ class FakeWriter final : public grpc::ServerCallbackWriter<grpc::ByteBuffer> {
   }
   void WriteAndFinish(const grpc::ByteBuffer*, grpc::WriteOptions, grpc::Status) override {
     ADD_FAILURE() << "WriteAndFinish is not used";
+  }
+  // The call's context->TryCancel(): only recorded, as gRPC runs no
+  // reaction inline; the test then fails the write as gRPC would.
+  void TryCancel() {
+    AnnotatedMutexLock lock(&mu_);
+    EXPECT_FALSE(status_.has_value()) << "cancel after Finish";
+    ++cancels_;
   }
 
   // Completes the write in flight as gRPC would, outside the fake's lock.
@@ -92,6 +100,10 @@ class FakeWriter final : public grpc::ServerCallbackWriter<grpc::ByteBuffer> {
     AnnotatedMutexLock lock(&mu_);
     return pending_;
   }
+  int cancels() {
+    AnnotatedMutexLock lock(&mu_);
+    return cancels_;
+  }
   std::optional<grpc::Status> status() {
     AnnotatedMutexLock lock(&mu_);
     return status_;
@@ -106,15 +118,17 @@ class FakeWriter final : public grpc::ServerCallbackWriter<grpc::ByteBuffer> {
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> versions_ ABSL_GUARDED_BY(mu_);
   std::vector<int> actions_ ABSL_GUARDED_BY(mu_);
+  int cancels_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
 };
 
 class AssignmentStreamsTest : public ::testing::Test {
  protected:
   // Opens a stream for w-1 and binds it to `writer`, as gRPC does after the
-  // method returns.
+  // method returns; the stream cancels its call through `writer`.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Open(FakeWriter& writer, int64_t incarnation = 1) {
-    grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = streams_.Open("w-1", incarnation);
+    grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor =
+        streams_.Open("w-1", incarnation, [&writer] { writer.TryCancel(); });
     writer.Bind(reactor);
     return reactor;
   }
@@ -195,11 +209,13 @@ TEST_F(AssignmentStreamsTest, SecondWatchOfAnIncarnation_EndsTheFirst) {
   second->OnDone();
 }
 
+// The write was taken before the cancel landed.
 TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
   hub_.Set("w-1", RunAssignment(1));
   FakeWriter writer;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
   streams_.Supersede("w-1", 2);
+  EXPECT_EQ(writer.cancels(), 1);
   EXPECT_FALSE(writer.status().has_value());  // one operation at a time
   hub_.Set("w-1", RunAssignment(2));          // ending: not sent
   writer.CompleteWrite(true);
@@ -207,6 +223,49 @@ TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::ABORTED);
   EXPECT_EQ(writer.versions(), std::vector<int64_t>({1}));
   reactor->OnDone();
+}
+
+// A client that never takes the write in flight (it grants no flow-control
+// window) does not keep its superseded stream: the call is cancelled, gRPC
+// fails the write, and the worker is left with its new stream only. The
+// stream was ended on purpose: no watcher is reported gone.
+TEST_F(AssignmentStreamsTest, Supersede_WriteNeverCompletes_StreamIsCancelled) {
+  hub_.Set("w-1", RunAssignment(1));
+  FakeWriter old_writer, new_writer;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* old_stream = Open(old_writer, 1);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* new_stream = Open(new_writer, 1);  // replaces it
+  ASSERT_EQ(old_writer.cancels(), 1);
+  EXPECT_FALSE(old_writer.status().has_value());  // one operation at a time
+  // What gRPC does after the cancel: fails the write, tells of the cancel.
+  old_writer.CompleteWrite(false);
+  ASSERT_TRUE(old_writer.status().has_value());
+  EXPECT_EQ(old_writer.status()->error_code(), grpc::StatusCode::ABORTED);
+  old_stream->OnCancel();
+  old_stream->OnDone();
+  EXPECT_EQ(streams_.size(), 1);
+  EXPECT_TRUE(gone_.empty());
+  EXPECT_EQ(new_writer.cancels(), 0);
+  EXPECT_EQ(new_writer.versions(), std::vector<int64_t>({1}));
+  new_writer.CompleteWrite(true);
+  streams_.Shutdown();
+  EXPECT_EQ(new_writer.cancels(), 0);  // nothing in flight: finished at once
+  new_stream->OnDone();
+  EXPECT_EQ(streams_.size(), 0);
+}
+
+TEST_F(AssignmentStreamsTest, Shutdown_WriteNeverCompletes_StreamIsCancelled) {
+  hub_.Set("w-1", RunAssignment(1));
+  FakeWriter writer;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = Open(writer);
+  streams_.Shutdown();
+  ASSERT_EQ(writer.cancels(), 1);
+  writer.CompleteWrite(false);
+  ASSERT_TRUE(writer.status().has_value());
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
+  reactor->OnCancel();
+  reactor->OnDone();
+  EXPECT_EQ(streams_.size(), 0);
+  EXPECT_TRUE(gone_.empty());
 }
 
 TEST_F(AssignmentStreamsTest, Shutdown_EndsStreamsAndLaterOpensUnavailable) {

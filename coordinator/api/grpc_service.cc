@@ -297,7 +297,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorGrpcService::WatchAssignm
     valid = CheckWatcher(request);
   }
   if (!valid.ok()) return new RejectedStream(valid);
-  return streams_.Open(request.worker_id(), request.incarnation());
+  // A stream ended with a write in flight (superseded, or at shutdown) is
+  // cancelled: a client that grants no window never completes that write.
+  return streams_.Open(request.worker_id(), request.incarnation(),
+                       [context] { context->TryCancel(); });
 }
 
 namespace {

@@ -154,8 +154,9 @@
 namespace pipetrain {
 
 // Asks the worker whose data plane is at `data_address` to profile a model,
-// presenting the worker's `session_token` (WorkerRegistry::SessionToken),
-// which its WorkerControlService requires.
+// presenting an HMAC of the worker's `session_token` (WorkerRegistry::
+// SessionToken; WorkerControlCredential, common/secrets.h), which its
+// WorkerControlService requires; the token itself is not sent.
 using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
     const std::string& data_address, const std::string& session_token,
     const v1::ProfileRequest& request)>;

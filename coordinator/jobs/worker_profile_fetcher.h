@@ -1,7 +1,9 @@
 // The coordinator's side of WorkerControl.Profile: a ProfileFetcher
 // (job_manager.h) that calls a worker at its data-plane address (the worker
 // serves WorkerControl on that port, with the data plane's TLS when it has
-// one), with the worker's session credential, which WorkerControl requires.
+// one), presenting an HMAC of the worker's session credential
+// (WorkerControlCredential, common/secrets.h), which WorkerControl requires;
+// the credential itself never crosses that port.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 

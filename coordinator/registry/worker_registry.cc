@@ -177,8 +177,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     // answer was lost to a deadline while its save committed): the same
     // answer. A new incarnation left that one, which nobody held, READY
     // (a job placed on it lost the worker), or superseded the one a job
-    // was placed on meanwhile. Saved already (READY or ASSIGNED).
-    if (!request.registration_id().empty() && request.registration_id() == entry.registration_id &&
+    // was placed on meanwhile. Saved already (READY or ASSIGNED). The id
+    // is a secret (with the join token it yields the session token):
+    // compared in constant time.
+    if (!request.registration_id().empty() &&
+        ConstantTimeEquals(request.registration_id(), entry.registration_id) &&
         (old.state() == v1::WORKER_STATE_READY || old.state() == v1::WORKER_STATE_ASSIGNED) &&
         (!request.drained() || old.drained())) {
       TouchLocked(entry, clock_->Now());
@@ -432,6 +435,10 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
                      "; re-register to start a new incarnation"));
   }
   TouchLocked(*entry, clock_->Now());
+  // The incarnation's session reached its worker (over gRPC this heartbeat
+  // carried it): the answer to its registration is no longer lost, so the
+  // id that would repeat it, and hand out the session token again, retires.
+  entry->registration_id.clear();
   entry->worker.set_current_instruction(request.current_instruction());
   // Idle after the job it was released from, not before it took that job
   // (a heartbeat sent then, arriving after the job ended).

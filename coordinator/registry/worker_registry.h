@@ -189,9 +189,11 @@ class WorkerRegistry {
   // job before Register returns.
   // The response carries the new incarnation's session credential.
   // A retry (the same non-empty registration_id) of the registration that
-  // made the current incarnation, while that one is READY or ASSIGNED and
-  // the retry asks for no drain it lacks, gets the same answer (its lease
-  // renewed), not a new incarnation.
+  // made the current incarnation, while that one is READY or ASSIGNED, has
+  // not heartbeated yet, and the retry asks for no drain it lacks, gets the
+  // same answer (its lease renewed), not a new incarnation. After its first
+  // heartbeat the answer provably arrived: the id (a secret, compared in
+  // constant time) is retired, and the same request makes a new incarnation.
   // Possible errors:
   //   UNAUTHENTICATED: join token missing or wrong (checked first).
   //   INVALID_ARGUMENT: data_address is empty, or a field exceeds its bound
@@ -244,6 +246,7 @@ class WorkerRegistry {
 
   // Renews the lease of a live worker and stores its current_instruction,
   // and its nccl_unique_id when non-empty and not the one last consumed.
+  // Retires the incarnation's registration_id (see Register).
   // Possible errors:
   //   INVALID_ARGUMENT: worker_id empty, incarnation not positive, or
   //     current_instruction / nccl_unique_id over their bounds.
@@ -382,7 +385,8 @@ class WorkerRegistry {
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
     std::string session_secret;    // the current incarnation's (hex)
     // The RegisterWorkerRequest.registration_id that made the current
-    // incarnation (its retries get the same answer); not stored.
+    // incarnation (its retries get the same answer) until its first
+    // heartbeat; then empty. Not stored.
     std::string registration_id;
     // The incarnation before's (IsStaleSession); empty after a restore.
     std::string previous_secret;

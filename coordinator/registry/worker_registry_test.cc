@@ -552,6 +552,28 @@ TEST(WorkerRegistryTest, Register_RetryOfTheSameRegistration_SameIncarnationAndS
   EXPECT_EQ(registry.Register(other).value().incarnation(), first.incarnation() + 6);
 }
 
+// Once the incarnation heartbeats, its registration's answer provably
+// arrived: the registration_id retires, and the same request makes a new
+// incarnation with a new session. Before, it repeated the live session
+// token for as long as the incarnation lived, to anyone with the join
+// token and the id.
+TEST(WorkerRegistryTest, Register_SameRegistrationAfterAHeartbeat_NewIncarnationAndSession) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  v1::RegisterWorkerRequest request = Request(1);
+  request.set_registration_id("r-1");
+  const v1::RegisterWorkerResponse first = registry.Register(request).value();
+  ASSERT_TRUE(registry.Heartbeat(Beat(first.worker_id(), first.incarnation())).ok());
+  const v1::RegisterWorkerResponse again = registry.Register(request).value();
+  EXPECT_EQ(again.worker_id(), first.worker_id());
+  EXPECT_EQ(again.incarnation(), first.incarnation() + 1);
+  EXPECT_NE(again.session_token(), first.session_token());
+  EXPECT_EQ(registry.AuthenticateSession(first.session_token()).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // The new incarnation's own retry within its deadline is answered again.
+  EXPECT_EQ(registry.Register(request).value().session_token(), again.session_token());
+}
+
 // The re-registration could not be saved, but the old incarnation is gone
 // all the same: its job hears of it now (no later registration would, as
 // the entry is no longer ASSIGNED), and the caller is told to retry.

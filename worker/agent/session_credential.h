@@ -2,7 +2,9 @@
 // coordinator (coordinator.proto RegisterWorkerResponse.session_token).
 // The agent sets it at every registration and attaches it to its calls; the
 // worker's WorkerControlService accepts a call only when the caller
-// presents it, which only the coordinator (and this worker) can.
+// presents an HMAC of it (WorkerControlCredential, common/secrets.h), which
+// only the coordinator (and this worker) can make; the credential itself
+// is refused (it must not cross the plaintext data-plane port).
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_AGENT_SESSION_CREDENTIAL_H_
 #define PIPETRAIN_WORKER_AGENT_SESSION_CREDENTIAL_H_

@@ -37,6 +37,25 @@ bool IsRegistrationRefusal(grpc::StatusCode code) {
          code == grpc::StatusCode::FAILED_PRECONDITION;
 }
 
+// OK, or INTERNAL when a RegisterWorker answer cannot be used: its session
+// token goes into every later call's metadata, where gRPC aborts the process
+// on a byte that is not printable ASCII, so it is checked as the join token
+// is (CheckedSecret), and taken exactly (CheckedSecret drops a trailing line
+// end, which a file holds; the coordinator compares every byte). Not a
+// refusal: a buggy or mixed-version coordinator's answer, retried. The
+// message names the field, never the value.
+grpc::Status UsableRegistration(const v1::RegisterWorkerResponse& response) {
+  constexpr absl::string_view kField = "RegisterWorkerResponse.session_token";
+  const std::string& token = response.session_token();
+  absl::StatusOr<std::string> checked = CheckedSecret(kField, token);
+  if (checked.ok() && *checked == token) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INTERNAL,
+                      absl::StrCat("the coordinator's answer is unusable: ",
+                                   checked.ok() ? absl::StrCat(kField, " ends in a line end")
+                                                : std::string(checked.status().message()),
+                                   " (a coordinator of another build?)"));
+}
+
 constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
 
 }  // namespace
@@ -281,6 +300,9 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
       if (!cancellable.active()) return stopped();
       s = coordinator.stub->RegisterWorker(&context, request, &response);
     }
+    // Taken as a failed attempt that may have committed: backed off and
+    // retried (answered again, or superseded).
+    if (s.ok()) s = UsableRegistration(response);
     if (!s.ok() && cancel != nullptr && cancel->cancelled()) {
       SettleCutOffRegistration(request, coordinator);
       return absl::CancelledError("stopped while registering");
@@ -357,7 +379,8 @@ void WorkerAgent::SettleCutOffRegistration(v1::RegisterWorkerRequest request,
   grpc::ClientContext context;
   SetDeadline(&context, std::min(options_.rpc_timeout, kDeregisterTimeout) / 2);
   v1::RegisterWorkerResponse response;
-  const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
+  grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
+  if (s.ok()) s = UsableRegistration(response);
   AnnotatedMutexLock lock(&mu_);
   settled_registration_ = true;
   if (s.ok()) {

@@ -244,6 +244,8 @@ class WorkerAgent {
   // `cancel` (may be null) cuts off the call in flight; a call cut off is
   // settled (SettleCutOffRegistration) and CANCELLED returned. UNIMPLEMENTED
   // is a refusal only when `first` (Start's; see there), retried otherwise.
+  // An answer whose session token could not be sent as metadata (not one
+  // word of printable ASCII: gRPC would abort) is a failed attempt, retried.
   absl::Status RegisterWithRetry(CallCancel* cancel, bool first);
   struct CoordinatorStub;
   // A registration Leave cut off, or one stopped after an attempt that
@@ -258,7 +260,8 @@ class WorkerAgent {
   // drained incarnation that is deregistered at once (one LEFT entry).
   void SettleCutOffRegistration(v1::RegisterWorkerRequest request,
                                 const CoordinatorStub& coordinator);
-  // Takes a successful registration's answer.
+  // Takes a successful registration's answer, once its session token passed
+  // the check above (UsableRegistration, worker_agent.cc).
   void RecordRegistrationLocked(const v1::RegisterWorkerRequest& request,
                                 const v1::RegisterWorkerResponse& response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1324,6 +1324,75 @@ TEST(WorkerAgentTest, ReRegistrationAnsweredUnimplemented_RetriedNotRefused) {
   rig->Shutdown();
 }
 
+// Answers the first registration with a session token gRPC cannot send as
+// metadata (it ends in a line end), every later one as RegisteredAsW1;
+// records the registrations and the first heartbeat's authorization.
+class BadSessionTokenCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    registrations_.push_back(*request);
+    const grpc::Status answered = RegisteredAsW1(response);
+    if (registrations_.size() == 1) response->set_session_token("w-1.1.\n");
+    return answered;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    const auto bearer = context->client_metadata().find("authorization");
+    AnnotatedMutexLock lock(&mu_);
+    if (!authorization_.has_value()) {
+      authorization_ = bearer == context->client_metadata().end()
+                           ? ""
+                           : std::string(bearer->second.data(), bearer->second.size());
+    }
+    return grpc::Status::OK;
+  }
+  // The first heartbeat's authorization; nullopt when none came in 30 s.
+  std::optional<std::string> AwaitHeartbeatAuthorization() {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return authorization_.has_value(); },
+        absl::Seconds(30));
+    return authorization_;
+  }
+  std::vector<v1::RegisterWorkerRequest> registrations() {
+    AnnotatedMutexLock lock(&mu_);
+    return registrations_;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> authorization_ ABSL_GUARDED_BY(mu_);
+};
+
+// A registration answered with a session token that is not one word of
+// printable ASCII is a failed attempt: backed off and retried (the same
+// registration), and the next answer's token is the one the worker sends.
+// Before, the token went into the heartbeat's metadata as it was, and gRPC
+// aborted the process.
+TEST(WorkerAgentTest, Start_SessionTokenNotPrintable_RetriedNotSent) {
+  BadSessionTokenCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  const absl::Status started = agent.Start();
+  ASSERT_TRUE(started.ok()) << started;
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
+  ASSERT_EQ(registrations.size(), 2u);
+  EXPECT_EQ(registrations[1].registration_id(), registrations[0].registration_id());
+  EXPECT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
+  EXPECT_EQ(coordinator.AwaitHeartbeatAuthorization(), "Bearer w-1.1.secret");
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Registers the worker; its first heartbeat's answer says it is drained,
 // the second is refused as by a restarted coordinator (register again);
 // records each registration.

@@ -3,10 +3,12 @@
 // method: Profile, which runs the unit profiler (worker/profile/
 // unit_profiler.h) on this machine for the coordinator's planner.
 //
-// Callers: only the coordinator. Every call must present the worker's
-// current session credential (SessionCredential::Check), which the
-// coordinator issued and only it and this worker know; anything else is
-// UNAUTHENTICATED before any work starts.
+// Callers: only the coordinator. Every call must present an HMAC of the
+// worker's current session credential (WorkerControlCredential,
+// common/secrets.h; SessionCredential::Check), which only the coordinator
+// that issued the credential and this worker can compute; anything else,
+// the credential itself included (it must not cross this port, plaintext
+// without data-plane TLS), is UNAUTHENTICATED before any work starts.
 //
 // Profiles run one at a time on a thread of the service's own (OpenBLAS's
 // thread pool is shared and parallel profiles would time each other); a

@@ -303,37 +303,6 @@ absl::Status CheckModelSize(const v1::ModelSpec& model) {
 // Lexical only: the file is resolved under the data roots of whoever reads
 // it (common/confined_path.h), so no ".." may climb out of them. An
 // absolute path is allowed; it must resolve inside a root.
-struct UnknownField {
-  std::string message;  // its path, e.g. "spec.training"
-  int number = 0;
-};
-
-// The first message in `m` (named `path`), itself included, that holds a
-// field unknown to this build, and that field's number; nullopt when none.
-std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
-                                              const std::string& path) {
-  const google::protobuf::Reflection* reflection = m.GetReflection();
-  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(m);
-  if (!unknown.empty()) return UnknownField{path, unknown.field(0).number()};
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection->ListFields(m, &fields);
-  for (const google::protobuf::FieldDescriptor* field : fields) {
-    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
-    const std::string inner = absl::StrCat(path, ".", field->name());
-    if (!field->is_repeated()) {
-      if (auto found = FirstUnknownField(reflection->GetMessage(m, field), inner)) return found;
-      continue;
-    }
-    for (int i = 0; i < reflection->FieldSize(m, field); ++i) {
-      if (auto found = FirstUnknownField(reflection->GetRepeatedMessage(m, field, i),
-                                         absl::StrCat(inner, "[", i, "]"))) {
-        return found;
-      }
-    }
-  }
-  return std::nullopt;
-}
-
 absl::Status CheckDataPath(const std::string& path) {
   if (path.size() > kMaxSpecPathBytes) {
     return Invalid(
@@ -991,6 +960,30 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
+                                              const std::string& path) {
+  const google::protobuf::Reflection* reflection = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(m);
+  if (!unknown.empty()) return UnknownField{path, unknown.field(0).number()};
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string inner = absl::StrCat(path, ".", field->name());
+    if (!field->is_repeated()) {
+      if (auto found = FirstUnknownField(reflection->GetMessage(m, field), inner)) return found;
+      continue;
+    }
+    for (int i = 0; i < reflection->FieldSize(m, field); ++i) {
+      if (auto found = FirstUnknownField(reflection->GetRepeatedMessage(m, field, i),
+                                         absl::StrCat(inner, "[", i, "]"))) {
+        return found;
+      }
+    }
+  }
+  return std::nullopt;
+}
 
 absl::Status CheckMinLrHasACosine(const v1::JobSpec& spec) {
   if (spec.training().min_lr() <= 0 || spec.training().lr_schedule() == "cosine") {

@@ -11,6 +11,7 @@
 #define PIPETRAIN_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,12 +20,26 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/confined_path.h"
+#include "google/protobuf/message.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "worker/data/token_file.h"
 #include "worker/train/train_config.h"
 
 namespace pipetrain {
+
+// A message holding a field unknown to this build: where, and the field.
+struct UnknownField {
+  std::string message;  // its path, e.g. "spec.training"
+  int number = 0;
+};
+
+// The first message in `m` (named `path`), itself included, that holds a
+// field unknown to this build, and that field's number; nullopt when none.
+// ResolveJobSpec refuses a spec with one; a stored spec with one was
+// written by a newer coordinator (coordinator/jobs/stored_job_check.h).
+std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
+                                              const std::string& path);
 
 // Accepted values of spec.parallelism.solver and .schedule.
 inline constexpr char kSolverUniform[] = "uniform";

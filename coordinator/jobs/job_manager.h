@@ -372,7 +372,9 @@ class JobManager {
   // options.restart_grace has passed), through RECOVERING; one without
   // checkpoints FAILS, saying the coordinator restarted. Call once, before
   // serving and before the scheduling loop. DATA_LOSS when the state does
-  // not parse.
+  // not parse. FAILED_PRECONDITION, with nothing restored or saved, when a
+  // job that has not ended holds a spec field or profile key this build
+  // does not know (StoredFieldOfANewerBuild: a newer coordinator stored it).
   absl::Status Restore();
   const ProfileCache& profiles() const { return profiles_; }
   // Waits until every profile fetch started so far has been handled (the

@@ -54,6 +54,30 @@ void ReplaceUnfitTimes(v1::Job& job, absl::Time now) {
   }
 }
 
+// FAILED_PRECONDITION naming the first job in `stored` (of the store
+// `store` describes) that has not ended and holds a spec field or profile
+// key this build does not know (StoredFieldOfANewerBuild): state a newer
+// coordinator wrote, as after a rollback or when a standby of the older
+// build takes over. Restored, each such job would fail for good, and be
+// saved so: refused, as a newer layout version is
+// (CoordinatorState::Initialize), the jobs stay as stored for a build that
+// knows them. An ended job is restored all the same: nothing fails it, and
+// a newer build's ended jobs would otherwise bar a rollback until pruned.
+absl::Status RefuseJobsOfANewerBuild(const std::vector<store::StoredJob>& stored,
+                                     const std::string& store) {
+  for (const store::StoredJob& s : stored) {
+    // A record without an id: Restore skips it.
+    if (s.job().id().empty() || IsTerminal(s.job().state())) continue;
+    const std::string newer = StoredFieldOfANewerBuild(s.job().spec(), s.profile_json());
+    if (newer.empty()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        store, " holds job ", EchoInput(s.job().id()), " whose ", newer,
+        ", which this coordinator does not know: a newer coordinator wrote it; run a "
+        "coordinator at least as new as the one that wrote it (the job is left as stored)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
@@ -454,8 +478,11 @@ absl::Status JobManager::Restore() {
   // Oldest save first: the cache then evicts the least recently saved, not
   // the alphabetically first key (ProfileCache says what a restart loses).
   ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfilesBySave());
-  for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
   ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
+  // Before anything is restored, changed or saved (a profile evicted
+  // below is deleted from the store).
+  RETURN_IF_ERROR(RefuseJobsOfANewerBuild(stored, options_.state->Describe()));
+  for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
   const absl::Time now = clock_->Now();
   // By creation, one that does not fit (StoredTimeFits) as of now, as it is
   // restored (below): list pages resume by creation time, in this order.

@@ -4624,5 +4624,118 @@ TEST_F(JobManagerTest, QueueTimeoutWhileSavesFail_ShownQueuedAsAFailoverRestores
   EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// Sets field `number` of `m`, which this build does not know, as a newer
+// build's field reads here.
+void AddUnknownField(google::protobuf::Message* m, int number) {
+  m->GetReflection()->MutableUnknownFields(m)->AddVarint(number, 1);
+}
+
+// A coordinator rolled back, or an HA standby of the older build taking
+// over, restores state a newer coordinator wrote. Every stored spec is the
+// resolved one, which sets each field it has, so each of the newer build's
+// jobs carries every field added since; its profile, every key.
+class JobManagerNewerStateTest : public JobManagerTest {
+ protected:
+  // Job id_, RUNNING on one worker with checkpoints (a restart resumes it),
+  // stored in state_; its record as stored.
+  void StoreRunningJob(store::StoredJob* stored) {
+    AddWorker(7001);
+    v1::JobSpec spec = SmallSpec(1);
+    spec.mutable_training()->set_steps(100);
+    spec.mutable_checkpoint()->set_interval_steps(5);
+    spec.mutable_checkpoint()->set_dir("newer");
+    JobManager jobs(&registry_, &hub_, &clock_, Options("n1"));
+    id_ = jobs.Submit(spec).value().id();
+    background_.RunAll();
+    ASSERT_EQ(jobs.Get(id_).value().state(), v1::JOB_STATE_RUNNING);
+    jobs.FlushIo();
+    *stored = state_.LoadJobs().value().at(0);
+    ASSERT_EQ(stored->job().state(), v1::JOB_STATE_RUNNING);
+    ASSERT_FALSE(stored->profile_json().empty());
+  }
+  JobManagerOptions Options(const std::string& epoch) {
+    return JobManagerOptions{.output_dir = OutputDir(),
+                             .id_epoch = epoch,
+                             .state = &state_,
+                             .background_runner = background_.Runner()};
+  }
+  // A restart refuses the state, naming the job and `what` it does not
+  // know, and leaves `stored` as it is: nothing restored, failed or saved.
+  void ExpectRefusedLeftAsStored(const store::StoredJob& stored, const std::string& what) {
+    JobManager restarted(&registry_, &hub_, &clock_, Options("n2"));
+    const absl::Status restored = restarted.Restore();
+    EXPECT_EQ(restored.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(restored.message(),
+              "memory holds job " + id_ + " whose " + what +
+                  ", which this coordinator does not know: a newer coordinator wrote it; run a "
+                  "coordinator at least as new as the one that wrote it (the job is left as "
+                  "stored)");
+    restarted.FlushIo();
+    EXPECT_TRUE(restarted.List().empty());
+    const std::vector<store::StoredJob> after = state_.LoadJobs().value();
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_EQ(after[0].job().state(), v1::JOB_STATE_RUNNING);
+    EXPECT_EQ(after[0].SerializeAsString(), stored.SerializeAsString());
+  }
+  // A restart by a build that knows all of the job's record resumes it.
+  void ExpectResumed(const store::StoredJob& known) {
+    ASSERT_TRUE(state_.SaveJob(known).ok());
+    JobManager restarted(&registry_, &hub_, &clock_, Options("n3"));
+    ASSERT_TRUE(restarted.Restore().ok());
+    EXPECT_EQ(restarted.Get(id_).value().state(), v1::JOB_STATE_RECOVERING);
+  }
+
+  MemoryStore store_;
+  CoordinatorState state_{&store_};
+  std::string id_;
+};
+
+// A spec field this build does not know: restored, ResolveJobSpec refused
+// it and the job FAILED for good, saved so.
+TEST_F(JobManagerNewerStateTest, Restore_SpecFieldOfANewerBuild_RefusedLeftAsStored) {
+  store::StoredJob stored;
+  ASSERT_NO_FATAL_FAILURE(StoreRunningJob(&stored));
+  const store::StoredJob known = stored;
+  AddUnknownField(stored.mutable_job()->mutable_spec()->mutable_parallelism(), 9999);
+  ASSERT_TRUE(state_.SaveJob(stored).ok());
+  ExpectRefusedLeftAsStored(stored, "spec.parallelism has field number 9999");
+  ExpectResumed(known);
+}
+
+// A profile key this build does not know (as "transient_bytes" was to
+// builds before it): restored, the profile did not parse, and the job
+// FAILED for good ("the stored profile does not fit the model"), saved so.
+TEST_F(JobManagerNewerStateTest, Restore_ProfileKeyOfANewerBuild_RefusedLeftAsStored) {
+  store::StoredJob stored;
+  ASSERT_NO_FATAL_FAILURE(StoreRunningJob(&stored));
+  const store::StoredJob known = stored;
+  std::string profile = stored.profile_json();
+  const size_t first_unit = profile.find(R"("units":[{)");
+  ASSERT_NE(first_unit, std::string::npos) << profile;
+  profile.insert(first_unit + std::string(R"("units":[{)").size(), R"("future_key":1,)");
+  stored.set_profile_json(profile);
+  ASSERT_TRUE(state_.SaveJob(stored).ok());
+  ExpectRefusedLeftAsStored(stored, "profile_json has key units[0].future_key");
+  ExpectResumed(known);
+}
+
+// An ended job of the newer build is restored as it was: nothing fails it,
+// and refused, such jobs would bar a rollback until they were pruned.
+TEST_F(JobManagerNewerStateTest, Restore_EndedJobWithAFieldOfANewerBuild_RestoredAsItWas) {
+  std::string id;
+  {
+    JobManager jobs(&registry_, &hub_, &clock_, Options("n4"));
+    id = jobs.Submit(SmallSpec(3)).value().id();  // no workers: queued
+    ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
+    jobs.FlushIo();
+  }
+  store::StoredJob stored = state_.LoadJobs().value().at(0);
+  AddUnknownField(stored.mutable_job()->mutable_spec(), 9999);
+  ASSERT_TRUE(state_.SaveJob(stored).ok());
+  JobManager restarted(&registry_, &hub_, &clock_, Options("n5"));
+  ASSERT_TRUE(restarted.Restore().ok());
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+}
+
 }  // namespace
 }  // namespace pipetrain

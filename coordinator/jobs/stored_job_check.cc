@@ -22,6 +22,16 @@ int64_t LatestStoredSecond(absl::Time now) {
 
 }  // namespace
 
+std::string StoredFieldOfANewerBuild(const v1::JobSpec& spec, const std::string& profile_json) {
+  if (const std::optional<UnknownField> field = FirstUnknownField(spec, "spec")) {
+    return absl::StrCat(field->message, " has field number ", field->number);
+  }
+  if (const std::string key = FirstUnknownProfileKey(profile_json); !key.empty()) {
+    return absl::StrCat("profile_json has key ", key);
+  }
+  return "";
+}
+
 std::string StoredPlanMismatch(const v1::Plan& plan, std::optional<int> units) {
   if (!InCount(plan.version())) return absl::StrCat("plan version ", plan.version());
   if (plan.data_parallel() < 0 || plan.data_parallel() > kMaxStages) {

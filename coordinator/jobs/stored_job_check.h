@@ -42,6 +42,16 @@ std::string StoredPlanMismatch(const v1::Plan& plan, std::optional<int> units);
 // model, named as UnitName names it, in order.
 std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& model);
 
+// What of a stored job this build does not know, as a newer coordinator
+// stores it: the first field of `spec` (at any depth) unknown to this
+// build ("spec.parallelism has field number 9999"), else the first key of
+// `profile_json` ParseProfileJson does not know ("profile_json has key
+// units[0].future_key"); "" when neither. Every stored spec is the
+// resolved one, which sets each field it has, so a newer coordinator's
+// jobs carry every field added since, used or not; restored, ResolveJobSpec
+// and ParseProfileJson would refuse them, and the job fail for good.
+std::string StoredFieldOfANewerBuild(const v1::JobSpec& spec, const std::string& profile_json);
+
 // The job's counters and its checkpoints' steps: plan_version,
 // progress.step, val_step, loss_history_start, checkpoint_step,
 // steps_redone, checkpoint_failures and every checkpoint's step in

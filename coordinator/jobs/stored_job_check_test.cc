@@ -1,5 +1,7 @@
 #include "coordinator/jobs/stored_job_check.h"
 
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -145,6 +147,42 @@ TEST(StoredTimesMismatch, FromTheEpochToADayAheadOfNow) {
   EXPECT_TRUE(StoredTimeFits(last, absl::FromUnixSeconds(253402300799)));
   last.set_seconds(253402300800);
   EXPECT_FALSE(StoredTimeFits(last, absl::FromUnixSeconds(253402300799)));
+}
+
+// Sets field `number` of `m`, which this build does not know.
+void AddUnknownField(google::protobuf::Message* m, int number) {
+  m->GetReflection()->MutableUnknownFields(m)->AddVarint(number, 1);
+}
+
+// A spec field unknown to this build at any depth, named by its path and
+// number, is found before a profile key unknown to it; a spec and profile
+// this build wrote hold neither.
+TEST(StoredFieldOfANewerBuild, NamesTheFirstUnknownSpecFieldThenProfileKey) {
+  v1::JobSpec spec;
+  spec.set_name("known");
+  spec.mutable_parallelism()->set_stages(2);
+  ModelProfile profile;
+  profile.units.push_back(UnitProfile{.name = "embed"});
+  const std::string profile_json = ProfileToJson(profile, /*indent=*/-1);
+  EXPECT_EQ(StoredFieldOfANewerBuild(spec, profile_json), "");
+  EXPECT_EQ(StoredFieldOfANewerBuild(spec, ""), "");  // no profile stored
+  const std::string newer_profile =
+      R"({"micro_batch_size":1,"units":[{"name":"embed","fwd_seconds":0,"bwd_seconds":0,)"
+      R"("weight_bytes":0,"activation_bytes":0,"future_key":1}]})";
+  EXPECT_EQ(StoredFieldOfANewerBuild(spec, newer_profile),
+            "profile_json has key units[0].future_key");
+  v1::JobSpec newer = spec;
+  AddUnknownField(newer.mutable_parallelism(), 9999);
+  EXPECT_EQ(StoredFieldOfANewerBuild(newer, newer_profile),
+            "spec.parallelism has field number 9999");
+  newer = spec;
+  AddUnknownField(&newer, 77);
+  EXPECT_EQ(StoredFieldOfANewerBuild(newer, profile_json), "spec has field number 77");
+  newer = spec;
+  newer.mutable_parallelism()->add_manual_stages();
+  AddUnknownField(newer.mutable_parallelism()->add_manual_stages(), 88);
+  EXPECT_EQ(StoredFieldOfANewerBuild(newer, profile_json),
+            "spec.parallelism.manual_stages[1] has field number 88");
 }
 
 }  // namespace

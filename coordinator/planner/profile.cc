@@ -25,19 +25,58 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
 
-// Rejects keys outside `allowed`, so typos do not silently use defaults.
-absl::Status OnlyKeys(const json& object, const std::string& where,
-                      const std::set<std::string>& allowed) {
-  if (!object.is_object()) return Invalid(where.empty() ? "(top level)" : where, "must be an object");
+// The keys each object of a profile file may hold, for ParseProfileJson
+// and FirstUnknownProfileKey alike; never destroyed.
+const std::set<std::string>& ProfileKeys() {
+  static const auto* const keys = new std::set<std::string>{"micro_batch_size", "units", "codecs"};
+  return *keys;
+}
+const std::set<std::string>& UnitKeys() {
+  static const auto* const keys = new std::set<std::string>{
+      "name",        "fwd_seconds",     "bwd_seconds",       "weight_bytes", "activation_bytes",
+      "stash_bytes", "transient_bytes", "optimizer_seconds", "partitions"};
+  return *keys;
+}
+const std::set<std::string>& PartitionKeys() {
+  static const auto* const keys = new std::set<std::string>{"count", "fwd_seconds", "bwd_seconds"};
+  return *keys;
+}
+const std::set<std::string>& CodecKeys() {
+  static const auto* const keys = new std::set<std::string>{"codec", "all_reduce_seconds_per_byte"};
+  return *keys;
+}
+
+// The first key of `object` (named `where`) outside `allowed`, named as
+// the error shows it; "" when none, or when `object` is no object.
+std::string UnknownKey(const json& object, const std::string& where,
+                       const std::set<std::string>& allowed) {
+  if (!object.is_object()) return "";
   for (const auto& [key, value] : object.items()) {
     if (allowed.count(key) == 0) {
       // Escaped and cut: a shared file's key may hold an escape sequence
       // for the terminal that shows the error, or be megabytes long.
       const std::string shown = EchoInput(key);
-      return Invalid(where.empty() ? shown : where + "." + shown, "unknown field");
+      return where.empty() ? shown : where + "." + shown;
     }
   }
+  return "";
+}
+
+// Rejects keys outside `allowed`, so typos do not silently use defaults.
+absl::Status OnlyKeys(const json& object, const std::string& where,
+                      const std::set<std::string>& allowed) {
+  if (!object.is_object()) return Invalid(where.empty() ? "(top level)" : where, "must be an object");
+  if (const std::string key = UnknownKey(object, where, allowed); !key.empty()) {
+    return Invalid(key, "unknown field");
+  }
   return absl::OkStatus();
+}
+
+// `object[key]` when it is a list, else null.
+const json* ListAt(const json& object, const std::string& key) {
+  if (!object.is_object()) return nullptr;
+  const auto it = object.find(key);
+  return it != object.end() && it->is_array() ? &*it : nullptr;
 }
 
 // What a field that is not there reads as (null); never destroyed, as
@@ -101,12 +140,7 @@ absl::Status CheckName(const json& name, size_t max_bytes, const std::string& fi
 }
 
 absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
-  if (auto s = OnlyKeys(u, where,
-                        {"name", "fwd_seconds", "bwd_seconds", "weight_bytes", "activation_bytes",
-                         "stash_bytes", "transient_bytes", "optimizer_seconds", "partitions"});
-      !s.ok()) {
-    return s;
-  }
+  if (auto s = OnlyKeys(u, where, UnitKeys()); !s.ok()) return s;
   UnitProfile unit;
   if (!u.contains("name")) return Invalid(where + ".name", "missing string");
   RETURN_IF_ERROR(CheckName(u["name"], kMaxProfileUnitNameBytes, where + ".name"));
@@ -126,9 +160,7 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
     }
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string at = absl::StrCat(where, ".partitions[", i, "]");
-      if (auto s = OnlyKeys(list[i], at, {"count", "fwd_seconds", "bwd_seconds"}); !s.ok()) {
-        return s;
-      }
+      if (auto s = OnlyKeys(list[i], at, PartitionKeys()); !s.ok()) return s;
       // Both arms lvalues: a prvalue arm would copy the value (recursively).
       const json& count = list[i].contains("count") ? list[i]["count"] : Absent();
       if (!count.is_number_integer() || (count.get<int64_t>() != 2 && count.get<int64_t>() != 4) ||
@@ -149,7 +181,7 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
   auto parsed = Parse(text);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
-  if (auto s = OnlyKeys(j, "", {"micro_batch_size", "units", "codecs"}); !s.ok()) return s;
+  if (auto s = OnlyKeys(j, "", ProfileKeys()); !s.ok()) return s;
   ModelProfile profile;
   double mbs = 0;
   ASSIGN_OR_RETURN(mbs, Number(j, "micro_batch_size", "", true));
@@ -186,9 +218,7 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
     }
     for (size_t i = 0; i < codecs.size(); ++i) {
       const std::string at = absl::StrCat("codecs[", i, "]");
-      if (auto s = OnlyKeys(codecs[i], at, {"codec", "all_reduce_seconds_per_byte"}); !s.ok()) {
-        return s;
-      }
+      if (auto s = OnlyKeys(codecs[i], at, CodecKeys()); !s.ok()) return s;
       const json& name = codecs[i].contains("codec") ? codecs[i]["codec"] : Absent();
       if (!name.is_string() || name.get<std::string>().empty() ||
           name.get<std::string>().size() > kMaxProfileCodecNameBytes ||
@@ -210,6 +240,30 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
     }
   }
   return profile;
+}
+
+std::string FirstUnknownProfileKey(const std::string& text) {
+  const absl::StatusOr<json> parsed = Parse(text);
+  if (!parsed.ok()) return "";
+  // The objects ParseProfileJson reads, in its order.
+  std::string found = UnknownKey(*parsed, "", ProfileKeys());
+  if (const json* units = ListAt(*parsed, "units")) {
+    for (size_t i = 0; found.empty() && i < units->size(); ++i) {
+      const std::string at = absl::StrCat("units[", i, "]");
+      found = UnknownKey((*units)[i], at, UnitKeys());
+      const json* partitions = ListAt((*units)[i], "partitions");
+      for (size_t k = 0; found.empty() && partitions != nullptr && k < partitions->size(); ++k) {
+        found =
+            UnknownKey((*partitions)[k], absl::StrCat(at, ".partitions[", k, "]"), PartitionKeys());
+      }
+    }
+  }
+  if (const json* codecs = ListAt(*parsed, "codecs")) {
+    for (size_t i = 0; found.empty() && i < codecs->size(); ++i) {
+      found = UnknownKey((*codecs)[i], absl::StrCat("codecs[", i, "]"), CodecKeys());
+    }
+  }
+  return found;
 }
 
 absl::Status CheckProfileCodecName(const std::string& name) {

@@ -143,6 +143,11 @@ inline constexpr size_t kMaxProfileUnitNameBytes = 128;
 // outside [1e-6, 1e6], a bandwidth in (0, 1), one of the two data-plane
 // cost fields without the other.
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);
+// The first key of profile `json` that ParseProfileJson does not know, as
+// its error names it ("units[0].future_key", escaped and cut as there);
+// "" when there is none, or when `json` does not parse (ParseProfileJson
+// says why). A profile written by a newer build may hold keys added since.
+std::string FirstUnknownProfileKey(const std::string& json);
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);
 // Indented by `indent` spaces a level; -1: on one line, no spaces.
 std::string ProfileToJson(const ModelProfile& profile, int indent = 2);

@@ -166,6 +166,38 @@ TEST(ProfileTest, UnknownKey_ShownEscapedAndCut) {
             absl::StrCat("units[0].", long_key.substr(0, 64), "...: unknown field"));
 }
 
+// The first key ParseProfileJson refuses as unknown, at each level it
+// reads (a newer build's profile, stored by its coordinator), named as its
+// error names it; none in a profile it reads, nor in text that is no JSON.
+TEST(ProfileTest, FirstUnknownProfileKey_NamesTheKeyTheParserRefuses) {
+  EXPECT_EQ(FirstUnknownProfileKey(kProfile), "");
+  ModelProfile full = ParseProfileJson(kProfile).value();
+  full.units[1].partition_seconds[2] = {0.0011, 0.0021};
+  full.codec_all_reduce_seconds_per_byte = {{"bf16", 1e-9}};
+  EXPECT_EQ(FirstUnknownProfileKey(ProfileToJson(full)), "");
+  EXPECT_EQ(FirstUnknownProfileKey("{"), "");
+  EXPECT_EQ(FirstUnknownProfileKey(R"({"units": 3, "codecs": [1]})"), "");
+  const std::string unit = R"({"name": "embed", "fwd_seconds": 1, "bwd_seconds": 1,
+                              "weight_bytes": 4, "activation_bytes": 4)";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"micro_batch_size": 1, "future_key": 1, "units": [)" + unit + "}]}", "future_key"},
+      {R"({"micro_batch_size": 1, "units": [)" + unit + "}, " + unit + R"(, "future_key": 1}]})",
+       "units[1].future_key"},
+      {R"({"micro_batch_size": 1, "units": [)" + unit +
+           R"(, "partitions": [{"count": 2, "fwd_seconds": 1, "bwd_seconds": 1, "x": 1}]}]})",
+       "units[0].partitions[0].x"},
+      {R"({"micro_batch_size": 1, "units": [)" + unit +
+           R"(}], "codecs": [{"codec": "bf16", "all_reduce_seconds_per_byte": 0, "x": 1}]})",
+       "codecs[0].x"},
+      {R"({"micro_batch_size": 1, "units": [)" + unit + R"(, "\u001b]2;x\u0007": 1}]})",
+       "units[0].\\x1b]2;x\\x07"},
+  };
+  for (const auto& [json, key] : cases) {
+    EXPECT_EQ(FirstUnknownProfileKey(json), key) << json;
+    EXPECT_EQ(ParseProfileJson(json).status().message(), key + ": unknown field") << json;
+  }
+}
+
 TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
   EXPECT_EQ(ParseProfileJson("{").status().message().rfind("not valid JSON: ", 0), 0u);
   const std::pair<const char*, const char*> cases[] = {

@@ -585,9 +585,38 @@ pkill -KILL -f -- "--ports-file=$TMP/up-worker/worker-1[.]ports"
 said_worker_ended() { grep -q "worker-1 ended: killed by signal 9 (SIGKILL)" "$TMP/up-worker.err"; }
 await_said() { for _ in $(seq 1 600); do said_worker_ended && return 0; sleep 0.05; done; return 1; }
 ok up_worker_died_said_at_once await_said
-kill -TERM "$up_pid"
+# Ended already when the job had no plan yet (below): no such process.
+kill -TERM "$up_pid" 2>/dev/null
 wait "$up_pid"
 ok up_worker_died_nothing_left ended "$TMP/up-worker"
+# A worker that ends before the job's first plan, which needs every worker,
+# ends the run at once (78, as a worker that did not start), naming it and
+# its log, the job cancelled: up starts no other, and the job waited for it
+# until its queue timeout, an hour. This worker writes its ports file, as
+# one whose registration is then refused does, and exits 1; up finds it
+# first in $TEST_SRCDIR (FindSiblingBinary), beside the real coordinator.
+fake_root="$TMP/fake-srcdir/pipetrain"
+mkdir -p "$fake_root/coordinator" "$fake_root/worker"
+ln -s "$COORDINATOR" "$fake_root/coordinator/pipetrain-coordinator"
+cat >"$fake_root/worker/pipetrain-worker" <<'FAKE'
+#!/bin/bash
+for arg in "$@"; do [[ $arg == --ports-file=* ]] && ports=${arg#--ports-file=}; done
+echo '{"data_port": 1, "metrics_port": 1}' >"$ports.tmp" && mv "$ports.tmp" "$ports"
+echo "fake worker: registration refused" >&2
+exit 1
+FAKE
+chmod +x "$fake_root/worker/pipetrain-worker"
+# Bounded by timeout (exit 124; its SIGTERM stops up's cluster) only so that
+# a regression fails rather than holding the test for the hour.
+TEST_SRCDIR="$TMP/fake-srcdir" timeout 120 "$BIN" up --workers 1 --steps 3 \
+  --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-fake" >"$OUT" 2>"$ERR" </dev/null
+rc=$?
+ok up_worker_died_before_plan_exit_78 test "$rc" -eq 78  # 64 + UNAVAILABLE
+ok up_worker_died_before_plan_named grep -qF \
+  "worker-0 ended: exit code 1; its log: $TMP/up-fake/worker-0.log; job job-" "$ERR"
+ok up_worker_died_before_plan_cancelled grep -qF \
+  "cannot start without it (its first plan needs every worker), so it was cancelled" "$ERR"
+ok up_worker_died_before_plan_nothing_left ended "$TMP/up-fake"
 
 # With --keep-running, up still watches its cluster after the job: a
 # coordinator that dies ends up (78), saying how, rather than "cluster

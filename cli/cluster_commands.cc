@@ -592,6 +592,17 @@ bool StdoutReaderGone() {
 // a restart with state, or a lease and a takeover, fit well inside.
 constexpr absl::Duration kRefindWindow = absl::Seconds(60);
 
+// Whether `job` has yet to start on its first plan, for which it waits
+// until every worker it asked for is READY (the elastic minimum applies
+// only to recoveries): QUEUED, PROFILING or PLANNING with no plan before.
+// A re-plan later (a drain's, a join's) plans again with plan_version > 0.
+bool AwaitsFirstPlan(const v1::Job& job) {
+  const v1::JobState state = job.state();
+  return job.plan_version() == 0 &&
+         (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
+          state == v1::JOB_STATE_PLANNING);
+}
+
 // Where Follow gets a stub again after losing the coordinator: the
 // command's --coordinator list, its leader found again (FindCoordinator).
 using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>>()>;
@@ -604,8 +615,10 @@ using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorSe
 // coordinator has it back), and `*reconnected` gets the stub found last.
 // With `watch` (up: the processes it started), each poll asks it for news
 // to show and whether to go on: a non-OK status ends the following with
-// it (`rpc_failed`: asked after a failed call, which it may explain).
-using LocalWatch = std::function<absl::Status(bool rpc_failed, std::vector<std::string>* news)>;
+// it (`polled`: the job as the poll found it; null after a failed call,
+// which it may explain).
+using LocalWatch =
+    std::function<absl::Status(const v1::Job* polled, std::vector<std::string>* news)>;
 absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
                                absl::Duration timeout, StepTiming* timing = nullptr,
                                const Reconnect& reconnect = nullptr,
@@ -637,7 +650,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     if (Interrupted()) break;
     if (watch) {
       std::vector<std::string> news;
-      const absl::Status going_on = watch(!s.ok(), &news);
+      const absl::Status going_on = watch(s.ok() ? &job : nullptr, &news);
       for (const std::string& line : news) progress.Message(TerminalSafe(line));
       if (!going_on.ok()) {
         progress.Finish();
@@ -1132,17 +1145,31 @@ int RunUp(const std::vector<std::string>& args) {
                job.id().c_str(), layout.c_str(), o.solver.c_str(), o.schedule.c_str(),
                static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
   // Its own processes, watched while the job runs: a worker that ended is
-  // news at once (a job still waiting for it would say nothing for up to
-  // its queue timeout), and a coordinator that ended ends the run, saying
-  // how.
+  // news at once, and a coordinator that ended ends the run, saying how.
+  // So does a worker that ended before the job's first plan, which needs
+  // every worker: nothing starts another, and the job would wait for it
+  // until its queue timeout (an hour by default). After that plan, a lost
+  // worker is the job's to recover from or fail on.
   std::set<std::string> workers_shown;
-  const LocalWatch watch = [&](bool rpc_failed, std::vector<std::string>* news) -> absl::Status {
+  const LocalWatch watch = [&](const v1::Job* polled,
+                               std::vector<std::string>* news) -> absl::Status {
     const absl::Status ended =
-        coordinator_ended(rpc_failed ? absl::Seconds(2) : absl::ZeroDuration());
+        coordinator_ended(polled == nullptr ? absl::Seconds(2) : absl::ZeroDuration());
     if (!ended.ok()) return ended;
     for (absl::string_view line :
          absl::StrSplit((*cluster)->DescribeEndedWorkers(), '\n', absl::SkipEmpty())) {
-      if (workers_shown.insert(std::string(line)).second) news->emplace_back(line);
+      if (!workers_shown.insert(std::string(line)).second) continue;
+      if (polled != nullptr && AwaitsFirstPlan(*polled)) {
+        v1::CancelJobRequest cancel;
+        cancel.set_id(job.id());
+        v1::Job cancelled;
+        // A courtesy, as on Ctrl-C: the cluster stops next anyway.
+        (void)stub->CancelJob(WithDeadline(absl::Seconds(2)).get(), cancel, &cancelled);
+        return absl::UnavailableError(absl::StrCat(line, "; job ", job.id(),
+                                                   " cannot start without it (its first plan "
+                                                   "needs every worker), so it was cancelled"));
+      }
+      news->emplace_back(line);
     }
     return absl::OkStatus();
   };
@@ -1175,7 +1202,9 @@ int RunUp(const std::vector<std::string>& args) {
     workers_shown.insert(std::string(line));  // said; --keep-running says only later ones
   }
   // Whole or not at all, its errno named (an unchecked final flush lost a
-  // full disk's error); a failure is reported after the run's report.
+  // full disk's error); a failure is reported after the run's report. A
+  // FIFO whose reader stalls is given up on at Ctrl-C (or SIGTERM), which
+  // then stops the cluster as anywhere else in the run.
   absl::Status loss_log_written = absl::OkStatus();
   if (!o.loss_log.empty()) {
     if (end.progress().loss_history_start() != 0) {  // refused at the start; a guard
@@ -1185,8 +1214,17 @@ int RunUp(const std::vector<std::string>& args) {
     } else {
       std::string text;
       for (float loss : end.progress().loss_history()) text += absl::StrFormat("%.9g\n", loss);
-      loss_log_written = WriteFilesOrNone({{o.loss_log, std::move(text)}});
+      loss_log_written =
+          WriteFilesOrNone({{o.loss_log, std::move(text)}}, [] { return Interrupted(); });
     }
+  }
+  if (Interrupted()) {
+    if (!loss_log_written.ok()) {
+      std::fprintf(stderr, "pipetrain up: --loss-log: %s\n",
+                   std::string(loss_log_written.message()).c_str());
+    }
+    std::fprintf(stderr, "interrupted; stopping the cluster\n");
+    return InterruptedExitCode();
   }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());
@@ -1221,7 +1259,7 @@ int RunUp(const std::vector<std::string>& args) {
     // rather than leaving "cluster running" up beside a dead address.
     while (!Interrupted()) {
       std::vector<std::string> news;
-      const absl::Status going_on = watch(false, &news);
+      const absl::Status going_on = watch(&end, &news);
       for (const std::string& line : news) {
         std::fprintf(stderr, "%s\n", TerminalSafe(line).c_str());
       }

@@ -1,6 +1,7 @@
 #include "cli/output_paths.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -166,7 +168,10 @@ absl::Status CheckReplaceableFile(const char* flag, const std::string& path) {
                    " is not a regular file (a device, FIFO, socket or directory); name a file"));
 }
 
-absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& path) {
+namespace {
+
+// OpenFifoWriteEnd's write end, still non-blocking (as WriteOne keeps it).
+absl::StatusOr<int> OpenNonBlockingFifoWriteEnd(absl::string_view what, const std::string& path) {
   struct stat info;
   if (path.empty() || stat(path.c_str(), &info) != 0 || !S_ISFIFO(info.st_mode)) return -1;
   // Non-blocking, a FIFO's write end opens only with a reader (ENXIO
@@ -178,6 +183,15 @@ absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& 
         absl::StrCat(what, what.empty() ? "" : " ", path,
                      " is a FIFO with no reader; start its reader first, or name a regular file"));
   }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& path) {
+  absl::StatusOr<int> opened = OpenNonBlockingFifoWriteEnd(what, path);
+  if (!opened.ok() || *opened < 0) return opened;
+  const int fd = *opened;
   // Blocking from here on: writes wait for the reader, as a shell's ">".
   const int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
@@ -239,27 +253,56 @@ void RemoveIfRegular(const std::string& path) {
 
 namespace {
 
+// How long a write to a FIFO whose reader takes nothing waits before it
+// asks `stop` again.
+constexpr int kFifoStopPollMs = 200;
+
+// Writes `text` through `fd`, a FIFO's non-blocking write end, as its reader
+// takes it, asking `stop` while the reader takes nothing. Not a blocking
+// write: one to a stalled reader waited for ever, and a signal did not end
+// it (CatchInterrupt's SA_RESTART resumes it). The error names `path`.
+absl::Status WriteToFifo(int fd, const std::string& path, const std::string& text,
+                         const std::function<bool()>& stop) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
+    }
+    if (n == 0) return absl::UnknownError(absl::StrCat("cannot write ", path));
+    // Full: wait for room (an ended reader wakes it too, and the next
+    // write says EPIPE), asking `stop` between waits.
+    if (stop && stop()) {
+      return absl::CancelledError(absl::StrCat("cannot write ", path,
+                                               ": stopped while its reader took nothing (", done,
+                                               " of ", text.size(), " bytes written)"));
+    }
+    pollfd room = {fd, POLLOUT, 0};
+    if (poll(&room, 1, kFifoStopPollMs) < 0 && errno != EINTR) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Writes `text` to `path` (created or truncated). The error names `path`.
-absl::Status WriteOne(const std::string& path, const std::string& text) {
-  // A FIFO through the write end OpenFifoWriteEnd found a reader for: a
-  // blocking open of one nobody reads waits for ever (past signals).
-  // Its message, as FAILED_PRECONDITION: at the write, not the command line.
-  absl::StatusOr<int> fifo = OpenFifoWriteEnd("", path);
+absl::Status WriteOne(const std::string& path, const std::string& text,
+                      const std::function<bool()>& stop) {
+  // A FIFO through a write end opened only with a reader (as in
+  // OpenFifoWriteEnd): a blocking open of one nobody reads waits for ever
+  // (past signals). Its message, as FAILED_PRECONDITION: at the write, not
+  // the command line.
+  absl::StatusOr<int> fifo = OpenNonBlockingFifoWriteEnd("", path);
   if (!fifo.ok()) return absl::FailedPreconditionError(fifo.status().message());
   if (*fifo >= 0) {
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = write(*fifo, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int error = errno;
-        close(*fifo);
-        return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
-      }
-      done += static_cast<size_t>(n);
-    }
+    const absl::Status wrote = WriteToFifo(*fifo, path, text, stop);
     close(*fifo);
-    return absl::OkStatus();
+    return wrote;
   }
   errno = 0;
   std::ofstream out(path, std::ios::binary);
@@ -273,7 +316,8 @@ absl::Status WriteOne(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
+absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files,
+                              const std::function<bool()>& stop) {
   // A regular (or new) file is written to a temporary beside it and renamed
   // over it only once every file is written, so a failure leaves each as it
   // was. A device, FIFO or symbolic link (/dev/stdout, a link the user
@@ -308,7 +352,7 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
     staged.push_back({temp, file.path});
   }
   for (const OutputFile* file : in_place) {
-    if (absl::Status wrote = WriteOne(file->path, file->text); !wrote.ok()) {
+    if (absl::Status wrote = WriteOne(file->path, file->text, stop); !wrote.ok()) {
       discard();
       return wrote;
     }

@@ -113,7 +113,14 @@ struct OutputFile {
 // rare, leaves the earlier ones done). The error is "cannot
 // write PATH" with the errno's code (a missing directory NOT_FOUND),
 // UNKNOWN when there is no errno.
-absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files);
+// A FIFO is written as fast as its reader takes the text. While the reader
+// takes nothing, `stop` (when given) is asked every 200 ms: true ends the
+// write with CANCELLED "cannot write PATH: stopped while its reader took
+// nothing (N of M bytes written)", the reader left with part of the text
+// (a stalled reader held `up`, past Ctrl-C, with its cluster running).
+// Without `stop`, the write waits for the reader, as a shell's ">" would.
+absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files,
+                              const std::function<bool()>& stop = nullptr);
 
 }  // namespace pipetrain
 

@@ -2,19 +2,25 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cli/interrupt.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -340,6 +346,43 @@ TEST(WriteFilesOrNoneTest, Fifo_ReaderGetsTheText_NoReaderRefusedAtOnce) {
   EXPECT_EQ(read(reader, got, sizeof(got)), 4);
   EXPECT_STREQ(got, "1.5\n");
   close(reader);
+}
+
+// A FIFO whose reader takes nothing held the write for ever, and with it
+// `up` and its cluster: Ctrl-C and SIGTERM only set the interrupt, and
+// SA_RESTART resumed the blocking write. The write now asks `stop` while the
+// FIFO is full, and ends CANCELLED once an interrupt is pending.
+TEST(WriteFilesOrNoneTest, FifoReaderStalls_Interrupted_Cancelled) {
+  const std::string fifo = TempDir() + "/stalled.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // The reader, never read while the write runs: O_RDWR opens without
+  // waiting for a writer, and the write end then finds a reader.
+  const int held = open(fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  const std::string text(200 << 10, 'x');  // more than a pipe holds (64 KiB)
+  std::promise<absl::Status> wrote;
+  std::future<absl::Status> result = wrote.get_future();
+  std::thread writer([&] {
+    wrote.set_value(WriteFilesOrNone({{fifo, text}}, [] { return Interrupted(); }));
+  });
+  Interrupt(SIGINT);
+  // A bound on a hang, not a timing check: the blocking write never ended.
+  EXPECT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the write still waits for the stalled reader";
+  // So that a write still waiting ends, and the test with it.
+  char drain[4096];
+  while (result.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    (void)!read(held, drain, sizeof drain);
+  }
+  writer.join();
+  close(held);
+  const absl::Status status = result.get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  // How much the pipe took depends on the kernel's pipe size.
+  EXPECT_TRUE(absl::StartsWith(
+      status.message(), "cannot write " + fifo + ": stopped while its reader took nothing ("))
+      << status;
+  EXPECT_TRUE(absl::EndsWith(status.message(), " of 204800 bytes written)")) << status;
 }
 
 TEST(CheckDistinctOutputsTest, SameFileByNameOrLink_Refused_DistinctOk) {

@@ -151,11 +151,12 @@ class StreamShared {
 //
 // Reading, one frame at a time:
 //
-//   reading --frame--> the first frame of a tensor beyond the window?
-//     ^  ^                 | no: handle it         | yes
+//   reading --frame--> the first frame of a tensor beyond a window, or one
+//     ^  ^             that only lacks room in the mailbox (ReserveOrHold)?
+//     |  |                 | no: handle it         | yes
 //     |  +-----------------+                       v
 //     |                                 held: no read in flight
-//     +--- mailbox wake (still beyond: held again) -+
+//     +--- mailbox wake (still beyond, or no room: held again) -+
 //     |                                             | OnCancel: CancelHold, or the
 //     | !ok: peer closed, or cancelled              | wake already on its way;
 //     v                                             | the frame is dropped
@@ -175,6 +176,15 @@ class StreamShared {
 // (then the wake never runs), and no hold starts once Finish is due. The
 // wake runs without the mailbox's lock (Mailbox::HoldBeyondWindow), so the
 // lock order stays mu_ -> mailbox.
+//
+// Room: a tensor's reservation given back under mu_ (a rejected frame that
+// dropped a half-assembled tensor, a refused Put, a stream ending with one)
+// may let in a frame another stream holds for room. The mailbox does not
+// wake it then (the wake would lock that stream's mu_ under this one's);
+// Run does, with no lock held (Mailbox::WakeHeldForRoom), as OnDone does
+// for what the stream's end gives back. A held stream has no tensor in
+// assembly (frames are held only at a tensor's first), so its own end or
+// job change gives nothing back.
 class FrameStreamReactor final : public StreamReactor {
  public:
   // A stream proven to come from `source_stage` of `job_id`. Starts
@@ -224,6 +234,7 @@ class FrameStreamReactor final : public StreamReactor {
       // The tensor being assembled goes now, not at OnDone: a peer that
       // reads no replies can leave the reply being written unfinished, and
       // so this stream's Finish, for as long as it likes.
+      if (assembler_.in_progress()) room_given_back_ = true;
       assembler_.Abandon();
       // Replies not yet written go: the stream ends (the one being written
       // stays until its OnWriteDone).
@@ -281,10 +292,15 @@ class FrameStreamReactor final : public StreamReactor {
 
   void OnDone() override {
     std::shared_ptr<StreamShared> shared = shared_;
+    bool gave_back = false;
     {
       AnnotatedMutexLock lock(&mu_);  // Orders every earlier reaction before the delete.
       PT_CHECK(hold_ == 0) << "a stream finished while the mailbox held its frame";
+      // A stream cancelled mid-tensor gives its reservation back here.
+      gave_back = assembler_.in_progress() || room_given_back_;
+      assembler_.Abandon();
     }
+    if (gave_back) shared->mailbox()->WakeHeldForRoom();
     if (!shared->StreamDone(this)) return;  // A job change still holds it.
     delete this;
     shared->ReactorDone();
@@ -296,6 +312,8 @@ class FrameStreamReactor final : public StreamReactor {
     bool read = false;
     bool finish = false;
     grpc::Status status;  // With finish.
+    // Room was given back: Mailbox::WakeHeldForRoom.
+    bool wake_room = false;
   };
 
   // Splits incoming_ into frame_ (header and payload views into slices_);
@@ -353,12 +371,11 @@ class FrameStreamReactor final : public StreamReactor {
     Run(next);
   }
 
-  // Handles frame_ unless the run-ahead window holds it back; returns
-  // whether to read the next frame.
+  // Handles frame_ unless a window or the lack of room holds it back;
+  // returns whether to read the next frame.
   bool HandleOrHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (HoldLocked()) return false;
-    HandleFrameLocked();
-    return true;
+    return HandleFrameLocked();
   }
 
   // Holds frame_ when it starts a tensor of this stream's job that is beyond
@@ -388,26 +405,44 @@ class FrameStreamReactor final : public StreamReactor {
         source_stage_));
   }
 
-  void HandleFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Handles frame_: buffers it, or refuses it with a FrameError. Returns
+  // false, nothing refused, when the mailbox holds it instead for lack of
+  // room (its tensor fits the whole limit; Mailbox::ReserveOrHold): the
+  // assembler refused its first frame and took nothing of it, so it
+  // accepts the same frame again at the wake.
+  bool HandleFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Status status = CheckBindingLocked();
     absl::StatusOr<std::optional<ReceivedTensor>> result = std::optional<ReceivedTensor>();
+    int64_t held = 0;
     if (status.ok()) {
       // The mailbox says up front whether it would take the tensor, so a
       // refused one is never buffered, and reserves its bytes while it is
       // assembled: other streams' tensors cannot then take the same room.
+      // A cancelled stream is not held: nobody would cancel the hold.
       Mailbox* mailbox = shared_->mailbox();
-      result = assembler_.Accept(frame_, *shared_->job(),
-                                 [mailbox](const TensorAddress& address, int64_t bytes) {
-                                   return mailbox->Reserve(address, bytes);
-                                 });
+      const bool can_wait = !cancelled_;
+      result = assembler_.Accept(
+          frame_, *shared_->job(),
+          [this, mailbox, can_wait, &held](const TensorAddress& address, int64_t bytes) {
+            if (!can_wait) return mailbox->Reserve(address, bytes);
+            Mailbox::WindowWake wake = [this] { Unhold(); };
+            return mailbox->ReserveOrHold(address, bytes, std::move(wake), &held);
+          });
       status = result.status();
+    }
+    if (held != 0) {
+      hold_ = held;
+      return false;
     }
     if (result.ok() && result->has_value()) {
       ReceivedTensor& done = **result;
       status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.wire),
                                        std::move(done.reservation));
     }
-    if (status.ok()) return;
+    if (status.ok()) return true;
+    // A refused Put, or a rejection that dropped a half-assembled tensor,
+    // gave its reservation back.
+    room_given_back_ = true;
     if (int64_t dropped = 0; shared_->rejected_frames_log().Allow(&dropped)) {
       PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status
                       << LogRateLimiter::Dropped(dropped);
@@ -427,6 +462,7 @@ class FrameStreamReactor final : public StreamReactor {
       }
     }
     ReplyLocked(frame_.header, status);
+    return true;
   }
 
   // Decides the next gRPC operations (`read`: start the next read); marks
@@ -434,6 +470,7 @@ class FrameStreamReactor final : public StreamReactor {
   // ending), nothing is held and every error reply is written.
   Next NextLocked(bool read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Next next;
+    next.wake_room = std::exchange(room_given_back_, false);
     next.read = read && !ending_;
     if (next.read) ++reads_starting_;
     if (writing_ || finished_) return next;
@@ -456,6 +493,8 @@ class FrameStreamReactor final : public StreamReactor {
   // EndForJobChange had to leave follows it here; the started read keeps
   // OnDone away until then.
   void Run(const Next& next) {
+    // First, while `this` is surely alive: Finish, last below, may delete it.
+    if (next.wake_room) shared_->mailbox()->WakeHeldForRoom();
     if (next.write != nullptr) StartWrite(next.write);
     if (next.read) {
       StartRead(&incoming_);
@@ -496,8 +535,11 @@ class FrameStreamReactor final : public StreamReactor {
   // Reads NextLocked decided that Run has not started yet.
   int reads_starting_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);  // OK unless ending_
-  // The mailbox's ticket for the held frame_; 0 when none is held.
+  // The mailbox's ticket for the held frame_ (by a window or for room); 0
+  // when none is held.
   int64_t hold_ ABSL_GUARDED_BY(mu_) = 0;
+  // A reservation was given back under mu_ since NextLocked last ran.
+  bool room_given_back_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Ends a stream at once with `status`, reading nothing; deletes itself.

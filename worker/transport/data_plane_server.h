@@ -33,6 +33,16 @@
 // or shuts down (the frame is then handled, so refused if it must be), or
 // when the stream is cancelled or the server moves to another job (SetJob,
 // ClearJob: the frame is dropped and the stream ends).
+// A tensor that only lacks room in the mailbox (its bytes or count limit
+// is full now, but the tensor alone fits the byte limit) is held the same
+// way (Mailbox::ReserveOrHold) until a Take, a reservation given back or a
+// job's end makes room, so a stage that takes slower than its peer sends
+// slows the peer instead of failing the job with RESOURCE_EXHAUSTED. A
+// tensor larger than the whole limit is still refused at once. A held
+// stream delays the tensors behind it: a stage that waits for one of them
+// while the mailbox is full of tensors it takes only later gets
+// DEADLINE_EXCEEDED at its receive timeout (Mailbox::Take), which the job
+// recovers from.
 //
 // Per stream: frames are processed in the read reaction that delivered them
 // (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits

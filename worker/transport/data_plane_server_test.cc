@@ -1,7 +1,8 @@
 // DataPlaneServer against a raw gRPC client on loopback: a stream whose
-// sender runs beyond the mailbox's run-ahead window is held (backpressure),
-// not refused, and every way a hold can end; the byte limit still refuses;
-// a job change ends the old job's streams.
+// sender runs beyond the mailbox's run-ahead window, or whose tensor only
+// lacks room in a full mailbox, is held (backpressure), not refused, and
+// every way a hold can end; a tensor over the whole byte limit is still
+// refused; a job change ends the old job's streams.
 // Every wait is on a condition (Mailbox::AwaitHeld, a Take, a stream read).
 #include "worker/transport/data_plane_server.h"
 
@@ -390,6 +391,101 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   ExpectTaken(At(kStageIteration + 1, 3), small);
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A stage that takes slower than its peer sends (GPipe) fills its mailbox:
+// room for 3 tensors, 6 streamed on one stream, all of the stage's current
+// iteration. The 4th waits unread, held for room (nothing refused), and
+// each Take lets the next one in; all 6 arrive in order, with no FrameError.
+// Before, the 4th was refused (RESOURCE_EXHAUSTED) and the job failed.
+TEST_F(DataPlaneServerTest, Stream_SixTensorsIntoRoomForThree_HeldForRoomAllArrive) {
+  StartServer(MailboxLimits{.max_bytes = 48});  // 3 tensors of 4 floats
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  std::vector<WireTensor> sent;
+  for (int unit = 1; unit <= 6; ++unit) {
+    sent.push_back(Values(4, static_cast<float>(10 * unit)));
+    Write(*stream, At(kStageIteration, unit), sent.back());
+  }
+
+  // The first 3 are in; the 4th is held, unread, and nothing is reserved for it.
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  EXPECT_EQ(mailbox_->size(), 3u);
+  EXPECT_EQ(mailbox_->bytes(), 48);
+  EXPECT_EQ(mailbox_->reserved(), 0);
+  for (int unit = 1; unit <= 6; ++unit) ExpectTaken(At(kStageIteration, unit), sent[unit - 1]);
+
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_EQ(NextError(*stream), "(the stream ended)");
+  const grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  EXPECT_EQ(mailbox_->held(), 0u);
+  EXPECT_EQ(mailbox_->bytes(), 0);
+}
+
+// No wait lets in a tensor larger than the whole limit: refused at once
+// even while the mailbox is full and another stream is held for room.
+TEST_F(DataPlaneServerTest, Stream_TensorOverTheWholeLimitWhileFull_RefusedAtOnce) {
+  StartServer(MailboxLimits{.max_bytes = 48});
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  std::vector<WireTensor> sent;
+  for (int unit = 1; unit <= 4; ++unit) {
+    sent.push_back(Values(4, static_cast<float>(unit)));
+    Write(*stream, At(kStageIteration, unit), sent.back());
+  }
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+
+  grpc::ClientContext large_context;
+  std::unique_ptr<FrameStream> large = Open(large_context, /*stage=*/1);
+  Write(*large, At(kStageIteration, 9), Values(16, 9.f), /*stage=*/1);  // 64 bytes
+  const std::string error = NextError(*large);
+  EXPECT_NE(error.find("RESOURCE_EXHAUSTED: a tensor of 64 bytes is larger than this worker's "
+                       "whole mailbox limit of 48 bytes (--mailbox-limit); refused"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(mailbox_->held(), 1u);  // The other stream's, still.
+  const absl::StatusOr<WireTensor> refused =
+      mailbox_->Take(1, At(kStageIteration, 9), absl::Hours(1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+
+  for (int unit = 1; unit <= 4; ++unit) ExpectTaken(At(kStageIteration, unit), sent[unit - 1]);
+  for (FrameStream* done : {stream.get(), large.get()}) {
+    ASSERT_TRUE(done->WritesDone());
+    EXPECT_TRUE(done->Finish().ok());
+  }
+}
+
+// Room given back by a stream, not by a Take, wakes a stream held for it:
+// here a stream cancelled in the middle of a tensor, whose reservation goes
+// when its reactor ends. Without that wake the held tensor would wait for a
+// Take that never comes (the stage waits for that very tensor).
+TEST_F(DataPlaneServerTest, Stream_StalledStreamCancelled_ItsRoomWakesAHeldStream) {
+  StartServer(MailboxLimits{.max_bytes = 1024});
+  const TensorAddress filler = At(kStageIteration, 50);
+  ASSERT_TRUE(mailbox_->Put(/*source_stage=*/1, filler, Values(256, 0.f)).ok());  // 1024 bytes
+  grpc::ClientContext stalled_context;
+  std::unique_ptr<FrameStream> stalled = Open(stalled_context);
+  WriteFirstFrame(*stalled, At(kStageIteration, 1), Values(192, 1.f));  // 768 bytes
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  // The Take wakes the stalled stream on this thread: its first frame is
+  // admitted, its bytes reserved, before the Take returns.
+  ASSERT_TRUE(mailbox_->Take(1, filler, absl::ZeroDuration()).ok());
+  EXPECT_EQ(mailbox_->held(), 0u);
+  EXPECT_EQ(mailbox_->reserved(), 768);
+
+  grpc::ClientContext held_context;
+  std::unique_ptr<FrameStream> held = Open(held_context, /*stage=*/1);
+  const WireTensor sent = Values(192, 2.f);
+  Write(*held, At(kStageIteration, 2), sent, /*stage=*/1);
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+
+  stalled_context.TryCancel();
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ExpectTaken(At(kStageIteration, 2), sent, /*stage=*/1);
+  ASSERT_TRUE(held->WritesDone());
+  EXPECT_EQ(NextError(*held), "(the stream ended)");
+  EXPECT_TRUE(held->Finish().ok());
 }
 
 // A peer holding a stage's keys cannot open streams without bound: past

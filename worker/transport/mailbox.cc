@@ -81,7 +81,7 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
     }
     // Every hold is measured again: against another job (refused) or the
     // new window.
-    wakes = ReleaseHoldsLocked([](const TensorAddress&) { return true; });
+    wakes = ReleaseHoldsLocked([](const Hold&) { return true; });
   }
   RunWakes(std::move(wakes));
 }
@@ -109,7 +109,9 @@ bool Mailbox::BeyondEvalWindowLocked(const TensorAddress& address) const {
          std::max<int64_t>(1, std::min<int64_t>(limits_.eval_run_ahead_micro_batches, 1 << 30));
 }
 
-absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {
+absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes,
+                                  bool* for_room) const {
+  if (for_room != nullptr) *for_room = false;
   if (!open_job_.empty() && address.job_id != open_job_) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor for job ", address.job_id.substr(0, 64), " but this worker runs ",
@@ -137,21 +139,24 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
     return absl::AbortedError(absl::StrCat("tensor for job ", address.job_id,
                                            ", which was stopped on this worker; refused"));
   }
-  if (static_cast<int64_t>(tensors_.size()) + reservations_ >= limits_.max_tensors) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "mailbox full: ", tensors_.size(), " tensors wait and ", reservations_,
-        " are being received, the limit of ", limits_.max_tensors, " tensors; refused"));
-  }
   // Larger than the whole limit: no wait would let it in, and "mailbox
-  // full" would send the operator looking for a stuck peer.
+  // full" would send the operator looking for a stuck peer. Checked before
+  // the count, so that such a tensor is never held for room.
   if (wire_bytes > limits_.max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a tensor of ", wire_bytes, " bytes is larger than this worker's whole mailbox limit of ",
         limits_.max_bytes, " bytes (--mailbox-limit); refused: raise the limit above it"));
   }
+  if (static_cast<int64_t>(tensors_.size()) + reservations_ >= limits_.max_tensors) {
+    if (for_room != nullptr) *for_room = limits_.max_tensors > 0;  // A Take frees a place.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mailbox full: ", tensors_.size(), " tensors wait and ", reservations_,
+        " are being received, the limit of ", limits_.max_tensors, " tensors; refused"));
+  }
   // Tensors still being received count too: their memory is allocated
   // when their first frame is admitted.
   if (wire_bytes > limits_.max_bytes - bytes_ - reserved_) {
+    if (for_room != nullptr) *for_room = true;  // It fits the whole limit (above).
     return absl::ResourceExhaustedError(absl::StrCat(
         "mailbox full: ", bytes_, " bytes wait, ", reserved_,
         " more are reserved for tensors being received, and a tensor of ", wire_bytes,
@@ -170,11 +175,59 @@ absl::StatusOr<Mailbox::Reservation> Mailbox::Reserve(const TensorAddress& addre
   PT_CHECK(wire_bytes >= 0) << "reserving " << wire_bytes << " bytes for " << address.DebugString();
   AnnotatedMutexLock lock(&mu_);
   if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
+  return ReserveLocked(address.job_id, wire_bytes);
+}
+
+Mailbox::Reservation Mailbox::ReserveLocked(const std::string& job_id, int64_t wire_bytes) {
   reserved_ += wire_bytes;
   ++reservations_;
   const int64_t ticket = next_ticket_++;
-  live_reservations_.emplace(ticket, LiveReservation{address.job_id, wire_bytes});
+  live_reservations_.emplace(ticket, LiveReservation{job_id, wire_bytes});
   return Reservation(this, ticket, wire_bytes);
+}
+
+// The check that the tensor must wait and the hold's registration are one
+// step under mu_, and every change that frees room is made under mu_ and
+// followed by ReleaseRoomHoldsLocked (or, for a Reservation given back, by
+// its owner's WakeHeldForRoom): room freed between the two cannot be missed.
+absl::StatusOr<Mailbox::Reservation> Mailbox::ReserveOrHold(const TensorAddress& address,
+                                                            int64_t wire_bytes, WindowWake wake,
+                                                            int64_t* hold) {
+  PT_CHECK(wire_bytes >= 0) << "reserving " << wire_bytes << " bytes for " << address.DebugString();
+  *hold = 0;
+  AnnotatedMutexLock lock(&mu_);
+  bool for_room = false;
+  absl::Status admitted = AdmitLocked(address, wire_bytes, &for_room);
+  if (admitted.ok()) return ReserveLocked(address.job_id, wire_bytes);
+  if (for_room && !shut_down_) {
+    *hold = next_ticket_++;
+    holds_.emplace(*hold, Hold{address, std::move(wake), /*for_room=*/true, wire_bytes});
+  }
+  return admitted;
+}
+
+bool Mailbox::RoomForLocked(int64_t wire_bytes) const {
+  return static_cast<int64_t>(tensors_.size()) + reservations_ < limits_.max_tensors &&
+         wire_bytes <= limits_.max_bytes - bytes_ - reserved_;
+}
+
+// Every hold that fits on its own is woken, not just as many as fit
+// together: a woken stream may have been cancelled meanwhile and take
+// nothing, and one that finds the room taken is held again (ReserveOrHold),
+// so waking too many costs a retry, too few a hold left waiting.
+Mailbox::Wakes Mailbox::ReleaseRoomHoldsLocked() {
+  return ReleaseHoldsLocked([this](const Hold& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return held.for_room && RoomForLocked(held.bytes);
+  });
+}
+
+void Mailbox::WakeHeldForRoom() {
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    wakes = ReleaseRoomHoldsLocked();
+  }
+  RunWakes(std::move(wakes));
 }
 
 int64_t Mailbox::HoldBeyondWindow(const TensorAddress& address, WindowWake wake) {
@@ -203,11 +256,10 @@ bool Mailbox::AwaitHeld(size_t count, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(reached, timeout);
 }
 
-Mailbox::Wakes Mailbox::ReleaseHoldsLocked(
-    const std::function<bool(const TensorAddress&)>& release) {
+Mailbox::Wakes Mailbox::ReleaseHoldsLocked(const std::function<bool(const Hold&)>& release) {
   Wakes wakes;
   for (auto it = holds_.begin(); it != holds_.end();) {
-    if (release(it->second.address)) {
+    if (release(it->second)) {
       wakes.push_back(std::move(it->second.wake));
       it = holds_.erase(it);
     } else {
@@ -271,12 +323,27 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
       moved = true;
     }
     if (moved) {
-      wakes = ReleaseHoldsLocked([this](const TensorAddress& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                                     mu_) { return !BeyondWindowLocked(held); });
+      wakes = ReleaseHoldsLocked([this](const Hold& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !held.for_room && !BeyondWindowLocked(held.address);
+      });
     }
   }
   RunWakes(std::move(wakes));  // Before waiting: what they let in may be what this Take wants.
-  AnnotatedMutexLock lock(&mu_);
+  absl::StatusOr<WireTensor> taken;
+  Wakes room;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    taken = TakeLocked(key, timeout);
+    // The room it leaves may be what a held stream waits for.
+    if (taken.ok()) room = ReleaseRoomHoldsLocked();
+  }
+  RunWakes(std::move(room));
+  return taken;
+}
+
+absl::StatusOr<WireTensor> Mailbox::TakeLocked(const Key& key, absl::Duration timeout) {
+  const int source_stage = key.first;
+  const TensorAddress& address = key.second;
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0 ||
            refused_.count(key) > 0;
@@ -295,11 +362,16 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
                           absl::StrCat(address.DebugString(), " from stage ", source_stage,
                                        " arrived but this worker refused it: ", why.message()));
     }
-    return absl::DeadlineExceededError(
-        absl::StrCat("waited ", absl::FormatDuration(timeout), " for ", address.DebugString(),
-                     " from stage ", source_stage,
-                     "; that stage is slow, stalled or gone: check its "
-                     "status and log"));
+    const auto held_for_room = std::count_if(holds_.begin(), holds_.end(),
+                                             [](const auto& held) { return held.second.for_room; });
+    return absl::DeadlineExceededError(absl::StrCat(
+        "waited ", absl::FormatDuration(timeout), " for ", address.DebugString(), " from stage ",
+        source_stage, "; that stage is slow, stalled or gone: check its status and log",
+        held_for_room == 0
+            ? ""
+            : absl::StrCat("; or it is behind one of ", held_for_room,
+                           " streams waiting for room in this worker's full mailbox (",
+                           limits_.max_bytes, " bytes, --mailbox-limit)")));
   }
   WireTensor wire = std::move(it->second);
   tensors_.erase(it);
@@ -316,7 +388,7 @@ void Mailbox::Shutdown() {
   {
     AnnotatedMutexLock lock(&mu_);
     shut_down_ = true;
-    wakes = ReleaseHoldsLocked([](const TensorAddress&) { return true; });
+    wakes = ReleaseHoldsLocked([](const Hold&) { return true; });
   }
   RunWakes(std::move(wakes));
 }
@@ -336,13 +408,19 @@ void Mailbox::DropJobLocked(const std::string& job_id) {
   }
 }
 
+// Its tensors and reservations gone, the holds for room of any job may fit.
+Mailbox::Wakes Mailbox::ReleaseJobHoldsLocked(const std::string& job_id) {
+  return ReleaseHoldsLocked([&](const Hold& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return held.address.job_id == job_id || (held.for_room && RoomForLocked(held.bytes));
+  });
+}
+
 void Mailbox::DropJob(const std::string& job_id) {
   Wakes wakes;
   {
     AnnotatedMutexLock lock(&mu_);
     DropJobLocked(job_id);
-    wakes =
-        ReleaseHoldsLocked([&job_id](const TensorAddress& held) { return held.job_id == job_id; });
+    wakes = ReleaseJobHoldsLocked(job_id);
   }
   RunWakes(std::move(wakes));
 }
@@ -353,8 +431,7 @@ void Mailbox::AbortJob(const std::string& job_id) {
     AnnotatedMutexLock lock(&mu_);
     DropJobLocked(job_id);
     aborted_jobs_.insert(job_id);
-    wakes =
-        ReleaseHoldsLocked([&job_id](const TensorAddress& held) { return held.job_id == job_id; });
+    wakes = ReleaseJobHoldsLocked(job_id);
   }
   RunWakes(std::move(wakes));
 }

@@ -13,12 +13,17 @@
 //   - bytes: at most MailboxLimits::max_bytes of tensors (their wire bytes)
 //     wait at once, counting the tensors still being received that Reserve
 //     admitted (their memory is allocated before their last frame comes);
-//     an Admit, Reserve or Put beyond it is RESOURCE_EXHAUSTED.
+//     an Admit, Reserve or Put beyond it is RESOURCE_EXHAUSTED, but a
+//     receiver that can wait asks ReserveOrHold and holds a tensor that
+//     only lacks room now until a Take (or a job's end) makes room, as the
+//     windows below hold theirs: a stage that takes slower than its peer
+//     sends (GPipe) slows the peer instead of failing the job. A tensor
+//     larger than the whole limit is refused at once: no wait lets it in.
 //   - count: at most MailboxLimits::max_tensors tensors wait at once
 //     (reserved ones included). Each costs memory besides its bytes (its
 //     map entry, address and shape), and a tensor of no bytes (a shape
 //     with a 0) costs no bytes at all: without a count, a peer could store
-//     millions of them under any byte limit.
+//     millions of them under any byte limit. Held for room alike.
 //   - run-ahead window: once a job is opened (OpenJob), a tensor of an
 //     iteration more than run_ahead_iterations past the job's current
 //     iteration (the first iteration, or the latest one a Take asked for)
@@ -47,17 +52,30 @@
 // stream ends (the data plane ends the streams of a job it no longer
 // accepts: DataPlaneServer::SetJob).
 //
-// Held tensors and their wake-ups (HoldBeyondWindow):
+// Held tensors and their wake-ups (HoldBeyondWindow, ReserveOrHold):
 //
 //   HoldBeyondWindow --beyond the window--> held --released--> wake runs once
+//   ReserveOrHold ----only room lacks-----> held      |
 //         | otherwise: 0, nothing held        | CancelHold: true
 //         v                                   v
-//   Admit decides                        forgotten, no wake
+//   Admit decides (ReserveOrHold: reserved)  forgotten, no wake
 //
-// Released by: a Take that moves the window over it; OpenJob; DropJob or
-// AbortJob of its job; Shutdown.
+// Released by: a Take that moves the window over it (a window's hold) or
+// that leaves room for it (a hold for room); WakeHeldForRoom when room for
+// it was given back; OpenJob; DropJob or AbortJob of its job (and, for
+// room, of any job whose tensors made room for it); Shutdown.
 // A wake runs after the mailbox's lock is released, on the thread of the
 // call that released it, so it may call the mailbox again.
+//
+// No wake is lost: a hold is registered under the same lock as the check
+// that it must wait, and room is freed only under that lock too (a Take, a
+// Reservation given back, a job dropped), so room freed before the check
+// is seen by it and room freed after it releases the hold. A receiver that
+// waits for a tensor behind a stream held for room (another stream's, or
+// this stream's next) while the mailbox is full of tensors it takes only
+// later gets DEADLINE_EXCEEDED at its timeout (the message says streams
+// wait for room), a peer failure the job recovers from: no worse than the
+// RESOURCE_EXHAUSTED that failed the job at once before holds for room.
 //
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
@@ -157,7 +175,7 @@ class Mailbox {
   absl::StatusOr<Reservation> Reserve(const TensorAddress& address, int64_t wire_bytes);
 
   // For a receiver that can wait instead of having a tensor refused as
-  // beyond the run-ahead window (DataPlaneServer). Returns 0 when the
+  // beyond the run-ahead or evaluation window (DataPlaneServer). Returns 0 when the
   // window does not hold a tensor of `address` back: it is within the
   // window, of another job than the open one, of an aborted job, or the
   // mailbox is shut down; Admit then decides as for any tensor, and `wake`
@@ -170,10 +188,35 @@ class Mailbox {
   // no promise that the tensor is now within the window: ask again.
   using WindowWake = std::function<void()>;
   int64_t HoldBeyondWindow(const TensorAddress& address, WindowWake wake);
-  // Forgets the hold `ticket`: true when its wake will never run; false
-  // when it has run or is about to (it was released already).
+  // Reserve, for a receiver that can wait for room (DataPlaneServer, after
+  // HoldBeyondWindow said 0): sets *hold to 0 and returns what Reserve
+  // would (`wake` dropped), unless Reserve would refuse the tensor only for
+  // lack of room now: the bytes stored and reserved leave too few for it,
+  // or max_tensors wait or are being received, though it fits the whole
+  // byte limit (and max_tensors > 0) and the mailbox is not shut down. Then
+  // nothing is reserved, `wake` is kept as a hold whose ticket (> 0) goes
+  // to *hold, and Reserve's RESOURCE_EXHAUSTED ("mailbox full") is
+  // returned, so that the caller takes nothing of the tensor yet. `wake`
+  // then runs exactly once, unless CancelHold(ticket) returns true first:
+  // when a Take or WakeHeldForRoom finds room for `wire_bytes` (not
+  // reserved for it: ask again, and the tensor may be held again), or
+  // OpenJob, DropJob, AbortJob or Shutdown; as HoldBeyondWindow's wake.
+  // Requires wire_bytes >= 0.
+  absl::StatusOr<Reservation> ReserveOrHold(const TensorAddress& address, int64_t wire_bytes,
+                                            WindowWake wake, int64_t* hold);
+  // Wakes the holds for room (ReserveOrHold) whose tensor fits now, on this
+  // thread after the lock is released. Take, OpenJob, DropJob and AbortJob
+  // do it themselves; a Reservation given back (destroyed, or ended by a
+  // Put that refused its tensor) does not, because its owner may hold a
+  // lock that the wakes take (the data plane's stream holds its own): the
+  // owner calls this once it holds no such lock, or the holds wait for the
+  // next Take. Thread-safe; cheap when nothing is held.
+  void WakeHeldForRoom();
+  // Forgets the hold `ticket` (either kind): true when its wake will never
+  // run; false when it has run or is about to (it was released already).
   bool CancelHold(int64_t ticket);
-  // How many tensors are held back now (one per waiting stream at most).
+  // How many tensors are held back now, by a window or for room (one per
+  // waiting stream at most).
   size_t held() const;
   // Waits up to `timeout` until exactly `count` tensors are held; returns
   // whether that happened. For tests and diagnostics.
@@ -204,19 +247,23 @@ class Mailbox {
   // for DEADLINE_EXCEEDED and ABORTED; a refused tensor: NoteRefused). Asking
   // for a later iteration of the open job moves the run-ahead window, and
   // for a later validation micro-batch the evaluation window, which first
-  // wakes the holds it releases (on this thread).
+  // wakes the holds it releases (on this thread). The tensor taken frees
+  // room: the holds for room it makes fit are woken before it returns (on
+  // this thread). DEADLINE_EXCEEDED says so when streams are held for room
+  // (the tensor may be behind one: --mailbox-limit).
   absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
                                   absl::Duration timeout);
   // Wakes all waiters with ABORTED; later Takes fail at once. Wakes every
   // hold (HoldBeyondWindow then holds nothing more).
   void Shutdown();
-  // Drops every tensor of `job_id` (e.g. after a cancel) and wakes its holds.
+  // Drops every tensor of `job_id` (e.g. after a cancel) and wakes its holds,
+  // and the holds for room (of any job) that now fit.
   void DropJob(const std::string& job_id);
   // DropJob, and every current or later Take for `job_id` fails with
   // ABORTED: how a STOP interrupts a stage blocked in a receive. Until the
   // next OpenJob, Admit and Put refuse its tensors (nothing of it is
   // stored). Its held tensors are woken and then no longer held (Admit
-  // refuses them).
+  // refuses them); so are the holds for room that now fit.
   void AbortJob(const std::string& job_id);
   size_t size() const;
   // Wire bytes of the tensors waiting.
@@ -229,6 +276,8 @@ class Mailbox {
   struct Hold {
     TensorAddress address;
     WindowWake wake;
+    bool for_room = false;  // ReserveOrHold's; else HoldBeyondWindow's.
+    int64_t bytes = 0;      // For room: the tensor's wire bytes.
   };
   using Wakes = std::vector<WindowWake>;
 
@@ -236,8 +285,16 @@ class Mailbox {
   bool BeyondWindowLocked(const TensorAddress& address) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BeyondEvalWindowLocked(const TensorAddress& address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const
+  // Admit; `for_room`, when given, says whether a refusal is only for lack
+  // of room now (bytes or count), which Takes and given-back reservations
+  // can end.
+  absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes,
+                           bool* for_room = nullptr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves `wire_bytes` for a tensor of `job_id` that AdmitLocked took.
+  Reservation ReserveLocked(const std::string& job_id, int64_t wire_bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a tensor of `wire_bytes` fits the bytes and count left now.
+  bool RoomForLocked(int64_t wire_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the Reservation `ticket`: its bytes no longer count. Nothing when
   // it was revoked already.
@@ -245,9 +302,16 @@ class Mailbox {
   // Revokes the live Reservations whose job `revoke(job_id)` selects.
   void RevokeReservationsLocked(const std::function<bool(const std::string&)>& revoke)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the holds `release(address)` selects and returns their wakes,
+  // Removes the holds `release(hold)` selects and returns their wakes,
   // to be run by RunWakes once mu_ is released.
-  Wakes ReleaseHoldsLocked(const std::function<bool(const TensorAddress&)>& release)
+  Wakes ReleaseHoldsLocked(const std::function<bool(const Hold&)>& release)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holds for room whose tensor fits now.
+  Wakes ReleaseRoomHoldsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holds of `job_id` (dropped or aborted), and those for room that fit.
+  Wakes ReleaseJobHoldsLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take's wait and removal of `key`.
+  absl::StatusOr<WireTensor> TakeLocked(const Key& key, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunWakes(Wakes wakes);
 
@@ -276,7 +340,7 @@ class Mailbox {
   int64_t eval_taken_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
-  // Tensors held back by the run-ahead window, by ticket.
+  // Tensors held back by a window or for room, by ticket.
   std::map<int64_t, Hold> holds_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -1,9 +1,11 @@
 #include "worker/transport/mailbox.h"
 
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
@@ -667,6 +669,240 @@ TEST(MailboxTest, OpenJob_ClearsAbortMarks) {
   mailbox.OpenJob("j-1", 7);  // the job runs again (a new plan version)
   EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// A one-float tensor: 4 wire bytes.
+WireTensor OneFloat(float value = 0) { return WireTensor::Raw(Tensor::FromVector({1}, {value})); }
+
+// The wake of a hold that must never be released.
+Mailbox::WindowWake NeverWoken() {
+  return [] { ADD_FAILURE() << "a hold was woken"; };
+}
+
+// A hold for room (ReserveOrHold) that records its wakes.
+struct RoomWake {
+  int calls = 0;
+  Mailbox::WindowWake Make() {
+    return [this] { ++calls; };
+  }
+};
+
+// The mailbox is full now, but the tensor fits once tensors are taken: it
+// is held, nothing reserved, and woken once by the Take that makes room
+// for it, not by one that makes too little or takes nothing.
+TEST(MailboxTest, ReserveOrHold_FullButFitsTheLimit_HeldUntilATakeMakesRoom) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12});
+  mailbox.OpenJob("j-1", 7);
+  for (int unit = 1; unit <= 3; ++unit) {
+    ASSERT_TRUE(mailbox.Put(0, Activation("j-1", unit), OneFloat()).ok());
+  }
+  RoomWake small;
+  RoomWake large;
+  int64_t small_hold = 0;
+  int64_t large_hold = 0;
+  absl::StatusOr<Mailbox::Reservation> held =
+      mailbox.ReserveOrHold(Activation("j-1", 4), 4, small.Make(), &small_hold);
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(held.status().message(), "mailbox full: 12 bytes wait"))
+      << held.status();
+  EXPECT_GT(small_hold, 0);
+  held = mailbox.ReserveOrHold(Activation("j-1", 5), 8, large.Make(), &large_hold);
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_GT(large_hold, 0);
+  EXPECT_NE(small_hold, large_hold);
+  EXPECT_EQ(mailbox.held(), 2u);
+  EXPECT_EQ(mailbox.reserved(), 0);
+
+  // A Take that finds nothing frees nothing, and says what may hold its tensor back.
+  const absl::Status waited = mailbox.Take(0, Activation("j-1", 9), absl::ZeroDuration()).status();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(waited.message(),
+                                "or it is behind one of 2 streams waiting for room in this "
+                                "worker's full mailbox (12 bytes, --mailbox-limit)"))
+      << waited;
+  EXPECT_EQ(small.calls + large.calls, 0);
+
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).ok());
+  EXPECT_EQ(small.calls, 1);  // 4 bytes free: room for it, not for the 8
+  EXPECT_EQ(large.calls, 0);
+  EXPECT_FALSE(mailbox.CancelHold(small_hold));  // its wake has run
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 2), absl::ZeroDuration()).ok());
+  EXPECT_EQ(large.calls, 1);
+  EXPECT_EQ(small.calls, 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+  // Asked again, they are reserved.
+  int64_t hold = -1;
+  absl::StatusOr<Mailbox::Reservation> reserved =
+      mailbox.ReserveOrHold(Activation("j-1", 5), 8, NeverWoken(), &hold);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(hold, 0);
+  EXPECT_EQ(mailbox.reserved(), 8);
+}
+
+// The count limit is room too: a Take frees a place.
+TEST(MailboxTest, ReserveOrHold_CountFull_HeldUntilATakeFreesAPlace) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16, .max_tensors = 2});
+  const WireTensor empty = WireTensor::Raw(Tensor::Zeros({0}));
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), empty).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 2), empty).ok());
+  RoomWake wake;
+  int64_t hold = 0;
+  absl::StatusOr<Mailbox::Reservation> held =
+      mailbox.ReserveOrHold(Activation("j-1", 3), 0, wake.Make(), &hold);
+  EXPECT_TRUE(absl::StrContains(held.status().message(), "the limit of 2 tensors"))
+      << held.status();
+  EXPECT_GT(hold, 0);
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).ok());
+  EXPECT_EQ(wake.calls, 1);
+}
+
+// No wait lets in a tensor larger than the whole limit, or one when no
+// tensor may wait at all: refused at once as by Reserve, even while the
+// mailbox is full. So is a tensor Admit refuses for anything but room.
+TEST(MailboxTest, ReserveOrHold_LargerThanTheWholeLimitOrNotRoom_RefusedAtOnce) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12, .max_tensors = 3});
+  mailbox.OpenJob("j-1", 7);
+  for (int unit = 1; unit <= 3; ++unit) {
+    ASSERT_TRUE(mailbox.Put(0, Activation("j-1", unit), OneFloat()).ok());
+  }
+  int64_t hold = -1;
+  absl::StatusOr<Mailbox::Reservation> refused =
+      mailbox.ReserveOrHold(Activation("j-1", 4), 16, NeverWoken(), &hold);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "a tensor of 16 bytes is larger than this worker's whole mailbox "
+                                "limit of 12 bytes (--mailbox-limit); refused"))
+      << refused.status();
+  EXPECT_EQ(hold, 0);
+
+  hold = -1;
+  refused = mailbox.ReserveOrHold(Activation("j-0", 4), 4, NeverWoken(), &hold);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(hold, 0);
+  refused = mailbox.ReserveOrHold(AtIteration(10), 4, NeverWoken(), &hold);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "beyond the run-ahead window"));
+  EXPECT_EQ(hold, 0);
+  EXPECT_EQ(mailbox.held(), 0u);
+
+  Mailbox none(MailboxLimits{.max_bytes = 12, .max_tensors = 0});
+  refused = none.ReserveOrHold(Activation("j-1", 1), 4, NeverWoken(), &hold);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(hold, 0);
+
+  mailbox.Shutdown();
+  refused = mailbox.ReserveOrHold(Activation("j-1", 4), 4, NeverWoken(), &hold);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(hold, 0);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+// A Reservation given back frees room but wakes nothing by itself (its
+// owner may hold a lock the wake takes): WakeHeldForRoom does.
+TEST(MailboxTest, WakeHeldForRoom_AfterAReservationIsGivenBack_WakesTheHold) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12});
+  absl::StatusOr<Mailbox::Reservation> filling = mailbox.Reserve(Activation("j-1", 1), 12);
+  ASSERT_TRUE(filling.ok()) << filling.status();
+  RoomWake wake;
+  int64_t hold = 0;
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 2), 4, wake.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  mailbox.WakeHeldForRoom();  // no room yet
+  EXPECT_EQ(wake.calls, 0);
+  *filling = Mailbox::Reservation();
+  EXPECT_EQ(wake.calls, 0);
+  mailbox.WakeHeldForRoom();
+  EXPECT_EQ(wake.calls, 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+// The end of a job releases holds for room: its own (asked again, they are
+// refused), and those of any job its tensors kept out; a cancelled hold is
+// never woken; OpenJob and Shutdown release every hold.
+TEST(MailboxTest, ReserveOrHold_JobEndsOrCancelled_HoldReleasedOrForgotten) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 8});
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-0", 1), OneFloat()).ok());  // no job open: any job
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), OneFloat()).ok());
+  RoomWake other;
+  RoomWake cancelled;
+  int64_t hold = 0;
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-2", 1), 4, other.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-2", 2), 8, cancelled.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  EXPECT_TRUE(mailbox.CancelHold(hold));
+  mailbox.DropJob("j-0");  // its tensor made room for j-2's first
+  EXPECT_EQ(other.calls, 1);
+  EXPECT_EQ(cancelled.calls, 0);
+
+  mailbox.OpenJob("j-1", 7);
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 2), OneFloat()).ok());
+  RoomWake own;
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 3), 4, own.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  mailbox.AbortJob("j-1");
+  EXPECT_EQ(own.calls, 1);
+  EXPECT_EQ(mailbox.ReserveOrHold(Activation("j-1", 3), 4, NeverWoken(), &hold).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(hold, 0);
+
+  mailbox.OpenJob("j-1", 7);
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 4), OneFloat()).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 5), OneFloat()).ok());
+  RoomWake reopened;
+  RoomWake shut;
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 6), 4, reopened.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  mailbox.OpenJob("j-1", 8);  // every hold is measured again
+  EXPECT_EQ(reopened.calls, 1);
+  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 6), 4, shut.Make(), &hold).ok());
+  ASSERT_GT(hold, 0);
+  mailbox.Shutdown();
+  EXPECT_EQ(shut.calls, 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+// The finding's case (a stage that takes slower than its peer sends): room
+// for 3 tensors, a sender streams 6 of the current iteration as the data
+// plane does (held when full, asking again at each wake), and the receiver
+// takes them in order once the first 3 are in. All 6 arrive; none is
+// refused (before holds for room, the 4th was).
+TEST(MailboxTest, ReserveOrHold_SenderStreamsTwiceTheRoom_AllArriveInOrder) {
+  constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12});
+  mailbox.OpenJob("j-1", 7);
+  absl::Status sent;  // The sender's; read after join.
+  std::thread sender([&] {
+    for (int unit = 1; unit <= 6 && sent.ok(); ++unit) {
+      for (;;) {
+        auto woken = std::make_shared<absl::Notification>();
+        int64_t hold = 0;
+        Mailbox::WindowWake wake = [woken] { woken->Notify(); };
+        absl::StatusOr<Mailbox::Reservation> reserved =
+            mailbox.ReserveOrHold(Activation("j-1", unit), 4, std::move(wake), &hold);
+        if (hold == 0) {
+          sent = reserved.ok()
+                     ? mailbox.Put(0, Activation("j-1", unit), OneFloat(unit), *std::move(reserved))
+                     : reserved.status();
+          break;
+        }
+        woken->WaitForNotification();  // Shutdown wakes it too, if the test fails.
+      }
+    }
+  });
+  const bool three_in = mailbox.AwaitHeld(1, kPatience);
+  EXPECT_TRUE(three_in);
+  EXPECT_EQ(mailbox.size(), 3u);
+  for (int unit = 1; three_in && unit <= 6; ++unit) {
+    absl::StatusOr<WireTensor> got = mailbox.Take(0, Activation("j-1", unit), kPatience);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) break;
+    EXPECT_EQ(got->tensor.ToVector(), std::vector<float>{static_cast<float>(unit)});
+  }
+  if (mailbox.held() > 0) mailbox.Shutdown();  // A failure above: let the sender end.
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(mailbox.held(), 0u);
+  EXPECT_EQ(mailbox.bytes(), 0);
 }
 
 }  // namespace

@@ -19,6 +19,11 @@
 //   ...
 //   RETURN_IF_ERROR(sends.Drain());  // every queued send handed over
 //
+// Memory: each task may say how many bytes it holds until it has run (a
+// send's host copy); AwaitQueuedBytesAtMost paces a producer by them, so
+// compute cannot run a whole pass ahead of a slow link, each queued send
+// holding a copy.
+//
 // Thread-safe. The destructor waits for every queued task.
 #ifndef PIPETRAIN_WORKER_RUNTIME_SEND_QUEUE_H_
 #define PIPETRAIN_WORKER_RUNTIME_SEND_QUEUE_H_
@@ -42,9 +47,11 @@ class SendQueue {
   SendQueue(const SendQueue&) = delete;
   SendQueue& operator=(const SendQueue&) = delete;
 
-  // Queues `task`. Returns the stuck error of an earlier task instead (the
-  // task is then not queued) so a failing run stops queueing early.
-  absl::Status Enqueue(Task task);
+  // Queues `task`, which holds `bytes` (>= 0) of memory until it has run
+  // (queued_bytes(); the task and what it captured are freed before they
+  // stop counting). Returns the stuck error of an earlier task instead
+  // (the task is then not queued) so a failing run stops queueing early.
+  absl::Status Enqueue(Task task, int64_t bytes = 0);
 
   // Waits until every queued task has run. Returns the first error since
   // the last Drain (and clears it) unless an Enqueue returned it already,
@@ -61,12 +68,24 @@ class SendQueue {
   // few. Errors are not taken: Enqueue or Drain report them as ever.
   void AwaitPendingAtMost(int64_t most);
 
+  // Waits until the tasks queued and not yet finished hold at most `most`
+  // (>= 0) bytes, or at most one is left: paces a producer by memory (the
+  // training pass), whatever its tensors' sizes. One task larger than
+  // `most` alone does not wait (each would otherwise wait for the one
+  // before it), so on return the queue holds at most max(`most`, one
+  // task's bytes). Errors are not taken, as AwaitPendingAtMost.
+  void AwaitQueuedBytesAtMost(int64_t most);
+
   // Tasks queued and not yet finished.
   int64_t pending() const;
+
+  // The bytes those tasks hold (Enqueue).
+  int64_t queued_bytes() const;
 
  private:
   mutable AnnotatedMutex mu_;
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool error_returned_ ABSL_GUARDED_BY(mu_) = false;  // by an Enqueue
   SerialExecutor executor_;  // last: destroyed (joined) before the fields above

@@ -1,6 +1,7 @@
 #include "worker/runtime/send_queue.h"
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -80,6 +81,102 @@ TEST(SendQueueTest, AwaitPendingAtMost_ReturnsOnceFewAreLeftAndKeepsTheError) {
   queue.AwaitPendingAtMost(0);
   EXPECT_EQ(queue.pending(), 0);
   EXPECT_EQ(queue.Drain().code(), absl::StatusCode::kInternal);
+}
+
+// Each task's bytes count from Enqueue until it has run, or was dropped
+// behind a failed one; what it captured (a host copy) is freed by then.
+TEST(SendQueueTest, QueuedBytes_CountedUntilEachTaskRanOrWasDropped) {
+  SendQueue queue;
+  absl::Notification release;
+  auto copy = std::make_shared<int>(0);
+  std::weak_ptr<int> held = copy;
+  ASSERT_TRUE(queue
+                  .Enqueue(
+                      [&release, copy = std::move(copy)] {
+                        release.WaitForNotification();
+                        return absl::UnavailableError("peer 1 gone");
+                      },
+                      100)
+                  .ok());
+  ASSERT_TRUE(queue.Enqueue([] { return absl::OkStatus(); }, 20).ok());
+  ASSERT_TRUE(queue.Enqueue([] { return absl::OkStatus(); }).ok());  // holds nothing
+  EXPECT_EQ(queue.queued_bytes(), 120);
+  EXPECT_EQ(queue.pending(), 3);
+  release.Notify();
+  EXPECT_EQ(queue.Drain().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(queue.queued_bytes(), 0);
+  EXPECT_TRUE(held.expired());
+}
+
+// Tasks of 100 bytes, each let go in turn by another thread: a wait for at
+// most 150 bytes returns once two of three have run (100 bytes left).
+TEST(SendQueueTest, AwaitQueuedBytesAtMost_ReturnsOnceTheBytesFit) {
+  SendQueue queue;
+  AnnotatedMutex mu;
+  int released = 0;  // guarded by mu
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(queue
+                    .Enqueue(
+                        [&, i]() -> absl::Status {
+                          AnnotatedMutexLock lock(&mu);
+                          mu.AwaitWithTimeout([&] { return released > i; },
+                                              absl::InfiniteDuration());
+                          ++ran;
+                          return absl::OkStatus();
+                        },
+                        100)
+                    .ok());
+  }
+  std::thread releaser([&] {
+    for (int i = 0; i < 3; ++i) {
+      AnnotatedMutexLock lock(&mu);
+      ++released;
+    }
+  });
+  queue.AwaitQueuedBytesAtMost(150);
+  EXPECT_GE(ran.load(), 2);
+  EXPECT_LE(queue.queued_bytes(), 100);
+  releaser.join();
+  EXPECT_TRUE(queue.Drain().ok());
+  EXPECT_EQ(ran.load(), 3);
+}
+
+// One task larger than the bound does not wait for itself (each send of a
+// large tensor would wait for the one before it); a second one waits for
+// the first.
+TEST(SendQueueTest, AwaitQueuedBytesAtMost_OneTaskOverTheBoundAloneDoesNotWait) {
+  SendQueue queue;
+  absl::Notification release_first, first_ran;
+  ASSERT_TRUE(queue
+                  .Enqueue(
+                      [&] {
+                        release_first.WaitForNotification();
+                        first_ran.Notify();
+                        return absl::OkStatus();
+                      },
+                      1000)
+                  .ok());
+  queue.AwaitQueuedBytesAtMost(10);  // returns with the one task queued
+  EXPECT_EQ(queue.pending(), 1);
+  EXPECT_EQ(queue.queued_bytes(), 1000);
+
+  absl::Notification release_second;
+  ASSERT_TRUE(queue
+                  .Enqueue(
+                      [&] {
+                        release_second.WaitForNotification();
+                        return absl::OkStatus();
+                      },
+                      1000)
+                  .ok());
+  release_first.Notify();
+  queue.AwaitQueuedBytesAtMost(10);  // until the first has run
+  EXPECT_TRUE(first_ran.HasBeenNotified());
+  EXPECT_EQ(queue.pending(), 1);
+  EXPECT_EQ(queue.queued_bytes(), 1000);
+  release_second.Notify();
+  EXPECT_TRUE(queue.Drain().ok());
 }
 
 TEST(SendQueueTest, FirstErrorSticksDropsLaterTasksAndDrainClearsIt) {

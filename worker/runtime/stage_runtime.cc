@@ -1348,6 +1348,7 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
     case v1::Instruction::kSend:
       phase = "send";
       status = Send(in.send(), iteration);
+      if (status.ok()) AwaitSendRoom(in);
       break;
     case v1::Instruction::kRecv: {
       // Waiting is idle; decoding what arrived is work ("decode").
@@ -1387,7 +1388,8 @@ void StageRuntime::ForgetTensorsEndingAt(int instruction) {
   // An activation goes once its last reader has run: a sent forward output
   // is not held until its micro-batch's backward pass unless a recompute
   // here reads it (what the planner's memory model counts, bipartition.h).
-  // The send queue and a device encode hold their own references.
+  // The send queue (up to setup_.max_queued_send_bytes of them,
+  // AwaitSendRoom) and a device encode hold their own references.
   if (auto it = last_read_by_.find(instruction); it != last_read_by_.end()) {
     for (const std::pair<int, int>& key : it->second) activations_.erase(key);
   }
@@ -1559,7 +1561,8 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
       current_ = DescribeInstruction(in);
     }
     absl::Status status = Execute(in, after_step, &ignored);
-    // Nothing else paces a forward-only pass: without this a first stage
+    // Nothing else paces a forward-only pass but Execute's byte bound,
+    // which small activations never reach: without this a first stage
     // queued every validation micro-batch's host copy while the link or
     // the next stage (its mailbox's evaluation window) held them up.
     if (in.has_send()) sends_.AwaitPendingAtMost(kEvalSendsAhead);
@@ -1706,12 +1709,14 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
                      << " encodes " << s.codec() << " on the device";
       }
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());
+      const int64_t bytes = wire.wire_bytes();
       return sends_.Enqueue(
           [this, &s, link, wire = std::move(wire), seconds, address]() -> absl::Status {
             CountTransfer(wire, seconds, &sent_stats_[link]);
             return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire),
                             s.peer_stage(), address);
-          });
+          },
+          bytes);
     }
     if (payload.status().code() != absl::StatusCode::kUnimplemented) {
       return NameSend(payload.status(), s.peer_stage(), address);
@@ -1730,7 +1735,33 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
           return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
         }();
         return NameSend(status, s.peer_stage(), address);
-      });
+      },
+      tensor.size_bytes());  // the host copy's
+}
+
+void StageRuntime::AwaitSendRoom(const v1::Instruction& in) {
+  // Compute would otherwise run ahead of a slow link for as long as the
+  // program sends without receiving (a GPipe stage 0's whole forward pass,
+  // a last stage's gradients), each queued send holding a host copy that
+  // no memory plan counts (ForgetTensorsEndingAt frees the activation).
+  // It cannot deadlock: the wait is for sends already queued, which
+  // complete when the peer's data plane takes their frames, on its own
+  // threads, whatever the peer's interpreter does. A frame past the peer
+  // mailbox's run-ahead (or evaluation) window is held until the peer's
+  // receives move the window, which needs only tensors this stage queued
+  // before it: in earlier iterations (drained by their ends) or ahead of it
+  // in this queue; and the transport's own wait for room times out, failing
+  // the send. The queue is FIFO: whatever this stage did instead, no later
+  // send of it could leave before these. A failed send ends the wait; the
+  // next Send, Recv or the drain reports it.
+  const int64_t most = setup_.max_queued_send_bytes;
+  // Only this thread queues, so room once seen stays until its next Send.
+  if (sends_.pending() <= 1 || sends_.queued_bytes() <= most) return;
+  const std::string send = DescribeInstruction(in);
+  ShowActivity(absl::StrCat(send, ": waiting for queued sends to leave (over ", most,
+                            " bytes of them)"));
+  sends_.AwaitQueuedBytesAtMost(most);
+  ShowActivity(send);
 }
 
 absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,

@@ -19,10 +19,14 @@
 // tensor's host copy (Backend::StartDownload) and queues the rest — waiting
 // for the copy, encoding, handing it to the transport — on one thread, in
 // program order, so the interpreter computes the next micro-batch while the
-// last one leaves (on a GPU, while its copy runs). Every iteration and
-// validation pass ends by waiting for its sends; a failed send fails the
-// iteration (naming the send) at the next Send instruction, at that end, or
-// at a Recv waiting meanwhile (whose peer may wait for that very send).
+// last one leaves (on a GPU, while its copy runs). The interpreter runs
+// ahead only so far: after a Send it waits while its queued sends hold more
+// than StageSetup::max_queued_send_bytes (and more than one is queued), so
+// a stage on a slow link does not hold a host copy of every micro-batch's
+// output. Every iteration and validation pass ends by waiting for its
+// sends; a failed send fails the iteration (naming the send) at the next
+// Send instruction, at that end, or at a Recv waiting meanwhile (whose peer
+// may wait for that very send).
 //
 // Not thread-safe, except current_instruction(), which any thread may read.
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
@@ -65,6 +69,13 @@ namespace pipetrain {
 // How long a receive waits at a time while this stage's sends are queued,
 // between looks at whether one failed (StageRuntime::RecvWireWatchingSends).
 inline constexpr absl::Duration kSendWatchSlice = absl::Milliseconds(50);
+
+// StageSetup::max_queued_send_bytes' default: as much as the gRPC
+// transport's queue to one peer holds (GrpcTransportOptions::
+// max_queued_bytes_per_peer), which the queued sends feed: a stage's sends
+// then hold about twice that at most, both queues together (and a tensor or
+// two more where one is larger).
+inline constexpr int64_t kMaxQueuedSendBytes = int64_t{256} << 20;
 
 // StageRuntime::current_instruction() outside an iteration: the stage has a
 // job. Not "idle", which a worker reports when it runs no job at all.
@@ -186,6 +197,13 @@ struct StageSetup {
   // reduction stay on the gRPC collectives. Null: the gRPC collectives
   // carry the gradients.
   DeviceCollective* device_collective = nullptr;
+  // Pacing of the sends (>= 0): after a Send instruction the interpreter
+  // waits while this stage's queued sends hold more than this many bytes
+  // (host copies, or payloads encoded on the device) and more than one is
+  // queued (SendQueue::AwaitQueuedBytesAtMost). Bytes, not sends: a
+  // 1F1B warm-up of small tensors queues many without waiting, a GPipe
+  // forward pass on a slow link no more than this.
+  int64_t max_queued_send_bytes = kMaxQueuedSendBytes;
 };
 
 struct IterationResult {
@@ -204,8 +222,9 @@ struct IterationResult {
   double busy_seconds = 0;  // everything but waiting in receives
   double idle_seconds = 0;  // waiting in receives (the pipeline bubble)
   // Busy time of the interpreter by phase: "forward", "backward",
-  // "recompute", "send" (starting each send's copy, a device encode, and
-  // waiting at the iteration's end for sends still in the background; the
+  // "recompute", "send" (starting each send's copy, a device encode,
+  // waiting while queued sends hold over StageSetup::max_queued_send_bytes,
+  // and at the iteration's end for sends still in the background; the
   // host encoding runs on the send thread and is in `sent`'s codec time),
   // "decode", "optimizer" (clipping, the schedule and AdamW), "all_reduce"
   // (with replicas: the data-parallel all-reduce's time at the step, the
@@ -374,6 +393,10 @@ class StageRuntime {
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration);
+  // After the Send `in`: waits while the queued sends hold over
+  // setup_.max_queued_send_bytes (SendQueue::AwaitQueuedBytesAtMost),
+  // showing it in current_instruction().
+  void AwaitSendRoom(const v1::Instruction& in);
   // The transport's RecvWire, up to setup_.recv_timeout, but while sends
   // of this stage are queued in slices of kSendWatchSlice, returning a
   // failed send's error (SendFailedFirst) as soon as there is one.

@@ -4,14 +4,21 @@
 // hand-written program (forward of embed and attn_0, then sends) over a
 // transport that refuses the first ACTIVATION send.
 #include <algorithm>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/annotated_mutex.h"
+#include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "worker/runtime/pipeline_testing.h"
 #include "worker/runtime/stage_runtime.h"
+#include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
 namespace {
@@ -315,6 +322,86 @@ TEST(StageRuntimeSendTest, RefusedSend_OfASecondReplica_NamesStagesAsTheTranspor
   EXPECT_TRUE(
       absl::StrContains(status.message(), "to stage 3 (replica 1's stage 1): stage 3 is gone"))
       << status;
+}
+
+// Stage 0's side of an in-process fabric whose first ACTIVATION send waits
+// in the transport, as behind a slow link, until `release` (asked on the
+// send thread, once a millisecond) says the stage has gone as far as it
+// will; everything else passes straight through.
+class SlowFirstSendTransport : public Transport {
+ public:
+  SlowFirstSendTransport(std::unique_ptr<Transport> inner, std::function<bool()> release)
+      : inner_(std::move(inner)), release_(std::move(release)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    if (address.kind == v1::TENSOR_KIND_ACTIVATION && !held_) {
+      held_ = true;  // read and written on the send thread only
+      while (!release_()) absl::SleepFor(absl::Milliseconds(1));
+    }
+    return inner_->SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  const std::function<bool()> release_;
+  bool held_ = false;
+};
+
+// A GPipe stage 0 sends its whole forward pass without receiving: while
+// its first send was held on a slow link, it ran every micro-batch's
+// forward pass and queued a host copy of each, reaching the receives of
+// the backward pass. With room for two activations' bytes it waits after
+// the send of micro-batch 2 (the held send and two behind it), computing
+// nothing further until the link moves; then the step ends as ever.
+TEST(StageRuntimeSendTest, SlowLink_GPipeStage0WaitsOnceItsQueuedSendsHoldTheBound) {
+  TrainConfig c = testing::SmallConfig();
+  c.micro_batches = 8;  // one sequence each
+  const Dataset data = testing::MakeDataset();
+  const int units = NumUnits(c.model);
+  const std::vector<Range> ranges = {{0, 2}, {2, units}};
+  absl::StatusOr<std::vector<v1::Program>> programs =
+      CompilePrograms(ranges, units, c.micro_batches, Schedule::kGPipe);
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  std::vector<StageSetup> setups;
+  for (int s = 0; s < 2; ++s) {
+    setups.push_back({"job-paced", c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]),
+                      (*programs)[s], absl::Seconds(60)});
+  }
+  const int64_t activation = int64_t{c.seq_len} * c.model.d_model * sizeof(float);
+  setups[0].max_queued_send_bytes = 2 * activation;
+
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> second_link = fabric.Connect(1);
+  std::unique_ptr<StageRuntime> first;
+  std::string shown;  // stage 0's instruction when the link moved (send thread's)
+  SlowFirstSendTransport first_link(fabric.Connect(0), [&] {
+    // Either stage 0 waits for its sends (paced), or it ran its forward
+    // pass to the end and waits for a gradient (not paced): each lasts
+    // until the held send goes.
+    shown = first->current_instruction();
+    return absl::StrContains(shown, "waiting for queued sends") || absl::StartsWith(shown, "recv ");
+  });
+  auto made = StageRuntime::Create(setups[0], &data, &first_link);
+  ASSERT_TRUE(made.ok()) << made.status();
+  first = *std::move(made);
+  auto second = StageRuntime::Create(setups[1], &data, second_link.get());
+  ASSERT_TRUE(second.ok()) << second.status();
+
+  absl::StatusOr<IterationResult> last_stage;
+  std::thread runs_last([&] { last_stage = (*second)->RunIteration(0); });
+  const absl::StatusOr<IterationResult> first_stage = first->RunIteration(0);
+  runs_last.join();
+  ASSERT_TRUE(first_stage.ok()) << first_stage.status();
+  ASSERT_TRUE(last_stage.ok()) << last_stage.status();
+  EXPECT_EQ(shown,
+            absl::StrCat("send ACTIVATION unit 1 mb 2 to stage 1: waiting for queued sends to "
+                         "leave (over ",
+                         2 * activation, " bytes of them)"));
+  EXPECT_EQ(last_stage->micro_batch_losses.size(), 8u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/loopback_channel.h"
 
 namespace pipetrain {
 
@@ -58,10 +59,13 @@ std::shared_ptr<grpc::Channel> BearerChannel(const std::string& target,
                                              const std::shared_ptr<grpc::ChannelCredentials>& creds,
                                              const grpc::ChannelArguments& args,
                                              std::string token) {
-  if (token.empty()) return grpc::CreateCustomChannel(target, creds, args);
+  // A proxy would carry a loopback coordinator's token to another host.
+  grpc::ChannelArguments own = args;
+  SkipProxyForLoopback(target, &own);
+  if (token.empty()) return grpc::CreateCustomChannel(target, creds, own);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<BearerInterceptorFactory>(std::move(token)));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(target, creds, args,
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, creds, own,
                                                                  std::move(factories));
 }
 

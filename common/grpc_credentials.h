@@ -27,7 +27,8 @@ void AddBearer(grpc::ClientContext& context, absl::string_view token);
 // A channel whose every call carries "authorization: Bearer <token>" (none
 // when `token` is empty). An interceptor rather than call credentials,
 // because gRPC refuses call credentials on plaintext channels, and a
-// loopback coordinator without TLS still wants its user token.
+// loopback coordinator without TLS still wants its user token. A loopback
+// `target` is never reached through an HTTP proxy (loopback_channel.h).
 std::shared_ptr<grpc::Channel> BearerChannel(const std::string& target,
                                              const std::shared_ptr<grpc::ChannelCredentials>& creds,
                                              const grpc::ChannelArguments& args,

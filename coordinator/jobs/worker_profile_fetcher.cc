@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/grpc_credentials.h"
+#include "common/loopback_channel.h"
 #include "common/secrets.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
@@ -50,6 +51,7 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
     grpc::ChannelArguments args;
     if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+    SkipProxyForLoopback(address, &args);  // `up`'s workers: not via $http_proxy
     auto stub = v1::WorkerControlService::NewStub(grpc::CreateCustomChannel(
         address, tls.credentials != nullptr ? tls.credentials : grpc::InsecureChannelCredentials(),
         args));

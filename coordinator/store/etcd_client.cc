@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
+#include "common/loopback_channel.h"
 #include "coordinator/store/store.h"
 
 namespace pipetrain {
@@ -197,7 +198,7 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
     auto e = std::make_unique<Endpoint>();
     e->address = StripScheme(endpoint);
-    e->channel = grpc::CreateCustomChannel(
+    e->channel = CreateCustomChannelSkippingLoopbackProxy(
         e->address,
         options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
         args);

@@ -16,6 +16,10 @@
 // call is open. The coordinator's server accepts them (ApplyGrpcServerLimits
 // allows one every 10 s), so `keepalive` must be at least that outside
 // tests.
+//
+// Proxies: these arguments apply to any address. Create the channel with
+// CreateCustomChannelSkippingLoopbackProxy (common/loopback_channel.h),
+// so that $http_proxy never takes a loopback coordinator's calls.
 #ifndef PIPETRAIN_WORKER_AGENT_COORDINATOR_CHANNEL_H_
 #define PIPETRAIN_WORKER_AGENT_COORDINATOR_CHANNEL_H_
 

@@ -10,6 +10,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/loopback_channel.h"
 #include "common/secrets.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/device_info.h"
@@ -157,7 +158,7 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
           .value_or(std::vector<std::string>{options_.coordinator_address});
   endpoints_ = std::make_unique<CoordinatorEndpoints>(
       std::move(addresses), [credentials, args](const std::string& address) {
-        return grpc::CreateCustomChannel(address, credentials, args);
+        return CreateCustomChannelSkippingLoopbackProxy(address, credentials, args);
       });
   link_ = std::make_unique<GrpcLink>(this);
   device_ = CollectDeviceInfo(options_.backend);

@@ -15,6 +15,7 @@
 #include "common/echo_input.h"
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
+#include "common/loopback_channel.h"
 #include "common/utf8_prefix.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
@@ -596,6 +597,7 @@ class GrpcTransport::PeerLink {
     if (!options_.tls_server_name.empty()) {
       args.SetSslTargetNameOverride(options_.tls_server_name);
     }
+    SkipProxyForLoopback(address_, &args);  // `up`'s peers: not via $http_proxy
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
         address_,
         options_.channel_credentials != nullptr ? options_.channel_credentials

@@ -147,6 +147,23 @@ absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& 
         "; one cluster runs one build (replicas must round alike), so start the worker from the "
         "coordinator's build, or start the coordinator with --allow-mixed-builds"));
   }
+  // Registered (SameBuild compares the version alone), but unchecked: an
+  // image built without PIPETRAIN_COMMIT may be of any commit of the
+  // version. Said where an operator looks, as an unstamped coordinator says
+  // so of itself at start.
+  if (options_.required_build.has_value() && CommitKnown(options_.required_build->commit()) &&
+      !CommitKnown(request.build().commit())) {
+    static LogRateLimiter unstamped_log(10, absl::Seconds(60));
+    if (int64_t dropped = 0; unstamped_log.Allow(&dropped)) {
+      PT_LOG(WARNING) << "the worker at " << EchoInput(request.data_address())
+                      << " runs an unstamped build ("
+                      << EchoInput(DescribeBuild(request.build()), 160)
+                      << "): only its version is checked against this coordinator's "
+                      << DescribeBuild(*options_.required_build)
+                      << "; build its image with --build-arg PIPETRAIN_COMMIT"
+                      << LogRateLimiter::Dropped(dropped);
+    }
+  }
   if (request.data_plane_tls() != options_.data_plane_tls) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the worker at ", EchoInput(request.data_address()),

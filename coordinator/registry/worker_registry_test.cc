@@ -28,6 +28,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr char kToken[] = "s3cret";
 const absl::Time kStart = absl::FromUnixSeconds(1700000000);
@@ -1690,14 +1691,23 @@ TEST(WorkerRegistryBuildTest, RequiredBuild_OtherBuild_FailedPreconditionNamingB
 }
 
 // The same build registers, and so does one whose commit is unknown (an
-// unstamped image) when the versions agree; Worker.build says which.
+// unstamped image) when the versions agree; Worker.build says which, and a
+// warning says the unstamped one's commit went unchecked (it was silent).
 TEST(WorkerRegistryBuildTest, RequiredBuild_SameOrUnknownCommit_RegisteredAndRecorded) {
   FakeClock clock(kStart);
   WorkerRegistry::Options options = MakeOptions(&clock);
   options.required_build = Build("0.1.0", "3635b2d1a2b3");
   WorkerRegistry registry(options);
+  ::testing::internal::CaptureStderr();
   ASSERT_TRUE(registry.Register(RequestWithBuild(1, Build("0.1.0", "3635b2d1a2b3"))).ok());
+  const std::string same = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(same, Not(HasSubstr("unstamped")));
+  ::testing::internal::CaptureStderr();
   ASSERT_TRUE(registry.Register(RequestWithBuild(2, Build("0.1.0", "unknown"))).ok());
+  const std::string unstamped = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(unstamped, HasSubstr("the worker at 10.0.0.2:7001 runs an unstamped build (0.1.0 "
+                                   "(commit unknown)): only its version is checked against this "
+                                   "coordinator's 0.1.0 (commit 3635b2d1a2b3)"));
   EXPECT_EQ(registry.Get("w-1")->build().commit(), "3635b2d1a2b3");
   EXPECT_EQ(registry.Get("w-2")->build().commit(), "unknown");
   EXPECT_EQ(registry.Get("w-2")->build().version(), "0.1.0");

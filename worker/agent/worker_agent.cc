@@ -301,9 +301,14 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
       if (!cancellable.active()) return stopped();
       s = coordinator.stub->RegisterWorker(&context, request, &response);
     }
-    // Taken as a failed attempt that may have committed: backed off and
-    // retried (answered again, or superseded).
-    if (s.ok()) s = UsableRegistration(response);
+    // Taken as a failed attempt that committed: backed off and retried
+    // under a new registration id, which supersedes the incarnation the
+    // answer made (the same id was answered with the same unusable token,
+    // and each retry renewed the lease of an incarnation nobody held).
+    if (s.ok()) {
+      s = UsableRegistration(response);
+      if (!s.ok()) request.set_registration_id(RandomHex(16));
+    }
     if (!s.ok() && cancel != nullptr && cancel->cancelled()) {
       SettleCutOffRegistration(request, coordinator);
       return absl::CancelledError("stopped while registering");
@@ -694,7 +699,13 @@ void WorkerAgent::HeartbeatLoop() {
     // failover, or the beat after one that timed out at the leader and
     // moved on to the next address): sent again at once. An interval later,
     // the leader went unheard for two or three intervals of its lease.
-    const bool followed_leader = !s.ok() && endpoints_->Failed(s, context, coordinator.channel);
+    bool followed_leader = !s.ok() && endpoints_->Failed(s, context, coordinator.channel);
+    // Or another call (the assignment stream's) moved on first, while this
+    // beat was in flight to the follower: sent at once to where it went.
+    if (!s.ok() && !followed_leader && s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        endpoints_->channel() != coordinator.channel) {
+      followed_leader = true;
+    }
     if (followed_leader && !resent_at_once) {
       resent_at_once = true;
       AnnotatedMutexLock lock(&mu_);

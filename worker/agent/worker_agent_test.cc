@@ -1368,10 +1368,12 @@ class BadSessionTokenCoordinator final : public NoAssignmentsCoordinator {
 };
 
 // A registration answered with a session token that is not one word of
-// printable ASCII is a failed attempt: backed off and retried (the same
-// registration), and the next answer's token is the one the worker sends.
-// Before, the token went into the heartbeat's metadata as it was, and gRPC
-// aborted the process.
+// printable ASCII is a failed attempt: backed off and retried under a new
+// registration id (with the same id the coordinator answers the same
+// incarnation and token again, renewing an incarnation nobody holds), and
+// the next answer's token is the one the worker sends. Before, the token
+// went into the heartbeat's metadata as it was, and gRPC aborted the
+// process.
 TEST(WorkerAgentTest, Start_SessionTokenNotPrintable_RetriedNotSent) {
   BadSessionTokenCoordinator coordinator;
   Mailbox mailbox;
@@ -1386,7 +1388,7 @@ TEST(WorkerAgentTest, Start_SessionTokenNotPrintable_RetriedNotSent) {
   ASSERT_TRUE(started.ok()) << started;
   const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.registrations();
   ASSERT_EQ(registrations.size(), 2u);
-  EXPECT_EQ(registrations[1].registration_id(), registrations[0].registration_id());
+  EXPECT_NE(registrations[1].registration_id(), registrations[0].registration_id());
   EXPECT_TRUE(agent.AwaitRegistrationBackoffForTesting(absl::Seconds(30)));
   EXPECT_EQ(coordinator.AwaitHeartbeatAuthorization(), "Bearer w-1.1.secret");
   agent.Stop();

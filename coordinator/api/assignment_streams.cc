@@ -14,9 +14,9 @@ namespace pipetrain {
 // with OnDone either sees the stream finished or finds it gone.
 //
 // Finish is deferred while a write is in flight and issued from its
-// OnWriteDone, so the stream never has two operations outstanding. An End
-// that finds a write in flight cancels the call, so that OnWriteDone(false)
-// comes even from a client that never reads.
+// OnWriteDone, so the stream never has two operations outstanding. A
+// superseding End that finds a write in flight cancels the call, so that
+// OnWriteDone(false) comes even from a client that never reads.
 class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                                public std::enable_shared_from_this<AssignmentStream> {
  public:
@@ -54,12 +54,16 @@ class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
   int64_t incarnation() const { return incarnation_; }
 
   // Ends the stream with `status` once the write in flight (if any) is done.
-  // That write is cancelled, not waited for: a client that grants no window
-  // never completes it, and a superseded stream kept its subscription and
-  // message, one more per reopen. The first status wins; later calls do
-  // nothing (so the OnWriteDone(false) and OnCancel that the cancel brings
+  // With `cancel_write` (a superseded stream) that write is cancelled, not
+  // waited for: a client that grants no window never completes it, and a
+  // superseded stream kept its subscription and message, one more per
+  // reopen (its client, which has moved on, sees CANCELLED). Not at
+  // shutdown: the server's own shutdown deadline ends such calls, and a
+  // worker told UNAVAILABLE moves on to the next coordinator, where
+  // CANCELLED would keep it on this one. The first status wins; later calls
+  // do nothing (so the OnWriteDone(false) and OnCancel that a cancel brings
   // report no lost watcher). Returns whether this call ended it.
-  bool End(grpc::Status status) {
+  bool End(grpc::Status status, bool cancel_write = false) {
     {
       AnnotatedMutexLock lock(&mu_);
       if (end_status_.has_value()) return false;
@@ -68,7 +72,7 @@ class AssignmentStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
         // Under mu_: while the write is in flight the call is not finished
         // (OnDone, after which the context is gone, is still to come), and
         // the cancel runs no reaction inline.
-        if (cancel_) cancel_();
+        if (cancel_write && cancel_) cancel_();
         return true;  // OnWriteDone finishes
       }
       finished_ = true;
@@ -230,7 +234,8 @@ void AssignmentStreams::Supersede(const std::string& worker_id, int64_t incarnat
                                         " opened another watch, which replaces this one")
                          : absl::StrCat("worker ", worker_id, " incarnation ",
                                         stream->incarnation(), " was superseded by incarnation ",
-                                        incarnation, "; watch with the new incarnation")));
+                                        incarnation, "; watch with the new incarnation")),
+        /*cancel_write=*/true);
   }
 }
 

@@ -15,10 +15,12 @@
 //                its connection broke. The set's WatcherGoneListener then
 //                hears of it at once (a worker's death is known long before
 //                its lease runs out; DESIGN.md §11 recovery time).
-// A stream ended (ABORTED, UNAVAILABLE) while a write is in flight does not
-// wait for the client to take that write: its call is cancelled (the client
-// sees CANCELLED), since a client that grants no flow-control window would
-// otherwise keep the stream, its subscription and its message forever.
+// A stream superseded (ABORTED) while a write is in flight does not wait for
+// the client to take that write: its call is cancelled (the client sees
+// CANCELLED), since a client that grants no flow-control window would
+// otherwise keep the stream, its subscription and its message, one more
+// per reopen. At shutdown the write is waited for (the server's shutdown
+// deadline bounds it): the client is told UNAVAILABLE and moves on.
 //
 // Thread-safe. Lock order: a stream's lock before the hub's; the set's lock
 // is never held while calling into a stream.
@@ -67,7 +69,7 @@ class AssignmentStreams {
   // opened them by the thousand made the coordinator's memory grow without
   // end. An ended stream is no lost watcher (WatcherGone is not called).
   // After Shutdown the stream ends at once with UNAVAILABLE. `cancel`
-  // cancels the call when it ends with a write in flight; without one
+  // cancels the call when it is superseded with a write in flight; without one
   // (nullptr) such a stream stays until the client takes that write, so a
   // gRPC method passes `[context] { context->TryCancel(); }`. Returns the
   // reactor for the gRPC method to return; it writes each assignment

@@ -62,9 +62,6 @@ std::vector<std::string> NotAmong(const std::vector<std::string>& ids, const Ids
   return out;
 }
 
-// Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,
-// with `written_before`), logging the ones that fail. On io_.
-// (job_manager_checkpoints.cc)
 // `failed`, an error of a job's final weights file's writer, which names
 // the file alone ("cannot fsync final.safetensors"), saying where the file
 // is: a full disk or quota is the output directory's. Reworded keeping the
@@ -74,6 +71,9 @@ std::vector<std::string> NotAmong(const std::vector<std::string>& ids, const Ids
 absl::Status InOutputDir(const absl::Status& failed, const std::string& output_dir,
                          const std::string& name);
 
+// Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,
+// with `written_before`), logging the ones that fail. On io_.
+// (job_manager_checkpoints.cc)
 void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_id,
                           const std::vector<v1::ResumeFrom>& dirs,
                           std::optional<absl::Time> written_before = std::nullopt);

@@ -803,7 +803,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
                                                  : absl::StrCat(NestingOf(weights, theirs), " \"",
                                                                 theirs, "\", the output"),
                                " of job ", other->job.id(), " (", HolderStateLocked(*other),
-                               "), which has not ended; give this job a file of its own"));
+                               CancelUnsavedLocked(other->job) ? "), which may yet run again"
+                                                               : "), which has not ended",
+                               "; give this job a file of its own"));
     }
     // A checkpoint directory's files are replaced by each checkpoint and
     // its step directories deleted as they expire: weights there are lost.

@@ -57,7 +57,7 @@ std::string PlanEntryLabel(const v1::Plan& plan, int g) {
 std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
   if (!TimesMatchPlan(job, plan)) return "";
   const auto& times = job.progress().stage_times();
-  std::string out = "per step, measured [predicted]: busy, waiting in receives\n";
+  std::string out = "per step, measured [predicted]: busy, waiting (receives, collectives)\n";
   const int rows = std::min(times.size(), kMaxStageTimeRows);
   std::vector<std::string> where(rows);
   size_t width = 0;

@@ -1,5 +1,5 @@
 // The per-worker table `pipetrain up` prints after a job: each worker's
-// measured compute and receive-wait time per step (Job.progress's
+// measured compute and waiting time per step (Job.progress's
 // stage_times) next to what the plan's simulation predicted for its stage
 // position (Plan.stages' predicted_busy_seconds, predicted_idle_seconds),
 // so that a user sees which stage set the step time and where the
@@ -27,8 +27,11 @@ std::string PlanEntryLabel(const v1::Plan& plan, int g);
 //   "  w-2    stage 1  28.5 ms [18.7]     7.7 ms [4.3]\n"
 // with ", replica r" and ", rank t" where the plan has replicas or tensor
 // ranks (the column as wide as its longest entry), and "-" where a worker reported no step yet.
-// Busy is everything but waiting in receives (StageTime): computing, and also handing sends over
-// and waiting for the last ones at the step's end, which the simulation's compute does not count.
+// Busy is everything but idle (StageTime): computing, and also handing sends over and waiting for
+// the last ones at the step's end, which the simulation's compute does not count. Idle, the
+// second column, is waiting in receives and blocked in collectives with other stages or replicas
+// (the data-parallel all-reduce, which the prediction counts in neither, the clipping's norm
+// broadcasts, the loss gather).
 // Empty when the job has no stage times or they do not match the plan (a re-plan since).
 std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan);
 

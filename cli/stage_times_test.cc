@@ -36,7 +36,7 @@ JobAndPlan Make(int workers, int steps, int replicas = 1, int tensor = 1) {
 TEST(FormatStageTimes, MeasuredPerStepNextToPredicted) {
   const JobAndPlan j = Make(2, 10);
   EXPECT_EQ(FormatStageTimes(j.job, j.plan),
-            "per step, measured [predicted]: busy, waiting in receives\n"
+            "per step, measured [predicted]: busy, waiting (receives, collectives)\n"
             "  w-1    stage 0  1.0 ms [0.5]       2.0 ms [1.0]\n"
             "  w-2    stage 1  2.0 ms [0.5]       2.0 ms [1.0]\n");
 }

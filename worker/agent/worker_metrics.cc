@@ -43,8 +43,8 @@ WorkerMetrics::WorkerMetrics()
                    .Register(*registry_)),
       idle_(prometheus::BuildCounter()
                 .Name("pipetrain_worker_idle_seconds_total")
-                .Help("Time this worker's stage waited for tensors (the pipeline bubble), "
-                      "seconds")
+                .Help("Time this worker's stage waited for tensors (the pipeline bubble) "
+                      "and for other stages or replicas in collectives, seconds")
                 .Register(*registry_)
                 .Add({})),
       iterations_(prometheus::BuildCounter()

@@ -4,7 +4,8 @@
 // (encode | decode).
 //   pipetrain_stage_compute_seconds_total{phase}   busy time by phase
 //   pipetrain_worker_idle_seconds_total            this worker's stage waiting
-//                                                  in receives (the coordinator's
+//                                                  in receives and collectives
+//                                                  (the coordinator's
 //                                                  per-stage sum of what workers
 //                                                  report is pipetrain_stage_idle_
 //                                                  seconds_total{stage})

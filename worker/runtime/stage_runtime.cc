@@ -147,12 +147,24 @@ void CountCollective(IterationResult* result, const char* purpose, int64_t bytes
                       start);
 }
 
-// A result's time spent waiting so far: in receives, and for the
-// data-parallel all-reduce at the optimizer step (read without adding the
-// phase to a result that has none).
-double WaitedSeconds(const IterationResult& result) {
+// Adds the time since `start`, blocked in a collective with other stages or
+// replicas, to result->idle_seconds: it waits for them as a receive does,
+// so that busy is this stage's own work (IterationResult).
+void CountWaited(IterationResult* result, SteadyClock::time_point start) {
+  if (result != nullptr) result->idle_seconds += SecondsSince(start);
+}
+
+// What a traced step's instruction `in` waited for so far (plan.proto
+// InstructionTiming.waited_seconds): a receive's idle time, an optimizer
+// step's data-parallel all-reduce (read without adding the phase to a
+// result that has none). The step's other waits in collectives, idle too,
+// are not drawn (the measured timeline names an optimizer step's wait the
+// all-reduce's).
+double WaitedSeconds(const IterationResult& result, const v1::Instruction& in) {
+  if (in.has_recv()) return result.idle_seconds;
+  if (!in.has_optimizer_step()) return 0;
   auto it = result.phase_seconds.find("all_reduce");
-  return result.idle_seconds + (it == result.phase_seconds.end() ? 0.0 : it->second);
+  return it == result.phase_seconds.end() ? 0.0 : it->second;
 }
 
 absl::Status Internal(const std::string& what) {
@@ -633,6 +645,7 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
   const std::vector<double>& mine = tuner_->totals();
   Tensor totals = Tensor::Zeros({static_cast<int64_t>(mine.size())});
   for (size_t c = 0; c < mine.size(); ++c) totals.data()[c] = static_cast<float>(mine[c]);
+  const auto summing = SteadyClock::now();  // the wait for the group: idle
   RETURN_IF_ERROR(tp_collectives_->AllReduce(iteration, kTensorParallelTuneTag, totals));
   // And over the replicas (each the same tensor rank of its group): every
   // replica keeps the same counts too, so a checkpoint, which replica 0
@@ -642,6 +655,7 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
     RETURN_IF_ERROR(replicas.status());
     RETURN_IF_ERROR(replicas.AllReduce(iteration, kReplicaTuneTag, totals));
   }
+  CountWaited(result, summing);
   const std::vector<float> summed = totals.ToVector();
   const int chosen = tuner_->Decide(std::vector<double>(summed.begin(), summed.end()));
   std::string measured;
@@ -1219,12 +1233,12 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
     // What the instruction waited for: a receive's idle time, an optimizer
     // step's data-parallel all-reduce (Execute adds them to the result).
     const double began = trace != nullptr ? SecondsSince(start) : 0;
-    const double waited_before = trace != nullptr ? WaitedSeconds(result) : 0;
+    const double waited_before = trace != nullptr ? WaitedSeconds(result, in) : 0;
     absl::Status status = Execute(in, iteration, &result);
     if (trace != nullptr) {
       const double end = std::max(began, SecondsSince(start));
-      timings.push_back(
-          {i, began, end, std::clamp(WaitedSeconds(result) - waited_before, 0.0, end - began)});
+      timings.push_back({i, began, end,
+                         std::clamp(WaitedSeconds(result, in) - waited_before, 0.0, end - began)});
     }
     if (status.ok()) status = setup_.backend->status();
     if (status.ok() && tp_comm_) status = tp_comm_->status();
@@ -1311,6 +1325,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
                                                         ": ", gathered.message()));
     }
   }
+  // Idle holds the receives' waits and the collectives' (CountWaited).
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
   if (trace != nullptr) {
     trace->mutable_instructions()->Reserve(static_cast<int>(timings.size()));
@@ -1330,6 +1345,9 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
 absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
                                    IterationResult* result) {
   const auto start = SteadyClock::now();
+  // A phase's time is its busy time: what it waited for in collectives
+  // (CountWaited) is idle, not the phase's.
+  const double idle_before = result->idle_seconds;
   absl::Status status;
   const char* phase = nullptr;
   switch (in.op_case()) {
@@ -1362,25 +1380,18 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       phase = "tied";
       status = AddTied(in.add_tied_gradient(), iteration, result);
       break;
-    case v1::Instruction::kOptimizerStep: {
-      // Its all-reduce phase (PrepareOptimizerStep's, with replicas) is
-      // not the optimizer's; read without adding the phase to a result
-      // that has none.
-      auto all_reduce = [result] {
-        auto it = result->phase_seconds.find("all_reduce");
-        return it == result->phase_seconds.end() ? 0.0 : it->second;
-      };
-      const double all_reduce_before = all_reduce();
+    case v1::Instruction::kOptimizerStep:
+      // Its all-reduce (PrepareOptimizerStep's, with replicas: the phase
+      // "all_reduce") and the clipping's broadcasts are idle, not the
+      // optimizer's.
+      phase = "optimizer";
       status = PrepareOptimizerStep(iteration, result);
       if (status.ok()) optimizer_.Step(parameters());
-      result->phase_seconds["optimizer"] +=
-          SecondsSince(start) - (all_reduce() - all_reduce_before);
-      return status;
-    }
+      break;
     case v1::Instruction::OP_NOT_SET:
       return Internal("empty instruction");
   }
-  result->phase_seconds[phase] += SecondsSince(start);
+  result->phase_seconds[phase] += SecondsSince(start) - (result->idle_seconds - idle_before);
   return status;
 }
 
@@ -1951,6 +1962,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
                                          Tensor::FromVector({share}, result->micro_batch_losses),
                                          setup_.train.micro_batches));
   CountCollective(result, "loss_gather", all.size_bytes(), start);
+  CountWaited(result, start);  // mostly for the slowest replica
   result->micro_batch_losses = all.ToVector();
   return absl::OkStatus();
 }
@@ -2230,12 +2242,16 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   const std::string step = current_instruction();
   if (setup_.replicas > 1) {
     // The all-reduce's time at the step (the wait for the overlapped
-    // buckets, then the rest): its own phase, not the optimizer's.
+    // buckets, then the rest): its own phase, not the optimizer's, and
+    // idle. Its wait for the slowest replica is not told apart from its
+    // transfers and sums (a ring interleaves them, a device sum hides
+    // them), so all of it counts as waiting, as a traced step draws it.
     ShowActivity(
         absl::StrCat(step, ": all-reduce of the gradients over ", setup_.replicas, " replicas"));
     const auto start = SteadyClock::now();
     const absl::Status reduced = AllReduceGradients(iteration, result);
     if (result != nullptr) result->phase_seconds["all_reduce"] += SecondsSince(start);
+    CountWaited(result, start);
     ShowActivity(step);
     RETURN_IF_ERROR(reduced);
   }
@@ -2288,10 +2304,12 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     all.clear();
     for (int root = 0; root < static_cast<int>(group.size()); ++root) {
       Tensor buffer = root == collectives.rank() ? mine : Tensor::Zeros({slots});
-      // Broadcast copies bytes: the doubles arrive exactly.
+      // Broadcast copies bytes: the doubles arrive exactly. It blocks
+      // until stage `root` reaches its step too (the pipeline's cool-down).
       const auto start = SteadyClock::now();
       RETURN_IF_ERROR(collectives.Broadcast(iteration, kGradClipTagBase + root, root, buffer));
       CountCollective(result, "grad_clip", buffer.size_bytes(), start);
+      CountWaited(result, start);
       all.push_back(buffer);
     }
   }
@@ -2324,6 +2342,7 @@ absl::Status StageRuntime::SumTensorRankSquares(
     RETURN_IF_ERROR(
         tp_collectives_->Broadcast(iteration, kGradClipTensorTagBase + root, root, buffer));
     CountCollective(result, "grad_clip", buffer.size_bytes(), start);
+    CountWaited(result, start);
     ranks.push_back(std::move(buffer));
   }
   // A shard's squares are its rank's share: the sum in rank order. A
@@ -2364,6 +2383,7 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
     const auto start = SteadyClock::now();
     RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kEmbeddingSyncTag, g));
     CountCollective(result, "embedding_sync", g.size_bytes(), start);
+    CountWaited(result, start);  // as the unfused exchange's receive
     if (holder->grad.on_device()) setup_.backend->CopyFromHost(g, &holder->grad);
     tied_reduced_ = true;
     return setup_.backend->status();

@@ -219,17 +219,27 @@ struct IterationResult {
   // counted after each instruction has freed those it read last. Unit
   // contexts' stashes are not in it (a stashed input shares its storage).
   int64_t activation_bytes_peak = 0;
-  double busy_seconds = 0;  // everything but waiting in receives
-  double idle_seconds = 0;  // waiting in receives (the pipeline bubble)
+  // The iteration's wall time, in two parts. Idle is waiting for other
+  // workers: in receives (the pipeline bubble), and blocked in collectives
+  // with other stages or replicas: the data-parallel all-reduce at the
+  // optimizer step (all of its time: its wait for the slowest replica is
+  // not told apart from its own transfers and sums), the clipping's norm
+  // broadcasts, a fused embedding sync, the replicas' loss gather and the
+  // partition tuner's sums. Busy is the rest: this stage's compute (its
+  // units' tensor-parallel all-reduces included), and handing sends over
+  // and waiting for the last ones at the iteration's end.
+  double busy_seconds = 0;
+  double idle_seconds = 0;
   // Busy time of the interpreter by phase: "forward", "backward",
   // "recompute", "send" (starting each send's copy, a device encode,
   // waiting while queued sends hold over StageSetup::max_queued_send_bytes,
   // and at the iteration's end for sends still in the background; the
   // host encoding runs on the send thread and is in `sent`'s codec time),
-  // "decode", "optimizer" (clipping, the schedule and AdamW), "all_reduce"
-  // (with replicas: the data-parallel all-reduce's time at the step, the
-  // wait for the buckets that overlapped the backward pass included; what
-  // they hid is not here), "tied".
+  // "decode", "optimizer" (clipping, the schedule and AdamW; not the norms'
+  // broadcasts), "tied" (not a fused sync's all-reduce); and one phase of
+  // idle time, "all_reduce" (with replicas: the data-parallel all-reduce's
+  // time at the step, the wait for the buckets that overlapped the
+  // backward pass included; what they hid is not here).
   std::map<std::string, double> phase_seconds;
   // What crossed each link, by (peer stage, tensor kind name): sends (with
   // encode time and sampled compression error) and receives (decode time).
@@ -414,13 +424,16 @@ class StageRuntime {
   // whose UNIT_WEIGHTS `t` holds, else null).
   absl::Status Store(const v1::TensorKey& key, Tensor t, Unit* weights_of);
   // The tied embedding's gradient: the other owner's part added, or (fused)
-  // the all-reduce over both owners' replicas (plan.proto AddTiedGradient).
+  // the all-reduce over both owners' replicas (plan.proto AddTiedGradient;
+  // its time is idle).
   absl::Status AddTied(const v1::Instruction::AddTiedGradient& add, int64_t iteration,
                        IterationResult* result);
   // With data parallelism, sums each gradient over the replicas' copies of
   // this stage (AllReduceGradients); clips the gradients by the global
   // norm over every stage's (setup_.optimizer_stages exchange their sums;
   // grad_clip.h), and sets the learning rate of the step (lr_schedule.h).
+  // The time in those collectives goes into result->idle_seconds (and the
+  // all-reduce's into phase "all_reduce" too).
   absl::Status PrepareOptimizerStep(int64_t iteration, IterationResult* result);
   // Tensor parallelism: replaces each squared-gradient sum in `mine` (slots
   // as PrepareOptimizerStep lays them out, `index` by (unit, parameter))
@@ -531,7 +544,8 @@ class StageRuntime {
   void AddRestoredFeedback();
   // Data parallelism, on the loss stage: every replica's micro-batch
   // losses, all-gathered over the replicas' loss stages, replace this
-  // replica's share in `result` (the step's micro-batch order).
+  // replica's share in `result` (the step's micro-batch order). The
+  // gather's time is idle.
   absl::Status GatherReplicaLosses(int64_t iteration, IterationResult* result);
   // The transport's number of replica `replica`'s stage `stage` at this
   // worker's tensor rank (StageSetup), and of this replica's.
@@ -569,7 +583,7 @@ class StageRuntime {
   absl::Status RunForward(const v1::UnitRange& units, int mb, bool recompute);
   // The partition tuner's bookkeeping at the end of an iteration: records
   // its compute time and, after the last measured one, sums the group's
-  // totals and keeps the fastest candidate.
+  // totals (time that is idle) and keeps the fastest candidate.
   absl::Status TunePartitions(int64_t iteration, IterationResult* result);
   // After instruction `instruction`: drops the activations it was the last
   // to read, and every activation of the micro-batches it last touched.

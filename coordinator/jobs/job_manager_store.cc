@@ -68,7 +68,25 @@ absl::Status RefuseJobsOfANewerBuild(const std::vector<store::StoredJob>& stored
   for (const store::StoredJob& s : stored) {
     // A record without an id: Restore skips it.
     if (s.job().id().empty() || IsTerminal(s.job().state())) continue;
-    const std::string newer = StoredFieldOfANewerBuild(s.job().spec(), s.profile_json());
+    std::string newer;
+    // A job state added later: Restore would fail the job as one it cannot
+    // run, and save that.
+    if (!v1::JobState_IsValid(s.job().state())) {
+      newer = absl::StrCat("state is ", static_cast<int>(s.job().state()));
+    } else {
+      newer = StoredFieldOfANewerBuild(s.job().spec(), s.profile_json());
+    }
+    // The submitted auto-layout parts a re-plan copies into the spec (a
+    // one-replica layout drops them from the stored spec itself).
+    if (newer.empty()) {
+      if (std::optional<UnknownField> field = FirstUnknownField(
+              s.auto_layout_data_parallel_compression(), "auto_layout_data_parallel_compression")) {
+        newer = absl::StrCat(field->message, " has field number ", field->number);
+      } else if (std::optional<UnknownField> field =
+                     FirstUnknownField(s.auto_layout_parallelism(), "auto_layout_parallelism")) {
+        newer = absl::StrCat(field->message, " has field number ", field->number);
+      }
+    }
     if (newer.empty()) continue;
     return absl::FailedPreconditionError(absl::StrCat(
         store, " holds job ", EchoInput(s.job().id()), " whose ", newer,

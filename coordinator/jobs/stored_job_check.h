@@ -48,8 +48,11 @@ std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& 
 // `profile_json` ParseProfileJson does not know ("profile_json has key
 // units[0].future_key"); "" when neither. Every stored spec is the
 // resolved one, which sets each field it has, so a newer coordinator's
-// jobs carry every field added since, used or not; restored, ResolveJobSpec
-// and ParseProfileJson would refuse them, and the job fail for good.
+// jobs carry each field added since that they use (proto3 stores no
+// scalar left at its default; a profile key only when above 0); restored,
+// ResolveJobSpec and ParseProfileJson would refuse them, and the job fail
+// for good. New values of known fields (a solver or codec name added
+// later) are not found here: such a job still fails.
 std::string StoredFieldOfANewerBuild(const v1::JobSpec& spec, const std::string& profile_json);
 
 // The job's counters and its checkpoints' steps: plan_version,

@@ -138,6 +138,18 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                         .Name("pipetrain_jobs")
                         .Help("Jobs per state (QUEUED ... CANCELLED).")
                         .Register(*registry_);
+  // Read from the job manager's own times, not from steps over all jobs
+  // next to pipetrain_jobs: a drain's or join's boundary re-plans between
+  // two scrapes, and one stalled job hid behind another that steps.
+  job_longest_without_step_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_job_longest_without_step_seconds")
+           .Help(
+               "Over RUNNING jobs, the longest time since a job's last completed optimizer step "
+               "or the start of its current plan (a re-plan for a drain, join or recovery starts "
+               "it again), seconds; 0 when none runs.")
+           .Register(*registry_)
+           .Add({});
   job_loss_ = &prometheus::BuildGauge()
                    .Name("pipetrain_job_loss")
                    .Help("Mean training loss of the current job's last step.")
@@ -191,15 +203,17 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   stage_busy_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_busy_seconds_total")
                      .Help(
-                         "Compute time the workers of each pipeline stage reported, seconds, "
-                         "averaged over the stage's replicas and tensor ranks.")
+                         "Busy time (compute and handing sends over) the workers of each "
+                         "pipeline stage reported, seconds, averaged over the stage's replicas "
+                         "and tensor ranks.")
                      .Register(*registry_);
   stage_idle_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_idle_seconds_total")
                      .Help(
                          "Time the workers of each pipeline stage reported waiting on "
-                         "receives (the bubble), seconds, averaged over the stage's replicas "
-                         "and tensor ranks.")
+                         "receives (the bubble) and in collectives with other stages or "
+                         "replicas, seconds, averaged over the stage's replicas and tensor "
+                         "ranks.")
                      .Register(*registry_);
   rpc_refused_ = &prometheus::BuildCounter()
                       .Name("pipetrain_rpc_refused_total")
@@ -368,10 +382,13 @@ void CoordinatorMetrics::Refresh() {
   }
   const std::vector<JobManager::JobSummary> jobs = jobs_->Summaries();  // submission order
   int failing = 0;
+  absl::Duration longest_without_step = absl::ZeroDuration();
   for (const JobManager::JobSummary& job : jobs) {
     if (!IsTerminal(job.state) && job.checkpoint_failures > 0) ++failing;
+    longest_without_step = std::max(longest_without_step, job.without_step);
   }
   jobs_checkpoint_failing_->Set(failing);
+  job_longest_without_step_->Set(absl::ToDoubleSeconds(longest_without_step));
   jobs_state_save_failing_->Set(jobs_->JobsWithFailedSave());
   jobs_state_delete_failing_->Set(jobs_->JobsWithFailedDelete());
   jobs_io_queue_age_seconds_->Set(absl::ToDoubleSeconds(jobs_->IoQueueAge()));

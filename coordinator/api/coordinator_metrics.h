@@ -7,6 +7,10 @@
 //                                                          (the dashboard's $worker by
 //                                                          $coordinator)
 //   pipetrain_jobs{state}                         gauge    jobs per JobState
+//   pipetrain_job_longest_without_step_seconds    gauge    over RUNNING jobs, the longest time
+//                                                          since a job's last step or its
+//                                                          current plan's start; 0 when none
+//                                                          runs (PipetrainJobStalled)
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
 //   pipetrain_job_val_loss                        gauge    latest validation loss (*)
 //   pipetrain_job_tokens_total                    counter  tokens trained, all jobs: each
@@ -19,10 +23,12 @@
 //                                                          largest compute and idle time
 //                                                          (Plan.stages; stages 0-62 (*))
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
-//   pipetrain_stage_busy_seconds_total{stage}     counter  compute time the workers of a
-//                                                          pipeline stage reported, averaged
-//                                                          over its replicas and tensor ranks
-//   pipetrain_stage_idle_seconds_total{stage}     counter  receive-wait time they reported (a
+//   pipetrain_stage_busy_seconds_total{stage}     counter  busy time (all but idle) the workers
+//                                                          of a pipeline stage reported,
+//                                                          averaged over its replicas and
+//                                                          tensor ranks
+//   pipetrain_stage_idle_seconds_total{stage}     counter  idle time they reported: waits in
+//                                                          receives and collectives (a
 //                                                          worker's own, unlabelled, is
 //                                                          pipetrain_worker_idle_seconds_total)
 //   pipetrain_job_recoveries_total{reason}        counter  jobs that went RECOVERING: worker_lost,
@@ -182,7 +188,7 @@ class CoordinatorMetrics {
   // stale (CallerAuth::IsStaleWorkerSession): every worker's next calls
   // after a coordinator restart, which must not read as strangers.
   void CountStaleSession(absl::string_view method);
-  // A stage reported an iteration's compute and receive-wait time (from
+  // A stage reported an iteration's busy and idle time (from
   // ReportProgress). Negative or non-finite values are ignored: they come
   // from workers, and counters only go up.
   void AddStageTime(int stage, double busy_seconds, double idle_seconds);
@@ -222,6 +228,7 @@ class CoordinatorMetrics {
   prometheus::Counter* state_delete_failures_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
+  prometheus::Gauge* job_longest_without_step_;
   prometheus::Gauge* job_loss_;
   prometheus::Gauge* job_val_loss_;
   prometheus::Counter* job_tokens_;

@@ -1,9 +1,10 @@
 // CoordinatorMetrics' token counter over a JobManager whose ended jobs are
 // pruned: it forgets pruned jobs, and counts a listed job's steps once; the
-// recovery reasons it serves, its histograms' top buckets and when it began
-// serving.
+// recovery reasons it serves, its histograms' top buckets, when it began
+// serving and how long RUNNING jobs have gone without a step.
 #include "coordinator/api/coordinator_metrics.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -442,6 +444,194 @@ TEST(CoordinatorMetricsTest, StateDeletes_FailuresCountedFailingJobsShown) {
                                 "pipetrain_state_delete_failures_total");
   EXPECT_EQ(SeriesValue(text, "pipetrain_state_save_failures_total"), 0) << text;
   EXPECT_TRUE(state.LoadJobs().value().empty());
+}
+
+// A job of `stages` stages (the job manager's tests' small model) for 100
+// steps, checkpointing every 5: a drain re-plans it at a step boundary.
+v1::JobSpec DrainableSpec(int stages) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(100);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  return spec;
+}
+
+// Jobs run on registered workers through the job manager's API, as their
+// workers' reports drive them, and planned on its own background thread;
+// the clock moves only when a test moves it. Their state is saved to
+// `store_`, which fails while store_.failing is set.
+class RunningJobMetricsTest : public ::testing::Test {
+ protected:
+  std::string AddWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address(absl::StrCat("127.0.0.1:", port));
+    return workers_.Register(request).value().worker_id();
+  }
+
+  // Every stage of job `id`'s current plan reports step `step`, the last
+  // one with its losses. Returns the step a boundary was asked for after
+  // (0: none).
+  int64_t Step(const std::string& id, int64_t step) {
+    const v1::Job job = jobs_.Get(id).value();
+    int64_t stop_after = 0;
+    for (int s = 0; s < job.worker_ids_size(); ++s) {
+      v1::ReportProgressRequest r;
+      r.set_worker_id(job.worker_ids(s));
+      r.set_job_id(id);
+      r.set_plan_version(job.plan_version());
+      r.set_iteration(step - 1);
+      if (s == job.worker_ids_size() - 1) {
+        r.add_micro_batch_losses(2.0f);
+        r.add_micro_batch_losses(2.0f);
+      }
+      const absl::StatusOr<v1::ReportProgressResponse> response = jobs_.ReportProgress(r);
+      EXPECT_TRUE(response.ok()) << response.status();
+      if (response.ok()) stop_after = std::max(stop_after, response->stop_after_step());
+    }
+    return stop_after;
+  }
+
+  // Every stage of job `id`'s current plan reports its checkpoint of
+  // `step`, a file per unit of its backward range; a boundary's re-plan
+  // that completes it is waited for.
+  void CheckpointAll(const std::string& id, int64_t step) {
+    const v1::Job job = jobs_.Get(id).value();
+    for (const std::string& worker : job.worker_ids()) {
+      const v1::Assignment a = hub_.Newer(worker, 0).value().assignment;
+      v1::ReportProgressRequest r;
+      r.set_worker_id(worker);
+      r.set_job_id(id);
+      r.set_plan_version(job.plan_version());
+      r.set_iteration(step - 1);
+      r.mutable_checkpoint()->set_step(step);
+      for (int u = a.backward_units().begin(); u < a.backward_units().end(); ++u) {
+        v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+        f->set_unit(u);
+        f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+        f->set_bytes(100 + u);
+        f->set_sha256(std::string(64, 'a' + u));
+      }
+      const absl::Status reported = jobs_.ReportProgress(r).status();
+      ASSERT_TRUE(reported.ok()) << worker << ": " << reported;
+    }
+    jobs_.AwaitBackgroundWork();
+  }
+
+  double LongestWithoutStep() {
+    metrics_.Refresh();
+    const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+    return SeriesValue(text, "pipetrain_job_longest_without_step_seconds");
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.clock = &clock_}};
+  AssignmentHub hub_;
+  FailingStore store_;
+  CoordinatorState state_{&store_};
+  JobManager jobs_{&workers_, &hub_, &clock_,
+                   JobManagerOptions{.output_dir = ::testing::TempDir(), .state = &state_}};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+};
+
+// PipetrainJobStalled reads how long a RUNNING job has gone without a
+// step. A drain's boundary keeps the job RUNNING (PLANNING lasts less than
+// a scrape) while the boundary's checkpoint is written, the job re-planned
+// and the new plan's workers load it: the count starts again with the new
+// plan, not from the step before the boundary, which paged during a
+// routine drain whose write and load took over 15 minutes together.
+TEST_F(RunningJobMetricsTest, LongestWithoutStep_FromTheLastStepOrTheCurrentPlansStart) {
+  EXPECT_EQ(LongestWithoutStep(), 0);  // none runs
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_.Submit(DrainableSpec(3)).value().id();
+  jobs_.AwaitBackgroundWork();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(LongestWithoutStep(), 0);
+  clock_.Advance(absl::Seconds(90));  // its workers load the corpus
+  EXPECT_EQ(LongestWithoutStep(), 90);
+  for (int step = 1; step <= 3; ++step) {
+    clock_.Advance(absl::Seconds(10));
+    Step(id, step);
+  }
+  EXPECT_EQ(LongestWithoutStep(), 0);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(LongestWithoutStep(), 5);
+  ASSERT_TRUE(jobs_.Drain(w2).ok());
+  const int64_t boundary = Step(id, 4);
+  ASSERT_GT(boundary, 4);
+  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
+  clock_.Advance(absl::Minutes(6));  // the boundary's checkpoint is written
+  EXPECT_EQ(LongestWithoutStep(), 6 * 60);
+  CheckpointAll(id, boundary);
+  const v1::Job replanned = jobs_.Get(id).value();
+  ASSERT_EQ(replanned.state(), v1::JOB_STATE_RUNNING) << replanned.reason();
+  ASSERT_EQ(replanned.plan_version(), 2);
+  EXPECT_EQ(std::vector<std::string>(replanned.worker_ids().begin(), replanned.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(LongestWithoutStep(), 0);
+  // The new plan's workers load the checkpoint: 16 minutes since the last
+  // step, 10 since the plan's start.
+  clock_.Advance(absl::Minutes(10));
+  EXPECT_EQ(LongestWithoutStep(), 10 * 60);
+  Step(id, boundary + 1);
+  EXPECT_EQ(LongestWithoutStep(), 0);
+  clock_.Advance(absl::Minutes(20));
+  EXPECT_EQ(LongestWithoutStep(), 20 * 60);
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  EXPECT_EQ(LongestWithoutStep(), 0);  // none runs
+}
+
+// Over all RUNNING jobs, the longest: one job stepping does not hide
+// another that stopped (PipetrainJobStalled counted steps over all jobs).
+TEST_F(RunningJobMetricsTest, LongestWithoutStep_AStalledJobBesideOneThatSteps) {
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string stalled = jobs_.Submit(DrainableSpec(1)).value().id();
+  const std::string stepping = jobs_.Submit(DrainableSpec(1)).value().id();
+  jobs_.AwaitBackgroundWork();
+  ASSERT_EQ(jobs_.Get(stalled).value().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(jobs_.Get(stepping).value().state(), v1::JOB_STATE_RUNNING);
+  Step(stalled, 1);
+  for (int step = 1; step <= 20; ++step) {
+    clock_.Advance(absl::Minutes(1));
+    Step(stepping, step);
+  }
+  EXPECT_EQ(LongestWithoutStep(), 20 * 60);
+}
+
+// A job whose failure waits to be saved is shown RUNNING ("ending: ..."),
+// but no step is to come: it is not counted (the state store's alerts
+// fire for it), and a cancel or resubmit would not help.
+TEST_F(RunningJobMetricsTest, LongestWithoutStep_AnEndWaitingToBeSavedNotCounted) {
+  AddWorker(7001);
+  v1::JobSpec spec = DrainableSpec(1);
+  spec.clear_checkpoint();  // a worker's error fails it
+  const std::string id = jobs_.Submit(spec).value().id();
+  jobs_.AwaitBackgroundWork();
+  const v1::Job job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  Step(id, 1);
+  clock_.Advance(absl::Minutes(1));
+  EXPECT_EQ(LongestWithoutStep(), 60);
+  store_.failing = true;
+  v1::ReportProgressRequest error;
+  error.set_worker_id(job.worker_ids(0));
+  error.set_job_id(id);
+  error.set_plan_version(job.plan_version());
+  error.set_error("INTERNAL: stage 0 ran out of memory");
+  ASSERT_TRUE(jobs_.ReportProgress(error).ok());
+  jobs_.FlushIo();
+  clock_.Advance(absl::Minutes(20));
+  const v1::Job ending = jobs_.Get(id).value();
+  ASSERT_EQ(ending.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(absl::StartsWith(ending.reason(), "ending:")) << ending.reason();
+  EXPECT_EQ(LongestWithoutStep(), 0);
 }
 
 }  // namespace

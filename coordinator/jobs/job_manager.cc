@@ -183,16 +183,22 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
   AnnotatedMutexLock lock(&mu_);
   std::vector<JobSummary> out;
   out.reserve(order_.size());
+  const absl::Time now = elapsed_clock_->Now();
   for (const std::string& id : order_) {
-    const v1::Job& job = jobs_.at(id)->job;
+    const JobRecord& record = *jobs_.at(id);
+    const v1::Job& job = record.job;
     const v1::TrainingSpec& training = job.spec().training();
     // As ShowUnsavedEndLocked shows it (/metrics and the list pages read
     // this).
     const v1::JobState state = ShownStateLocked(job);
+    // By its own state: an end shown RUNNING has no step to come. Every
+    // way into RUNNING (a plan's start) sets last_step_time.
+    const absl::Duration without_step =
+        job.state() == v1::JOB_STATE_RUNNING ? now - record.last_step_time : absl::ZeroDuration();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),
-                   job.progress().checkpoint_failures(), jobs_.at(id)->init_step});
+                   job.progress().checkpoint_failures(), record.init_step, without_step});
   }
   return out;
 }

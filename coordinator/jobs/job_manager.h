@@ -430,6 +430,14 @@ class JobManager {
     // (spec.init.from) shows that step from its submission on, none of it
     // trained by this job.
     int64_t init_step = 0;
+    // While it is RUNNING, how long since its last step completed or, if
+    // none has since, its current plan started (the elapsed clock, at the
+    // call): what PipetrainJobStalled reads. A drain's or join's boundary
+    // re-plans without leaving RUNNING for longer than the plan takes, so
+    // the state alone cannot tell its checkpoint load from a stall. Zero in
+    // any other state, and for an end shown RUNNING until it is saved
+    // (its steps are over).
+    absl::Duration without_step = absl::ZeroDuration();
   };
   std::vector<JobSummary> Summaries() const;
   // Answers once the state store has the cancel, with the job in the basic

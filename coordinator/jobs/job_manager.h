@@ -891,8 +891,8 @@ class JobManager {
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // In the lookups of a path's holder below, "has not ended" is as
-  // EndedForOthersLocked says: a success or failure whose end is unsaved
-  // has not.
+  // EndedForOthersLocked says: a job whose end is unsaved (a success, a
+  // failure or a cancel) has not.
   //
   // A job that has not ended (or whose checkpoint_sweep_pending) and
   // checkpoints into `dir`, a directory inside it, or one it lies in (the
@@ -926,20 +926,23 @@ class JobManager {
   const JobRecord* WeightsPathInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job holding a path, as refusals name its state: the state as Get
-  // shows it (RUNNING for a success whose end is unsaved), or for a Submit
-  // left unsettled (in no list) what became of it.
+  // shows it (RUNNING for a success whose end is unsaved; CANCELLED, saying
+  // it waits to be saved, for such a cancel), or for a Submit left
+  // unsettled (in no list) what became of it.
   std::string HolderStateLocked(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // " (<HolderStateLocked>)" then, for an ended holder whose leftovers are
-  // being removed, when to retry (inside the parentheses), else
+  // being removed, when to retry (inside the parentheses), for an unsaved
+  // cancel nothing (FilesInUseErrorLocked says to retry), else
   // `live_advice` (e.g. ", give this job a directory of its own").
   std::string HolderStateAndAdviceLocked(const JobRecord& record,
                                          absl::string_view live_advice) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A Submit refused because `holder` holds a path the spec names:
   // UNAVAILABLE when that passes by itself (an ended job's leftovers being
-  // removed, an unsettled submit being dropped; a retry succeeds),
-  // INVALID_ARGUMENT while `holder` is live, a success whose end is unsaved
-  // included (the spec must change).
+  // removed, an unsettled submit being dropped, an unsaved cancel being
+  // saved; a retry succeeds), INVALID_ARGUMENT while `holder` is live, a
+  // success or failure whose end is unsaved included (the spec must
+  // change).
   absl::Status FilesInUseErrorLocked(const JobRecord& holder, const std::string& message) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job an earlier Submit with `request_id` made, when its spec had

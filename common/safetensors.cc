@@ -875,7 +875,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
 
 namespace {
 
-// A file's validated header, its descriptor left open at the data.
+// A file's validated header, its descriptor left open.
 struct OpenedHeader {
   int fd = -1;
   uint64_t data_start = 0;  // the data buffer's offset in the file
@@ -893,13 +893,13 @@ struct OpenedHeader {
   }
 };
 
-// Reads and checks the header alone (at most 16 MiB, whatever the file's
-// size), against the file's size: ReadSafetensors's checks but the data's.
-// ReadHeader of the file open at `fd` (taken over).
-absl::StatusOr<OpenedHeader> ReadHeaderFrom(ScopedFd file, const std::string& path) {
-  OpenedHeader opened;
-  opened.fd = file.release();
-  const int fd = opened.fd;
+// The header of the file open at `fd`, parsed as JSON but not checked
+// beyond that: its length is checked against the file's size and the
+// 16 MiB bound before anything is allocated or parsed. Read at offsets
+// (the descriptor's position is untouched); `*data_start` and
+// `*data_size` get the data buffer's offset and size.
+absl::StatusOr<json> ReadHeaderJson(int fd, const std::string& path, uint64_t* data_start,
+                                    uint64_t* data_size) {
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return FileError(path, "not a regular file");
@@ -908,20 +908,28 @@ absl::StatusOr<OpenedHeader> ReadHeaderFrom(ScopedFd file, const std::string& pa
   FileBytes length;
   length.size = kLengthBytes;
   length.data.reset(new char[kLengthBytes]);
-  RETURN_IF_ERROR(ReadAll(fd, length, path));
+  RETURN_IF_ERROR(ReadAllAt(fd, length, 0, path));
   uint64_t header_size;
   std::memcpy(&header_size, length.data.get(), sizeof(header_size));
   RETURN_IF_ERROR(CheckHeaderLength(path, header_size, file_size));
-  FileBytes header_bytes;  // the read continues after the length
+  FileBytes header_bytes;
   header_bytes.size = header_size;
   header_bytes.data.reset(new char[std::max<uint64_t>(header_size, 1)]);
-  RETURN_IF_ERROR(ReadAll(fd, header_bytes, path));
-  ASSIGN_OR_RETURN(json header, ParseHeaderJson(path, header_bytes.data.get(),
-                                                header_bytes.data.get() + header_size));
-  ASSIGN_OR_RETURN(
-      opened.entries,
-      ParseEntries(path, header, file_size - kLengthBytes - header_size, opened.metadata));
-  opened.data_start = kLengthBytes + header_size;
+  RETURN_IF_ERROR(ReadAllAt(fd, header_bytes, kLengthBytes, path));
+  *data_start = kLengthBytes + header_size;
+  *data_size = file_size - *data_start;
+  return ParseHeaderJson(path, header_bytes.data.get(), header_bytes.data.get() + header_size);
+}
+
+// Reads and checks the header alone (at most 16 MiB, whatever the file's
+// size), against the file's size: ReadSafetensors's checks but the data's.
+// ReadHeader of the file open at `fd` (taken over).
+absl::StatusOr<OpenedHeader> ReadHeaderFrom(ScopedFd file, const std::string& path) {
+  OpenedHeader opened;
+  opened.fd = file.release();
+  uint64_t data_size = 0;
+  ASSIGN_OR_RETURN(json header, ReadHeaderJson(opened.fd, path, &opened.data_start, &data_size));
+  ASSIGN_OR_RETURN(opened.entries, ParseEntries(path, header, data_size, opened.metadata));
   return opened;
 }
 
@@ -974,6 +982,20 @@ absl::StatusOr<SafetensorsContents> ReadSafetensorsTensorsFrom(
     ScopedFd fd, const std::string& path, const std::function<bool(std::string_view)>& wanted) {
   ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeaderFrom(std::move(fd), path));
   return ReadWanted(std::move(opened), path, wanted);
+}
+
+absl::StatusOr<SafetensorsMetadata> ReadSafetensorsMetadataLeniently(int fd,
+                                                                     const std::string& path) {
+  uint64_t data_start = 0;
+  uint64_t data_size = 0;
+  ASSIGN_OR_RETURN(json header, ReadHeaderJson(fd, path, &data_start, &data_size));
+  SafetensorsMetadata metadata;
+  const auto found = header.find(kMetadataKey);
+  if (found == header.end() || !found->is_object()) return metadata;
+  for (const auto& [key, value] : found->items()) {
+    if (value.is_string()) metadata[key] = value.get<std::string>();
+  }
+  return metadata;
 }
 
 }  // namespace pipetrain

@@ -235,6 +235,22 @@ absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
 absl::StatusOr<SafetensorsContents> ReadSafetensorsTensorsFrom(
     ScopedFd fd, const std::string& path, const std::function<bool(std::string_view)>& wanted);
 
+// The "__metadata__" of the file open at `fd` (borrowed: left open, its
+// position untouched), read leniently: for a caller whose strict read
+// failed, to learn what the file says it is (a later format version that
+// stores a dtype this reader does not know is another writer's file, not a
+// corrupt one). The header's length is bounded as ReadSafetensors bounds it
+// before anything is parsed, and the header must be a JSON object; nothing
+// else is checked: the tensor entries are ignored, a "__metadata__" that is
+// not an object reads as none, and values that are not strings are left
+// out. Nothing it returns vouches for the file's data.
+// Errors: INVALID_ARGUMENT naming the file (shorter than 8 bytes, header
+// length beyond the file or above 16 MiB, header not a JSON object, not a
+// regular file); DATA_LOSS when the file shrinks while read; other errno
+// codes via absl::ErrnoToStatus.
+absl::StatusOr<SafetensorsMetadata> ReadSafetensorsMetadataLeniently(int fd,
+                                                                     const std::string& path);
+
 // ReadSafetensors of a file already in memory (e.g. read once to check its
 // checksum); `path` only names it in errors.
 absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,

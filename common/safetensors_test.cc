@@ -552,6 +552,51 @@ TEST(SafetensorsTest, ReadFromAnOpenFile_AsByPath_WhateverTheNameBecame) {
   EXPECT_THAT(std::string(not_file.message()), HasSubstr(path));
 }
 
+// The metadata of a file the strict readers refuse (a dtype they do not
+// know, a metadata value that is not a string) read leniently: the string
+// values, from a descriptor left open at its position. The header's bounds
+// and JSON still hold: INVALID_ARGUMENT naming the file otherwise.
+TEST(SafetensorsTest, ReadMetadataLeniently_StringValuesOfAFileTheStrictReadRefuses) {
+  const std::string path = TestDir() + "/later.safetensors";
+  WriteBytes(path, RawFile(R"({"__metadata__":{"format":"x","version":"2","n":[1]},)"
+                           R"("count":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})",
+                           "abcd"));
+  ASSERT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kInvalidArgument);
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_GE(fd.get(), 0);
+  ASSERT_EQ(lseek(fd.get(), 3, SEEK_SET), 3);
+  const absl::StatusOr<SafetensorsMetadata> meta = ReadSafetensorsMetadataLeniently(fd.get(), path);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(*meta, (SafetensorsMetadata{{"format", "x"}, {"version", "2"}}));
+  EXPECT_EQ(lseek(fd.get(), 0, SEEK_CUR), 3);  // its position untouched, still open
+
+  struct Case {
+    std::string bytes;
+    std::string what;  // "" for OK with no metadata
+  };
+  for (const Case& c : {Case{RawFile(R"({"__metadata__":["x"]})", ""), ""},
+                        Case{RawFile(R"({"a":1})", ""), ""},
+                        Case{"abcde", "shorter than the 8-byte header length"},
+                        Case{LittleEndian64(uint64_t{1} << 40) + "{}", "16 MiB"},
+                        Case{RawFile("{not json", ""), "header is not valid JSON"},
+                        Case{RawFile("[1, 2]", ""), "header is not a JSON object"}}) {
+    SCOPED_TRACE(c.bytes);
+    WriteBytes(path, c.bytes);
+    ScopedFd again(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_GE(again.get(), 0);
+    const absl::StatusOr<SafetensorsMetadata> read =
+        ReadSafetensorsMetadataLeniently(again.get(), path);
+    if (c.what.empty()) {
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_TRUE(read->empty());
+      continue;
+    }
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr(path));
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr(c.what));
+  }
+}
+
 // The header read, the file then shrinks before a wanted tensor's bytes
 // (another process rewrote it in place): DATA_LOSS saying so, not a tensor
 // of whatever the read left in the buffer.

@@ -184,6 +184,50 @@ absl::Status WrittenByAnotherBuild(const std::string& path, absl::string_view wh
       "job with a build that reads it)"));
 }
 
+// UNIMPLEMENTED (WrittenByAnotherBuild) when `meta` names this format in
+// another version spelt as a writer spells one (a canonical number >= 1):
+// another build's file (a newer one's, read after a rollback; an older
+// one's after an upgrade), not a corrupt one. OK otherwise.
+absl::Status CheckNotAnotherVersion(const SafetensorsMetadata& meta, const std::string& path) {
+  const std::string version = Get(meta, "version");
+  int64_t number = 0;
+  if (Get(meta, "format") != kFormat || version == kVersion ||
+      !absl::SimpleAtoi(version, &number) || number < 1 || version != absl::StrCat(number)) {
+    return absl::OkStatus();
+  }
+  return WrittenByAnotherBuild(path,
+                               absl::StrCat("is a unit checkpoint of format version ", version,
+                                            "; this build reads version ", kVersion, " only"));
+}
+
+// A read of a unit file that failed after its checksum matched (an errno's
+// code): this worker's trouble, UNAVAILABLE, so that the coordinator keeps
+// a checkpoint whose bytes just matched.
+absl::Status ReadFailedAfterChecksum(const absl::Status& failed) {
+  return absl::UnavailableError(
+      absl::StrCat(failed.message(),
+                   " (read after its checksum matched: this worker's trouble, the checkpoint "
+                   "is kept)"));
+}
+
+// The answer to a unit file, hashed as recorded, that the strict read
+// refused (`refused`: INVALID_ARGUMENT or DATA_LOSS): DATA_LOSS, the
+// checkpoint's fault, unless its header, read again leniently from `fd`,
+// names another version of this format (CheckNotAnotherVersion's
+// UNIMPLEMENTED). A later version may store what this build's reader
+// refuses before it looks at the metadata (an I8 tensor, a metadata value
+// that is not a string), and DATA_LOSS would have the coordinator delete
+// the checkpoint. The second read failing on an errno is UNAVAILABLE.
+absl::Status RefusedUnitFile(int fd, const std::string& path, const absl::Status& refused) {
+  const absl::StatusOr<SafetensorsMetadata> meta = ReadSafetensorsMetadataLeniently(fd, path);
+  if (meta.ok()) {
+    RETURN_IF_ERROR(CheckNotAnotherVersion(*meta, path));
+  } else if (!absl::IsInvalidArgument(meta.status()) && !absl::IsDataLoss(meta.status())) {
+    return ReadFailedAfterChecksum(meta.status());
+  }
+  return absl::DataLossError(refused.message());
+}
+
 // A stored link warm start (its name after kLinkWarmQ, and the tensor),
 // checked against the bounds ReadUnitCheckpoint documents.
 absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Tensor& q,
@@ -535,40 +579,29 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
     }
     return parameters.count(std::string(name)) > 0;
   };
+  // The strict read takes its descriptor over; this one stays to read the
+  // header again if that read refuses the file (RefusedUnitFile).
+  const ScopedFd again(fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (again.get() < 0) return ReaderTrouble(errno, "cannot duplicate the descriptor of", path);
   absl::StatusOr<SafetensorsContents> parsed =
       ReadSafetensorsTensorsFrom(std::move(fd), path, wanted);
   if (!parsed.ok()) {
     // The file hashed as recorded: a file that does not parse (its format:
-    // INVALID_ARGUMENT; shrunk in place: DATA_LOSS) is the checkpoint's; a
-    // read that fails now (an errno's code) is this worker's trouble, as
-    // above, so that the coordinator keeps a checkpoint whose bytes just
-    // matched.
+    // INVALID_ARGUMENT; shrunk in place: DATA_LOSS) is the checkpoint's,
+    // unless it names another format version; a read that fails now (an
+    // errno's code) is this worker's trouble, as above.
     if (absl::IsInvalidArgument(parsed.status()) || absl::IsDataLoss(parsed.status())) {
-      return absl::DataLossError(parsed.status().message());
+      return RefusedUnitFile(again.get(), path, parsed.status());
     }
-    return absl::UnavailableError(
-        absl::StrCat(parsed.status().message(),
-                     " (read after its checksum matched: this worker's trouble, the checkpoint "
-                     "is kept)"));
+    return ReadFailedAfterChecksum(parsed.status());
   }
   const SafetensorsContents& contents = *parsed;
   const SafetensorsMetadata& meta = contents.metadata;
-  // Another format version, spelt as a writer spells one, is another
-  // build's file (a newer one's, read after a rollback; an older one's
-  // after an upgrade), not a corrupt one.
-  const std::string version = Get(meta, "version");
-  int64_t version_number = 0;
-  if (Get(meta, "format") == kFormat && version != kVersion &&
-      absl::SimpleAtoi(version, &version_number) && version_number >= 1 &&
-      version == absl::StrCat(version_number)) {
-    return WrittenByAnotherBuild(path, absl::StrCat("is a unit checkpoint of format version ",
-                                                    version, "; this build reads version ",
-                                                    kVersion, " only"));
-  }
-  if (Get(meta, "format") != kFormat || version != kVersion) {
+  RETURN_IF_ERROR(CheckNotAnotherVersion(meta, path));
+  if (Get(meta, "format") != kFormat || Get(meta, "version") != kVersion) {
     return absl::DataLossError(absl::StrCat(path, " is not a pipetrain unit checkpoint (format \"",
-                                            Get(meta, "format"), "\" version \"", version,
-                                            "\")"));
+                                            Get(meta, "format"), "\" version \"",
+                                            Get(meta, "version"), "\")"));
   }
   if (Get(meta, "unit") != absl::StrCat(expected.unit()) ||
       Get(meta, "step") != absl::StrCat(from.step())) {

@@ -198,7 +198,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
 // corrupt), its metadata names this format (DATA_LOSS) in a version this
 // build reads (UNIMPLEMENTED naming the version found and the one read:
-// another build's file, not corrupt, which no caller may drop), its unit and step
+// another build's file, not corrupt, which no caller may drop; also when
+// the file does not parse, as a later format's dtype or metadata would
+// not, but its raw metadata names another version), its unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s
 // (FAILED_PRECONDITION: a checkpoint of another model), every tensor
 // decoded is finite and every second moment (optimizer.v.*) at least 0

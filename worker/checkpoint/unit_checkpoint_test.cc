@@ -795,6 +795,55 @@ TEST_F(UnitCheckpointTest, OtherFormatVersion_UnimplementedNamingBothNotDataLoss
   }
 }
 
+// A later format version may store what this build's safetensors reader
+// refuses before the metadata is looked at: an integer tensor (I8), a
+// metadata value that is not a string. Whole (its record's size and
+// SHA-256 match), such a file is still another build's: UNIMPLEMENTED
+// naming the version, as for a file this reader parses. In version 1 the
+// same file is corrupt: DATA_LOSS naming what the reader refused.
+TEST_F(UnitCheckpointTest, OtherFormatVersionTheReaderRefuses_UnimplementedNotDataLoss) {
+  struct Case {
+    std::string version;
+    std::string extra_metadata;  // beside format, version, unit and step
+    absl::StatusCode code;
+    std::string refused;  // for DATA_LOSS: what the message names
+  };
+  for (const Case& c :
+       {Case{"2", "", absl::StatusCode::kUnimplemented, ""},
+        Case{"2", R"(,"layers":[1,2])", absl::StatusCode::kUnimplemented, ""},
+        Case{"1", "", absl::StatusCode::kDataLoss, "unsupported dtype \"I8\""},
+        Case{"1", R"(,"layers":[1,2])", absl::StatusCode::kDataLoss, "\"layers\" must be a string"},
+        Case{"0", "", absl::StatusCode::kDataLoss, "unsupported dtype \"I8\""}}) {
+    SCOPED_TRACE(c.version + c.extra_metadata);
+    v1::ResumeFrom from = WriteAll();
+    const std::string path = PathOf(from, 1);
+    const std::string header =
+        absl::StrCat(R"({"__metadata__":{"format":"pipetrain-unit-checkpoint","version":")",
+                     c.version, R"(","unit":"1","step":"5")", c.extra_metadata,
+                     R"(},"optimizer.count":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})");
+    std::string bytes(8, '\0');
+    for (size_t i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    bytes += header + std::string("\x01\x02\x03\x04", 4);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    from.mutable_units(1)->set_bytes(static_cast<int64_t>(bytes.size()));
+    from.mutable_units(1)->set_sha256(Sha256Hex(bytes));  // the record matches the file
+    const absl::Status read =
+        ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr).status();
+    EXPECT_EQ(read.code(), c.code) << read;
+    if (c.code == absl::StatusCode::kUnimplemented) {
+      EXPECT_EQ(read.message(),
+                absl::StrCat(path,
+                             " is a unit checkpoint of format version 2; this build reads "
+                             "version 1 only (written by another pipetrain build; the "
+                             "checkpoint is kept: resume the job with a build that reads "
+                             "it)"));
+    } else {
+      EXPECT_NE(read.message().find(c.refused), absl::string_view::npos) << read;
+      EXPECT_NE(read.message().find(path), absl::string_view::npos) << read;
+    }
+  }
+}
+
 TEST_F(UnitCheckpointTest, RecordNamingAnotherUnitOrStep_IsDataLoss) {
   v1::ResumeFrom from = WriteAll();
   v1::UnitFile swapped = from.units(1);

@@ -1218,11 +1218,13 @@ int RunUp(const std::vector<std::string>& args) {
           WriteFilesOrNone({{o.loss_log, std::move(text)}}, [] { return Interrupted(); });
     }
   }
-  if (Interrupted()) {
-    if (!loss_log_written.ok()) {
-      std::fprintf(stderr, "pipetrain up: --loss-log: %s\n",
-                   std::string(loss_log_written.message()).c_str());
-    }
+  // Given up on at an interrupt (CANCELLED): stop as anywhere else in the
+  // run. Not for any other failure: a reader that closed the FIFO early
+  // raises SIGPIPE, which counts as an interrupt too, but the run's report
+  // and the --loss-log error exit still come.
+  if (loss_log_written.code() == absl::StatusCode::kCancelled && Interrupted()) {
+    std::fprintf(stderr, "pipetrain up: --loss-log: %s\n",
+                 std::string(loss_log_written.message()).c_str());
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
     return InterruptedExitCode();
   }

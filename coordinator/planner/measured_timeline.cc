@@ -118,7 +118,7 @@ absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Pr
   for (int w = 0; w < workers; ++w) {
     const v1::StepTrace& trace = *traces[w];
     const double offset = SecondsBetween(trace.start_time(), *first_start);
-    double received = 0;  // waited in receives
+    double received = 0;  // waited in receives (and for queued sends to leave)
     auto add = [&](TimelineEventKind kind, double start, double end, int instruction) {
       TimelineEvent& e = r.events.emplace_back();
       e.worker = w;
@@ -142,10 +142,14 @@ absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Pr
           const int micro_batch = forward    ? in.forward().micro_batch()
                                   : backward ? in.backward().micro_batch()
                                              : in.recompute().micro_batch();
+          // Its wait first, for queued sends to leave (a slow link): idle,
+          // left blank.
+          const double waited_first = std::clamp(waited, 0.0, end - start);
+          received += waited_first;
           TimelineEvent* e = add(forward    ? TimelineEventKind::kForward
                                  : backward ? TimelineEventKind::kBackward
                                             : TimelineEventKind::kRecompute,
-                                 start, end, t.instruction());
+                                 start + waited_first, end, t.instruction());
           e->micro_batch = micro_batch;
           e->units = Range{units.begin(), units.end()};
           e->label = absl::StrCat(forward    ? "F"

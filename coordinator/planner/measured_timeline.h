@@ -10,8 +10,9 @@
 // optimizer steps, the waits in receives and for the data-parallel
 // all-reduce, the fused embedding sync, and the sends' hand-offs to the
 // data plane (kSendHandoff). Not drawn: transfers (a send returns once
-// queued, so its time on the wire is not measured) and the decoding after
-// a receive's wait.
+// queued, so its time on the wire is not measured), the decoding after
+// a receive's wait, and a compute pass's wait before it for queued sends
+// to leave (a slow link: StageRuntime paces its sends; idle, left blank).
 //
 // Thread-safety: pure functions.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_MEASURED_TIMELINE_H_

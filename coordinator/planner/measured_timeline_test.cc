@@ -142,6 +142,25 @@ TEST(MeasuredTimeline, FusedEmbeddingSyncDrawnAsAllReduceUnfusedAddNot) {
   EXPECT_DOUBLE_EQ(r->busy_seconds[0], 0.004);
 }
 
+// A compute pass that first waited for queued sends to leave (a slow
+// link: the runtime paces its sends there) is drawn from its wait's end,
+// the wait idle: it was drawn and counted as compute.
+TEST(MeasuredTimeline, ComputeWaitForQueuedSendsIsIdleNotDrawn) {
+  const v1::Program first = FirstStage();
+  v1::StepTrace trace = Trace(1000, 0, 0.010);
+  Time(&trace, 0, 0.000, 0.005, 0.003);  // 3 ms waiting, then 2 ms forward
+  Time(&trace, 1, 0.005, 0.0052);
+  Time(&trace, 2, 0.0052, 0.006);
+  ASSERT_TRUE(CheckStepTrace(trace, 10, first).ok());
+  absl::StatusOr<SimulationResult> r = MeasuredTimeline({&first}, {&trace});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->events.size(), 3u);
+  EXPECT_EQ(r->events[0].kind, TimelineEventKind::kForward);
+  EXPECT_DOUBLE_EQ(r->events[0].start_seconds, 0.003);
+  EXPECT_DOUBLE_EQ(r->busy_seconds[0], 0.010 - 0.003);
+  EXPECT_DOUBLE_EQ(r->idle_seconds[0], 0.003);
+}
+
 TEST(LeadingLanesWithin, AsManyLeadingLanesAsFitButAlwaysOne) {
   EXPECT_EQ(LeadingLanesWithin({}, 10), 0);
   EXPECT_EQ(LeadingLanesWithin({3, 3, 3}, 10), 3);

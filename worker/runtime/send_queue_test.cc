@@ -128,16 +128,21 @@ TEST(SendQueueTest, AwaitQueuedBytesAtMost_ReturnsOnceTheBytesFit) {
                         100)
                     .ok());
   }
+  // The first two go; the third stays held until the wait returned, so the
+  // wait must have waited for exactly those two (a wait that returned at
+  // once would see none run).
   std::thread releaser([&] {
-    for (int i = 0; i < 3; ++i) {
-      AnnotatedMutexLock lock(&mu);
-      ++released;
-    }
+    AnnotatedMutexLock lock(&mu);
+    released = 2;
   });
   queue.AwaitQueuedBytesAtMost(150);
-  EXPECT_GE(ran.load(), 2);
-  EXPECT_LE(queue.queued_bytes(), 100);
+  EXPECT_EQ(ran.load(), 2);
+  EXPECT_EQ(queue.queued_bytes(), 100);
   releaser.join();
+  {
+    AnnotatedMutexLock lock(&mu);
+    released = 3;
+  }
   EXPECT_TRUE(queue.Drain().ok());
   EXPECT_EQ(ran.load(), 3);
 }

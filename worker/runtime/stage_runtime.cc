@@ -161,7 +161,10 @@ void CountWaited(IterationResult* result, SteadyClock::time_point start) {
 // are not drawn (the measured timeline names an optimizer step's wait the
 // all-reduce's).
 double WaitedSeconds(const IterationResult& result, const v1::Instruction& in) {
-  if (in.has_recv()) return result.idle_seconds;
+  // A compute instruction's: its wait for queued sends to leave first.
+  if (in.has_recv() || in.has_forward() || in.has_backward() || in.has_recompute()) {
+    return result.idle_seconds;
+  }
   if (!in.has_optimizer_step()) return 0;
   auto it = result.phase_seconds.find("all_reduce");
   return it == result.phase_seconds.end() ? 0.0 : it->second;
@@ -1353,20 +1356,22 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
   switch (in.op_case()) {
     case v1::Instruction::kForward:
       phase = "forward";
+      AwaitSendRoom(in, result);
       status = Forward(in.forward());
       break;
     case v1::Instruction::kBackward:
       phase = "backward";
+      AwaitSendRoom(in, result);
       status = Backward(in.backward());
       break;
     case v1::Instruction::kRecompute:
       phase = "recompute";
+      AwaitSendRoom(in, result);
       status = Recompute(in.recompute());
       break;
     case v1::Instruction::kSend:
       phase = "send";
       status = Send(in.send(), iteration);
-      if (status.ok()) AwaitSendRoom(in);
       break;
     case v1::Instruction::kRecv: {
       // Waiting is idle; decoding what arrived is work ("decode").
@@ -1750,29 +1755,32 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       tensor.size_bytes());  // the host copy's
 }
 
-void StageRuntime::AwaitSendRoom(const v1::Instruction& in) {
+void StageRuntime::AwaitSendRoom(const v1::Instruction& in, IterationResult* result) {
   // Compute would otherwise run ahead of a slow link for as long as the
   // program sends without receiving (a GPipe stage 0's whole forward pass,
   // a last stage's gradients), each queued send holding a host copy that
   // no memory plan counts (ForgetTensorsEndingAt frees the activation).
-  // It cannot deadlock: the wait is for sends already queued, which
-  // complete when the peer's data plane takes their frames, on its own
-  // threads, whatever the peer's interpreter does. A frame past the peer
-  // mailbox's run-ahead (or evaluation) window is held until the peer's
-  // receives move the window, which needs only tensors this stage queued
-  // before it: in earlier iterations (drained by their ends) or ahead of it
-  // in this queue; and the transport's own wait for room times out, failing
-  // the send. The queue is FIFO: whatever this stage did instead, no later
-  // send of it could leave before these. A failed send ends the wait; the
-  // next Send, Recv or the drain reports it.
+  // Before compute, not after a Send: a Send followed by a Recv never waits
+  // here, so the stage always reaches the receive its peers' progress may
+  // hinge on. The wait is for sends already queued, which complete when
+  // the peer's data plane takes their frames, on its own threads: at once,
+  // or once the peer's receives move its mailbox's run-ahead window or free
+  // room (a tensor a receive waits for is taken past the mailbox's limit,
+  // Mailbox::ReserveOrHold), both of which need only tensors this stage
+  // queued before (in earlier iterations, drained by their ends, or ahead
+  // in this FIFO queue) or the peer's own; and the transport's own wait
+  // times out, failing the send. A failed send ends the wait; the next
+  // Send, Recv or the drain reports it. Waiting on the link is idle time.
   const int64_t most = setup_.max_queued_send_bytes;
   // Only this thread queues, so room once seen stays until its next Send.
   if (sends_.pending() <= 1 || sends_.queued_bytes() <= most) return;
-  const std::string send = DescribeInstruction(in);
-  ShowActivity(absl::StrCat(send, ": waiting for queued sends to leave (over ", most,
-                            " bytes of them)"));
+  const auto start = SteadyClock::now();
+  const std::string what = DescribeInstruction(in);
+  ShowActivity(
+      absl::StrCat(what, ": waiting for queued sends to leave (over ", most, " bytes of them)"));
   sends_.AwaitQueuedBytesAtMost(most);
-  ShowActivity(send);
+  ShowActivity(what);
+  result->idle_seconds += SecondsSince(start);
 }
 
 absl::StatusOr<WireTensor> StageRuntime::RecvWireWatchingSends(int peer,

@@ -20,8 +20,9 @@
 // for the copy, encoding, handing it to the transport — on one thread, in
 // program order, so the interpreter computes the next micro-batch while the
 // last one leaves (on a GPU, while its copy runs). The interpreter runs
-// ahead only so far: after a Send it waits while its queued sends hold more
-// than StageSetup::max_queued_send_bytes (and more than one is queued), so
+// ahead only so far: before a compute instruction it waits while its queued
+// sends hold more than StageSetup::max_queued_send_bytes (and more than one
+// is queued; not after a Send, so that it always reaches its receives), so
 // a stage on a slow link does not hold a host copy of every micro-batch's
 // output. Every iteration and validation pass ends by waiting for its
 // sends; a failed send fails the iteration (naming the send) at the next
@@ -225,15 +226,16 @@ struct IterationResult {
   // optimizer step (all of its time: its wait for the slowest replica is
   // not told apart from its own transfers and sums), the clipping's norm
   // broadcasts, a fused embedding sync, the replicas' loss gather and the
-  // partition tuner's sums. Busy is the rest: this stage's compute (its
+  // partition tuner's sums; and before a compute instruction, waiting while
+  // queued sends hold over StageSetup::max_queued_send_bytes (a slow link).
+  // Busy is the rest: this stage's compute (its
   // units' tensor-parallel all-reduces included), and handing sends over
   // and waiting for the last ones at the iteration's end.
   double busy_seconds = 0;
   double idle_seconds = 0;
   // Busy time of the interpreter by phase: "forward", "backward",
   // "recompute", "send" (starting each send's copy, a device encode,
-  // waiting while queued sends hold over StageSetup::max_queued_send_bytes,
-  // and at the iteration's end for sends still in the background; the
+  // and at the iteration's end waiting for sends still in the background; the
   // host encoding runs on the send thread and is in `sent`'s codec time),
   // "decode", "optimizer" (clipping, the schedule and AdamW; not the norms'
   // broadcasts), "tied" (not a fused sync's all-reduce); and one phase of
@@ -403,10 +405,11 @@ class StageRuntime {
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration);
-  // After the Send `in`: waits while the queued sends hold over
-  // setup_.max_queued_send_bytes (SendQueue::AwaitQueuedBytesAtMost),
-  // showing it in current_instruction().
-  void AwaitSendRoom(const v1::Instruction& in);
+  // Before the compute instruction `in`: waits while the queued sends hold
+  // over setup_.max_queued_send_bytes (SendQueue::AwaitQueuedBytesAtMost),
+  // showing it in current_instruction(), and adds the wait to
+  // result->idle_seconds.
+  void AwaitSendRoom(const v1::Instruction& in, IterationResult* result);
   // The transport's RecvWire, up to setup_.recv_timeout, but while sends
   // of this stage are queued in slices of kSendWatchSlice, returning a
   // failed send's error (SendFailedFirst) as soon as there is one.

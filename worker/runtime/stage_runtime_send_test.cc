@@ -354,9 +354,10 @@ class SlowFirstSendTransport : public Transport {
 // A GPipe stage 0 sends its whole forward pass without receiving: while
 // its first send was held on a slow link, it ran every micro-batch's
 // forward pass and queued a host copy of each, reaching the receives of
-// the backward pass. With room for two activations' bytes it waits after
-// the send of micro-batch 2 (the held send and two behind it), computing
-// nothing further until the link moves; then the step ends as ever.
+// the backward pass. With room for two activations' bytes it waits before
+// the forward pass of micro-batch 3 (the held send and two behind it),
+// computing nothing further until the link moves; then the step ends as
+// ever.
 TEST(StageRuntimeSendTest, SlowLink_GPipeStage0WaitsOnceItsQueuedSendsHoldTheBound) {
   TrainConfig c = testing::SmallConfig();
   c.micro_batches = 8;  // one sequence each
@@ -398,7 +399,7 @@ TEST(StageRuntimeSendTest, SlowLink_GPipeStage0WaitsOnceItsQueuedSendsHoldTheBou
   ASSERT_TRUE(first_stage.ok()) << first_stage.status();
   ASSERT_TRUE(last_stage.ok()) << last_stage.status();
   EXPECT_EQ(shown,
-            absl::StrCat("send ACTIVATION unit 1 mb 2 to stage 1: waiting for queued sends to "
+            absl::StrCat("forward [0, 2) mb 3: waiting for queued sends to "
                          "leave (over ",
                          2 * activation, " bytes of them)"));
   EXPECT_EQ(last_stage->micro_batch_losses.size(), 8u);

@@ -407,9 +407,10 @@ class FrameStreamReactor final : public StreamReactor {
 
   // Handles frame_: buffers it, or refuses it with a FrameError. Returns
   // false, nothing refused, when the mailbox holds it instead for lack of
-  // room (its tensor fits the whole limit; Mailbox::ReserveOrHold): the
-  // assembler refused its first frame and took nothing of it, so it
-  // accepts the same frame again at the wake.
+  // room (its tensor fits the whole limit, and no Take waits for it:
+  // Mailbox::ReserveOrHold): the assembler refused its first frame and took
+  // nothing of it, so it accepts the same frame again at the wake (a Take
+  // that starts waiting for it is one).
   bool HandleFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Status status = CheckBindingLocked();
     absl::StatusOr<std::optional<ReceivedTensor>> result = std::optional<ReceivedTensor>();
@@ -426,7 +427,8 @@ class FrameStreamReactor final : public StreamReactor {
           [this, mailbox, can_wait, &held](const TensorAddress& address, int64_t bytes) {
             if (!can_wait) return mailbox->Reserve(address, bytes);
             Mailbox::WindowWake wake = [this] { Unhold(); };
-            return mailbox->ReserveOrHold(address, bytes, std::move(wake), &held);
+            // Bound (checked above): this stream's stage sent it.
+            return mailbox->ReserveOrHold(source_stage_, address, bytes, std::move(wake), &held);
           });
       status = result.status();
     }

@@ -38,11 +38,14 @@
 // way (Mailbox::ReserveOrHold) until a Take, a reservation given back or a
 // job's end makes room, so a stage that takes slower than its peer sends
 // slows the peer instead of failing the job with RESOURCE_EXHAUSTED. A
-// tensor larger than the whole limit is still refused at once. A held
-// stream delays the tensors behind it: a stage that waits for one of them
-// while the mailbox is full of tensors it takes only later gets
-// DEADLINE_EXCEEDED at its receive timeout (Mailbox::Take), which the job
-// recovers from.
+// tensor larger than the whole limit is still refused at once. A tensor
+// that a Mailbox::Take waits for is not held for room: it is admitted past
+// the limit, and a Take that starts waiting for a held one wakes it (on
+// the Take's thread), so a stage blocked on it while the mailbox is full of
+// tensors it takes only later (e.g. the next iteration's activations
+// during an all-reduce) gets it. A held stream still delays the tensors
+// behind it: a stage that waits for one of them gets DEADLINE_EXCEEDED at
+// its receive timeout (Mailbox::Take), which the job recovers from.
 //
 // Per stream: frames are processed in the read reaction that delivered them
 // (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits

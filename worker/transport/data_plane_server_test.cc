@@ -482,10 +482,52 @@ TEST_F(DataPlaneServerTest, Stream_StalledStreamCancelled_ItsRoomWakesAHeldStrea
 
   stalled_context.TryCancel();
   EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Woken by the room given back, not by the Take below (which would wake
+  // a hold of its own tensor anyway).
+  ASSERT_TRUE(mailbox_->AwaitHeld(0, kPatience));
   ExpectTaken(At(kStageIteration, 2), sent, /*stage=*/1);
   ASSERT_TRUE(held->WritesDone());
   EXPECT_EQ(NextError(*held), "(the stream ended)");
   EXPECT_TRUE(held->Finish().ok());
+}
+
+// The finding's case (r21 1): a stage busy in its all-reduce, whose
+// mailbox the stage before it filled with the next iteration's activations
+// (within the run-ahead window). The chunk its all-reduce waits for comes
+// from its replica (stage 1) and lacks room; held, it would wait for a Take
+// of an activation that comes only after the all-reduce, and the stage
+// would time out. The Take of the chunk wakes its stream, and the chunk is
+// admitted past the limit; the 4th activation, which nobody waits for yet,
+// stays held until a Take makes room.
+TEST_F(DataPlaneServerTest, Stream_TakeOfAChunkHeldForRoom_AdmittedPastTheLimit) {
+  StartServer(MailboxLimits{.max_bytes = 48});  // 3 tensors of 4 floats
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  std::vector<WireTensor> sent;
+  for (int unit = 1; unit <= 4; ++unit) {
+    sent.push_back(Values(4, static_cast<float>(10 * unit)));
+    Write(*stream, At(kStageIteration + 1, unit), sent.back());
+  }
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  grpc::ClientContext chunk_context;
+  std::unique_ptr<FrameStream> chunks = Open(chunk_context, /*stage=*/1);
+  const TensorAddress chunk{kJob, kStageIteration, v1::TENSOR_KIND_COLLECTIVE, 0, 1};
+  const WireTensor chunk_sent = Values(4, 7.f);
+  Write(*chunks, chunk, chunk_sent, /*stage=*/1);
+  ASSERT_TRUE(mailbox_->AwaitHeld(2, kPatience));
+  EXPECT_EQ(mailbox_->bytes(), 48);
+
+  ExpectTaken(chunk, chunk_sent, /*stage=*/1);
+  EXPECT_EQ(mailbox_->held(), 1u);  // The 4th activation, still.
+  EXPECT_EQ(mailbox_->bytes(), 48);
+  EXPECT_EQ(mailbox_->reserved(), 0);
+  for (int unit = 1; unit <= 4; ++unit) ExpectTaken(At(kStageIteration + 1, unit), sent[unit - 1]);
+  for (FrameStream* done : {stream.get(), chunks.get()}) {
+    ASSERT_TRUE(done->WritesDone());
+    EXPECT_EQ(NextError(*done), "(the stream ended)");
+    EXPECT_TRUE(done->Finish().ok());
+  }
+  EXPECT_EQ(mailbox_->held(), 0u);
 }
 
 // A peer holding a stage's keys cannot open streams without bound: past

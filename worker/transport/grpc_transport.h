@@ -73,8 +73,10 @@ struct GrpcTransportOptions {
   int64_t max_frame_bytes = kMaxFramePayloadBytes;
   // How long a Send waits for a (re)connection before UNAVAILABLE.
   absl::Duration connect_timeout = absl::Seconds(10);
-  // Memory bound per peer (see above) and how long Send waits for room.
-  // A worker raises both waits to its receive timeout
+  // Memory bound per peer (see above) and how long Send waits for room,
+  // in its queue while the peer holds its stream (beyond the peer's
+  // run-ahead window, or for room in the peer's full mailbox). A worker
+  // raises both waits to its receive timeout
   // (WaitForHeldStreamsAsLongAsReceivers).
   int64_t max_queued_bytes_per_peer = int64_t{256} << 20;
   absl::Duration queue_wait_timeout = absl::Seconds(60);
@@ -104,10 +106,13 @@ struct GrpcTransportOptions {
 // a receiver holds a stream whose next tensor is beyond its run-ahead
 // window (mailbox.h) until it gets there, which legal programs need (a
 // Bi-Partition plan whose last stage only runs the head's forward pass:
-// its sender runs ahead). A Send that gave up first failed the job, and a
-// stage that ran every step and shut down first cancelled its last
-// tensors, which the receiver then waited for in vain: both at a fixed
-// 60 s and 10 s, whatever the operator had allowed a slow stage.
+// its sender runs ahead), and one whose next tensor lacks room in its full
+// mailbox until a Take makes room, which a GPipe stage slower than the one
+// before it causes routinely (a tensor its stage is blocked on is never
+// held so: Mailbox::ReserveOrHold). A Send that gave up first failed the
+// job, and a stage that ran every step and shut down first cancelled its
+// last tensors, which the receiver then waited for in vain: both at a
+// fixed 60 s and 10 s, whatever the operator had allowed a slow stage.
 void WaitForHeldStreamsAsLongAsReceivers(absl::Duration recv_timeout,
                                          GrpcTransportOptions* options);
 

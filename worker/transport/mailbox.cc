@@ -178,11 +178,12 @@ absl::StatusOr<Mailbox::Reservation> Mailbox::Reserve(const TensorAddress& addre
   return ReserveLocked(address.job_id, wire_bytes);
 }
 
-Mailbox::Reservation Mailbox::ReserveLocked(const std::string& job_id, int64_t wire_bytes) {
+Mailbox::Reservation Mailbox::ReserveLocked(const std::string& job_id, int64_t wire_bytes,
+                                            bool past_limit) {
   reserved_ += wire_bytes;
   ++reservations_;
   const int64_t ticket = next_ticket_++;
-  live_reservations_.emplace(ticket, LiveReservation{job_id, wire_bytes});
+  live_reservations_.emplace(ticket, LiveReservation{job_id, wire_bytes, past_limit});
   return Reservation(this, ticket, wire_bytes);
 }
 
@@ -190,7 +191,10 @@ Mailbox::Reservation Mailbox::ReserveLocked(const std::string& job_id, int64_t w
 // step under mu_, and every change that frees room is made under mu_ and
 // followed by ReleaseRoomHoldsLocked (or, for a Reservation given back, by
 // its owner's WakeHeldForRoom): room freed between the two cannot be missed.
-absl::StatusOr<Mailbox::Reservation> Mailbox::ReserveOrHold(const TensorAddress& address,
+// A Take registers its key under mu_ before it releases the holds of it,
+// so a tensor the stage waits for is never held for room after that.
+absl::StatusOr<Mailbox::Reservation> Mailbox::ReserveOrHold(int source_stage,
+                                                            const TensorAddress& address,
                                                             int64_t wire_bytes, WindowWake wake,
                                                             int64_t* hold) {
   PT_CHECK(wire_bytes >= 0) << "reserving " << wire_bytes << " bytes for " << address.DebugString();
@@ -199,11 +203,27 @@ absl::StatusOr<Mailbox::Reservation> Mailbox::ReserveOrHold(const TensorAddress&
   bool for_room = false;
   absl::Status admitted = AdmitLocked(address, wire_bytes, &for_room);
   if (admitted.ok()) return ReserveLocked(address.job_id, wire_bytes);
-  if (for_room && !shut_down_) {
-    *hold = next_ticket_++;
-    holds_.emplace(*hold, Hold{address, std::move(wake), /*for_room=*/true, wire_bytes});
+  if (!for_room || shut_down_) return admitted;
+  const Key key{source_stage, address};
+  // Held, it would wait for room that only the stage's Take of it frees
+  // (the mailbox may be full of tensors the stage takes later): the
+  // mailbox goes past its limit by this tensor instead, which fits it.
+  if (MayPassLimitLocked(key)) {
+    Reservation reservation = ReserveLocked(address.job_id, wire_bytes, /*past_limit=*/true);
+    awaited_[key].past_limit = reservation.ticket_;
+    return reservation;
   }
+  *hold = next_ticket_++;
+  holds_.emplace(*hold,
+                 Hold{address, std::move(wake), /*for_room=*/true, wire_bytes, source_stage});
   return admitted;
+}
+
+bool Mailbox::MayPassLimitLocked(const Key& key) const {
+  auto it = awaited_.find(key);
+  // Tickets start at 1, so past_limit 0 is never a live reservation.
+  return it != awaited_.end() && live_reservations_.count(it->second.past_limit) == 0 &&
+         tensors_.count(key) == 0;
 }
 
 bool Mailbox::RoomForLocked(int64_t wire_bytes) const {
@@ -278,14 +298,25 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTe
   PT_CHECK(reservation.mailbox_ == nullptr || reservation.mailbox_ == this)
       << "a reservation of another mailbox for " << address.DebugString();
   AnnotatedMutexLock lock(&mu_);
+  const int64_t wire_bytes = wire.wire_bytes();
+  // Reserved past the limit for a Take (ReserveOrHold): room enough, even
+  // though the bytes it gives back below leave too few.
+  bool past_limit = false;
+  if (auto live = live_reservations_.find(reservation.ticket_);
+      reservation.mailbox_ != nullptr && live != live_reservations_.end()) {
+    past_limit = live->second.past_limit && wire_bytes <= live->second.bytes;
+  }
   // The reserved bytes end here: stored as this tensor's below, or given
   // back if it is refused. Ended before AdmitLocked, so they are room for it.
   if (reservation.mailbox_ != nullptr) EndReservationLocked(reservation.ticket_);
   reservation.mailbox_ = nullptr;
   reservation.ticket_ = 0;
   reservation.bytes_ = 0;
-  const int64_t wire_bytes = wire.wire_bytes();
-  if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
+  bool for_room = false;
+  if (absl::Status admitted = AdmitLocked(address, wire_bytes, &for_room);
+      !admitted.ok() && !(past_limit && for_room)) {
+    return admitted;
+  }
   if (!tensors_.emplace(Key{source_stage, address}, std::move(wire)).second) {
     return absl::FailedPreconditionError(
         absl::StrCat("duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
@@ -322,11 +353,13 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
       eval_taken_ = std::max<int64_t>(eval_taken_, address.micro_batch);
       moved = true;
     }
-    if (moved) {
-      wakes = ReleaseHoldsLocked([this](const Hold& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !held.for_room && !BeyondWindowLocked(held.address);
-      });
-    }
+    // From now until it returns, its tensor is admitted past the limit
+    // (ReserveOrHold); one held for room already is asked again.
+    ++awaited_[key].takers;
+    wakes = ReleaseHoldsLocked([&](const Hold& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (held.for_room) return held.source_stage == source_stage && held.address == address;
+      return moved && !BeyondWindowLocked(held.address);
+    });
   }
   RunWakes(std::move(wakes));  // Before waiting: what they let in may be what this Take wants.
   absl::StatusOr<WireTensor> taken;
@@ -334,6 +367,7 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   {
     AnnotatedMutexLock lock(&mu_);
     taken = TakeLocked(key, timeout);
+    if (auto it = awaited_.find(key); --it->second.takers == 0) awaited_.erase(it);
     // The room it leaves may be what a held stream waits for.
     if (taken.ok()) room = ReleaseRoomHoldsLocked();
   }

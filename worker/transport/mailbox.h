@@ -19,6 +19,12 @@
 //     windows below hold theirs: a stage that takes slower than its peer
 //     sends (GPipe) slows the peer instead of failing the job. A tensor
 //     larger than the whole limit is refused at once: no wait lets it in.
+//     But a tensor a Take is blocked on is never held for room (it may be
+//     what would free it): ReserveOrHold admits it past the limit, at most
+//     one per key that Takes wait for, so the mailbox exceeds max_bytes
+//     (and max_tensors) only by tensors its stage is blocked on, each of
+//     them within max_bytes (one whose Take gave up first stays until it
+//     is taken or its job ends).
 //   - count: at most MailboxLimits::max_tensors tensors wait at once
 //     (reserved ones included). Each costs memory besides its bytes (its
 //     map entry, address and shape), and a tensor of no bytes (a shape
@@ -61,7 +67,8 @@
 //   Admit decides (ReserveOrHold: reserved)  forgotten, no wake
 //
 // Released by: a Take that moves the window over it (a window's hold) or
-// that leaves room for it (a hold for room); WakeHeldForRoom when room for
+// that leaves room for it, or that starts waiting for its very tensor (a
+// hold for room; asked again, it is admitted); WakeHeldForRoom when room for
 // it was given back; OpenJob; DropJob or AbortJob of its job (and, for
 // room, of any job whose tensors made room for it); Shutdown.
 // A wake runs after the mailbox's lock is released, on the thread of the
@@ -70,12 +77,17 @@
 // No wake is lost: a hold is registered under the same lock as the check
 // that it must wait, and room is freed only under that lock too (a Take, a
 // Reservation given back, a job dropped), so room freed before the check
-// is seen by it and room freed after it releases the hold. A receiver that
-// waits for a tensor behind a stream held for room (another stream's, or
-// this stream's next) while the mailbox is full of tensors it takes only
-// later gets DEADLINE_EXCEEDED at its timeout (the message says streams
-// wait for room), a peer failure the job recovers from: no worse than the
-// RESOURCE_EXHAUSTED that failed the job at once before holds for room.
+// is seen by it and room freed after it releases the hold. Likewise a
+// Take records the key it waits for under that lock before it looks for a
+// hold of it, so its tensor is either released from its hold or admitted
+// when it comes: a stage blocked on one tensor (a collective's chunk, a
+// gradient) while the mailbox is full of tensors it takes only later (the
+// next iteration's activations, within the run-ahead window) gets it.
+// What is left: a tensor behind another that is held for room on the same
+// stream waits with that stream, and its Take gets DEADLINE_EXCEEDED at its
+// timeout (the message says streams wait for room), a peer failure the job
+// recovers from (before holds for room, the one ahead was refused and the
+// job failed at once).
 //
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
@@ -189,21 +201,25 @@ class Mailbox {
   using WindowWake = std::function<void()>;
   int64_t HoldBeyondWindow(const TensorAddress& address, WindowWake wake);
   // Reserve, for a receiver that can wait for room (DataPlaneServer, after
-  // HoldBeyondWindow said 0): sets *hold to 0 and returns what Reserve
-  // would (`wake` dropped), unless Reserve would refuse the tensor only for
-  // lack of room now: the bytes stored and reserved leave too few for it,
-  // or max_tensors wait or are being received, though it fits the whole
-  // byte limit (and max_tensors > 0) and the mailbox is not shut down. Then
-  // nothing is reserved, `wake` is kept as a hold whose ticket (> 0) goes
-  // to *hold, and Reserve's RESOURCE_EXHAUSTED ("mailbox full") is
-  // returned, so that the caller takes nothing of the tensor yet. `wake`
-  // then runs exactly once, unless CancelHold(ticket) returns true first:
-  // when a Take or WakeHeldForRoom finds room for `wire_bytes` (not
+  // HoldBeyondWindow said 0), of the tensor at (source_stage, address):
+  // sets *hold to 0 and returns what Reserve would (`wake` dropped), unless
+  // Reserve would refuse the tensor only for lack of room now: the bytes
+  // stored and reserved leave too few for it, or max_tensors wait or are
+  // being received, though it fits the whole byte limit (and max_tensors >
+  // 0) and the mailbox is not shut down. Then, if a Take waits for that key
+  // and no other tensor of it is reserved past the limit or waiting, it is
+  // reserved all the same (past the limit: the stage is blocked on it, and
+  // only the Take frees room). Otherwise nothing is reserved, `wake` is
+  // kept as a hold whose ticket (> 0) goes to *hold, and Reserve's
+  // RESOURCE_EXHAUSTED ("mailbox full") is returned, so that the caller
+  // takes nothing of the tensor yet. `wake` then runs exactly once, unless
+  // CancelHold(ticket) returns true first: when a Take or WakeHeldForRoom
+  // finds room for `wire_bytes`, or a Take starts waiting for the key (not
   // reserved for it: ask again, and the tensor may be held again), or
   // OpenJob, DropJob, AbortJob or Shutdown; as HoldBeyondWindow's wake.
   // Requires wire_bytes >= 0.
-  absl::StatusOr<Reservation> ReserveOrHold(const TensorAddress& address, int64_t wire_bytes,
-                                            WindowWake wake, int64_t* hold);
+  absl::StatusOr<Reservation> ReserveOrHold(int source_stage, const TensorAddress& address,
+                                            int64_t wire_bytes, WindowWake wake, int64_t* hold);
   // Wakes the holds for room (ReserveOrHold) whose tensor fits now, on this
   // thread after the lock is released. Take, OpenJob, DropJob and AbortJob
   // do it themselves; a Reservation given back (destroyed, or ended by a
@@ -225,7 +241,8 @@ class Mailbox {
   // the source and tensor if that key is already waiting; otherwise as
   // Admit (nothing is stored when it refuses), where the bytes of
   // `reservation` (from this mailbox's Reserve, for this tensor) count as
-  // room for it. The reservation ends either way: its bytes become the
+  // room for it, and one that ReserveOrHold made past the limit for a Take
+  // is room enough. The reservation ends either way: its bytes become the
   // stored tensor's, or are given back.
   absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire,
                    Reservation reservation = Reservation());
@@ -249,8 +266,10 @@ class Mailbox {
   // for a later validation micro-batch the evaluation window, which first
   // wakes the holds it releases (on this thread). The tensor taken frees
   // room: the holds for room it makes fit are woken before it returns (on
-  // this thread). DEADLINE_EXCEEDED says so when streams are held for room
-  // (the tensor may be behind one: --mailbox-limit).
+  // this thread). While it waits, its tensor is not held for room: a hold
+  // of it is woken (on this thread, before the wait) and it is admitted
+  // past the limit (ReserveOrHold). DEADLINE_EXCEEDED says so when streams
+  // are held for room (the tensor may be behind one: --mailbox-limit).
   absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
                                   absl::Duration timeout);
   // Wakes all waiters with ABORTED; later Takes fail at once. Wakes every
@@ -277,7 +296,14 @@ class Mailbox {
     TensorAddress address;
     WindowWake wake;
     bool for_room = false;  // ReserveOrHold's; else HoldBeyondWindow's.
-    int64_t bytes = 0;      // For room: the tensor's wire bytes.
+    int64_t bytes = 0;      // For room: the tensor's wire bytes,
+    int source_stage = 0;   // and its sender (a Take wakes the hold of its key).
+  };
+  // A key Takes wait for: how many, and the ticket of the Reservation
+  // ReserveOrHold made past the limit for it (0: none yet).
+  struct Awaited {
+    int takers = 0;
+    int64_t past_limit = 0;
   };
   using Wakes = std::vector<WindowWake>;
 
@@ -290,8 +316,9 @@ class Mailbox {
   // can end.
   absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes,
                            bool* for_room = nullptr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves `wire_bytes` for a tensor of `job_id` that AdmitLocked took.
-  Reservation ReserveLocked(const std::string& job_id, int64_t wire_bytes)
+  // Reserves `wire_bytes` for a tensor of `job_id` that AdmitLocked took,
+  // or (`past_limit`) that a Take waits for (ReserveOrHold).
+  Reservation ReserveLocked(const std::string& job_id, int64_t wire_bytes, bool past_limit = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a tensor of `wire_bytes` fits the bytes and count left now.
   bool RoomForLocked(int64_t wire_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -310,6 +337,9 @@ class Mailbox {
   Wakes ReleaseRoomHoldsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The holds of `job_id` (dropped or aborted), and those for room that fit.
   Wakes ReleaseJobHoldsLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether ReserveOrHold may reserve a tensor of `key` past the limit:
+  // a Take waits for it, and no other of it is so reserved or waiting.
+  bool MayPassLimitLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Take's wait and removal of `key`.
   absl::StatusOr<WireTensor> TakeLocked(const Key& key, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -320,15 +350,18 @@ class Mailbox {
   std::map<Key, WireTensor> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<Key, absl::Status> refused_ ABSL_GUARDED_BY(mu_);  // NoteRefused
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Of the Reservations alive and not revoked; bytes_ + reserved_ <= max_bytes.
+  // Of the Reservations alive and not revoked; bytes_ + reserved_ <= max_bytes,
+  // but for the tensors reserved past it for Takes (awaited_).
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   // The Reservations alive and not revoked; tensors_.size() + reservations_
-  // <= max_tensors.
+  // <= max_tensors, but for those same tensors.
   int64_t reservations_ ABSL_GUARDED_BY(mu_) = 0;
-  // Those Reservations by ticket: their job and bytes.
+  // Those Reservations by ticket: their job and bytes, and whether
+  // ReserveOrHold made it past the limit for a Take.
   struct LiveReservation {
     std::string job_id;
     int64_t bytes = 0;
+    bool past_limit = false;
   };
   std::map<int64_t, LiveReservation> live_reservations_ ABSL_GUARDED_BY(mu_);
   // The opened job and its current iteration (OpenJob, then Take).
@@ -340,6 +373,9 @@ class Mailbox {
   int64_t eval_taken_ ABSL_GUARDED_BY(mu_) = -1;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
+  // The keys Takes wait for now (added before a Take looks for holds of
+  // its key, removed when it returns).
+  std::map<Key, Awaited> awaited_ ABSL_GUARDED_BY(mu_);
   // Tensors held back by a window or for room, by ticket.
   std::map<int64_t, Hold> holds_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,5 +1,6 @@
 #include "worker/transport/mailbox.h"
 
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -701,12 +702,12 @@ TEST(MailboxTest, ReserveOrHold_FullButFitsTheLimit_HeldUntilATakeMakesRoom) {
   int64_t small_hold = 0;
   int64_t large_hold = 0;
   absl::StatusOr<Mailbox::Reservation> held =
-      mailbox.ReserveOrHold(Activation("j-1", 4), 4, small.Make(), &small_hold);
+      mailbox.ReserveOrHold(0, Activation("j-1", 4), 4, small.Make(), &small_hold);
   EXPECT_EQ(held.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(held.status().message(), "mailbox full: 12 bytes wait"))
       << held.status();
   EXPECT_GT(small_hold, 0);
-  held = mailbox.ReserveOrHold(Activation("j-1", 5), 8, large.Make(), &large_hold);
+  held = mailbox.ReserveOrHold(0, Activation("j-1", 5), 8, large.Make(), &large_hold);
   EXPECT_EQ(held.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_GT(large_hold, 0);
   EXPECT_NE(small_hold, large_hold);
@@ -733,7 +734,7 @@ TEST(MailboxTest, ReserveOrHold_FullButFitsTheLimit_HeldUntilATakeMakesRoom) {
   // Asked again, they are reserved.
   int64_t hold = -1;
   absl::StatusOr<Mailbox::Reservation> reserved =
-      mailbox.ReserveOrHold(Activation("j-1", 5), 8, NeverWoken(), &hold);
+      mailbox.ReserveOrHold(0, Activation("j-1", 5), 8, NeverWoken(), &hold);
   ASSERT_TRUE(reserved.ok()) << reserved.status();
   EXPECT_EQ(hold, 0);
   EXPECT_EQ(mailbox.reserved(), 8);
@@ -748,7 +749,7 @@ TEST(MailboxTest, ReserveOrHold_CountFull_HeldUntilATakeFreesAPlace) {
   RoomWake wake;
   int64_t hold = 0;
   absl::StatusOr<Mailbox::Reservation> held =
-      mailbox.ReserveOrHold(Activation("j-1", 3), 0, wake.Make(), &hold);
+      mailbox.ReserveOrHold(0, Activation("j-1", 3), 0, wake.Make(), &hold);
   EXPECT_TRUE(absl::StrContains(held.status().message(), "the limit of 2 tensors"))
       << held.status();
   EXPECT_GT(hold, 0);
@@ -767,7 +768,7 @@ TEST(MailboxTest, ReserveOrHold_LargerThanTheWholeLimitOrNotRoom_RefusedAtOnce) 
   }
   int64_t hold = -1;
   absl::StatusOr<Mailbox::Reservation> refused =
-      mailbox.ReserveOrHold(Activation("j-1", 4), 16, NeverWoken(), &hold);
+      mailbox.ReserveOrHold(0, Activation("j-1", 4), 16, NeverWoken(), &hold);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(refused.status().message(),
                                 "a tensor of 16 bytes is larger than this worker's whole mailbox "
@@ -776,21 +777,21 @@ TEST(MailboxTest, ReserveOrHold_LargerThanTheWholeLimitOrNotRoom_RefusedAtOnce) 
   EXPECT_EQ(hold, 0);
 
   hold = -1;
-  refused = mailbox.ReserveOrHold(Activation("j-0", 4), 4, NeverWoken(), &hold);
+  refused = mailbox.ReserveOrHold(0, Activation("j-0", 4), 4, NeverWoken(), &hold);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(hold, 0);
-  refused = mailbox.ReserveOrHold(AtIteration(10), 4, NeverWoken(), &hold);
+  refused = mailbox.ReserveOrHold(0, AtIteration(10), 4, NeverWoken(), &hold);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "beyond the run-ahead window"));
   EXPECT_EQ(hold, 0);
   EXPECT_EQ(mailbox.held(), 0u);
 
   Mailbox none(MailboxLimits{.max_bytes = 12, .max_tensors = 0});
-  refused = none.ReserveOrHold(Activation("j-1", 1), 4, NeverWoken(), &hold);
+  refused = none.ReserveOrHold(0, Activation("j-1", 1), 4, NeverWoken(), &hold);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(hold, 0);
 
   mailbox.Shutdown();
-  refused = mailbox.ReserveOrHold(Activation("j-1", 4), 4, NeverWoken(), &hold);
+  refused = mailbox.ReserveOrHold(0, Activation("j-1", 4), 4, NeverWoken(), &hold);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(hold, 0);
   EXPECT_EQ(mailbox.held(), 0u);
@@ -804,7 +805,7 @@ TEST(MailboxTest, WakeHeldForRoom_AfterAReservationIsGivenBack_WakesTheHold) {
   ASSERT_TRUE(filling.ok()) << filling.status();
   RoomWake wake;
   int64_t hold = 0;
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 2), 4, wake.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-1", 2), 4, wake.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
   mailbox.WakeHeldForRoom();  // no room yet
   EXPECT_EQ(wake.calls, 0);
@@ -825,9 +826,9 @@ TEST(MailboxTest, ReserveOrHold_JobEndsOrCancelled_HoldReleasedOrForgotten) {
   RoomWake other;
   RoomWake cancelled;
   int64_t hold = 0;
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-2", 1), 4, other.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-2", 1), 4, other.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-2", 2), 8, cancelled.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-2", 2), 8, cancelled.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
   EXPECT_TRUE(mailbox.CancelHold(hold));
   mailbox.DropJob("j-0");  // its tensor made room for j-2's first
@@ -837,11 +838,11 @@ TEST(MailboxTest, ReserveOrHold_JobEndsOrCancelled_HoldReleasedOrForgotten) {
   mailbox.OpenJob("j-1", 7);
   ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 2), OneFloat()).ok());
   RoomWake own;
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 3), 4, own.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-1", 3), 4, own.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
   mailbox.AbortJob("j-1");
   EXPECT_EQ(own.calls, 1);
-  EXPECT_EQ(mailbox.ReserveOrHold(Activation("j-1", 3), 4, NeverWoken(), &hold).status().code(),
+  EXPECT_EQ(mailbox.ReserveOrHold(0, Activation("j-1", 3), 4, NeverWoken(), &hold).status().code(),
             absl::StatusCode::kAborted);
   EXPECT_EQ(hold, 0);
 
@@ -850,11 +851,11 @@ TEST(MailboxTest, ReserveOrHold_JobEndsOrCancelled_HoldReleasedOrForgotten) {
   ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 5), OneFloat()).ok());
   RoomWake reopened;
   RoomWake shut;
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 6), 4, reopened.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-1", 6), 4, reopened.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
   mailbox.OpenJob("j-1", 8);  // every hold is measured again
   EXPECT_EQ(reopened.calls, 1);
-  EXPECT_FALSE(mailbox.ReserveOrHold(Activation("j-1", 6), 4, shut.Make(), &hold).ok());
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, Activation("j-1", 6), 4, shut.Make(), &hold).ok());
   ASSERT_GT(hold, 0);
   mailbox.Shutdown();
   EXPECT_EQ(shut.calls, 1);
@@ -878,7 +879,7 @@ TEST(MailboxTest, ReserveOrHold_SenderStreamsTwiceTheRoom_AllArriveInOrder) {
         int64_t hold = 0;
         Mailbox::WindowWake wake = [woken] { woken->Notify(); };
         absl::StatusOr<Mailbox::Reservation> reserved =
-            mailbox.ReserveOrHold(Activation("j-1", unit), 4, std::move(wake), &hold);
+            mailbox.ReserveOrHold(0, Activation("j-1", unit), 4, std::move(wake), &hold);
         if (hold == 0) {
           sent = reserved.ok()
                      ? mailbox.Put(0, Activation("j-1", unit), OneFloat(unit), *std::move(reserved))
@@ -903,6 +904,113 @@ TEST(MailboxTest, ReserveOrHold_SenderStreamsTwiceTheRoom_AllArriveInOrder) {
   EXPECT_TRUE(sent.ok()) << sent;
   EXPECT_EQ(mailbox.held(), 0u);
   EXPECT_EQ(mailbox.bytes(), 0);
+}
+
+
+// A ring all-reduce's chunk from stage 2: what a stage waits for while its
+// mailbox is full of tensors it takes only later.
+TensorAddress Chunk(int unit) {
+  return {"j-1", /*iteration=*/7, v1::TENSOR_KIND_COLLECTIVE, /*micro_batch=*/0, unit};
+}
+
+// Iteration 8's activation `unit`: within the run-ahead window of a stage
+// at 7, which takes it only after its all-reduce of iteration 7.
+TensorAddress NextIteration(int unit) {
+  TensorAddress address = Activation("j-1", unit);
+  address.iteration = 8;
+  return address;
+}
+
+// Opens j-1 at iteration 7 and fills the mailbox (max_bytes 12) with
+// iteration 8's activations.
+void FillWithTheNextIteration(Mailbox& mailbox) {
+  mailbox.OpenJob("j-1", 7);
+  for (int unit = 1; unit <= 3; ++unit) {
+    ASSERT_TRUE(mailbox.Put(0, NextIteration(unit), OneFloat()).ok());
+  }
+}
+
+// The finding's case: the chunk the stage's all-reduce waits for comes
+// while the mailbox is full of tensors the stage takes only after it, and
+// is held for room. The Take wakes that hold on its own thread before it
+// waits, and asked again the chunk is reserved past the limit: even a Take
+// that does not wait gets it. Before, only the Take of an activation could
+// free room, so the stage waited out its receive timeout.
+TEST(MailboxTest, Take_OfATensorHeldForRoom_WakesItAndItIsAdmittedPastTheLimit) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12});
+  FillWithTheNextIteration(mailbox);
+  int64_t chunk_hold = 0;
+  int64_t next_hold = 0;  // The next iteration's 4th: nobody waits for it.
+  bool admitted = false;
+  Mailbox::WindowWake wake = [&] {
+    // Never one larger than the whole limit, awaited or not.
+    int64_t hold = -1;
+    const absl::Status too_large =
+        mailbox.ReserveOrHold(2, Chunk(1), 16, NeverWoken(), &hold).status();
+    EXPECT_TRUE(absl::StrContains(too_large.message(), "larger than this worker's whole mailbox"))
+        << too_large;
+    EXPECT_EQ(hold, 0);
+    absl::StatusOr<Mailbox::Reservation> reserved =
+        mailbox.ReserveOrHold(2, Chunk(1), 4, NeverWoken(), &hold);
+    EXPECT_EQ(hold, 0);
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    EXPECT_EQ(mailbox.reserved(), 4);  // Its bytes count, past the limit.
+    // One per key Takes wait for: another copy of the chunk waits for room.
+    int64_t copy_hold = 0;
+    EXPECT_FALSE(mailbox.ReserveOrHold(2, Chunk(1), 4, NeverWoken(), &copy_hold).ok());
+    EXPECT_GT(copy_hold, 0);
+    EXPECT_TRUE(mailbox.CancelHold(copy_hold));
+    EXPECT_TRUE(mailbox.Put(2, Chunk(1), OneFloat(5), *std::move(reserved)).ok());
+    EXPECT_EQ(mailbox.bytes(), 16);
+    admitted = true;
+  };
+  EXPECT_FALSE(mailbox.ReserveOrHold(2, Chunk(1), 4, std::move(wake), &chunk_hold).ok());
+  ASSERT_GT(chunk_hold, 0);
+  EXPECT_FALSE(mailbox.ReserveOrHold(0, NextIteration(4), 4, NeverWoken(), &next_hold).ok());
+  ASSERT_GT(next_hold, 0);
+
+  absl::StatusOr<WireTensor> chunk = mailbox.Take(2, Chunk(1), absl::ZeroDuration());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_TRUE(admitted);
+  EXPECT_EQ(chunk->tensor.ToVector(), std::vector<float>{5.f});
+  EXPECT_EQ(mailbox.bytes(), 12);
+  EXPECT_EQ(mailbox.reserved(), 0);
+  // The tensor nobody waits for is still held: the limit is full again.
+  EXPECT_EQ(mailbox.held(), 1u);
+  EXPECT_TRUE(mailbox.CancelHold(next_hold));
+}
+
+// A chunk that comes while its Take waits is reserved past the limit at
+// once (or, if it came first, woken by the Take as above); either way the
+// Take gets it without waiting out its timeout. Once the Take returns, the
+// key is no longer awaited: another tensor of it waits for room again.
+TEST(MailboxTest, ReserveOrHold_WhileATakeWaitsForIt_ReservedPastTheLimit) {
+  constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
+  Mailbox mailbox(MailboxLimits{.max_bytes = 12});
+  FillWithTheNextIteration(mailbox);
+  absl::StatusOr<WireTensor> taken;
+  std::thread stage([&] { taken = mailbox.Take(2, Chunk(1), kPatience); });
+  // The data plane's loop: asked again at each wake (here, only the Take's).
+  std::function<void()> offer = [&] {
+    int64_t hold = 0;
+    absl::StatusOr<Mailbox::Reservation> reserved =
+        mailbox.ReserveOrHold(2, Chunk(1), 4, offer, &hold);
+    if (hold != 0) return;
+    EXPECT_TRUE(reserved.ok()) << reserved.status();
+    if (reserved.ok()) {
+      EXPECT_TRUE(mailbox.Put(2, Chunk(1), OneFloat(5), *std::move(reserved)).ok());
+    }
+  };
+  offer();
+  stage.join();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->tensor.ToVector(), std::vector<float>{5.f});
+  EXPECT_EQ(mailbox.held(), 0u);
+
+  int64_t hold = 0;
+  EXPECT_FALSE(mailbox.ReserveOrHold(2, Chunk(1), 4, NeverWoken(), &hold).ok());
+  EXPECT_GT(hold, 0);
+  EXPECT_TRUE(mailbox.CancelHold(hold));
 }
 
 }  // namespace

@@ -192,9 +192,14 @@ std::vector<JobManager::JobSummary> JobManager::Summaries() const {
     // this).
     const v1::JobState state = ShownStateLocked(job);
     // By its own state: an end shown RUNNING has no step to come. Every
-    // way into RUNNING (a plan's start) sets last_step_time.
+    // way into RUNNING (a plan's start) sets last_step_time, and so does
+    // each chunk of the final weights' upload. Not while the complete file
+    // is synced (writing_weights): a large model's may take minutes, and
+    // a cancel then, as the alert's runbook would have it, drops the file.
     const absl::Duration without_step =
-        job.state() == v1::JOB_STATE_RUNNING ? now - record.last_step_time : absl::ZeroDuration();
+        job.state() == v1::JOB_STATE_RUNNING && !record.writing_weights
+            ? now - record.last_step_time
+            : absl::ZeroDuration();
     out.push_back({job.id(), absl::ToUnixNanos(FromProtoTimestamp(job.create_time())), state,
                    job.progress().step(), job.progress().loss(), job.progress().val_loss(),
                    double(training.batch_size()) * double(training.seq_len()),

@@ -431,8 +431,9 @@ class JobManager {
     // trained by this job.
     int64_t init_step = 0;
     // While it is RUNNING, how long since its last step completed or, if
-    // none has since, its current plan started (the elapsed clock, at the
-    // call): what PipetrainJobStalled reads. A drain's or join's boundary
+    // none has since, its current plan started or a chunk of its final
+    // weights came (the elapsed clock, at the call; zero while the complete
+    // weights file is synced): what PipetrainJobStalled reads. A drain's or join's boundary
     // re-plans without leaving RUNNING for longer than the plan takes, so
     // the state alone cannot tell its checkpoint load from a stall. Zero in
     // any other state, and for an end shown RUNNING until it is saved

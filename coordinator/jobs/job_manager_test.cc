@@ -2066,6 +2066,21 @@ TEST_F(JobManagerTest, Weights_CancelledDuringTheUpload_TemporaryFileRemoved) {
   EXPECT_TRUE(FilesIn(OutputDir() + "/cancelled").empty());
 }
 
+// The stall gauge (JobSummary::without_step) counts the final weights'
+// upload as progress: a large model's could outlast the alert's 15 minutes
+// after the last step, and the runbook's cancel would drop the file.
+TEST_F(JobManagerTest, Weights_UploadChunk_CountsAsProgressForTheStallGauge) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("stalled/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  clock_.Advance(absl::Minutes(20));
+  ASSERT_EQ(jobs_.Summaries().at(0).without_step, absl::Minutes(20));
+  ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
+  EXPECT_EQ(jobs_.Summaries().at(0).without_step, absl::ZeroDuration());
+}
+
 TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAllocating) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);  // uniform: stage 0 holds embed and attn_0

@@ -110,6 +110,9 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
           absl::StrCat("job ", record->job.id(),
                        "'s weights are complete and being written; no chunk is taken now"));
     }
+    // The job's progress once its steps are done (JobSummary::without_step):
+    // a large model's upload may take longer than the stall alert's wait.
+    record->last_step_time = elapsed_clock_->Now();
     if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
       if (c.values_size() > 0) {
         return absl::InvalidArgumentError("a weights chunk with values must name its tensor");

@@ -155,7 +155,8 @@ void CountWaited(IterationResult* result, SteadyClock::time_point start) {
 }
 
 // What a traced step's instruction `in` waited for so far (plan.proto
-// InstructionTiming.waited_seconds): a receive's idle time, an optimizer
+// InstructionTiming.waited_seconds): a receive's idle time, a compute
+// pass's wait for queued sends, an optimizer
 // step's data-parallel all-reduce (read without adding the phase to a
 // result that has none). The step's other waits in collectives, idle too,
 // are not drawn (the measured timeline names an optimizer step's wait the
@@ -1769,8 +1770,12 @@ void StageRuntime::AwaitSendRoom(const v1::Instruction& in, IterationResult* res
   // Mailbox::ReserveOrHold), both of which need only tensors this stage
   // queued before (in earlier iterations, drained by their ends, or ahead
   // in this FIFO queue) or the peer's own; and the transport's own wait
-  // times out, failing the send. A failed send ends the wait; the next
-  // Send, Recv or the drain reports it. Waiting on the link is idle time.
+  // times out, failing the send. (Not when the tensor a peer's receive
+  // waits for is queued on a stream behind one held for room: a
+  // Bi-Partition routed input filling a GPipe peer's mailbox. The peer's
+  // receive then times out and the job recovers, as the mailbox says.)
+  // A failed send ends the wait; the next Send, Recv or the drain reports
+  // it. Waiting on the link is idle time.
   const int64_t most = setup_.max_queued_send_bytes;
   // Only this thread queues, so room once seen stays until its next Send.
   if (sends_.pending() <= 1 || sends_.queued_bytes() <= most) return;

@@ -5475,14 +5475,15 @@ TEST_F(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByA
 // pruned one at all.
 TEST_F(JobManagerStoreTest, StoppedWithASaveAndADeleteFailed_BothTriedAgainAsItStops) {
   JobManagerOptions options = StoreOptions();
-  options.max_ended_jobs = 1;
+  // Every saved end is pruned; an unsaved one (the second cancel) is not.
+  options.max_ended_jobs = 0;
   std::string cancelled, pruned;
   {
     JobManager jobs(&registry_, &hub_, &clock_, options);
     pruned = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
     cancelled = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
     ASSERT_TRUE(jobs.Cancel(pruned).ok());
-    clock_.Advance(absl::Seconds(1));  // ended before the next: pruned first
+    clock_.Advance(absl::Seconds(1));
     store_.failing = true;
     EXPECT_EQ(jobs.Cancel(cancelled).status().code(), absl::StatusCode::kUnavailable);
     // Prunes the first (its delete fails) and retries the save (failing
@@ -5490,6 +5491,7 @@ TEST_F(JobManagerStoreTest, StoppedWithASaveAndADeleteFailed_BothTriedAgainAsItS
     jobs.ScheduleQueued();
     jobs.FlushIo();
     ASSERT_EQ(jobs.Get(pruned).status().code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(jobs.Get(cancelled).ok());  // its cancel unsaved: kept
     store_.failing = false;
   }
   const std::vector<store::StoredJob> jobs = state_.LoadJobs().value();

@@ -4720,29 +4720,14 @@ TEST_F(JobManagerNewerStateTest, Restore_SpecFieldOfANewerBuild_RefusedLeftAsSto
 
 // Nor in the submitted auto-layout parts kept beside the spec (a
 // one-replica layout drops them from the stored spec; a re-plan copies them
-// back and ResolveJobSpec refused them), nor a job state added later
-// (Restore failed such a job as one it cannot run, and saved that).
-TEST_F(JobManagerNewerStateTest, Restore_AutoLayoutFieldOrStateOfANewerBuild_RefusedLeftAsStored) {
+// back and ResolveJobSpec refused them).
+TEST_F(JobManagerNewerStateTest, Restore_AutoLayoutFieldOfANewerBuild_RefusedLeftAsStored) {
   store::StoredJob stored;
   ASSERT_NO_FATAL_FAILURE(StoreRunningJob(&stored));
   const store::StoredJob known = stored;
   AddUnknownField(stored.mutable_auto_layout_data_parallel_compression(), 9999);
   ASSERT_TRUE(state_.SaveJob(stored).ok());
   ExpectRefusedLeftAsStored(stored, "auto_layout_data_parallel_compression has field number 9999");
-  store::StoredJob new_state = known;
-  new_state.mutable_job()->set_state(static_cast<v1::JobState>(99));
-  ASSERT_TRUE(state_.SaveJob(new_state).ok());
-  {
-    JobManager restarted(&registry_, &hub_, &clock_, Options("n2"));
-    const absl::Status restored = restarted.Restore();
-    EXPECT_EQ(restored.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_TRUE(absl::StrContains(restored.message(),
-                                  "whose state is 99, which this coordinator "
-                                  "does not know"))
-        << restored;
-    restarted.FlushIo();
-    EXPECT_EQ(state_.LoadJobs().value().at(0).SerializeAsString(), new_state.SerializeAsString());
-  }
   ExpectResumed(known);
 }
 

@@ -26,6 +26,7 @@
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/recovery_kind.h"
+#include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_backed_store_testing.h"
@@ -449,16 +450,8 @@ TEST(CoordinatorMetricsTest, StateDeletes_FailuresCountedFailingJobsShown) {
 // A job of `stages` stages (the job manager's tests' small model) for 100
 // steps, checkpointing every 5: a drain re-plans it at a step boundary.
 v1::JobSpec DrainableSpec(int stages) {
-  v1::JobSpec spec;
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_micro_batches(2);
+  v1::JobSpec spec = SmallJobSpec(stages);
   spec.mutable_training()->set_steps(100);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(stages);
   spec.mutable_checkpoint()->set_interval_steps(5);
   return spec;
 }

@@ -66,19 +66,27 @@ struct AgentRig {
   }
 };
 
-absl::StatusOr<AgentRig> StartRig(v1::CoordinatorService::Service* coordinator, Mailbox* mailbox) {
-  AgentRig rig;
+// `coordinator` served on a free port of 127.0.0.1, whose address goes to
+// `*address`; null if the server did not start.
+std::unique_ptr<grpc::Server> ServeOnLoopback(v1::CoordinatorService::Service* coordinator,
+                                              std::string* address) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(coordinator);
-  rig.server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+absl::StatusOr<AgentRig> StartRig(v1::CoordinatorService::Service* coordinator, Mailbox* mailbox) {
+  AgentRig rig;
+  rig.server = ServeOnLoopback(coordinator, &rig.options.coordinator_address);
   if (rig.server == nullptr) return absl::UnavailableError("the coordinator did not start");
   absl::StatusOr<std::unique_ptr<DataPlaneServer>> data_plane =
       DataPlaneServer::Start("127.0.0.1:0", mailbox);
   if (!data_plane.ok()) return data_plane.status();
   rig.data_plane = *std::move(data_plane);
-  rig.options.coordinator_address = absl::StrCat("127.0.0.1:", port);
   rig.options.join_token = "join";
   return rig;
 }
@@ -1517,13 +1525,9 @@ class NewLeader final : public NoAssignmentsCoordinator {
 // other call does, instead of leaving without a drain.
 TEST(WorkerAgentTest, DrainAndDeregisterAfterAFailover_FollowTheNamedLeader) {
   NewLeader leader;
-  grpc::ServerBuilder builder;
-  int leader_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &leader_port);
-  builder.RegisterService(&leader);
-  std::unique_ptr<grpc::Server> leader_server = builder.BuildAndStart();
+  std::string leader_address;
+  std::unique_ptr<grpc::Server> leader_server = ServeOnLoopback(&leader, &leader_address);
   ASSERT_NE(leader_server, nullptr);
-  const std::string leader_address = absl::StrCat("127.0.0.1:", leader_port);
   DeposedCoordinator deposed(leader_address);
   Mailbox mailbox;
   absl::StatusOr<AgentRig> rig = StartRig(&deposed, &mailbox);
@@ -1595,13 +1599,9 @@ class HeartbeatCountingLeader final : public NoAssignmentsCoordinator {
 // went unheard for two or three intervals of its lease.
 TEST(WorkerAgentTest, HeartbeatRefusedNamingTheLeader_SentToItAtOnce) {
   HeartbeatCountingLeader leader;
-  grpc::ServerBuilder builder;
-  int leader_port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &leader_port);
-  builder.RegisterService(&leader);
-  std::unique_ptr<grpc::Server> leader_server = builder.BuildAndStart();
+  std::string leader_address;
+  std::unique_ptr<grpc::Server> leader_server = ServeOnLoopback(&leader, &leader_address);
   ASSERT_NE(leader_server, nullptr);
-  const std::string leader_address = absl::StrCat("127.0.0.1:", leader_port);
   FailedOverCoordinator old_leader(leader_address);
   Mailbox mailbox;
   absl::StatusOr<AgentRig> rig = StartRig(&old_leader, &mailbox);

@@ -985,6 +985,10 @@ std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m
   return std::nullopt;
 }
 
+std::string DescribeUnknownField(const UnknownField& field) {
+  return absl::StrCat(field.message, " has field number ", field.number);
+}
+
 absl::Status CheckMinLrHasACosine(const v1::JobSpec& spec) {
   if (spec.training().min_lr() <= 0 || spec.training().lr_schedule() == "cosine") {
     return absl::OkStatus();

@@ -40,6 +40,8 @@ struct UnknownField {
 // written by a newer coordinator (coordinator/jobs/stored_job_check.h).
 std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
                                               const std::string& path);
+// "<message> has field number <number>".
+std::string DescribeUnknownField(const UnknownField& field);
 
 // Accepted values of spec.parallelism.solver and .schedule.
 inline constexpr char kSolverUniform[] = "uniform";

@@ -73,13 +73,13 @@ absl::Status RefuseJobsOfANewerBuild(const std::vector<store::StoredJob>& stored
     std::string newer = StoredFieldOfANewerBuild(s.job().spec(), s.profile_json());
     // The submitted auto-layout parts a re-plan copies into the spec (a
     // one-replica layout drops them from the stored spec itself).
-    if (newer.empty()) {
-      if (std::optional<UnknownField> field = FirstUnknownField(
-              s.auto_layout_data_parallel_compression(), "auto_layout_data_parallel_compression")) {
-        newer = absl::StrCat(field->message, " has field number ", field->number);
-      } else if (std::optional<UnknownField> field =
-                     FirstUnknownField(s.auto_layout_parallelism(), "auto_layout_parallelism")) {
-        newer = absl::StrCat(field->message, " has field number ", field->number);
+    const std::pair<const google::protobuf::Message*, const char*> beside[] = {
+        {&s.auto_layout_data_parallel_compression(), "auto_layout_data_parallel_compression"},
+        {&s.auto_layout_parallelism(), "auto_layout_parallelism"}};
+    for (const auto& [part, name] : beside) {
+      if (!newer.empty()) break;
+      if (std::optional<UnknownField> field = FirstUnknownField(*part, name)) {
+        newer = DescribeUnknownField(*field);
       }
     }
     if (newer.empty()) continue;

@@ -24,7 +24,7 @@ int64_t LatestStoredSecond(absl::Time now) {
 
 std::string StoredFieldOfANewerBuild(const v1::JobSpec& spec, const std::string& profile_json) {
   if (const std::optional<UnknownField> field = FirstUnknownField(spec, "spec")) {
-    return absl::StrCat(field->message, " has field number ", field->number);
+    return DescribeUnknownField(*field);
   }
   if (const std::string key = FirstUnknownProfileKey(profile_json); !key.empty()) {
     return absl::StrCat("profile_json has key ", key);

@@ -39,12 +39,15 @@ WorkerMetrics::WorkerMetrics()
       exposition_({registry_.get(), &process_}),
       compute_(prometheus::BuildCounter()
                    .Name("pipetrain_stage_compute_seconds_total")
-                   .Help("Busy time of this worker's stage, by phase, seconds")
+                   .Help("Time of this worker's stage by phase, seconds: busy phases, and "
+                         "all_reduce (the data-parallel all-reduce at the step), which is "
+                         "idle time too and also counted in pipetrain_worker_idle_seconds_total")
                    .Register(*registry_)),
       idle_(prometheus::BuildCounter()
                 .Name("pipetrain_worker_idle_seconds_total")
-                .Help("Time this worker's stage waited for tensors (the pipeline bubble) "
-                      "and for other stages or replicas in collectives, seconds")
+                .Help("Time this worker's stage waited for tensors (the pipeline bubble), "
+                      "for other stages or replicas in collectives and for its queued sends "
+                      "to leave, seconds")
                 .Register(*registry_)
                 .Add({})),
       iterations_(prometheus::BuildCounter()

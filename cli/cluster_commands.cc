@@ -345,7 +345,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
         "loss (kill one to see it recover); 0 = never");
   f.String("emulate-link", &o.emulate_link,
            "pace the workers' sends as over links of BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms "
-           "(loopback standing in for a network); empty: loopback as it is");
+           "(bandwidth in Gbit or Mbit, or GB or MB for bytes; loopback standing in for a "
+           "network); empty: loopback as it is");
   f.Float("lr", &o.lr, "AdamW learning rate");
   f.Float("grad-clip", &o.grad_clip,
           "clip gradients to this global L2 norm over every stage and replica; 0 = off");

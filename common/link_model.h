@@ -21,10 +21,17 @@ struct LinkModel {
   absl::Duration latency = absl::Microseconds(50);
 };
 
-// "10Gbit,50us", "1Gbit,0.5ms", "125MB,1ms" (bandwidth: a number with
-// Gbit, Mbit, GB or MB, per second, at least 8 kbit/s; latency: an absl
-// duration in [0, 10s]). Empty: nullopt (no link given). INVALID_ARGUMENT
-// naming `flag` and the expected form otherwise.
+// The fastest link ParseLinkModel takes, in bytes/s (80000 Gbit/s): DeviceInfo's
+// bound (coordinator.proto), above which placement reads a worker's link as
+// not emulated, so a faster --emulate-link would be paced but not planned over.
+inline constexpr double kMaxLinkBandwidthBytesPerSecond = 1e13;
+
+// "10Gbit,50us", "1Gbit,0.5ms", "125MB,1ms" (bandwidth per second: a number
+// with Gbit or Mbit for bits, in any case, or GB or MB for bytes, with an
+// upper-case B; in [8 kbit/s, kMaxLinkBandwidthBytesPerSecond]; latency: an
+// absl duration in [0, 10s]). "Gb", "gb", "Mb", "mb" and the like are refused:
+// they read as bits to some and bytes to others. Empty: nullopt (no link
+// given). INVALID_ARGUMENT naming `flag` and the expected form otherwise.
 absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
                                                         const std::string& text);
 

@@ -209,7 +209,8 @@ int Run(const std::vector<std::string>& args) {
                "how long a stage waits for a tensor before failing the job");
   flags.String("emulate-link", &f.emulate_link,
                "benchmarks: pace this worker's sends as over a link of BANDWIDTH,LATENCY "
-               "(e.g. 1Gbit,0.5ms or 10Gbit,50us), so loopback stands in for a network; "
+               "(e.g. 1Gbit,0.5ms or 10Gbit,50us; bandwidth in Gbit or Mbit, or GB or MB for "
+               "bytes), so loopback stands in for a network; "
                "empty: the real link");
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT the worker asks to be drained at once (no job is placed "

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/data_plane_keys.h"
 #include "common/enum_names.h"
+#include "common/link_model.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
 #include "common/secrets.h"
@@ -227,8 +228,9 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   for (const v1::Worker& w : infos) {
     const double b = w.device().link_bandwidth_bytes_per_second();
     const double l = w.device().link_latency_seconds();
-    // DeviceInfo's bounds; a value outside them means "not emulated".
-    if (!(b >= 1e3 && b <= 1e13) || !(l >= 0 && l <= 10)) {
+    // DeviceInfo's bounds, which ParseLinkModel also keeps; a value outside
+    // them means "not emulated".
+    if (!(b >= 1e3 && b <= kMaxLinkBandwidthBytesPerSecond) || !(l >= 0 && l <= 10)) {
       emulated = false;
       break;
     }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace pipetrain {
 namespace {
@@ -128,6 +129,10 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
   if (std::isnan(p.bandwidth)) {
     return absl::InvalidArgumentError("bandwidth is NaN; use <= 0 for unlimited");
   }
+  if (!(p.max_weight_sync_bytes > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_weight_sync_bytes must be > 0 (+inf: no limit), got ", p.max_weight_sync_bytes));
+  }
   if (!(p.latency_seconds >= 0) || !std::isfinite(p.latency_seconds)) {
     return absl::InvalidArgumentError("latency_seconds must be finite and >= 0");
   }
@@ -195,6 +200,11 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
     sync[u] = latency_ + (bandwidth_ > 0 ? w / bandwidth_ : 0.0);
   }
   psync_ = Prefix(sync, units_);
+  std::vector<double> oversized(units_, 0.0);
+  for (int u = 0; u < units_ && !p.weight_bytes.empty(); ++u) {
+    oversized[u] = p.weight_bytes[u] > p.max_weight_sync_bytes ? 1.0 : 0.0;
+  }
+  poversized_ = Prefix(oversized, units_);
   if (units_ >= 2 && !p.weight_bytes.empty()) {
     tied_ = std::min({p.tied_weight_bytes, p.weight_bytes[0], p.weight_bytes[units_ - 1]});
   }
@@ -289,12 +299,16 @@ bool BiPartitionCosts::Fits(int worker, const Range& f, const Range& b) const {
   return memory_[worker] <= 0 || Memory(worker, f, b) <= memory_[worker];
 }
 
+bool BiPartitionCosts::SyncsFit(const Range& f, const Range& b) const {
+  return SumMinus(poversized_, f, b) == 0;  // counts: exact
+}
+
 double BiPartitionCosts::MemoryRatio(int worker, const Range& f, const Range& b) const {
   return memory_[worker] <= 0 ? 0.0 : Memory(worker, f, b) / memory_[worker];
 }
 
 double BiPartitionCosts::WorkerCost(int worker, const Range& f, const Range& b) const {
-  if (!Fits(worker, f, b)) return kInf;
+  if (!Fits(worker, f, b) || !SyncsFit(f, b)) return kInf;
   const double other =
       objective_ == BiPartitionObjective::kPaper ? PaperCut(worker, f, b) : Inbound(worker, f, b);
   return std::max(Compute(worker, f, b), other);
@@ -351,6 +365,8 @@ absl::StatusOr<BiPartitionPlan> SolveBiPartitionReference(const BiPartitionProbl
           for (int b2 = b; b2 <= L; ++b2) {
             if (f2 == f && b2 == b) continue;             // both ranges empty
             if (!costs.Fits(k, {f, f2}, {b, b2})) break;  // memory grows with b2
+            // Not monotone: a sync over the limit may fit again at a larger b2.
+            if (!costs.SyncsFit({f, f2}, {b, b2})) continue;
             const double cost = std::max(here, costs.WorkerCost(k, {f, f2}, {b, b2}));
             const int to = idx(f2, b2);
             if (from[k + 1][to] < 0 || cost < best[k + 1][to]) {
@@ -496,8 +512,11 @@ class ThresholdSearch {
   // Whether a monotone part rules the source out (+inf: over memory, even
   // under t = +inf).
   static bool Over(double m, double t) { return m > t || m == kInf; }
-  // The worker's value given its monotone part m (== WorkerCost or MemoryRatio).
+  // The worker's value given its monotone part m (== WorkerCost or MemoryRatio;
+  // +inf for both when a weight sync is over the limit, which is not monotone:
+  // a source ruled out by it does not rule out the next one).
   double Value(int k, const Range& f, const Range& b, double m) const {
+    if (!costs_.SyncsFit(f, b)) return kInf;
     if (bound_ == Bound::kMemoryRatio) return m;
     if (costs_.objective() == BiPartitionObjective::kPaper) {
       return std::max(m, costs_.PaperCut(k, f, b));
@@ -559,7 +578,7 @@ class ThresholdSearch {
         const double m = Monotone(k, {f, f2}, {b, b2}, t);
         if (Over(m, t)) break;
         const double v = Value(k, {f, f2}, {b, b2}, m);
-        if (v <= t) {
+        if (!Over(v, t)) {
           Record(k, f, b, f2, b2, std::max(value_[k][Index(f, b)], v));
           return true;
         }
@@ -580,6 +599,8 @@ class ThresholdSearch {
   //   b > f2:               fixed + Transfer(b - 1) (routed across a gap)
   // so one candidate per case is the best: the reachable b with the least
   // Transfer(b - 1) (a range-minimum query) or the smallest reachable b.
+  // The weight sync limit (SyncsFit, over F \ B) follows the same cases: F \ B
+  // is fixed within each but f < b <= f2, where it grows with b.
   // Each candidate is then checked with the exact worker value.
   bool FindFirstFull(int k, int f2, int b2, double t) {
     const Range rows = rows_[k];
@@ -611,7 +632,7 @@ class ThresholdSearch {
         const Range br{b, b2};
         // b >= bmin: memory fits and compute is within t.
         const double v = Value(k, fr, br, costs_.Compute(k, fr, br));
-        if (v > t) return false;
+        if (Over(v, t)) return false;
         Record(k, f, b, f2, b2, std::max(value_[k][Index(f, b)], v));
         return true;
       };
@@ -825,11 +846,26 @@ SearchResult MinimiseThreshold(const BiPartitionProblem& problem, const BiPartit
   return result;
 }
 
+// No plan, whatever the memory, keeps every unit above the weight sync limit
+// on one worker: only with more workers than units (else equal cuts do).
+absl::Status NoPlanSyncsError(const BiPartitionProblem& p) {
+  std::vector<std::string> units;
+  for (size_t u = 0; u < p.weight_bytes.size(); ++u) {
+    if (p.weight_bytes[u] > p.max_weight_sync_bytes) units.push_back(absl::StrCat(u));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no plan keeps both passes of every unit whose weights are above the data plane's limit of ",
+      BytesAndGiB(p.max_weight_sync_bytes), " per tensor on one worker (units ",
+      absl::StrJoin(units, ", "), "): ", p.speeds.size(), " workers for ", p.fwd.size(),
+      " units leave some unit's passes on two workers; use at most ", p.fwd.size(), " workers"));
+}
+
 }  // namespace
 
 absl::Status NoPlanFitsError(const BiPartitionProblem& p) {
   const BiPartitionCosts costs(p);
   const SearchResult r = MinimiseThreshold(p, costs, Bound::kMemoryRatio, -1.0);
+  if (!r.feasible) return NoPlanSyncsError(p);
   int worst = 0;
   for (int i = 0; i < costs.workers(); ++i) {
     const BiPartitionPlan& plan = r.plan;
@@ -849,6 +885,20 @@ absl::Status NoPlanFitsError(const BiPartitionProblem& p) {
                    BytesAndGiB(p.memory_bytes.empty() ? 0.0 : p.memory_bytes[worst]),
                    ", forward units [", f.begin, ", ", f.end, "), backward units [", b.begin, ", ",
                    b.end, ")); give that worker more memory, add workers, or lower micro_batches"));
+}
+
+int FirstOversizedWeightSync(const BiPartitionProblem& p, const std::vector<Range>& forward,
+                             const std::vector<Range>& backward) {
+  int first = -1;
+  for (size_t w = 0; w < forward.size() && !p.weight_bytes.empty(); ++w) {
+    for (int u = forward[w].begin; u < forward[w].end; ++u) {
+      const bool synced = u < backward[w].begin || u >= backward[w].end;
+      if (synced && p.weight_bytes[u] > p.max_weight_sync_bytes && (first < 0 || u < first)) {
+        first = u;
+      }
+    }
+  }
+  return first;
 }
 
 absl::StatusOr<BiPartitionPlan> SolveBiPartition(const BiPartitionProblem& p,

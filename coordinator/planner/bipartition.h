@@ -74,6 +74,17 @@
 // tied_weight_bytes, at most the smaller of the two units' weight_bytes,
 // which keeps memory_i non-decreasing as a range grows.
 //
+// Weight sync size (both objectives): a unit whose forward and backward run
+// on different workers sends all its weights to its forward owner after each
+// step as ONE tensor (UNIT_WEIGHTS), which a receiver refuses above the data
+// plane's per-tensor limit (common/data_plane_limits.h). A plan is therefore
+// also infeasible (objective = +inf) when some F_i \ B_i holds a unit with
+// weight_bytes[u] > max_weight_sync_bytes: such a unit keeps both passes on
+// one worker. (u in F_i \ B_i for its forward owner i exactly when its
+// owners differ, so this per-worker term is the whole rule.) Unlike memory
+// it is not monotone as B_i grows, so the solvers treat it as part of a
+// worker's value, not of the monotone part they prune on.
+//
 // Every term depends only on worker i's own (F_i, B_i), which is what makes a
 // DP over prefixes (workers used, forward end, backward end) exact. All
 // functions here are pure and thread-safe.
@@ -84,6 +95,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data_plane_limits.h"
 #include "coordinator/planner/partition.h"
 
 namespace pipetrain {
@@ -112,6 +124,11 @@ struct BiPartitionProblem {
   // The tied wte's bytes (the head's copy of the embedding's; 0: none), for
   // the memory of a worker holding both ends (above).
   double tied_weight_bytes = 0;
+  // The most weight_bytes a unit may have and still run its two passes on
+  // different workers (> 0; +inf: no limit): the data plane's per-tensor
+  // limit, as weight_bytes are the UNIT_WEIGHTS tensor's bytes (4 x the
+  // parameters one tensor rank holds).
+  double max_weight_sync_bytes = static_cast<double>(kMaxDataPlaneTensorBytes);
   double latency_seconds = 0;            // per message (full objective only)
   int micro_batches = 1;                 // m >= 1
   BiPartitionSchedule schedule = BiPartitionSchedule::kOneFOneB;
@@ -134,8 +151,9 @@ struct BiPartitionPlan {
 // (fwd, bwd, activation_bytes and, when non-empty, weight_bytes,
 // stash_bytes and transient_bytes per unit; memory_bytes per worker), a cost, size, memory,
 // latency or bandwidth is negative or not finite (bandwidth may be
-// negative: unlimited; or +inf), a speed is <= 0, micro_batches < 1, or
-// workers > 2 * units (some worker would be idle).
+// negative: unlimited; or +inf), a speed is <= 0, micro_batches < 1,
+// max_weight_sync_bytes is not > 0, or workers > 2 * units (some worker
+// would be idle).
 absl::Status ValidateProblem(const BiPartitionProblem& problem);
 
 // Per-worker terms of both objectives in O(1) each from prefix sums (and a
@@ -164,10 +182,14 @@ class BiPartitionCosts {
   // memory_bytes_i, or the worker is unlimited.
   double Memory(int worker, const Range& f, const Range& b) const;
   bool Fits(int worker, const Range& f, const Range& b) const;
+  // Whether F \ B holds no unit above max_weight_sync_bytes (the weight
+  // sync rule above). Not monotone in the ranges.
+  bool SyncsFit(const Range& f, const Range& b) const;
   // 0 for an unlimited worker, else memory_i / memory_bytes_i.
   double MemoryRatio(int worker, const Range& f, const Range& b) const;
   // The worker's share of the objective: max(compute, cut) for the paper,
-  // max(compute, inbound) for the full objective; +inf when it does not fit.
+  // max(compute, inbound) for the full objective; +inf when it does not fit
+  // in memory or a weight sync is over the limit.
   double WorkerCost(int worker, const Range& f, const Range& b) const;
   // One message carrying `unit`'s output: latency + a[unit] / bandwidth.
   double Transfer(int unit) const;
@@ -177,6 +199,7 @@ class BiPartitionCosts {
   BiPartitionObjective objective_;
   std::vector<double> speeds_, memory_, stash_count_, stepped_copies_;
   std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
+  std::vector<double> poversized_;  // prefix counts of units above max_weight_sync_bytes
   // The largest of per-unit values over a range, in O(1) (a sparse table:
   // level k holds the largest of each run of 2^k units).
   class RangeMax {
@@ -199,7 +222,7 @@ class BiPartitionCosts {
 
 // The objectives of `plan` (which must be valid for `problem`, and
 // `problem` must pass ValidateProblem); +inf when a worker exceeds its
-// memory. Objective() picks by problem.objective.
+// memory or a weight sync is over the limit. Objective() picks by problem.objective.
 double PaperObjective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
 double FullObjective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
 double Objective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
@@ -226,7 +249,9 @@ double Objective(const BiPartitionProblem& problem, const BiPartitionPlan& plan)
 // plan, deterministic.
 // Errors: as ValidateProblem; RESOURCE_EXHAUSTED when no plan fits in
 // memory, naming the tightest worker (the one with the highest
-// memory_i / memory_bytes_i in the plan that minimises that ratio).
+// memory_i / memory_bytes_i in the plan, among those whose weight syncs fit,
+// that minimises that ratio), or when every plan syncs a unit over
+// max_weight_sync_bytes (more workers than units leaves some unit split).
 // `stats` (optional) receives the search's counters.
 struct BiPartitionSolveStats {
   int probes = 0;  // DP passes run (feasibility and exact)
@@ -244,12 +269,19 @@ absl::StatusOr<BiPartitionPlan> SolveBiPartitionReference(const BiPartitionProbl
 
 // Enumerates every valid plan: the reference for tests (small L and P only).
 // `problem` must pass ValidateProblem. bottleneck is +inf (and the ranges
-// are unspecified) when no plan fits in memory.
+// are unspecified) when no plan fits in memory and the weight sync limit.
 BiPartitionPlan BruteForceBiPartition(const BiPartitionProblem& problem);
 
 // The RESOURCE_EXHAUSTED status SolveBiPartition returns when no plan fits
 // (shared with the other solvers). Requires: `problem` valid.
 absl::Status NoPlanFitsError(const BiPartitionProblem& problem);
+
+// The first unit whose forward and backward run on different workers of the
+// plan (forward, backward: per worker, valid for `problem`) and whose
+// weight_bytes exceed problem.max_weight_sync_bytes, or -1 when none: for
+// plans made elsewhere (a manual plan). Requires: `problem` valid.
+int FirstOversizedWeightSync(const BiPartitionProblem& problem, const std::vector<Range>& forward,
+                             const std::vector<Range>& backward);
 
 }  // namespace pipetrain
 

@@ -26,8 +26,9 @@ constexpr int64_t kMaxEntries = int64_t{1} << 25;
 // counts (s1 = F_i.end, s2 = B_i.end) whether or not F_i is empty. At s = 0
 // nothing precedes the cut and at s = L the last unit's output goes nowhere,
 // so those terms are 0 (BiPartitionCosts::PaperCut). A leaf is the worker's
-// compute (paper) or max(compute, inbound) (full), +inf over memory: the
-// cut after it belongs to its parent.
+// compute (paper) or max(compute, inbound) (full), +inf over memory or with a
+// weight sync over its limit (BiPartitionCosts::SyncsFit): the cut after it
+// belongs to its parent.
 class IntervalDp {
  public:
   IntervalDp(const BiPartitionProblem& problem, SplitSearch search)
@@ -114,7 +115,7 @@ class IntervalDp {
   }
 
   double Leaf(int w, const Range& f, const Range& b) const {
-    if (!costs_.Fits(w, f, b)) return kInf;
+    if (!costs_.Fits(w, f, b) || !costs_.SyncsFit(f, b)) return kInf;
     const double compute = costs_.Compute(w, f, b);
     if (costs_.objective() == BiPartitionObjective::kPaper) return compute;
     return std::max(compute, costs_.Inbound(w, f, b));

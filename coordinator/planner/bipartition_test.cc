@@ -274,6 +274,131 @@ TEST(BiPartitionTest, FastEqualsReferenceDpOnLargerInstances) {
   EXPECT_LE(infeasible, 150);
 }
 
+// The weight sync rule by its definition, independent of BiPartitionCosts'
+// SyncsFit: the least objective (of the problem without the limit) over the
+// plans that give every unit above max_weight_sync_bytes one worker for both
+// passes; +inf when none fits.
+double BruteForceKeepingOversizedUnitsWhole(const BiPartitionProblem& p) {
+  BiPartitionProblem unlimited = p;
+  unlimited.max_weight_sync_bytes = kInf;
+  const int L = static_cast<int>(p.fwd.size()), P = static_cast<int>(p.speeds.size());
+  BiPartitionPlan plan = MakePlan(std::vector<Range>(P), std::vector<Range>(P));
+  double best = kInf;
+  std::function<void(int, int, int)> place = [&](int k, int f, int b) {
+    if (k == P) {
+      if (f != L || b != L) return;
+      std::vector<int> forward_owner(L), backward_owner(L);
+      for (int w = 0; w < P; ++w) {
+        for (int u = plan.forward[w].begin; u < plan.forward[w].end; ++u) forward_owner[u] = w;
+        for (int u = plan.backward[w].begin; u < plan.backward[w].end; ++u) backward_owner[u] = w;
+      }
+      for (int u = 0; u < L; ++u) {
+        if (p.weight_bytes[u] > p.max_weight_sync_bytes && forward_owner[u] != backward_owner[u]) {
+          return;
+        }
+      }
+      best = std::min(best, Objective(unlimited, plan));
+      return;
+    }
+    for (int f2 = f; f2 <= L; ++f2) {
+      for (int b2 = b; b2 <= L; ++b2) {
+        if (f2 == f && b2 == b) continue;
+        plan.forward[k] = {f, f2};
+        plan.backward[k] = {b, b2};
+        place(k + 1, f2, b2);
+      }
+    }
+  };
+  place(0, 0, 0);
+  return best;
+}
+
+// Random instances with a weight sync limit that some units are above
+// (weights 0..29, limits 1..28): every solver and the brute force against
+// the rule's own definition, and no solved plan splits such a unit.
+TEST(BiPartitionTest, WeightSyncLimit_SolversEqualBruteForceKeepingLargeUnitsWhole) {
+  int binding = 0, infeasible = 0, only_sync_infeasible = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    BiPartitionProblem p = RandomProblem(seed);
+    p.max_weight_sync_bytes = 1 + static_cast<double>(UniformIndex(seed, 18, 0, 77, 28));
+    BiPartitionProblem unlimited = p;
+    unlimited.max_weight_sync_bytes = kInf;
+    for (BiPartitionObjective objective :
+         {BiPartitionObjective::kPaper, BiPartitionObjective::kFull}) {
+      p.objective = unlimited.objective = objective;
+      const double brute = BruteForceBiPartition(p).bottleneck;
+      ASSERT_EQ(brute, BruteForceKeepingOversizedUnitsWhole(p)) << "seed " << seed;
+      const double without = BruteForceBiPartition(unlimited).bottleneck;
+      binding += brute > without;
+      infeasible += brute == kInf;
+      BiPartitionProblem roomy = p;
+      roomy.memory_bytes.clear();
+      only_sync_infeasible += BruteForceBiPartition(roomy).bottleneck == kInf;
+      const absl::StatusOr<BiPartitionPlan> fast = SolveBiPartition(p);
+      ExpectMatchesBruteForce(p, fast, brute, seed, "fast");
+      ExpectMatchesBruteForce(p, SolveBiPartitionReference(p), brute, seed, "reference");
+      ExpectMatchesBruteForce(p, SolveBiPartitionInterval(p, SplitSearch::kExhaustive), brute, seed,
+                              "interval");
+      if (fast.ok()) {
+        EXPECT_EQ(FirstOversizedWeightSync(p, fast->forward, fast->backward), -1)
+            << "seed " << seed;
+      }
+    }
+  }
+  std::cout << "weight sync limit: binds on " << binding << " of 600 solves (" << infeasible
+            << " infeasible, " << only_sync_infeasible << " whatever the memory)\n";
+  // The limit binds often, and alone leaves no plan now and then (more
+  // workers than units, all of them too large to sync).
+  EXPECT_GE(binding, 50);
+  EXPECT_GE(only_sync_infeasible, 10);
+}
+
+// bipartition.txt's example with unit 1 (the paper plan's split unit: its
+// forward on D2, its backward on D1) above the weight sync limit: no solver
+// splits it, and the optimum is the best plan that keeps it whole.
+TEST(BiPartitionTest, WeightSyncLimit_PaperExampleKeepsTheLargeUnitWhole) {
+  BiPartitionProblem p = PaperExample();
+  p.weight_bytes = {0, 10, 0, 0};
+  p.max_weight_sync_bytes = 10;  // at the limit: may be split
+  EXPECT_EQ(SolveBiPartition(p).value().bottleneck, 9);
+  p.max_weight_sync_bytes = 9;
+  const double best = BruteForceKeepingOversizedUnitsWhole(p);
+  EXPECT_GT(best, 9);
+  EXPECT_EQ(BruteForceBiPartition(p).bottleneck, best);
+  for (const BiPartitionPlan& plan :
+       {SolveBiPartition(p).value(), SolveBiPartitionReference(p).value(),
+        SolveBiPartitionInterval(p, SplitSearch::kExhaustive).value()}) {
+    EXPECT_EQ(plan.bottleneck, best);
+    EXPECT_EQ(FirstOversizedWeightSync(p, plan.forward, plan.backward), -1);
+  }
+  const BiPartitionPlan paper = MakePlan({{0, 1}, {1, 3}, {3, 4}}, {{0, 2}, {2, 3}, {3, 4}});
+  EXPECT_EQ(FirstOversizedWeightSync(p, paper.forward, paper.backward), 1);
+  EXPECT_EQ(PaperObjective(p, paper), kInf);
+  EXPECT_EQ(FullObjective(p, paper), kInf);
+}
+
+// More workers than units leaves some unit's passes on two workers: with
+// every unit too large to sync, no plan, whatever the memory.
+TEST(BiPartitionTest, WeightSyncLimit_NoPlanKeepsEveryUnitWhole_ResourceExhausted) {
+  BiPartitionProblem p;
+  p.fwd = {1, 1};
+  p.bwd = {1, 1};
+  p.activation_bytes = {0, 0};
+  p.weight_bytes = {10, 10};
+  p.speeds = {1, 1, 1};
+  p.max_weight_sync_bytes = 5;
+  const absl::Status solved = SolveBiPartition(p).status();
+  EXPECT_EQ(solved.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(solved.message(),
+            "no plan keeps both passes of every unit whose weights are above the data plane's "
+            "limit of 5 bytes (0.00 GiB) per tensor on one worker (units 0, 1): 3 workers for 2 "
+            "units leave some unit's passes on two workers; use at most 2 workers");
+  EXPECT_EQ(SolveBiPartitionReference(p).status(), solved);
+  EXPECT_EQ(SolveBiPartitionInterval(p, SplitSearch::kExhaustive).status(), solved);
+  p.speeds = {1, 1};
+  EXPECT_TRUE(SolveBiPartition(p).ok());
+}
+
 TEST(BiPartitionTest, NeverWorseThanEqualCuts) {
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     BiPartitionProblem p = RandomProblem(seed);
@@ -629,6 +754,8 @@ TEST(BiPartitionTest, BadInput_IsInvalidArgument) {
        "latency_seconds must be finite and >= 0"},
       {[](BiPartitionProblem* q) { q->bandwidth = NAN; },
        "bandwidth is NaN; use <= 0 for unlimited"},
+      {[](BiPartitionProblem* q) { q->max_weight_sync_bytes = 0; },
+       "max_weight_sync_bytes must be > 0 (+inf: no limit), got 0"},
   };
   for (const auto& [mutate, message] : cases) {
     BiPartitionProblem q = p;

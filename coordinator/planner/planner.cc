@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/bipartition.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/data_plane_cost.h"
@@ -30,6 +31,38 @@ int EvalMicroBatches(const ResolvedJobSpec& r) {
   if (r.train.eval_interval <= 0) return 0;
   const int per = r.train.batch_size / r.train.micro_batches;
   return (r.train.eval_windows + per - 1) / per;
+}
+
+// A unit whose two passes run on different stages sends its weights to its
+// forward stage after each step as ONE tensor (UNIT_WEIGHTS), which the
+// receiver refuses above the data plane's per-tensor limit: the job would
+// fail at its first step, and again after each recovery re-planned the same
+// ranges. Bi-Partition keeps such units whole (bipartition.h); a manual plan
+// that splits one is refused here, naming it. `planned`: one tensor rank's
+// unit costs, whose weight_bytes are what that rank sends.
+absl::Status CheckWeightSyncs(const ResolvedJobSpec& r, const ModelProfile& planned,
+                              const ClusterSpec& replica, const SolvedPlan& solved) {
+  const BiPartitionProblem problem = MakeBiPartitionProblem(planned, replica);
+  const int u = FirstOversizedWeightSync(problem, solved.forward, solved.backward);
+  if (u < 0) return absl::OkStatus();
+  size_t forward = 0, backward = 0;  // the unit's stages
+  for (size_t s = 0; s < solved.forward.size(); ++s) {
+    if (solved.forward[s].begin <= u && u < solved.forward[s].end) forward = s;
+    if (solved.backward[s].begin <= u && u < solved.backward[s].end) backward = s;
+  }
+  const std::string what = absl::StrCat(
+      "unit ", u, " (", planned.units[u].name, ") runs its forward pass on stage ", forward,
+      " and its backward pass on stage ", backward, ", so after each step stage ", backward,
+      " would send its weights to stage ", forward, " as one tensor of ",
+      BytesAndGiB(problem.weight_bytes[u]), r.tensor_parallel > 1 ? " per tensor rank" : "",
+      ", above the data plane's limit of ", BytesAndGiB(problem.max_weight_sync_bytes),
+      " per tensor");
+  if (r.solver != kSolverManual) {
+    return absl::InternalError(absl::StrCat("solver ", solved.solver, ": ", what));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.parallelism.manual_stages: ", what,
+                   "; give that unit equal forward and backward cuts (both passes on one stage)"));
 }
 
 }  // namespace
@@ -285,6 +318,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                    compute_share, nullptr);
   };
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
+  RETURN_IF_ERROR(CheckWeightSyncs(r, planned, replica, solved));
   double overlap_stretch = 1;
   std::vector<int> dp_compressed_stages;  // selective stage compression's
   {

@@ -74,9 +74,12 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 // workers; `profile` describes the job's model at its micro-batch size (measured or
 // AnalyticProfile) and `profile_source` says which. Errors as SolvePlan (INVALID_ARGUMENT,
 // RESOURCE_EXHAUSTED when nothing fits); FAILED_PRECONDITION when a stage's replicas or its
-// tensor ranks would run on GPU and CPU workers both (CheckReplicaDevices). The cluster's links are
-// planned with the data plane's measured cost per message added (data_plane_cost.h), stretched
-// where lockstep ranks oversubscribe a host's cores.
+// tensor ranks would run on GPU and CPU workers both (CheckReplicaDevices); INVALID_ARGUMENT
+// naming spec.parallelism.manual_stages, the unit, its bytes and the limit when a manual plan
+// runs the two passes of a unit whose weights exceed the data plane's per-tensor limit
+// (common/data_plane_limits.h) on different stages (its weight sync could not be sent). The
+// cluster's links are planned with the data plane's measured cost per message added
+// (data_plane_cost.h), stretched where lockstep ranks oversubscribe a host's cores.
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,

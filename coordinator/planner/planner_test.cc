@@ -456,5 +456,73 @@ TEST(PlanJobDataParallel, ReplicasOnAGpuAndACpu_FailedPrecondition) {
   EXPECT_TRUE(PlanJob(job, "job", 1, profile, cluster, "analytic").ok());
 }
 
+// The reviewer's trigger (r22_shapes finding 1): one layer of d_model 12288
+// on two stages, the MLP (unit 2, 8d^2 + 7d floats: 4.83 GB) run forward on
+// stage 0 and backward on stage 1. Its weights would go back to stage 0 as
+// one tensor after each step, above the 4 GiB a receiver takes: the job
+// failed at its first step, and again after each recovery.
+v1::JobSpec WideMlpSpec(const std::string& solver) {
+  v1::JobSpec spec = SmallSpec(2, 1);
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(96);
+  spec.mutable_model()->set_d_model(12288);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(1);
+  spec.mutable_parallelism()->set_solver(solver);
+  return spec;
+}
+
+void AddManualStage(v1::JobSpec* spec, Range forward, Range backward) {
+  v1::ManualStage* stage = spec->mutable_parallelism()->add_manual_stages();
+  stage->set_forward_begin(forward.begin);
+  stage->set_forward_end(forward.end);
+  stage->set_backward_begin(backward.begin);
+  stage->set_backward_end(backward.end);
+}
+
+absl::StatusOr<CompiledPlan> PlanWideMlp(const v1::JobSpec& spec) {
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  return PlanJob(job, "job", 1, profile, testing::TestCluster(2, 0, 0), "analytic");
+}
+
+TEST(PlanJobWeightSync, ManualPlanSplittingAUnitOverTheTensorLimit_InvalidArgument) {
+  v1::JobSpec spec = WideMlpSpec("manual");
+  AddManualStage(&spec, {0, 3}, {0, 2});
+  AddManualStage(&spec, {3, 4}, {2, 4});
+  const absl::Status refused = PlanWideMlp(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.parallelism.manual_stages: unit 2 (mlp_0) runs its forward pass on stage 0 and "
+            "its backward pass on stage 1, so after each step stage 1 would send its weights to "
+            "stage 0 as one tensor of 4832182272 bytes (4.50 GiB), above the data plane's limit "
+            "of 4294967296 bytes (4.00 GiB) per tensor; give that unit equal forward and backward "
+            "cuts (both passes on one stage)");
+  // Equal cuts for it: planned.
+  spec.mutable_parallelism()->clear_manual_stages();
+  AddManualStage(&spec, {0, 3}, {0, 3});
+  AddManualStage(&spec, {3, 4}, {3, 4});
+  const absl::StatusOr<CompiledPlan> planned = PlanWideMlp(spec);
+  EXPECT_TRUE(planned.ok()) << planned.status();
+}
+
+// Bi-Partition never splits such a unit (bipartition.h's weight sync rule).
+TEST(PlanJobWeightSync, BiPartition_KeepsAUnitOverTheTensorLimitOnOneStage) {
+  for (const char* objective : {"paper", "full"}) {
+    SCOPED_TRACE(objective);
+    v1::JobSpec spec = WideMlpSpec("bipartition");
+    spec.mutable_parallelism()->set_objective(objective);
+    const absl::StatusOr<CompiledPlan> planned = PlanWideMlp(spec);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    ASSERT_EQ(planned->plan.stages_size(), 2);
+    for (const v1::PlanStage& stage : planned->plan.stages()) {
+      const bool forward = stage.forward().begin() <= 2 && 2 < stage.forward().end();
+      const bool backward = stage.backward().begin() <= 2 && 2 < stage.backward().end();
+      EXPECT_EQ(forward, backward) << stage.ShortDebugString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

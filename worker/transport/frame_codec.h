@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/data_plane_limits.h"
 #include "common/tensor.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
 #include "worker/transport/frame_wire.h"
@@ -48,8 +49,9 @@ inline constexpr int kMaxFrameRank = 8;
 
 // A receiver refuses tensors larger than this before allocating them, so a
 // corrupt header cannot make it allocate terabytes. GPT-2 XL activations of a
-// large micro-batch are well below it.
-inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
+// large micro-batch are well below it. The planner keeps its sends within the
+// same shared limit (common/data_plane_limits.h).
+inline constexpr int64_t kDefaultMaxTensorBytes = kMaxDataPlaneTensorBytes;
 
 // Splits the bytes of `wire` (a raw tensor's data, or an encoded payload)
 // into frames of at most `max_frame_bytes` (an empty raw tensor gives one

@@ -105,6 +105,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/data_plane_limits.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -112,8 +113,9 @@ namespace pipetrain {
 struct MailboxLimits {
   // Most bytes of tensors waiting at once, all jobs together (the worker's
   // --mailbox-limit). A GPipe stage may hold every micro-batch's activation
-  // of an iteration; the default leaves room for large models.
-  int64_t max_bytes = int64_t{4} << 30;
+  // of an iteration; the default leaves room for large models, and for the
+  // largest tensor the data plane takes (common/data_plane_limits.h).
+  int64_t max_bytes = kMaxDataPlaneTensorBytes;
   // Iterations past the job's current one that frames may be for.
   int64_t run_ahead_iterations = 2;
   // Most tensors waiting (or reserved) at once, all jobs together: far

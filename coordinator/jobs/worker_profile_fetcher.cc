@@ -8,12 +8,14 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/grpc_credentials.h"
 #include "common/loopback_channel.h"
 #include "common/secrets.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
+#include "worker/agent/backoff.h"
 
 namespace pipetrain {
 namespace {
@@ -22,8 +24,34 @@ namespace {
 struct InFlight {
   AnnotatedMutex mu;
   std::map<grpc::ClientContext*, std::string> calls ABSL_GUARDED_BY(mu);  // to their addresses
+  // Every fetch under way, asking or waiting to ask again: its flag (set
+  // by cancel_all, or by cancel_to with its address) to its address.
+  std::map<bool*, std::string> fetches ABSL_GUARDED_BY(mu);
   bool cancelled ABSL_GUARDED_BY(mu) = false;
 };
+
+// Whether the worker may answer if asked again: it had not read its
+// session yet (see the header), or the call did not reach it or got no
+// answer (a reset connection, a listener restarting). Profile is a read,
+// so asking twice is harmless.
+bool Retryable(grpc::StatusCode code, int session_retries, int transient_retries) {
+  switch (code) {
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return session_retries < kProfileSessionRetries;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return transient_retries < kProfileTransientRetries;
+    default:
+      return false;
+  }
+}
+
+// Waits `wait` before a fetch asks again, or less once `cancelled` (its
+// flag in in_flight.fetches) is set.
+void WaitUnlessCancelled(InFlight& in_flight, const bool& cancelled, absl::Duration wait) {
+  AnnotatedMutexLock lock(&in_flight.mu);
+  in_flight.mu.AwaitWithTimeout([&cancelled] { return cancelled; }, wait);
+}
 
 }  // namespace
 
@@ -39,11 +67,15 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
     AnnotatedMutexLock lock(&in_flight->mu);
     in_flight->cancelled = true;
     for (const auto& [call, address] : in_flight->calls) call->TryCancel();
+    for (const auto& [flag, address] : in_flight->fetches) *flag = true;
   };
   out.cancel_to = [in_flight](const std::string& to) {
     AnnotatedMutexLock lock(&in_flight->mu);
     for (const auto& [call, address] : in_flight->calls) {
       if (address == to) call->TryCancel();
+    }
+    for (const auto& [flag, address] : in_flight->fetches) {
+      if (address == to) *flag = true;
     }
   };
   out.fetch = [timeout, in_flight, tls = std::move(tls)](
@@ -56,8 +88,23 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
         address, tls.credentials != nullptr ? tls.credentials : grpc::InsecureChannelCredentials(),
         args));
     const absl::Time deadline = absl::Now() + timeout;
-    absl::Duration wait = absl::Milliseconds(50);
-    for (int attempt = 0;; ++attempt) {
+    // Jittered, with a fresh seed per fetch: a job planned on many workers
+    // profiles them together.
+    BackoffOptions waits;
+    waits.initial = absl::Milliseconds(50);
+    waits.max = absl::Seconds(1);
+    Backoff backoff(waits);
+    int session_retries = 0, transient_retries = 0;
+    bool cancelled = false;  // under in_flight->mu
+    {
+      AnnotatedMutexLock lock(&in_flight->mu);
+      in_flight->fetches.emplace(&cancelled, address);
+    }
+    const absl::Cleanup unlist = [&] {
+      AnnotatedMutexLock lock(&in_flight->mu);
+      in_flight->fetches.erase(&cancelled);
+    };
+    while (true) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
       AddBearer(context, WorkerControlCredential(session_token));  // not the credential itself
@@ -66,6 +113,9 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
         if (in_flight->cancelled) {
           return absl::CancelledError(
               absl::StrCat("profile from ", address, ": the coordinator is shutting down"));
+        }
+        if (cancelled) {
+          return absl::CancelledError(absl::StrCat("profile from ", address, ": cancelled"));
         }
         in_flight->calls.emplace(&context, address);
       }
@@ -76,12 +126,17 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
         in_flight->calls.erase(&context);
       }
       if (s.ok()) return profile;
-      // The worker may not have read its session yet (see the header).
-      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED && attempt < kProfileSessionRetries &&
-          absl::Now() + wait < deadline) {
-        absl::SleepFor(wait);
-        wait *= 2;
-        continue;
+      if (Retryable(s.error_code(), session_retries, transient_retries)) {
+        const absl::Duration wait = backoff.Next();
+        if (absl::Now() + wait < deadline) {
+          WaitUnlessCancelled(*in_flight, cancelled, wait);  // a cancel: the loop's check returns
+          if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+            ++session_retries;
+          } else {
+            ++transient_retries;
+          }
+          continue;
+        }
       }
       // A refused TLS handshake is UNAVAILABLE too: name what must agree.
       const std::string tls_hint =

@@ -20,12 +20,19 @@ namespace pipetrain {
 
 // A fetcher whose calls fail with DEADLINE_EXCEEDED after `timeout`; other
 // errors are the worker's (INVALID_ARGUMENT for a bad request) or
-// UNAVAILABLE when it cannot be reached. UNAUTHENTICATED is asked again
-// (up to kProfileSessionRetries times, 50 ms, 100 ms, ... apart, within
-// `timeout`): a worker learns its session from RegisterWorker's response,
-// and a job planned at once on a worker that just registered can ask before
-// that response has been read. Then the worker's error is returned.
+// UNAVAILABLE when it cannot be reached. Some are asked again, about
+// 50 ms, 100 ms, ... apart (jittered, backoff.h), while the next try can
+// start within `timeout` and no cancel (below) came:
+// - UNAUTHENTICATED up to kProfileSessionRetries times: a worker learns its
+//   session from RegisterWorker's response, and a job planned at once on a
+//   worker that just registered can ask before that response has been read;
+// - UNAVAILABLE and DEADLINE_EXCEEDED up to kProfileTransientRetries times:
+//   a reset connection or a listener restarting fails a fresh channel's
+//   call at once, and the job was then planned on the analytic profile
+//   (Profile is a read: asking twice is harmless).
+// Then the worker's error is returned.
 inline constexpr int kProfileSessionRetries = 4;
+inline constexpr int kProfileTransientRetries = 2;
 // How the coordinator reaches workers' ports: with the data plane's mutual
 // TLS (the coordinator's --worker-tls-ca, --worker-tls-cert and
 // --worker-tls-key; `server_name`: --worker-tls-server-name, checked in
@@ -40,8 +47,9 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
 // started later, CANCELLED at once (thread-safe): a coordinator shutting
 // down must not wait out a large model's profile (minutes), holding its
 // etcd lease with its ports closed.
-// `cancel_to` ends the fetches in flight to one address CANCELLED (not one
-// that has not started its call yet), for a worker known lost.
+// `cancel_to` ends the fetches under way to one address CANCELLED (asking,
+// or waiting to ask again), for a worker known lost; later ones run as
+// usual.
 struct CancellableProfileFetcher {
   ProfileFetcher fetch;
   std::function<void()> cancel_all;

@@ -16,11 +16,12 @@
 namespace pipetrain {
 namespace {
 
-// Refuses the first `refusals` calls as a worker that has not read its
-// session yet does, then answers with a profile of one unit.
+// Refuses the first `refusals` calls with `code` (UNAUTHENTICATED: as a
+// worker that has not read its session yet does), then answers with a
+// profile of one unit.
 class RefusingWorkerControl final : public v1::WorkerControlService::Service {
  public:
-  explicit RefusingWorkerControl(int refusals) : refusals_(refusals) {}
+  RefusingWorkerControl(int refusals, grpc::StatusCode code) : refusals_(refusals), code_(code) {}
   grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest*,
                        v1::ModelProfile* profile) override {
     {
@@ -30,7 +31,7 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
         authorizations_.emplace_back(it->second.data(), it->second.size());
     }
     if (calls_.fetch_add(1) < refusals_) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "no session yet");
+      return grpc::Status(code_, "no session yet");
     }
     profile->add_units();
     return grpc::Status::OK;
@@ -44,13 +45,15 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
 
  private:
   const int refusals_;
+  const grpc::StatusCode code_;
   std::atomic<int> calls_{0};
   AnnotatedMutex mu_;
   std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Served {
-  explicit Served(int refusals) : service(refusals) {
+  explicit Served(int refusals, grpc::StatusCode code = grpc::StatusCode::UNAUTHENTICATED)
+      : service(refusals, code) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
@@ -86,14 +89,52 @@ TEST(WorkerProfileFetcherTest, GivesUpAfterTheRetries) {
   EXPECT_EQ(worker.service.calls(), kProfileSessionRetries + 1);
 }
 
+// A worker that could not answer once (a reset connection, a listener
+// restarting: UNAVAILABLE; or no answer in time) is asked again: the job
+// was planned on the analytic profile instead.
+TEST(WorkerProfileFetcherTest, AsksAgainAfterUnavailableOrNoAnswer) {
+  for (const grpc::StatusCode code :
+       {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED}) {
+    SCOPED_TRACE(static_cast<int>(code));
+    Served worker(/*refusals=*/1, code);
+    absl::StatusOr<v1::ModelProfile> profile =
+        MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    EXPECT_EQ(profile->units_size(), 1);
+    EXPECT_EQ(worker.service.calls(), 2);
+  }
+}
+
+// A worker that stays unavailable is asked kProfileTransientRetries more
+// times, then its error is returned.
+TEST(WorkerProfileFetcherTest, UnavailableGivesUpAfterTheTransientRetries) {
+  Served worker(/*refusals=*/1000, grpc::StatusCode::UNAVAILABLE);
+  absl::StatusOr<v1::ModelProfile> profile =
+      MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(profile.status().message().find("no session yet"), std::string::npos);
+  EXPECT_EQ(worker.service.calls(), kProfileTransientRetries + 1);
+}
+
+// An error that asking again cannot change is returned at once.
+TEST(WorkerProfileFetcherTest, InvalidArgument_NotAskedAgain) {
+  Served worker(/*refusals=*/1, grpc::StatusCode::INVALID_ARGUMENT);
+  absl::StatusOr<v1::ModelProfile> profile =
+      MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker.service.calls(), 1);
+}
+
 // Holds every Profile call until the test's end: a profile of a large
-// model that takes minutes.
+// model that takes minutes. The first `unavailable` calls are answered
+// UNAVAILABLE at once instead.
 class HoldingWorkerControl final : public v1::WorkerControlService::Service {
  public:
+  explicit HoldingWorkerControl(int unavailable = 0) : unavailable_(unavailable) {}
   grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest*,
                        v1::ModelProfile*) override {
     AnnotatedMutexLock lock(&mu_);
-    ++calls_;
+    if (++calls_ <= unavailable_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reset");
     mu_.AwaitWithTimeout(
         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_ || context->IsCancelled(); },
         absl::Seconds(20));  // bounded: an uncancelled fetch fails the test, not hangs it
@@ -108,8 +149,13 @@ class HoldingWorkerControl final : public v1::WorkerControlService::Service {
     AnnotatedMutexLock lock(&mu_);
     released_ = true;
   }
+  int calls() {
+    AnnotatedMutexLock lock(&mu_);
+    return calls_;
+  }
 
  private:
+  const int unavailable_;
   AnnotatedMutex mu_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
@@ -118,7 +164,7 @@ class HoldingWorkerControl final : public v1::WorkerControlService::Service {
 // A HoldingWorkerControl served on a port of its own; released and shut
 // down at the end.
 struct HeldWorker {
-  HeldWorker() {
+  explicit HeldWorker(int unavailable = 0) : service(unavailable) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
@@ -170,6 +216,23 @@ TEST(WorkerProfileFetcherTest, CancelTo_EndsTheFetchToThatAddressOnly) {
   service.Release();
   const absl::StatusOr<v1::ModelProfile> later = fetcher.fetch(address, "token", {});
   EXPECT_EQ(later.status().code(), absl::StatusCode::kUnavailable) << later.status();  // "held"
+}
+
+// A fetch that asks again after UNAVAILABLE is cancelled too, whether
+// cancel_to finds it waiting to ask again or asking: it does not outlive
+// the cancel by its wait, nor by a call to a worker known lost.
+TEST(WorkerProfileFetcherTest, CancelTo_EndsAFetchThatWouldAskAgain) {
+  HeldWorker worker(/*unavailable=*/1);
+  HoldingWorkerControl& service = worker.service;
+  const std::string address = worker.address();
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
+  absl::StatusOr<v1::ModelProfile> profile;
+  std::thread fetching([&] { profile = fetcher.fetch(address, "token", {}); });
+  ASSERT_TRUE(service.AwaitCall());  // the first, answered UNAVAILABLE
+  fetcher.cancel_to(address);
+  fetching.join();
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled) << profile.status();
+  EXPECT_LE(service.calls(), 2);
 }
 
 }  // namespace

@@ -27,13 +27,17 @@ uint64_t RandomBackoffSeed() {
   return seed;
 }
 
+double BackoffJitterFactor(uint64_t seed, uint32_t draw, double jitter) {
+  const double u = UniformIndex(seed, draw, 0xB0FF, 0, 1u << 24) / double(1u << 24);
+  return 1.0 - jitter * u;
+}
+
 absl::Duration Backoff::Next() {
   const double base = absl::ToDoubleSeconds(options_.initial) *
                       std::pow(options_.multiplier, std::min(attempt_, 62));
   const double capped = std::min(base, absl::ToDoubleSeconds(options_.max));
   ++attempt_;
-  const double u = UniformIndex(options_.seed, draws_++, 0xB0FF, 0, 1u << 24) / double(1u << 24);
-  return absl::Seconds(capped * (1.0 - options_.jitter * u));
+  return absl::Seconds(capped * BackoffJitterFactor(options_.seed, draws_++, options_.jitter));
 }
 
 }  // namespace pipetrain

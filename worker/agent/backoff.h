@@ -18,6 +18,12 @@ namespace pipetrain {
 // counter (which alone keep seeds apart should the device fail).
 uint64_t RandomBackoffSeed();
 
+// The factor that scales Backoff's delay number `draw` for `seed`: uniform
+// in [1 - jitter, 1], a function of its arguments only. For code that
+// computes its delays another way but must spread them as Backoff does
+// (the start barrier's polls, job_runner.h). Thread-safe.
+double BackoffJitterFactor(uint64_t seed, uint32_t draw, double jitter);
+
 struct BackoffOptions {
   absl::Duration initial = absl::Milliseconds(100);
   absl::Duration max = absl::Seconds(5);

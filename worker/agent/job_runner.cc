@@ -47,6 +47,17 @@ absl::Duration ReportRetryForLease(absl::Duration lease, absl::Duration heartbea
   return std::max(least, lease + heartbeat_interval);
 }
 
+BackoffOptions ReportRetryBackoff(const JobRunnerOptions& options) {
+  return BackoffOptions{options.report_retry_backoff, options.report_retry_backoff * 8, 2.0,
+                        options.retry_jitter, options.retry_seed};
+}
+
+absl::Duration StartBarrierPollDelay(absl::Duration waited, uint64_t seed, uint32_t poll,
+                                     double jitter) {
+  const absl::Duration base = std::clamp(waited / 10, absl::Milliseconds(20), absl::Seconds(1));
+  return base * BackoffJitterFactor(seed, poll, jitter);
+}
+
 int AssignmentWorkerCount(const v1::Assignment& a) {
   return std::max(1, a.replicas()) * a.num_stages() * std::max(1, a.tensor_parallel());
 }
@@ -325,22 +336,23 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   // the coordinator sees its stream end (or its lease lapse), recovers,
   // and this runner is stopped.
   const absl::Duration wait = std::max(options_.recv_timeout, kMinStartBarrierWait);
-  const absl::Time deadline = MonotonicClock()->Now() + wait;
-  // Polls the coordinator's barrier: soon at first (the last stage to come
-  // is answered at once), then at most every 20 ms, so that many workers
-  // waiting do not flood the coordinator.
-  absl::Duration poll = absl::Milliseconds(5);
-  while (!stop_.load()) {
+  const absl::Time start = MonotonicClock()->Now();
+  const absl::Time deadline = start + wait;
+  // Polls the coordinator's barrier: at once (the last stage to come is
+  // answered then), then StartBarrierPollDelay apart, so that many workers
+  // waiting long do not flood the coordinator.
+  for (uint32_t poll = 0; !stop_.load(); ++poll) {
     // A brief outage (a leader change) must not end the stage here either.
     ASSIGN_OR_RETURN(v1::ReportProgressResponse response, ReportWithRetries(r));
     if (response.all_ready()) return absl::OkStatus();
-    if (MonotonicClock()->Now() > deadline) {
+    const absl::Time now = MonotonicClock()->Now();
+    if (now > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("the other stages of job ", assignment_.job_id(), " were not ready within ",
                        absl::FormatDuration(wait), "; check the other workers' logs"));
     }
-    absl::SleepFor(poll);
-    poll = std::min(poll * 2, absl::Milliseconds(20));
+    SleepUnlessStopped(
+        StartBarrierPollDelay(now - start, options_.retry_seed, poll, options_.retry_jitter));
   }
   return absl::CancelledError("stopped at the start barrier");
 }
@@ -564,22 +576,27 @@ absl::Status JobRunner::UploadWeightsWithRetries(const std::vector<Parameter*>& 
 
 absl::Status JobRunner::RetryWhileOutcomeUnknown(const std::string& what,
                                                  const std::function<absl::Status()>& attempt) {
-  absl::Duration backoff = options_.report_retry_backoff;
+  // Jittered: every stage of a job reports at the same step boundary, and
+  // those that lost the coordinator together must not all retry at once.
+  Backoff backoff(ReportRetryBackoff(options_));
   std::optional<absl::Time> give_up;  // set at the first failure
   while (true) {
     const absl::Status status = attempt();
     if (!give_up.has_value()) give_up = MonotonicClock()->Now() + options_.report_retry_for;
     if (status.code() == absl::StatusCode::kUnauthenticated) session_refused_.store(true);
-    if (status.ok() || !OutcomeUnknown(status) || MonotonicClock()->Now() + backoff > *give_up ||
-        stop_.load()) {
-      return status;
-    }
+    if (status.ok() || !OutcomeUnknown(status) || stop_.load()) return status;
+    const absl::Duration wait = backoff.Next();
+    if (MonotonicClock()->Now() + wait > *give_up) return status;
     PT_LOG(WARNING) << "job " << assignment_.job_id() << ": " << what << " failed (" << status
-                    << "); again in " << absl::FormatDuration(backoff);
-    // In slices, so that a STOP is not held up by the wait.
-    const absl::Time until = MonotonicClock()->Now() + backoff;
-    while (!stop_.load() && MonotonicClock()->Now() < until) absl::SleepFor(absl::Milliseconds(20));
-    backoff = std::min(backoff * 2, options_.report_retry_backoff * 8);
+                    << "); again in " << absl::FormatDuration(wait);
+    SleepUnlessStopped(wait);
+  }
+}
+
+void JobRunner::SleepUnlessStopped(absl::Duration wait) const {
+  const absl::Time until = MonotonicClock()->Now() + wait;
+  while (!stop_.load() && MonotonicClock()->Now() < until) {
+    absl::SleepFor(std::min(until - MonotonicClock()->Now(), absl::Milliseconds(20)));
   }
 }
 

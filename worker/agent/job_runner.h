@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
+#include "worker/agent/backoff.h"
 #include "worker/agent/call_cancel.h"
 #include "worker/checkpoint/checkpoint_hold.h"
 #include "worker/model/unit.h"
@@ -111,7 +112,30 @@ struct JobRunnerOptions {
   // most `report_retry_for` after the first failure. Tests shorten them.
   absl::Duration report_retry_backoff = absl::Milliseconds(500);
   absl::Duration report_retry_for = absl::Seconds(60);
+  // The jitter of those waits and of the start barrier's polls (each scaled
+  // by a factor in [1 - jitter, 1], backoff.h) and its seed, a fresh one per
+  // options: the stages of a job report at the same step boundary and wait
+  // at the same barrier, and unjittered they retried and polled in
+  // lockstep, W calls at once. Tests that check exact waits set jitter 0.
+  double retry_jitter = 0.5;
+  uint64_t retry_seed = RandomBackoffSeed();
 };
+
+// The waits RetryWhileOutcomeUnknown makes for `options`:
+// report_retry_backoff, doubled up to 8 times it, each jittered by
+// retry_jitter with retry_seed. Thread-safe.
+BackoffOptions ReportRetryBackoff(const JobRunnerOptions& options);
+
+// The start barrier's wait before its poll number `poll`, `waited` after
+// its first: the longer of 20 ms and a tenth of `waited`, at most 1 s,
+// scaled by BackoffJitterFactor(seed, poll, jitter). A stage that comes
+// after a short gap is seen within about a tenth of it, and the stages of
+// a job that wait minutes for a slow one each poll about once a second,
+// spread apart: every poll is a report the coordinator answers under its
+// job lock, and 20 ms apart on W workers they flooded it. Deterministic
+// for its arguments. Thread-safe.
+absl::Duration StartBarrierPollDelay(absl::Duration waited, uint64_t seed, uint32_t poll,
+                                     double jitter);
 
 // JobRunnerOptions::report_retry_for for a worker whose coordinator gave it
 // `lease` (RegisterWorkerResponse.lease_seconds) and `heartbeat_interval`:
@@ -228,7 +252,8 @@ class JobRunner {
   // coordinator restarting, a leader change, a lost answer) until
   // options_.report_retry_for (60 s, or the lease: ReportRetryForLease)
   // has passed since the first failure,
-  // 0.5 s, 1 s, 2 s and then 4 s apart, unless the runner stops: an outage must not end a
+  // about 0.5 s, 1 s, 2 s and then 4 s apart (jittered: ReportRetryBackoff),
+  // unless the runner stops: an outage must not end a
   // stage whose data plane is fine, nor leave a step boundary waiting for a
   // checkpoint report that never came (the coordinator re-plans only once
   // it has it, so a stage that gave up after a few seconds left the job
@@ -260,6 +285,8 @@ class JobRunner {
   // Returns the last result.
   absl::Status RetryWhileOutcomeUnknown(const std::string& what,
                                         const std::function<absl::Status()>& attempt);
+  // Sleeps `wait`, in slices, so that a stop is not held up by it.
+  void SleepUnlessStopped(absl::Duration wait) const;
 
   v1::Assignment assignment_;
   Mailbox* mailbox_;

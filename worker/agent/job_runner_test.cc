@@ -34,6 +34,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
+#include "worker/agent/backoff.h"
 #include "worker/data/corpus.h"
 #include "worker/data/token_file.h"
 #include "worker/model/cpu_backend.h"
@@ -285,6 +286,87 @@ TEST(ReportRetryForLeaseTest, SixtySecondsOrTheLeaseAndAHeartbeat) {
             absl::Hours(24));
   EXPECT_EQ(ReportRetryForLease(absl::Hours(23), absl::InfiniteDuration()), absl::Hours(24));
   EXPECT_EQ(ReportRetryForLease(absl::Seconds(-3), absl::Seconds(1)), absl::Seconds(60));
+}
+
+// A report is sent again about 0.5 s, 1 s, 2 s and then 4 s apart, each
+// wait scaled into [1 - jitter, 1] (STYLE.md item 8); exactly those
+// without jitter.
+TEST(ReportRetryBackoffTest, DoublesToEightTimesTheFirstWait_Jittered) {
+  JobRunnerOptions options;
+  options.retry_seed = 7;
+  Backoff jittered(ReportRetryBackoff(options));
+  options.retry_jitter = 0;
+  Backoff exact(ReportRetryBackoff(options));
+  for (const double base : {0.5, 1.0, 2.0, 4.0, 4.0, 4.0}) {
+    const absl::Duration wait = jittered.Next();
+    EXPECT_LE(wait, absl::Seconds(base));
+    EXPECT_GE(wait, absl::Seconds(base / 2));
+    EXPECT_EQ(exact.Next(), absl::Seconds(base));
+  }
+}
+
+// Each runner's options draw a seed of their own: the stages of a job,
+// which report at the same step boundary, no longer retry in lockstep
+// after the coordinator went away (W calls at +0.5 s, +1.5 s, ...).
+TEST(ReportRetryBackoffTest, TwoRunnersOptions_DifferentWaits) {
+  const JobRunnerOptions a, b;
+  EXPECT_NE(a.retry_seed, b.retry_seed);
+  Backoff x(ReportRetryBackoff(a)), y(ReportRetryBackoff(b));
+  bool differs = false;
+  for (int i = 0; i < 5; ++i) differs = differs || x.Next() != y.Next();
+  EXPECT_TRUE(differs);
+}
+
+// The start barrier polls at least 20 ms and a tenth of the time waited
+// apart, at most 1 s, each wait scaled into [1 - jitter, 1] by the seed;
+// the same for the same arguments.
+TEST(StartBarrierPollDelayTest, GrowsWithTheWait_CappedAndJittered) {
+  const std::pair<absl::Duration, absl::Duration> cases[] = {  // waited, the longest delay
+      {absl::ZeroDuration(), absl::Milliseconds(20)},
+      {absl::Milliseconds(150), absl::Milliseconds(20)},
+      {absl::Seconds(1), absl::Milliseconds(100)},
+      {absl::Seconds(5), absl::Milliseconds(500)},
+      {absl::Seconds(10), absl::Seconds(1)},
+      {absl::Minutes(10), absl::Seconds(1)},
+      {absl::InfiniteDuration(), absl::Seconds(1)},
+      {-absl::Seconds(1), absl::Milliseconds(20)}};
+  for (const auto& [waited, base] : cases) {
+    SCOPED_TRACE(absl::FormatDuration(waited));
+    for (uint32_t poll = 0; poll < 100; ++poll) {
+      const absl::Duration delay = StartBarrierPollDelay(waited, 7, poll, 0.5);
+      EXPECT_LE(delay, base);
+      EXPECT_GE(delay, base / 2);
+      EXPECT_EQ(delay, StartBarrierPollDelay(waited, 7, poll, 0.5));
+    }
+    EXPECT_EQ(StartBarrierPollDelay(waited, 7, 0, 0.0), base);
+  }
+}
+
+// Two workers' seeds give different waits for the same poll, so workers
+// waiting together do not poll at the same instants.
+TEST(StartBarrierPollDelayTest, TwoSeeds_DifferentDelays) {
+  int differ = 0;
+  for (uint32_t poll = 0; poll < 10; ++poll) {
+    differ += StartBarrierPollDelay(absl::Minutes(1), 1, poll, 0.5) !=
+              StartBarrierPollDelay(absl::Minutes(1), 2, poll, 0.5);
+  }
+  EXPECT_GE(differ, 9);
+}
+
+// Over the barrier's 10-minute wait a worker polls about once a second
+// (20 ms apart before: 30,000 reports, each taking the coordinator's job
+// lock), and one whose peers come after a short gap still sees them
+// within about a tenth of it (or 20 ms).
+TEST(StartBarrierPollDelayTest, TenMinutesWait_AboutOncePerSecond) {
+  absl::Duration waited;
+  int polls = 0;
+  while (waited < absl::Minutes(10)) {
+    const absl::Duration delay = StartBarrierPollDelay(waited, 11, polls++, 0.5);
+    EXPECT_LE(delay, std::max(absl::Milliseconds(20), waited / 10));
+    waited += delay;
+  }
+  EXPECT_GT(polls, 600);
+  EXPECT_LT(polls, 1000);
 }
 
 TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
@@ -1150,6 +1232,35 @@ TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
   for (auto& r : runners) r->Stop();
   EXPECT_EQ(link.failed(), 2);
   for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+}
+
+// A report the coordinator could not take is sent again after the wait
+// ReportRetryBackoff draws for the runner's seed, not after the same
+// wait on every worker.
+TEST(JobRunnerTest, UnavailableReport_SentAgainAfterTheSeedsJitteredWait) {
+  std::set<std::string> waits;
+  for (const uint64_t seed : {7, 8}) {
+    SCOPED_TRACE(seed);
+    JobRunnerOptions options{"w", 1};
+    options.report_retry_backoff = absl::Milliseconds(1);
+    options.retry_seed = seed;
+    const std::string wait = absl::FormatDuration(Backoff(ReportRetryBackoff(options)).Next());
+    InProcessFabric fabric(1);
+    FakeLink link(1);
+    link.FailIterationReports(1, absl::StatusCode::kUnavailable);
+    JobRunner runner(OneStageAssignment(1), &fabric.mailbox(0), FabricTransports(fabric), &link,
+                     options);
+    ::testing::internal::CaptureStderr();
+    runner.Start();
+    const bool reported = link.AwaitReports(1);
+    runner.Stop();
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(reported);
+    EXPECT_EQ(link.failed(), 1);
+    EXPECT_TRUE(absl::StrContains(log, absl::StrCat("); again in ", wait, "\n"))) << wait << log;
+    waits.insert(wait);
+  }
+  EXPECT_EQ(waits.size(), 2u);  // the two seeds' waits differ
 }
 
 // A stage that comes to the start barrier long after the others (a larger

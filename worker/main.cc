@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
+#include "common/byte_size.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"

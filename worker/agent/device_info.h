@@ -51,11 +51,6 @@ int64_t ProcessMemoryLimit();
 // nothing.
 absl::StatusOr<int64_t> ReservedMemoryLimit(int64_t limit, int64_t reserve);
 
-// Parses a byte count with an optional binary suffix: "512M", "8G", "1.5T",
-// "1048576". INVALID_ARGUMENT (naming `flag`) for anything else, zero or
-// negative values, or more than 1 PiB.
-absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text);
-
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_WORKER_AGENT_DEVICE_INFO_H_

@@ -12,7 +12,9 @@
 // "Security" for what each credential allows.
 //
 // Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags,
-// 5 when a leader loses its etcd lease (it restarts as a follower).
+// 5 when a leader loses its etcd lease (it restarts as a follower), or when
+// its shutdown outlasts --stop-timeout-seconds or a further signal cuts it short
+// (exiting without the rest of it, as in a crash).
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -40,6 +42,7 @@
 #include "common/annotated_mutex.h"
 #include "common/build_identity.h"
 #include "common/build_info.h"
+#include "common/byte_size.h"
 #include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
@@ -56,6 +59,7 @@
 #include "common/serving_health.h"
 #include "common/signal_names.h"
 #include "common/status_macros.h"
+#include "common/stop_watchdog.h"
 #include "common/subprocess.h"
 #include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
@@ -66,6 +70,7 @@
 #include "coordinator/api/rest_service.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/memory_budget.h"
 #include "coordinator/jobs/worker_profile_fetcher.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
@@ -118,9 +123,13 @@ struct Flags {
   std::string advertise_address;
   double leader_lease_seconds = 5;
   double shutdown_delay_seconds = 0;
+  // After the servers' grace (kShutdownGrace): the rest of the shutdown.
+  double stop_timeout_seconds = 30;
+  bool test_hold_io_at_stop = false;  // tests only
   bool allow_core_dumps = false;
   bool allow_mixed_builds = false;
   std::string network;  // BANDWIDTH,LATENCY (common/link_model.h)
+  std::string gpu_memory_reserve = "1G";  // kDefaultGpuMemoryReserveBytes
   // The workers' data-plane TLS, as the coordinator reaches their ports.
   std::string worker_tls_ca, worker_tls_cert, worker_tls_key, worker_tls_server_name;
 };
@@ -139,6 +148,8 @@ struct Config {
   std::string etcd_password;
   // --network, parsed (nullopt: not given).
   std::optional<LinkModel> network;
+  // --gpu-memory-reserve, parsed (ParseGpuMemoryReserve).
+  int64_t gpu_memory_reserve_bytes = kDefaultGpuMemoryReserveBytes;
   // --worker-tls-*, read and checked (null credentials: plaintext).
   WorkerChannelTls worker_tls;
 };
@@ -212,6 +223,15 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
              "and keep serving this long before shutting down, so load balancers and "
              "Kubernetes stop sending calls first; a second signal ends the wait");
+  set.Double("stop-timeout-seconds", &flags.stop_timeout_seconds,
+             "on SIGTERM or SIGINT, after the delay and the 5 s given to open calls: how long "
+             "the rest of the shutdown (the jobs' last saves and file work on --output-dir, "
+             "handing over the leadership) may take before the process exits without it "
+             "(exit code 5; with --etcd-endpoints a follower takes over once the lease "
+             "expires); a further signal exits so at once; in [1, 3600]");
+  set.Bool("test-hold-io-at-stop", &flags.test_hold_io_at_stop,
+           "tests only: at shutdown, hold the jobs' file and store work forever, as a file "
+           "system that stopped answering would");
   set.String("worker-tls-ca", &flags.worker_tls_ca,
              "workers serve their data plane with mutual TLS (their --data-tls-*): reach them "
              "verifying this PEM CA (their --data-tls-ca), presenting --worker-tls-cert; "
@@ -225,8 +245,13 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "--data-tls-server-name; default: each worker's address host)");
   set.String("network", &flags.network,
              "the links between workers that jobs are planned over, as BANDWIDTH,LATENCY (e.g. "
-             "1Gbit,0.2ms or 25Gbit,10us); empty: an assumed 10Gbit,50us, which plans name as "
+             "1Gbit,0.2ms or 25Gbit,10us; bandwidth in Gbit or Mbit, or GB or MB for bytes); "
+             "empty: an assumed 10Gbit,50us, which plans name as "
              "assumed (workers started with --emulate-link are planned over theirs)");
+  set.String("gpu-memory-reserve", &flags.gpu_memory_reserve,
+             "GPU memory kept out of each GPU worker's plan, e.g. 2G, for what plans do not "
+             "count (the CUDA context, cuBLAS workspace, NCCL buffers, allocator slack), per "
+             "worker, after workers on one GPU share it; 0: none; at most 1T");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   set.Bool("allow-core-dumps", &flags.allow_core_dumps, kAllowCoreDumpsHelp);
@@ -563,6 +588,19 @@ absl::Status ConfigureWorkerTls(Config& config) {
   return absl::OkStatus();
 }
 
+// --gpu-memory-reserve: a size as the workers' memory flags take them
+// (ParseByteSize), or 0 for none; INVALID_ARGUMENT for anything else
+// (negative) or past kMaxGpuMemoryReserveBytes.
+absl::StatusOr<int64_t> ParseGpuMemoryReserve(const std::string& text) {
+  if (text == "0") return 0;
+  const absl::StatusOr<int64_t> bytes = ParseByteSize("gpu-memory-reserve", text);
+  if (!bytes.ok() || *bytes > kMaxGpuMemoryReserveBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory-reserve \"", text, "\" is not 0 or a size up to 1T such as 512M or 2G"));
+  }
+  return *bytes;
+}
+
 // Everything checked before anything starts: flag errors exit with 2.
 absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ParseFlags(argc, argv, config.flags, help));
@@ -573,6 +611,8 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
   ASSIGN_OR_RETURN(config.network, ParseLinkModel("--network", config.flags.network));
+  ASSIGN_OR_RETURN(config.gpu_memory_reserve_bytes,
+                   ParseGpuMemoryReserve(config.flags.gpu_memory_reserve));
   RETURN_IF_ERROR(ConfigureWorkerTls(config));
   config.data_roots = absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty());
   RETURN_IF_ERROR(CheckDataRoots("--data-root", config.data_roots));
@@ -636,6 +676,9 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
         config.flags.shutdown_delay_seconds <= 3600)) {
     return absl::InvalidArgumentError("--shutdown-delay-seconds must be in [0, 3600]");
   }
+  if (!(config.flags.stop_timeout_seconds >= 1 && config.flags.stop_timeout_seconds <= 3600)) {
+    return absl::InvalidArgumentError("--stop-timeout-seconds must be in [1, 3600]");
+  }
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
   }
@@ -677,8 +720,17 @@ pthread_t g_main_thread;
 // signal on to the main thread, where it is blocked and WaitForSignal or
 // DrainBeforeShutdown takes it. Without it, such a thread would take the
 // default action and kill the process (a second SIGTERM during the drain
-// ended it with signal 15 in CI). pthread_kill is async-signal-safe.
-extern "C" void ForwardShutdownSignal(int signal) { pthread_kill(g_main_thread, signal); }
+// ended it with signal 15 in CI). pthread_kill is async-signal-safe, and so
+// is the count, lock-free: StopBound, on a thread of its own while the main
+// thread tears down, learns of a forwarded signal from it.
+std::atomic<int> g_forwarded_signals{0};
+std::atomic<int> g_last_forwarded_signal{0};  // for its name
+static_assert(std::atomic<int>::is_always_lock_free);
+extern "C" void ForwardShutdownSignal(int signal) {
+  g_last_forwarded_signal.store(signal);
+  g_forwarded_signals.fetch_add(1);
+  pthread_kill(g_main_thread, signal);
+}
 
 // Blocks SIGINT and SIGTERM in this thread and (by inheritance) every thread
 // started afterwards, so WaitForSignal receives them synchronously; threads
@@ -726,6 +778,100 @@ void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& hea
   }
 }
 
+// What a leader's shutdown waits for, for the error of one that outlasts
+// --stop-timeout-seconds. Thread-safe.
+class TeardownProgress {
+ public:
+  // The servers stopped; the job manager's teardown (its last saves, its
+  // file work) comes next. `io_age`: its IoQueueAge now, read here because
+  // the queue may be gone by the time the error is written.
+  void ServersStopped(absl::Duration io_age) {
+    AnnotatedMutexLock lock(&mu_);
+    stage_ = Stage::kJobs;
+    io_age_ = io_age;
+  }
+  // ~JobManager returned.
+  void JobsGone() {
+    AnnotatedMutexLock lock(&mu_);
+    stage_ = Stage::kLeadership;
+  }
+  std::string Describe() const {
+    AnnotatedMutexLock lock(&mu_);
+    switch (stage_) {
+      case Stage::kServers:
+        return "the open gRPC and HTTP calls";
+      case Stage::kJobs:
+        return absl::StrCat(
+            "the job manager's last saves and its file work on --output-dir, one at a time (",
+            io_age_ > absl::ZeroDuration()
+                ? absl::StrCat("the oldest had waited ", absl::FormatDuration(io_age_))
+                : std::string("none was queued"),
+            " when the servers stopped; a file system that stopped answering holds them all)");
+      case Stage::kLeadership:
+        break;
+    }
+    return "the store, and handing over the leadership";
+  }
+
+ private:
+  enum class Stage { kServers, kJobs, kLeadership };
+  mutable AnnotatedMutex mu_;
+  Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServers;
+  absl::Duration io_age_ ABSL_GUARDED_BY(mu_);
+};
+
+// Bounds a leader's shutdown: `give_up`, which must not return (it exits
+// the process), runs unless the bound is destroyed within `limit`, or at
+// once on another SIGINT, SIGTERM or SIGHUP. The main thread tears down
+// meanwhile, so without this nothing takes a further signal: it stayed
+// pending, and an operator's second Ctrl-C did nothing.
+class StopBound {
+ public:
+  StopBound(const sigset_t& signals, absl::Duration limit,
+            std::function<void(const std::string& why)> give_up)
+      : give_up_(std::move(give_up)),
+        watchdog_(limit, [this, limit] {
+          GiveUp(absl::StrCat("the shutdown did not end within ", absl::FormatDuration(limit)));
+        }) {
+    // Read before the thread starts: a signal forwarded from now on is one
+    // more than those that began and hurried the shutdown.
+    const int forwarded = g_forwarded_signals.load();
+    signals_ = std::thread([this, signals, forwarded] {
+      // Polled, not one sigwait: a signal that ForwardShutdownSignal passed
+      // to the main thread shows only in the count, and the destructor must
+      // be able to end the wait.
+      const timespec tick{0, 50 * 1000 * 1000};
+      while (!done_.load()) {
+        int signal = sigtimedwait(&signals, nullptr, &tick);
+        if (signal <= 0 && g_forwarded_signals.load() != forwarded) {
+          signal = g_last_forwarded_signal.load();
+        }
+        if (signal > 0) GiveUp(absl::StrCat("received ", ShutdownSignalName(signal), " again"));
+      }
+    });
+  }
+  ~StopBound() {
+    done_.store(true);
+    signals_.join();
+  }  // then watchdog_'s: Done(), join
+  StopBound(const StopBound&) = delete;
+  StopBound& operator=(const StopBound&) = delete;
+
+ private:
+  // One caller only: the other (a signal as the time runs out) waits for
+  // the exit.
+  void GiveUp(const std::string& why) {
+    AnnotatedMutexLock lock(&give_up_mu_);  // never released: give_up_ exits
+    give_up_(why);
+  }
+
+  const std::function<void(const std::string&)> give_up_;
+  AnnotatedMutex give_up_mu_;
+  std::atomic<bool> done_{false};
+  StopWatchdog watchdog_;
+  std::thread signals_;
+};
+
 // When each TLS file this coordinator serves with, or reaches etcd or the
 // workers with, expires, for the expiry gauge: the leader's, and a standby's (it serves
 // gRPC with them already, and campaigns in etcd).
@@ -745,6 +891,11 @@ int Serve(const Config& config, const sigset_t& signals) {
   // does not start.
   std::unique_ptr<Store> store;
   std::unique_ptr<LeaderElection> election;  // with --etcd-endpoints
+  // A leader's shutdown after a signal, bounded by --stop-timeout-seconds (made
+  // when it begins). Declared before `resign`: the bound covers handing
+  // over the lease too.
+  TeardownProgress teardown;
+  std::optional<StopBound> stop_bound;
   // On the way out, after everything declared below (the job manager's
   // last saves included): revoke the lease, so a follower takes over at
   // once rather than after it expires.
@@ -841,11 +992,15 @@ int Serve(const Config& config, const sigset_t& signals) {
   job_options.output_dir = flags.output_dir;
   job_options.data_roots = config.data_roots;
   job_options.network = config.network;
+  job_options.gpu_memory_reserve_bytes = config.gpu_memory_reserve_bytes;
   job_options.id_epoch = JobIdEpoch();
   // Declared before the jobs, made after them (it reads them): the job
   // manager's destructor still runs planning and store tasks whose events
   // go to the metrics, so the metrics must outlive it.
   std::optional<CoordinatorMetrics> metrics_holder;
+  // Runs once ~JobManager returned, for the error of a shutdown that
+  // outlasts --stop-timeout-seconds.
+  absl::Cleanup jobs_gone = [&teardown] { teardown.JobsGone(); };
   JobManager jobs(&registry, &hub, RealClock(), job_options);
   // Jobs profile the model on a worker first (cached).
   // Cancelled at shutdown: a leader waiting out a profile would hold its
@@ -948,6 +1103,26 @@ int Serve(const Config& config, const sigset_t& signals) {
 
   const int signal = WaitForSignal(signals);
   DrainBeforeShutdown(signals, signal, health, absl::Seconds(flags.shutdown_delay_seconds));
+  // From here (before the line below, which tests wait for) the shutdown
+  // is bounded, and a further signal cuts it short: a leader stuck in it
+  // (its jobs' file work on a volume that stopped answering) held its etcd
+  // lease with its ports closed, so no follower could take over. The lease
+  // is not revoked on the way out (that would join the election's thread,
+  // which may wait out an RPC): it expires by itself. Saves not made by
+  // then are lost, as in a crash; a restart or the next leader restores
+  // the jobs as last saved.
+  const absl::Duration stop_timeout = absl::Seconds(flags.stop_timeout_seconds);
+  const absl::Duration stop_limit = absl::FromChrono(kShutdownGrace) + stop_timeout;
+  stop_bound.emplace(signals, stop_limit, [&teardown, &flags](const std::string& why) {
+    PT_LOG(ERROR) << why << " (--stop-timeout-seconds " << flags.stop_timeout_seconds
+                  << " after the servers' grace); it still waits for " << teardown.Describe()
+                  << "; exiting without it (exit code 5)"
+                  << (flags.etcd_endpoints.empty()
+                          ? ""
+                          : "; a follower takes over once this leader's etcd lease expires "
+                            "(--leader-lease-seconds)");
+    std::_Exit(5);
+  });
   PT_LOG(INFO) << "received " << ShutdownSignalName(signal) << "; shutting down"
                << (signal == SIGHUP
                        ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
@@ -968,7 +1143,13 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::thread http_stop([&http] { http.Stop(absl::FromChrono(kShutdownGrace)); });
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   http_stop.join();
-  return 0;  // jobs' destructor stops the scheduling loop
+  teardown.ServersStopped(jobs.IoQueueAge());
+  if (flags.test_hold_io_at_stop) jobs.HoldIoForTesting();
+  // jobs' destructor stops the scheduling loop and makes the last saves,
+  // then `resign` hands the lease over: in that order, so that the saves
+  // are the leader's (the store's commits are fenced by its term; made
+  // after the hand-over they would fail), within stop_bound's limit.
+  return 0;
 }
 
 }  // namespace

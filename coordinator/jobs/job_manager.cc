@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -659,6 +660,13 @@ void JobManager::FlushIo() {
   flushed->mu.AwaitWithTimeout(
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flushed->mu) { return flushed->done; },
       absl::InfiniteDuration());
+}
+
+void JobManager::HoldIoForTesting() {
+  io_.Post([] {
+    absl::Notification never;
+    never.WaitForNotification();
+  });
 }
 
 std::map<v1::JobState, int> JobManager::CountByState() const {

@@ -142,6 +142,7 @@
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "coordinator/jobs/covered_ranges.h"
+#include "coordinator/jobs/memory_budget.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/recovery_kind.h"
 #include "coordinator/planner/planner.h"
@@ -309,6 +310,11 @@ struct JobManagerOptions {
   // (--emulate-link) are planned over those instead (their sends are paced
   // so).
   std::optional<LinkModel> network;
+  // The coordinator's --gpu-memory-reserve (memory_budget.h), in [0,
+  // kMaxGpuMemoryReserveBytes]: GPU memory kept out of each GPU worker's
+  // plan (PlanMemoryBudgets), once per worker (what it is for is each
+  // process's own).
+  int64_t gpu_memory_reserve_bytes = kDefaultGpuMemoryReserveBytes;
   // Durable state (not owned; null: in memory only). Submit returns only
   // once the job is saved; every state change, plan, complete checkpoint
   // and, at most once a second, progress is saved too. Restore() reads it
@@ -542,6 +548,11 @@ class JobManager {
   // Waits until the file and store work queued so far (state commits,
   // manifests, expired checkpoints) is done. For tests and shutdown.
   void FlushIo();
+  // Tests only (the coordinator's --test-hold-io-at-stop): the I/O queue's
+  // next task never returns, as a file operation on a file system that
+  // stopped answering would not; every task behind it, the destructor's
+  // last saves included, and so the destructor, wait for good.
+  void HoldIoForTesting();
 
   // Per-job counters for metrics: (state -> count).
   std::map<v1::JobState, int> CountByState() const;

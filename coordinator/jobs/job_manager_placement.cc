@@ -72,6 +72,34 @@ void SetSlowestHostDataPlane(const std::vector<v1::Worker>& workers, ClusterSpec
   cluster->data_plane_bytes_per_second = rate;
 }
 
+// The host copies of the weights each GPU worker of `plan` steps (its
+// backward units', a tensor rank's share) against its host's RAM
+// (CheckGpuHostCopies): its plan counted its device's memory only.
+// `infos`: the plan's workers in its position order.
+absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelProfile& profile,
+                                  const v1::Plan& plan, const std::vector<v1::Worker>& infos) {
+  const int tensor = std::max(1, resolved.tensor_parallel);
+  const int per_stage = tensor * std::max(1, resolved.data_parallel);
+  if (plan.stages_size() != static_cast<int>(infos.size()) || infos.size() % per_stage != 0) {
+    return absl::InternalError(absl::StrCat("a plan of ", plan.stages_size(), " positions for ",
+                                            infos.size(), " workers"));
+  }
+  const int stages = static_cast<int>(infos.size()) / per_stage;
+  const int units = static_cast<int>(profile.units.size());
+  std::vector<int> stage_of;
+  std::vector<double> stepped;
+  for (int g = 0; g < plan.stages_size(); ++g) {
+    stage_of.push_back(g / tensor % stages);
+    const v1::UnitRange& b = plan.stages(g).backward();
+    double bytes = 0;
+    for (int u = std::max(0, b.begin()); u < std::min(b.end(), units); ++u) {
+      bytes += profile.units[u].weight_bytes;
+    }
+    stepped.push_back(bytes / tensor);
+  }
+  return CheckGpuHostCopies(infos, stage_of, stepped, CpuSteppedWeightCopies(resolved));
+}
+
 // The job's stages as device-link members: each worker's host, GPU and
 // current NCCL id (the registry keeps it out of v1::Worker).
 std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& workers,
@@ -202,7 +230,8 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   // What each worker may use (its cgroup or --memory-limit; GPU workers
   // hold the model in device memory), a host's RAM or a GPU shared by the
   // workers that draw on it.
-  const std::vector<double> memory = PlanMemoryBudgets(infos, &input.shared_memory);
+  const std::vector<double> memory =
+      PlanMemoryBudgets(infos, &input.shared_memory, options_.gpu_memory_reserve_bytes);
   for (size_t i = 0; i < infos.size(); ++i) {
     const v1::Worker& w = infos[i];
     const double gflops = HostGflops(infos, w);
@@ -412,6 +441,17 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
   }
   PendingPlacement pending = *std::move(record->pending);
   record->pending.reset();
+  // The profile the placement was planned with (its weights are the
+  // model's, whichever device kind it was sized for).
+  if (output.status.ok() && record->profile.has_value()) {
+    // In the plan's order: an auto layout's, or the placement's.
+    std::vector<v1::Worker> placed;
+    for (size_t g = 0; g < pending.infos.size(); ++g) {
+      placed.push_back(pending.infos.at(output.order.empty() ? g : output.order.at(g)));
+    }
+    output.status = CheckGpuHostCopiesOf(output.chosen.value_or(record->resolved), *record->profile,
+                                         output.compiled.plan, placed);
+  }
   if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
   if (!output.status.ok() && RetryWithoutJoinersLocked(*record, pending, output.status)) return;
   if (!output.status.ok() && WaitForRoomLocked(*record, pending, output.status)) return;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/planner/bipartition.h"
 
 namespace pipetrain {
 namespace {
@@ -22,9 +23,10 @@ struct Budget {
   // draws from (as `shared` names it for the others), which its limit
   // leaves the sharers less of.
   std::string claims_from;
-  // Kept out of the plans from what it gets (DeviceInfo.memory_reserve_bytes;
-  // host memory, so a CPU worker's only). Its own limit still claims the
-  // whole from the host's RAM: the reserve is memory it uses.
+  // Kept out of the plans from what it gets: a CPU worker's
+  // DeviceInfo.memory_reserve_bytes (host memory), a GPU worker's
+  // --gpu-memory-reserve. Its own limit still claims the whole from the
+  // host's RAM: the reserve is memory it uses.
   double reserve = 0;
 };
 
@@ -45,11 +47,12 @@ std::string HostRam(const v1::DeviceInfo& d) {
   return absl::StrCat("host ", d.hostname(), "'s RAM");
 }
 
-Budget BudgetOf(const v1::Worker& w) {
+Budget BudgetOf(const v1::Worker& w, int64_t gpu_reserve = 0) {
   const v1::DeviceInfo& d = w.device();
   Budget b;
   if (!d.gpu_model().empty()) {
     b.bytes = static_cast<double>(d.gpu_memory_bytes());
+    b.reserve = static_cast<double>(gpu_reserve);
     const std::string gpu =
         d.gpu_pci_bus_id().empty() ? absl::StrCat("#", d.gpu_index()) : d.gpu_pci_bus_id();
     if (!d.hostname().empty()) b.shared = absl::StrCat("GPU ", gpu, " of host ", d.hostname());
@@ -66,16 +69,28 @@ Budget BudgetOf(const v1::Worker& w) {
   return b;
 }
 
+// `workers` counted as CPU ones (their host's RAM), their reserves kept or
+// not.
+std::vector<v1::Worker> OnTheirHosts(const std::vector<v1::Worker>& workers, bool keep_reserve) {
+  std::vector<v1::Worker> on_the_host = workers;
+  for (v1::Worker& w : on_the_host) {
+    w.mutable_device()->clear_gpu_model();
+    if (!keep_reserve) w.mutable_device()->clear_memory_reserve_bytes();
+  }
+  return on_the_host;
+}
+
 }  // namespace
 
-std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, std::string* shared) {
+std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, std::string* shared,
+                                      int64_t gpu_reserve_bytes) {
   std::vector<Budget> budgets;
   std::map<std::string, int> sharers;
   // Per host: the limits of the plan's workers there that have their own,
   // and how many: the RAM they may take is not there for the sharers.
   std::map<std::string, std::pair<double, int>> claimed;
   for (const v1::Worker& w : workers) {
-    budgets.push_back(BudgetOf(w));
+    budgets.push_back(BudgetOf(w, gpu_reserve_bytes));
     const Budget& b = budgets.back();
     if (!b.shared.empty()) ++sharers[b.shared];
     if (!b.claims_from.empty()) {
@@ -111,14 +126,32 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
 }
 
 std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers) {
-  std::vector<v1::Worker> on_the_host = workers;
-  for (v1::Worker& w : on_the_host) {
-    w.mutable_device()->clear_gpu_model();
-    // The corpus bound (a third of this) is one of the things the reserve
-    // is kept for, not taken out of it again.
-    w.mutable_device()->clear_memory_reserve_bytes();
+  // The corpus bound (a third of this) is one of the things the reserve is
+  // kept for, not taken out of it again.
+  return PlanMemoryBudgets(OnTheirHosts(workers, /*keep_reserve=*/false));
+}
+
+absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
+                                const std::vector<int>& stages,
+                                const std::vector<double>& stepped_weight_bytes, double copies) {
+  // What a CPU worker's plan may hold of the same RAM: the host copies are
+  // planned memory, so the reserve stays out of it.
+  const std::vector<double> host = PlanMemoryBudgets(OnTheirHosts(workers, /*keep_reserve=*/true));
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const v1::DeviceInfo& d = workers[i].device();
+    const double need = copies * stepped_weight_bytes[i];
+    if (d.gpu_model().empty() || host[i] <= 0 || need <= host[i]) continue;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU worker ", workers[i].id(), " (stage ", stages[i], ") would need ", BytesAndGiB(need),
+        " of host RAM for ", copies, " host copies of the ", BytesAndGiB(stepped_weight_bytes[i]),
+        " of weights it steps (a checkpoint's snapshot of them and both AdamW moments, and any "
+        "data-parallel residuals or tensor ranks' gathers) but has ",
+        BytesAndGiB(host[i]), d.hostname().empty() ? "" : absl::StrCat(" of ", HostRam(d)),
+        " (its limit or share, less its --memory-reserve); give its host more RAM (its pod a "
+        "higher memory limit), split the model over more stages, or turn checkpoints off "
+        "(spec.checkpoint.intervalSteps 0)"));
   }
-  return PlanMemoryBudgets(on_the_host);
+  return absl::OkStatus();
 }
 
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,

@@ -13,23 +13,42 @@
 // the whole, less the limits of the plan's workers on the host that have
 // their own, divided by how many of this plan's workers draw on it.
 //
-// Thread-safety: a pure function.
+// A GPU worker's plan is budgeted its GPU's memory, less the coordinator's
+// --gpu-memory-reserve, and what it holds in its host's RAM beside that
+// (a checkpoint's snapshot) is checked against its share of the host's RAM
+// (CheckGpuHostCopies).
+//
+// Thread-safety: pure functions.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
 #define PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
+
+// The coordinator's --gpu-memory-reserve: GPU memory kept out of each GPU
+// worker's plan for what the plans do not count, all per process: the
+// CUDA context, the cuBLAS workspace, NCCL's communicator buffers, the
+// streams' scratch (bf16 operand copies, PowerSGD's Q) and the caching
+// allocator's slack. A worker's budget was the GPU's whole totalGlobalMem,
+// and a plan packed close to it failed its first step's allocations, and
+// every recovery re-planned the same. At most kMaxGpuMemoryReserveBytes.
+inline constexpr int64_t kDefaultGpuMemoryReserveBytes = int64_t{1} << 30;
+inline constexpr int64_t kMaxGpuMemoryReserveBytes = int64_t{1} << 40;
 
 // One budget per worker, in order (bytes; 0: unlimited, as WorkerSpec's
 // memory_bytes):
 //  - GPU workers (gpu_model set): gpu_memory_bytes, shared by the plan's
 //    workers on the same GPU (same hostname and gpu_pci_bus_id, or
-//    gpu_index when no bus id is reported);
+//    gpu_index when no bus id is reported), less `gpu_reserve_bytes`
+//    (--gpu-memory-reserve) each, at least 1 byte: taken after the sharing,
+//    since what it is kept for is each worker process's own;
 //  - CPU workers: memory_limit_bytes when reported, else memory_bytes. A
 //    limit below memory_bytes is the process's own and is not shared; at
 //    (or above) it, the host's RAM is, by the plan's CPU workers with the
@@ -42,7 +61,7 @@ namespace pipetrain {
 // run). `shared` (may be null) gets what was divided, for messages, e.g.
 // "host vm's RAM shared by 4 workers"; empty when nothing was.
 std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
-                                      std::string* shared = nullptr);
+                                      std::string* shared = nullptr, int64_t gpu_reserve_bytes = 0);
 
 // Each worker's share of its host's RAM in a plan (bytes; 0: unlimited),
 // as PlanMemoryBudgets divides it among CPU workers, with GPU workers
@@ -52,6 +71,28 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
 // held their corpus to a third of the whole RAM. No reserve is taken out
 // (the corpus is what it is kept for).
 std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
+
+// A GPU worker's plan counts its device's memory only, but a checkpoint's
+// snapshot (StageRuntime::Snapshot) downloads the weights it steps and
+// both AdamW moments into its host's RAM, a tensor rank 0 its stage's
+// ranks' gathered; so do compressed data-parallel residuals, a final
+// gather and an unsplit spec.init.from. A CPU worker's plan counts these
+// in its memory (`copies`: planner.h CpuSteppedWeightCopies, the solver's
+// c_i); a GPU worker's are checked here: `copies` x stepped_weight_bytes[i]
+// against worker i's share of its host's RAM as PlanMemoryBudgets divides
+// it among the plan's workers counted as CPU ones, less its
+// --memory-reserve (unlimited, 0: not checked). Unchecked, the first
+// checkpoint got the worker OOM-killed, and each recovery put the same
+// plan back on the same workers.
+// `workers`: a plan's, in position order; stages[i] the stage worker i
+// runs (for the message); stepped_weight_bytes[i] the bytes of the weights
+// it steps (its backward units', a tensor rank's share), which `copies`
+// multiplies (sizes equal). OK when every GPU worker's fit (CPU workers are
+// not checked: their plan did); else RESOURCE_EXHAUSTED naming the first
+// that does not, its stage, what it needs and what it has.
+absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
+                                const std::vector<int>& stages,
+                                const std::vector<double>& stepped_weight_bytes, double copies);
 
 // Which `count` of `workers` have the most memory for a plan: indices into
 // `workers`, chosen greedily, each next the worker that leaves the chosen

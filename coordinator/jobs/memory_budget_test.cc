@@ -132,6 +132,76 @@ TEST(HostRamBudgetsTest, GpuWorkersOfOneHost_ShareItsRam) {
   EXPECT_EQ(HostRamBudgets(w)[1], 60.0 * kGiB / 7);
 }
 
+// --gpu-memory-reserve comes off each GPU worker's budget after the
+// workers on one GPU share it (what it is for is each process's own): an
+// 80 GiB GPU with a 2 GiB reserve plans 78 GiB; two workers on one 40 GiB
+// GPU 18 GiB each; an unreported GPU memory stays unlimited. CPU workers
+// keep theirs (their reserve is their own --memory-reserve).
+TEST(PlanMemoryBudgetsTest, GpuReserve_TakenOffEachWorkersShare) {
+  const int64_t reserve = 2 * kGiB;
+  EXPECT_EQ(PlanMemoryBudgets({GpuWorker("box", "0000:01", 0, 80 * kGiB)}, nullptr, reserve),
+            (std::vector<double>{78.0 * kGiB}));
+  const std::vector<v1::Worker> w = {
+      GpuWorker("box", "0000:02", 1, 40 * kGiB), GpuWorker("box", "0000:02", 1, 40 * kGiB),
+      GpuWorker("", "", 0, 80 * kGiB), GpuWorker("box", "0000:03", 2, 0),
+      CpuWorker("box", 64 * kGiB, 16 * kGiB)};
+  EXPECT_EQ(PlanMemoryBudgets(w, nullptr, reserve),
+            (std::vector<double>{18.0 * kGiB, 18.0 * kGiB, 78.0 * kGiB, 0.0, 16.0 * kGiB}));
+  // All of it leaves a byte, never unlimited.
+  EXPECT_EQ(PlanMemoryBudgets({GpuWorker("box", "0000:01", 0, kGiB)}, nullptr, 2 * kGiB),
+            (std::vector<double>{1.0}));
+}
+
+// A checkpoint's snapshot downloads a GPU worker's stepped weights and
+// both AdamW moments into its host's RAM (3 copies, CpuSteppedWeightCopies
+// of a job with checkpoints and nothing else): a stage of 13 GiB of
+// weights on an 80 GiB GPU needs 39 GiB of a 16 GiB host, and is refused
+// naming the worker, its stage and both figures. Its plan counted the
+// GPU's memory only, and the first checkpoint got it OOM-killed. Without
+// checkpoints (0 copies) it fits; so does a CPU worker, whose plan counts
+// the copies in its memory already; an unreported host RAM is unlimited.
+TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
+  v1::Worker gpu = GpuWorker("node", "0000:01", 0, 80 * kGiB);
+  gpu.set_id("gpu-1");
+  gpu.mutable_device()->set_memory_bytes(16 * kGiB);
+  gpu.mutable_device()->set_memory_limit_bytes(16 * kGiB);
+  const std::vector<double> stepped = {13.0 * kGiB};
+  const absl::Status refused = CheckGpuHostCopies({gpu}, {2}, stepped, 3);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(refused.message(),
+            "GPU worker gpu-1 (stage 2) would need 41875931136 bytes (39.00 GiB) of host RAM for "
+            "3 host copies of the 13958643712 bytes (13.00 GiB) of weights it steps (a "
+            "checkpoint's snapshot of them and both AdamW moments, and any data-parallel "
+            "residuals or tensor ranks' gathers) but has 17179869184 bytes (16.00 GiB) of host "
+            "node's RAM (its limit or share, less its --memory-reserve); give its host more RAM "
+            "(its pod a higher memory limit), split the model over more stages, or turn "
+            "checkpoints off (spec.checkpoint.intervalSteps 0)");
+  EXPECT_TRUE(CheckGpuHostCopies({gpu}, {2}, stepped, 0).ok());
+  EXPECT_TRUE(CheckGpuHostCopies({CpuWorker("node", 16 * kGiB, 16 * kGiB)}, {0}, stepped, 3).ok());
+  v1::Worker unreported = GpuWorker("", "", 0, 80 * kGiB);
+  unreported.mutable_device()->set_memory_bytes(0);
+  EXPECT_TRUE(CheckGpuHostCopies({unreported}, {0}, stepped, 3).ok());
+}
+
+// The host's RAM is what a CPU worker's plan would get of it: shared by the
+// plan's workers there, GPU ones counted as CPU ones, less the worker's
+// --memory-reserve. Two GPU workers of a 64 GiB host with 4 GiB reserves
+// have 28 GiB each: 27 GiB of copies fit, 29 GiB do not, for the second.
+TEST(CheckGpuHostCopiesTest, HostShare_LessTheReserve) {
+  std::vector<v1::Worker> w = {GpuWorker("node", "0000:01", 0, 80 * kGiB),
+                               GpuWorker("node", "0000:02", 1, 80 * kGiB)};
+  for (int i = 0; i < 2; ++i) {
+    w[i].set_id(absl::StrCat("gpu-", i));
+    w[i].mutable_device()->set_memory_reserve_bytes(4 * kGiB);
+  }
+  EXPECT_TRUE(CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 9.0 * kGiB}, 3).ok());
+  const absl::Status refused = CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 29.0 * kGiB / 3}, 3);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("GPU worker gpu-1 (stage 1)"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("but has 30064771072 bytes (28.00 GiB)"), std::string::npos)
+      << refused;
+}
+
 // Unreported memory (0) stays "unlimited".
 TEST(PlanMemoryBudgetsTest, Unreported_StaysUnlimited) {
   const std::vector<v1::Worker> w(3, CpuWorker("vm", 0, 0));

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The coordinator's shutdown is bounded (--stop-timeout-seconds) and a further
+# signal cuts it short: a leader whose jobs' file work hangs (here
+# --test-hold-io-at-stop, as on a volume that stopped answering) exits with
+# code 5 instead of holding its lease with its ports closed.
+#
+# Each wait for an exit is bounded (a coordinator that hangs is killed and
+# the case fails); no wait stands in for an event.
+set -uo pipefail
+
+BIN="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}/coordinator/pipetrain-coordinator"
+if [[ ! -x "$BIN" ]]; then
+  BIN="${RUNFILES_DIR:-$0.runfiles}/pipetrain/coordinator/pipetrain-coordinator"
+fi
+if [[ ! -x "$BIN" ]]; then
+  echo "cannot find pipetrain-coordinator in the runfiles" >&2
+  exit 1
+fi
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+passed=0
+failed=0
+pids=()
+trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
+
+fail() {
+  echo "FAIL [$1]: $2" >&2
+  [[ -f "$TMP/$1.log" ]] && sed 's/^/    /' "$TMP/$1.log" >&2
+  failed=$((failed + 1))
+}
+
+# start NAME FLAGS...: a coordinator on loopback ports; sets `pid`, and
+# returns once it serves (its ports file is written last) or fails.
+start() {
+  local name="$1"
+  shift
+  "$BIN" --insecure --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+    --ports-file="$TMP/$name.ports" "$@" >"$TMP/$name.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  for _ in $(seq 1 1200); do
+    [[ -s "$TMP/$name.ports" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# await_line NAME TEXT: bounded (60 s) wait for TEXT in NAME's log.
+await_line() {
+  for _ in $(seq 1 1200); do
+    grep -qF -- "$2" "$TMP/$1.log" && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# await_exit NAME SECONDS: bounded wait for `pid` to end; sets `rc` (the
+# exit status, or "hung" when it was killed at the bound).
+await_exit() {
+  local ticks=$(($2 * 20))
+  for _ in $(seq 1 "$ticks"); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"
+    wait "$pid" 2>/dev/null
+    rc=hung
+    return
+  fi
+  wait "$pid"
+  rc=$?
+}
+
+# expect NAME WANT_RC FRAGMENT...: rc is WANT_RC and the log has each
+# (fixed-string) FRAGMENT.
+expect() {
+  local name="$1" want="$2"
+  shift 2
+  if [[ "$rc" != "$want" ]]; then
+    fail "$name" "exit $rc, want $want"
+    return
+  fi
+  local fragment
+  for fragment in "$@"; do
+    if ! grep -qF -- "$fragment" "$TMP/$name.log"; then
+      fail "$name" "its log lacks '$fragment'"
+      return
+    fi
+  done
+  passed=$((passed + 1))
+}
+
+# Out of bounds: refused at start.
+for bad in 0 0.5 3601; do
+  "$BIN" --insecure --stop-timeout-seconds="$bad" >"$TMP/bad_$bad.log" 2>&1
+  rc=$?
+  expect "bad_$bad" 2 "--stop-timeout-seconds must be in [1, 3600]"
+done
+
+# Nothing held: a clean exit, the bound never fires.
+if start clean --stop-timeout-seconds=1; then
+  kill -TERM "$pid"
+  await_exit clean 30
+  expect clean 0 "received SIGTERM; shutting down"
+  if grep -qF "did not end within" "$TMP/clean.log"; then fail clean "the bound fired"; fi
+else
+  fail clean "did not start"
+fi
+
+# The jobs' file work held: past the servers' 5 s grace and the 1 s bound,
+# the process exits without it, saying what it waited for.
+if start held --stop-timeout-seconds=1 --test-hold-io-at-stop; then
+  kill -TERM "$pid"
+  await_exit held 30
+  expect held 5 "the shutdown did not end within 6s (--stop-timeout-seconds 1 after the servers' grace)" \
+    "it still waits for the job manager's last saves" "exiting without it (exit code 5)"
+else
+  fail held "did not start"
+fi
+
+# A second signal during the held shutdown: exits at once (the bound is an
+# hour). The first must be taken before the second is sent: two pending
+# SIGTERMs would be one.
+if start second --stop-timeout-seconds=3600 --test-hold-io-at-stop; then
+  kill -TERM "$pid"
+  if await_line second "received SIGTERM; shutting down"; then
+    kill -INT "$pid"
+    await_exit second 30
+    expect second 5 "received SIGINT again (--stop-timeout-seconds 3600 after the servers' grace)" \
+      "exiting without it (exit code 5)"
+  else
+    fail second "never said it was shutting down"
+  fi
+else
+  fail second "did not start"
+fi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

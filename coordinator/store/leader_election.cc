@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "coordinator/store/store.h"
+#include "worker/agent/backoff.h"
 
 namespace pipetrain {
 namespace {
@@ -30,6 +33,19 @@ absl::Status CheckOptions(const LeaderElectionOptions& options) {
 
 }  // namespace
 
+bool IsEtcdRefusal(const absl::Status& status) {
+  return absl::IsUnauthenticated(status) || absl::IsPermissionDenied(status) ||
+         absl::IsInvalidArgument(status);
+}
+
+absl::Duration ElectionRefusalPause(absl::Duration tick, int refusals, uint64_t seed) {
+  const int doublings = std::clamp(refusals - 1, 0, 62);
+  const double base = absl::ToDoubleSeconds(tick) * std::ldexp(1.0, doublings);
+  const double capped = std::min(base, absl::ToDoubleSeconds(kMaxRefusalPause));
+  return absl::Seconds(capped *
+                       BackoffJitterFactor(seed, static_cast<uint32_t>(refusals), /*jitter=*/0.5));
+}
+
 absl::StatusOr<std::unique_ptr<LeaderElection>> LeaderElection::Create(
     EtcdOptions etcd, LeaderElectionOptions options) {
   absl::Status valid = CheckOptions(options);
@@ -43,7 +59,8 @@ absl::StatusOr<std::unique_ptr<LeaderElection>> LeaderElection::Create(
 LeaderElection::LeaderElection(std::unique_ptr<EtcdClient> client, LeaderElectionOptions options)
     : client_(std::move(client)),
       options_(std::move(options)),
-      key_(client_->options().prefix + "leader") {
+      key_(client_->options().prefix + "leader"),
+      refusal_seed_(options_.refusal_seed.value_or(RandomBackoffSeed())) {
   AnnotatedMutexLock lock(&mu_);
   granted_ttl_ = options_.ttl;
 }
@@ -105,6 +122,11 @@ absl::Duration ElectionWait(absl::Duration tick, std::optional<absl::Duration> l
 
 bool LeaderElection::LeadingLocked() const { return is_leader_ && Steady() < lease_expiry_; }
 
+absl::Status LeaderElection::Refusal() const {
+  AnnotatedMutexLock lock(&mu_);
+  return refusal_;
+}
+
 bool LeaderElection::IsLeader() const {
   AnnotatedMutexLock lock(&mu_);
   return LeadingLocked();
@@ -123,19 +145,67 @@ std::optional<LeaderTerm> LeaderElection::CurrentTerm() const {
 
 void LeaderElection::Run() {
   for (;;) {
-    Step();
+    const absl::Duration pause = RunRound();
     AnnotatedMutexLock lock(&mu_);
-    const absl::Duration tick = ElectionWait(
-        std::max(granted_ttl_ / 5, kMinTick),
-        is_leader_ ? std::optional<absl::Duration>(lease_expiry_ - Steady()) : std::nullopt);
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-    if (mu_.AwaitWithTimeout(stopping, tick)) return;
+    if (mu_.AwaitWithTimeout(stopping, pause)) return;
   }
 }
 
-void LeaderElection::Step() {
-  if (!EnsureLease() || !RenewIfDue()) return;
-  Observe();
+absl::Duration LeaderElection::Round() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    PT_CHECK(!started_) << "election " << key_ << ": Round called after Start";
+  }
+  return RunRound();
+}
+
+absl::Duration LeaderElection::RunRound() {
+  const absl::Status failed = Step();
+  absl::Duration pause;
+  bool first_refusal = false;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    pause = std::max(granted_ttl_ / 5, kMinTick);
+    if (failed.ok()) {
+      refusals_ = 0;
+      refusal_ = absl::OkStatus();
+    } else if (IsEtcdRefusal(failed) && !is_leader_) {
+      // A leader's refusals keep the tick: its lease bounds its tries, and one
+      // may still renew it.
+      first_refusal = refusals_ == 0;
+      ++refusals_;
+      refusal_ = failed;
+      pause = ElectionRefusalPause(pause, refusals_, refusal_seed_);
+    }
+    pause = ElectionWait(
+        pause, is_leader_ ? std::optional<absl::Duration>(lease_expiry_ - Steady()) : std::nullopt);
+  }
+  if (first_refusal) {
+    const std::string& prefix = client_->options().prefix;
+    PT_LOG(ERROR) << "election " << key_ << ": etcd refuses " << options_.identity << ": " << failed
+                  << ". It cannot become leader until that is fixed: check "
+                  << "--etcd-user and --etcd-password-file (or --etcd-cert's common name), and "
+                  << "that the etcd user's role has readwrite on the prefix (etcdctl role "
+                  << "grant-permission ROLE readwrite --prefix " << prefix << "). It keeps "
+                  << "retrying, less often each time (up to every "
+                  << absl::FormatDuration(kMaxRefusalPause) << "), and does not exit";
+  }
+  return pause;
+}
+
+absl::Status LeaderElection::Step() {
+  round_failure_ = absl::OkStatus();
+  if (EnsureLease() && RenewIfDue()) Observe();
+  return round_failure_;
+}
+
+void LeaderElection::Failed(const char* what, const absl::Status& status) {
+  if (round_failure_.ok()) round_failure_ = status;
+  if (int64_t dropped = 0; failures_log_.Allow(&dropped)) {
+    PT_LOG(WARNING) << "election " << key_ << ": " << what << ": " << status
+                    << LogRateLimiter::Dropped(dropped);
+  }
 }
 
 absl::Time LeaderElection::Steady() {
@@ -183,7 +253,7 @@ bool LeaderElection::EnsureLease() {
                                                  " and error \"", response.error(), "\""));
   }
   if (!status.ok()) {
-    PT_LOG(WARNING) << "election " << key_ << ": cannot get a lease: " << status;
+    Failed("cannot get a lease", status);
     return false;
   }
   AnnotatedMutexLock lock(&mu_);
@@ -221,9 +291,7 @@ bool LeaderElection::RenewIfDue() {
     }
     gone = LeaseGoneLocked();
   }
-  if (!status.ok()) {
-    PT_LOG(WARNING) << "election " << key_ << ": cannot renew lease: " << status;
-  }
+  if (!status.ok()) Failed("cannot renew lease", status);
   if (gone && was_leader) BecomeFollower("", "its lease is gone");  // see EnsureLease
   return !gone;
 }
@@ -235,7 +303,7 @@ void LeaderElection::Observe() {
   etcdserverpb::RangeResponse response;
   absl::Status status = client_->Range(request, &response, RpcDeadline());
   if (!status.ok()) {
-    PT_LOG(WARNING) << "election " << key_ << ": cannot read the leader key: " << status;
+    Failed("cannot read the leader key", status);
     return;
   }
   if (response.kvs_size() == 0) {
@@ -287,7 +355,7 @@ void LeaderElection::Campaign() {
     lease_id_ = 0;
   }
   if (!status.ok()) {
-    PT_LOG(WARNING) << "election " << key_ << ": campaign failed: " << status;
+    Failed("campaign failed", status);
     return;
   }
   if (response.succeeded()) {

@@ -27,14 +27,31 @@
 // exits), not a tick (ttl/5) later; sooner when an RPC fails. Renewals and
 // reads that would end after that point are cut off at it.
 //
+// Refusals: etcd answering UNAUTHENTICATED (a wrong --etcd-password-file,
+// or a certificate etcd does not map to a user), PERMISSION_DENIED (a user
+// without read and write on the prefix) or INVALID_ARGUMENT will answer the
+// next round the same, so a follower whose round ended in one waits longer
+// each time: ElectionRefusalPause, from the tick up to kMaxRefusalPause.
+// Otherwise every round sent etcd a login (a bcrypt check on its CPU) and
+// logged a line every tick, forever. The first refusal of a run of them
+// logs an ERROR naming what to check, and Refusal() returns the latest; a
+// round that succeeds ends the run (the tick again). The election never
+// gives up: etcd restarting, or a credential being rotated, refuses for a
+// while and then accepts, and the follower then campaigns again within
+// kMaxRefusalPause. Other failures (UNAVAILABLE: etcd down, no quorum) wait
+// the tick, as does a leader (its lease bounds its tries, and a retry may
+// still renew it). Failed calls are logged at most kElectionFailureLogBurst
+// times a minute (LogRateLimiter), with a count of those left out.
+//
 // IsLeader is advisory: etcd may have revoked the lease, or another
 // participant deleted the key, since the last read. The fence is EtcdStore's:
 // each of its Commits is a Txn that requires the leader key to still have
 // the create_revision of this term (CurrentTerm), so a deposed leader's
 // writes fail even before it notices.
 //
-// Thread-safety: IsLeader, Leader and CurrentTerm may be called from any
-// thread. Start, Resign and the destructor are for the owner, one at a time.
+// Thread-safety: IsLeader, Leader, CurrentTerm and Refusal may be called from
+// any thread. Start, Round, Resign and the destructor are for the owner, one
+// at a time.
 #ifndef PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_
 #define PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_
 
@@ -50,6 +67,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/log_rate_limiter.h"
 #include "coordinator/store/etcd_client.h"
 
 namespace pipetrain {
@@ -59,6 +77,23 @@ namespace pipetrain {
 // runs out before the tick, so that it steps down as the lease ends (at
 // once when it has: a negative `lease_left` is 0).
 absl::Duration ElectionWait(absl::Duration tick, std::optional<absl::Duration> lease_left);
+
+// The longest pause between a follower's rounds while etcd refuses it.
+inline constexpr absl::Duration kMaxRefusalPause = absl::Seconds(30);
+// How many failed etcd calls the election logs per minute (the rest are
+// counted in the next line that is logged).
+inline constexpr int kElectionFailureLogBurst = 5;
+
+// Whether etcd refused the election for a reason that the same call would
+// meet again (see the file comment): UNAUTHENTICATED, PERMISSION_DENIED or
+// INVALID_ARGUMENT.
+bool IsEtcdRefusal(const absl::Status& status);
+
+// The pause after the `refusals`-th refusal in a row (>= 1): tick *
+// 2^(refusals - 1), at most kMaxRefusalPause, times a factor in (0.5, 1]
+// drawn from (seed, refusals), so that coordinators refused together (etcd
+// restarted) do not log in again in lockstep. Deterministic for a seed.
+absl::Duration ElectionRefusalPause(absl::Duration tick, int refusals, uint64_t seed);
 
 // One leader's tenure: the leader key as this participant created it.
 struct LeaderTerm {
@@ -95,6 +130,9 @@ struct LeaderElectionOptions {
   // (including at Resign), on the election's thread, never with a lock
   // held. It must return promptly and must not call Resign.
   std::function<void(bool is_leader)> on_change;
+  // The seed of ElectionRefusalPause's factor; unset: one drawn at Create,
+  // different per process. Tests that check exact pauses set it.
+  std::optional<uint64_t> refusal_seed;
 };
 
 class LeaderElection final : public LeadershipView {
@@ -123,6 +161,18 @@ class LeaderElection final : public LeadershipView {
   // reach etcd; the lease then expires within ttl anyway. Not from on_change.
   absl::Status Resign();
 
+  // One round (lease, renewal, read of the key, campaign) on the caller's
+  // thread; returns the pause before the next one (the tick, a refusal's
+  // pause, or less for a leader whose lease ends sooner: ElectionWait).
+  // Start's thread runs these; tests call it instead of Start, to step
+  // rounds without waiting. Requires: not started.
+  absl::Duration Round();
+
+  // OK, or etcd's latest refusal (IsEtcdRefusal) of a follower's round
+  // while they go on: the election then retries only every
+  // ElectionRefusalPause. OK again once a round succeeds.
+  absl::Status Refusal() const;
+
   bool IsLeader() const;
   std::string Leader() const override;
   std::optional<LeaderTerm> CurrentTerm() const override;
@@ -132,8 +182,14 @@ class LeaderElection final : public LeadershipView {
   LeaderElection(std::unique_ptr<EtcdClient> client, LeaderElectionOptions options);
 
   void Run();
-  // One round: lease, renewal, read the key, campaign if it is free.
-  void Step();
+  // Round, without the check that the thread is not running it.
+  absl::Duration RunRound();
+  // One round: lease, renewal, read the key, campaign if it is free. Its
+  // first failed call's status, OK when none failed.
+  absl::Status Step();
+  // Logs a failed etcd call (rate-limited) and keeps the round's first
+  // failure for Step.
+  void Failed(const char* what, const absl::Status& status);
   bool EnsureLease();
   bool RenewIfDue();
   void Observe();
@@ -173,6 +229,15 @@ class LeaderElection final : public LeadershipView {
   absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
   absl::Time last_renewal_ ABSL_GUARDED_BY(mu_);  // send time of the last answered one
   int64_t create_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // Refusals in a row, and the latest (Refusal); 0 and OK after a round
+  // that succeeded.
+  int refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status refusal_ ABSL_GUARDED_BY(mu_);
+
+  // Touched only by the thread running rounds (Start's, or Round's caller).
+  absl::Status round_failure_;
+  const uint64_t refusal_seed_;
+  LogRateLimiter failures_log_{kElectionFailureLogBurst, absl::Minutes(1)};
 
   // Touched only by Start, Resign and the destructor (see above).
   std::thread thread_;

@@ -97,6 +97,8 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
     }
   }
   if (auto s = CheckList(p.weight_bytes, L, true, "weight_bytes", "unit"); !s.ok()) return s;
+  if (auto s = CheckList(p.fwd_comm, L, true, "fwd_comm", "unit"); !s.ok()) return s;
+  if (auto s = CheckList(p.bwd_comm, L, true, "bwd_comm", "unit"); !s.ok()) return s;
   if (!(p.tied_weight_bytes >= 0) || !std::isfinite(p.tied_weight_bytes)) {
     return absl::InvalidArgumentError("tied_weight_bytes must be finite and >= 0");
   }
@@ -148,10 +150,13 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
   // costs up, over units and micro-batches (two units of 1e308 seconds
   // made every plan's bottleneck infinite). The factor 4 leaves room for
   // the simulator's sums of passes and transfers.
-  double seconds = 0, bytes = 0, slowest = p.speeds[0];
+  double seconds = 0, comm = 0, bytes = 0, slowest = p.speeds[0];
   for (size_t u = 0; u < L; ++u) {
     seconds += p.fwd[u] + p.bwd[u];
     bytes += p.activation_bytes[u];
+  }
+  for (const std::vector<double>* list : {&p.fwd_comm, &p.bwd_comm}) {
+    for (double c : *list) comm += c;
   }
   for (const std::vector<double>* list :
        {&p.weight_bytes, &p.stash_bytes, &p.transient_bytes, &p.memory_bytes}) {
@@ -160,7 +165,7 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
   for (double speed : p.speeds) slowest = std::min(slowest, speed);
   const double transfers =
       p.bandwidth > 0 ? 2 * bytes / p.bandwidth + 2 * L * p.latency_seconds : 0;
-  if (!std::isfinite(4.0 * p.micro_batches * (seconds / slowest + transfers)) ||
+  if (!std::isfinite(4.0 * p.micro_batches * (seconds / slowest + comm + transfers)) ||
       !std::isfinite(4.0 * p.micro_batches * bytes)) {
     return absl::InvalidArgumentError(
         "the units' costs add up past what a plan can be computed with (seconds or bytes over "
@@ -180,6 +185,8 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
       pb_(Prefix(p.bwd, p.fwd.size())),
       pw_(Prefix(p.weight_bytes, p.fwd.size())),
       pstash_(Prefix(p.stash_bytes, p.fwd.size())),
+      pfc_(Prefix(p.fwd_comm, p.fwd.size())),
+      pbc_(Prefix(p.bwd_comm, p.fwd.size())),
       transient_max_(p.transient_bytes.empty() ? std::vector<double>(p.fwd.size(), 0.0)
                                                : p.transient_bytes),
       forward_only_peak_max_(ForwardOnlyPeaks(p)),
@@ -242,8 +249,12 @@ double BiPartitionCosts::Transfer(int unit) const { return transfer_[unit]; }
 
 double BiPartitionCosts::Compute(int worker, const Range& f, const Range& b) const {
   double work = Sum(pf_, f) + Sum(pb_, b);
-  if (objective_ == BiPartitionObjective::kFull) work += SumMinus(pf_, b, f);
-  return work / speeds_[worker];
+  double comm = Sum(pfc_, f) + Sum(pbc_, b);
+  if (objective_ == BiPartitionObjective::kFull) {
+    work += SumMinus(pf_, b, f);
+    comm += SumMinus(pfc_, b, f);  // the recompute's all-reduces
+  }
+  return work / speeds_[worker] + comm;
 }
 
 // Eq. 3's communication term for the cut after `worker`.

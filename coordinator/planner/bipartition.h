@@ -12,6 +12,10 @@
 // backward pass run at or before worker i (the cut after worker i hands over
 // the output of unit s1 and the gradient at unit s2, 1-based as in the
 // paper), and a() is activation_bytes; latency is ignored.
+// Both objectives add to a worker's compute term, after the division by
+// speed_i, the same sums of fwd_comm and bwd_comm (seconds a pass waits at
+// any speed: a tensor-parallel rank's all-reduces; not the paper's, 0 when
+// the lists are empty).
 //
 // Objective "full" (what the paper leaves out):
 //   compute_i = (sum_{u in F_i} fwd[u] + sum_{u in B_i} bwd[u]
@@ -135,6 +139,9 @@ struct BiPartitionProblem {
   BiPartitionObjective objective = BiPartitionObjective::kPaper;
   // Per worker, for messages only (empty: "worker <index>").
   std::vector<std::string> worker_names;
+  // Per unit, seconds per micro-batch that speeds do not divide (above;
+  // UnitProfile::fwd_comm_seconds); empty: all 0.
+  std::vector<double> fwd_comm, bwd_comm;
 };
 
 // "797009024 bytes (0.74 GiB)": bytes in messages (StrCat of a double
@@ -149,7 +156,8 @@ struct BiPartitionPlan {
 
 // INVALID_ARGUMENT when there are no units or no workers, sizes disagree
 // (fwd, bwd, activation_bytes and, when non-empty, weight_bytes,
-// stash_bytes and transient_bytes per unit; memory_bytes per worker), a cost, size, memory,
+// stash_bytes, transient_bytes, fwd_comm and bwd_comm per unit; memory_bytes per worker), a
+// cost, size, memory,
 // latency or bandwidth is negative or not finite (bandwidth may be
 // negative: unlimited; or +inf), a speed is <= 0, micro_batches < 1,
 // max_weight_sync_bytes is not > 0, or workers > 2 * units (some worker
@@ -199,6 +207,7 @@ class BiPartitionCosts {
   BiPartitionObjective objective_;
   std::vector<double> speeds_, memory_, stash_count_, stepped_copies_;
   std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
+  std::vector<double> pfc_, pbc_;  // prefix sums of fwd_comm and bwd_comm
   std::vector<double> poversized_;  // prefix counts of units above max_weight_sync_bytes
   // The largest of per-unit values over a range, in O(1) (a sparse table:
   // level k holds the largest of each run of 2^k units).

@@ -224,6 +224,26 @@ TEST(BiPartitionTest, FullObjective_FastEqualsBruteForceOn600Instances) {
   RecordProperty("bsa_differs", tally.bsa_differs);
 }
 
+// Units that wait on tensor-parallel all-reduces (fwd_comm, bwd_comm, not
+// divided by speed): the exact solvers still find brute force's optimum.
+TEST(BiPartitionTest, CommSeconds_ExactSolversEqualBruteForce) {
+  for (auto objective : {BiPartitionObjective::kPaper, BiPartitionObjective::kFull}) {
+    for (uint64_t seed = 1; seed <= 300; ++seed) {
+      BiPartitionProblem p = RandomProblem(seed);
+      p.objective = objective;
+      for (uint32_t u = 0; u < p.fwd.size(); ++u) {
+        p.fwd_comm.push_back(static_cast<double>(UniformIndex(seed, 20, u, 77, 6)));
+        p.bwd_comm.push_back(static_cast<double>(UniformIndex(seed, 21, u, 77, 12)));
+      }
+      const double brute = BruteForceBiPartition(p).bottleneck;
+      ExpectMatchesBruteForce(p, SolveBiPartition(p), brute, seed, "fast");
+      ExpectMatchesBruteForce(p, SolveBiPartitionReference(p), brute, seed, "reference");
+      ExpectMatchesBruteForce(p, SolveBiPartitionInterval(p, SplitSearch::kExhaustive), brute,
+                              seed, "interval");
+    }
+  }
+}
+
 // Beyond brute force: up to 24 units and 6 workers, with communication
 // from negligible to dominant (activations up to 200x a unit's compute),
 // against the plain prefix DP. Integer costs again, so equality is exact.
@@ -470,6 +490,18 @@ TEST(BiPartitionCostsTest, Compute_AddsRecomputeOfSplitUnitsOnTheBackwardOwner) 
   BiPartitionProblem paper = FiveUnits();
   paper.objective = BiPartitionObjective::kPaper;
   EXPECT_EQ(BiPartitionCosts(paper).Compute(1, {3, 5}, {1, 5}), (24 + 3000) / 2.0);
+}
+
+TEST(BiPartitionCostsTest, Compute_CommSecondsAddedAfterTheSpeed) {
+  BiPartitionProblem p = FiveUnits();
+  p.fwd_comm = {0.5, 1, 1, 1, 1};
+  p.bwd_comm = {2, 2, 2, 2, 2};
+  const BiPartitionCosts costs(p);
+  EXPECT_EQ(costs.Compute(0, {0, 3}, {0, 1}), 1 + 2 + 4 + 100 + (0.5 + 1 + 1 + 2));
+  // Speed 2 halves the compute, not the waits (the recompute's included).
+  EXPECT_EQ(costs.Compute(1, {3, 5}, {1, 5}), (24 + 3000 + 6) / 2.0 + (2 + 8 + 2));
+  p.fwd_comm = {1};
+  EXPECT_EQ(ValidateProblem(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BiPartitionCostsTest, Inbound_CountsEachReceivedTensorAndWeightSync) {

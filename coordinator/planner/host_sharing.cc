@@ -221,7 +221,9 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
       extra[s] = next;
     }
     for (int s = 0; s < stages; ++s) {
-      costs.worker_speeds[s] = base_speeds[s] / (c * extra[s] + (1 - c));
+      // The speed divides the units' compute only (their comm terms wait
+      // at any speed, simulator.h), so the stretch divides it whole.
+      costs.worker_speeds[s] = base_speeds[s] / extra[s];
     }
     result = SimulateIteration(programs, costs);
     if (!result.ok()) return result;

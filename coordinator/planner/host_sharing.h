@@ -87,7 +87,9 @@ double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, do
 // carries), at least 1. `compute_share` in (0, 1] is the part of the units'
 // costs that is compute (tensor parallelism adds the all-reduces a rank
 // waits for, which leave the cores free): only that part of a position's
-// busy time counts as threads on the cores, and only that part stretches.
+// busy time counts as threads on the cores. Only the compute stretches: the
+// extra stretch divides the position's speed, which the simulator applies
+// to the units' compute and not to their comm terms (fwd_comm_seconds).
 // Where no host has more threads that may want it (compute threads and
 // data-plane workers) than cores, the first simulation is returned as it
 // is. `*largest_extra` (optional) gets the largest extra stretch of the

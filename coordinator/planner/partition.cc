@@ -76,20 +76,30 @@ absl::StatusOr<std::vector<Range>> PipeDreamPartition(const std::vector<UnitCost
 
 namespace {
 
-// Stage k covering [j, i): its compute over its speed, and the transfer at
-// its end cut (none after the last unit).
-double StageTerm(const std::vector<double>& prefix, const std::vector<double>& speeds,
+// Prefix sums of the units' compute (total()) and of their comm_seconds.
+struct Prefixes {
+  std::vector<double> compute, comm;
+};
+
+// Stage k covering [j, i): its compute over its speed plus its comm, and
+// the transfer at its end cut (none after the last unit).
+double StageTerm(const Prefixes& prefix, const std::vector<double>& speeds,
                  const std::vector<double>& activation_bytes, double bandwidth, int k, int j,
                  int i) {
-  const int n = static_cast<int>(prefix.size()) - 1;
-  double term = (prefix[i] - prefix[j]) / speeds[k];
+  const int n = static_cast<int>(prefix.compute.size()) - 1;
+  double term = (prefix.compute[i] - prefix.compute[j]) / speeds[k] +
+                (prefix.comm[i] - prefix.comm[j]);
   if (i < n && bandwidth > 0) term = std::max(term, 2 * activation_bytes[i - 1] / bandwidth);
   return term;
 }
 
-std::vector<double> PrefixTotals(const std::vector<UnitCost>& costs) {
-  std::vector<double> prefix(costs.size() + 1, 0.0);
-  for (size_t i = 0; i < costs.size(); ++i) prefix[i + 1] = prefix[i] + costs[i].total();
+Prefixes PrefixTotals(const std::vector<UnitCost>& costs) {
+  Prefixes prefix{std::vector<double>(costs.size() + 1, 0.0),
+                  std::vector<double>(costs.size() + 1, 0.0)};
+  for (size_t i = 0; i < costs.size(); ++i) {
+    prefix.compute[i + 1] = prefix.compute[i] + costs[i].total();
+    prefix.comm[i + 1] = prefix.comm[i] + costs[i].comm_seconds;
+  }
   return prefix;
 }
 
@@ -107,7 +117,7 @@ absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
   for (double speed : speeds) {
     if (!(speed > 0)) return absl::InvalidArgumentError("speeds must be > 0");
   }
-  const std::vector<double> prefix = PrefixTotals(costs);
+  const Prefixes prefix = PrefixTotals(costs);
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, kInf));
   std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, -1));
@@ -130,7 +140,7 @@ absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
 double SpeedAwareBottleneck(const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
                             const std::vector<double>& activation_bytes, double bandwidth,
                             const std::vector<Range>& ranges) {
-  const std::vector<double> prefix = PrefixTotals(costs);
+  const Prefixes prefix = PrefixTotals(costs);
   double worst = 0.0;
   for (size_t k = 0; k < ranges.size(); ++k) {
     worst = std::max(worst, StageTerm(prefix, speeds, activation_bytes, bandwidth,

@@ -37,12 +37,14 @@ struct Range {
 
 // INVALID_ARGUMENT unless 1 <= stages <= num_units.
 absl::StatusOr<std::vector<Range>> UniformPartition(int num_units, int stages);
+// Balances total() (the compute; comm_seconds is the speed-aware pair's).
 absl::StatusOr<std::vector<Range>> PipeDreamPartition(const std::vector<UnitCost>& costs,
                                                       int stages);
 
 // `speeds[k]` (> 0) is stage k's worker's relative speed (stages =
-// speeds.size()); `activation_bytes[u]` the output of unit u per
-// micro-batch; `bandwidth` bytes/s (<= 0: unlimited, no transfer term).
+// speeds.size()), dividing each unit's total() but not its comm_seconds;
+// `activation_bytes[u]` the output of unit u per micro-batch; `bandwidth`
+// bytes/s (<= 0: unlimited, no transfer term).
 absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
     const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
     const std::vector<double>& activation_bytes, double bandwidth);

@@ -1,6 +1,7 @@
 #include "coordinator/planner/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -31,6 +32,16 @@ int EvalMicroBatches(const ResolvedJobSpec& r) {
   if (r.train.eval_interval <= 0) return 0;
   const int per = r.train.batch_size / r.train.micro_batches;
   return (r.train.eval_windows + per - 1) / per;
+}
+
+// The slowest speed of `cluster`'s workers: the tensor groups' when
+// `cluster` lists one per stage position. 1 for none, or for a speed not
+// > 0, which the simulator refuses naming the worker.
+double SlowestSpeed(const ClusterSpec& cluster) {
+  if (cluster.workers.empty()) return 1;
+  double slowest = cluster.workers.front().speed;
+  for (const WorkerSpec& w : cluster.workers) slowest = std::min(slowest, w.speed);
+  return slowest > 0 && std::isfinite(slowest) ? slowest : 1;
 }
 
 // A unit whose two passes run on different stages sends its weights to its
@@ -220,7 +231,13 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // comes before the tensor-parallel costs add them.
   const ModelProfile computed = StretchCompute(profile, stretch.factor);
   // Tensor parallelism: AccTFM's partitions per unit (the job's count, or
-  // Alg. 1's choice), then each unit's cost on one rank of its group.
+  // Alg. 1's choice), then each unit's cost on one rank of its group. Its
+  // all-reduces overlap the group's compute, not the profiler's: both are
+  // timed with the compute at the groups' speed (the slowest position's,
+  // where they differ), and the waits stay out of the speed scaling
+  // (TensorParallelCostsOf's comm seconds).
+  const double group_speed = SlowestSpeed(replica);
+  const ModelProfile at_group_speed = StretchCompute(computed, 1 / group_speed);
   std::vector<int> partitions_forward, partitions_backward;
   ModelProfile planned = computed;
   std::vector<TensorParallelUnitLanes> tensor_passes;  // for the timeline
@@ -232,10 +249,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     const int64_t samples = int64_t{r.train.batch_size} / r.train.micro_batches;
     ASSIGN_OR_RETURN(
         tensor_passes,
-        CubeTensorParallelUnitPasses(computed, tensor, samples, r.train.seq_len,
+        CubeTensorParallelUnitPasses(at_group_speed, tensor, samples, r.train.seq_len,
                                      r.train.model.d_model, r.train.model.n_head,
                                      cluster.bandwidth_bytes_per_second, cluster.latency_seconds));
-    planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
+    planned = TensorParallelCostsOf(computed, tensor, tensor_passes, group_speed);
   } else if (tensor > 1) {
     // AccTFM's hybrid compression shrinks the block units' all-reduces.
     const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
@@ -260,7 +277,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     if (r.tensor_partitions == 0) {
       ASSIGN_OR_RETURN(
           TensorPartitionPlan chosen,
-          ChooseTensorPartitions(computed, tensor, cluster.bandwidth_bytes_per_second,
+          ChooseTensorPartitions(at_group_speed, tensor, cluster.bandwidth_bytes_per_second,
                                  cluster.latency_seconds, wire_fraction, coding, encoded));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
@@ -274,11 +291,13 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     for (std::vector<int>* counts : {&partitions_forward, &partitions_backward}) {
       for (int& k : *counts) k = std::gcd(k, samples);
     }
-    ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
-                                        computed, tensor, partitions_forward, partitions_backward,
-                                        cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
-                                        wire_fraction, coding, encoded, tokens));
-    planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
+    ASSIGN_OR_RETURN(tensor_passes,
+                     TensorParallelUnitPasses(at_group_speed, tensor, partitions_forward,
+                                              partitions_backward,
+                                              cluster.bandwidth_bytes_per_second,
+                                              cluster.latency_seconds, wire_fraction, coding,
+                                              encoded, tokens));
+    planned = TensorParallelCostsOf(computed, tensor, tensor_passes, group_speed);
   }
   // Stage positions on one host's cores also take from each other where
   // their compute overlaps (host_sharing.h): the prediction and the
@@ -293,13 +312,15 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
       LinkCodecWireFractions(r.spec.compression(), r.train.batch_size / r.train.micro_batches,
                              r.train.seq_len, r.train.model.d_model));
   // The share of the units' costs that is compute (the rest: tensor-
-  // parallel all-reduces waited for).
+  // parallel all-reduces waited for), at the groups' speed.
   double compute = 0, total = 0;
   for (size_t u = 0; u < planned.units.size(); ++u) {
-    compute += (computed.units[u].fwd_seconds + computed.units[u].bwd_seconds) / tensor;
-    total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
+    const UnitProfile& unit = planned.units[u];
+    compute += (at_group_speed.units[u].fwd_seconds + at_group_speed.units[u].bwd_seconds) / tensor;
+    total += (unit.fwd_seconds + unit.bwd_seconds) / group_speed + unit.fwd_comm_seconds +
+             unit.bwd_comm_seconds;
   }
-  const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
+  const double compute_share = tensor > 1 && total > 0 ? std::min(1.0, compute / total) : 1.0;
   // The programs as the workers get them: the tied embedding's sync fused
   // (priced as eq. 16's one all-reduce, not eq. 15's exchange and ring),
   // and the links' codecs marked.

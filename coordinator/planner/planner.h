@@ -66,7 +66,9 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 // id. A stage's tensor ranks are planned as one worker (TensorGroupCluster:
 // the slowest) whose units cost what one rank's do (TensorParallelUnitCosts,
 // with the job's AccTFM partitions, Alg. 1's when
-// resolved.tensor_partitions is 0), and the plan's stages list each rank
+// resolved.tensor_partitions is 0; both timed with the compute at the
+// groups' speed, the slowest position's, and the all-reduces a rank waits
+// for kept out of the speed scaling), and the plan's stages list each rank
 // with the stage's ranges. With data parallelism the
 // replicas share one plan (solved for the slowest speed and least memory at each stage position,
 // compiled for each replica's micro_batches / data_parallel micro-batches): `programs` and

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "coordinator/planner/cluster_testing.h"
@@ -97,6 +98,60 @@ absl::StatusOr<CompiledPlan> PlanOnSlowLinks(const v1::JobSpec& spec) {
 // link, a 2-stage pipeline whose activations and gradients go as piecewise
 // 3-bit (under a fifth of the fp32 bytes) is predicted well under half as
 // long as the raw one.
+// A rank's all-reduces take as long whatever its compute speed: the same
+// tensor groups described as (profile P, speed 1) and as (P with every
+// compute time doubled, speed 2) get the same AccTFM partitions, cuts and
+// prediction (relative 1e-9: the speeds divide in another order). The
+// links are slow enough for the all-reduces to matter (about 1 ms each
+// beside 1 to 2 ms of a block unit's compute).
+TEST(PlanJobTensorParallel, CommunicationNotScaledByWorkerSpeed) {
+  for (const std::string solver : {"bipartition", "pipedream"}) {
+    v1::JobSpec spec = SmallSpec(2, 2);
+    spec.mutable_parallelism()->set_solver(solver);
+    spec.mutable_parallelism()->set_tensor(2);
+    spec.mutable_parallelism()->set_tensor_partitions(0);
+    const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+    const ModelProfile profile = AnalyticProfile(
+        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+    ModelProfile doubled = profile;
+    for (UnitProfile& u : doubled.units) {
+      u.fwd_seconds *= 2;
+      u.bwd_seconds *= 2;
+      u.optimizer_seconds *= 2;
+    }
+    ClusterSpec fast = testing::TestCluster(4, 1e8, 1e-4);
+    for (WorkerSpec& w : fast.workers) w.speed = 2;
+    absl::StatusOr<CompiledPlan> one =
+        PlanJob(job, "job", 1, profile, testing::TestCluster(4, 1e8, 1e-4), "analytic");
+    absl::StatusOr<CompiledPlan> two = PlanJob(job, "job", 1, doubled, fast, "analytic");
+    ASSERT_TRUE(one.ok() && two.ok()) << one.status() << two.status();
+    const v1::Plan& a = one->plan;
+    const v1::Plan& b = two->plan;
+    EXPECT_NEAR(b.predicted_iteration_seconds(), a.predicted_iteration_seconds(),
+                1e-9 * a.predicted_iteration_seconds())
+        << solver;
+    EXPECT_NEAR(b.bottleneck_seconds(), a.bottleneck_seconds(), 1e-9 * a.bottleneck_seconds())
+        << solver;
+    EXPECT_EQ(std::vector<int>(b.tensor_partitions_forward().begin(),
+                               b.tensor_partitions_forward().end()),
+              std::vector<int>(a.tensor_partitions_forward().begin(),
+                               a.tensor_partitions_forward().end()))
+        << solver;
+    EXPECT_EQ(std::vector<int>(b.tensor_partitions_backward().begin(),
+                               b.tensor_partitions_backward().end()),
+              std::vector<int>(a.tensor_partitions_backward().begin(),
+                               a.tensor_partitions_backward().end()))
+        << solver;
+    ASSERT_EQ(b.stages_size(), a.stages_size());
+    for (int s = 0; s < a.stages_size(); ++s) {
+      EXPECT_EQ(b.stages(s).forward().DebugString(), a.stages(s).forward().DebugString())
+          << solver << " stage " << s;
+      EXPECT_EQ(b.stages(s).backward().DebugString(), a.stages(s).backward().DebugString())
+          << solver << " stage " << s;
+    }
+  }
+}
+
 // A fixed spec.parallelism.tensor_partitions splits the attention and MLP
 // units only: embed and head are never partitioned, so the plan lists 1
 // for them, as it does for Alg. 1's choice (tensor_partitions 0).

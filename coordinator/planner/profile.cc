@@ -484,6 +484,8 @@ BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const Clu
   for (const UnitProfile& u : profile.units) {
     p.fwd.push_back(u.fwd_seconds);
     p.bwd.push_back(u.bwd_seconds);
+    p.fwd_comm.push_back(u.fwd_comm_seconds);
+    p.bwd_comm.push_back(u.bwd_comm_seconds);
     p.activation_bytes.push_back(u.activation_bytes);
     p.weight_bytes.push_back(u.weight_bytes);
     p.stash_bytes.push_back(u.stash_bytes);

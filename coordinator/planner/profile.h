@@ -40,6 +40,12 @@ struct UnitProfile {
   // profile has them (v1::UnitProfile.partitions); AccTFM's Alg. 1 uses
   // them instead of fwd_seconds / K.
   std::map<int, std::pair<double, double>> partition_seconds;  // K -> {fwd, bwd}
+  // Seconds per micro-batch a pass waits beyond its compute that the
+  // worker's speed does not shorten: a tensor-parallel rank's exposed
+  // all-reduces (TensorParallelCostsOf), which every consumer adds after
+  // dividing fwd_seconds / bwd_seconds by the speed. Derived when a job is
+  // planned; profiles never carry them (0 as parsed).
+  double fwd_comm_seconds = 0, bwd_comm_seconds = 0;
 };
 
 // How a worker runs attention, for AnalyticProfile's (solve_plan.h) attention units:

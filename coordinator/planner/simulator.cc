@@ -42,7 +42,8 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
   for (size_t u = 0; u < costs.units.size(); ++u) {
     const UnitSimulationCost& c = costs.units[u];
     if (BadNumber(c.fwd_seconds) || BadNumber(c.bwd_seconds) || BadNumber(c.activation_bytes) ||
-        BadNumber(c.weight_bytes)) {
+        BadNumber(c.weight_bytes) || BadNumber(c.fwd_comm_seconds) ||
+        BadNumber(c.bwd_comm_seconds)) {
       return absl::InvalidArgumentError(
           absl::StrCat("units[", u, "] has a negative or non-finite cost"));
     }
@@ -275,6 +276,18 @@ class Simulator {
     return sum;
   }
 
+  // The part of the passes' time the worker's speed does not divide
+  // (header: the comm terms); 0 for the optimizer.
+  double CommSeconds(TimelineEventKind kind, const v1::UnitRange& r) const {
+    if (kind == TimelineEventKind::kOptimizer) return 0;
+    double sum = 0;
+    for (int u = r.begin(); u < r.end(); ++u) {
+      const UnitSimulationCost& c = costs_.units[u];
+      sum += kind == TimelineEventKind::kBackward ? c.bwd_comm_seconds : c.fwd_comm_seconds;
+    }
+    return sum;
+  }
+
   // Whether worker w's all-reduce overlaps its backward passes in buckets
   // (header: the model).
   bool Overlaps(int w) const {
@@ -320,7 +333,8 @@ class Simulator {
     Lane& lane = lanes_[w];
     double t = start;
     for (int u = r.end() - 1; u >= r.begin(); --u) {
-      t += costs_.units[u].bwd_seconds / costs_.worker_speeds[w];
+      const UnitSimulationCost& c = costs_.units[u];
+      t += c.bwd_seconds / costs_.worker_speeds[w] + c.bwd_comm_seconds;
       if (lane.final_backward[u] != pc_[w]) continue;
       const double bytes = BucketBytes(u);
       if (bytes <= 0) continue;  // nothing to carry (the runtime skips it too)
@@ -399,7 +413,8 @@ class Simulator {
   }
 
   void Compute(int w, TimelineEventKind kind, const v1::UnitRange& r, int micro_batch) {
-    const double seconds = ComputeSeconds(kind, r) / costs_.worker_speeds[w];
+    const double seconds =
+        ComputeSeconds(kind, r) / costs_.worker_speeds[w] + CommSeconds(kind, r);
     TimelineEvent& e = AddEvent(w, kind, clock_[w], clock_[w] + seconds);
     e.micro_batch = micro_batch;
     e.units = Range{r.begin(), r.end()};
@@ -651,7 +666,8 @@ SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const Cl
   SimulationCosts costs;
   double optimizer_seconds = 0, weight_bytes = 0;
   for (const UnitProfile& u : profile.units) {
-    costs.units.push_back({u.fwd_seconds, u.bwd_seconds, u.activation_bytes, u.weight_bytes});
+    costs.units.push_back({u.fwd_seconds, u.bwd_seconds, u.activation_bytes, u.weight_bytes,
+                           u.fwd_comm_seconds, u.bwd_comm_seconds});
     optimizer_seconds += u.optimizer_seconds;
     weight_bytes += u.weight_bytes;
   }

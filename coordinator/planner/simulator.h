@@ -5,8 +5,9 @@
 // The model (all times in seconds, one iteration, every worker starts at 0):
 //  - Worker w runs programs[w] in order, one instruction at a time.
 //  - Forward(units, mb) and Recompute(units, mb) take
-//      sum_{u in units} fwd_seconds[u] / speed[w];
-//    Backward(units, mb) takes sum bwd_seconds[u] / speed[w];
+//      sum_{u in units} fwd_seconds[u] / speed[w] + fwd_comm_seconds[u];
+//    Backward(units, mb) takes sum bwd_seconds[u] / speed[w] +
+//    bwd_comm_seconds[u] (the comm terms: waits the speed does not shorten);
 //    OptimizerStep(units) takes
 //      optimizer_seconds_per_byte * sum weight_bytes[u] / speed[w];
 //    AddTiedGradient takes no time, unless fused (Optimus-CC §6,
@@ -43,7 +44,7 @@
 //    all_reduce_bucket_bytes > 0 and all_reduce_overlaps[w] (missing:
 //    true), exact or compressed alike: inside a Backward(units) instruction
 //    the units finish one after another from the last, each after its
-//    bwd_seconds / speed[w]; when a unit's last Backward on w finishes, its
+//    bwd_seconds / speed[w] + bwd_comm_seconds; when a unit's last Backward on w finishes, its
 //    gradient (weight_bytes less the tied wte, tied_grad_bytes, for the
 //    first and the last unit of the model) joins w's bucket, and once the
 //    bucket holds >= all_reduce_bucket_bytes it is all-reduced on w's
@@ -106,6 +107,10 @@ struct UnitSimulationCost {
   double bwd_seconds = 0;
   double activation_bytes = 0;  // output of the unit for one micro-batch
   double weight_bytes = 0;      // all parameters of the unit
+  // Per micro-batch, added after the compute is divided by the speed
+  // (UnitProfile::fwd_comm_seconds: a tensor-parallel rank's all-reduces).
+  double fwd_comm_seconds = 0;
+  double bwd_comm_seconds = 0;
 };
 
 struct LinkParameters {

@@ -266,6 +266,26 @@ TEST(SimulatorTest, WorkerSpeeds_ScaleComputeTimes) {
   EXPECT_EQ(r.iteration_seconds, 8);
 }
 
+// A unit's comm seconds (a tensor-parallel rank's all-reduce waits) are
+// added after the speed divides its compute: a worker twice as fast waits
+// as long. Recompute waits for the forward's, the optimizer for none.
+TEST(SimulatorTest, WorkerSpeeds_DoNotScaleCommSeconds) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Compute("Opt", 0, 2, -1)}),
+      Program({Compute("B", 0, 1, 0), Compute("R", 1, 2, 0)}),
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 3, 0, 1000, 0.25, 0.5}, {1, 5, 0, 3000, 0.75, 1}};
+  costs.optimizer_seconds_per_byte = 1e-3;  // 4 s for both units at speed 1
+  costs.worker_speeds = {2, 0.5};
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  // F: 2 / 2 + 0.25 + 0.75; B: 3 / 0.5 + 0.5; R: 1 / 0.5 + 0.75.
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"F mb0 [0,2)@0-2", "Opt [0,2)@2-4"}));
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{"B mb0 [0,1)@0-6.5", "R mb0 [1,2)@6.5-9.25"}));
+  EXPECT_EQ(r.iteration_seconds, 9.25);
+}
+
 // A Bi-Partition-style pair: worker 1 owns unit 1's backward and weights, so
 // it recomputes unit 1 from x_1 and sends the updated weights back.
 TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {

@@ -95,7 +95,8 @@ absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
     // Equal cuts, speed-aware (partition.h): Bi-Partition's honest baseline.
     std::vector<UnitCost> costs;
     for (const UnitProfile& u : profile.units)
-      costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds});
+      costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds,
+                       u.fwd_comm_seconds + u.bwd_comm_seconds});
     ASSIGN_OR_RETURN(ranges,
                      SpeedAwarePipeDreamPartition(costs, problem.speeds, problem.activation_bytes,
                                                   problem.bandwidth));

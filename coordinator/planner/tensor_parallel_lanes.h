@@ -63,8 +63,9 @@ struct TensorParallelLanesDrawn {
 // of every forward, recompute and backward event of `result` (recompute
 // runs the forward's all-reduces again), placed by the timeline above with
 // the unit passes laid end to end in the event's order (forward: units
-// ascending; backward: descending) and scaled to fit the event (the worker's
-// speed divides the whole pass in the simulation). lanes[u] describes unit
+// ascending; backward: descending) and scaled to fit the event (the passes
+// are timed at the groups' speed; a position of another speed runs their
+// compute faster or slower in the simulation). lanes[u] describes unit
 // u; units beyond it or without all-reduces add nothing. Only the
 // all-reduces of the first micro-batches are added, as many whole
 // micro-batches as fit in max_events (none when the first does not). Keeps

@@ -1,6 +1,7 @@
 #include "coordinator/planner/tensor_partitions.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -320,7 +321,8 @@ double RankShare(double whole, double input_bytes, int tensor) {
 }  // namespace
 
 ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
-                                   const std::vector<TensorParallelUnitLanes>& passes) {
+                                   const std::vector<TensorParallelUnitLanes>& passes,
+                                   double speed) {
   ModelProfile out = profile;
   // wpe [max_seq_len, d] stays whole on every rank (tensor_parallel.h): the
   // embedding (wte + wpe) less the head (wte + ln_f's 2·d floats), which
@@ -342,8 +344,17 @@ ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
       if (head) unit.transient_bytes = RankShare(unit.transient_bytes, input_bytes, tensor);
     }
     unit.optimizer_seconds = profile.units[u].optimizer_seconds / tensor;  // its shard's
-    unit.fwd_seconds = PassSeconds(passes[u].forward);
-    unit.bwd_seconds = PassSeconds(passes[u].backward);
+    // A streamed block unit may be charged less than its compute (its
+    // first partitions ran under the unit before's all-reduces): then all
+    // of its charge is compute, and none of it waits.
+    for (auto [pass, compute, comm] :
+         {std::tuple{&passes[u].forward, &unit.fwd_seconds, &unit.fwd_comm_seconds},
+          std::tuple{&passes[u].backward, &unit.bwd_seconds, &unit.bwd_comm_seconds}}) {
+      const double charged = PassSeconds(*pass);
+      const double computing = std::min(charged, pass->compute_seconds);
+      *compute = computing * speed;
+      *comm = charged - computing;
+    }
   }
   return out;
 }

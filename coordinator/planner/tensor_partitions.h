@@ -152,9 +152,16 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
 
 // TensorParallelUnitCosts from passes TensorParallelUnitPasses computed (one
 // per unit of `profile`, checked by the caller): each unit's weights / T and
-// PassSeconds of its passes.
+// PassSeconds of its passes, split in two as the planner's consumers
+// divide by a worker's speed: fwd_seconds / bwd_seconds the pass's compute
+// (at most PassSeconds) and fwd_comm_seconds / bwd_comm_seconds what it
+// waits beyond it (>= 0), which no speed shortens. The passes were computed
+// from `profile`'s compute divided by `speed` (> 0; the group's, so that
+// the all-reduces overlap the compute as the group runs it): the compute
+// is multiplied back by it, to the speed-1 seconds the consumers divide.
 ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
-                                   const std::vector<TensorParallelUnitLanes>& passes);
+                                   const std::vector<TensorParallelUnitLanes>& passes,
+                                   double speed = 1.0);
 
 }  // namespace pipetrain
 

@@ -27,6 +27,10 @@ ModelProfile Profile(double compute, double bytes) {
   return p;
 }
 
+// A rank's charge for a unit's pass at speed 1: its compute and its waits.
+double Fwd(const UnitProfile& u) { return u.fwd_seconds + u.fwd_comm_seconds; }
+double Bwd(const UnitProfile& u) { return u.bwd_seconds + u.bwd_comm_seconds; }
+
 TEST(ChooseTensorPartitionsTest, NoCommunication_NothingToGain) {
   // Unlimited bandwidth and no latency: every choice ends when the compute
   // does (up to the rounding of t / K summed K times, on which Alg. 1 may
@@ -70,14 +74,14 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
   absl::StatusOr<ModelProfile> k1 = TensorParallelUnitCosts(p, 2, whole, whole, 1e9, 0);
   absl::StatusOr<ModelProfile> k2 = TensorParallelUnitCosts(p, 2, two, two, 1e9, 0);
   ASSERT_TRUE(k1.ok() && k2.ok()) << k1.status() << k2.status();
-  EXPECT_NEAR(k1->units[1].fwd_seconds, 0.005 + 0.008, 1e-9);  // nothing overlaps
+  EXPECT_NEAR(Fwd(k1->units[1]), 0.005 + 0.008, 1e-9);  // nothing overlaps
   // Two halves: compute 2.5, reduce 4 (overlapping the second half's
   // compute), compute 2.5, reduce 4: 2.5 + 4 + 4 = 10.5 ms.
-  EXPECT_NEAR(k2->units[1].fwd_seconds, 0.0105, 1e-9);
-  EXPECT_NEAR(k1->units[0].fwd_seconds, 0.005 + 0.008, 1e-9);  // embed's output
-  EXPECT_NEAR(k1->units[0].bwd_seconds, 0.01, 1e-9);
-  EXPECT_NEAR(k1->units[5].bwd_seconds, 0.01 + 0.008, 1e-9);  // the head's input gradient
-  EXPECT_NEAR(k1->units[5].fwd_seconds, 0.005, 1e-9);         // latency 0
+  EXPECT_NEAR(Fwd(k2->units[1]), 0.0105, 1e-9);
+  EXPECT_NEAR(Fwd(k1->units[0]), 0.005 + 0.008, 1e-9);  // embed's output
+  EXPECT_NEAR(Bwd(k1->units[0]), 0.01, 1e-9);
+  EXPECT_NEAR(Bwd(k1->units[5]), 0.01 + 0.008, 1e-9);  // the head's input gradient
+  EXPECT_NEAR(Fwd(k1->units[5]), 0.005, 1e-9);         // latency 0
   EXPECT_EQ(TensorParallelUnitCosts(p, 2, {1}, whole, 1e9, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Streamed into mlp_0 (the runtime's AccTFM across units): its first half
@@ -85,8 +89,8 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
   // sum runs; its sums end at 14.5 and 18.5 ms. Charged 18.5 - 10.5 = 8 ms,
   // not the 10.5 of the unit alone; with whole micro-batches nothing
   // overlaps across units either.
-  EXPECT_NEAR(k2->units[2].fwd_seconds, 0.008, 1e-9);
-  EXPECT_NEAR(k1->units[2].fwd_seconds, 0.013, 1e-9);
+  EXPECT_NEAR(Fwd(k2->units[2]), 0.008, 1e-9);
+  EXPECT_NEAR(Fwd(k1->units[2]), 0.013, 1e-9);
   // The charges of the four block units add up to Alg. 1's timeline of
   // the run, in both passes.
   AccTfmProblem problem;
@@ -103,8 +107,8 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
   absl::StatusOr<ModelProfile> costs = TensorParallelUnitCosts(p, 2, mixed, two, 1e9, 0);
   ASSERT_TRUE(costs.ok()) << costs.status();
   double forward = 0, backward = 0;
-  for (int u = 1; u <= 4; ++u) forward += costs->units[u].fwd_seconds;
-  for (int u = 1; u <= 4; ++u) backward += costs->units[u].bwd_seconds;
+  for (int u = 1; u <= 4; ++u) forward += Fwd(costs->units[u]);
+  for (int u = 1; u <= 4; ++u) backward += Bwd(costs->units[u]);
   EXPECT_NEAR(forward, EvaluateSizes(problem, AccTfmPass::kForward, {4, 1, 2, 4}).value(), 1e-12);
   EXPECT_NEAR(backward, EvaluateSizes(problem, AccTfmPass::kBackward, {2, 2, 2, 2}).value(), 1e-12);
 }
@@ -226,14 +230,44 @@ TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
   const std::vector<int> whole(6, 1);
   absl::StatusOr<ModelProfile> costs = TensorParallelUnitCosts(p, 2, whole, whole, 1e9, 0, 0.25);
   ASSERT_TRUE(costs.ok()) << costs.status();
-  EXPECT_NEAR(costs->units[1].fwd_seconds, 0.005 + 0.002, 1e-9);  // a quarter of 8 ms
-  EXPECT_NEAR(costs->units[0].fwd_seconds, 0.005 + 0.008, 1e-9);  // the embedding's stays
+  EXPECT_NEAR(Fwd(costs->units[1]), 0.005 + 0.002, 1e-9);  // a quarter of 8 ms
+  EXPECT_NEAR(Fwd(costs->units[0]), 0.005 + 0.008, 1e-9);  // the embedding's stays
   // Alg. 1 sees the smaller all-reduce: 2 ms against 5 ms of compute leaves
   // little to hide, so it no longer partitions as with 8 ms.
   absl::StatusOr<TensorPartitionPlan> plan = ChooseTensorPartitions(p, 2, 1e9, 0, 0.25);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_LT(plan->solution.forward.plan.seconds,
             ChooseTensorPartitions(p, 2, 1e9, 0).value().solution.forward.plan.seconds);
+}
+
+// The compute a worker's speed divides apart from the waits it does not:
+// with the passes timed at the group's speed 2 (the compute halved), the
+// compute is given back at speed 1 and the all-reduce as it runs.
+TEST(TensorParallelCostsOfTest, SplitsComputeFromWaits_ComputeAtSpeedOne) {
+  const ModelProfile p = Profile(0.01, 8e6);
+  ModelProfile halved = p;
+  for (UnitProfile& u : halved.units) u.fwd_seconds /= 2, u.bwd_seconds /= 2;
+  const std::vector<int> whole(6, 1), two = {1, 2, 2, 2, 2, 1};
+  absl::StatusOr<std::vector<TensorParallelUnitLanes>> at_one =
+      TensorParallelUnitPasses(p, 2, whole, two, 1e9, 0);
+  absl::StatusOr<std::vector<TensorParallelUnitLanes>> at_two =
+      TensorParallelUnitPasses(halved, 2, whole, two, 1e9, 0);
+  ASSERT_TRUE(at_one.ok() && at_two.ok()) << at_one.status() << at_two.status();
+  const ModelProfile one = TensorParallelCostsOf(p, 2, *at_one);
+  EXPECT_NEAR(one.units[1].fwd_seconds, 0.005, 1e-12);  // 10 ms / 2 ranks
+  EXPECT_NEAR(one.units[1].fwd_comm_seconds, 0.008, 1e-12);
+  EXPECT_NEAR(one.units[5].fwd_comm_seconds, 0, 1e-12);  // latency 0
+  const ModelProfile two_speed = TensorParallelCostsOf(p, 2, *at_two, 2.0);
+  EXPECT_NEAR(two_speed.units[1].fwd_seconds, 0.005, 1e-12);
+  EXPECT_NEAR(two_speed.units[1].fwd_comm_seconds, 0.008, 1e-12);
+  // Streamed backward halves may charge a unit less than its compute: its
+  // wait is then 0, never negative.
+  for (const ModelProfile* costs : {&one, &two_speed}) {
+    for (const UnitProfile& u : costs->units) {
+      EXPECT_GE(u.fwd_comm_seconds, 0) << u.name;
+      EXPECT_GE(u.bwd_comm_seconds, 0) << u.name;
+    }
+  }
 }
 
 // The hybrid compression's coding: the kept share x the profile's measured cost per
@@ -328,7 +362,7 @@ TEST(ChooseTensorPartitionsTest, NeverSlowerThanUniformOnTheRuntimeTimeline) {
     const auto total = [&](const std::vector<int>& f, const std::vector<int>& b) {
       absl::StatusOr<ModelProfile> c = TensorParallelUnitCosts(p, 2, f, b, bandwidth, latency);
       double fwd = 0, bwd = 0;
-      for (const UnitProfile& u : c->units) fwd += u.fwd_seconds, bwd += u.bwd_seconds;
+      for (const UnitProfile& u : c->units) fwd += Fwd(u), bwd += Bwd(u);
       return std::make_pair(fwd, bwd);
     };
     const auto chosen = total(plan->forward, plan->backward);

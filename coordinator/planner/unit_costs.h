@@ -16,7 +16,11 @@ struct UnitCost {
   std::string name;
   double forward = 0;   // cost of the forward pass of one micro-batch
   double backward = 0;  // cost of its backward pass
-  double total() const { return forward + backward; }
+  // Seconds of both passes that a worker's speed does not divide (a
+  // tensor-parallel rank's exposed all-reduces, UnitProfile's
+  // fwd_comm_seconds + bwd_comm_seconds); 0 for analytic costs.
+  double comm_seconds = 0;
+  double total() const { return forward + backward; }  // the compute only
 };
 
 // FLOPs per micro-batch of `micro_batch_size` sequences of `seq_len` tokens:

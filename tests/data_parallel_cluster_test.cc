@@ -166,10 +166,16 @@ TEST_F(DataParallelClusterTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveF
 // PowerSGD, and a quantizer, on stages 0 and 1 of 3, and bf16 in a layout
 // the planner chooses (data 0 over 6 workers, the stages its choice too).
 // Each job SUCCEEDS (so the replicas' final weights agreed bit for bit)
-// and trains alike.
+// and trains alike: its last loss within 2% of train-local's loss drop
+// (first loss minus last) of train-local's last. Measured: PowerSGD rank 2
+// 2.7e-3 of the drop, linear:bits=8 9e-4, bf16 under 1e-4; linear:bits=4
+// in bits=8's place 3.6e-2 and bits=2 9.9e-2, both within the 5%-of-loss
+// window this replaced (a third of the drop of 0.38).
 TEST_F(DataParallelClusterTest, SelectiveStageCompression_ReplicasAgreeAndTrain) {
   ASSERT_NE(cluster_, nullptr);
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  const double drop = double{ref.losses.front()} - ref.losses.back();
+  ASSERT_GT(drop, 0) << "train-local does not train";
   auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   for (const std::string codec : {"powersgd:rank=2", "linear:bits=8", "auto bf16"}) {
     SCOPED_TRACE(codec);
@@ -189,7 +195,7 @@ TEST_F(DataParallelClusterTest, SelectiveStageCompression_ReplicasAgreeAndTrain)
     ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
     ASSERT_EQ(job.progress().loss_history_size(), kSteps);
     const float last = job.progress().loss_history(kSteps - 1);
-    EXPECT_NEAR(last, ref.losses.back(), 0.05 * ref.losses.back());
+    EXPECT_NEAR(last, ref.losses.back(), 0.02 * drop) << "train-local's drop " << drop;
     if (codec != "auto bf16") {
       EXPECT_NE(last, ref.losses.back());  // the codec bites
       continue;

@@ -25,6 +25,7 @@
 #include "cli/coordinator_client.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
@@ -39,6 +40,7 @@
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/runtime/in_process_device_channel.h"
+#include "worker/runtime/data_parallel_testing.h"
 #include "worker/runtime/in_process_device_collective.h"
 #include "worker/train/local_trainer.h"
 #include "worker/transport/data_plane_server.h"
@@ -171,7 +173,10 @@ v1::JobSpec Spec() {
   return spec;
 }
 
-std::vector<float> LocalLosses(const v1::JobSpec& spec) {
+// train-local's losses of `spec`, and its final weights in `weights`
+// when given.
+std::vector<float> LocalLosses(const v1::JobSpec& spec,
+                               std::map<std::string, std::vector<float>>* weights = nullptr) {
   ResolvedJobSpec job = ResolveJobSpec(spec).value();
   const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
                           job.train.seed};
@@ -180,6 +185,9 @@ std::vector<float> LocalLosses(const v1::JobSpec& spec) {
   auto trainer = LocalTrainer::Create(job.train, &data).value();
   std::vector<float> losses;
   for (int i = 0; i < job.train.steps; ++i) losses.push_back(trainer->Step().value().loss);
+  if (weights != nullptr) {
+    for (Parameter* p : trainer->model().parameters()) (*weights)[p->name] = p->value.ToVector();
+  }
   return losses;
 }
 
@@ -250,7 +258,9 @@ class DeviceGroupClusterTest : public ::testing::Test {
 
   WorkerRegistry registry_{WorkerRegistry::Options{.heartbeat_interval = absl::Milliseconds(50)}};
   AssignmentHub assignments_;
-  JobManager jobs_{&registry_, &assignments_, RealClock()};
+  // Weights files go under the test's temporary directory.
+  JobManager jobs_{&registry_, &assignments_, RealClock(),
+                   JobManagerOptions{.output_dir = ::testing::TempDir()}};
   CoordinatorMetrics metrics_{&registry_, &jobs_};
   const CallerAuth auth_{"", &registry_};  // users open: the test's own coordinator
   CoordinatorGrpcService service_{&registry_, &jobs_, &assignments_, &metrics_, &auth_};
@@ -322,14 +332,19 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
 // Data parallelism on the same four GPUs: two replicas of two stages. Each
 // replica's stages form a device group (activations GPU to GPU) and each
 // stage's replicas a replica device group (gradient sums), four groups
-// with four different ids, all used up. The losses are train-local's to
-// 1e-5 (data_parallel_testing.h: the replicas' partial sums are added in
-// another order).
+// with four different ids, all used up. The losses and the exported
+// weights are train-local's to 1e-5 (data_parallel_testing.h: the
+// replicas' partial sums are added in another order). The weights show a
+// gradient D times too large or too small (unclipped, through AdamW's eps),
+// which 6 steps' losses do not (they moved by 3e-7 for a gradient twice
+// too large).
 TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_DeviceAndReplicaGroups) {
   v1::JobSpec spec = Spec();
   spec.mutable_parallelism()->set_stages(2);
   spec.mutable_parallelism()->set_data(2);
-  const std::vector<float> local = LocalLosses(spec);
+  spec.mutable_output()->set_weights_path("two-replicas.safetensors");
+  std::map<std::string, std::vector<float>> local_weights;
+  const std::vector<float> local = LocalLosses(spec, &local_weights);
   const v1::Job done = RunJob(spec);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   ASSERT_EQ(done.progress().loss_history_size(), spec.training().steps());
@@ -337,6 +352,11 @@ TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_DeviceAndReplicaGroups) {
     EXPECT_NEAR(done.progress().loss_history(i), local[i], 1e-5 * std::abs(local[i]))
         << "iteration " << i;
   }
+  auto file = ReadSafetensors(done.weights_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::map<std::string, std::vector<float>> weights;
+  for (const auto& t : file->tensors) weights[t.name] = t.tensor.ToVector();
+  testing::ExpectWeightsClose(weights, local_weights, spec.model().d_model(), "weights");
   // Per replica and step, 2 micro-batches across the one boundary, an
   // activation and a gradient each.
   EXPECT_EQ(hubs_.sent(), int64_t{2} * 2 * 2 * spec.training().steps());

@@ -248,10 +248,18 @@ TEST_F(TensorParallelClusterTest, AllReducesCountedInMetrics) {
   EXPECT_GE(SumOverWorkers(waited) - waited_before, 0.5 * spent);
 }
 
-// AccTFM's hybrid compression (acctfm.txt §4.3) with keep 0.5 and 4-bit
+// How much of train-local's loss drop (first loss minus last) a job with
+// hybrid tensor-parallel compression must keep. "A loss that falls" passed
+// a job that learnt 1% of what train-local learns. Measured (10 steps,
+// train-local 5.605 -> 4.280): keep 0.5 with 3-bit codes keeps 0.68 of the
+// drop, keep 0.1 0.55, 1-bit codes 0.71; keep 0.01 (1-bit) 0.43.
+constexpr double kHybridDropFraction = 0.5;
+
+// AccTFM's hybrid compression (acctfm.txt §4.3) with keep 0.5 and 3-bit
 // piecewise codes, T = 2 over 2 stages with 2 partitions: the job trains
-// (lossy, so not train-local's losses: a finite loss that falls), and the
-// workers' metrics count exactly the attention and MLP units' all-reduces
+// (lossy, so not train-local's losses: a finite loss that falls by at least
+// kHybridDropFraction of train-local's drop), and the workers' metrics
+// count exactly the attention and MLP units' all-reduces
 // (2 per unit and micro-batch, forward and backward, each [2, 16, 128]
 // fp32) as compressed, at least 12 times fewer bytes sent than their fp32
 // size (the goal; the payloads' headers and the token scores'
@@ -266,6 +274,9 @@ TEST_F(TensorParallelClusterTest, HybridCompression_TwelveTimesFewerBytesJobTrai
   const std::string raw = "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"raw\"}";
   const std::string wire = "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"wire\"}";
   const double raw_before = SumOverWorkers(raw), wire_before = SumOverWorkers(wire);
+  const Reference ref = TrainLocally(spec);
+  const double local_drop = double{ref.losses.front()} - ref.losses.back();
+  ASSERT_GT(local_drop, 0) << "train-local does not train";
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
@@ -273,7 +284,8 @@ TEST_F(TensorParallelClusterTest, HybridCompression_TwelveTimesFewerBytesJobTrai
   const double first = job.progress().loss_history(0);
   const double last = job.progress().loss_history(kSteps - 1);
   EXPECT_TRUE(std::isfinite(last));
-  EXPECT_LT(last, first);
+  EXPECT_GE(first - last, kHybridDropFraction * local_drop)
+      << "the job's loss fell " << first - last << ", train-local's " << local_drop;
   const double raw_bytes = SumOverWorkers(raw) - raw_before;
   const double wire_bytes = SumOverWorkers(wire) - wire_before;
   const int micro_batch_samples = spec.training().batch_size() / spec.training().micro_batches();

@@ -88,6 +88,47 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelEquivalenceTest,
                                   std::get<2>(info.param);
                          });
 
+// Unclipped, the same layouts' weights against train-local's. Clipping by
+// the global norm hides a gradient's scale: c g clips to max_norm g / (|g|
+// + 1e-6 / c), so with every step clipped (DataParallelConfig) a gradient
+// D times too large or too small (a replica seeding 1 / its share of the
+// micro-batches, or an all-reduce that averages) still matches. Unclipped,
+// AdamW divides by sqrt(v) + eps and the scale shows through eps: a
+// gradient 2 times too large moves the weights by about 1e-3 relative after
+// 10 steps (the embedding's about 7e-5), well above the 1e-5 held here.
+TEST(DataParallelEquivalenceTest, Unclipped_WeightsMatchSingleProcess) {
+  TrainConfig c = DataParallelConfig();
+  c.grad_clip = 0;
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  struct Layout {
+    int replicas;
+    std::vector<Range> forward, backward;
+    Schedule schedule;
+    bool device_collectives;  // PipelineExtras::replica_device_collectives
+  };
+  const std::vector<Layout> layouts = {
+      {2, {{0, 6}}, {{0, 6}}, Schedule::kOneFOneB, false},
+      {3, {{0, 6}}, {{0, 6}}, Schedule::kGPipe, false},
+      {2, {{0, 3}, {3, 6}}, {{0, 3}, {3, 6}}, Schedule::kGPipe, false},
+      {3, {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}, Schedule::kOneFOneB, false},
+      {2, {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}, Schedule::kOneFOneB, true},
+      {3, {{0, 3}, {3, 6}}, {{0, 3}, {3, 6}}, Schedule::kGPipe, true},
+  };
+  for (const Layout& layout : layouts) {
+    const std::string what =
+        absl::StrCat(layout.replicas, " replicas of ", layout.forward.size(), " stages",
+                     layout.device_collectives ? ", replica device collectives" : "");
+    SCOPED_TRACE(what);
+    testing::PipelineExtras extras;
+    extras.replicas = layout.replicas;
+    extras.replica_device_collectives = layout.device_collectives;
+    const RunOutput pipe = RunPipeline(c, data, layout.forward, layout.backward, layout.schedule,
+                                       nullptr, nullptr, extras);
+    ExpectMatchesLocal(c, pipe, local, what);
+  }
+}
+
 // Fused embedding synchronization (Optimus-CC §6) against the exchange
 // and the replicas' all-reduce it replaces: bitwise the same run, and on
 // each of the two owners one collective fewer per step (the fused one in
@@ -136,16 +177,30 @@ TEST(DataParallelEquivalenceTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiv
             RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, {2}).weights);
 }
 
+// How far a lossy codec's last loss may be from the exact run's, as a
+// fraction of the exact run's loss drop (its first loss minus its last).
+// Against the drop, not the loss: a few percent of a loss of 5 is a third
+// of these runs' drop of 0.5, and let through a codec that lost a third of
+// the training. Measured on these configs (10 steps): bf16 under 1e-4 of
+// the drop, linear:bits=8 1.5e-3, PowerSGD rank 2 7.3e-3 (rank 1 8.8e-3);
+// linear:bits=4 in linear:bits=8's place 7.2e-2, which the old 2%-of-loss
+// window passed.
+constexpr double kQuantizedDropFraction = 0.02;
+constexpr double kPowerSgdDropFraction = 0.03;
+
 // A lossy data-parallel all-reduce against the exact run: the same first
 // loss (before any step), different losses after, the last within
-// `relative` of the exact one, and the all-reduce's wire bytes below
-// `bytes_fraction` of the exact run's.
+// `drop_fraction` of the exact run's drop (above) of the exact one, and
+// the all-reduce's wire bytes below `bytes_fraction` of the exact run's.
 void ExpectCompressedTrainsAlike(const RunOutput& compressed, const RunOutput& exact,
-                                 double relative, double bytes_fraction) {
+                                 double drop_fraction, double bytes_fraction) {
   ASSERT_EQ(compressed.losses.size(), exact.losses.size());
   EXPECT_NE(compressed.losses, exact.losses);
   EXPECT_EQ(compressed.losses[0], exact.losses[0]);
-  EXPECT_NEAR(compressed.losses.back(), exact.losses.back(), relative * exact.losses.back());
+  const double drop = double{exact.losses[0]} - exact.losses.back();
+  ASSERT_GT(drop, 0) << "the exact run does not train";
+  EXPECT_NEAR(compressed.losses.back(), exact.losses.back(), drop_fraction * drop)
+      << "exact run's drop " << drop;
   EXPECT_LT(compressed.collective_bytes.at("data_parallel"),
             bytes_fraction * exact.collective_bytes.at("data_parallel"));
 }
@@ -168,7 +223,7 @@ TEST(DataParallelEquivalenceTest, SelectiveStageCompression_ReplicasAgreeTraffic
   extras.dp_compressed_stages = {0};
   const RunOutput compressed =
       RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
-  ExpectCompressedTrainsAlike(compressed, exact, 0.05, 1.0);
+  ExpectCompressedTrainsAlike(compressed, exact, kPowerSgdDropFraction, 1.0);
   // Per replica and step, stage 0 compressed: one bucket of its vectors and
   // one PowerSGD all-reduce per matrix but the tied wte (wpe, attention's
   // c_attn and c_proj, the MLP's two), against one bucket exact.
@@ -196,7 +251,7 @@ TEST(DataParallelEquivalenceTest, QuantizedAllReduce_ReplicasAgreeTrafficShrinks
     extras.dp_compressed_stages = {0, 1};
     const RunOutput compressed =
         RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
-    ExpectCompressedTrainsAlike(compressed, exact, 0.02, 0.7);
+    ExpectCompressedTrainsAlike(compressed, exact, kQuantizedDropFraction, 0.7);
   }
 }
 
@@ -283,14 +338,14 @@ TEST(DataParallelEquivalenceTest, SmallBuckets_CompressedAllReducesOverlapToo) {
   quantized.dp_compressed_stages = {0, 1};
   const RunOutput bf16 =
       RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, quantized);
-  ExpectCompressedTrainsAlike(bf16, exact, 0.02, 0.7);
+  ExpectCompressedTrainsAlike(bf16, exact, kQuantizedDropFraction, 0.7);
   EXPECT_EQ(bf16.collectives.at("data_parallel"), exact.collectives.at("data_parallel"));
   testing::PipelineExtras powersgd = exact_extras;
   powersgd.dp_powersgd_rank = 2;
   powersgd.dp_compressed_stages = {0};
   const RunOutput low_rank =
       RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, powersgd);
-  ExpectCompressedTrainsAlike(low_rank, exact, 0.05, 1.0);
+  ExpectCompressedTrainsAlike(low_rank, exact, kPowerSgdDropFraction, 1.0);
   EXPECT_EQ(low_rank.collectives.at("data_parallel") - exact.collectives.at("data_parallel"),
             4 * 2 * testing::kIterations);
 }

@@ -438,6 +438,7 @@ int Run(const std::vector<std::string>& args) {
   options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
   options.backend = backend->backend;
   options.session = &session;
+  options.metrics = &metrics;  // outlives the agent (declared before it)
   options.memory_limit_bytes = memory_limit;
   options.memory_reserve_bytes = memory_reserve;
   options.data_roots = data_roots;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -9,12 +10,14 @@
 #include "common/build_identity.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/loopback_channel.h"
 #include "common/secrets.h"
 #include "worker/agent/coordinator_channel.h"
 #include "worker/agent/device_info.h"
 #include "worker/agent/drain_retry.h"
+#include "worker/agent/worker_metrics.h"
 
 namespace pipetrain {
 namespace {
@@ -59,6 +62,50 @@ grpc::Status UsableRegistration(const v1::RegisterWorkerResponse& response) {
 
 constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
 
+// Counts a failed call to the coordinator in `metrics` (may be null).
+void CountFailure(WorkerMetrics* metrics, WorkerMetrics::CoordinatorCall call,
+                  const grpc::Status& s) {
+  if (metrics != nullptr && !s.ok()) metrics->CoordinatorCallFailed(call, s.error_code());
+}
+
+// Failures in a row of one kind of call to the coordinator, and which to
+// log: the first at once, then at most one a minute saying how many were
+// not (LogRateLimiter); the success that ends them is worth a line. A
+// line at every heartbeat (each second, on every worker) made a 10-minute
+// outage of 4096 workers about 2.5 M lines. Not thread-safe: one thread's
+// calls.
+class FailureStretch {
+ public:
+  explicit FailureStretch(Clock* clock) : clock_(clock) {}
+
+  // Counts a failure; whether to log it, then with
+  // LogRateLimiter::Dropped(*dropped).
+  bool Failed(int64_t* dropped) {
+    if (failures_++ == 0) {
+      since_ = clock_->Now();
+      limiter_.emplace(1, absl::Minutes(1), clock_);
+    }
+    return limiter_->Allow(dropped);
+  }
+  // Ends the stretch: "" when nothing failed, else "after N failed <what>
+  // over D".
+  std::string Ended(absl::string_view what) {
+    if (failures_ == 0) return "";
+    std::string said = absl::StrCat("after ", failures_, " failed ", what, " over ",
+                                    absl::FormatDuration(clock_->Now() - since_));
+    failures_ = 0;
+    limiter_.reset();
+    return said;
+  }
+
+ private:
+  Clock* const clock_;
+  int64_t failures_ = 0;
+  absl::Time since_;
+  // The stretch's own, so that its first failure is logged at once.
+  std::optional<LogRateLimiter> limiter_;
+};
+
 }  // namespace
 
 absl::Duration WeightsUploadDeadline(int64_t bytes) {
@@ -91,6 +138,7 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     v1::ReportProgressResponse response;
     const CoordinatorStub coordinator = agent_->Stub();
     const grpc::Status s = coordinator.stub->ReportProgress(&context, request, &response);
+    CountFailure(agent_->options_.metrics, WorkerMetrics::CoordinatorCall::kReport, s);
     if (!s.ok()) agent_->endpoints_->Failed(s, context, coordinator.channel);
     if (!s.ok()) return FromGrpc(s);
     return response;
@@ -273,6 +321,7 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
     return absl::CancelledError("stopped before registering");
   };
   std::set<std::string> not_serving;  // listed addresses that answered UNIMPLEMENTED
+  FailureStretch failures(options_.clock);
   while (true) {
     bool stopping = false;
     {
@@ -313,8 +362,11 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
       SettleCutOffRegistration(request, coordinator);
       return absl::CancelledError("stopped while registering");
     }
+    CountFailure(options_.metrics, WorkerMetrics::CoordinatorCall::kRegister, s);
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.ok()) {
+      const std::string after = failures.Ended("registration attempts");
+      if (!after.empty()) PT_LOG(INFO) << "coordinator reachable again " << after;
       bool drain_now = false;
       {
         AnnotatedMutexLock lock(&mu_);
@@ -360,14 +412,18 @@ absl::Status WorkerAgent::RegisterWithRetry(CallCancel* cancel, bool first) {
     }
     if (!not_served) maybe_committed = true;
     const absl::Duration wait = backoff.Next();
-    // One line per attempt, as for any failed attempt: the backoff paces them.
-    const std::string hint =
-        not_served ? "it does not serve the coordinator's API now (a proxy in front of it, "
-                     "during a rollout?)"
-                   : CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
-    PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
-                    << s.error_message() << (hint.empty() ? "" : "; " + hint) << "); retrying in "
-                    << absl::FormatDuration(wait);
+    // The first failed attempt, then one a minute: the backoff's 5 s
+    // between attempts still made 120 lines per worker in a 10-minute outage.
+    if (int64_t dropped = 0; failures.Failed(&dropped)) {
+      const std::string hint =
+          not_served ? "it does not serve the coordinator's API now (a proxy in front of it, "
+                       "during a rollout?)"
+                     : CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
+      PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
+                      << s.error_message() << (hint.empty() ? "" : "; " + hint) << "); retrying in "
+                      << absl::FormatDuration(wait) << " (logged once a minute until registered)"
+                      << LogRateLimiter::Dropped(dropped);
+    }
     {
       AnnotatedMutexLock lock(&mu_);
       ++registration_backoffs_;
@@ -662,6 +718,7 @@ void WorkerAgent::HeartbeatLoop() {
   // the leader: one such resend in a row, as two followers with stale
   // hints could name each other.
   bool resent_at_once = false;
+  FailureStretch failures(options_.clock);
   while (true) {
     v1::HeartbeatRequest request;
     absl::Duration interval;
@@ -695,6 +752,9 @@ void WorkerAgent::HeartbeatLoop() {
       if (!cancellable.active()) return;  // leaving
       s = coordinator.stub->Heartbeat(&context, request, &response);
     }
+    // Cut off by Leave: not the coordinator's failure.
+    if (!s.ok() && heartbeat_cancel_.cancelled()) return;
+    CountFailure(options_.metrics, WorkerMetrics::CoordinatorCall::kHeartbeat, s);
     // A follower's refusal naming the leader (the first beat after a
     // failover, or the beat after one that timed out at the leader and
     // moved on to the next address): sent again at once. An interval later,
@@ -748,8 +808,14 @@ void WorkerAgent::HeartbeatLoop() {
         watch_context_->TryCancel();
       }
     } else if (!s.ok()) {
-      PT_LOG(WARNING) << "heartbeat failed: " << s.error_message();
+      if (int64_t dropped = 0; failures.Failed(&dropped)) {
+        PT_LOG(WARNING) << "heartbeat failed: " << s.error_message()
+                        << " (logged once a minute until one is answered)"
+                        << LogRateLimiter::Dropped(dropped);
+      }
     } else {
+      const std::string after = failures.Ended("heartbeats");
+      if (!after.empty()) PT_LOG(INFO) << "coordinator reachable again " << after;
       AnnotatedMutexLock lock(&mu_);
       if (!request.nccl_unique_id().empty() && group_id_ == request.nccl_unique_id()) {
         group_id_unreported_ = false;
@@ -773,6 +839,9 @@ void WorkerAgent::HeartbeatLoop() {
 
 void WorkerAgent::WatchLoop() {
   Backoff backoff(options_.backoff);
+  // A stream ended: logged at once, then one a minute (the heartbeats'
+  // warnings say when the coordinator is reachable again).
+  LogRateLimiter ended_log(1, absl::Minutes(1), options_.clock);
   while (true) {
     grpc::ClientContext context;
     v1::WatchAssignmentsRequest request;
@@ -801,9 +870,17 @@ void WorkerAgent::WatchLoop() {
       watch_context_ = nullptr;
       if (stopping_) return;
     }
+    // Not CANCELLED: this worker's own, to reopen the stream as a new
+    // registration (HeartbeatLoop).
+    if (s.error_code() != grpc::StatusCode::CANCELLED) {
+      CountFailure(options_.metrics, WorkerMetrics::CoordinatorCall::kAssignmentStream, s);
+    }
     const absl::Duration wait = backoff.Next();
-    PT_LOG(WARNING) << "assignment stream ended (" << s.error_message() << "); reopening in "
-                    << absl::FormatDuration(wait) << " or once registered again";
+    if (int64_t dropped = 0; ended_log.Allow(&dropped)) {
+      PT_LOG(WARNING) << "assignment stream ended (" << s.error_message() << "); reopening in "
+                      << absl::FormatDuration(wait) << " or once registered again"
+                      << LogRateLimiter::Dropped(dropped);
+    }
     // A registration (the heartbeat loop's, after a coordinator restart
     // or a failover) ends the wait: the coordinator has this worker again
     // and its jobs wait for the stream, not for the backoff.

@@ -28,6 +28,13 @@
 // Bearer ..."), kept in a SessionCredential that the worker's WorkerControl
 // service also checks callers against.
 //
+// A coordinator out of reach: the heartbeats', registration tries' and
+// assignment stream's failures are each logged at once, then at most once
+// a minute with how many were not, and the first heartbeat answered after
+// them says how many failed over how long ("coordinator reachable again
+// after N failed heartbeats over D"); every failed call is counted in
+// pipetrain_worker_coordinator_call_failures_total (options.metrics).
+//
 // Device groups: a worker whose backend can join NCCL groups reports a
 // fresh communicator id at registration (DeviceInfo.nccl_unique_id, with
 // its GPU's index). When an assignment's device group or replica device
@@ -47,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
 #include "grpcpp/grpcpp.h"
@@ -58,6 +66,8 @@
 #include "worker/transport/data_plane_server.h"
 
 namespace pipetrain {
+
+class WorkerMetrics;
 
 // How long a stage's final weights upload (UploadWeights, `bytes` of
 // values) may take: 10 minutes, or as long as those bytes take at
@@ -136,6 +146,13 @@ struct WorkerAgentOptions {
   // Where the agent keeps its session credential (not owned; outlives the
   // agent). Null: the agent keeps its own.
   SessionCredential* session = nullptr;
+  // Counts the failed calls to the coordinator (heartbeats, registration
+  // tries, assignment streams, progress reports; not owned; outlives the
+  // agent). Null: not counted.
+  WorkerMetrics* metrics = nullptr;
+  // Paces the warnings of repeated failures (a minute apart; not owned).
+  // Tests step a FakeClock.
+  Clock* clock = MonotonicClock();
 };
 
 // The most a clean shutdown's DeregisterWorker call waits (with

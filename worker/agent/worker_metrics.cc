@@ -139,6 +139,14 @@ WorkerMetrics::WorkerMetrics()
                     "backward both run on this stage (the units tuned) ran in the last "
                     "iteration, by unit and pass (forward, backward); after the tuning steps, "
                     "the counts kept")
+              .Register(*registry_)),
+      coordinator_call_failures_(
+          prometheus::BuildCounter()
+              .Name("pipetrain_worker_coordinator_call_failures_total")
+              .Help("Calls this worker made to the coordinator that failed, by call (heartbeat, "
+                    "register, assignment_stream: the stream ended, report: a progress report) "
+                    "and gRPC code (UNAVAILABLE: not reachable); rising while the coordinator "
+                    "shows the worker LOST means a partition between them")
               .Register(*registry_)) {
   AddBuildInfo(*registry_);
   tensor_parallel_compressed_bytes_.Add({{"encoding", "raw"}});
@@ -150,6 +158,25 @@ WorkerMetrics::WorkerMetrics()
     collective_bytes_.Add({{"purpose", purpose}, {"encoding", "wire"}});
     collective_seconds_.Add({{"purpose", purpose}});
   }
+}
+
+void WorkerMetrics::CoordinatorCallFailed(CoordinatorCall call, grpc::StatusCode code) {
+  const char* name = "report";
+  switch (call) {
+    case CoordinatorCall::kHeartbeat:
+      name = "heartbeat";
+      break;
+    case CoordinatorCall::kRegister:
+      name = "register";
+      break;
+    case CoordinatorCall::kAssignmentStream:
+      name = "assignment_stream";
+      break;
+    case CoordinatorCall::kReport:
+      break;
+  }
+  coordinator_call_failures_.Add({{"call", name}, {"code", GrpcRedMetrics::CodeName(code)}})
+      .Increment();
 }
 
 void WorkerMetrics::StartRunLocked(const std::string& run) {

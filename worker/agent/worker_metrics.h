@@ -46,6 +46,13 @@
 //   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
 //                                                  duration_seconds: /metrics,
 //                                                  /healthz, through http()
+//   pipetrain_worker_coordinator_call_failures_total{call,code}  this worker's
+//                                                  calls to the coordinator that
+//                                                  failed: call heartbeat,
+//                                                  register, assignment_stream or
+//                                                  report; code the gRPC code's
+//                                                  name (UNAVAILABLE, ...). Its log
+//                                                  says a failure once a minute
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
 //   process_cpu_seconds_total, ...                 common/metrics/process_collector.h
 // The series of every phase and purpose exist from the start, at zero;
@@ -71,6 +78,7 @@
 #include "common/metrics/http_red_metrics.h"
 #include "common/metrics/process_collector.h"
 #include "common/metrics/tls_expiry_metric.h"
+#include "grpcpp/support/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -100,6 +108,13 @@ class WorkerMetrics {
   GrpcRedMetrics& rpc() { return rpc_; }
   HttpRedMetrics& http() { return http_; }
 
+  // The worker's calls to the coordinator, as the `call` label names them.
+  enum class CoordinatorCall { kHeartbeat, kRegister, kAssignmentStream, kReport };
+  // One of them failed with `code`, not OK (its name, GrpcRedMetrics::
+  // CodeName, is the `code` label: one of the 17 codes). The coordinator
+  // sees a partitioned worker only as LOST; this counts from its side.
+  void CoordinatorCallFailed(CoordinatorCall call, grpc::StatusCode code);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   GrpcRedMetrics rpc_;
@@ -122,6 +137,7 @@ class WorkerMetrics {
   prometheus::Gauge& tensor_parallel_error_;
   prometheus::Family<prometheus::Counter>& tensor_parallel_compressed_bytes_;
   prometheus::Family<prometheus::Gauge>& tensor_parallel_partitions_;
+  prometheus::Family<prometheus::Counter>& coordinator_call_failures_;
 
   // Drops the run-keyed gauges (above) when `run` is not the last one seen.
   void StartRunLocked(const std::string& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -75,5 +75,26 @@ TEST(WorkerMetricsTest, RunKeyedGauges_DroppedWhenAnotherRunStarts) {
   EXPECT_EQ(partitions(), 2.0);
 }
 
+// A failed call to the coordinator is counted by call and gRPC code name.
+TEST(WorkerMetricsTest, CoordinatorCallFailed_CountedByCallAndCodeName) {
+  WorkerMetrics metrics;
+  metrics.CoordinatorCallFailed(WorkerMetrics::CoordinatorCall::kAssignmentStream,
+                                grpc::StatusCode::DEADLINE_EXCEEDED);
+  metrics.CoordinatorCallFailed(WorkerMetrics::CoordinatorCall::kAssignmentStream,
+                                grpc::StatusCode::DEADLINE_EXCEEDED);
+  metrics.CoordinatorCallFailed(WorkerMetrics::CoordinatorCall::kReport,
+                                grpc::StatusCode::UNAVAILABLE);
+  const std::string name = "pipetrain_worker_coordinator_call_failures_total";
+  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), name,
+                                 {{"call", "assignment_stream"}, {"code", "DEADLINE_EXCEEDED"}}),
+            2.0);
+  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), name,
+                                 {{"call", "report"}, {"code", "UNAVAILABLE"}}),
+            1.0);
+  EXPECT_EQ(testing::SeriesValue(*metrics.registry(), name,
+                                 {{"call", "heartbeat"}, {"code", "UNAVAILABLE"}}),
+            std::nullopt);
+}
+
 }  // namespace
 }  // namespace pipetrain

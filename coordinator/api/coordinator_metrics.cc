@@ -305,9 +305,9 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                        .Name("pipetrain_plan_seconds")
                        .Help(
                            "A placement's planning (first plans and re-plans), seconds: "
-                           "phase=queued waiting for the job manager's background thread (plans "
-                           "and final weights files, one at a time), phase=computing the "
-                           "solver, layout search and compiler.")
+                           "phase=queued waiting for the job manager's planning thread (one "
+                           "plan at a time; final weights files sync on a thread of their own), "
+                           "phase=computing the solver, layout search and compiler.")
                        .Register(*registry_);
   for (const char* phase : {"queued", "computing"}) {
     plan_seconds_->Add({{"phase", phase}}, PlanSecondsBuckets());

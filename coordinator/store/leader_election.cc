@@ -1,7 +1,6 @@
 #include "coordinator/store/leader_election.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -60,6 +59,7 @@ LeaderElection::LeaderElection(std::unique_ptr<EtcdClient> client, LeaderElectio
     : client_(std::move(client)),
       options_(std::move(options)),
       key_(client_->options().prefix + "leader"),
+      clock_(options_.clock != nullptr ? options_.clock : MonotonicClock()),
       refusal_seed_(options_.refusal_seed.value_or(RandomBackoffSeed())) {
   AnnotatedMutexLock lock(&mu_);
   granted_ttl_ = options_.ttl;
@@ -208,9 +208,7 @@ void LeaderElection::Failed(const char* what, const absl::Status& status) {
   }
 }
 
-absl::Time LeaderElection::Steady() {
-  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
-}
+absl::Time LeaderElection::Steady() const { return clock_->Now(); }
 
 absl::Time LeaderElection::WallDeadlineLocked() const {
   return absl::Now() + (lease_expiry_ - Steady());
@@ -218,9 +216,15 @@ absl::Time LeaderElection::WallDeadlineLocked() const {
 
 bool LeaderElection::LeaseGoneLocked() {
   if (lease_id_ != 0 && Steady() >= lease_expiry_) {
-    PT_LOG(WARNING) << "election " << key_ << ": lease " << lease_id_ << " of " << options_.identity
-                    << " was not renewed within " << absl::FormatDuration(granted_ttl_)
-                    << "; counting it as expired";
+    // A follower holds no key under its lease, and one that etcd refuses
+    // pauses past the TTL on purpose: a line per round of that would be
+    // noise outside failures_log_. A leader's lapse ends its term; it is
+    // logged once, before the step-down.
+    if (is_leader_) {
+      PT_LOG(WARNING) << "election " << key_ << ": lease " << lease_id_ << " of "
+                      << options_.identity << " was not renewed within "
+                      << absl::FormatDuration(granted_ttl_) << "; counting it as expired";
+    }
     lease_id_ = 0;
   }
   return lease_id_ == 0;

@@ -2,11 +2,13 @@
 // prefix (highly available coordinators; see EtcdStore).
 //
 // Each participant holds an etcd lease of `ttl` and renews it from a thread
-// of its own every ttl/3 (LeaseKeepAlive). The leader is whoever owns the
-// key "<prefix>leader": campaigning is one Txn that creates the key only if
-// it is absent (create_revision == 0), with the participant's identity as
-// value and its lease attached, so etcd deletes the key when the lease is
-// revoked or expires. Every participant reads the key every ttl/5;
+// of its own every ttl/3 (LeaseKeepAlive), except a follower that etcd
+// refuses (see Refusals): its pauses grow past ttl, so its lease lapses
+// between rounds and the next round takes a new one. The leader is whoever
+// owns the key "<prefix>leader": campaigning is one Txn that creates the key
+// only if it is absent (create_revision == 0), with the participant's
+// identity as value and its lease attached, so etcd deletes the key when the
+// lease is revoked or expires. Every participant reads the key every ttl/5;
 // followers campaign as soon as it is gone.
 //
 //    Start()
@@ -38,10 +40,12 @@
 // round that succeeds ends the run (the tick again). The election never
 // gives up: etcd restarting, or a credential being rotated, refuses for a
 // while and then accepts, and the follower then campaigns again within
-// kMaxRefusalPause. Other failures (UNAVAILABLE: etcd down, no quorum) wait
-// the tick, as does a leader (its lease bounds its tries, and a retry may
-// still renew it). Failed calls are logged at most kElectionFailureLogBurst
-// times a minute (LogRateLimiter), with a count of those left out.
+// kMaxRefusalPause. Its lease lapsing in such a pause is expected and not
+// logged (it holds no key under it); only a leader's lapse is. Other
+// failures (UNAVAILABLE: etcd down, no quorum) wait the tick, as does a
+// leader (its lease bounds its tries, and a retry may still renew it).
+// Failed calls are logged at most kElectionFailureLogBurst times a minute
+// (LogRateLimiter), with a count of those left out.
 //
 // IsLeader is advisory: etcd may have revoked the lease, or another
 // participant deleted the key, since the last read. The fence is EtcdStore's:
@@ -67,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/log_rate_limiter.h"
 #include "coordinator/store/etcd_client.h"
 
@@ -133,6 +138,10 @@ struct LeaderElectionOptions {
   // The seed of ElectionRefusalPause's factor; unset: one drawn at Create,
   // different per process. Tests that check exact pauses set it.
   std::optional<uint64_t> refusal_seed;
+  // The monotonic clock the lease is timed on (not owned); nullptr:
+  // MonotonicClock(). Tests step a FakeClock past the lease's expiry; the
+  // pause between Start's rounds still waits in real time.
+  Clock* clock = nullptr;
 };
 
 class LeaderElection final : public LeadershipView {
@@ -198,7 +207,8 @@ class LeaderElection final : public LeadershipView {
   // earlier, or a campaign whose answer was lost after etcd applied it,
   // which a retry then finds taken), else another's.
   void JudgeLeaderKey(const mvccpb::KeyValue& kv, int64_t lease, const std::string& why);
-  // Drops the lease if it is past its expiry; true if there is none.
+  // Drops the lease if it is past its expiry; true if there is none. Logs
+  // the drop only for a leader (see the file comment on refusals).
   bool LeaseGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // is_leader_, and the lease not past its expiry (the thread may not have
   // noticed yet).
@@ -208,14 +218,16 @@ class LeaderElection final : public LeadershipView {
   void BecomeFollower(const std::string& leader, const std::string& why);
   // The deadline for an RPC made while holding the lease.
   absl::Time RpcDeadline() const;
-  // The monotonic clock the lease is timed on (an absl::Time only for its
-  // arithmetic), and the lease's expiry as a wall-clock RPC deadline.
-  static absl::Time Steady();
+  // The monotonic clock the lease is timed on (options.clock; an absl::Time
+  // only for its arithmetic), and the lease's expiry as a wall-clock RPC
+  // deadline.
+  absl::Time Steady() const;
   absl::Time WallDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<EtcdClient> client_;
   const LeaderElectionOptions options_;
   const std::string key_;
+  Clock* const clock_;
 
   mutable AnnotatedMutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;

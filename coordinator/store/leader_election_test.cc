@@ -1,8 +1,9 @@
 // LeaderElection against a fake etcd: etcd's Auth, Lease and KV services
 // served by the test on loopback (port 0), which count the calls and refuse
 // them as told. The test steps rounds itself (LeaderElection::Round) and
-// adds up the pauses they ask for, so a run of ten minutes takes no real
-// time and no sleep. The election against a real etcd is in etcd_store_test.
+// advances the lease's FakeClock by the pauses they ask for, so a run of ten
+// minutes takes no real time and no sleep. The election against a real etcd
+// is in etcd_store_test.
 #include "coordinator/store/leader_election.h"
 
 #include <grpcpp/grpcpp.h>
@@ -20,8 +21,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/testing/log_lines.h"
 #include "coordinator/store/etcd_client.h"
 #include "gmock/gmock.h"
@@ -62,6 +67,10 @@ class FakeEtcd final : public etcdserverpb::Auth::Service,
   int txns() const {
     std::lock_guard<std::mutex> lock(mu_);
     return txns_;
+  }
+  int leases() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_lease_;
   }
 
   grpc::Status Authenticate(grpc::ServerContext*, const etcdserverpb::AuthenticateRequest* request,
@@ -175,6 +184,7 @@ class LeaderElectionFakeEtcdTest : public ::testing::Test {
     election.identity = "10.0.0.5:7070";
     election.ttl = kTtl;
     election.refusal_seed = 7;
+    election.clock = &clock_;
     election.on_change = [this](bool leader) {
       std::lock_guard<std::mutex> lock(changes_mu_);
       changes_.push_back(leader);
@@ -190,11 +200,13 @@ class LeaderElectionFakeEtcdTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
-  // Rounds until their pauses add up to `span`; the pauses asked for.
+  // Rounds until their pauses add up to `span`, the clock advanced by each;
+  // the pauses asked for.
   std::vector<absl::Duration> RoundsFor(absl::Duration span) {
     std::vector<absl::Duration> pauses;
     for (absl::Duration elapsed; elapsed < span;) {
       pauses.push_back(election_->Round());
+      clock_.Advance(pauses.back());
       elapsed += pauses.back();
     }
     return pauses;
@@ -210,6 +222,7 @@ class LeaderElectionFakeEtcdTest : public ::testing::Test {
   static constexpr absl::Duration kTick = absl::Seconds(1);
 
   FakeEtcd etcd_;
+  FakeClock clock_;  // the lease's; outlives election_
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<LeaderElection> election_;
   std::mutex changes_mu_;
@@ -227,6 +240,16 @@ int MaxRefusedRounds(absl::Duration tick, absl::Duration span) {
     least = std::min(least * 2, kMaxRefusalPause / 2);
   }
   return rounds;
+}
+
+// The election's WARNING lines in a captured log (common/logging writes
+// "W hh:mm:ss file:line] message").
+int ElectionWarnings(absl::string_view log) {
+  int n = 0;
+  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StartsWith(line, "W ") && absl::StrContains(line, "election /p/leader")) ++n;
+  }
+  return n;
 }
 
 // A wrong password: every login is refused the same. Ten minutes of rounds
@@ -278,6 +301,31 @@ TEST_F(LeaderElectionFakeEtcdTest, Round_CampaignDenied_BacksOffThenLeadsOnceAll
   EXPECT_EQ(election_->Round(), kTick);
   EXPECT_TRUE(election_->IsLeader());
   EXPECT_EQ(election_->Refusal(), absl::OkStatus());
+}
+
+// Pauses past the TTL: the follower's lease lapses between rounds and each
+// round takes a new one. That is expected and logs nothing (it logged a
+// warning every round, outside the rate limiter); the rounds' warnings are
+// the failed campaigns, within the burst (the limiter keeps real time, of
+// which the rounds take far less than its minute).
+TEST_F(LeaderElectionFakeEtcdTest, Round_CampaignDeniedPastTheTtl_LeaseLapsesUnlogged) {
+  etcd_.RefuseTxns(true);
+  ::testing::internal::CaptureStderr();
+  int lapses = 0;  // pauses past the TTL with a round after them
+  absl::Duration pause;
+  for (int i = 0; i < 20; ++i) {
+    lapses += pause > kTtl;
+    pause = election_->Round();
+    clock_.Advance(pause);
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(lapses, 14);
+  EXPECT_EQ(etcd_.leases(), 1 + lapses);  // the first, and one after each lapse
+  EXPECT_EQ(testing::LinesWith(log, "was not renewed"), 0) << log;
+  EXPECT_EQ(testing::LinesWith(log, "campaign failed"), kElectionFailureLogBurst) << log;
+  EXPECT_EQ(ElectionWarnings(log), kElectionFailureLogBurst) << log;
+  EXPECT_EQ(testing::LinesWith(log, "etcd refuses 10.0.0.5:7070"), 1) << log;
+  EXPECT_FALSE(election_->IsLeader());
 }
 
 // etcd unavailable (no quorum, a restart) is no refusal: a round a tick,

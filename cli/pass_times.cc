@@ -27,7 +27,12 @@ int ColumnOf(const std::string& category) {
   if (category == "backward" || category == "recompute") return 1;
   if (category == "optimizer") return 2;
   if (category == "send-handoff") return kSendsColumn;
-  if (category == "recv-wait" || category == "all-reduce-wait") return 4;
+  // The data-parallel all-reduce: the prediction's at the step (a GPU
+  // replica's, or what follows the last bucket) and the workers' waits
+  // for it; the fused embedding sync on both sides.
+  if (category == "recv-wait" || category == "all-reduce-wait" || category == "all-reduce") {
+    return 4;
+  }
   return -1;
 }
 

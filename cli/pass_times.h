@@ -22,12 +22,14 @@ namespace pipetrain {
 // forward and backward include recomputes under backward; sends is the
 // hand-off of each send to the data plane (no prediction: the simulation
 // counts it in the data plane's CPU demand, off the lane); waiting is
-// the receives' waits and the data-parallel all-reduce's inside the step
-// (so not the idle time at a step's end that stage_times.h's predicted
-// waiting counts). The prediction draws one lane per stage position,
-// named by all the workers there ("w-1,w-3": its replicas, or its tensor
-// ranks), so each of them is shown that lane's figures; a worker on no
-// predicted lane has "[-]". Empty without a measured step, or when either
+// the receives' waits and the data-parallel all-reduce inside the step
+// (predicted: its all-reduce events, the step's and the fused embedding
+// sync's; measured: the waits for it and the fused sync), so not the idle
+// time at a step's end that stage_times.h's predicted waiting counts.
+// The prediction draws one lane per stage position, named by all the
+// workers there ("w-1,w-3": its replicas, or its tensor ranks), so each
+// of them is shown that lane's figures; a worker on no predicted lane has
+// "[-]". Empty without a measured step, or when either
 // trace does not parse as timeline_render.h writes them.
 std::string FormatPassTimes(const v1::Plan& plan);
 

@@ -62,6 +62,23 @@ TEST(FormatPassTimes, MeasuredNextToPredictedPerWorkerAndKind) {
             "0.00 [-]\n");
 }
 
+// A GPU replica's data-parallel all-reduce runs at the step: the
+// prediction's "all-reduce" event is the time its workers measure as a
+// wait for it ("all-reduce-wait"), both waiting.
+TEST(FormatPassTimes, GpuDataParallelAllReduce_PredictedAsWaiting) {
+  v1::Plan plan;
+  plan.add_stages()->set_worker_id("w-1");
+  plan.set_chrome_trace_json(Trace({Name(0, "w-1,w-2"), Event(0, 0, "forward", 500),
+                                    Event(0, 0, "all-reduce", 1000)}));
+  plan.set_measured_chrome_trace_json(
+      Trace({Name(0, "w-1"), Event(0, 0, "forward", 600), Event(0, 0, "all-reduce-wait", 1000)}));
+  const std::string text = FormatPassTimes(plan);
+  EXPECT_NE(text.find("  w-1       0.60 [0.50]       0.00 [0.00]       0.00 [0.00]       0.00 [-]"
+                      "          1.00 [1.00]\n"),
+            std::string::npos)
+      << text;
+}
+
 // With replicas the prediction's lane of a stage position is named by all
 // its workers; each of them is compared with it.
 TEST(FormatPassTimes, ReplicasShareTheirPositionsPredictedLane) {

@@ -12,7 +12,8 @@
 // and the pass ends at cm_K (at c when it has no all-reduce). The
 // embedding's forward and the head's passes are one partition whose
 // all-reduce follows the compute (the head's forward: its two small
-// all-reduces as one).
+// all-reduces as one). Block units that stream into each other run as one
+// chain of such timelines (acctfm.h's dep[] rule; AddTensorParallelLanes).
 //
 // All functions are pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARALLEL_LANES_H_
@@ -32,7 +33,7 @@ struct TensorParallelPass {
   double all_reduce_seconds = 0;  // each partition's; 0: no all-reduce
   // >= 0: what the simulator charges instead of the unit-alone timeline's
   // end (a block unit whose partitions stream into its neighbours',
-  // tensor_partitions.h); the lane is still drawn from the fields above.
+  // tensor_partitions.h); the lane chains such units (below).
   double charged_seconds = -1;
 };
 
@@ -61,15 +62,28 @@ struct TensorParallelLanesDrawn {
 
 // Adds a kTensorParallelAllReduce event for every all-reduce of the units
 // of every forward, recompute and backward event of `result` (recompute
-// runs the forward's all-reduces again), placed by the timeline above with
-// the unit passes laid end to end in the event's order (forward: units
-// ascending; backward: descending) and scaled to fit the event (the passes
-// are timed at the groups' speed; a position of another speed runs their
-// compute faster or slower in the simulation). lanes[u] describes unit
-// u; units beyond it or without all-reduces add nothing. Only the
-// all-reduces of the first micro-batches are added, as many whole
-// micro-batches as fit in max_events (none when the first does not). Keeps
-// the events sorted by (worker, start, instruction).
+// runs the forward's all-reduces again). The event's units run as one
+// acctfm.h chain in the event's order (forward: units ascending; backward:
+// descending): a unit with charged_seconds set streams its partitions
+// from the one before when that has it set too (the dep[] rule, as the
+// charges assume), and any other starts when the chain so far has ended.
+// The chain runs at the position's speed as the simulator charges it
+// (simulator.h: compute / speed + comm): the passes' compute (timed at the
+// groups' speed g) is scaled by g / s, recovered from the event's length
+// as what remains after the waits (TensorParallelCostsOf's split of
+// PassSeconds), and the all-reduces keep their length. At the groups'
+// speed, a chain that starts at the first block unit ends with the event.
+// Where the event is shorter than the chain, the drawing is scaled down
+// to fit it, all-reduces included: a position faster than the groups'
+// speed (the planner prices its waits at the slowest position's compute,
+// which hides more of them), or a stage that starts inside a run of block
+// units (the charges credit its first unit with overlap the runtime waits
+// out at the cut). So every all-reduce ends within its event and none
+// overlap. lanes[u] describes unit u; units beyond it or without
+// all-reduces add nothing (an event's length is assumed to be its units'
+// costs). Only the all-reduces of the first micro-batches are added, as
+// many whole micro-batches as fit in max_events (none when the first does
+// not). Keeps the events sorted by (worker, start, instruction).
 TensorParallelLanesDrawn AddTensorParallelLanes(const std::vector<TensorParallelUnitLanes>& lanes,
                                                 SimulationResult* result,
                                                 int64_t max_events = kMaxTensorParallelLaneEvents);

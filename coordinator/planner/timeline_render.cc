@@ -149,10 +149,13 @@ constexpr double kLanesTop = 78;      // below the title and legend
 constexpr double kBoxHeight = 26;     // compute boxes
 constexpr double kTransferGap = 3;    // between boxes and transfer rows
 constexpr double kTransferRow = 5;    // height of one transfer row
-// The tensor-parallel all-reduce row, under the two transfer rows.
+// The tensor-parallel all-reduce row, under the two transfer rows, and
+// the data-parallel buckets' under it: both can run during a backward
+// pass (a CPU job with tensor and data parallelism).
 constexpr double kTensorParallelTop = kBoxHeight + kTransferGap + 2 * (kTransferRow + 1);
-constexpr double kTensorParallelRow = 4;
-constexpr double kLanePitch = 54;     // lane to lane
+constexpr double kCollectiveRow = 4;
+constexpr double kBucketTop = kTensorParallelTop + kCollectiveRow + 1;
+constexpr double kLanePitch = 59;     // lane to lane
 constexpr double kAxisHeight = 34;    // ticks, labels and the axis caption
 constexpr double kRightMargin = 28;   // room for the last tick label
 constexpr double kCharWidth11 = 6.4;  // average glyph width of 11 px sans text
@@ -367,11 +370,11 @@ class SvgTimeline {
     }
     if (kinds.count(TimelineEventKind::kTensorParallelAllReduce)) {
       probe.kind = TimelineEventKind::kTensorParallelAllReduce;
-      LegendItem(&x, FillOf(probe), kTensorParallelRow, "tensor-parallel all-reduce");
+      LegendItem(&x, FillOf(probe), kCollectiveRow, "tensor-parallel all-reduce");
     }
     if (kinds.count(TimelineEventKind::kAllReduceBucket)) {
       probe.kind = TimelineEventKind::kAllReduceBucket;
-      LegendItem(&x, FillOf(probe), kTensorParallelRow, "all-reduce bucket (overlapped)");
+      LegendItem(&x, FillOf(probe), kCollectiveRow, "all-reduce bucket (overlapped)");
     }
     if (!options_.show_transfers) return;
     probe.kind = TimelineEventKind::kSendTransfer;
@@ -432,8 +435,8 @@ class SvgTimeline {
     }
     const bool thin = e.kind == TimelineEventKind::kSendTransfer || OnCollectiveLane(e.kind);
     if (OnCollectiveLane(e.kind)) {
-      y += kTensorParallelTop;
-      h = kTensorParallelRow;
+      y += e.kind == TimelineEventKind::kAllReduceBucket ? kBucketTop : kTensorParallelTop;
+      h = kCollectiveRow;
     }
     const char* stroke = thin ? "none" : "#ffffff";
     absl::StrAppend(&out_, "<rect x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" width=\"", Fixed(w),

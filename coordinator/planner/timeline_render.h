@@ -27,6 +27,8 @@ namespace pipetrain {
 //  - tid 2^20, "tensor-parallel all-reduce": a tensor-parallel job's unit
 //    all-reduces (they run one at a time on the group's lane).
 //    One thread per link rather than flow events: every viewer shows them.
+//  - tid 2^20 + 1, "data-parallel all-reduce buckets": the buckets a
+//    data-parallel job's all-reduce overlaps with backward passes.
 //  - ts and dur in microseconds; name = the event's label ("F mb3 [2,5)");
 //    cat = TimelineEventKindName; args: units "[b,e)", micro_batch (-1 for
 //    per-iteration work), for transfers and waits tensor, peer, bytes, and
@@ -55,7 +57,8 @@ struct TimelineSvgOptions {
 // where they fit, hatched recv waits, transfers as thin
 // bars under the lane coloured by tensor kind (sends to higher-numbered
 // workers on the upper row, to lower-numbered on the lower row), a tensor-
-// parallel job's all-reduces as thin bars on a third row, and a time
+// parallel job's all-reduces as thin bars on a third row, the data-
+// parallel all-reduce's overlapped buckets on a fourth, and a time
 // axis with ticks labelled in µs, ms or s. Hovering a box shows its label and
 // times (<title> tooltips). Zero-length events are not drawn.
 std::string TimelineSvg(const SimulationResult& result,

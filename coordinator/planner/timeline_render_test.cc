@@ -302,6 +302,34 @@ TEST(TimelineRenderTest, AllReduceBuckets_OnTheirOwnRowAndThread) {
   EXPECT_EQ(Count(svg, ">AR<"), 2);
 }
 
+// A CPU job with tensor and data parallelism runs a backward pass's
+// tensor-parallel all-reduces while its buckets all-reduce: each kind has
+// a row of its own, under the transfer rows.
+TEST(TimelineRenderTest, TensorParallelAndBucketBars_OnDifferentRows) {
+  SimulationResult result;
+  result.busy_seconds = {1};
+  result.iteration_seconds = 1;
+  result.events.push_back({0, TimelineEventKind::kBackward, 0, 1, 0, Range{0, 2}});
+  result.events.back().label = "B mb0 [0,2)";
+  result.events.push_back({0, TimelineEventKind::kTensorParallelAllReduce, 0.2, 0.4, 0, {1, 2}});
+  result.events.back().label = "tp bar";
+  result.events.push_back({0, TimelineEventKind::kAllReduceBucket, 0.2, 0.5, -1, Range{1, 2}});
+  result.events.back().label = "bucket bar";
+  const std::string svg = TimelineSvg(result, {});
+  ASSERT_EQ(CheckBalancedXml(svg), "");
+  // The y of the rect whose tooltip names `label`.
+  const auto y_of = [&svg](const std::string& label) {
+    const size_t title = svg.find(absl::StrCat("worker 0: ", label, ","));
+    EXPECT_NE(title, std::string::npos) << label;
+    const size_t rect = svg.rfind("<rect ", title);
+    const size_t y = svg.find(" y=\"", rect) + 4;
+    return std::stod(svg.substr(y, svg.find('"', y) - y));
+  };
+  const double box = y_of("B mb0 [0,2)"), tp = y_of("tp bar"), bucket = y_of("bucket bar");
+  EXPECT_GT(tp, box);
+  EXPECT_GE(bucket, tp + 4);  // below the 4 px tensor-parallel row
+}
+
 // Writes the documentation example (see the top of this file).
 TEST(TimelineRenderTest, Example_FourWorkerOneFOneB_WritesSvgAndTrace) {
   const SimulationResult result = FourWorkerExample();

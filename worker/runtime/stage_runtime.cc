@@ -368,6 +368,21 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
                        "]; want distinct stages of 0 .. ", setup.num_stages - 1, ", ascending"));
     }
   }
+  // Clipping's norm is over every stage's gradients: a stage that holds
+  // backward units of a multi-stage program and is not in the group (an
+  // empty group included) would fail every step at its first optimizer
+  // step (no holder of another stage's units, or a collective group
+  // without this stage), so it is refused here, before the run.
+  if (setup.train.grad_clip > 0 && setup.num_stages > 1 &&
+      setup.backward.begin() < setup.backward.end() &&
+      !std::binary_search(setup.optimizer_stages.begin(), setup.optimizer_stages.end(),
+                          setup.stage)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient clipping over ", setup.num_stages, " stages: optimizer stages [",
+        absl::StrJoin(setup.optimizer_stages, ", "), "] leave out stage ", setup.stage,
+        ", which holds backward units [", setup.backward.begin(), ", ", setup.backward.end(),
+        ")"));
+  }
   if (setup.train.micro_batches % setup.replicas != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("training.micro_batches (", setup.train.micro_batches,

@@ -182,7 +182,9 @@ struct StageSetup {
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:
-  // this stage alone.
+  // this stage alone, for a one-stage program; with grad_clip > 0 a stage
+  // of a multi-stage program that holds backward units must be in it
+  // (Create refuses it otherwise).
   std::vector<int> optimizer_stages;
   // The device group's channel (not owned; outlives the runtime), which
   // carries the program's LINK_PATH_DEVICE sends and receives device to

@@ -182,6 +182,18 @@ TEST(StageRuntimeCreate, PeerOutsideTheStages_InvalidArgumentNamingIt) {
   }
   setup.optimizer_stages = {0, 1};
   EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
+  // With clipping, a stage holding backward units left out of the group
+  // (or an empty group) would fail at its first optimizer step.
+  setup.train.grad_clip = 1;
+  EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
+  for (const std::vector<int>& group : std::vector<std::vector<int>>{{}, {1}}) {
+    setup.optimizer_stages = group;
+    const absl::Status created = StageRuntime::Create(setup, &data, transport.get()).status();
+    EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument) << created;
+    EXPECT_NE(created.message().find("leave out stage 0, which holds backward units"),
+              std::string::npos)
+        << created;
+  }
 }
 
 // The training iteration runs every instruction: a validation Forward

@@ -31,15 +31,15 @@ struct InFlight {
 };
 
 // Whether the worker may answer if asked again: it had not read its
-// session yet (see the header), or the call did not reach it or got no
-// answer (a reset connection, a listener restarting). Profile is a read,
-// so asking twice is harmless.
+// session yet (see the header), or the call did not reach it (a reset
+// connection, a listener restarting). Profile is a read, so asking twice is
+// harmless. Not DEADLINE_EXCEEDED: every try shares the fetch's deadline,
+// so no time is left to ask again.
 bool Retryable(grpc::StatusCode code, int session_retries, int transient_retries) {
   switch (code) {
     case grpc::StatusCode::UNAUTHENTICATED:
       return session_retries < kProfileSessionRetries;
     case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
       return transient_retries < kProfileTransientRetries;
     default:
       return false;
@@ -59,8 +59,8 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
   return MakeCancellableWorkerProfileFetcher(timeout, std::move(tls)).fetch;
 }
 
-CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout,
-                                                              WorkerChannelTls tls) {
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
+    absl::Duration timeout, WorkerChannelTls tls, std::function<void()> before_asking_again) {
   auto in_flight = std::make_shared<InFlight>();
   CancellableProfileFetcher out;
   out.cancel_all = [in_flight] {
@@ -78,15 +78,22 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
       if (address == to) *flag = true;
     }
   };
-  out.fetch = [timeout, in_flight, tls = std::move(tls)](
+  out.fetch = [timeout, in_flight, tls = std::move(tls),
+               before_asking_again = std::move(before_asking_again)](
                   const std::string& address, const std::string& session_token,
                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
-    grpc::ChannelArguments args;
-    if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
-    SkipProxyForLoopback(address, &args);  // `up`'s workers: not via $http_proxy
-    auto stub = v1::WorkerControlService::NewStub(grpc::CreateCustomChannel(
-        address, tls.credentials != nullptr ? tls.credentials : grpc::InsecureChannelCredentials(),
-        args));
+    // A new channel, for the first try and each one after UNAVAILABLE: the
+    // failed channel waits out gRPC's reconnect backoff (see the header).
+    const auto connect = [&tls, &address] {
+      grpc::ChannelArguments args;
+      if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+      // `up`'s workers: not via $http_proxy.
+      return v1::WorkerControlService::NewStub(CreateCustomChannelSkippingLoopbackProxy(
+          address,
+          tls.credentials != nullptr ? tls.credentials : grpc::InsecureChannelCredentials(),
+          args));
+    };
+    std::unique_ptr<v1::WorkerControlService::Stub> stub = connect();
     const absl::Time deadline = absl::Now() + timeout;
     // Jittered, with a fresh seed per fetch: a job planned on many workers
     // profiles them together.
@@ -130,10 +137,12 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
         const absl::Duration wait = backoff.Next();
         if (absl::Now() + wait < deadline) {
           WaitUnlessCancelled(*in_flight, cancelled, wait);  // a cancel: the loop's check returns
+          if (before_asking_again) before_asking_again();
           if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-            ++session_retries;
+            ++session_retries;  // the connection works: keep it
           } else {
             ++transient_retries;
+            stub = connect();
           }
           continue;
         }

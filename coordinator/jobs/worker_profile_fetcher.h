@@ -26,10 +26,12 @@ namespace pipetrain {
 // - UNAUTHENTICATED up to kProfileSessionRetries times: a worker learns its
 //   session from RegisterWorker's response, and a job planned at once on a
 //   worker that just registered can ask before that response has been read;
-// - UNAVAILABLE and DEADLINE_EXCEEDED up to kProfileTransientRetries times:
-//   a reset connection or a listener restarting fails a fresh channel's
-//   call at once, and the job was then planned on the analytic profile
-//   (Profile is a read: asking twice is harmless).
+// - UNAVAILABLE up to kProfileTransientRetries times, each on a new
+//   channel: a reset connection or a listener restarting fails a call at
+//   once, and the job was then planned on the analytic profile (Profile is
+//   a read: asking twice is harmless). The failed channel would wait out
+//   gRPC's reconnect backoff (1 s) and fail the retry at once.
+// DEADLINE_EXCEEDED is not asked again: every try shares the one deadline.
 // Then the worker's error is returned.
 inline constexpr int kProfileSessionRetries = 4;
 inline constexpr int kProfileTransientRetries = 2;
@@ -50,13 +52,17 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
 // `cancel_to` ends the fetches under way to one address CANCELLED (asking,
 // or waiting to ask again), for a worker known lost; later ones run as
 // usual.
+// `before_asking_again`, for tests, runs on the fetching thread after each
+// wait, before the fetch checks for a cancel and asks again: a test can
+// (re)start the worker there instead of racing the jittered wait.
 struct CancellableProfileFetcher {
   ProfileFetcher fetch;
   std::function<void()> cancel_all;
   std::function<void(const std::string& address)> cancel_to;
 };
-CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout,
-                                                              WorkerChannelTls tls = {});
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
+    absl::Duration timeout, WorkerChannelTls tls = {},
+    std::function<void()> before_asking_again = nullptr);
 
 }  // namespace pipetrain
 

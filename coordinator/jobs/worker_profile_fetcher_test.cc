@@ -51,11 +51,14 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
   std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
 };
 
+// On `on_port`, or on a free one (0). `port` is 0 when it could not listen.
 struct Served {
-  explicit Served(int refusals, grpc::StatusCode code = grpc::StatusCode::UNAUTHENTICATED)
+  explicit Served(int refusals, grpc::StatusCode code = grpc::StatusCode::UNAUTHENTICATED,
+                  int on_port = 0)
       : service(refusals, code) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(on_port),
+                             grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
   }
@@ -89,20 +92,46 @@ TEST(WorkerProfileFetcherTest, GivesUpAfterTheRetries) {
   EXPECT_EQ(worker.service.calls(), kProfileSessionRetries + 1);
 }
 
-// A worker that could not answer once (a reset connection, a listener
-// restarting: UNAVAILABLE; or no answer in time) is asked again: the job
-// was planned on the analytic profile instead.
-TEST(WorkerProfileFetcherTest, AsksAgainAfterUnavailableOrNoAnswer) {
-  for (const grpc::StatusCode code :
-       {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED}) {
-    SCOPED_TRACE(static_cast<int>(code));
-    Served worker(/*refusals=*/1, code);
-    absl::StatusOr<v1::ModelProfile> profile =
-        MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
-    ASSERT_TRUE(profile.ok()) << profile.status();
-    EXPECT_EQ(profile->units_size(), 1);
-    EXPECT_EQ(worker.service.calls(), 2);
+// A worker that could not answer once (UNAVAILABLE: a reset connection, a
+// listener restarting) is asked again: the job was planned on the analytic
+// profile instead.
+TEST(WorkerProfileFetcherTest, Unavailable_AskedAgain) {
+  Served worker(/*refusals=*/1, grpc::StatusCode::UNAVAILABLE);
+  absl::StatusOr<v1::ModelProfile> profile =
+      MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->units_size(), 1);
+  EXPECT_EQ(worker.service.calls(), 2);
+}
+
+// A worker whose listener is down at the first try (connection refused)
+// and back before the retry answers it: the retry goes out on a new
+// channel, not on the first one, which waits out gRPC's reconnect backoff
+// (1 s) and would fail it at once.
+TEST(WorkerProfileFetcherTest, ConnectionRefused_AskedAgainOnANewChannel) {
+  int port = 0;
+  {
+    Served gone(/*refusals=*/0);  // a port nothing listens on once it is gone
+    port = gone.port;
   }
+  ASSERT_NE(port, 0);
+  std::unique_ptr<Served> worker;
+  int waits = 0;
+  // One credentials object for every channel, as with --worker-tls-*.
+  const WorkerChannelTls shared{grpc::InsecureChannelCredentials(), ""};
+  CancellableProfileFetcher fetcher =
+      MakeCancellableWorkerProfileFetcher(absl::Seconds(30), shared, [&] {
+        // Before the first retry: the worker's listener is back.
+        if (++waits == 1) worker = std::make_unique<Served>(0, grpc::StatusCode::OK, port);
+      });
+  absl::StatusOr<v1::ModelProfile> profile =
+      fetcher.fetch("127.0.0.1:" + std::to_string(port), "token", {});
+  ASSERT_NE(worker, nullptr);
+  ASSERT_EQ(worker->port, port);  // else another process took the port meanwhile
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->units_size(), 1);
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(worker->service.calls(), 1);
 }
 
 // A worker that stays unavailable is asked kProfileTransientRetries more
@@ -122,6 +151,16 @@ TEST(WorkerProfileFetcherTest, InvalidArgument_NotAskedAgain) {
   absl::StatusOr<v1::ModelProfile> profile =
       MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
   EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker.service.calls(), 1);
+}
+
+// Nor is DEADLINE_EXCEEDED: every try shares the fetch's deadline, so a
+// real one leaves no time to ask again (here the worker sends it early).
+TEST(WorkerProfileFetcherTest, DeadlineExceeded_NotAskedAgain) {
+  Served worker(/*refusals=*/1, grpc::StatusCode::DEADLINE_EXCEEDED);
+  absl::StatusOr<v1::ModelProfile> profile =
+      MakeWorkerProfileFetcher(absl::Seconds(30))(worker.address(), "token", {});
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kDeadlineExceeded) << profile.status();
   EXPECT_EQ(worker.service.calls(), 1);
 }
 

@@ -72,8 +72,10 @@ std::string ListedLeaderHint(const grpc::ClientContext& context,
 }
 
 CoordinatorEndpoints::CoordinatorEndpoints(std::vector<std::string> addresses,
-                                           ChannelFactory make_channel)
-    : addresses_(std::move(addresses)), make_channel_(std::move(make_channel)) {
+                                           ChannelFactory make_channel, Clock* clock)
+    : addresses_(std::move(addresses)),
+      make_channel_(std::move(make_channel)),
+      round_robin_log_(1, absl::Minutes(1), clock) {
   PT_CHECK(!addresses_.empty());
   AnnotatedMutexLock lock(&mu_);
   current_ = addresses_[0];
@@ -113,17 +115,24 @@ bool CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::Client
     // The round robin goes on from the leader, so that if it is dead too
     // the next try is the address after it (not back to this one).
     position_ = std::find(addresses_.begin(), addresses_.end(), leader) - addresses_.begin();
+    PT_LOG(INFO) << "coordinator " << current_ << " is not the leader; using " << leader
+                 << ", the leader it named";
     SwitchToLocked(leader);
     return true;
   }
   position_ = (position_ + 1) % addresses_.size();
+  // In an outage of every coordinator each failed call lands here (a
+  // heartbeat, its resend, a registration try, a stream reopen).
+  if (int64_t dropped = 0; round_robin_log_.Allow(&dropped)) {
+    PT_LOG(INFO) << "coordinator " << current_ << " is not the leader or does not answer; using "
+                 << addresses_[position_] << " (logged at most once a minute)"
+                 << LogRateLimiter::Dropped(dropped);
+  }
   SwitchToLocked(addresses_[position_]);
   return false;
 }
 
 void CoordinatorEndpoints::SwitchToLocked(const std::string& address) {
-  PT_LOG(INFO) << "coordinator " << current_ << " is not the leader or does not answer; using "
-               << address;
   current_ = address;
   channel_ = make_channel_(address);
 }

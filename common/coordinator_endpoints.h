@@ -10,6 +10,11 @@
 // all is skipped for the next address, round robin. A single address
 // behaves as a plain channel. Thread-safe.
 //
+// Each move is logged: one to a leader a refusal named every time (rare,
+// and it says where the calls went), one to the next address at most once
+// a minute with how many were not (in an outage of every coordinator each
+// failed call moves on: a line per heartbeat, per worker).
+//
 // Only the configured addresses are ever used: a named leader that is not
 // one of them, spelled exactly as given (so each coordinator's
 // --advertise-address must appear in the clients' list), is ignored as if
@@ -34,6 +39,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
+#include "common/log_rate_limiter.h"
 
 namespace pipetrain {
 
@@ -64,8 +71,10 @@ class CoordinatorEndpoints {
  public:
   using ChannelFactory = std::function<std::shared_ptr<grpc::Channel>(const std::string&)>;
 
-  // `addresses` non-empty.
-  CoordinatorEndpoints(std::vector<std::string> addresses, ChannelFactory make_channel);
+  // `addresses` non-empty. `clock` (not owned) paces the round robin's
+  // lines; tests step a FakeClock.
+  CoordinatorEndpoints(std::vector<std::string> addresses, ChannelFactory make_channel,
+                       Clock* clock = MonotonicClock());
 
   // The channel to the coordinator believed to lead; hand it back to
   // Failed with a failed call's outcome.
@@ -101,6 +110,8 @@ class CoordinatorEndpoints {
   // Where the round robin stands: the index of current_ in addresses_.
   size_t position_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  // The round robin's moves: one line a minute.
+  LogRateLimiter round_robin_log_;
 };
 
 }  // namespace pipetrain

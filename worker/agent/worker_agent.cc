@@ -70,10 +70,10 @@ void CountFailure(WorkerMetrics* metrics, WorkerMetrics::CoordinatorCall call,
 
 // Failures in a row of one kind of call to the coordinator, and which to
 // log: the first at once, then at most one a minute saying how many were
-// not (LogRateLimiter); the success that ends them is worth a line. A
-// line at every heartbeat (each second, on every worker) made a 10-minute
-// outage of 4096 workers about 2.5 M lines. Not thread-safe: one thread's
-// calls.
+// not (LogRateLimiter); the success that ends them is worth a line when
+// one of them was logged. A line at every heartbeat (each second, on every
+// worker) made a 10-minute outage of 4096 workers about 2.5 M lines. Not
+// thread-safe: one thread's calls.
 class FailureStretch {
  public:
   explicit FailureStretch(Clock* clock) : clock_(clock) {}
@@ -81,19 +81,30 @@ class FailureStretch {
   // Counts a failure; whether to log it, then with
   // LogRateLimiter::Dropped(*dropped).
   bool Failed(int64_t* dropped) {
+    Count();
+    const bool allowed = limiter_->Allow(dropped);
+    logged_ = logged_ || allowed;
+    return allowed;
+  }
+  // Counts a failure that is not to be logged (a heartbeat sent again at
+  // once after it): the next Failed of the stretch is still logged at once.
+  void Count() {
     if (failures_++ == 0) {
       since_ = clock_->Now();
       limiter_.emplace(1, absl::Minutes(1), clock_);
     }
-    return limiter_->Allow(dropped);
   }
-  // Ends the stretch: "" when nothing failed, else "after N failed <what>
-  // over D".
+  // Ends the stretch: "" when nothing failed or nothing of it was logged
+  // (one beat refused by a follower, then answered by the leader it
+  // named), else "after N failed <what> over D".
   std::string Ended(absl::string_view what) {
-    if (failures_ == 0) return "";
-    std::string said = absl::StrCat("after ", failures_, " failed ", what, " over ",
-                                    absl::FormatDuration(clock_->Now() - since_));
+    std::string said;
+    if (logged_) {
+      said = absl::StrCat("after ", failures_, " failed ", what, " over ",
+                          absl::FormatDuration(clock_->Now() - since_));
+    }
     failures_ = 0;
+    logged_ = false;
     limiter_.reset();
     return said;
   }
@@ -101,6 +112,7 @@ class FailureStretch {
  private:
   Clock* const clock_;
   int64_t failures_ = 0;
+  bool logged_ = false;  // a failure of this stretch was logged
   absl::Time since_;
   // The stretch's own, so that its first failure is logged at once.
   std::optional<LogRateLimiter> limiter_;
@@ -205,9 +217,11 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       ParseCoordinatorAddresses("--coordinator", options_.coordinator_address)
           .value_or(std::vector<std::string>{options_.coordinator_address});
   endpoints_ = std::make_unique<CoordinatorEndpoints>(
-      std::move(addresses), [credentials, args](const std::string& address) {
+      std::move(addresses),
+      [credentials, args](const std::string& address) {
         return CreateCustomChannelSkippingLoopbackProxy(address, credentials, args);
-      });
+      },
+      options_.clock);
   link_ = std::make_unique<GrpcLink>(this);
   device_ = CollectDeviceInfo(options_.backend);
   device_.set_memory_limit_bytes(
@@ -767,6 +781,9 @@ void WorkerAgent::HeartbeatLoop() {
       followed_leader = true;
     }
     if (followed_leader && !resent_at_once) {
+      // A failed beat all the same: "after N failed heartbeats" says what
+      // the metric counted. Its resend's failure, if any, is the one logged.
+      failures.Count();
       resent_at_once = true;
       AnnotatedMutexLock lock(&mu_);
       if (stopping_) return;
@@ -805,6 +822,7 @@ void WorkerAgent::HeartbeatLoop() {
       // for the new incarnation, which it counts as the worker lost.
       AnnotatedMutexLock lock(&mu_);
       if (watch_context_ != nullptr && watch_opened_as_ != registrations_) {
+        watch_cancelled_to_reopen_ = true;
         watch_context_->TryCancel();
       }
     } else if (!s.ok()) {
@@ -840,8 +858,11 @@ void WorkerAgent::HeartbeatLoop() {
 void WorkerAgent::WatchLoop() {
   Backoff backoff(options_.backoff);
   // A stream ended: logged at once, then one a minute (the heartbeats'
-  // warnings say when the coordinator is reachable again).
-  LogRateLimiter ended_log(1, absl::Minutes(1), options_.clock);
+  // warnings say when the coordinator is reachable again). Made anew once
+  // a stream delivers or the worker reopens it itself: the first failure
+  // of the next outage is logged at once.
+  std::optional<LogRateLimiter> ended_log;
+  ended_log.emplace(1, absl::Minutes(1), options_.clock);
   while (true) {
     grpc::ClientContext context;
     v1::WatchAssignmentsRequest request;
@@ -852,6 +873,7 @@ void WorkerAgent::WatchLoop() {
       request.set_worker_id(worker_id_);
       request.set_incarnation(incarnation_);
       watch_context_ = &context;
+      watch_cancelled_to_reopen_ = false;
       opened_as = registrations_;
       watch_opened_as_ = opened_as;
     }
@@ -859,28 +881,35 @@ void WorkerAgent::WatchLoop() {
     const CoordinatorStub coordinator = Stub();
     auto reader = coordinator.stub->WatchAssignments(&context, request);
     v1::Assignment assignment;
+    bool delivered = false;
     while (reader->Read(&assignment)) {
       backoff.Reset();
+      if (!delivered) ended_log.emplace(1, absl::Minutes(1), options_.clock);
+      delivered = true;
       Handle(assignment, request.incarnation());
     }
     const grpc::Status s = reader->Finish();
     if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
+    bool own_reopen = false;
     {
       AnnotatedMutexLock lock(&mu_);
       watch_context_ = nullptr;
       if (stopping_) return;
+      own_reopen = watch_cancelled_to_reopen_ && s.error_code() == grpc::StatusCode::CANCELLED;
     }
-    // Not CANCELLED: this worker's own, to reopen the stream as a new
-    // registration (HeartbeatLoop).
-    if (s.error_code() != grpc::StatusCode::CANCELLED) {
+    // Not this worker's own cancel, to reopen the stream as a new
+    // registration (HeartbeatLoop). The coordinator's is counted: it ends
+    // a superseded stream, or one open at its shutdown, so too.
+    if (!own_reopen) {
       CountFailure(options_.metrics, WorkerMetrics::CoordinatorCall::kAssignmentStream, s);
     }
     const absl::Duration wait = backoff.Next();
-    if (int64_t dropped = 0; ended_log.Allow(&dropped)) {
+    if (int64_t dropped = 0; ended_log->Allow(&dropped)) {
       PT_LOG(WARNING) << "assignment stream ended (" << s.error_message() << "); reopening in "
                       << absl::FormatDuration(wait) << " or once registered again"
                       << LogRateLimiter::Dropped(dropped);
     }
+    if (own_reopen) ended_log.emplace(1, absl::Minutes(1), options_.clock);
     // A registration (the heartbeat loop's, after a coordinator restart
     // or a failover) ends the wait: the coordinator has this worker again
     // and its jobs wait for the stream, not for the backoff.

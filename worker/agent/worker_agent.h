@@ -32,8 +32,12 @@
 // assignment stream's failures are each logged at once, then at most once
 // a minute with how many were not, and the first heartbeat answered after
 // them says how many failed over how long ("coordinator reachable again
-// after N failed heartbeats over D"); every failed call is counted in
-// pipetrain_worker_coordinator_call_failures_total (options.metrics).
+// after N failed heartbeats over D", N counting the beats sent again at
+// once after a move to another address); every failed call is counted in
+// pipetrain_worker_coordinator_call_failures_total (options.metrics), but
+// for the assignment stream the worker cancels itself to reopen it as a
+// new registration (one the coordinator cancels is counted). A stream that
+// delivers, or that the worker reopens so, starts its warnings anew.
 //
 // Device groups: a worker whose backend can join NCCL groups reports a
 // fresh communicator id at registration (DeviceInfo.nccl_unique_id, with
@@ -373,6 +377,10 @@ class WorkerAgent {
   // registrations_ when the stream of watch_context_ opened: one opened as
   // the newest registration is not cancelled "to reopen as the new one".
   int64_t watch_opened_as_ ABSL_GUARDED_BY(mu_) = 0;
+  // The heartbeat thread cancelled the stream of watch_context_ to reopen
+  // it as the new registration: that CANCELLED is not a failure. Reset as
+  // each stream opens; a CANCELLED without it is the coordinator's.
+  bool watch_cancelled_to_reopen_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
   // The incarnation runner_ reports as (its stream's): a RUN of the same
   // plan on a newer incarnation's stream replaces it.

@@ -2281,11 +2281,11 @@ int Occurrences(absl::string_view log, absl::string_view line) {
   return n;
 }
 
-std::optional<double> CoordinatorCallFailures(const WorkerMetrics& metrics,
-                                              const std::string& call) {
+std::optional<double> CoordinatorCallFailures(const WorkerMetrics& metrics, const std::string& call,
+                                              const std::string& code = "UNAVAILABLE") {
   return testing::SeriesValue(*metrics.registry(),
                               "pipetrain_worker_coordinator_call_failures_total",
-                              {{"call", call}, {"code", "UNAVAILABLE"}});
+                              {{"call", call}, {"code", code}});
 }
 
 // 20 heartbeats refused over a minute and a second of the agent's clock:
@@ -2353,6 +2353,180 @@ TEST(WorkerAgentTest, RegistrationsRefused_EachCountedTheFirstLogged) {
   EXPECT_TRUE(absl::StrContains(
       log, "coordinator reachable again after 3 failed registration attempts over 0"))
       << log;
+}
+
+// The coordinator's address listed twice (highly available coordinators,
+// all out of reach): each refused beat moves on to the other address and
+// is sent again at once, and that fails too. The moves were a line each,
+// two a beat; they are logged once a minute. Every refused beat, the ones
+// sent again included, is in the count that ends the outage, as in the
+// metric (the resends' were left out).
+TEST(WorkerAgentTest, HeartbeatsRefusedAtEveryListedAddress_MovesLoggedOnceAMinuteAllCounted) {
+  FakeClock clock;
+  OutageCoordinator coordinator(/*registrations=*/0, /*heartbeats=*/20, &clock, /*step_at=*/10);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerMetrics metrics;
+  WorkerAgentOptions options = rig->options;
+  options.coordinator_address =
+      absl::StrCat(options.coordinator_address, ",", options.coordinator_address);
+  options.metrics = &metrics;
+  options.clock = &clock;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ::testing::internal::CaptureStderr();
+  const absl::Status started = agent.Start();
+  const bool answered = started.ok() && coordinator.AwaitAnswered(2);
+  agent.Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  rig->Shutdown();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(answered) << log;
+  EXPECT_EQ(CoordinatorCallFailures(metrics, "heartbeat"), 20.0);
+  EXPECT_TRUE(
+      absl::StrContains(log, "coordinator reachable again after 20 failed heartbeats over 1m1s"))
+      << log;
+  // One at the first move, one a minute later (the stream's moves too).
+  EXPECT_EQ(Occurrences(log, "is not the leader or does not answer"), 2) << log;
+  EXPECT_EQ(Occurrences(log, "heartbeat failed"), 2) << log;
+}
+
+// Registers the worker; each assignment stream is ended by the coordinator
+// (TryCancel, as it ends a superseded stream or one open at its shutdown).
+class StreamCancellingCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    return RegisteredAsW1(response, 1, /*interval_seconds=*/60);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext* context, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ++streams_;
+    }
+    context->TryCancel();
+    return grpc::Status::CANCELLED;
+  }
+  // Whether `n` streams were opened within 30 s.
+  bool AwaitStreams(int n) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_ >= n; },
+                                absl::Seconds(30));
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A stream the coordinator cancelled is a failure like any other: only the
+// worker's own cancel, to reopen as a new registration, is left out.
+TEST(WorkerAgentTest, AssignmentStreamCancelledByTheCoordinator_Counted) {
+  StreamCancellingCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerMetrics metrics;
+  WorkerAgentOptions options = rig->options;
+  options.metrics = &metrics;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  // The first stream's end was counted before the second opened.
+  const bool reopened = coordinator.AwaitStreams(2);
+  agent.Stop();
+  rig->Shutdown();
+  ASSERT_TRUE(reopened);
+  const std::optional<double> cancelled =
+      CoordinatorCallFailures(metrics, "assignment_stream", "CANCELLED");
+  ASSERT_TRUE(cancelled.has_value());
+  EXPECT_GE(*cancelled, 1.0);
+}
+
+// Registers incarnation 1, whose stream stays open, then forgets it at its
+// heartbeat (as a restarted coordinator does): the worker registers again
+// as 2 and cancels that stream itself to reopen it. Incarnation 2's first
+// stream ends UNAVAILABLE ("coordinator gone"); later ones stay open.
+class ReopeningCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    return RegisteredAsW1(response, ++registrations_);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->incarnation() != 1) return grpc::Status::OK;
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_of_1_ >= 1; },
+                         absl::Seconds(30));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext* context,
+                                const v1::WatchAssignmentsRequest* request,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (request->incarnation() == 1) {
+        ++streams_of_1_;
+      } else if (++streams_of_2_ == 1) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator gone");
+      }
+    }
+    while (!context->IsCancelled()) {  // open until the agent or the server ends it
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([] { return false; }, absl::Milliseconds(20));
+    }
+    return grpc::Status::OK;
+  }
+  // Whether incarnation 2 opened `n` streams within 30 s.
+  bool AwaitStreamsOf2(int n) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_of_2_ >= n; }, absl::Seconds(30));
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_of_1_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_of_2_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The worker's own cancel, reopening the stream as its new registration,
+// is not a failure: not counted, and it does not use up the minute's
+// warning, so the next stream's failure (a new outage) is logged at once.
+TEST(WorkerAgentTest, StreamReopenedAfterRegisteringAgain_NotCountedNextEndLoggedAtOnce) {
+  FakeClock clock;  // never stepped: all within one minute
+  ReopeningCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerMetrics metrics;
+  WorkerAgentOptions options = rig->options;
+  options.metrics = &metrics;
+  options.clock = &clock;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(1);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ::testing::internal::CaptureStderr();
+  const absl::Status started = agent.Start();
+  // The failed stream's end was counted and logged before the next opened.
+  const bool reopened = started.ok() && coordinator.AwaitStreamsOf2(2);
+  agent.Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  rig->Shutdown();
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(reopened) << log;
+  EXPECT_EQ(CoordinatorCallFailures(metrics, "assignment_stream", "CANCELLED"), std::nullopt);
+  EXPECT_EQ(CoordinatorCallFailures(metrics, "assignment_stream"), 1.0);
+  EXPECT_TRUE(absl::StrContains(log, "assignment stream ended (coordinator gone)")) << log;
 }
 
 }  // namespace

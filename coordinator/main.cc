@@ -782,13 +782,19 @@ void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& hea
 // --stop-timeout-seconds. Thread-safe.
 class TeardownProgress {
  public:
+  // How long the job manager's queues had waited when the servers stopped
+  // (JobManager's IoQueueAge, WeightsSyncAge, PlanningAge; zero: idle),
+  // read then because the queues may be gone by the time the error is
+  // written.
+  struct JobQueues {
+    absl::Duration io, weights_sync, planning;
+  };
   // The servers stopped; the job manager's teardown (its last saves, its
-  // file work) comes next. `io_age`: its IoQueueAge now, read here because
-  // the queue may be gone by the time the error is written.
-  void ServersStopped(absl::Duration io_age) {
+  // file work, a final weights sync or a plan it waits for) comes next.
+  void ServersStopped(const JobQueues& queues) {
     AnnotatedMutexLock lock(&mu_);
     stage_ = Stage::kJobs;
-    io_age_ = io_age;
+    queues_ = queues;
   }
   // ~JobManager returned.
   void JobsGone() {
@@ -801,23 +807,42 @@ class TeardownProgress {
       case Stage::kServers:
         return "the open gRPC and HTTP calls";
       case Stage::kJobs:
-        return absl::StrCat(
-            "the job manager's last saves and its file work on --output-dir, one at a time (",
-            io_age_ > absl::ZeroDuration()
-                ? absl::StrCat("the oldest had waited ", absl::FormatDuration(io_age_))
-                : std::string("none was queued"),
-            " when the servers stopped; a file system that stopped answering holds them all)");
+        return DescribeJobsLocked();
       case Stage::kLeadership:
         break;
     }
-    return "the store, and handing over the leadership";
+    return "handing over the leadership and closing the store";
   }
 
  private:
   enum class Stage { kServers, kJobs, kLeadership };
+  // ~JobManager waits for its I/O queue, and for the final weights sync and
+  // the plan in progress (their executors' destructors).
+  std::string DescribeJobsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string out = absl::StrCat(
+        "the job manager's last saves and its file work on --output-dir, one at a time (",
+        queues_.io > absl::ZeroDuration()
+            ? absl::StrCat("the oldest had waited ", absl::FormatDuration(queues_.io))
+            : std::string("none was queued"),
+        " when the servers stopped; a file system that stopped answering holds them all)");
+    if (queues_.weights_sync > absl::ZeroDuration()) {
+      // Cut off, the job was never saved SUCCEEDED: it trains again from
+      // its last checkpoint (operations.md).
+      absl::StrAppend(&out, ", and a finished job's final weights file sync on --output-dir (",
+                      absl::FormatDuration(queues_.weights_sync),
+                      " old when the servers stopped; cut off, the job is restored RUNNING and "
+                      "trains again from its last checkpoint)");
+    }
+    if (queues_.planning > absl::ZeroDuration()) {
+      absl::StrAppend(&out, ", and a job's plan being computed (",
+                      absl::FormatDuration(queues_.planning), " old when the servers stopped)");
+    }
+    return out;
+  }
+
   mutable AnnotatedMutex mu_;
   Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServers;
-  absl::Duration io_age_ ABSL_GUARDED_BY(mu_);
+  JobQueues queues_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bounds a leader's shutdown: `give_up`, which must not return (it exits
@@ -887,15 +912,17 @@ std::vector<TlsCertificateExpiry> ServedCertificates(const Flags& flags) {
 // Wires the managers and servers, serves until a signal, shuts down.
 int Serve(const Config& config, const sigset_t& signals) {
   const Flags& flags = config.flags;
+  // A leader's shutdown after a signal, bounded by --stop-timeout-seconds (made
+  // when it begins). Declared first, so destroyed last: the bound covers
+  // handing over the lease (`resign`), the election's end and the store's
+  // close (~SqliteStore checkpoints its WAL on --state-dir) too. Its
+  // give_up reads `teardown` and `flags` only, which outlive it.
+  TeardownProgress teardown;
+  std::optional<StopBound> stop_bound;
   // Durable state first: a coordinator that cannot keep what it promised
   // does not start.
   std::unique_ptr<Store> store;
   std::unique_ptr<LeaderElection> election;  // with --etcd-endpoints
-  // A leader's shutdown after a signal, bounded by --stop-timeout-seconds (made
-  // when it begins). Declared before `resign`: the bound covers handing
-  // over the lease too.
-  TeardownProgress teardown;
-  std::optional<StopBound> stop_bound;
   // On the way out, after everything declared below (the job manager's
   // last saves included): revoke the lease, so a follower takes over at
   // once rather than after it expires.
@@ -1143,7 +1170,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::thread http_stop([&http] { http.Stop(absl::FromChrono(kShutdownGrace)); });
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   http_stop.join();
-  teardown.ServersStopped(jobs.IoQueueAge());
+  teardown.ServersStopped({jobs.IoQueueAge(), jobs.WeightsSyncAge(), jobs.PlanningAge()});
   if (flags.test_hold_io_at_stop) jobs.HoldIoForTesting();
   // jobs' destructor stops the scheduling loop and makes the last saves,
   // then `resign` hands the lease over: in that order, so that the saves

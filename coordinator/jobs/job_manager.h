@@ -568,6 +568,18 @@ class JobManager {
   // server gone) holds every later save, though none has failed.
   // Thread-safe.
   absl::Duration IoQueueAge() const { return io_.OldestTaskAge(); }
+  // The same for the final weights file syncs (RunWeightsSyncLocked) and
+  // the placements' plans (RunInBackgroundLocked): the destructor waits for
+  // the sync running and the plan being computed (each monotonic clock);
+  // zero with options.background_runner. For the coordinator's shutdown
+  // bound, which cuts off a sync (the job trains again from its last
+  // checkpoint). Thread-safe; not once the destructor has begun.
+  absl::Duration WeightsSyncAge() const {
+    return weights_sync_ ? weights_sync_->OldestTaskAge() : absl::ZeroDuration();
+  }
+  absl::Duration PlanningAge() const {
+    return background_ ? background_->OldestTaskAge() : absl::ZeroDuration();
+  }
   // How many jobs' latest delete from options.state failed: pruned jobs,
   // which a restart (or failover) meanwhile brings back, and submits that
   // failed, whose paths and request_id stay held (JobRecord::unsettled).
@@ -979,10 +991,10 @@ class JobManager {
   // workers' budgets together; its largest unit's against the roomiest
   // worker's), or the profiler's pass of its largest unit would not fit
   // the worker that profiles (workers[0]). Such a job is planned on the
-  // analytic profile (and refused for memory when no plan fits).
-  static std::string NotProfiledForMemory(const JobRecord& record,
-                                          const v1::ProfileRequest& request,
-                                          const std::vector<v1::Worker>& workers);
+  // analytic profile (and refused for memory when no plan fits). GPU
+  // workers' budgets less options_.gpu_memory_reserve_bytes, as plans'.
+  std::string NotProfiledForMemory(const JobRecord& record, const v1::ProfileRequest& request,
+                                   const std::vector<v1::Worker>& workers) const;
   bool ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
                            ModelProfile* profile, std::string* source, double* reference_gflops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

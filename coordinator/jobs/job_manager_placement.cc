@@ -87,9 +87,11 @@ absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelPr
   const int stages = static_cast<int>(infos.size()) / per_stage;
   const int units = static_cast<int>(profile.units.size());
   std::vector<int> stage_of;
-  std::vector<double> stepped;
+  std::vector<double> stepped, copies;
   for (int g = 0; g < plan.stages_size(); ++g) {
+    // Position g: replica r's stage s, tensor rank t at (r * stages + s) * tensor + t.
     stage_of.push_back(g / tensor % stages);
+    copies.push_back(GpuHostCopiesAt(resolved, g / tensor / stages, g % tensor));
     const v1::UnitRange& b = plan.stages(g).backward();
     double bytes = 0;
     for (int u = std::max(0, b.begin()); u < std::min(b.end(), units); ++u) {
@@ -97,7 +99,7 @@ absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelPr
     }
     stepped.push_back(bytes / tensor);
   }
-  return CheckGpuHostCopies(infos, stage_of, stepped, CpuSteppedWeightCopies(resolved));
+  return CheckGpuHostCopies(infos, stage_of, stepped, copies);
 }
 
 // The job's stages as device-link members: each worker's host, GPU and

@@ -125,14 +125,15 @@ v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const 
 
 std::string JobManager::NotProfiledForMemory(const JobRecord& record,
                                              const v1::ProfileRequest& request,
-                                             const std::vector<v1::Worker>& workers) {
+                                             const std::vector<v1::Worker>& workers) const {
   // Every plan holds each unit's fp32 weights, their gradients and both
   // AdamW moments (BiPartitionCosts::Memory: 4x the weights of a stage's
   // backward units, activations on top), once per replica, less the tied
   // wte's value and moments (3x) where one worker holds both ends of the
   // model; tensor ranks split a unit's share. A bound no plan can beat,
   // from shapes alone.
-  const std::vector<double> budgets = PlanMemoryBudgets(workers);
+  const std::vector<double> budgets =
+      PlanMemoryBudgets(workers, nullptr, options_.gpu_memory_reserve_bytes);
   double total = 0, largest = 0;
   bool some_unlimited = false;  // then no plan-wide bound: the profiler's own below
   for (double b : budgets) {

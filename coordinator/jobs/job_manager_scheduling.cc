@@ -605,7 +605,8 @@ std::vector<std::string> JobManager::RoomiestFirstLocked(
   };
   std::vector<std::string> ordered;
   std::vector<bool> taken(workers.size(), false);
-  for (size_t i : RoomiestWorkers(infos_of(workers), need, infos_of(beside))) {
+  for (size_t i : RoomiestWorkers(infos_of(workers), need, infos_of(beside),
+                                  options_.gpu_memory_reserve_bytes)) {
     ordered.push_back(workers[i]);
     taken[i] = true;
   }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/bipartition.h"
+#include "coordinator/planner/planner.h"
+#include "worker/runtime/feedback_limits.h"
 
 namespace pipetrain {
 namespace {
@@ -80,6 +82,21 @@ std::vector<v1::Worker> OnTheirHosts(const std::vector<v1::Worker>& workers, boo
   return on_the_host;
 }
 
+// A GPU worker's host copies refused: it would need `need` for `copies` of
+// the `stepped` bytes of weights it steps; `short_of` says what it (or
+// its host) has instead.
+absl::Status HostCopiesRefused(const v1::Worker& w, int stage, double need, double copies,
+                               double stepped, const std::string& short_of) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "GPU worker ", w.id(), " (stage ", stage, ") would need ", BytesAndGiB(need),
+      " of host RAM for ", copies, " host copies of the ", BytesAndGiB(stepped),
+      " of weights it steps (a checkpoint's snapshot of them and both AdamW moments, and any "
+      "data-parallel residuals or tensor ranks' gathers)",
+      short_of,
+      "; give its host more RAM (its pod a higher memory limit), split the model over more "
+      "stages, or turn checkpoints off (spec.checkpoint.intervalSteps 0)"));
+}
+
 }  // namespace
 
 std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, std::string* shared,
@@ -131,34 +148,96 @@ std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers) {
   return PlanMemoryBudgets(OnTheirHosts(workers, /*keep_reserve=*/false));
 }
 
+double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank) {
+  const int replicas = std::max(1, resolved.data_parallel);
+  const int tensor = std::max(1, resolved.tensor_parallel);
+  // Each rank reads its stage's tensors of spec.init.from unsplit before
+  // the first step, when nothing below is held yet: the most of the two.
+  const double init = resolved.spec.init().from().empty() ? 0 : tensor;
+  // The writer: stage_runtime.h Snapshot, "no rank but the writer holds a
+  // copy of the whole stage"; UnsplitParameterCopies, "only rank 0
+  // uploads" (of replica 0: job_runner.cc's upload).
+  if (replica == 0 && rank == 0) return std::max(CpuSteppedWeightCopies(resolved), init);
+  const bool compressed = replicas > 1 && (resolved.data_parallel_powersgd_rank > 0 ||
+                                           !resolved.data_parallel_quantizer.empty());
+  // Its residuals stay on the host between steps (StageRuntime's
+  // dp_feedback_).
+  double copies = compressed ? 1 : 0;
+  if (compressed && resolved.spec.checkpoint().interval_steps() > 0) {
+    // GatherReplicaFeedback: each replica sends a concatenated copy of its
+    // residuals to replica 0, which holds them all (their sum past
+    // kMaxFeedbackReplicasKept) until its rank 0 has gathered them.
+    const int gathered = replicas <= kMaxFeedbackReplicasKept ? replicas : 1;
+    copies += 1 + (replica == 0 ? gathered : 0);
+  }
+  if (tensor > 1 && replica == 0 && !resolved.spec.output().weights_path().empty()) {
+    copies += 1;  // UnsplitParameterCopies: its shard's host copy, sent to rank 0
+  }
+  return std::max(copies, init);
+}
+
 absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
                                 const std::vector<int>& stages,
-                                const std::vector<double>& stepped_weight_bytes, double copies) {
+                                const std::vector<double>& stepped_weight_bytes,
+                                const std::vector<double>& copies) {
   // What a CPU worker's plan may hold of the same RAM: the host copies are
   // planned memory, so the reserve stays out of it.
-  const std::vector<double> host = PlanMemoryBudgets(OnTheirHosts(workers, /*keep_reserve=*/true));
+  const std::vector<v1::Worker> on_hosts = OnTheirHosts(workers, /*keep_reserve=*/true);
+  const std::vector<double> host = PlanMemoryBudgets(on_hosts);
+  // The GPU workers that share their host's RAM pool their shares: one
+  // holds a stage's snapshot, its neighbours little, and equal shares
+  // refused 8 GPUs of a 512 GiB host a snapshot of 84 GiB. A CPU sharer
+  // keeps its share (its plan may fill it).
+  struct Pool {
+    double need = 0, has = 0;
+    int workers = 0;
+    size_t neediest = 0;
+  };
+  std::map<std::string, Pool> pools;
+  std::vector<std::string> pool_of(workers.size());
+  std::vector<double> need(workers.size(), 0);
   for (size_t i = 0; i < workers.size(); ++i) {
-    const v1::DeviceInfo& d = workers[i].device();
-    const double need = copies * stepped_weight_bytes[i];
-    if (d.gpu_model().empty() || host[i] <= 0 || need <= host[i]) continue;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "GPU worker ", workers[i].id(), " (stage ", stages[i], ") would need ", BytesAndGiB(need),
-        " of host RAM for ", copies, " host copies of the ", BytesAndGiB(stepped_weight_bytes[i]),
-        " of weights it steps (a checkpoint's snapshot of them and both AdamW moments, and any "
-        "data-parallel residuals or tensor ranks' gathers) but has ",
-        BytesAndGiB(host[i]), d.hostname().empty() ? "" : absl::StrCat(" of ", HostRam(d)),
-        " (its limit or share, less its --memory-reserve); give its host more RAM (its pod a "
-        "higher memory limit), split the model over more stages, or turn checkpoints off "
-        "(spec.checkpoint.intervalSteps 0)"));
+    need[i] = copies[i] * stepped_weight_bytes[i];
+    if (workers[i].device().gpu_model().empty() || host[i] <= 0) continue;
+    pool_of[i] = BudgetOf(on_hosts[i]).shared;
+    if (pool_of[i].empty()) continue;
+    Pool& p = pools[pool_of[i]];
+    if (p.workers == 0 || need[i] > need[p.neediest]) p.neediest = i;
+    p.need += need[i];
+    p.has += host[i];
+    ++p.workers;
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (workers[i].device().gpu_model().empty() || host[i] <= 0) continue;
+    const Pool* p = pool_of[i].empty() ? nullptr : &pools[pool_of[i]];
+    if (p == nullptr || p->workers == 1) {
+      if (need[i] <= host[i]) continue;
+      const v1::DeviceInfo& d = workers[i].device();
+      return HostCopiesRefused(
+          workers[i], stages[i], need[i], copies[i], stepped_weight_bytes[i],
+          absl::StrCat(" but has ", BytesAndGiB(host[i]),
+                       d.hostname().empty() ? "" : absl::StrCat(" of ", HostRam(d)),
+                       " (its limit or share, less its --memory-reserve)"));
+    }
+    if (p->need <= p->has) continue;
+    const size_t n = p->neediest;
+    return HostCopiesRefused(
+        workers[n], stages[n], need[n], copies[n], stepped_weight_bytes[n],
+        absl::StrCat(", and the plan's ", p->workers, " GPU workers sharing ", pool_of[i],
+                     " would need ", BytesAndGiB(p->need), " in all, but have ",
+                     BytesAndGiB(p->has),
+                     " of it (less the plan's CPU workers' shares there, the limits of those with "
+                     "their own, and their --memory-reserve)"));
   }
   return absl::OkStatus();
 }
 
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,
-                                    const std::vector<v1::Worker>& beside) {
+                                    const std::vector<v1::Worker>& beside,
+                                    int64_t gpu_reserve_bytes) {
   constexpr double kUnlimited = std::numeric_limits<double>::infinity();
   std::vector<Budget> budgets;
-  for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
+  for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w, gpu_reserve_bytes));
   // A divided memory among the chosen workers, as PlanMemoryBudgets
   // divides it: each sharer gets (its bytes - the claims) / sharers, less
   // its reserve; the smallest that of the sharer with the fewest bytes and
@@ -194,7 +273,7 @@ std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int 
       if (!b.claims_from.empty()) divided[b.claims_from].claims += b.bytes;
     }
   };
-  for (const v1::Worker& w : beside) add(BudgetOf(w));
+  for (const v1::Worker& w : beside) add(BudgetOf(w, gpu_reserve_bytes));
   std::vector<bool> taken(workers.size(), false);
   std::vector<size_t> chosen;
   while (static_cast<int>(chosen.size()) < count && chosen.size() < workers.size()) {

@@ -15,7 +15,7 @@
 //
 // A GPU worker's plan is budgeted its GPU's memory, less the coordinator's
 // --gpu-memory-reserve, and what it holds in its host's RAM beside that
-// (a checkpoint's snapshot) is checked against its share of the host's RAM
+// (a checkpoint's snapshot) is checked against the host's RAM
 // (CheckGpuHostCopies).
 //
 // Thread-safety: pure functions.
@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 
@@ -72,27 +73,49 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
 // (the corpus is what it is kept for).
 std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
 
+// How many copies of the weights it steps (its shard of them, the bytes
+// CheckGpuHostCopies multiplies) the GPU worker at replica `replica`,
+// tensor rank `rank` of a `resolved` job holds in its host's RAM at most.
+// Only a stage's writer, replica 0's tensor rank 0, holds a snapshot of
+// the whole stage and gathers the final weights: it holds what a CPU
+// worker's plan counts for every position (planner.h
+// CpuSteppedWeightCopies). The others hold their own shard's copies only:
+// with compressed data-parallel gradients its residual, and while a
+// checkpoint is written the copy of it that it sends and, at replica 0,
+// the replicas' residuals gathered for its rank 0; at replica 0 with
+// tensor ranks and spec.output.weights_path its shard's copy sent for the
+// final weights; with spec.init.from at least T (its stage's tensors read
+// unsplit before the first step). Without any of these, none.
+double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank);
+
 // A GPU worker's plan counts its device's memory only, but a checkpoint's
 // snapshot (StageRuntime::Snapshot) downloads the weights it steps and
 // both AdamW moments into its host's RAM, a tensor rank 0 its stage's
 // ranks' gathered; so do compressed data-parallel residuals, a final
 // gather and an unsplit spec.init.from. A CPU worker's plan counts these
-// in its memory (`copies`: planner.h CpuSteppedWeightCopies, the solver's
-// c_i); a GPU worker's are checked here: `copies` x stepped_weight_bytes[i]
-// against worker i's share of its host's RAM as PlanMemoryBudgets divides
-// it among the plan's workers counted as CPU ones, less its
-// --memory-reserve (unlimited, 0: not checked). Unchecked, the first
-// checkpoint got the worker OOM-killed, and each recovery put the same
-// plan back on the same workers.
+// in its memory (planner.h CpuSteppedWeightCopies, the solver's c_i, the
+// writer's for every position); a GPU worker's are checked here:
+// copies[i] x stepped_weight_bytes[i] (what worker i holds of them at
+// most: the writer the whole stage's snapshot, the others their shards'
+// residuals, if any) against its host's RAM. GPU workers that share it
+// (no limit of their own below it) are checked together: the sum of their
+// needs against the sum of their shares as PlanMemoryBudgets divides it
+// among the plan's workers counted as CPU ones, less each one's
+// --memory-reserve (a CPU worker there keeps its share); any other
+// against its own limit less its reserve; unreported RAM (0) is not
+// checked. Unchecked, the first checkpoint got the writer OOM-killed, and
+// each recovery put the same plan back on the same workers.
 // `workers`: a plan's, in position order; stages[i] the stage worker i
 // runs (for the message); stepped_weight_bytes[i] the bytes of the weights
-// it steps (its backward units', a tensor rank's share), which `copies`
-// multiplies (sizes equal). OK when every GPU worker's fit (CPU workers are
-// not checked: their plan did); else RESOURCE_EXHAUSTED naming the first
-// that does not, its stage, what it needs and what it has.
+// it steps (its backward units', a tensor rank's share); sizes equal. OK
+// when every GPU worker's fit (CPU workers are not checked: their plan
+// did); else RESOURCE_EXHAUSTED naming the first that does not (of a
+// host's sharers, the one that needs the most), its stage, what it (and
+// its host's sharers) need and what it (they) have.
 absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
                                 const std::vector<int>& stages,
-                                const std::vector<double>& stepped_weight_bytes, double copies);
+                                const std::vector<double>& stepped_weight_bytes,
+                                const std::vector<double>& copies);
 
 // Which `count` of `workers` have the most memory for a plan: indices into
 // `workers`, chosen greedily, each next the worker that leaves the chosen
@@ -104,9 +127,12 @@ absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
 // the plan has already (a recovering job's survivors), counted among the
 // chosen from the start: a spare on a host they share divides its RAM
 // with them too.
-// A placement refused for memory is tried once more on these (JobManager).
+// `gpu_reserve_bytes`: --gpu-memory-reserve, taken off GPU workers' budgets
+// as PlanMemoryBudgets does. A placement refused for memory is tried once
+// more on these (JobManager).
 std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count,
-                                    const std::vector<v1::Worker>& beside = {});
+                                    const std::vector<v1::Worker>& beside = {},
+                                    int64_t gpu_reserve_bytes = 0);
 
 }  // namespace pipetrain
 

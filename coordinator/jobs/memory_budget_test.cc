@@ -166,7 +166,7 @@ TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
   gpu.mutable_device()->set_memory_bytes(16 * kGiB);
   gpu.mutable_device()->set_memory_limit_bytes(16 * kGiB);
   const std::vector<double> stepped = {13.0 * kGiB};
-  const absl::Status refused = CheckGpuHostCopies({gpu}, {2}, stepped, 3);
+  const absl::Status refused = CheckGpuHostCopies({gpu}, {2}, stepped, {3});
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_EQ(refused.message(),
             "GPU worker gpu-1 (stage 2) would need 41875931136 bytes (39.00 GiB) of host RAM for "
@@ -176,30 +176,115 @@ TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
             "node's RAM (its limit or share, less its --memory-reserve); give its host more RAM "
             "(its pod a higher memory limit), split the model over more stages, or turn "
             "checkpoints off (spec.checkpoint.intervalSteps 0)");
-  EXPECT_TRUE(CheckGpuHostCopies({gpu}, {2}, stepped, 0).ok());
-  EXPECT_TRUE(CheckGpuHostCopies({CpuWorker("node", 16 * kGiB, 16 * kGiB)}, {0}, stepped, 3).ok());
+  EXPECT_TRUE(CheckGpuHostCopies({gpu}, {2}, stepped, {0}).ok());
+  EXPECT_TRUE(
+      CheckGpuHostCopies({CpuWorker("node", 16 * kGiB, 16 * kGiB)}, {0}, stepped, {3}).ok());
   v1::Worker unreported = GpuWorker("", "", 0, 80 * kGiB);
   unreported.mutable_device()->set_memory_bytes(0);
-  EXPECT_TRUE(CheckGpuHostCopies({unreported}, {0}, stepped, 3).ok());
+  EXPECT_TRUE(CheckGpuHostCopies({unreported}, {0}, stepped, {3}).ok());
 }
 
-// The host's RAM is what a CPU worker's plan would get of it: shared by the
-// plan's workers there, GPU ones counted as CPU ones, less the worker's
-// --memory-reserve. Two GPU workers of a 64 GiB host with 4 GiB reserves
-// have 28 GiB each: 27 GiB of copies fit, 29 GiB do not, for the second.
-TEST(CheckGpuHostCopiesTest, HostShare_LessTheReserve) {
+// The GPU workers that share a host's RAM are checked together: their
+// needs against the sum of their shares (as a CPU worker's plan would get
+// them), each less its --memory-reserve. Two GPU workers of a 64 GiB host
+// with 4 GiB reserves have 56 GiB: 27 and 29 GiB of copies fit (equal
+// shares of 28 GiB refused the second), 27 and 31 do not, naming the
+// worker that needs the most.
+TEST(CheckGpuHostCopiesTest, SharersOfAHost_CheckedTogetherLessTheirReserves) {
   std::vector<v1::Worker> w = {GpuWorker("node", "0000:01", 0, 80 * kGiB),
                                GpuWorker("node", "0000:02", 1, 80 * kGiB)};
   for (int i = 0; i < 2; ++i) {
     w[i].set_id(absl::StrCat("gpu-", i));
     w[i].mutable_device()->set_memory_reserve_bytes(4 * kGiB);
   }
-  EXPECT_TRUE(CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 9.0 * kGiB}, 3).ok());
-  const absl::Status refused = CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 29.0 * kGiB / 3}, 3);
+  EXPECT_TRUE(CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 29.0 * kGiB / 3}, {3, 3}).ok());
+  const absl::Status refused =
+      CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 31.0 * kGiB / 3}, {3, 3});
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("GPU worker gpu-1 (stage 1)"), std::string::npos) << refused;
-  EXPECT_NE(refused.message().find("but has 30064771072 bytes (28.00 GiB)"), std::string::npos)
+  EXPECT_NE(refused.message().find("GPU worker gpu-1 (stage 1) would need 33285996544 bytes "
+                                   "(31.00 GiB)"),
+            std::string::npos)
       << refused;
+  EXPECT_NE(refused.message().find("and the plan's 2 GPU workers sharing host node's RAM would "
+                                   "need 62277025792 bytes (58.00 GiB) in all, but have "
+                                   "60129542144 bytes (56.00 GiB) of it"),
+            std::string::npos)
+      << refused;
+}
+
+// A job with checkpoints of T = 8 on the 8 GPUs of one 512 GiB host, 28 GiB
+// of weights in its one stage (3.5 GiB a rank): only the writer (replica
+// 0's tensor rank 0) holds the stage's snapshot, 8 x 3 shards = 84 GiB;
+// the other ranks hold none. Charged to every rank against an eighth of
+// the host (64 GiB) each, it was refused. So is D = 8 replicas of one
+// stage (the writer's 3 x 28 GiB). A 64 GiB host is refused naming the
+// writer.
+TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterHoldsTheSnapshot) {
+  std::vector<v1::Worker> w;
+  for (int g = 0; g < 8; ++g) {
+    w.push_back(GpuWorker("dgx", absl::StrCat("bus", g), g, 80 * kGiB));
+    w.back().set_id(absl::StrCat("gpu-", g));
+    w.back().mutable_device()->set_memory_bytes(512 * kGiB);
+  }
+  ResolvedJobSpec tensor;
+  tensor.tensor_parallel = 8;
+  tensor.spec.mutable_checkpoint()->set_interval_steps(100);
+  std::vector<double> copies;
+  for (int t = 0; t < 8; ++t) copies.push_back(GpuHostCopiesAt(tensor, 0, t));
+  EXPECT_EQ(copies, (std::vector<double>{24, 0, 0, 0, 0, 0, 0, 0}));
+  const std::vector<int> stages(8, 0);
+  const std::vector<double> shard(8, 3.5 * kGiB);
+  EXPECT_TRUE(CheckGpuHostCopies(w, stages, shard, copies).ok());
+  ResolvedJobSpec data;
+  data.data_parallel = 8;
+  data.spec.mutable_checkpoint()->set_interval_steps(100);
+  std::vector<double> replica_copies;
+  for (int r = 0; r < 8; ++r) replica_copies.push_back(GpuHostCopiesAt(data, r, 0));
+  EXPECT_EQ(replica_copies, (std::vector<double>{3, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_TRUE(
+      CheckGpuHostCopies(w, stages, std::vector<double>(8, 28.0 * kGiB), replica_copies).ok());
+  for (v1::Worker& small : w) small.mutable_device()->set_memory_bytes(64 * kGiB);
+  const absl::Status refused = CheckGpuHostCopies(w, stages, shard, copies);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 90194313216 bytes "
+                                   "(84.00 GiB) of host RAM for 24 host copies of the "
+                                   "3758096384 bytes (3.50 GiB) of weights it steps"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("8 GPU workers sharing host dgx's RAM would need 90194313216 "
+                                   "bytes (84.00 GiB) in all, but have 68719476736 bytes "
+                                   "(64.00 GiB) of it"),
+            std::string::npos)
+      << refused;
+}
+
+// What the positions other than a stage's writer hold of their shard: with
+// compressed data-parallel gradients (D = 2) their residual, and while a
+// checkpoint is written the copy they send and, at replica 0, both
+// replicas'; at replica 0, its shard of the final weights sent to rank 0;
+// with spec.init.from its stage's T shards read unsplit. The writer holds
+// CpuSteppedWeightCopies.
+TEST(GpuHostCopiesAtTest, OnlyTheWriterHoldsTheStage) {
+  ResolvedJobSpec r;
+  r.data_parallel = 2;
+  r.tensor_parallel = 2;
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 0);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 0);
+  r.data_parallel_quantizer = "bf16";
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1);
+  r.spec.mutable_checkpoint()->set_interval_steps(10);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2));
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 1 + 1 + 2);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1 + 1);
+  r.spec.mutable_output()->set_weights_path("out.safetensors");
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2) + 2);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 1 + 1 + 2 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 1 + 1);
+  ResolvedJobSpec from;
+  from.tensor_parallel = 4;
+  from.spec.mutable_init()->set_from("checkpoints/old");
+  EXPECT_EQ(GpuHostCopiesAt(from, 0, 0), 4);
+  EXPECT_EQ(GpuHostCopiesAt(from, 0, 3), 4);
 }
 
 // Unreported memory (0) stays "unlimited".
@@ -307,6 +392,16 @@ TEST(RoomiestWorkersTest, UnlimitedFirst_TiesInOrder) {
   const std::vector<v1::Worker> w = {CpuWorker("a", 8 * kGiB, 8 * kGiB),
                                      CpuWorker("b", 8 * kGiB, 8 * kGiB), CpuWorker("c", 0, 0)};
   EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{2, 0}));
+}
+
+// --gpu-memory-reserve comes off a GPU worker's budget in the ranking too,
+// as PlanMemoryBudgets takes it: an 80 GiB GPU with a 2 GiB reserve (78
+// GiB for plans) ranks below a CPU worker's 79 GiB.
+TEST(RoomiestWorkersTest, GpuReserveComesOffTheBudgetRanked) {
+  const std::vector<v1::Worker> w = {GpuWorker("h", "0000:01", 0, 80 * kGiB),
+                                     CpuWorker("c", 79 * kGiB, 79 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(w, 1), (std::vector<size_t>{0}));
+  EXPECT_EQ(RoomiestWorkers(w, 1, {}, 2 * kGiB), (std::vector<size_t>{1}));
 }
 
 // Two GPUs of one host, two workers on the first: the second GPU's worker

@@ -259,9 +259,13 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(const double wire_fraction,
                      TensorParallelWireFraction(r.tensor_compression, tokens, r.train.seq_len,
                                                 r.train.model.d_model));
-    // And its coding takes CPU time, as the profile measured the codec.
-    ASSIGN_OR_RETURN(const double coding, TensorParallelCodingSecondsPerByte(
-                                              r.tensor_compression, r.train.seq_len, profile));
+    // And its coding takes CPU time, as the profile measured the codec:
+    // CPU work of the group's, so at its speed like the compute the
+    // all-reduces overlap (then, in the waits, not divided again).
+    ASSIGN_OR_RETURN(
+        const double measured_coding,
+        TensorParallelCodingSecondsPerByte(r.tensor_compression, r.train.seq_len, profile));
+    const double coding = measured_coding / group_speed;
     // Through a codec the block units' all-reduces run the ring; without
     // one, as Collectives::AllReduce chooses by size.
     ASSIGN_OR_RETURN(const bool encoded, TensorParallelEncoded(r.tensor_compression));

@@ -152,6 +152,60 @@ TEST(PlanJobTensorParallel, CommunicationNotScaledByWorkerSpeed) {
   }
 }
 
+// The codec's coding of a rank's all-reduces is CPU work: a group at speed
+// 0.25 codes 4x as long as the profile measured, as it computes 4x as
+// long. So (profile P with the codec's cost c, speed 0.25) plans as (P
+// with its compute x4 and 4c, speed 1): the same partitions and prediction
+// (relative 1e-9). Priced at c, the coding was predicted as (4P, c): here
+// 50 to 63 % as long.
+TEST(PlanJobTensorParallel, CodecCodingScaledByWorkerSpeed) {
+  for (const std::string solver : {"bipartition", "pipedream"}) {
+    SCOPED_TRACE(solver);
+    v1::JobSpec spec = SmallSpec(2, 2);
+    spec.mutable_parallelism()->set_solver(solver);
+    spec.mutable_parallelism()->set_tensor(2);
+    spec.mutable_parallelism()->set_tensor_partitions(0);
+    spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
+    const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+    const ModelProfile profile = AnalyticProfile(
+        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+    const auto scaled = [&](double compute, double coding_per_byte) {
+      ModelProfile out = profile;
+      for (UnitProfile& u : out.units) {
+        u.fwd_seconds *= compute;
+        u.bwd_seconds *= compute;
+        u.optimizer_seconds *= compute;
+      }
+      out.codec_all_reduce_seconds_per_byte["piecewise:bits=8"] = coding_per_byte;
+      return out;
+    };
+    const auto plan = [&](const ModelProfile& p, double speed) {
+      ClusterSpec cluster = testing::TestCluster(4, 1e8, 1e-4);
+      for (WorkerSpec& w : cluster.workers) w.speed = speed;
+      return PlanJob(job, "job", 1, p, cluster, "analytic");
+    };
+    const absl::StatusOr<CompiledPlan> slow = plan(scaled(1, 5e-8), 0.25);
+    const absl::StatusOr<CompiledPlan> described = plan(scaled(4, 2e-7), 1);
+    const absl::StatusOr<CompiledPlan> coding_unscaled = plan(scaled(4, 5e-8), 1);
+    ASSERT_TRUE(slow.ok() && described.ok() && coding_unscaled.ok())
+        << slow.status() << described.status() << coding_unscaled.status();
+    const v1::Plan& a = slow->plan;
+    const v1::Plan& b = described->plan;
+    EXPECT_NEAR(a.predicted_iteration_seconds(), b.predicted_iteration_seconds(),
+                1e-9 * b.predicted_iteration_seconds());
+    EXPECT_EQ(std::vector<int>(a.tensor_partitions_forward().begin(),
+                               a.tensor_partitions_forward().end()),
+              std::vector<int>(b.tensor_partitions_forward().begin(),
+                               b.tensor_partitions_forward().end()));
+    EXPECT_EQ(std::vector<int>(a.tensor_partitions_backward().begin(),
+                               a.tensor_partitions_backward().end()),
+              std::vector<int>(b.tensor_partitions_backward().begin(),
+                               b.tensor_partitions_backward().end()));
+    EXPECT_LT(coding_unscaled->plan.predicted_iteration_seconds(),
+              0.8 * b.predicted_iteration_seconds());
+  }
+}
+
 // A fixed spec.parallelism.tensor_partitions splits the attention and MLP
 // units only: embed and head are never partitioned, so the plan lists 1
 // for them, as it does for Alg. 1's choice (tensor_partitions 0).

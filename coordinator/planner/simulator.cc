@@ -305,10 +305,11 @@ class Simulator {
   }
 
   // The CPU seconds of w's compressed all-reduce of `bytes` gradient bytes
-  // (header: all_reduce_cpu_seconds_per_byte).
+  // (header: all_reduce_cpu_seconds_per_byte): work on w's cores, so at
+  // w's speed as its compute.
   double CpuSeconds(int w, double bytes) const {
     return w < static_cast<int>(costs_.all_reduce_cpu_seconds_per_byte.size())
-               ? bytes * costs_.all_reduce_cpu_seconds_per_byte[w]
+               ? bytes * costs_.all_reduce_cpu_seconds_per_byte[w] / costs_.worker_speeds[w]
                : 0.0;
   }
   bool CpuShared(int w) const {

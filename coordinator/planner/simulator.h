@@ -50,8 +50,8 @@
 //    bucket holds >= all_reduce_bucket_bytes it is all-reduced on w's
 //    all-reduce lane: AllReduceSeconds(D, bucket bytes x
 //    all_reduce_byte_fraction[w], replica_link) + bucket bytes x
-//    all_reduce_cpu_seconds_per_byte[w] (a compressed stage's coding),
-//    starting when the lane is free (one collective at a time, in order),
+//    all_reduce_cpu_seconds_per_byte[w] / speed[w] (a compressed stage's
+//    coding), starting when the lane is free (one collective at a time, in order),
 //    while w goes on computing (a kAllReduceBucket event, not worker time).
 //    OptimizerStep(units) then sends the last, partly filled bucket, waits
 //    until the lane is free (a kAllReduceWait event: worker time), and
@@ -152,11 +152,13 @@ struct SimulationCosts {
   std::vector<bool> all_reduce_overlaps;
   // A compressed all-reduce's own CPU time (coding, summing, copying;
   // ModelProfile's QuantizedAllReduceSecondsPerByte), per program, in
-  // seconds per byte of its gradients other than the tied wte's (missing
-  // or 0: not modelled): each bucket, and what the step all-reduces, takes
-  // that much longer. With all_reduce_cpu_shared[w] (missing: false) the
-  // worker's host has no core to spare, so a bucket's CPU time also
-  // delays its compute: charged as worker time (kAllReduceCpu) at the
+  // seconds per byte of its gradients other than the tied wte's at speed 1
+  // (missing or 0: not modelled): each bucket, and what the step
+  // all-reduces, takes that much / speed[w] longer (CPU work, like the
+  // compute; a GPU worker codes on its host's CPU, which its speed does
+  // not describe: priced so too). With all_reduce_cpu_shared[w] (missing:
+  // false) the worker's host has no core to spare, so a bucket's CPU time
+  // also delays its compute: charged as worker time (kAllReduceCpu) at the
   // step, before the wait for the lane.
   std::vector<double> all_reduce_cpu_seconds_per_byte;
   std::vector<bool> all_reduce_cpu_shared;

@@ -513,6 +513,36 @@ TEST(SimulatorTest, Overlap_CompressedAllReducesCpuTime) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The coding is the worker's CPU work: at speed 0.5 it takes twice as
+// long, as the compute does (a bucket's second on the link does not). The
+// passes end at 32; the 1000 B buckets (units 2 and 1, done at 26 and 30)
+// take 1 s on the link and 2 s of coding each, so the step waits until 33
+// (with speed 1's 1 s of coding, the lane was free at 32). Without a spare
+// core the step takes their 4 s of coding; without overlap it codes
+// 2000 B for 4 s.
+TEST(SimulatorTest, Overlap_CompressedAllReducesCpuTime_DividedBySpeed) {
+  SimulationCosts costs = OverlapCosts();
+  costs.worker_speeds = {0.5};
+  costs.all_reduce_cpu_seconds_per_byte = {1e-3};
+  SimulationResult r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,4)@0-4", "F mb1 [0,4)@4-8", "B mb0 [0,4)@8-20",
+                                      "B mb1 [0,4)@20-32",
+                                      "AllReduce bucket [2,3) x2 replicas@26-29",
+                                      "AllReduce bucket [1,2) x2 replicas@30-33",
+                                      "wait for the AllReduce buckets of [0,4)@32-33",
+                                      "AllReduce [0,4) x2 replicas@33-33.1",
+                                      "Opt [0,4)@33.1-33.1"}));
+  costs.all_reduce_cpu_shared = {true};
+  r = SimulateIteration(OverlapPrograms(), costs).value();
+  ASSERT_EQ(Timeline(r, 0).size(), 9u);
+  EXPECT_EQ(Timeline(r, 0)[6], "all-reduce coding of [0,4) on the worker's cores@32-36");
+  EXPECT_DOUBLE_EQ(r.busy_seconds[0], 32 + 4);
+  costs.all_reduce_bucket_bytes = 0;  // 2100 B on the link, 2.1 s, and 4 s of coding
+  EXPECT_EQ(Timeline(SimulateIteration(OverlapPrograms(), costs).value(), 0).back(),
+            "Opt [0,4)@38.1-38.1");
+}
+
 TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
   SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);

@@ -63,7 +63,8 @@ struct TensorPartitionPlan {
 // all-reduces go through a codec (AllReduceEncoded, always the ring;
 // TensorParallelEncoded); else each runs as Collectives::AllReduce
 // chooses by its size (AllReduceRunsRecursiveDoubling), as the embedding's
-// and the head's do.
+// and the head's do. `block_coding_seconds_per_byte` is CPU work, at the
+// speed of the profile's compute (the planner divides both by the group's).
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(
     const ModelProfile& profile, int tensor, double bandwidth_bytes_per_second,
     double latency_seconds, double block_wire_fraction = 1.0,
@@ -159,6 +160,9 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
 // from `profile`'s compute divided by `speed` (> 0; the group's, so that
 // the all-reduces overlap the compute as the group runs it): the compute
 // is multiplied back by it, to the speed-1 seconds the consumers divide.
+// The all-reduces' coding (CPU work, passed at the group's speed as well)
+// counts with them: what the compute does not hide of it is in the waits,
+// at that speed, not multiplied back.
 ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
                                    const std::vector<TensorParallelUnitLanes>& passes,
                                    double speed = 1.0);

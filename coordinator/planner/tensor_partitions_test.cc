@@ -247,11 +247,12 @@ TEST(TensorParallelCostsOfTest, SplitsComputeFromWaits_ComputeAtSpeedOne) {
   const ModelProfile p = Profile(0.01, 8e6);
   ModelProfile halved = p;
   for (UnitProfile& u : halved.units) u.fwd_seconds /= 2, u.bwd_seconds /= 2;
-  const std::vector<int> whole(6, 1), two = {1, 2, 2, 2, 2, 1};
+  // Backward runs from mlp_1 in 4, 1, 2 and 4 partitions.
+  const std::vector<int> whole(6, 1), mixed = {1, 4, 2, 1, 4, 1};
   absl::StatusOr<std::vector<TensorParallelUnitLanes>> at_one =
-      TensorParallelUnitPasses(p, 2, whole, two, 1e9, 0);
+      TensorParallelUnitPasses(p, 2, whole, mixed, 1e9, 0);
   absl::StatusOr<std::vector<TensorParallelUnitLanes>> at_two =
-      TensorParallelUnitPasses(halved, 2, whole, two, 1e9, 0);
+      TensorParallelUnitPasses(halved, 2, whole, mixed, 1e9, 0);
   ASSERT_TRUE(at_one.ok() && at_two.ok()) << at_one.status() << at_two.status();
   const ModelProfile one = TensorParallelCostsOf(p, 2, *at_one);
   EXPECT_NEAR(one.units[1].fwd_seconds, 0.005, 1e-12);  // 10 ms / 2 ranks
@@ -260,8 +261,20 @@ TEST(TensorParallelCostsOfTest, SplitsComputeFromWaits_ComputeAtSpeedOne) {
   const ModelProfile two_speed = TensorParallelCostsOf(p, 2, *at_two, 2.0);
   EXPECT_NEAR(two_speed.units[1].fwd_seconds, 0.005, 1e-12);
   EXPECT_NEAR(two_speed.units[1].fwd_comm_seconds, 0.008, 1e-12);
-  // Streamed backward halves may charge a unit less than its compute: its
-  // wait is then 0, never negative.
+  // A streamed unit may be charged less than its compute: at speed 1 the
+  // backward is through mlp_0 at 44 ms (its halves reduced at 39 and 44);
+  // attn_0 computes its quarters from 40 to 50 ms, the first under
+  // mlp_0's second sum, and its sums end at 52: charged 8 ms of its 10 ms
+  // of compute. All of the 8 ms is compute; its wait is 0, not -2.
+  EXPECT_NEAR(PassSeconds((*at_one)[1].backward), 0.008, 1e-12);
+  EXPECT_NEAR((*at_one)[1].backward.compute_seconds, 0.01, 1e-12);
+  EXPECT_NEAR(one.units[1].bwd_seconds, 0.008, 1e-12);
+  EXPECT_EQ(one.units[1].bwd_comm_seconds, 0);
+  // At speed 2 the same unit is charged 8 ms beside 5 ms of compute (10 ms
+  // at speed 1): 3 ms of it waits.
+  EXPECT_NEAR(PassSeconds((*at_two)[1].backward), 0.008, 1e-12);
+  EXPECT_NEAR(two_speed.units[1].bwd_seconds, 0.01, 1e-12);
+  EXPECT_NEAR(two_speed.units[1].bwd_comm_seconds, 0.003, 1e-12);
   for (const ModelProfile* costs : {&one, &two_speed}) {
     for (const UnitProfile& u : costs->units) {
       EXPECT_GE(u.fwd_comm_seconds, 0) << u.name;

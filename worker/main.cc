@@ -29,6 +29,7 @@
 #include "common/byte_size.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
+#include "common/data_plane_limits.h"
 #include "common/flag_set.h"
 #include "common/grpc_log.h"
 #include "common/host_port.h"
@@ -126,6 +127,9 @@ class AgentDrain final : public DrainingAgent {
 // registry answers so too), never ready and never exiting.
 constexpr size_t kMaxNodeNameBytes = 253;
 
+// --mailbox-limit's default, written in whole GiB for --help.
+static_assert(kMaxDataPlaneTensorBytes % (int64_t{1} << 30) == 0);
+
 struct Flags {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";
@@ -135,7 +139,8 @@ struct Flags {
   std::string checkpoint_root;
   std::string memory_limit;
   std::string memory_reserve;
-  std::string mailbox_limit = "4G";
+  // The data plane's per-tensor limit: every tensor a plan may send fits.
+  std::string mailbox_limit = absl::StrCat(kMaxDataPlaneTensorBytes >> 30, "G");
   std::string node_name;
   std::string tls_ca;
   std::string tls_cert, tls_key;  // the worker's client certificate (mutual TLS)
@@ -350,6 +355,8 @@ int Run(const std::vector<std::string>& args) {
     return 2;
   }
   SetBlasThreads(f.threads);  // warns when OpenBLAS caps the count
+  // Reported at registration: the coordinator plans no tensor above it.
+  SetReportedMailboxLimit(mailbox_limits.max_bytes);
   // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
   if (f.device != "cpu") PreferEagerCudaModuleLoading();
   absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm, f.attention);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/data_plane_limits.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/bipartition.h"
 #include "coordinator/planner/compression_marking.h"
@@ -44,13 +45,26 @@ double SlowestSpeed(const ClusterSpec& cluster) {
   return slowest > 0 && std::isfinite(slowest) ? slowest : 1;
 }
 
+// What bounds one tensor of a plan on `replica` (MaxPlannedTensorBytes),
+// for errors: the workers' --mailbox-limit where it is the smaller, so the
+// operator knows which flag to raise.
+std::string TensorLimitText(const ClusterSpec& replica) {
+  const double limit = MaxPlannedTensorBytes(replica);
+  if (limit < static_cast<double>(kMaxDataPlaneTensorBytes)) {
+    return absl::StrCat("the smallest --mailbox-limit among the job's workers, ",
+                        BytesAndGiB(limit), " (a worker's mailbox refuses a larger tensor)");
+  }
+  return absl::StrCat("the data plane's limit of ", BytesAndGiB(limit), " per tensor");
+}
+
 // A unit whose two passes run on different stages sends its weights to its
 // forward stage after each step as ONE tensor (UNIT_WEIGHTS), which the
-// receiver refuses above the data plane's per-tensor limit: the job would
-// fail at its first step, and again after each recovery re-planned the same
-// ranges. Bi-Partition keeps such units whole (bipartition.h); a manual plan
-// that splits one is refused here, naming it. `planned`: one tensor rank's
-// unit costs, whose weight_bytes are what that rank sends.
+// receiver refuses above the data plane's per-tensor limit or its mailbox's
+// (MaxPlannedTensorBytes): the job would fail at its first step, and again
+// after each recovery re-planned the same ranges. Bi-Partition keeps such
+// units whole (bipartition.h); a manual plan that splits one is refused
+// here, naming it. `planned`: one tensor rank's unit costs, whose
+// weight_bytes are what that rank sends.
 absl::Status CheckWeightSyncs(const ResolvedJobSpec& r, const ModelProfile& planned,
                               const ClusterSpec& replica, const SolvedPlan& solved) {
   const BiPartitionProblem problem = MakeBiPartitionProblem(planned, replica);
@@ -66,14 +80,55 @@ absl::Status CheckWeightSyncs(const ResolvedJobSpec& r, const ModelProfile& plan
       " and its backward pass on stage ", backward, ", so after each step stage ", backward,
       " would send its weights to stage ", forward, " as one tensor of ",
       BytesAndGiB(problem.weight_bytes[u]), r.tensor_parallel > 1 ? " per tensor rank" : "",
-      ", above the data plane's limit of ", BytesAndGiB(problem.max_weight_sync_bytes),
-      " per tensor");
+      ", above ", TensorLimitText(replica));
   if (r.solver != kSolverManual) {
     return absl::InternalError(absl::StrCat("solver ", solved.solver, ": ", what));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("spec.parallelism.manual_stages: ", what,
                    "; give that unit equal forward and backward cuts (both passes on one stage)"));
+}
+
+// Each micro-batch a stage sends its forward range's output to the next
+// and the gradient at its backward range's start to the one before
+// (schedule_compiler.cc; a recompute's routed input is the same unit's
+// output), each as one tensor of the unit's activation_bytes. A worker's
+// mailbox refuses one above its --mailbox-limit, so the job would fail at
+// its first step: refused here, naming the largest. Sized raw, which errs
+// on the safe side: a codec shrinks the tensor, and GPUs of one host may
+// pass it over NCCL instead (device_links.h, decided after planning). No
+// cut avoids it (a model's activations are alike), nor do more workers:
+// FAILED_PRECONDITION (the workers' flag), not RESOURCE_EXHAUSTED, which
+// placement takes for memory and retries.
+absl::Status CheckActivationSends(const ModelProfile& planned, const ClusterSpec& replica,
+                                  const SolvedPlan& solved) {
+  const int units = static_cast<int>(planned.units.size());
+  int unit = -1;
+  size_t stage = 0;
+  bool gradient = false;
+  auto consider = [&](int u, size_t s, bool grad) {
+    if (unit < 0 || planned.units[u].activation_bytes > planned.units[unit].activation_bytes) {
+      unit = u, stage = s, gradient = grad;
+    }
+  };
+  for (size_t s = 0; s < solved.forward.size(); ++s) {
+    const Range& f = solved.forward[s];
+    const Range& b = solved.backward[s];
+    if (f.begin < f.end && f.end < units) consider(f.end - 1, s, false);
+    if (b.begin < b.end && b.begin > 0) consider(b.begin - 1, s, true);
+  }
+  if (unit < 0 || !(planned.units[unit].activation_bytes > MaxPlannedTensorBytes(replica))) {
+    return absl::OkStatus();
+  }
+  const UnitProfile& u = planned.units[unit];
+  const std::string what =
+      gradient ? absl::StrCat("the gradient of unit ", unit, "'s (", u.name, ") output")
+               : absl::StrCat("the output of unit ", unit, " (", u.name, ")");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "stage ", stage, " would send ", what, " as one tensor of ", BytesAndGiB(u.activation_bytes),
+      " per micro-batch, above ", TensorLimitText(replica),
+      "; raise the workers' --mailbox-limit above it, or make the micro-batches smaller "
+      "(more spec.training.micro_batches)"));
 }
 
 }  // namespace
@@ -214,7 +269,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // and its prediction holds for the slowest replica (replicas wait for
   // each other in the gradient all-reduce).
   // Tensor parallelism: a stage's ranks plan as one worker (the slowest).
-  const ClusterSpec replica = ReplicaStageCluster(TensorGroupCluster(cluster, tensor), replicas);
+  // Every replica and tensor rank makes the plan's sends: the smallest
+  // mailbox among all the job's workers bounds them (the merged clusters
+  // keep workers and links only).
+  ClusterSpec replica = ReplicaStageCluster(TensorGroupCluster(cluster, tensor), replicas);
+  replica.mailbox_limit_bytes = cluster.mailbox_limit_bytes;
   PlanOptions options;
   options.solver = r.solver;
   options.objective = r.objective;
@@ -344,6 +403,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   };
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   RETURN_IF_ERROR(CheckWeightSyncs(r, planned, replica, solved));
+  RETURN_IF_ERROR(CheckActivationSends(planned, replica, solved));
   double overlap_stretch = 1;
   std::vector<int> dp_compressed_stages;  // selective stage compression's
   {

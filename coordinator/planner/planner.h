@@ -78,8 +78,12 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 // RESOURCE_EXHAUSTED when nothing fits); FAILED_PRECONDITION when a stage's replicas or its
 // tensor ranks would run on GPU and CPU workers both (CheckReplicaDevices); INVALID_ARGUMENT
 // naming spec.parallelism.manual_stages, the unit, its bytes and the limit when a manual plan
-// runs the two passes of a unit whose weights exceed the data plane's per-tensor limit
-// (common/data_plane_limits.h) on different stages (its weight sync could not be sent). The
+// runs the two passes of a unit whose weights exceed the largest tensor a plan may send on
+// different stages (its weight sync could not be sent); FAILED_PRECONDITION naming the stage, the
+// unit and --mailbox-limit when a stage's output or the gradient at its backward cut (one
+// micro-batch's activation_bytes) exceeds it. That largest tensor is the data plane's
+// per-tensor limit (common/data_plane_limits.h) or, when smaller, cluster.mailbox_limit_bytes
+// (MaxPlannedTensorBytes), which Bi-Partition keeps its weight syncs within too. The
 // cluster's links are planned with the data plane's measured cost per message added
 // (data_plane_cost.h), stretched where lockstep ranks oversubscribe a host's cores.
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,

@@ -633,5 +633,81 @@ TEST(PlanJobWeightSync, BiPartition_KeepsAUnitOverTheTensorLimitOnOneStage) {
   }
 }
 
+// A worker's --mailbox-limit below the data plane's 4 GiB (the Kubernetes
+// manifests give 1G) refuses any larger tensor: the planner sends none
+// above the job's smallest (r22_self_b finding 3). At d_model 8192 the MLP
+// (unit 2) holds 2.0 GiB of weights and the attention (unit 1) just over
+// 1 GiB, both legal under 4 GiB.
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+absl::StatusOr<CompiledPlan> PlanWithMailbox(v1::JobSpec spec, int64_t mailbox_limit_bytes) {
+  spec.mutable_model()->set_n_head(64);
+  spec.mutable_model()->set_d_model(8192);
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  ClusterSpec cluster = testing::TestCluster(2, 0, 0);
+  cluster.mailbox_limit_bytes = mailbox_limit_bytes;
+  return PlanJob(job, "job", 1, profile, cluster, "analytic");
+}
+
+TEST(PlanJobMailboxLimit, ManualPlanSplittingAUnitOverTheSmallestMailbox_InvalidArgument) {
+  v1::JobSpec spec = WideMlpSpec("manual");
+  AddManualStage(&spec, {0, 3}, {0, 2});
+  AddManualStage(&spec, {3, 4}, {2, 4});
+  EXPECT_TRUE(PlanWithMailbox(spec, 0).ok());  // not reported: the 4 GiB holds
+  EXPECT_TRUE(PlanWithMailbox(spec, 8 * kGiB).ok());
+  const absl::Status refused = PlanWithMailbox(spec, kGiB).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.parallelism.manual_stages: unit 2 (mlp_0) runs its forward pass on stage 0 and "
+            "its backward pass on stage 1, so after each step stage 1 would send its weights to "
+            "stage 0 as one tensor of 2147713024 bytes (2.00 GiB), above the smallest "
+            "--mailbox-limit among the job's workers, 1073741824 bytes (1.00 GiB) (a worker's "
+            "mailbox refuses a larger tensor); give that unit equal forward and backward cuts "
+            "(both passes on one stage)");
+}
+
+TEST(PlanJobMailboxLimit, BiPartition_KeepsUnitsOverTheSmallestMailboxOnOneStage) {
+  for (const char* objective : {"paper", "full"}) {
+    SCOPED_TRACE(objective);
+    v1::JobSpec spec = WideMlpSpec("bipartition");
+    spec.mutable_parallelism()->set_objective(objective);
+    const absl::StatusOr<CompiledPlan> planned = PlanWithMailbox(spec, kGiB);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    ASSERT_EQ(planned->plan.stages_size(), 2);
+    for (const v1::PlanStage& stage : planned->plan.stages()) {
+      EXPECT_EQ(stage.forward().begin(), stage.backward().begin()) << stage.ShortDebugString();
+      EXPECT_EQ(stage.forward().end(), stage.backward().end()) << stage.ShortDebugString();
+    }
+  }
+}
+
+// A stage's output (one micro-batch's activation, B·T·d floats) above the
+// smallest mailbox: no cut or other worker count helps, so the plan is
+// refused naming the flag.
+TEST(PlanJobMailboxLimit, StageOutputOverTheSmallestMailbox_FailedPrecondition) {
+  v1::JobSpec spec = WideMlpSpec("uniform");
+  spec.mutable_training()->set_seq_len(64);  // 64 x 8192 floats: 2 MiB
+  EXPECT_TRUE(PlanWithMailbox(spec, 2 << 20).ok());
+  const absl::Status refused = PlanWithMailbox(spec, (2 << 20) - 1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(refused.message(),
+            "stage 0 would send the output of unit 1 (attn_0) as one tensor of 2097152 bytes "
+            "(0.00 GiB) per micro-batch, above the smallest --mailbox-limit among the job's "
+            "workers, 2097151 bytes (0.00 GiB) (a worker's mailbox refuses a larger tensor); "
+            "raise the workers' --mailbox-limit above it, or make the micro-batches smaller "
+            "(more spec.training.micro_batches)");
+}
+
+TEST(MaxPlannedTensorBytes, SmallerOfTheMailboxAndTheDataPlaneLimit) {
+  ClusterSpec cluster;
+  EXPECT_EQ(MaxPlannedTensorBytes(cluster), 4.0 * kGiB);
+  cluster.mailbox_limit_bytes = kGiB;
+  EXPECT_EQ(MaxPlannedTensorBytes(cluster), 1.0 * kGiB);
+  cluster.mailbox_limit_bytes = 8 * kGiB;
+  EXPECT_EQ(MaxPlannedTensorBytes(cluster), 4.0 * kGiB);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -498,6 +498,7 @@ BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const Clu
   }
   p.bandwidth = cluster.bandwidth_bytes_per_second;
   p.latency_seconds = cluster.latency_seconds;
+  p.max_weight_sync_bytes = MaxPlannedTensorBytes(cluster);
   // The head's weights: wte and ln_f's 2·d floats (over-stating the tied
   // bytes by 8·d), as the simulator's tied gradient (TiedGradientBytes).
   if (profile.units.size() >= 2) p.tied_weight_bytes = profile.units.back().weight_bytes;

@@ -16,12 +16,15 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data_plane_limits.h"
 #include "coordinator/planner/bipartition.h"
 
 namespace pipetrain {
@@ -112,10 +115,24 @@ struct ClusterSpec {
   double data_plane_overhead_seconds = 0;
   double data_plane_bytes_per_second = 0;
   bool links_emulated = false;
+  // The smallest --mailbox-limit among the job's workers
+  // (DeviceInfo.mailbox_limit_bytes): a worker's mailbox refuses any one
+  // tensor larger. 0: none reported; the data plane's limit holds
+  // (MaxPlannedTensorBytes). Not read or written by cluster files.
+  int64_t mailbox_limit_bytes = 0;
   // Where the link above comes from, for the plan's profile_source (e.g.
   // "the coordinator's --network"); not read or written by cluster files.
   std::string links_origin;
 };
+
+// The most bytes one tensor of a plan on `cluster` may have:
+// kMaxDataPlaneTensorBytes (common/data_plane_limits.h), or the workers'
+// smallest mailbox limit where that is reported and smaller.
+inline double MaxPlannedTensorBytes(const ClusterSpec& cluster) {
+  return static_cast<double>(cluster.mailbox_limit_bytes > 0
+                                 ? std::min(cluster.mailbox_limit_bytes, kMaxDataPlaneTensorBytes)
+                                 : kMaxDataPlaneTensorBytes);
+}
 
 // Bounds of a profile's codec timings, for ParseProfileJson and the
 // coordinator's check of a worker's profile (profile_cache.h): at most
@@ -161,7 +178,8 @@ std::string ClusterToJson(const ClusterSpec& cluster);
 
 // The Bi-Partition problem of a profile on a cluster: per-unit costs and
 // sizes (fwd, bwd, activation, weight, stash and transient bytes), per-worker speeds and
-// memory, the link's bandwidth and latency. What the files do not hold is
+// memory, the link's bandwidth and latency, and the largest weight sync
+// (MaxPlannedTensorBytes). What the files do not hold is
 // left at BiPartitionProblem's defaults for the caller to set:
 // micro_batches (1), schedule (1F1B) and objective (paper).
 BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const ClusterSpec& cluster);

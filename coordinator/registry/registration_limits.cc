@@ -58,6 +58,8 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
       CheckRange(absl::StrCat(kDevice, "gpu_memory_bytes"), d.gpu_memory_bytes(), kMaxMemoryBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "memory_reserve_bytes"),
                              d.memory_reserve_bytes(), kMaxMemoryBytes));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "mailbox_limit_bytes"),
+                             d.mailbox_limit_bytes(), kMaxMemoryBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "data_plane_overhead_seconds"),
                              d.data_plane_overhead_seconds(), kMaxDataPlaneOverheadSeconds));
   RETURN_IF_ERROR(CheckRate(absl::StrCat(kDevice, "data_plane_bytes_per_second"),

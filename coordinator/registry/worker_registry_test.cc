@@ -1630,6 +1630,12 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   request.mutable_device()->set_data_plane_overhead_seconds(2);
   EXPECT_THAT(registry.Register(request).status().message(),
               HasSubstr("data_plane_overhead_seconds: 2 is outside [0, 1]"));
+  // The planner takes the smallest mailbox limit as its largest tensor.
+  request = Request(1);
+  request.mutable_device()->set_mailbox_limit_bytes(-1);
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("RegisterWorkerRequest.device.mailbox_limit_bytes: -1 is outside [0, "
+                        "1.1259e+15]"));
   request = Request(1);
   request.mutable_device()->set_data_plane_bytes_per_second(NAN);
   EXPECT_THAT(registry.Register(request).status().message(),

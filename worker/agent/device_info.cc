@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -98,6 +99,14 @@ int64_t ProcessMemoryLimit() {
   return EffectiveMemoryLimit(PhysicalMemoryBytes(), CgroupMemoryLimit(), 0);
 }
 
+namespace {
+
+std::atomic<int64_t> reported_mailbox_limit{0};
+
+}  // namespace
+
+void SetReportedMailboxLimit(int64_t bytes) { reported_mailbox_limit.store(bytes); }
+
 v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   v1::DeviceInfo info;
   char host[256] = {};
@@ -115,6 +124,7 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   const bool gpu = backend->kind() != BackendKind::kCpu;
   if (!gpu) info.set_compute_threads(BlasThreads());
   info.set_measured_gflops(MeasureGemmGflops(backend, gpu ? 4096 : 384, 3));
+  info.set_mailbox_limit_bytes(reported_mailbox_limit.load());
   return info;
 }
 

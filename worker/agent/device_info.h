@@ -14,9 +14,17 @@ namespace pipetrain {
 
 // Hostname, CPU model (/proc/cpuinfo), online cores, physical memory, the
 // backend the worker computes on and, for a GPU, its name, memory and SM
-// count; and GEMM GFLOP/s measured on that backend (a short sgemm: n = 384
-// on the CPU, ~0.1 s; n = 4096 on a GPU).
+// count; GEMM GFLOP/s measured on that backend (a short sgemm: n = 384
+// on the CPU, ~0.1 s; n = 4096 on a GPU); and the mailbox limit
+// SetReportedMailboxLimit set (0 when it was not).
 v1::DeviceInfo CollectDeviceInfo(Backend* backend = CpuBackend());
+
+// The --mailbox-limit this process's mailbox refuses larger tensors above,
+// for CollectDeviceInfo to report (DeviceInfo.mailbox_limit_bytes: the
+// coordinator plans no larger tensor), as it reports the BLAS threads
+// SetBlasThreads set: the worker sets it at start, before its agent
+// collects the facts. Process-wide; thread-safe.
+void SetReportedMailboxLimit(int64_t bytes);
 
 // The CPU's model name from /proc/cpuinfo ("unknown" if absent).
 std::string CpuModelName();

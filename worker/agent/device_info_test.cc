@@ -25,6 +25,15 @@ TEST(DeviceInfoTest, CollectDeviceInfo_CpuBackend_NoGpuFieldsAndMeasuredGemm) {
   EXPECT_GT(info.memory_limit_bytes(), 0);
   EXPECT_LE(info.memory_limit_bytes(), info.memory_bytes());
   EXPECT_GT(info.measured_gflops(), 0.0);
+  EXPECT_EQ(info.mailbox_limit_bytes(), 0);  // not set: not reported
+}
+
+// The worker's --mailbox-limit reaches the coordinator, which plans no
+// tensor above it (DeviceInfo.mailbox_limit_bytes).
+TEST(DeviceInfoTest, CollectDeviceInfo_MailboxLimitSet_Reported) {
+  SetReportedMailboxLimit(int64_t{1} << 30);
+  EXPECT_EQ(CollectDeviceInfo(CpuBackend()).mailbox_limit_bytes(), int64_t{1} << 30);
+  SetReportedMailboxLimit(0);
 }
 
 // A fake cgroup tree under TEST_TMPDIR.

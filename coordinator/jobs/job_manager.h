@@ -256,8 +256,10 @@ struct JobEvents {
   // shown RUNNING (or QUEUED), and a failover restores it as last saved and
   // runs it again. A cancel counts at once.
   std::function<void(v1::JobState state)> ended;
-  // A placement's planning ended (its plan used or not): seconds it waited
-  // for the background thread, and seconds it computed.
+  // A placement's plan was taken (sent, or its refusal acted on): seconds
+  // it waited for the planning thread, and seconds it computed. Not for a
+  // plan skipped or dropped because its job moved on (cancelled, a worker
+  // lost) or the manager is shutting down.
   std::function<void(double queued, double computing)> planned;
   // Restore loaded a job from the store at progress step `step`: steps an
   // earlier process trained (and counted). Once per restored job.
@@ -340,15 +342,19 @@ struct JobManagerOptions {
   Clock* elapsed_clock = nullptr;
   // Where the long work runs, off the job manager's lock: a placement's
   // planning (the solver, the layout search, the compiler) and a finished
-  // job's weights file. It is called under that lock, so it must only hand
-  // `task` on, never run it in place; every task handed on must run (or be
-  // destroyed unrun) before the manager is. Null: the manager's own
-  // background thread, a task at a time, in order. Tests set it to
-  // interleave events with that work.
+  // job's weights file sync. It is called under that lock, so it must only
+  // hand `task` on, never run it in place; every task handed on must run
+  // (or be destroyed unrun) before the manager is. Null: two threads of the
+  // manager's own, each a task at a time, in order: one plans, the other
+  // syncs weights files (so that no plan waits behind an fsync of
+  // gigabytes). Tests set it to interleave events with that work.
   std::function<void(std::function<void()> task)> background_runner;
   // Tests: called off the job manager's lock just before a job's weights
   // file is created (by the upload that creates it).
   std::function<void()> before_weights_file_created;
+  // Tests: called off the job manager's lock just before a finished job's
+  // weights file is synced (FinishWritingWeights).
+  std::function<void()> before_weights_synced;
   // The bytes free to this process on the file system of the directory
   // `dir_fd` (open), at submit; nullopt when unknown. Null: fstatvfs.
   // Tests set it to stand in for a full disk.
@@ -1460,12 +1466,13 @@ class JobManager {
   // On the io_ queue: a directory listing on a slow file system must not
   // hold up the manager.
   void RemoveAbandonedWeightsOf(const JobRecord& record);
-  // The final weights were synced off the lock (`synced`): renames `file`
-  // in under the lock and the job SUCCEEDS (or FAILS saying why), unless it
-  // ended meanwhile (cancelled): then nothing is renamed, and `file`'s
-  // temporary goes with it. `path` is what the job reports.
+  // A weights sync task: syncs `file` off the lock, then renames it in
+  // under the lock and the job SUCCEEDS (or FAILS saying why). A job that
+  // ended (cancelled) before the sync is not synced, and one that ended by
+  // the rename is not renamed in: `file`'s temporary goes with it. `path`
+  // is what the job reports.
   void FinishWritingWeights(const std::string& job_id, const std::string& path,
-                            SafetensorsFileWriter& file, const absl::Status& synced);
+                            SafetensorsFileWriter& file);
   // Hands `task` to the background runner (options.background_runner, or
   // background_). Requires !stopping_.
   void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

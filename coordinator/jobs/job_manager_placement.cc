@@ -2,6 +2,7 @@
 // of a refused plan, committing a plan (assignments, device groups) and
 // re-planning a recovering job. Contracts: job_manager.h.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -72,8 +73,22 @@ void SetSlowestHostDataPlane(const std::vector<v1::Worker>& workers, ClusterSpec
   cluster->data_plane_bytes_per_second = rate;
 }
 
+// The smallest --mailbox-limit among `workers` (DeviceInfo.mailbox_limit_bytes,
+// bounded at registration), for cluster->mailbox_limit_bytes: a worker's
+// mailbox refuses any one tensor larger, so the planner sends none
+// (MaxPlannedTensorBytes). Older workers (0) are left out; none reported: 0.
+int64_t SmallestMailboxLimit(const std::vector<v1::Worker>& workers) {
+  int64_t smallest = 0;
+  for (const v1::Worker& w : workers) {
+    const int64_t limit = w.device().mailbox_limit_bytes();
+    if (limit > 0 && (smallest == 0 || limit < smallest)) smallest = limit;
+  }
+  return smallest;
+}
+
 // The host copies of the weights each GPU worker of `plan` steps (its
-// backward units', a tensor rank's share) against its host's RAM
+// backward units', a tensor rank's share; GpuHostCopiesAt: a writer its
+// stage's snapshot, the others their shard's) against its host's RAM
 // (CheckGpuHostCopies): its plan counted its device's memory only.
 // `infos`: the plan's workers in its position order.
 absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelProfile& profile,
@@ -283,6 +298,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   }
   cluster.links_emulated = emulated;
   SetSlowestHostDataPlane(infos, &cluster);
+  cluster.mailbox_limit_bytes = SmallestMailboxLimit(infos);
   // Held for this job from now on: a worker lost while the job is planned
   // is the job's loss (OnWorkerLost), and no other job takes these.
   RETURN_IF_ERROR(registry_->Assign(positions, id));
@@ -317,10 +333,23 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   // its stored state, which is not PLANNING).
   if (stopping_) return absl::OkStatus();
   RunInBackgroundLocked([this, placement, input = std::move(input)] {
+    // Overtaken while it waited its turn (cancelled, a worker lost): not
+    // computed, as FinishPlacement would drop it. Plans run one at a time,
+    // so every placement behind it (a recovery's too) would wait for a
+    // plan thrown away, seconds each (solve_plan.h's budget).
+    bool overtaken;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      JobRecord* record = FindLocked(input.job_id);
+      overtaken = record == nullptr || record->job.state() != v1::JOB_STATE_PLANNING ||
+                  record->placement != placement || !record->pending.has_value();
+    }
     // At shutdown the plans still queued are not computed: nobody takes them.
     PlanningOutput output;
     if (planning_stopped_.load(std::memory_order_acquire)) {
       output.status = absl::CancelledError("the coordinator is shutting down");
+    } else if (overtaken) {
+      output.status = absl::CancelledError("the job moved on before it was planned");
     } else {
       const absl::Time started = elapsed_clock_->Now();
       output = PlanPlacement(input);
@@ -421,9 +450,6 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
                                  PlanningOutput output) {
   AnnotatedMutexLock lock(&mu_);
   --background_in_flight_;
-  if (events_.planned && !stopping_) {
-    events_.planned(output.queued_seconds, output.computing_seconds);
-  }
   JobRecord* record = FindLocked(job_id);
   // Overtaken while it was planned (cancelled, a worker lost, shutting
   // down): whatever changed the job released its workers.
@@ -441,6 +467,10 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
     return AbandonPlacementLocked(*record, gone->first, gone->second,
                                   IncarnationIn(record->pending->infos, gone->first));
   }
+  // Only a plan taken (sent, or its refusal acted on) reaches
+  // pipetrain_plan_seconds: one skipped or dropped above says nothing of
+  // how long the plans that place jobs take.
+  if (events_.planned) events_.planned(output.queued_seconds, output.computing_seconds);
   PendingPlacement pending = *std::move(record->pending);
   record->pending.reset();
   // The profile the placement was planned with (its weights are the

@@ -520,15 +520,16 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
       return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
     }
     // Synced off the lock (GPT-2 124M is 0.5 GB to sync): the job stays
-    // RUNNING until the file is in (FinishWritingWeights renames it).
+    // RUNNING until the file is in (FinishWritingWeights syncs and renames
+    // it). The task holds the last reference to `file`: a job cancelled
+    // meanwhile leaves no temporary once the task is done.
     record.writing_weights = true;
     record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
     TouchLocked(record);
     std::shared_ptr<SafetensorsFileWriter> file = record.weights_file;
     DropWeightsFile(record);
-    return RunWeightsSyncLocked([this, id = record.job.id(), path, file] {
-      FinishWritingWeights(id, path, *file, file->Sync());
-    });
+    return RunWeightsSyncLocked(
+        [this, id = record.job.id(), path, file] { FinishWritingWeights(id, path, *file); });
   }
   EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
 }

@@ -98,7 +98,8 @@ class JobManagerTest : public ::testing::Test {
       : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
         jobs_(&registry_, &hub_, &clock_,
               JobManagerOptions{.output_dir = OutputDir(),
-                                .background_runner = background_.Runner()}) {
+                                .background_runner = background_.Runner(),
+                                .before_weights_synced = [this] { ++weights_synced_; }}) {
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
                int64_t incarnation) { jobs_.OnWorkerLost(w, j, reason, incarnation); });
@@ -258,6 +259,7 @@ class JobManagerTest : public ::testing::Test {
   WorkerRegistry registry_;
   AssignmentHub hub_;
   BackgroundQueue background_;
+  int weights_synced_ = 0;  // finished jobs' weights files synced
   JobManager jobs_;
 };
 
@@ -638,6 +640,38 @@ TEST_F(JobManagerTest, DataPlaneCost_HostsBestThenSlowestHostAddedToTheLinks) {
       << plan.profile_source();
   EXPECT_GT(plan.predicted_iteration_seconds(), free_plan.predicted_iteration_seconds());
   ASSERT_TRUE(jobs_.Cancel(id).ok());
+}
+
+// Workers report their --mailbox-limit; the plan keeps every tensor within
+// the smallest (MaxPlannedTensorBytes). SmallSpec(2)'s stage output is one
+// micro-batch of 2 x 8 x 16 floats, 1024 bytes: a 1000-byte mailbox
+// anywhere in the job refuses it, and the job fails naming the flag.
+TEST_F(JobManagerTest, MailboxLimit_SmallestOfTheJobsWorkersBoundsThePlansTensors) {
+  auto add = [this](int port, int64_t mailbox_limit) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_mailbox_limit_bytes(mailbox_limit);
+    const std::string id = registry_.Register(request).value().worker_id();
+    EXPECT_EQ(registry_.Get(id).value().device().mailbox_limit_bytes(), mailbox_limit);
+    return id;
+  };
+  const std::vector<std::string> fits = {add(7401, 1024), add(7402, 0)};
+  const std::string planned = Submit(SmallSpec(2)).value().id();
+  Schedule();
+  EXPECT_EQ(jobs_.Get(planned).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_.Get(planned).value().reason();
+  ASSERT_TRUE(jobs_.Cancel(planned).ok());
+  for (const std::string& w : fits) ASSERT_TRUE(registry_.Deregister(w, 1).ok());
+  add(7403, int64_t{1} << 20);
+  add(7404, 1000);
+  const std::string refused = Submit(SmallSpec(2)).value().id();
+  Schedule();
+  const v1::Job job = jobs_.Get(refused).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "as one tensor of 1024 bytes (0.00 GiB) per "
+                                              "micro-batch, above the smallest --mailbox-limit "
+                                              "among the job's workers, 1000 bytes"))
+      << job.reason();
 }
 
 // Replica 0 speaks for all: other replicas' losses are not recorded, they
@@ -1506,6 +1540,7 @@ TEST_F(JobManagerTest, Weights_WrittenAsTheyArrive_UnderTheirNameOnlyAtTheEnd) {
   ASSERT_NO_FATAL_FAILURE(FinishUpload(w1, id, model));
   EXPECT_EQ(background_.RunAll(), 1);
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(weights_synced_, 1);
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"final.safetensors"});
 }
 
@@ -1561,6 +1596,27 @@ TEST_F(JobManagerTest, Weights_PathOfAJobThatHasNotEnded_RefusedUntilItEnds) {
   EXPECT_TRUE(Submit(other).ok());
   ASSERT_TRUE(jobs_.Cancel(first).ok());
   EXPECT_TRUE(Submit(spec).ok());
+}
+
+// Cancelled while its finished weights wait for the sync thread (behind
+// another job's sync): the file is not synced (that fsync of gigabytes
+// held up every other job's commit), and its temporary, which the io
+// queue's cleanup leaves to its writer, is gone once the task has run.
+TEST_F(JobManagerTest, Weights_CancelledBeforeTheSync_NotSyncedTemporaryRemoved) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("unsynced/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  ASSERT_NO_FATAL_FAILURE(FinishUpload(w1, id, model));  // the sync queued
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  jobs_.FlushIo();
+  const std::string dir = OutputDir() + "/unsynced";
+  ASSERT_EQ(FilesIn(dir).size(), 1u);  // the temporary, held by the queued task
+  EXPECT_EQ(background_.RunAll(), 1);
+  EXPECT_EQ(weights_synced_, 0);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{});
 }
 
 // Cancelled while its finished weights are being written (synced off the
@@ -3582,6 +3638,8 @@ TEST_F(JobManagerTest, Ended_EventOncePerJobWithItsState) {
 // QUEUED, saying why, and is planned again on the workers left, instead of
 // failing when its plan is in.
 TEST_F(JobManagerTest, WorkerLostWhilePlanning_FirstPlanRequeuedAndPlacedOnTheOthers) {
+  int planned = 0;  // plans taken (pipetrain_plan_seconds)
+  jobs_.SetEvents(JobEvents{.planned = [&planned](double, double) { ++planned; }});
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
   const std::string id = jobs_.Submit(SmallSpec(2)).value().id();  // planning waits
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_PLANNING);
@@ -3593,10 +3651,12 @@ TEST_F(JobManagerTest, WorkerLostWhilePlanning_FirstPlanRequeuedAndPlacedOnTheOt
   EXPECT_TRUE(absl::EndsWith(job.reason(), "pod deleted); waiting to be planned again"))
       << job.reason();
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
-  EXPECT_EQ(background_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(background_.RunAll(), 1);  // overtaken: not computed
+  EXPECT_EQ(planned, 0);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
   EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
   Schedule();
+  EXPECT_EQ(planned, 1);  // the new placement's
   job = jobs_.Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
@@ -3635,13 +3695,18 @@ TEST_F(JobManagerTest, WorkerLostJustBeforeThePlanIsIn_RequeuedNotFailed) {
 }
 
 // Cancelled while it is planned: the plan is dropped when it is in, no
-// worker is sent it, and the workers are free at once.
+// worker is sent it, and the workers are free at once. Cancelled before
+// its turn on the planning thread, it is not computed at all (it held up
+// every placement behind it) and reaches no pipetrain_plan_seconds.
 TEST_F(JobManagerTest, CancelWhilePlanning_PlanDroppedWorkersFree) {
+  int planned = 0;
+  jobs_.SetEvents(JobEvents{.planned = [&planned](double, double) { ++planned; }});
   const std::string w1 = AddWorker(7001);
   const std::string id = jobs_.Submit(SmallSpec(1)).value().id();  // planning waits
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(background_.RunAll(), 1);
+  EXPECT_EQ(planned, 0);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);

@@ -346,13 +346,28 @@ void JobManager::DropWeightsFile(JobRecord& record) {
 }
 
 void JobManager::FinishWritingWeights(const std::string& job_id, const std::string& path,
-                                      SafetensorsFileWriter& file, const absl::Status& synced) {
+                                      SafetensorsFileWriter& file) {
+  // Cancelled while it waited its turn: not synced. One thread syncs every
+  // job's file, and another job's commit would wait behind gigabytes of an
+  // fsync whose file is thrown away.
+  bool wanted;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(job_id);
+    wanted = record != nullptr && !IsTerminal(record->job.state()) && record->writing_weights;
+  }
+  absl::Status synced;
+  if (wanted) {
+    if (options_.before_weights_synced) options_.before_weights_synced();
+    synced = file.Sync();
+  }
   AnnotatedMutexLock lock(&mu_);
   --background_in_flight_;
   JobRecord* record = FindLocked(job_id);
-  if (record == nullptr || IsTerminal(record->job.state())) {
-    // Cancelled while it was synced: the file is not renamed in (a file
-    // already under the name stays), and the temporary goes with `file`.
+  if (!wanted || record == nullptr || IsTerminal(record->job.state())) {
+    // Cancelled before or while it was synced: the file is not renamed in
+    // (a file already under the name stays), and the temporary goes with
+    // `file`.
     PT_LOG(INFO) << "job " << job_id << " ended while its weights were written; " << path
                  << " is left as it was";
     return;

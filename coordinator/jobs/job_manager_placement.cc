@@ -21,6 +21,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
+#include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/planner.h"
@@ -264,6 +265,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     spec.host_cores = w.device().cpu_cores();
     spec.compute_threads = w.device().compute_threads();
     spec.gpu = !w.device().gpu_model().empty();
+    spec.gpu_arithmetic = GpuArithmetic(w.device().gpu_model(), w.device().backend());
     cluster.workers.push_back(spec);
   }
   // Workers that emulate their links (--emulate-link) say so: plan with

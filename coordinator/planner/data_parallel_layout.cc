@@ -183,7 +183,35 @@ void MergeIntoSlowest(const WorkerSpec& w, const char* separator, WorkerSpec* in
   into->gpu = into->gpu || w.gpu;
 }
 
+// Two GPU ranks of one tensor group (replica r's stage s): FAILED_PRECONDITION
+// when they round differently (WorkerSpec::gpu_arithmetic; empty: not
+// known, not compared). CPU ranks never differ: the CPU kernels round alike
+// on every CPU (target clones, -ffp-contract=off).
+absl::Status CheckRankArithmetic(const WorkerSpec& first, const WorkerSpec& w, int r, int s,
+                                 int replicas) {
+  if (!first.gpu || first.gpu_arithmetic.empty() || w.gpu_arithmetic.empty() ||
+      w.gpu_arithmetic == first.gpu_arithmetic) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the tensor-parallel ranks of stage ", s, replicas > 1 ? absl::StrCat(" replica ", r) : "",
+      " would run on GPU worker ", first.name, " (", first.gpu_arithmetic, ") and GPU worker ",
+      w.name, " (", w.gpu_arithmetic,
+      "): the ranks compute their replicated LayerNorm and bias weights and device codecs each, "
+      "which must stay bitwise the same, and another GPU model or --gemm mode rounds them "
+      "apart; give each stage's ranks GPUs of one model, all started with the same --gemm"));
+}
+
 }  // namespace
+
+std::string GpuArithmetic(absl::string_view gpu_model, absl::string_view backend) {
+  if (gpu_model.empty()) return "";
+  const size_t open = backend.find("), ");
+  if (open == absl::string_view::npos) return std::string(gpu_model);
+  absl::string_view clause = backend.substr(open + 3);
+  clause = clause.substr(0, clause.find(", "));
+  return clause.empty() ? std::string(gpu_model) : absl::StrCat(gpu_model, ", ", clause);
+}
 
 absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor) {
   PT_CHECK(int64_t{replicas} * stages * tensor == static_cast<int64_t>(cluster.workers.size()))
@@ -215,7 +243,10 @@ absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int s
       const WorkerSpec& first = cluster.workers[group];
       for (int t = 1; t < tensor; ++t) {
         const WorkerSpec& w = cluster.workers[group + t];
-        if (w.gpu == first.gpu) continue;
+        if (w.gpu == first.gpu) {
+          RETURN_IF_ERROR(CheckRankArithmetic(first, w, r, s, replicas));
+          continue;
+        }
         const WorkerSpec& gpu = first.gpu ? first : w;
         const WorkerSpec& cpu = first.gpu ? w : first;
         return absl::FailedPreconditionError(absl::StrCat(

@@ -25,10 +25,12 @@
 #define PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 
@@ -139,9 +141,27 @@ ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
 // checked after the data-parallel groups. Replicas must hold bitwise the
 // same weights after every step (the coordinator compares them at the
 // end), tensor ranks bitwise the same replicated parameters, and a GPU's
-// optimizer step and gradient norm round differently from a CPU's.
+// optimizer step and gradient norm round differently from a CPU's. A
+// tensor group of GPUs is also refused (FAILED_PRECONDITION naming two of
+// its workers and both WorkerSpec::gpu_arithmetic values) when their
+// gpu_arithmetic differ and neither is empty: each rank computes the
+// replicated parts itself (LayerNorm, the device codecs' GEMMs), and
+// another GPU model or GEMM mode rounds them apart. Data-parallel groups
+// need no such rule: their gradients are all-reduced, so every replica
+// steps its weights from the same sums with the same elementwise kernels.
 // Requires the sizes to multiply to the cluster's size.
 absl::Status CheckReplicaDevices(const ClusterSpec& cluster, int replicas, int stages, int tensor);
+
+// A worker's WorkerSpec::gpu_arithmetic from its DeviceInfo's gpu_model
+// and backend (Backend::Describe, e.g. "cuda:0 (NVIDIA H100 80GB HBM3),
+// tf32 GEMMs, flash attention"): "<gpu_model>, <GEMM clause>" ("NVIDIA
+// H100 80GB HBM3, tf32 GEMMs"; a bf16 clause keeps its operands, "bf16
+// GEMMs (cublas)"), the clause being the backend's text after "), " up to
+// the next ", " (none: the model alone). The attention kernel is left out:
+// a tensor group splits attention by heads, and the all-reduce after it
+// makes every rank's result the same. Empty when gpu_model is (a CPU
+// worker: CPU kernels round alike on every CPU).
+std::string GpuArithmetic(absl::string_view gpu_model, absl::string_view backend);
 
 // Picks `replicas` x `stages` x `tensor` of the candidate workers whose
 // kinds are `gpu` (true: a GPU worker), listed in the order they are

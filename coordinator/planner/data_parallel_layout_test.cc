@@ -286,6 +286,57 @@ TEST(CheckReplicaDevicesTest, MixedTensorGroup_FailedPreconditionNamingBoth) {
                         "w1 and CPU worker w0"));
 }
 
+// GPU tensor ranks each compute the stage's replicated parts, so another
+// --gemm mode or GPU model rounds them apart: refused naming both workers
+// and what they report. Equal ones, CPU ranks, unknown ones (empty) and
+// data-parallel replicas (all-reduced) are accepted.
+TEST(CheckReplicaDevicesTest, TensorRanksOfOtherGemmMode_FailedPreconditionNamingBoth) {
+  ClusterSpec cluster = Identical(4, 0, 0);
+  for (WorkerSpec& w : cluster.workers) {
+    w.gpu = true;
+    w.gpu_arithmetic = "NVIDIA H100 80GB HBM3, fp32 GEMMs";
+  }
+  cluster.workers[1].gpu_arithmetic = "NVIDIA H100 80GB HBM3, tf32 GEMMs";
+  const absl::Status ranks = CheckReplicaDevices(cluster, 1, 2, 2);  // stage 0: w0 + w1
+  EXPECT_EQ(ranks.code(), absl::StatusCode::kFailedPrecondition) << ranks;
+  EXPECT_THAT(std::string(ranks.message()),
+              HasSubstr("the tensor-parallel ranks of stage 0 would run on GPU worker w0 "
+                        "(NVIDIA H100 80GB HBM3, fp32 GEMMs) and GPU worker w1 (NVIDIA H100 80GB "
+                        "HBM3, tf32 GEMMs)"));
+  // The same workers as data-parallel replicas (T = 1): their all-reduce
+  // makes them equal.
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 2, 2, 1).ok());
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 4, 1, 1).ok());
+  // [fp32, tf32, fp32, tf32] as 2 x 1 x 2: every replica's ranks mix.
+  cluster.workers[3].gpu_arithmetic = cluster.workers[1].gpu_arithmetic;
+  EXPECT_THAT(std::string(CheckReplicaDevices(cluster, 2, 1, 2).message()),
+              HasSubstr("stage 0 replica 0 would run on GPU worker w0"));
+  // Each stage's ranks of one mode: accepted, the stages differing too.
+  cluster.workers[1].gpu_arithmetic = cluster.workers[0].gpu_arithmetic;
+  cluster.workers[2].gpu_arithmetic = cluster.workers[3].gpu_arithmetic;
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 1, 2, 2).ok());
+  // Another GPU model, the same mode: refused.
+  cluster.workers[1].gpu_arithmetic = "NVIDIA A100-SXM4-80GB, fp32 GEMMs";
+  EXPECT_EQ(CheckReplicaDevices(cluster, 1, 2, 2).code(), absl::StatusCode::kFailedPrecondition);
+  // Not known (a cluster file): not compared.
+  cluster.workers[1].gpu_arithmetic.clear();
+  EXPECT_TRUE(CheckReplicaDevices(cluster, 1, 2, 2).ok());
+}
+
+// GpuArithmetic keeps the model and the GEMM clause, not the device
+// ordinal or the attention kernel; a CPU worker has none.
+TEST(GpuArithmeticTest, ModelAndGemmClause) {
+  EXPECT_EQ(GpuArithmetic("NVIDIA H100 80GB HBM3",
+                          "cuda:3 (NVIDIA H100 80GB HBM3), tf32 GEMMs, flash attention (wmma)"),
+            "NVIDIA H100 80GB HBM3, tf32 GEMMs");
+  EXPECT_EQ(GpuArithmetic("NVIDIA H100 80GB HBM3", "cuda:0 (NVIDIA H100 80GB HBM3), fp32 GEMMs"),
+            "NVIDIA H100 80GB HBM3, fp32 GEMMs");
+  EXPECT_EQ(GpuArithmetic("A", "cuda:0 (A), bf16 GEMMs (cublas), GEMM attention"),
+            "A, bf16 GEMMs (cublas)");
+  EXPECT_EQ(GpuArithmetic("A", ""), "A");
+  EXPECT_EQ(GpuArithmetic("", "cpu"), "");
+}
+
 // ArrangeByDeviceKind on every kind pattern of up to 8 candidates and every
 // layout that fits: a set is returned exactly when some subset of the
 // candidates can be laid out with each stage of one kind (brute force over

@@ -101,6 +101,11 @@ struct WorkerSpec {
   // all-reduces them at the optimizer step instead of overlapping the
   // backward pass (simulator.h).
   bool gpu = false;
+  // How a GPU worker rounds beyond its kind: its model and its backend's
+  // GEMM mode (GpuArithmetic, data_parallel_layout.h). Empty on the CPU or
+  // where not known (cluster files); compared only between the GPU ranks
+  // of one tensor group (CheckReplicaDevices).
+  std::string gpu_arithmetic;
 };
 
 struct ClusterSpec {

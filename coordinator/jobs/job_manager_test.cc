@@ -655,7 +655,9 @@ TEST_F(JobManagerTest, MailboxLimit_SmallestOfTheJobsWorkersBoundsThePlansTensor
     EXPECT_EQ(registry_.Get(id).value().device().mailbox_limit_bytes(), mailbox_limit);
     return id;
   };
-  const std::vector<std::string> fits = {add(7401, 1024), add(7402, 0)};
+  // Room for the 1024-byte stage output and the tied embedding's gradient
+  // (vocab x dModel floats), which the two stages exchange each step.
+  const std::vector<std::string> fits = {add(7401, int64_t{1} << 20), add(7402, 0)};
   const std::string planned = Submit(SmallSpec(2)).value().id();
   Schedule();
   EXPECT_EQ(jobs_.Get(planned).value().state(), v1::JOB_STATE_RUNNING)

@@ -86,6 +86,9 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
     // failed channel waits out gRPC's reconnect backoff (see the header).
     const auto connect = [&tls, &address] {
       grpc::ChannelArguments args;
+      // A subchannel of its own: from gRPC's shared pool a retry's new
+      // channel could get the old one's, still in its reconnect backoff.
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
       // `up`'s workers: not via $http_proxy.
       return v1::WorkerControlService::NewStub(CreateCustomChannelSkippingLoopbackProxy(

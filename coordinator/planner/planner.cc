@@ -101,7 +101,7 @@ absl::Status CheckWeightSyncs(const ResolvedJobSpec& r, const ModelProfile& plan
 // FAILED_PRECONDITION (the workers' flag), not RESOURCE_EXHAUSTED, which
 // placement takes for memory and retries.
 absl::Status CheckActivationSends(const ModelProfile& planned, const ClusterSpec& replica,
-                                  const SolvedPlan& solved) {
+                                  const SolvedPlan& solved, bool fused_embedding_sync) {
   const int units = static_cast<int>(planned.units.size());
   int unit = -1;
   size_t stage = 0;
@@ -117,18 +117,38 @@ absl::Status CheckActivationSends(const ModelProfile& planned, const ClusterSpec
     if (f.begin < f.end && f.end < units) consider(f.end - 1, s, false);
     if (b.begin < b.end && b.begin > 0) consider(b.begin - 1, s, true);
   }
-  if (unit < 0 || !(planned.units[unit].activation_bytes > MaxPlannedTensorBytes(replica))) {
-    return absl::OkStatus();
+  if (unit >= 0 && planned.units[unit].activation_bytes > MaxPlannedTensorBytes(replica)) {
+    const UnitProfile& u = planned.units[unit];
+    const std::string what =
+        gradient ? absl::StrCat("the gradient of unit ", unit, "'s (", u.name, ") output")
+                 : absl::StrCat("the output of unit ", unit, " (", u.name, ")");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", stage, " would send ", what, " as one tensor of ",
+        BytesAndGiB(u.activation_bytes), " per micro-batch, above ", TensorLimitText(replica),
+        "; raise the workers' --mailbox-limit above it, or make the micro-batches smaller "
+        "(more spec.training.micro_batches)"));
   }
-  const UnitProfile& u = planned.units[unit];
-  const std::string what =
-      gradient ? absl::StrCat("the gradient of unit ", unit, "'s (", u.name, ") output")
-               : absl::StrCat("the output of unit ", unit, " (", u.name, ")");
-  return absl::FailedPreconditionError(absl::StrCat(
-      "stage ", stage, " would send ", what, " as one tensor of ", BytesAndGiB(u.activation_bytes),
-      " per micro-batch, above ", TensorLimitText(replica),
-      "; raise the workers' --mailbox-limit above it, or make the micro-batches smaller "
-      "(more spec.training.micro_batches)"));
+  // And the tied wte gradient (TIED_EMBEDDING_GRAD, one tensor rank's
+  // vocab x dModel share, TiedGradientBytes), which the stages holding
+  // embed's and head's backward swap each step (schedule_compiler.cc
+  // EndOfIteration) unless the replicas' sync is fused: no cut that keeps
+  // them apart avoids it.
+  int embed_owner = -1, head_owner = -1;
+  for (size_t s = 0; s < solved.backward.size(); ++s) {
+    const Range& b = solved.backward[s];
+    if (b.begin <= 0 && 0 < b.end) embed_owner = static_cast<int>(s);
+    if (b.begin <= units - 1 && units - 1 < b.end) head_owner = static_cast<int>(s);
+  }
+  const double tied = TiedGradientBytes(planned);
+  if (!fused_embedding_sync && embed_owner >= 0 && head_owner >= 0 && embed_owner != head_owner &&
+      tied > MaxPlannedTensorBytes(replica)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stages ", embed_owner, " and ", head_owner,
+        " would exchange the tied embedding's gradient as one tensor of ", BytesAndGiB(tied),
+        " each step, above ", TensorLimitText(replica),
+        "; raise the workers' --mailbox-limit above it, or keep embed and head on one stage"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -403,7 +423,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   };
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   RETURN_IF_ERROR(CheckWeightSyncs(r, planned, replica, solved));
-  RETURN_IF_ERROR(CheckActivationSends(planned, replica, solved));
+  RETURN_IF_ERROR(CheckActivationSends(planned, replica, solved, fuse_sync));
   double overlap_stretch = 1;
   std::vector<int> dp_compressed_stages;  // selective stage compression's
   {

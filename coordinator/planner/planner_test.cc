@@ -689,7 +689,15 @@ TEST(PlanJobMailboxLimit, BiPartition_KeepsUnitsOverTheSmallestMailboxOnOneStage
 TEST(PlanJobMailboxLimit, StageOutputOverTheSmallestMailbox_FailedPrecondition) {
   v1::JobSpec spec = WideMlpSpec("uniform");
   spec.mutable_training()->set_seq_len(64);  // 64 x 8192 floats: 2 MiB
-  EXPECT_TRUE(PlanWithMailbox(spec, 2 << 20).ok());
+  // The tied embedding's gradient (256 x 8192 floats and ln_f's, 8 MiB),
+  // which the two stages exchange each step, bounds it too.
+  EXPECT_TRUE(PlanWithMailbox(spec, 16 << 20).ok());
+  const absl::Status tied = PlanWithMailbox(spec, 4 << 20).status();
+  EXPECT_EQ(tied.code(), absl::StatusCode::kFailedPrecondition) << tied;
+  EXPECT_TRUE(absl::StrContains(tied.message(),
+                                "stages 0 and 1 would exchange the tied embedding's gradient as "
+                                "one tensor of "))
+      << tied;
   const absl::Status refused = PlanWithMailbox(spec, (2 << 20) - 1).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_EQ(refused.message(),

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -1642,6 +1643,20 @@ int RunJob(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
+  // A reply over its size limit leaves drawings out, naming them
+  // (grpc_service.h): said so, with where to fetch the drawing whole.
+  for (const auto& [wanted, drawing, route] :
+       {std::tuple<bool, const char*, const char*>{!o.timeline.empty(), "timeline_svg",
+                                                   "timeline.svg"},
+        {!o.measured_timeline.empty(), "measured_timeline_svg", "measured-timeline.svg"}}) {
+    if (wanted && absl::c_linear_search(plan.drawings_omitted(), drawing)) {
+      return Fail("job", absl::ResourceExhaustedError(
+                             absl::StrCat("the plan's ", route,
+                                          " was left out of the reply to fit gRPC's "
+                                          "message limit; fetch it over REST: GET /v1/jobs/",
+                                          job.id(), "/", route)));
+    }
+  }
   if (!o.timeline.empty() && plan.timeline_svg().empty()) {
     return Fail("job", NoTimelineError(job.id(), job.state(), IsTerminal(job.state())));
   }

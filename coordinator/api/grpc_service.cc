@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,11 +20,12 @@ namespace pipetrain {
 CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
                                                AssignmentHub* hub, CoordinatorMetrics* metrics,
                                                const CallerAuth* auth, Runner store_calls,
-                                               Runner registrations)
+                                               Runner registrations, size_t max_plan_reply_bytes)
     : workers_(workers),
       jobs_(jobs),
       metrics_(metrics),
       auth_(auth),
+      max_plan_reply_bytes_(max_plan_reply_bytes),
       streams_(hub,
                [workers](const std::string& worker_id, int64_t incarnation) {
                  workers->MarkLost(worker_id, incarnation,
@@ -466,6 +468,31 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServ
       });
 }
 
+namespace {
+
+// Leaves drawings out of `plan` until it serializes to at most `max_bytes`,
+// naming each in drawings_omitted. The Chrome traces go first: only the
+// CLI's pass-time table (which needs both) and its --json read them, while
+// --timeline, --measured-timeline and `up` write the SVGs. The measured
+// one of each goes before the predicted one, so that the table is left
+// out whole rather than compared against nothing.
+void FitPlanReply(size_t max_bytes, v1::Plan& plan) {
+  const std::pair<const char*, std::string* (v1::Plan::*)()> drawings[] = {
+      {"measured_chrome_trace_json", &v1::Plan::mutable_measured_chrome_trace_json},
+      {"chrome_trace_json", &v1::Plan::mutable_chrome_trace_json},
+      {"measured_timeline_svg", &v1::Plan::mutable_measured_timeline_svg},
+      {"timeline_svg", &v1::Plan::mutable_timeline_svg}};
+  for (const auto& [name, field] : drawings) {
+    if (plan.ByteSizeLong() <= max_bytes) return;
+    std::string* drawing = (plan.*field)();
+    if (drawing->empty()) continue;
+    std::string().swap(*drawing);  // its memory too, not only its length
+    plan.add_drawings_omitted(name);
+  }
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(grpc::CallbackServerContext* context,
                                                           const grpc::ByteBuffer* raw,
                                                           grpc::ByteBuffer* answer) {
@@ -484,6 +511,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(grpc::CallbackServerCo
             call, "GetPlan", absl::OkStatus(),
             [this, request, response]() -> absl::Status {
               ASSIGN_OR_RETURN(*response, jobs_->GetPlan(request->job_id()));
+              FitPlanReply(max_plan_reply_bytes_, *response);
               return absl::OkStatus();
             },
             plan_reads_);

@@ -29,6 +29,10 @@
 //                    earlier incarnation); feeds
 //                    pipetrain_stage_{busy,idle}_seconds_total and
 //                    pipetrain_job_steps_total after JobManager accepted it.
+//   GetPlan          a plan over max_plan_reply_bytes (kMaxPlanReplyBytes)
+//                    is sent without some of its drawings, named in
+//                    Plan.drawings_omitted: the Chrome traces first, then
+//                    the SVGs, each measured before predicted, until it fits.
 // Every call, refused ones and streams included, is counted and timed by
 // the RED interceptor: pipetrain_rpc_{requests_total,duration_seconds}
 // {method,code}.
@@ -74,6 +78,14 @@ namespace pipetrain {
 // hundred bytes of names (registration_limits.h).
 inline constexpr size_t kMaxSmallRequestBytes = 16 << 10;
 
+// The most bytes of a GetPlan reply: the coordinator sends at most 64 MiB
+// (main.cc's SetMaxSendMessageSize, the CLI's receive limit too), and a
+// large plan's four drawings with a measured step came to about 75 MB, so
+// every `job --plan/--timeline/--report` failed RESOURCE_EXHAUSTED. 8 MiB
+// under it, as headroom: the reply is measured as serialized here, and a
+// limit hit exactly would fail the call for want of a few bytes.
+inline constexpr size_t kMaxPlanReplyBytes = 56 << 20;
+
 // CoordinatorService with every method but UploadWeights taking its request
 // as bytes. Parsed by gRPC before the method ran, a request of 4 MiB of
 // empty repeated or unknown fields grew 16 to 30 times in memory before
@@ -108,10 +120,12 @@ class CoordinatorGrpcService final : public RawCoordinatorService {
   // for its job's save behind every file and store task already queued, and
   // a fleet's registrations (after a failover) must not wait out their
   // deadlines behind it. Tests pass queues they run themselves, to see that
-  // those calls are not answered in the reaction.
+  // those calls are not answered in the reaction. `max_plan_reply_bytes`
+  // bounds GetPlan's reply (tests pass less to see drawings left out).
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,
                          CoordinatorMetrics* metrics, const CallerAuth* auth,
-                         Runner store_calls = {}, Runner registrations = {});
+                         Runner store_calls = {}, Runner registrations = {},
+                         size_t max_plan_reply_bytes = kMaxPlanReplyBytes);
 
   // Ends every WatchAssignments stream with UNAVAILABLE and refuses new ones
   // the same way. Idempotent.
@@ -220,6 +234,7 @@ class CoordinatorGrpcService final : public RawCoordinatorService {
   JobManager* const jobs_;
   CoordinatorMetrics* const metrics_;
   const CallerAuth* const auth_;
+  const size_t max_plan_reply_bytes_;
   AssignmentStreams streams_;
   OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
   // A scheduling pass posted after a registration and not yet begun: the

@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "common/clock.h"
@@ -437,6 +439,100 @@ TEST_F(GrpcServiceTest, GetPlan_RunningJob_ReturnsItsPlan) {
   EXPECT_EQ(plan.version(), 1);
   ASSERT_EQ(plan.stages_size(), 1);
   EXPECT_EQ(plan.stages(0).worker_id(), "w-1");
+}
+
+// A plan over the reply budget is sent without drawings until it fits,
+// each named in drawings_omitted: the Chrome traces first, measured before
+// predicted, then the SVGs. A large plan with a measured step passed the
+// coordinator's 64 MiB and every GetPlan of it failed RESOURCE_EXHAUSTED.
+TEST_F(GrpcServiceTest, GetPlan_OverReplyBudget_LeavesDrawingsOutNamingThem) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  // Step 10 traced by the job's one worker: each instruction 1 ms.
+  std::optional<SequencedAssignment> assignment = hub_.Newer(worker.worker_id(), 0);
+  ASSERT_TRUE(assignment.has_value());
+  v1::ReportProgressRequest traced;
+  traced.set_worker_id(worker.worker_id());
+  traced.set_incarnation(worker.incarnation());
+  traced.set_job_id(job.id());
+  traced.set_plan_version(1);
+  traced.set_iteration(9);
+  v1::StepTrace* trace = traced.mutable_trace();
+  trace->set_iteration(9);
+  const int instructions = assignment->assignment.program().instructions_size();
+  trace->set_seconds(0.001 * instructions);
+  for (int i = 0; i < instructions; ++i) {
+    v1::InstructionTiming* timing = trace->add_instructions();
+    timing->set_instruction(i);
+    timing->set_start_seconds(0.001 * i);
+    timing->set_end_seconds(0.001 * (i + 1));
+  }
+  ASSERT_TRUE(jobs_.ReportProgress(traced).ok());
+  const v1::Plan whole = jobs_.GetPlan(job.id()).value();
+  ASSERT_FALSE(whole.measured_chrome_trace_json().empty());
+
+  // GetPlan through a service whose replies are bounded by `budget`.
+  auto get_plan = [&](size_t budget) {
+    CoordinatorGrpcService service(&workers_, &jobs_, &hub_, &metrics_, &auth_, {}, {}, budget);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    EXPECT_GT(port, 0);
+    auto stub = v1::CoordinatorService::NewStub(
+        BearerChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), {},
+                      kUserToken));
+    v1::GetPlanRequest request;
+    request.set_job_id(job.id());
+    v1::Plan plan;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub->GetPlan(&context, request, &plan);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    service.Shutdown();
+    server->Shutdown();
+    return plan;
+  };
+  // What fits is sent whole.
+  const v1::Plan fits = get_plan(whole.ByteSizeLong());
+  EXPECT_EQ(fits.ByteSizeLong(), whole.ByteSizeLong());
+  EXPECT_EQ(fits.drawings_omitted_size(), 0);
+  // Over by a byte: the measured Chrome trace alone is left out.
+  const v1::Plan over = get_plan(whole.ByteSizeLong() - 1);
+  EXPECT_LE(over.ByteSizeLong(), whole.ByteSizeLong() - 1);
+  EXPECT_EQ(std::vector<std::string>(over.drawings_omitted().begin(),
+                                     over.drawings_omitted().end()),
+            std::vector<std::string>{"measured_chrome_trace_json"});
+  EXPECT_TRUE(over.measured_chrome_trace_json().empty());
+  EXPECT_EQ(over.chrome_trace_json(), whole.chrome_trace_json());
+  EXPECT_EQ(over.measured_timeline_svg(), whole.measured_timeline_svg());
+  EXPECT_EQ(over.timeline_svg(), whole.timeline_svg());
+  // Room for the predicted SVG alone (and the names of the rest).
+  v1::Plan svg_only = whole;
+  svg_only.clear_chrome_trace_json();
+  svg_only.clear_measured_chrome_trace_json();
+  svg_only.clear_measured_timeline_svg();
+  for (const char* name :
+       {"measured_chrome_trace_json", "chrome_trace_json", "measured_timeline_svg"}) {
+    svg_only.add_drawings_omitted(name);
+  }
+  const v1::Plan small = get_plan(svg_only.ByteSizeLong());
+  EXPECT_EQ(small.ByteSizeLong(), svg_only.ByteSizeLong());
+  EXPECT_EQ(small.timeline_svg(), whole.timeline_svg());
+  EXPECT_EQ(small.measured_step(), 9);  // still says there is a measured step
+  EXPECT_EQ(small.drawings_omitted_size(), 3);
+  // Under the plan without drawings: all four left out, its numbers sent.
+  const v1::Plan none = get_plan(1);
+  EXPECT_EQ(std::vector<std::string>(none.drawings_omitted().begin(),
+                                     none.drawings_omitted().end()),
+            (std::vector<std::string>{"measured_chrome_trace_json", "chrome_trace_json",
+                                      "measured_timeline_svg", "timeline_svg"}));
+  EXPECT_TRUE(none.timeline_svg().empty());
+  ASSERT_EQ(none.stages_size(), 1);
+  EXPECT_EQ(none.stages(0).worker_id(), worker.worker_id());
 }
 
 TEST_F(GrpcServiceTest, GetPlan_UnknownJob_NotFound) {

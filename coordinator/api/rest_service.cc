@@ -221,7 +221,7 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
   server.Get(
       absl::StrCat(kJob, "/measured-timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
         return PlanSvg(
-            *jobs, r.path_params[0], JobManager::PlanParts::kAll,
+            *jobs, r.path_params[0], JobManager::PlanParts::kMeasuredTimelineSvg,
             [](const v1::Plan& plan) -> const std::string& { return plan.measured_timeline_svg(); },
             NoMeasuredTimelineError);
       }));

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -201,6 +202,52 @@ TEST_F(RestServiceTest, MeasuredTimeline_JobEndedWithoutOne_SaysSo) {
             "job job-1 ended CANCELLED with no measured timeline: its workers trace the plan's "
             "11th step (or its last), and the coordinator keeps the trace in memory only, for "
             "jobs not ended and the 16 planned jobs that ended last (a restart loses it)");
+}
+
+// A traced step's measured timeline as an image. The route asks GetPlan
+// for the measured SVG alone: it copied the whole plan (its predicted
+// drawings, tens of megabytes) under the job manager's lock and drew the
+// measured Chrome trace too, at every request, to throw both away.
+TEST_F(RestServiceTest, MeasuredTimeline_TracedStep_ReturnsOnlyTheSvg) {
+  RegisterWorker();
+  ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
+  jobs_.AwaitBackgroundWork();  // planned
+  const v1::Job job = jobs_.Get("job-1").value();
+  ASSERT_EQ(job.worker_ids_size(), 1) << job.reason();
+  std::optional<SequencedAssignment> assignment = hub_.Newer(job.worker_ids(0), 0);
+  ASSERT_TRUE(assignment.has_value());
+  v1::ReportProgressRequest traced;  // step 10, each instruction 1 ms
+  traced.set_worker_id(job.worker_ids(0));
+  traced.set_job_id(job.id());
+  traced.set_plan_version(1);
+  traced.set_iteration(9);
+  v1::StepTrace* trace = traced.mutable_trace();
+  trace->set_iteration(9);
+  const int instructions = assignment->assignment.program().instructions_size();
+  trace->set_seconds(0.001 * instructions);
+  for (int i = 0; i < instructions; ++i) {
+    v1::InstructionTiming* timing = trace->add_instructions();
+    timing->set_instruction(i);
+    timing->set_start_seconds(0.001 * i);
+    timing->set_end_seconds(0.001 * (i + 1));
+  }
+  ASSERT_TRUE(jobs_.ReportProgress(traced).ok());
+
+  const httplib::Result svg = client_->Get("/v1/jobs/job-1/measured-timeline.svg");
+  ASSERT_TRUE(svg) << httplib::to_string(svg.error());
+  EXPECT_EQ(svg->status, 200) << svg->body;
+  EXPECT_EQ(svg->get_header_value("Content-Type"), "image/svg+xml");
+  EXPECT_TRUE(absl::StrContains(svg->body, "measured step 10")) << svg->body.substr(0, 400);
+  EXPECT_EQ(svg->body, jobs_.GetPlan("job-1").value().measured_timeline_svg());
+  const v1::Plan measured =
+      jobs_.GetPlan("job-1", JobManager::PlanParts::kMeasuredTimelineSvg).value();
+  EXPECT_EQ(measured.measured_timeline_svg(), svg->body);
+  EXPECT_EQ(measured.measured_step(), 9);
+  EXPECT_EQ(measured.version(), 1);
+  EXPECT_TRUE(measured.measured_chrome_trace_json().empty());
+  EXPECT_TRUE(measured.timeline_svg().empty());
+  EXPECT_TRUE(measured.chrome_trace_json().empty());
+  EXPECT_EQ(measured.stages_size(), 0);
 }
 
 // A job whose plan's drawings were dropped (16 planned jobs ended after

@@ -317,11 +317,16 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanPart
               : absl::StrCat("job ", job_id, " has no plan yet (", EnumShortName(state), ")"));
     }
     if (parts == PlanParts::kWithoutDrawings) return PlanCopyWithoutDrawings(it->second->plan);
-    plan = it->second->plan;
+    if (parts == PlanParts::kMeasuredTimelineSvg) {
+      plan.set_job_id(it->second->plan.job_id());
+      plan.set_version(it->second->plan.version());
+    } else {
+      plan = it->second->plan;
+    }
     if (parts == PlanParts::kWithoutMeasured) return plan;
     measured = CopyMeasuredStep(*it->second);
   }
-  AddMeasuredTimeline(measured, &plan);
+  AddMeasuredTimeline(measured, parts != PlanParts::kMeasuredTimelineSvg, &plan);
   return plan;
 }
 
@@ -375,7 +380,8 @@ JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& recor
   return copy;
 }
 
-void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* plan) {
+void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, bool with_chrome_trace,
+                                     v1::Plan* plan) {
   if (step.iteration < 0) return;
   std::vector<const v1::Program*> programs;
   std::vector<const v1::StepTrace*> traces;
@@ -401,7 +407,9 @@ void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* pla
   svg.span_name = "first start to last end";
   plan->set_measured_step(step.iteration);
   plan->set_measured_timeline_svg(TimelineSvg(*measured, step.names, svg));
-  plan->set_measured_chrome_trace_json(ChromeTraceJson(*measured, step.names));
+  if (with_chrome_trace) {
+    plan->set_measured_chrome_trace_json(ChromeTraceJson(*measured, step.names));
+  }
 }
 
 void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::string& reason) {

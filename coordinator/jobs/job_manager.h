@@ -478,7 +478,11 @@ class JobManager {
   // copied nor drawn. kWithoutMeasured: with the predicted drawings but
   // without drawing the measured timeline (REST's timeline.svg drew it, up
   // to tens of megabytes, at every request to throw it away).
-  enum class PlanParts { kAll, kWithoutDrawings, kWithoutMeasured };
+  // kMeasuredTimelineSvg: job_id, version, measured_step and
+  // measured_timeline_svg alone, for REST's measured-timeline.svg: under
+  // the lock only the traced step is copied (not the plan's predicted
+  // drawings, tens of megabytes), and its Chrome trace is not drawn.
+  enum class PlanParts { kAll, kWithoutDrawings, kWithoutMeasured, kMeasuredTimelineSvg };
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id,
                                    PlanParts parts = PlanParts::kAll) const;
 
@@ -1393,8 +1397,10 @@ class JobManager {
     std::vector<std::string> names;
   };
   static MeasuredStepCopy CopyMeasuredStep(const JobRecord& record);
-  // Plan.measured_* from the copy, when it holds a step.
-  static void AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* plan);
+  // Plan.measured_* from the copy, when it holds a step; without
+  // measured_chrome_trace_json unless `with_chrome_trace`.
+  static void AddMeasuredTimeline(const MeasuredStepCopy& step, bool with_chrome_trace,
+                                  v1::Plan* plan);
   absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.

@@ -403,6 +403,7 @@ TEST(SmallRequestBound, EveryFieldAtItsBound_FitsInHalf) {
   d->set_memory_limit_bytes(kMaxMemoryBytes);
   d->set_gpu_memory_bytes(kMaxMemoryBytes);
   d->set_memory_reserve_bytes(kMaxMemoryBytes);
+  d->set_mailbox_limit_bytes(kMaxMemoryBytes);
   d->set_measured_gflops(kMaxGflops);
   d->set_link_bandwidth_bytes_per_second(1e13);
   d->set_link_latency_seconds(1);

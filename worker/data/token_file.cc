@@ -205,7 +205,8 @@ absl::Status CheckVocab(const std::string& path, const std::vector<uint16_t>& to
     if (tokens[i] >= limit) {
       return Invalid(path, absl::StrCat("token at position ", i, " has id ", tokens[i],
                                         ", not below the vocab size ", vocab_size,
-                                        "; check --vocab or the tokenizer"));
+                                        "; check the vocab size (train-local's --vocab, a job's "
+                                        "spec.model.vocab_size) or the tokenizer"));
     }
   }
   return absl::OkStatus();

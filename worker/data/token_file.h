@@ -77,8 +77,10 @@ inline constexpr size_t kTokenFileReadChunkBytes = size_t{64} << 20;
 //   kUint16Header: header form described above; the payload must hold exactly
 //                  the number of tokens the header states.
 //   kAuto:         kUint16Header if the file is >= 1024 bytes and starts with
-//                  the magic; else kUint16 if the name (options.name, else
-//                  `path`) ends in ".bin" or ".u16"; else kText.
+//                  the magic, or holds a header whose magic alone is damaged
+//                  (version 1 and a count matching the file's size: refused
+//                  as "bad magic"); else kUint16 if the name (options.name,
+//                  else `path`) ends in ".bin" or ".u16"; else kText.
 // Requires vocab_size >= 1 (else INVALID_ARGUMENT).
 // Errors (every message starts with `path`, or with options.name for
 // those about the contents; with path_is_checked_real, an open that fails

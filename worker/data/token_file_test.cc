@@ -407,6 +407,9 @@ TEST(TokenFileTest, LoadTokenFile_TokenOutsideVocab_NamesPositionIdAndVocab) {
   auto loaded = LoadBytes("vocab.bin", Uint16Bytes({1, 2, 300, 400}), DataFormat::kUint16, 256);
   ExpectError(loaded, "vocab.bin", absl::StatusCode::kInvalidArgument,
               "token at position 2 has id 300, not below the vocab size 256");
+  // Jobs reach this too: the message names their field, not only the flag.
+  EXPECT_NE(loaded.status().message().find("a job's spec.model.vocab_size"), std::string::npos)
+      << loaded.status();
 }
 
 TEST(TokenFileTest, LoadTokenFile_HeaderTokenOutsideVocab_InvalidArgument) {

@@ -447,6 +447,12 @@ void HttpGate::Flush(Connection& connection) {
       return;
     }
     connection.written += n;
+    // The response timeout bounds a stall, not the whole answer: a client
+    // that keeps reading a large one (a plan with its drawings, tens of
+    // MiB) over a slow link is not cut off while its bytes flow.
+    if (connection.state == State::kWriting) {
+      connection.deadline = GateNow() + options_.response_timeout;
+    }
   }
   std::string().swap(connection.out);
   connection.written = 0;

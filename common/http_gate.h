@@ -47,8 +47,9 @@
 // Error answers are google.rpc.Status JSON (common/http_response.h):
 // the framing rejections (400, 411, 413, 415, 431), 408 DEADLINE_EXCEEDED when
 // a request is not complete within request_timeout of its accept, and 503
-// UNAVAILABLE over max_connections. A response not written within
-// response_timeout is abandoned (the connection is closed).
+// UNAVAILABLE over max_connections. A response of which no byte could be
+// written for response_timeout is abandoned (the connection is closed);
+// each write that sends bytes restarts that wait.
 //
 // Thread-safety: Admit, Respond and Stop may be called from any thread.
 #ifndef PIPETRAIN_COMMON_HTTP_GATE_H_
@@ -89,7 +90,7 @@ class HttpGate {
     HttpRequestLimits limits;
     size_t max_connections = 256;
     absl::Duration request_timeout = absl::Seconds(10);   // accept to last body byte
-    absl::Duration response_timeout = absl::Seconds(10);  // Respond to last byte written
+    absl::Duration response_timeout = absl::Seconds(10);  // longest write stall
     absl::Duration linger = absl::Seconds(2);
     // Answer bytes not yet written, over all connections; past it, the
     // oldest connection with an answer its client is not reading (other

@@ -140,6 +140,41 @@ TEST(HttpGateTest, UnsentAnswersPastTheBound_OldestUnreadCutOff) {
   (*gate)->Stop();
 }
 
+// A client reading a large answer slowly, but steadily: the response
+// timeout (1 s here) bounds a stall, not the whole answer, so one that
+// takes ~3 s to read arrives whole. It was cut off at the timeout, and a
+// plan with its drawings (tens of MiB) never reached a slow client.
+TEST(HttpGateTest, SlowSteadyReader_LargeAnswerNotCutAtTheResponseTimeout) {
+  AnnotatedMutex mu;
+  std::vector<uint64_t> connections;
+  auto gate = HttpGate::Start({.response_timeout = absl::Seconds(1)}, [&](GatedRequest request) {
+    AnnotatedMutexLock lock(&mu);
+    connections.push_back(request.connection);
+  });
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  Client client;
+  ASSERT_TRUE(client.Send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n"));
+  (*gate)->Admit(client.for_gate);
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return connections.size() == 1; }, absl::Seconds(30)));
+  }
+  const std::string answer =
+      "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\nConnection: close\r\n\r\n" +
+      std::string(4 << 20, 'x');
+  (*gate)->Respond(connections[0], answer);
+  // 32 reads of at most 128 KiB, 100 ms apart: a pace, not a synchronisation.
+  std::string got;
+  std::vector<char> buffer(128 << 10);
+  ssize_t n;
+  while ((n = recv(client.fd, buffer.data(), buffer.size(), 0)) > 0) {
+    got.append(buffer.data(), n);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(got.size(), answer.size());
+  (*gate)->Stop();
+}
+
 constexpr char kOk[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 // A gate at its cap (max_connections = 1) with its one place taken by a

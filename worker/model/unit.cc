@@ -1,6 +1,8 @@
 #include "worker/model/unit.h"
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 
 #include "common/logging.h"
 #include "common/philox.h"
@@ -92,6 +94,15 @@ Tensor Unit::ZeroDroppedRows(const Tensor& x, const std::vector<uint8_t>& kept) 
 std::vector<float> Unit::RowSquaredNorms(const Tensor& x) const {
   const Tensor host = backend_->Download(x);
   const int64_t width = host.numel() == 0 ? 1 : host.shape().back();
+  // The scores only rank rows, and the group sums its ranks' scores in
+  // float (TensorParallelComm::StartTokenSparseSum): a finite row whose
+  // squared norm is beyond the float range (a norm above ~1.8e19) would be
+  // an undefined cast here and an infinite sum there, refused as
+  // non-finite activations. So a finite sum is capped at a share of
+  // FLT_MAX that the group's sum cannot overflow (half of it, a margin for
+  // the rounding of that sum); the order changes only among capped rows.
+  // NaN and infinite sums stay as they are: the group must refuse them.
+  const double cap = double{FLT_MAX} / (2.0 * tp_size());
   std::vector<float> norms(static_cast<size_t>(host.numel() / width));
   for (size_t r = 0; r < norms.size(); ++r) {
     double sum = 0;
@@ -99,7 +110,7 @@ std::vector<float> Unit::RowSquaredNorms(const Tensor& x) const {
       const double v = host.data()[r * width + i];
       sum += v * v;
     }
-    norms[r] = static_cast<float>(sum);
+    norms[r] = static_cast<float>(std::isfinite(sum) ? std::min(sum, cap) : sum);
   }
   return norms;
 }

@@ -12,6 +12,7 @@
 #include "worker/model/flash_cpu_testing.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/model/gpt_model.h"
+#include "worker/model/mlp_unit.h"
 #include "worker/model/unit.h"
 
 namespace pipetrain {
@@ -600,6 +601,35 @@ TEST(UnitParameterShapesTest, TensorParallel_SplitDimGivesEachRanksShard) {
       }
     }
   }
+}
+
+// An MLP unit with its token scores (Unit::RowSquaredNorms) in reach.
+class MlpWithScores : public MlpUnit {
+ public:
+  using MlpUnit::MlpUnit;
+  using Unit::RowSquaredNorms;
+};
+
+// A finite row whose squared norm (8 x 9e38) is beyond the float range gets
+// a finite score above the others', and the float sum of two ranks' such
+// scores stays finite: the group refused an infinite one as non-finite
+// activations (tensor_parallel_comm.cc). NaN and infinity stay non-finite.
+TEST(UnitTest, RowSquaredNorms_BeyondFloatRange_FiniteScoreTheGroupCanSum) {
+  ShapeOnlyComm comm(0, 2);
+  MlpWithScores mlp(TinyConfig(), 0, CpuBackend(), &comm);
+  const int d = TinyConfig().d_model;
+  Tensor x = Tensor::Filled({4, d}, 1.0f);
+  for (int i = 0; i < d; ++i) x[i] = 3e19f;
+  x[2 * d + 1] = NAN;
+  x[3 * d + 1] = INFINITY;
+  const std::vector<float> scores = mlp.RowSquaredNorms(x);
+  ASSERT_EQ(scores.size(), 4u);
+  EXPECT_TRUE(std::isfinite(scores[0])) << scores[0];
+  EXPECT_TRUE(std::isfinite(scores[0] + scores[0])) << "two ranks' scores summed: " << scores[0];
+  EXPECT_GT(scores[0], scores[1]);
+  EXPECT_EQ(scores[1], static_cast<float>(d));
+  EXPECT_TRUE(std::isnan(scores[2])) << scores[2];
+  EXPECT_EQ(scores[3], INFINITY);
 }
 
 }  // namespace

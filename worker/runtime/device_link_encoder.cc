@@ -6,6 +6,26 @@
 #include "common/status_macros.h"
 
 namespace pipetrain {
+namespace {
+
+// The device codecs carry finite values only (as the host's). When `x`
+// holds a NaN or an infinity the training diverged (an infinite gradient
+// broke the weights while its step's loss was still finite): said so in
+// the host path's words (LinkCompressor::Encode), not as a codec's fault.
+// `refused` otherwise. Only for a refusal (INVALID_ARGUMENT): after a
+// device error (INTERNAL) the tensor cannot be read back.
+absl::Status NameDivergence(Backend* backend, const v1::Instruction::Send& send, const Tensor& x,
+                            const absl::Status& refused) {
+  if (refused.code() != absl::StatusCode::kInvalidArgument) return refused;
+  const std::string bad = DescribeFirstNonFinite(x.on_device() ? backend->Download(x) : x);
+  if (bad.empty()) return refused;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "training diverged: encoding as ", send.codec(), " on the device: the tensor ", bad,
+      " (the weights or an input of this step are no longer finite); try a lower learning "
+      "rate, a warm-up or gradient clipping"));
+}
+
+}  // namespace
 
 void DeviceLinkEncoder::BeginIteration() {
   for (auto& [key, link] : links_) link.residual = Tensor();
@@ -49,7 +69,7 @@ absl::StatusOr<std::string> DeviceLinkEncoder::Encode(const v1::Instruction::Sen
     return absl::InternalError(
         absl::StrCat("the device codec of a link stopped answering: ", payload.status().message()));
   }
-  return payload;
+  return NameDivergence(backend_, send, x, payload.status());
 }
 
 // error_feedback.h's Compress on the device, with the flush rule of

@@ -67,12 +67,15 @@ class DeviceLinkEncoder {
   // The payload of `x` (on the backend's device) for `send`, whose codec is
   // non-empty. `scores` as LinkCompressor::Encode (token_topk ranks tokens
   // by them; error-feedback sends ignore them). UNIMPLEMENTED when the link
-  // takes the host path (see "Paths"). Otherwise the backend's errors
-  // (INVALID_ARGUMENT for a non-finite value, INTERNAL from the device),
-  // and INVALID_ARGUMENT when an error-feedback send's shape differs from
-  // the link's residual; after any error the link's residual is dropped
-  // (the iteration fails; error_feedback.h keeps it, but nothing could use
-  // it).
+  // takes the host path (see "Paths"). FAILED_PRECONDITION "training
+  // diverged: ..." when the codec refuses `x` and it holds a NaN or an
+  // infinity (as LinkCompressor::Encode; `x` is then downloaded to find
+  // it). Otherwise the backend's
+  // errors (INVALID_ARGUMENT for a finite value the codec cannot carry,
+  // INTERNAL from the device), and INVALID_ARGUMENT when an error-feedback
+  // send's shape differs from the link's residual; after any error the
+  // link's residual is dropped (the iteration fails; error_feedback.h keeps
+  // it, but nothing could use it).
   absl::StatusOr<std::string> Encode(const v1::Instruction::Send& send, const Tensor& x,
                                      absl::Span<const float> scores);
 

@@ -6,6 +6,7 @@
 // the residual an aborted iteration leaves.
 #include "worker/runtime/device_link_encoder.h"
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@ class StandInDevice : public ForwardingBackend {
                                              CodecState* state) override {
     ++encodes;
     if (refused.count(spec)) return absl::UnimplementedError("refused");
+    if (!device_error.ok()) return device_error;
     return MakeCodec(spec).value()->Encode(t, state);
   }
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
@@ -46,6 +48,7 @@ class StandInDevice : public ForwardingBackend {
   }
 
   std::set<std::string> refused;
+  absl::Status device_error;  // what every encode fails with, when not OK
   int encodes = 0;
   int decodes = 0;
 };
@@ -147,7 +150,7 @@ TEST(DeviceLinkEncoder, DeviceCodecThatStopsAnswering_Internal) {
 
 // A bad send fails and drops the residual: the next send encodes as the
 // first of an iteration (here compared with a fresh encoder's payload).
-TEST(DeviceLinkEncoder, ShapeChangeOrNonFinite_InvalidArgument_ResidualDropped) {
+TEST(DeviceLinkEncoder, ShapeChangeOrNonFinite_Fails_ResidualDropped) {
   StandInDevice device;
   DeviceLinkEncoder on_device(&device);
   const v1::Instruction::Send send = GradSend("linear:bits=4", 4, true, false);
@@ -164,9 +167,42 @@ TEST(DeviceLinkEncoder, ShapeChangeOrNonFinite_InvalidArgument_ResidualDropped) 
   Tensor bad = RandomTensor({3, 2}, 4);
   bad[5] = std::nanf("");
   got = on_device.Encode(send, bad, {});
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
   DeviceLinkEncoder fresh_again(&fresh_device);
   EXPECT_EQ(on_device.Encode(send, x, {}).value(), fresh_again.Encode(send, x, {}).value());
+}
+
+// A codec carries finite values only: a NaN or infinity to send means the
+// training diverged, and the job must fail saying so, in the host path's
+// words (link_compressor_test.cc), with or without error feedback, not with
+// the codec's "only finite values can be encoded". A finite value the codec
+// cannot carry stays INVALID_ARGUMENT, and a device error is passed on.
+TEST(DeviceLinkEncoder, NonFiniteTensor_TrainingDiverged) {
+  StandInDevice device;
+  DeviceLinkEncoder on_device(&device);
+  for (const bool feedback : {false, true}) {
+    for (const float bad : {NAN, INFINITY}) {
+      SCOPED_TRACE(::testing::Message() << "feedback " << feedback << " value " << bad);
+      const v1::Instruction::Send send = GradSend("piecewise:bits=4", 4, feedback, false);
+      Tensor x = RandomTensor({2, 4}, 1);
+      x[7] = bad;
+      absl::StatusOr<std::string> got = on_device.Encode(send, x, {});
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+      EXPECT_THAT(got.status().message(),
+                  HasSubstr("training diverged: encoding as piecewise:bits=4 on the device"));
+      EXPECT_THAT(got.status().message(), HasSubstr("at element 7"));
+      EXPECT_THAT(got.status().message(), HasSubstr("try a lower learning rate"));
+    }
+  }
+  const v1::Instruction::Send fp16 = GradSend("fp16", 3, false, false);
+  absl::StatusOr<std::string> too_big =
+      on_device.Encode(fp16, Tensor::FromVector({2}, {1, 1e6f}), {});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument) << too_big.status();
+
+  device.device_error = absl::InternalError("CUDA error: an illegal memory access");
+  absl::StatusOr<std::string> failed =
+      on_device.Encode(fp16, Tensor::FromVector({2}, {1, NAN}), {});
+  EXPECT_EQ(failed.status(), device.device_error);
 }
 
 }  // namespace

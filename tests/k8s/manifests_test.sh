@@ -7,26 +7,29 @@
 # (check_policy.js); the PrometheusRule carries exactly the groups of
 # deploy/prometheus/alerts.yml (prometheus_rule.js); with
 # components/shared-checkpoints (testdata/shared_checkpoints, and the gpu
-# overlay with the component's one line added) the coordinator's
-# --output-dir and every worker's --checkpoint-root lie on one
-# ReadWriteMany claim, and --state-dir on the coordinator's own volume,
-# outside --output-dir (storage_paths); every $(VAR) in a container's args
-# is set by its env or a rendered ConfigMap it reads (unset_vars); each
-# StatefulSet reads a flags ConfigMap of its own, so a changed coordinator
-# flag rolls only the coordinator and a changed worker flag only the
-# workers, and neither changes the submit Job. Broken copies are
+# overlay with the component's one line added) the coordinator's --output-dir
+# and every worker's --checkpoint-root lie on one ReadWriteMany claim, and
+# --state-dir on the coordinator's own volume, outside --output-dir
+# (storage_paths); every $(VAR) in a container's args is set by its env or a
+# rendered ConfigMap it reads (unset_vars); each StatefulSet's
+# terminationGracePeriodSeconds outlasts the shutdown its flags allow
+# (grace_periods); every probe is an HTTP one (the kubelet's gRPC probes
+# cannot do TLS); each StatefulSet reads a flags ConfigMap of its own, so a
+# changed coordinator flag rolls only the coordinator and a changed worker
+# flag only the workers, and neither changes the submit Job. Broken copies are
 # rejected with the expected messages on every run, so no check can pass
 # vacuously: a schema-invalid manifest (misspelled fields included), pod
-# templates breaking each restricted control, selectors without the
-# component or with no labels at all, tokens on command lines (also through
-# a Secret the set does not render and through env vars), a broken copy of
-# the cpu-demo overlay rendered by kustomize, a coordinator reading the
-# workers' ConfigMap, a second install that reuses the instance label, and a
-# broken use of the shared-checkpoints component. Two installs with the
-# Prometheus Operator (the gpu overlay and a second install with
+# templates breaking each restricted control, selectors without the component
+# or with no labels at all, tokens on command lines (also through a Secret the
+# set does not render and through env vars), a broken copy of the cpu-demo
+# overlay rendered by kustomize, a coordinator reading the workers' ConfigMap,
+# shutdowns longer than the grace periods (a 20 s coordinator delay, a 120 s
+# worker drain), a second install that reuses the instance label, and a broken
+# use of the shared-checkpoints component. Two installs with the Prometheus
+# Operator (the gpu overlay and a second install with
 # components/prometheus-operator-servicemonitors, or one built on the gpu
-# overlay that deletes its copy of the rule) each have ServiceMonitors
-# that select their own Services, and the PrometheusRule appears once; the
+# overlay that deletes its copy of the rule) each have ServiceMonitors that
+# select their own Services, and the PrometheusRule appears once; the
 # component listed in an overlay built on the second install is rejected.
 # Runs under Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
@@ -225,6 +228,82 @@ unset_vars() {
     }' "$MODULES" "$1"
 }
 
+# Each StatefulSet's terminationGracePeriodSeconds against the longest
+# shutdown its container's flags allow, with the values of the rendered args
+# and of the env and ConfigMaps they read, one line per container:
+# "NAME: TERMS = S s < grace G", or "NAME: TERMS = S s >= grace G: too short"
+# when the kubelet's SIGKILL would come first (cutting off the coordinator's
+# last saves, a worker's drain). The coordinator (coordinator/main.cc):
+# "delay" (--shutdown-delay-seconds), 5 s for open calls (kShutdownGrace),
+# "stop" (--stop-timeout-seconds). A worker (worker/main.cc, worker.yaml):
+# 2 x 10 s for its drain ask (an RPC of WorkerAgentOptions' rpc_timeout,
+# sent once more to a new leader), "delay", "drain"
+# (--drain-timeout-seconds), 2 x 10 s by which the last ask may end past
+# it, 2 s to deregister (kDeregisterTimeout), "stop". An absent flag counts
+# with the binary's default. Exits 1 when a grace period is too short or a
+# value cannot be read.
+grace_periods() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const text = require("fs").readFileSync(process.argv[2], "utf8");
+    const objects = YAML.parseAllDocuments(text).map((d) => d.toJS()).filter(Boolean);
+    const configMaps = new Map(objects.filter((o) => o.kind === "ConfigMap")
+        .map((o) => [o.metadata.name, o.data || {}]));
+    // Per container name: each flag with the binary default, and the terms
+    // of its shutdown, [shown, seconds].
+    const shutdowns = {
+      coordinator: {
+        flags: {"shutdown-delay-seconds": 0, "stop-timeout-seconds": 30},
+        terms: (f) => [[`delay ${f["shutdown-delay-seconds"]}`, f["shutdown-delay-seconds"]],
+                       ["5", 5], [`stop ${f["stop-timeout-seconds"]}`, f["stop-timeout-seconds"]]],
+      },
+      worker: {
+        flags: {"shutdown-delay-seconds": 0, "drain-timeout-seconds": 60,
+                "stop-timeout-seconds": 20},
+        terms: (f) => [["2 x 10", 20],
+                       [`delay ${f["shutdown-delay-seconds"]}`, f["shutdown-delay-seconds"]],
+                       [`drain ${f["drain-timeout-seconds"]}`, f["drain-timeout-seconds"]],
+                       ["2 x 10", 20], ["2", 2],
+                       [`stop ${f["stop-timeout-seconds"]}`, f["stop-timeout-seconds"]]],
+      },
+    };
+    let failed = false;
+    for (const o of objects.filter((o) => o.kind === "StatefulSet")) {
+      const spec = o.spec.template.spec;
+      const grace = spec.terminationGracePeriodSeconds ?? 30;  // the Kubernetes default
+      for (const c of spec.containers || []) {
+        const shutdown = shutdowns[c.name];
+        if (!shutdown) continue;
+        const vars = new Map((c.env || []).filter((e) => "value" in e)
+            .map((e) => [e.name, e.value]));
+        for (const from of c.envFrom || []) {
+          const data = (from.configMapRef && configMaps.get(from.configMapRef.name)) || {};
+          for (const [k, v] of Object.entries(data)) vars.set((from.prefix || "") + k, v);
+        }
+        const flags = {...shutdown.flags};
+        const args = (c.args || []).map((a) => String(a).replace(/\$(\$|\(([^)]*)\))/g,
+            (m, d, name) => (name === undefined ? "$" : vars.has(name) ? vars.get(name) : m)));
+        args.forEach((arg, i) => {
+          const m = /^--([a-z-]+)(?:=(.*))?$/.exec(arg);
+          if (m && m[1] in flags) flags[m[1]] = Number(m[2] !== undefined ? m[2] : args[i + 1]);
+        });
+        const terms = shutdown.terms(flags);
+        const sum = terms.reduce((total, [, seconds]) => total + seconds, 0);
+        const shown = `${o.metadata.name}: ${terms.map(([t]) => t).join(" + ")}`;
+        if (Number.isNaN(sum)) {
+          console.log(`${shown}: a value is not a number`);
+          failed = true;
+        } else if (sum < grace) {
+          console.log(`${shown} = ${sum} s < grace ${grace}`);
+        } else {
+          console.log(`${shown} = ${sum} s >= grace ${grace}: too short`);
+          failed = true;
+        }
+      }
+    }
+    process.exit(failed ? 1 : 0);' "$MODULES" "$1"
+}
+
 # kustomize refuses files whose real path leaves the kustomization root, and
 # Bazel's runfiles are symlinks into the source tree: render a real copy.
 mkdir -p "$T/k8s"
@@ -281,11 +360,23 @@ for overlay in $OVERLAYS; do
   unset_vars "$out" > "$T/$overlay.vars.txt"
   check "overlay $overlay: every \$(VAR) in args is set by the container's env or ConfigMaps" \
     diff /dev/null "$T/$overlay.vars.txt"
+  # HTTP probes only: the kubelet's gRPC probes cannot do TLS, which
+  # --tls-cert (coordinator) and --data-tls-* (workers) put on those ports.
   probes "$out" > "$T/$overlay.probes.txt"
   expect_lines "$T/$overlay.probes.txt" \
-    "coordinator startupProbe grpc 7070" "coordinator livenessProbe httpGet http /healthz" \
-    "coordinator readinessProbe grpc 7070" "worker startupProbe httpGet metrics /healthz" \
-    "worker livenessProbe httpGet metrics /healthz" "worker readinessProbe httpGet metrics /readyz"
+    "coordinator startupProbe httpGet http /readyz" \
+    "coordinator livenessProbe httpGet http /healthz" \
+    "coordinator readinessProbe httpGet http /readyz" \
+    "worker startupProbe httpGet metrics /healthz" "worker livenessProbe httpGet metrics /healthz" \
+    "worker readinessProbe httpGet metrics /readyz"
+  check "overlay $overlay: no gRPC probe" fails grep -q " grpc " "$T/$overlay.probes.txt"
+  check "overlay $overlay: each terminationGracePeriodSeconds outlasts its shutdown" \
+    grace_periods "$out"
+  cp "$T/out.txt" "$T/$overlay.grace.txt"
+  check "overlay $overlay: the shutdowns as the flags set them" diff <(printf '%s\n' \
+    "pipetrain-coordinator: delay 5 + 5 + stop 20 = 30 s < grace 40" \
+    "pipetrain-worker: 2 x 10 + delay 5 + drain 60 + 2 x 10 + 2 + stop 20 = 127 s < grace 130") \
+    "$T/$overlay.grace.txt"
   ingress "$out" > "$T/$overlay.ingress.txt"
   check "overlay $overlay: 5 ingress rules" test "$(wc -l < "$T/$overlay.ingress.txt")" -eq 5
   expect_lines "$T/$overlay.ingress.txt" \
@@ -534,6 +625,19 @@ expect_lines "$T/swapped.vars.txt" \
   "$U args[6] \$(PIPETRAIN_LEASE_SECONDS) $N" \
   "$U args[7] \$(PIPETRAIN_HEARTBEAT_SECONDS) $N" \
   "$U args[9] \$(PIPETRAIN_NETWORK) $N"
+
+# Shutdowns longer than the grace periods: a coordinator delay of 20 s and a
+# worker drain timeout of 120 s, merged into the flags ConfigMaps as their
+# comments invite. grace_periods must name both.
+cp -RL "$TESTDATA/grace_too_short" "$T/k8s/overlays/grace-short"
+check "kubectl kustomize longer shutdowns" render grace-short "$T/grace-short.yaml"
+grace_periods "$T/grace-short.yaml" > "$T/run.txt" 2>&1; echo $? > "$T/run.code"
+echo "longer shutdowns (exit $(cat "$T/run.code")):"; cat "$T/run.txt"
+check "longer shutdowns exit 1" test "$(cat "$T/run.code")" -eq 1
+G="too short"
+expect_lines "$T/run.txt" \
+  "pipetrain-coordinator: delay 20 + 5 + stop 20 = 45 s >= grace 40: $G" \
+  "pipetrain-worker: 2 x 10 + delay 5 + drain 120 + 2 x 10 + 2 + stop 20 = 187 s >= grace 130: $G"
 
 # Two installs in one namespace: with their own instance label they share
 # nothing; with the same one, every selector picks both installs' pods.

@@ -425,6 +425,8 @@ int Run(const std::vector<std::string>& args) {
                "a quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N): the compressed "
                "all-reduce of a data-parallel stage instead of the exact one");
   const bool parsed = flags.Parse(args).ok();
+  // Before anything forks: --help only prints.
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   const absl::StatusOr<std::optional<LinkModel>> link = ParseLinkModel("--emulate-link", emulate);
   const bool codec_ok = s.codec.empty() || MakeQuantizer(s.codec).ok();
   if (!parsed || !link.ok() || !codec_ok || s.members < 2 || s.iters < 1 || s.max_mib < 1 ||

@@ -87,7 +87,9 @@ int Run(const std::vector<std::string>& args) {
   FlagSet flags("usage: bubble_benchmark [--stages 2] [--iterations 5]");
   flags.Int("stages", &stages, "pipeline stages (one thread each; use <= cores)");
   flags.Int("iterations", &iterations, "timed iterations per micro-batch count");
-  if (!flags.Parse(args).ok() || stages < 2 || iterations < 1) {
+  const bool parsed = flags.Parse(args).ok();
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (!parsed || stages < 2 || iterations < 1) {
     std::fprintf(stderr, "%s", flags.Usage().c_str());
     return 2;
   }

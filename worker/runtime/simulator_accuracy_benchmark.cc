@@ -23,7 +23,9 @@
 #include <cmath>
 #include <cstdio>
 #include <thread>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/flag_set.h"
 #include "common/malloc_tuning.h"
 #include "coordinator/jobs/profile_cache.h"
@@ -33,6 +35,7 @@
 #include "worker/profile/unit_profiler.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/train/adamw_optimizer.h"
+#include "worker/train/train_config.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -132,11 +135,22 @@ double RunPlan(const TrainConfig& c, const Dataset& data, const SolvedPlan& plan
   return Median(seconds);
 }
 
+// The most micro-batches: 2 sequences each, so that the batch size stays an int.
+constexpr int kMaxMicroBatches = 1 << 20;
+
+// Exit status 2 for flags refused before or during the work: the reason, then the usage.
+int FlagError(const absl::Status& status, const FlagSet& flags) {
+  std::fprintf(stderr, "simulator_accuracy_benchmark: %s\n\n%s",
+               std::string(status.message()).c_str(), flags.Usage().c_str());
+  return 2;
+}
+
 int Run(const std::vector<std::string>& args) {
   int iterations = 6, layers = 4, d_model = 256, micro_batches = 8, seq_len = 128, workers = 2;
   std::string objective = "full";
   FlagSet flags("usage: simulator_accuracy_benchmark [--iterations 6] [--layers 4] "
-                "[--d-model 256] [--micro-batches 8] [--seq-len 128]");
+                "[--d-model 256] [--micro-batches 8] [--seq-len 128] [--workers 2] "
+                "[--objective full]");
   flags.Int("iterations", &iterations, "timed iterations per plan (median reported)");
   flags.Int("layers", &layers, "transformer blocks");
   flags.Int("d-model", &d_model, "embedding width");
@@ -144,9 +158,38 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("seq-len", &seq_len, "tokens per sequence");
   flags.Int("workers", &workers, "pipeline workers (threads; more than the cores oversubscribes)");
   flags.String("objective", &objective, "the objective of row \"bipartition\": paper | full");
-  if (!flags.Parse(args).ok() || iterations < 1) {
-    std::fprintf(stderr, "%s", flags.Usage().c_str());
-    return 2;
+  absl::Status parsed = flags.Parse(args);
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  // Refused here, before the minutes of work: past this point a bad value
+  // ends in a .value() abort or in out[0] of no workers (CoRunSpeed).
+  for (const auto& [name, value] : {std::pair<const char*, int>{"iterations", iterations},
+                                    {"layers", layers},
+                                    {"d-model", d_model},
+                                    {"micro-batches", micro_batches},
+                                    {"seq-len", seq_len},
+                                    {"workers", workers}}) {
+    if (parsed.ok() && value < 1) {
+      parsed = absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1, got ", value));
+    }
+  }
+  if (parsed.ok() && d_model % 4 != 0) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--d-model must be a multiple of 4 (the heads, fixed at 4), got ", d_model));
+  }
+  if (parsed.ok() && micro_batches > kMaxMicroBatches) {
+    parsed = absl::InvalidArgumentError(absl::StrCat(
+        "--micro-batches must be <= ", kMaxMicroBatches, ", got ", micro_batches));
+  }
+  if (parsed.ok() && objective != "paper" && objective != "full") {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--objective must be paper or full, got '", objective, "'"));
+  }
+  // Uniform and PipeDream give each worker one unit at least.
+  const int64_t units = 2 * int64_t{layers} + 2;
+  if (parsed.ok() && workers > units) {
+    parsed = absl::InvalidArgumentError(absl::StrCat(
+        "--workers ", workers, " exceeds the model's ", units,
+        " units (2 x --layers + 2); every solver needs one unit per worker"));
   }
   TrainConfig c;
   c.model.n_layer = layers;
@@ -156,9 +199,13 @@ int Run(const std::vector<std::string>& args) {
   c.seq_len = seq_len;
   c.micro_batches = micro_batches;
   c.batch_size = 2 * micro_batches;
+  if (parsed.ok()) parsed = ValidateTrainConfig(c);  // tensors under 2^31 elements
+  if (!parsed.ok()) return FlagError(parsed, flags);
   const std::string text = GenerateEnglishText(1, 400000);
-  Dataset data =
-      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), seq_len, 0.1).value();
+  absl::StatusOr<Dataset> dataset =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), seq_len, 0.1);
+  if (!dataset.ok()) return FlagError(dataset.status(), flags);  // --seq-len beyond the text
+  const Dataset& data = *dataset;
 
   SetBlasThreads(1);
   v1::ProfileRequest request;
@@ -170,7 +217,9 @@ int Run(const std::vector<std::string>& args) {
   request.set_seq_len(seq_len);
   request.set_micro_batch_size(2);
   request.set_repetitions(7);
-  const ModelProfile profile = FromProto(ProfileUnits(request).value());
+  const absl::StatusOr<v1::ModelProfile> profiled = ProfileUnits(request);
+  if (!profiled.ok()) return FlagError(profiled.status(), flags);  // e.g. --layers > 256
+  const ModelProfile profile = FromProto(*profiled);
   const double optimizer_per_byte = OptimizerSecondsPerByte(c);
 
   const double speed = CoRunSpeed(workers, 2 * seq_len, d_model);
@@ -196,7 +245,9 @@ int Run(const std::vector<std::string>& args) {
       options.objective = name == "bipartition-paper" ? "paper" : objective;
       options.micro_batches = micro_batches;
       options.schedule = ParseSchedule(schedule).value();
-      SolvedPlan plan = SolvePlan(profile, cluster, options).value();
+      const absl::StatusOr<SolvedPlan> solved = SolvePlan(profile, cluster, options);
+      if (!solved.ok()) return FlagError(solved.status(), flags);
+      const SolvedPlan& plan = *solved;
       SimulationCosts costs = SimulationCostsFromProfile(profile, cluster, TiedGradientBytes(profile));
       costs.optimizer_seconds_per_byte = optimizer_per_byte;
       const double predicted = SimulateIteration(plan.programs, costs).value().iteration_seconds;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_set.h"
@@ -145,6 +146,10 @@ bool PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, 
   return true;
 }
 
+// The largest --sgemm-n: its n x n matrices stay under 2^31 elements (the
+// kernels index with int).
+constexpr int kMaxSgemmN = 46340;
+
 int Run(const std::vector<std::string>& args) {
   GptConfig config;
   config.d_model = 768;
@@ -183,6 +188,12 @@ int Run(const std::vector<std::string>& args) {
     batches.push_back(b);
   }
   if (parsed.ok() && steps < 1) parsed = absl::InvalidArgumentError("--steps must be >= 1");
+  // Both reach a CHECK otherwise: SetBlasThreads' and a negative tensor dimension's.
+  if (parsed.ok() && threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  if (parsed.ok() && (sgemm_n < 0 || sgemm_n > kMaxSgemmN)) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--sgemm-n must be in [0, ", kMaxSgemmN, "], got ", sgemm_n));
+  }
   if (parsed.ok()) parsed = ValidateGptConfig(config);
   if (parsed.ok()) parsed = ValidateDeviceFlags(device, gemm, attention);
   if (parsed.ok() && peak_tflops < 0) parsed = absl::InvalidArgumentError("--peak-tflops < 0");

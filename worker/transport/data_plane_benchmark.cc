@@ -257,6 +257,7 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("goal", &goal, "pipetrain / tuned ratio a row must reach");
   flags.String("sizes-kib", &sizes_kib, "tensor sizes, comma-separated KiB (each <= 65536)");
   const bool parsed = flags.Parse(args).ok();
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   std::vector<int64_t> sizes;
   for (absl::string_view kib : absl::StrSplit(sizes_kib, ',')) {
     int64_t value = 0;

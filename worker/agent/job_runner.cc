@@ -325,14 +325,16 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   r.set_resume_load_seconds(resume_load_seconds_);
   r.set_data_sha256(data_sha256_);
   // Not the data plane's receive timeout: the stages load their data and
-  // their checkpoints before the barrier (those of a device or replica
-  // group after it, which they pass before they join the group), and one
-  // that loads a large stage, or from a slower mount, may come minutes
-  // after the others (each tensor rank reads and hashes its stage's unit
-  // files whole). A
-  // stage given up here was a peer failure, the recovery loaded the same
-  // checkpoint with the same gap, and the job failed at its recovery
-  // limit, blaming the fast stage. A dead peer does not wait this out:
+  // read their checkpoints or starting weights before the barrier (a
+  // device or replica group member too: it passes the barrier before it
+  // joins its group, and restores what it read only then), and one that
+  // loads a large stage, or from a slower mount, may come minutes after
+  // the others (each tensor rank reads and hashes its stage's unit files
+  // whole). A stage given up here was a peer failure, the recovery loaded
+  // the same checkpoint with the same gap, and the job failed at its
+  // recovery limit, blaming the fast stage; so did a group member's load
+  // when it came after the barrier, where a peer's first step waits for
+  // it only one receive timeout. A dead peer does not wait this out:
   // the coordinator sees its stream end (or its lease lapse), recovers,
   // and this runner is stopped.
   const absl::Duration wait = std::max(options_.recv_timeout, kMinStartBarrierWait);
@@ -442,7 +444,7 @@ absl::Status JobRunner::CheckCheckpointRootReachable() const {
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity) {
+absl::StatusOr<JobRunner::ReadUnits> JobRunner::ReadResume(const CheckpointIdentity& identity) {
   const v1::ResumeFrom& from = assignment_.resume();
   std::map<int, const v1::UnitFile*> files;
   for (const v1::UnitFile& f : from.units()) files[f.unit()] = &f;
@@ -451,7 +453,8 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
     for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
   }
   const v1::UnitRange& backward = assignment_.backward_units();
-  std::vector<UnitState> states;
+  ReadUnits read;
+  read.source = from.dir();
   int64_t optimizer_steps = -1;
   for (int u : units) {
     auto f = files.find(u);
@@ -478,9 +481,14 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
       }
       optimizer_steps = steps;
     }
-    states.push_back(std::move(state));
+    read.states.push_back(std::move(state));
   }
-  absl::Status restored = runtime.Restore(states, std::max<int64_t>(optimizer_steps, 0));
+  read.optimizer_steps = std::max<int64_t>(optimizer_steps, 0);
+  return read;
+}
+
+absl::Status JobRunner::RestoreResume(StageRuntime& runtime, const ReadUnits& read) {
+  absl::Status restored = runtime.Restore(read.states, read.optimizer_steps);
   // Restore's own refusals (INVALID_ARGUMENT: states that do not fit this
   // stage) are the checkpoint's; anything else is the device's (an
   // allocation that failed), kept as it is, so that it is not taken for
@@ -490,11 +498,11 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
   }
   RETURN_IF_ERROR(restored);
   size_t feedback_replicas = 0;  // of a compressed all-reduce (unit_checkpoint.h)
-  for (const UnitState& s : states) {
+  for (const UnitState& s : read.states) {
     feedback_replicas = std::max(feedback_replicas, s.feedback.size());
   }
   PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage() << ": loaded "
-               << states.size() << " units from " << from.dir()
+               << read.states.size() << " units from " << read.source
                << (feedback_replicas > 0
                        ? absl::StrCat(", with the error feedback of ", feedback_replicas,
                                       feedback_replicas == 1 ? " replica" : " replicas")
@@ -502,7 +510,7 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
   return absl::OkStatus();
 }
 
-absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& model) {
+absl::StatusOr<JobRunner::ReadUnits> JobRunner::ReadInitWeights(const GptConfig& model) {
   ASSIGN_OR_RETURN(const std::string path,
                    ResolveUnderRoots("spec.init.from", assignment_.init_weights(),
                                      {options_.checkpoint_root}, "--checkpoint-root"));
@@ -522,7 +530,8 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   ASSIGN_OR_RETURN(ScopedFd file, OpenRealPathNoLinks("spec.init.from", path));
   ASSIGN_OR_RETURN(SafetensorsContents contents,
                    ReadParameterTensors(path, names, std::move(file)));
-  std::vector<UnitState> states;
+  ReadUnits read;
+  read.source = path;
   for (int u : units) {
     UnitState state;
     state.unit = u;
@@ -546,12 +555,9 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
       }
       state.values.push_back({p.name, *std::move(fitted)});
     }
-    states.push_back(std::move(state));
+    read.states.push_back(std::move(state));
   }
-  RETURN_IF_ERROR(runtime.Restore(states, 0));  // checks every shape
-  PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
-               << ": weights of " << states.size() << " units from " << path;
-  return absl::OkStatus();
+  return read;
 }
 
 absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
@@ -839,6 +845,40 @@ absl::Status JobRunner::RunJob() {
         "spec.init.from names weights, but this worker was started without --checkpoint-root "
         "(the coordinator's --output-dir, shared)");
   }
+  // The units the stage starts from are read and decoded here, before the
+  // start barrier, and restored once the runtime exists. A device or
+  // replica group member passes the barrier before it builds its runtime:
+  // had it read them after, its peers' first step would wait for that read
+  // one receive timeout only, not the barrier's (AwaitAllStagesReady).
+  const CheckpointIdentity identity{assignment_.job_id(), job.train.model, job.train.seed};
+  const auto resume_failed = [&](const absl::Status& loaded) {
+    // A device that failed (now or before: the runtime's setup does not
+    // check) may have made any step of the load fail: the worker's
+    // trouble, which must not cost the job a good checkpoint.
+    const bool unusable = CheckpointItselfUnusable(loaded) && options_.backend->status().ok();
+    if (!stop_.load()) ReportError(loaded, unusable);
+    return loaded;
+  };
+  std::optional<ReadUnits> init_units;
+  if (!assignment_.init_weights().empty()) {
+    RETURN_IF_ERROR(stopped("setting up"));
+    ASSIGN_OR_RETURN(init_units, ReadInitWeights(job.train.model));
+  }
+  std::optional<ReadUnits> resume_units;
+  if (assignment_.has_resume()) {
+    // The root first: a volume this worker cannot reach says nothing of the
+    // checkpoint (UNAVAILABLE: the job recovers, and another plan may not
+    // need this worker).
+    if (const absl::Status root = CheckCheckpointRootReachable(); !root.ok()) {
+      if (!stop_.load()) ReportError(root);
+      return root;
+    }
+    const absl::Time load_start = MonotonicClock()->Now();
+    absl::StatusOr<ReadUnits> read = ReadResume(identity);
+    resume_load_seconds_ = absl::ToDoubleSeconds(MonotonicClock()->Now() - load_start);
+    if (!read.ok()) return resume_failed(read.status());
+    resume_units = *std::move(read);
+  }
   const bool in_group = assignment_.device_group().stages_size() > 0;
   if (in_group) {
     // Joining waits for every member (up to the receive timeout, or a
@@ -878,30 +918,21 @@ absl::Status JobRunner::RunJob() {
     runtime_ = nullptr;
   };
   const v1::CheckpointSpec& checkpoints = job.spec.checkpoint();
-  const CheckpointIdentity identity{assignment_.job_id(), job.train.model, job.train.seed};
-  if (!assignment_.init_weights().empty()) {
-    RETURN_IF_ERROR(stopped("setting up"));
-    RETURN_IF_ERROR(LoadInitWeights(*runtime, job.train.model));
+  // The host copies read above are freed once restored, not held through
+  // training.
+  if (init_units.has_value()) {
+    RETURN_IF_ERROR(runtime->Restore(init_units->states, 0));  // checks every shape
+    PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
+                 << ": weights of " << init_units->states.size() << " units from "
+                 << init_units->source;
+    init_units.reset();
   }
-  if (assignment_.has_resume()) {
-    // The root first: a volume this worker cannot reach says nothing of the
-    // checkpoint (UNAVAILABLE: the job recovers, and another plan may not
-    // need this worker).
-    if (const absl::Status root = CheckCheckpointRootReachable(); !root.ok()) {
-      if (!stop_.load()) ReportError(root);
-      return root;
-    }
-    const absl::Time load_start = MonotonicClock()->Now();
-    absl::Status loaded = LoadResume(*runtime, identity);
-    resume_load_seconds_ = absl::ToDoubleSeconds(MonotonicClock()->Now() - load_start);
-    if (!loaded.ok()) {
-      // A device that failed (now or before: the runtime's setup does not
-      // check) may have made any step of the load fail: the worker's
-      // trouble, which must not cost the job a good checkpoint.
-      const bool unusable = CheckpointItselfUnusable(loaded) && options_.backend->status().ok();
-      if (!stop_.load()) ReportError(loaded, unusable);
-      return loaded;
-    }
+  if (resume_units.has_value()) {
+    const absl::Time restore_start = MonotonicClock()->Now();
+    const absl::Status restored = RestoreResume(*runtime, *resume_units);
+    resume_load_seconds_ += absl::ToDoubleSeconds(MonotonicClock()->Now() - restore_start);
+    resume_units.reset();
+    if (!restored.ok()) return resume_failed(restored);
   }
   // Declared after the runtime: destroyed first, waiting for a write in
   // progress (its snapshot is its own).
@@ -947,7 +978,9 @@ absl::Status JobRunner::RunJob() {
     if (!completed_.load() && !ended_cleanly) transport->Abort();
   };
   // The checkpoint's load time goes with the start barrier, or without
-  // one with the first iteration's report.
+  // one with the first iteration's report. A device or replica group
+  // member, which passed the barrier having only read it, sends its
+  // restore too with that report (the coordinator keeps the longest).
   bool load_reported = false;
   if (workers > 1 && !on_device_links) {
     RETURN_IF_ERROR(AwaitAllStagesReady());

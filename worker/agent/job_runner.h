@@ -1,6 +1,8 @@
 // JobRunner: one assignment on one worker, on a thread of its own.
 //
-// Loads the job's corpus, connects the data plane, builds a StageRuntime,
+// Loads the job's corpus and reads the units the stage starts from (a
+// checkpoint or spec.init.from: ReadUnits), connects the data plane, builds
+// a StageRuntime and restores those units into it,
 // waits at the start barrier until every stage of the job is ready (so no
 // tensor reaches a worker that has not taken its assignment yet; a stage in
 // a device group passes the barrier first and then joins the group, whose
@@ -237,14 +239,30 @@ class JobRunner {
   // Reports the job's failure; `peer_failure` / `checkpoint_unusable` as in
   // ReportProgressRequest.
   void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
-  // Loads Assignment.resume into `runtime` (see the file comment).
-  absl::Status LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity);
+  // A stage's units as read and decoded from a checkpoint or from
+  // spec.init.from, not yet restored into a runtime. Read before the start
+  // barrier (a device or replica group member's too, which joins its group
+  // after it), restored once the runtime exists: every stage's load then
+  // comes before the barrier, whose wait is long enough for it.
+  struct ReadUnits {
+    std::vector<UnitState> states;
+    int64_t optimizer_steps = 0;
+    std::string source;  // the checkpoint's dir or the file's path, for the log
+  };
+  // Reads Assignment.resume's files for every unit the stage holds (see
+  // the file comment); needs no runtime. CANCELLED after a stop.
+  absl::StatusOr<ReadUnits> ReadResume(const CheckpointIdentity& identity);
+  // Restores what ReadResume read; Restore's refusals (states that do not
+  // fit this stage) as DATA_LOSS, the checkpoint's fault.
+  absl::Status RestoreResume(StageRuntime& runtime, const ReadUnits& read);
   // OK when options_.checkpoint_root opens as a directory; UNAVAILABLE
   // (this worker's trouble, not the checkpoint's) or FAILED_PRECONDITION
   // when none was given.
   absl::Status CheckCheckpointRootReachable() const;
-  // Loads Assignment.init_weights (spec.init.from, a safetensors file).
-  absl::Status LoadInitWeights(StageRuntime& runtime, const GptConfig& model);
+  // Reads Assignment.init_weights (spec.init.from, a safetensors file):
+  // this stage's tensors alone, fitted and checked finite (INVALID_ARGUMENT
+  // otherwise); StageRuntime::Restore checks their shapes.
+  absl::StatusOr<ReadUnits> ReadInitWeights(const GptConfig& model);
   void ReportCheckpoint(int64_t step, double seconds,
                         const absl::StatusOr<std::vector<v1::UnitFile>>& files);
   // A report (an iteration's, a checkpoint's, the start barrier's or a

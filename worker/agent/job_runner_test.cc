@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -1776,14 +1777,17 @@ v1::Assignment GroupAssignment(int stage, int steps) {
 }
 
 // Runs one runner per assignment of `assignments`, worker k on backends[k]
-// and fabric's mailbox k, to the end, then stops them.
+// and fabric's mailbox k (with `checkpoint_root` as --checkpoint-root), to
+// the end, then stops them.
 template <typename BackendPtr>
 void RunToTheEnd(const std::vector<v1::Assignment>& assignments,
-                 const std::vector<BackendPtr>& backends, InProcessFabric& fabric, FakeLink& link) {
+                 const std::vector<BackendPtr>& backends, InProcessFabric& fabric, FakeLink& link,
+                 const std::string& checkpoint_root = "") {
   std::vector<std::unique_ptr<JobRunner>> runners;
   for (size_t k = 0; k < assignments.size(); ++k) {
     JobRunnerOptions options{"w" + std::to_string(k), 1};
     options.backend = backends[k].get();
+    options.checkpoint_root = checkpoint_root;
     runners.push_back(std::make_unique<JobRunner>(assignments[k],
                                                   &fabric.mailbox(static_cast<int>(k)),
                                                   FabricTransports(fabric), &link, options));
@@ -1978,6 +1982,100 @@ TEST(JobRunnerTest, DeviceGroupWithoutCheckpointRoot_FailsBeforeReportingReady) 
   ASSERT_FALSE(reports.empty());
   EXPECT_FALSE(reports[0].ready()) << "reported ready before failing its own setup";
   EXPECT_NE(reports[0].error().find("--checkpoint-root"), std::string::npos) << reports[0].error();
+}
+
+// A device group member reads the checkpoint or the weights it starts from
+// before the start barrier: one it cannot use fails it before it reports
+// ready. (Before, it read them after passing the barrier and joining the
+// group, where its peers' first step waited for the read one receive
+// timeout only, not the barrier's 10 minutes: a slow load failed the job's
+// every recovery alike.)
+TEST(JobRunnerTest, DeviceGroupMemberWithUnusableStartingUnits_FailsBeforeReportingReady) {
+  const std::string root = FreshDir("group-unusable-start");
+  const GptConfig model = ResolveJobSpec(GroupAssignment(0, 3).spec()).value().train.model;
+  std::unique_ptr<GptModel> weights = GptModel::Create(model, 1).value();
+  for (Parameter* p : weights->parameters()) p->value[0] = std::nanf("");
+  ASSERT_TRUE(SaveWeights(root + "/nan.safetensors", weights->parameters()).ok());
+  v1::Assignment resumed = GroupAssignment(0, 3);
+  resumed.set_start_iteration(2);
+  resumed.mutable_resume()->set_step(2);
+  resumed.mutable_resume()->set_dir("ck/step-00000002");  // lists no unit files
+  v1::Assignment init = GroupAssignment(0, 3);
+  init.set_init_weights("nan.safetensors");
+  const std::vector<std::pair<v1::Assignment, std::string>> cases = {
+      {resumed, "DATA_LOSS: checkpoint ck/step-00000002 has no file for unit 0"},
+      {init, "holds NaN at element 0"}};
+  for (const auto& [a, error] : cases) {
+    SCOPED_TRACE(error);
+    InProcessFabric fabric(2);
+    InProcessDeviceHub hub(2, absl::Seconds(20));
+    FakeLink link(/*stages=*/1);  // its barrier passes at this stage's report
+    GroupedCpu backend(&hub);
+    JobRunnerOptions options{"w", 1};
+    options.backend = &backend;
+    options.checkpoint_root = root;
+    JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+    runner.Start();
+    ASSERT_TRUE(link.AwaitReports(1));
+    runner.Stop();
+    EXPECT_TRUE(link.ready_reports().empty()) << "reported ready before reading its units";
+    const v1::ReportProgressRequest report = link.reports()[0];
+    EXPECT_NE(report.error().find(error), std::string::npos) << report.error();
+    EXPECT_EQ(report.checkpoint_unusable(), a.has_resume()) << report.error();
+  }
+}
+
+// Resumed at step 1, a device group's members read the checkpoint before
+// the start barrier (their ready reports carry the time it took), restore
+// it once they joined the group, and train steps 1 and 2 as the run that
+// never stopped did.
+TEST(JobRunnerTest, DeviceGroupResume_ReadBeforeTheBarrier_TrainsAsTheUnbrokenRun) {
+  const std::string root = FreshDir("group-resume");
+  std::vector<v1::Assignment> unbroken;
+  for (int s = 0; s < 2; ++s) {
+    unbroken.push_back(GroupAssignment(s, 3));
+    unbroken[s].mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+    unbroken[s].mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  }
+  GroupedJob first;
+  RunToTheEnd(unbroken, first.backends, first.fabric, first.link, root);
+  std::vector<v1::Assignment> resumed = unbroken;
+  std::map<std::pair<std::string, int64_t>, std::vector<float>> losses;  // (worker, iteration)
+  for (const v1::ReportProgressRequest& r : first.link.reports()) {
+    ASSERT_TRUE(r.error().empty()) << r.error();
+    if (!r.has_checkpoint()) {
+      losses[{r.worker_id(), r.iteration()}].assign(r.micro_batch_losses().begin(),
+                                                    r.micro_batch_losses().end());
+    } else if (r.checkpoint().step() == 1) {
+      for (v1::Assignment& a : resumed) {
+        for (const v1::UnitFile& f : r.checkpoint().units()) *a.mutable_resume()->add_units() = f;
+      }
+    }
+  }
+  for (v1::Assignment& a : resumed) {
+    a.set_start_iteration(1);
+    a.mutable_resume()->set_step(1);
+    a.mutable_resume()->set_dir("ck/step-00000001");
+    a.mutable_spec()->clear_checkpoint();  // writes none over the unbroken run's
+  }
+  ASSERT_EQ(resumed[0].resume().units_size(), 4);
+  GroupedJob second;
+  RunToTheEnd(resumed, second.backends, second.fabric, second.link, root);
+  const std::vector<v1::ReportProgressRequest> ready = second.link.ready_reports();
+  ASSERT_FALSE(ready.empty());
+  for (const v1::ReportProgressRequest& r : ready) {
+    EXPECT_GT(r.resume_load_seconds(), 0) << r.worker_id() << " was ready before its load";
+  }
+  const std::vector<v1::ReportProgressRequest> reports = second.link.reports();
+  ASSERT_EQ(reports.size(), 4u);  // each stage's steps 1 and 2
+  for (const v1::ReportProgressRequest& r : reports) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    EXPECT_GE(r.iteration(), 1);
+    const std::vector<float> got(r.micro_batch_losses().begin(), r.micro_batch_losses().end());
+    EXPECT_EQ(got, losses.at({r.worker_id(), r.iteration()}))
+        << r.worker_id() << " iteration " << r.iteration();
+  }
+  EXPECT_EQ(losses.at({"w1", 2}).size(), 2u);  // the last stage's: compared above
 }
 
 // --- Replica device groups: the CPU posing as GPUs, collectives of an

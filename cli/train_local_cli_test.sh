@@ -418,10 +418,21 @@ fi
 expect_exit grad_clip_over_limit 2 "--grad-clip 1e+07 is over the limit of 1e+06" -- \
   train-local --grad-clip 1e7
 
-# A micro-batch whose logits would pass 2^31 elements (the kernels index
-# with int) is refused naming the flag.
-expect_exit logits_past_int 2 "--micro-batches: a micro-batch of 1 sequences of 32768 tokens" -- \
+# A micro-batch whose logits would pass 2^31 elements (cuBLAS and the
+# kernels' launches take int sizes) is refused naming the flag: --seq-len,
+# as a micro-batch is already one sequence.
+expect_exit logits_past_int 2 "--seq-len: one sequence of 32768 tokens needs a tensor of 2147483648 elements (the logits)" -- \
   train-local --vocab 65536 --seq-len 32768 --batch 1 --layers 1 --d-model 16 --heads 2
+
+# A micro-batch whose activations kept for the backward pass this process's
+# memory is refused before the data is read, naming the flags that shrink
+# it; it was a CHECK on a failed allocation or the OOM killer (exit >= 128)
+# once the data was read. The attention's probabilities alone are
+# 2 x 16 x 4096^2 floats a layer, 512 GiB over 256 layers, beside about
+# 3 GiB of weights: past the memory of any host this test runs on.
+expect_exit activations_past_memory 2 "GiB of activations for its backward" "--batch" \
+  "--micro-batches" "--seq-len" -- \
+  train-local --layers 256 --d-model 256 --heads 16 --seq-len 4096 --batch 2 --steps 1
 
 # SIGTERM (a supervisor, a preempted batch job) stops the run as Ctrl-C
 # does: after the current step, with --checkpoint written, and exits 143

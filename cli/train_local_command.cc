@@ -198,6 +198,22 @@ constexpr std::pair<absl::string_view, absl::string_view> kTrainLocalFlagNames[]
     {"min_lr", "--min-lr"},
 };
 
+// On the CPU (a GPU's memory is its own, and its allocations fail as
+// errors), a run past what this process may use aborted on its first
+// failed allocation (or was killed by the kernel, silently) once its data
+// was read: refused first, the weights alone and then with one
+// micro-batch's activations kept for its backward, which grow with --batch
+// / --micro-batches and --seq-len squared. The CPU is --device cpu, or auto
+// where no CUDA device is visible (SelectBackend).
+absl::Status CheckFitsMemory(const Options& o) {
+  if (o.device != "cpu" && !(o.device == "auto" && VisibleCudaDevices() == 0)) {
+    return absl::OkStatus();
+  }
+  const int64_t limit = ProcessMemoryLimit();
+  RETURN_IF_ERROR(NameFlags(CheckWeightsFitMemory(o.train.model, limit), kTrainLocalFlagNames));
+  return NameFlags(CheckActivationsFitMemory(o.train, limit), kTrainLocalFlagNames);
+}
+
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckBounds(o));
@@ -270,6 +286,7 @@ absl::Status Resolve(Options& o) {
         "the model has ", CountParameters(o.train.model), " parameters, over the limit of ",
         kMaxParameters, "; use fewer --layers or a smaller --d-model or --vocab"));
   }
+  RETURN_IF_ERROR(CheckFitsMemory(o));
   RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
   RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
   RETURN_IF_ERROR(CheckWritableParent("--log", o.log, "", OutputWrite::kAppended));
@@ -488,13 +505,7 @@ absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
   ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm, o.attention));
-  // On the CPU (a GPU's memory is its own, and its allocations fail as
-  // errors).
-  // A model past what this process may use aborted on its first failed
-  // allocation (or was killed by the kernel, silently): refused first.
-  if (backend.backend->kind() == BackendKind::kCpu) {
-    RETURN_IF_ERROR(CheckWeightsFitMemory(o.train.model, ProcessMemoryLimit()));
-  }
+  // (Resolve refused a run past the CPU's memory: CheckFitsMemory.)
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   // A run killed while writing one (SIGKILL past a scheduler's grace
   // period, the OOM killer) left a temporary beside it, up to three times

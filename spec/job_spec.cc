@@ -770,6 +770,7 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   config.seq_len = t.seq_len();
   config.batch_size = t.batch_size();
   config.micro_batches = t.micro_batches();
+  config.tensor_parallel = spec.parallelism().tensor();  // resolved: >= 1
   config.steps = t.steps();
   config.adam = AdamWConfig{t.lr(), t.beta1(), t.beta2(), t.eps(), t.weight_decay()};
   // Checked by ResolveOptimizer.
@@ -783,6 +784,35 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   config.warmup_steps = t.warmup_steps();
   config.min_lr = t.min_lr();
   return config;
+}
+
+// The largest tensor a tensor rank allocates for one micro-batch (some
+// kernel sizes are int: kMaxTensorElements), named by the field that
+// shrinks it: seq_len once a micro-batch is one sequence (more
+// micro-batches are impossible then), else micro_batches.
+// ValidateTrainConfig checks it too, but as spec.training.
+absl::Status CheckMicroBatchTensors(const TrainConfig& train) {
+  const int sequences = train.batch_size / train.micro_batches;
+  const LargestTensors largest =
+      LargestTensorElements(train.model, sequences, train.seq_len, train.tensor_parallel);
+  if (largest.activation <= kMaxTensorElements) return absl::OkStatus();
+  const std::string tensor =
+      absl::StrFormat("a tensor of %.0f elements (the %s%s), above 2^31 - 1", largest.activation,
+                      largest.activation_name, TensorRanksNote(train.tensor_parallel));
+  // The residual stream is whole on every rank: no use naming the ranks.
+  const char* ranks =
+      largest.activation_split ? " or more tensor ranks (spec.parallelism.tensor)" : "";
+  if (sequences == 1) {
+    return Invalid("spec.training.seq_len",
+                   absl::StrCat("one sequence of ", train.seq_len, " tokens needs ", tensor,
+                                ", and a micro-batch is already one sequence (micro_batches = "
+                                "batch_size); use a shorter seq_len",
+                                ranks));
+  }
+  return Invalid("spec.training.micro_batches",
+                 absl::StrCat("a micro-batch of ", sequences, " sequences of ", train.seq_len,
+                              " tokens needs ", tensor, "; use more micro-batches, a shorter "
+                              "seq_len", ranks));
 }
 
 // spec.parallelism.tensor as a submitted spec means it: unset is 1.
@@ -1219,20 +1249,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveTensorParallel(&out));
 
   resolved.train = DeriveTrainConfig(out);
-  // The largest tensor one micro-batch's passes allocate (the kernels index
-  // with int), named by the field that shrinks it; ValidateTrainConfig
-  // below checks it too, but as spec.training.
-  const TrainConfig& train = resolved.train;
-  const int sequences = train.batch_size / train.micro_batches;
-  const double activation = LargestTensorElements(train.model, sequences, train.seq_len).activation;
-  if (activation > kMaxTensorElements) {
-    return Invalid(
-        "spec.training.micro_batches",
-        absl::StrFormat("a micro-batch of %d sequences of %d tokens needs a tensor of %.0f "
-                        "elements (logits, MLP or attention scores), above 2^31 - 1; use more "
-                        "micro-batches or a shorter seq_len",
-                        sequences, train.seq_len, activation));
-  }
+  RETURN_IF_ERROR(CheckMicroBatchTensors(resolved.train));
   absl::Status backstop = ValidateTrainConfig(resolved.train);
   if (!backstop.ok()) return Invalid("spec.training", backstop.message());
   resolved.val_fraction = out.data().val_fraction();

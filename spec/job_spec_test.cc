@@ -266,6 +266,33 @@ TEST(ResolveJobSpec, MicroBatchTensorOverIntRange_RejectedNamingMicroBatches) {
   EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
 }
 
+// A 3.4e9-parameter model of 32 heads at an 8K context, one sequence a
+// micro-batch: the layer's attention scores are 32 x 8192^2 = 2^31 values,
+// but each of 8 tensor ranks holds its 4 heads' (2^28). The check counted
+// the whole layer's whatever the ranks, and named micro_batches, which
+// already equalled batch_size.
+TEST(ResolveJobSpec, MicroBatchTensorPerTensorRank_SplitAcceptedOneSequenceNamesSeqLen) {
+  v1::JobSpec spec = MinimalSpec();
+  v1::ModelSpec* model = spec.mutable_model();
+  model->set_n_layer(16);
+  model->set_n_head(32);
+  model->set_d_model(4096);
+  model->set_vocab_size(32000);
+  spec.mutable_training()->set_seq_len(8192);
+  spec.mutable_training()->set_batch_size(8);
+  spec.mutable_training()->set_micro_batches(8);
+  spec.mutable_parallelism()->set_tensor(8);
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->train.tensor_parallel, 8);
+  spec.mutable_parallelism()->set_tensor(1);
+  ExpectRejected(spec,
+                 "spec.training.seq_len: one sequence of 8192 tokens needs a tensor of 2147483648 "
+                 "elements (the attention scores), above 2^31 - 1, and a micro-batch is already "
+                 "one sequence (micro_batches = batch_size); use a shorter seq_len or more tensor "
+                 "ranks (spec.parallelism.tensor)");
+}
+
 TEST(ResolveJobSpec, ZeroSteps_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_training()->set_steps(0);

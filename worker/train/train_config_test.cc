@@ -1,6 +1,7 @@
 #include "worker/train/train_config.h"
 
 #include <limits>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,9 +23,10 @@ TrainConfig Small() {
   return c;
 }
 
-// The kernels index tensors with int: a micro-batch whose logits or
-// attention scores reach 2^31 values was accepted (vocab 65536 x 32768
-// tokens made an 8 GiB tensor of 2^31 values), and a parameter too.
+// Some kernel sizes are int: a micro-batch whose logits or attention
+// scores reach 2^31 values was accepted (vocab 65536 x 32768 tokens made
+// an 8 GiB tensor of 2^31 values), and a parameter too. A micro-batch of
+// one sequence names seq_len: more micro-batches cannot shrink it.
 TEST(ValidateTrainConfigTest, TensorsOf2To31ValuesOrMore_InvalidArgumentNamingTheField) {
   TrainConfig c = Small();
   ASSERT_TRUE(ValidateTrainConfig(c).ok());
@@ -33,16 +35,58 @@ TEST(ValidateTrainConfigTest, TensorsOf2To31ValuesOrMore_InvalidArgumentNamingTh
   c.batch_size = c.micro_batches = 1;  // 32768 x 65536 logits = 2^31
   absl::Status s = ValidateTrainConfig(c);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(s.message(), "micro_batches: a micro-batch of 1 sequences of 32768"))
+  EXPECT_TRUE(absl::StartsWith(s.message(), "seq_len: one sequence of 32768 tokens needs a tensor "
+                                            "of 2147483648 elements (the logits), above 2^31 - 1"))
       << s;
-  c.model.vocab_size = 65535;  // 2^31 - 32768 logits; scores 32768^2 x 2 heads = 2^31
-  EXPECT_TRUE(absl::StartsWith(ValidateTrainConfig(c).message(), "micro_batches:"));
-  c.model.n_head = 1;  // 2^30 scores: fits
+  // 65535 columns, padded to 65536 on the GPU; scores 32768^2 x 2 heads = 2^31.
+  c.model.vocab_size = 65535;
+  EXPECT_TRUE(absl::StartsWith(ValidateTrainConfig(c).message(), "seq_len:"));
+  c.model.vocab_size = 65536 - 64;  // 2^31 - 2^21 logits
+  c.model.n_head = 1;               // 2^30 scores: fits
   EXPECT_TRUE(ValidateTrainConfig(c).ok()) << ValidateTrainConfig(c);
   c = Small();
   c.model.d_model = 16384;  // 4 d^2 = 2^30
   c.model.n_head = 16;
   EXPECT_TRUE(ValidateTrainConfig(c).ok()) << ValidateTrainConfig(c);
+}
+
+// 32 heads at an 8K context, one sequence a micro-batch: the layer's
+// attention scores are 32 x 8192^2 = 2^31 values, but each of 8 tensor
+// ranks holds its 4 heads' (2^28). The bound counted the whole layer's
+// whatever the ranks, and named micro_batches, which could not grow.
+TEST(ValidateTrainConfigTest, TensorParallel_BoundsOneRanksShare) {
+  TrainConfig c;
+  c.model.vocab_size = 32000;
+  c.model.max_seq_len = c.seq_len = 8192;
+  c.model.n_layer = 16;
+  c.model.n_head = 32;
+  c.model.d_model = 4096;
+  c.batch_size = c.micro_batches = 8;
+  c.tensor_parallel = 8;
+  EXPECT_TRUE(ValidateTrainConfig(c).ok()) << ValidateTrainConfig(c);
+  const LargestTensors split = LargestTensorElements(c.model, 1, c.seq_len, 8);
+  EXPECT_EQ(split.activation, 268435456.0);  // 4 heads x 8192^2
+  EXPECT_STREQ(split.activation_name, "attention scores");
+  c.tensor_parallel = 1;
+  absl::Status s = ValidateTrainConfig(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "seq_len: one sequence of 8192 tokens needs a tensor of 2147483648 elements (the "
+            "attention scores), above 2^31 - 1, and a micro-batch is already one sequence; use a "
+            "shorter seq_len")
+      << s;
+  c.micro_batches = 4;  // two sequences: more micro-batches would do
+  EXPECT_TRUE(absl::StartsWith(ValidateTrainConfig(c).message(),
+                               "micro_batches: a micro-batch of 2 sequences of 8192 tokens needs "
+                               "a tensor of 4294967296 elements (the attention scores)"))
+      << ValidateTrainConfig(c);
+  // The residual stream [tokens, d_model] is whole on every rank.
+  const LargestTensors wide = LargestTensorElements(c.model, 64, 512, 32);
+  EXPECT_EQ(wide.activation, 64.0 * 512 * 4096);
+  EXPECT_STREQ(wide.activation_name, "residual stream");
+  EXPECT_FALSE(wide.activation_split);
+  c.tensor_parallel = 0;
+  EXPECT_TRUE(absl::StartsWith(ValidateTrainConfig(c).message(), "tensor_parallel: must be >= 1"));
 }
 
 // The job spec and the flags refuse infinite optimizer settings; the one

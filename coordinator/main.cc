@@ -218,7 +218,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "before it resumes without them");
   set.Double("profile-timeout-seconds", &flags.profile_timeout_seconds,
              "how long the coordinator waits for a worker to profile a job's model (jobs "
-             "queued after it wait meanwhile); past it, the job plans on the analytic profile");
+             "queued after it wait meanwhile); past it another of the job's workers of that "
+             "kind tries once, and after a second timeout the job plans on the analytic profile");
   set.Double("shutdown-delay-seconds", &flags.shutdown_delay_seconds,
              "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
              "and keep serving this long before shutting down, so load balancers and "

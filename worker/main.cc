@@ -183,7 +183,8 @@ int Run(const std::vector<std::string>& args) {
                "host's RAM, less this (default none)");
   flags.String("mailbox-limit", &f.mailbox_limit,
                "most bytes of received tensors waiting for their stage at once, e.g. 4G; "
-               "frames beyond it are refused");
+               "a sender waits for room, and only a tensor larger than the whole limit "
+               "is refused");
   flags.String("data-root", &f.data_roots,
                "comma-separated directories jobs may read data files from (spec.data.path); "
                "empty: only generated corpora");
@@ -296,7 +297,12 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
-  if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
+  // Before the first CUDA call (ValidateDeviceFlagsHere's, SelectBackend's):
+  // stages may link over NCCL.
+  if (f.device != "cpu") PreferEagerCudaModuleLoading();
+  // auto is the CPU where no GPU is visible: a GPU-only mode is a usage
+  // error (exit 2), as train-local and `up` say, not a startup failure.
+  if (parsed.ok()) parsed = ValidateDeviceFlagsHere(f.device, f.gemm, f.attention);
   absl::StatusOr<CheckpointHold> checkpoint_hold =
       ParseCheckpointHold("test-hold-checkpoint", f.test_hold_checkpoint);
   if (parsed.ok()) parsed = checkpoint_hold.status();
@@ -357,8 +363,6 @@ int Run(const std::vector<std::string>& args) {
   SetBlasThreads(f.threads);  // warns when OpenBLAS caps the count
   // Reported at registration: the coordinator plans no tensor above it.
   SetReportedMailboxLimit(mailbox_limits.max_bytes);
-  // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
-  if (f.device != "cpu") PreferEagerCudaModuleLoading();
   absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm, f.attention);
   if (!backend.ok()) {
     PT_LOG(ERROR) << "--device " << f.device << ": " << backend.status();

@@ -78,6 +78,17 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
   return absl::OkStatus();
 }
 
+absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::string& gemm,
+                                     const std::string& attention) {
+  RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));
+  if (device != "auto" || (gemm == "fp32" && OnCpu(attention))) return absl::OkStatus();
+  if (VisibleCudaDevices() > 0) return absl::OkStatus();
+  const absl::Status on_cpu = ValidateDeviceFlags("cpu", gemm, attention);
+  return absl::Status(on_cpu.code(),
+                      absl::StrCat(on_cpu.message(),
+                                   " (--device auto is the CPU here: no CUDA device is visible)"));
+}
+
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const std::string& gemm,
                                               const std::string& attention) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));

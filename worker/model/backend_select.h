@@ -67,6 +67,15 @@ struct SelectedBackend {
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
                                  const std::string& attention = "auto");
 
+// ValidateDeviceFlags with `auto` read as this host resolves it: the CPU
+// where no CUDA device is visible, so tf32/bf16 or a GPU attention with
+// --device auto is a usage error here (the message says why) rather than
+// SelectBackend's later refusal. Looks for CUDA devices only when device is
+// auto and the other flags ask for a GPU-only mode: call
+// PreferEagerCudaModuleLoading first.
+absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::string& gemm,
+                                     const std::string& attention = "auto");
+
 // ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a
 // binary built without CUDA; NOT_FOUND for a CUDA device that is not

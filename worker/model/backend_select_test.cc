@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -82,6 +84,25 @@ TEST(BackendSelectTest, AutoAttention_DefaultAndAcceptedOnCpu) {
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(s->backend->kind(), BackendKind::kCpu);
   }
+}
+
+// A GPU-only mode with --device auto is a usage error where auto is the CPU
+// (the worker exits 2 before any work), and fine where a GPU is visible.
+TEST(BackendSelectTest, ValidateHere_AutoWithGpuOnlyModeNeedsAVisibleGpu) {
+  const bool gpu = BuiltWithCuda() && VisibleCudaDevices() > 0;
+  for (const auto& [gemm, attention] :
+       std::vector<std::pair<std::string, std::string>>{{"bf16", "auto"}, {"fp32", "flash"}}) {
+    const absl::Status s = ValidateDeviceFlagsHere("auto", gemm, attention);
+    if (gpu) {
+      EXPECT_TRUE(s.ok()) << s;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("--device auto is the CPU here"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(ValidateDeviceFlagsHere("auto", "fp32", "reference").ok());
+  EXPECT_TRUE(ValidateDeviceFlagsHere("cuda", "bf16", "flash").ok());
+  EXPECT_EQ(ValidateDeviceFlagsHere("cpu", "bf16").code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(BackendSelectTest, ReducedPrecisionOnCpu_InvalidArgument) {

@@ -40,10 +40,12 @@ class JobManagerGpuMemoryTest : public ::testing::Test {
     return registry_.Register(request).value().worker_id();
   }
 
-  // One stage of two tensor ranks, a checkpoint every step: its writer
-  // (tensor rank 0) holds the stage's weights and both AdamW moments in
-  // its host's RAM while one is written, 3 x the stage's weights; rank 1
-  // holds none of them. Submitted and planned: the job as it is then.
+  // One stage of two tensor ranks, a checkpoint every step: each rank
+  // holds the stage's weights and both AdamW moments in its host's RAM
+  // while it resumes (read unsplit, 3 x the stage's weights, and its part
+  // of the weights cut from them), and its writer (tensor rank 0) while
+  // one is written, beside its final weights. Submitted and planned: the
+  // job as it is then.
   v1::Job SubmitCheckpointingTensorJob() {
     v1::JobSpec spec = SmallJobSpec(1);
     spec.mutable_parallelism()->set_tensor(2);
@@ -62,10 +64,11 @@ class JobManagerGpuMemoryTest : public ::testing::Test {
 };
 
 // SmallJobSpec's one stage steps 46528 bytes of weights (its profile's;
-// 23264 a rank): the writer's snapshot needs 3 x 46528 = 139584 bytes of
-// the host's RAM. A host of 100000 bytes cannot hold it: with no other
-// workers to try, the job FAILS naming the writer (tensor rank 0 of stage
-// 0, the plan's first position) and both figures.
+// 23264 a rank): each rank needs 7 x 23264 = 162848 bytes of the host's
+// RAM (a resume: 2 x 3 shards read and its own part; the writer's snapshot
+// and its final weights alike). A host of 100000 bytes cannot hold them:
+// with no other workers to try, the job FAILS naming the writer (tensor
+// rank 0 of stage 0, the plan's first position) and both figures.
 TEST_F(JobManagerGpuMemoryTest, TensorJobOnASmallHost_RefusedNamingTheWriter) {
   const std::string a = AddGpuWorker(7001, 100000);
   AddGpuWorker(7002, 100000);
@@ -74,21 +77,21 @@ TEST_F(JobManagerGpuMemoryTest, TensorJobOnASmallHost_RefusedNamingTheWriter) {
   EXPECT_TRUE(absl::StrContains(
       job.reason(),
       absl::StrCat("GPU worker ", a,
-                   " (stage 0) would need 139584 bytes (0.00 GiB) of host RAM for "
-                   "6 host copies of the 23264 bytes (0.00 GiB) of weights it steps")))
+                   " (stage 0) would need 162848 bytes (0.00 GiB) of host RAM for "
+                   "7 host copies of the 23264 bytes (0.00 GiB) of weights it steps")))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(),
                                 "and the plan's 2 GPU workers sharing host gpu-host's RAM would "
-                                "need 139584 bytes (0.00 GiB) in all, but have 100000 bytes"))
+                                "need 325696 bytes (0.00 GiB) in all, but have 100000 bytes"))
       << job.reason();
 }
 
-// A host of 150000 bytes holds the writer's 139584 bytes, rank 1 holding
-// none: the job is placed. Charged to both ranks against half the host
-// each (75000 bytes), it was refused.
+// A host of 400000 bytes holds both ranks' 162848 bytes: the job is
+// placed. 150000 bytes held the writer's snapshot, all that was counted
+// before, but not a recovery's, where both ranks read the stage at once.
 TEST_F(JobManagerGpuMemoryTest, TensorJobOnARoomierHost_Placed) {
-  const std::string a = AddGpuWorker(7001, 150000);
-  const std::string b = AddGpuWorker(7002, 150000);
+  const std::string a = AddGpuWorker(7001, 400000);
+  const std::string b = AddGpuWorker(7002, 400000);
   const v1::Job job = SubmitCheckpointingTensorJob();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const v1::Plan plan = jobs_.GetPlan(job.id()).value();

@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/planner/bipartition.h"
-#include "coordinator/planner/planner.h"
 #include "worker/runtime/feedback_limits.h"
 
 namespace pipetrain {
@@ -82,6 +81,105 @@ std::vector<v1::Worker> OnTheirHosts(const std::vector<v1::Worker>& workers, boo
   return on_the_host;
 }
 
+// A GPU worker's host copies of the weights it steps (its shard of them),
+// by phase of its run (job_runner.cc RunJob). The phases follow one
+// another: the starting weights or a checkpoint are read and restored
+// before the first step, the gradients are summed on the host during a
+// step, a checkpoint's copies are taken between steps and the final
+// weights downloaded after the last one. What lasts through several
+// phases is counted in each: compressed data-parallel residuals (from the
+// first step on) and the writer's snapshot (written in the background
+// while the next steps run, the last one included: job_runner.cc waits
+// for it only after the final weights' upload).
+struct GpuPosition {
+  int replicas = 1, tensor = 1, replica = 0, rank = 0;
+  bool compressed = false;   // data-parallel gradients through PowerSGD or a quantizer
+  bool checkpoints = false;  // spec.checkpoint.interval_steps > 0
+  bool Writer() const { return replica == 0 && rank == 0; }
+  double Residuals() const { return compressed ? 1 : 0; }  // StageRuntime's dp_feedback_
+};
+
+GpuPosition PositionOf(const ResolvedJobSpec& r, int replica, int rank) {
+  GpuPosition p;
+  p.replicas = std::max(1, r.data_parallel);
+  p.tensor = std::max(1, r.tensor_parallel);
+  p.replica = replica;
+  p.rank = rank;
+  p.compressed =
+      p.replicas > 1 && (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty());
+  p.checkpoints = r.spec.checkpoint().interval_steps() > 0;
+  return p;
+}
+
+// The replicas' residuals a stage's snapshot holds (GatherReplicaFeedback):
+// each one's, or past kMaxFeedbackReplicasKept their sum.
+int SnapshotResiduals(const GpuPosition& p) {
+  if (!p.compressed) return 0;
+  return p.replicas <= kMaxFeedbackReplicasKept ? p.replicas : 1;
+}
+
+// The writer's snapshot (StageRuntime::Snapshot): its stage's weights,
+// both moments and the replicas' residuals, its ranks' gathered unsplit.
+double WriterSnapshot(const GpuPosition& p) {
+  return p.Writer() && p.checkpoints ? p.tensor * (3.0 + SnapshotResiduals(p)) : 0;
+}
+
+// Before the first step, at every position and at once: spec.init.from's
+// tensors, or a resume's weights and both moments of every unit, read
+// unsplit (T shards each: the rank's shard is cut only at Restore), and
+// beside them Restore's copy of the rank's part of every weight
+// (ThisRanksPart). With compressed gradients a resume also reads the
+// residuals this replica folds unsplit, the old replicas' r with r mod D
+// == replica, and sums its shard of them. Counted for a checkpoint of this
+// layout: one of them (replica 0 the sum past kMaxFeedbackReplicasKept);
+// one written by more replicas (before an elastic change) may give it
+// more. Only a job with checkpoints resumes, and an assignment carries
+// spec.init.from or a resume, never both.
+double StartCopies(const ResolvedJobSpec& r, const GpuPosition& p) {
+  const double init = r.spec.init().from().empty() ? 0 : p.tensor + 1.0;
+  if (!p.checkpoints) return init;
+  const int folded =
+      p.compressed && (p.replicas <= kMaxFeedbackReplicasKept || p.replica == 0) ? 1 : 0;
+  return std::max(init, p.tensor * (3.0 + folded) + 1 + folded);
+}
+
+// During a step: with replicas, the gradients' sum on the host
+// (AllReduceFlat: what no bucket carried, on a GPU without a replica device
+// group every gradient, in one flat tensor; with a quantizer also what it
+// dropped), beside the residuals and the writer's snapshot. Whether a
+// position gets a replica device group is settled only when the plan is
+// committed (replica_device_groups.h: one host, NCCL ids), so every
+// replica is charged; for exact sums no more than its final download
+// charges it anyway.
+double StepCopies(const ResolvedJobSpec& r, const GpuPosition& p) {
+  const double sum = p.replicas < 2 ? 0 : r.data_parallel_quantizer.empty() ? 1 : 2;
+  return p.Residuals() + sum + WriterSnapshot(p);
+}
+
+// Between steps, while a checkpoint is taken: the writer its snapshot;
+// with compressed gradients each other position the concatenated
+// residuals it sends to replica 0 and, at replica 0, every replica's
+// gathered for its rank 0, all freed before the next step.
+double CheckpointCopies(const GpuPosition& p) {
+  if (!p.checkpoints) return 0;
+  if (p.Writer()) return p.Residuals() + WriterSnapshot(p);
+  if (!p.compressed) return 0;
+  return p.Residuals() + 1 + (p.replica == 0 ? SnapshotResiduals(p) : 0);
+}
+
+// After the last step: every position downloads the weights it steps (to
+// check them finite, and their digest), and replica 0 with
+// spec.output.weights_path again for the upload (UnsplitParameterCopies),
+// which its rank 0 gathers unsplit (T shards); beside the residuals and
+// the writer's last snapshot, which may still be written.
+double LastStepCopies(const ResolvedJobSpec& r, const GpuPosition& p) {
+  double upload = 0;
+  if (p.replica == 0 && !r.spec.output().weights_path().empty()) {
+    upload = p.rank == 0 ? p.tensor : 1;
+  }
+  return p.Residuals() + 1 + upload + WriterSnapshot(p);
+}
+
 // A GPU worker's host copies refused: it would need `need` for `copies` of
 // the `stepped` bytes of weights it steps; `short_of` says what it (or
 // its host) has instead.
@@ -90,8 +188,9 @@ absl::Status HostCopiesRefused(const v1::Worker& w, int stage, double need, doub
   return absl::ResourceExhaustedError(absl::StrCat(
       "GPU worker ", w.id(), " (stage ", stage, ") would need ", BytesAndGiB(need),
       " of host RAM for ", copies, " host copies of the ", BytesAndGiB(stepped),
-      " of weights it steps (a checkpoint's snapshot of them and both AdamW moments, and any "
-      "data-parallel residuals or tensor ranks' gathers)",
+      " of weights it steps (a checkpoint's snapshot or a resume's read of them and both AdamW "
+      "moments, the data-parallel gradients' sum and residuals, the final weights, and any "
+      "tensor ranks' gathers)",
       short_of,
       "; give its host more RAM (its pod a higher memory limit), split the model over more "
       "stages, or turn checkpoints off (spec.checkpoint.intervalSteps 0)"));
@@ -149,31 +248,11 @@ std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers) {
 }
 
 double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank) {
-  const int replicas = std::max(1, resolved.data_parallel);
-  const int tensor = std::max(1, resolved.tensor_parallel);
-  // Each rank reads its stage's tensors of spec.init.from unsplit before
-  // the first step, when nothing below is held yet: the most of the two.
-  const double init = resolved.spec.init().from().empty() ? 0 : tensor;
-  // The writer: stage_runtime.h Snapshot, "no rank but the writer holds a
-  // copy of the whole stage"; UnsplitParameterCopies, "only rank 0
-  // uploads" (of replica 0: job_runner.cc's upload).
-  if (replica == 0 && rank == 0) return std::max(CpuSteppedWeightCopies(resolved), init);
-  const bool compressed = replicas > 1 && (resolved.data_parallel_powersgd_rank > 0 ||
-                                           !resolved.data_parallel_quantizer.empty());
-  // Its residuals stay on the host between steps (StageRuntime's
-  // dp_feedback_).
-  double copies = compressed ? 1 : 0;
-  if (compressed && resolved.spec.checkpoint().interval_steps() > 0) {
-    // GatherReplicaFeedback: each replica sends a concatenated copy of its
-    // residuals to replica 0, which holds them all (their sum past
-    // kMaxFeedbackReplicasKept) until its rank 0 has gathered them.
-    const int gathered = replicas <= kMaxFeedbackReplicasKept ? replicas : 1;
-    copies += 1 + (replica == 0 ? gathered : 0);
-  }
-  if (tensor > 1 && replica == 0 && !resolved.spec.output().weights_path().empty()) {
-    copies += 1;  // UnsplitParameterCopies: its shard's host copy, sent to rank 0
-  }
-  return std::max(copies, init);
+  // The phases do not overlap (what lasts through several is counted in
+  // each): the most of them, not their sum.
+  const GpuPosition p = PositionOf(resolved, replica, rank);
+  return std::max({StartCopies(resolved, p), StepCopies(resolved, p), CheckpointCopies(p),
+                   LastStepCopies(resolved, p)});
 }
 
 absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,

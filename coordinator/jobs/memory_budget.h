@@ -15,8 +15,8 @@
 //
 // A GPU worker's plan is budgeted its GPU's memory, less the coordinator's
 // --gpu-memory-reserve, and what it holds in its host's RAM beside that
-// (a checkpoint's snapshot) is checked against the host's RAM
-// (CheckGpuHostCopies).
+// (a checkpoint's snapshot or read, the data-parallel gradients' sum, the
+// final weights) is checked against the host's RAM (CheckGpuHostCopies).
 //
 // Thread-safety: pure functions.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
@@ -75,29 +75,45 @@ std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
 
 // How many copies of the weights it steps (its shard of them, the bytes
 // CheckGpuHostCopies multiplies) the GPU worker at replica `replica`,
-// tensor rank `rank` of a `resolved` job holds in its host's RAM at most.
-// Only a stage's writer, replica 0's tensor rank 0, holds a snapshot of
-// the whole stage and gathers the final weights: it holds what a CPU
-// worker's plan counts for every position (planner.h
-// CpuSteppedWeightCopies). The others hold their own shard's copies only:
-// with compressed data-parallel gradients its residual, and while a
-// checkpoint is written the copy of it that it sends and, at replica 0,
-// the replicas' residuals gathered for its rank 0; at replica 0 with
-// tensor ranks and spec.output.weights_path its shard's copy sent for the
-// final weights; with spec.init.from at least T (its stage's tensors read
-// unsplit before the first step). Without any of these, none.
+// tensor rank `rank` of a `resolved` job holds in its host's RAM at most:
+// the most over the phases of its run, which follow one another (what
+// lasts through several is counted in each: compressed data-parallel
+// residuals, 1 from the first step on, and the writer's snapshot, written
+// in the background while the next steps run):
+//  - before the first step, at every position: with spec.init.from its
+//    stage's tensors read unsplit, T, plus its own part of them cut at
+//    Restore, 1; with checkpoints (a resume at any recovery) every unit's
+//    weights and both moments read unsplit, 3T, plus that 1, and with
+//    compression the residuals it folds, T + 1 (a checkpoint of this
+//    layout's: one written by more replicas may give it more; a
+//    forward-only unit's weights, read too, are not weights it steps);
+//  - during a step, with replicas: the gradients' sum on the host, 1 (2
+//    with a quantizer: what it dropped), at every replica, since a replica
+//    device group (no host copy) is settled only once the plan is
+//    committed;
+//  - between steps, while a checkpoint is taken: the stage's writer,
+//    replica 0's tensor rank 0, its snapshot of the whole stage, 3T plus T
+//    per replica's residuals it keeps (as planner.h CpuSteppedWeightCopies
+//    counts it for every CPU position); with compression each other
+//    position the residuals it sends, 1, and replica 0's other ranks every
+//    replica's, gathered for their rank 0;
+//  - after the last step, at every position: the weights downloaded to
+//    check them, 1; at replica 0 with spec.output.weights_path again for
+//    the upload, 1, which its rank 0 gathers unsplit, T.
+// So at least 1 (the final weights), and with checkpoints 3T + 1.
 double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank);
 
 // A GPU worker's plan counts its device's memory only, but a checkpoint's
 // snapshot (StageRuntime::Snapshot) downloads the weights it steps and
 // both AdamW moments into its host's RAM, a tensor rank 0 its stage's
-// ranks' gathered; so do compressed data-parallel residuals, a final
-// gather and an unsplit spec.init.from. A CPU worker's plan counts these
-// in its memory (planner.h CpuSteppedWeightCopies, the solver's c_i, the
+// ranks' gathered; a resume reads them back there at every position; a
+// step without a replica device group sums the gradients there; so do
+// compressed data-parallel residuals, the final weights, their gather and
+// an unsplit spec.init.from. A CPU worker's plan counts these in its
+// memory (planner.h CpuSteppedWeightCopies, the solver's c_i, the
 // writer's for every position); a GPU worker's are checked here:
 // copies[i] x stepped_weight_bytes[i] (what worker i holds of them at
-// most: the writer the whole stage's snapshot, the others their shards'
-// residuals, if any) against its host's RAM. GPU workers that share it
+// most, GpuHostCopiesAt) against its host's RAM. GPU workers that share it
 // (no limit of their own below it) are checked together: the sum of their
 // needs against the sum of their shares as PlanMemoryBudgets divides it
 // among the plan's workers counted as CPU ones, less each one's

@@ -157,9 +157,9 @@ TEST(PlanMemoryBudgetsTest, GpuReserve_TakenOffEachWorkersShare) {
 // of a job with checkpoints and nothing else): a stage of 13 GiB of
 // weights on an 80 GiB GPU needs 39 GiB of a 16 GiB host, and is refused
 // naming the worker, its stage and both figures. Its plan counted the
-// GPU's memory only, and the first checkpoint got it OOM-killed. Without
-// checkpoints (0 copies) it fits; so does a CPU worker, whose plan counts
-// the copies in its memory already; an unreported host RAM is unlimited.
+// GPU's memory only, and the first checkpoint got it OOM-killed. With no
+// host copies (0) it fits; so does a CPU worker, whose plan counts the
+// copies in its memory already; an unreported host RAM is unlimited.
 TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
   v1::Worker gpu = GpuWorker("node", "0000:01", 0, 80 * kGiB);
   gpu.set_id("gpu-1");
@@ -171,8 +171,9 @@ TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
   EXPECT_EQ(refused.message(),
             "GPU worker gpu-1 (stage 2) would need 41875931136 bytes (39.00 GiB) of host RAM for "
             "3 host copies of the 13958643712 bytes (13.00 GiB) of weights it steps (a "
-            "checkpoint's snapshot of them and both AdamW moments, and any data-parallel "
-            "residuals or tensor ranks' gathers) but has 17179869184 bytes (16.00 GiB) of host "
+            "checkpoint's snapshot or a resume's read of them and both AdamW moments, the "
+            "data-parallel gradients' sum and residuals, the final weights, and any tensor ranks' "
+            "gathers) but has 17179869184 bytes (16.00 GiB) of host "
             "node's RAM (its limit or share, less its --memory-reserve); give its host more RAM "
             "(its pod a higher memory limit), split the model over more stages, or turn "
             "checkpoints off (spec.checkpoint.intervalSteps 0)");
@@ -212,79 +213,169 @@ TEST(CheckGpuHostCopiesTest, SharersOfAHost_CheckedTogetherLessTheirReserves) {
       << refused;
 }
 
-// A job with checkpoints of T = 8 on the 8 GPUs of one 512 GiB host, 28 GiB
-// of weights in its one stage (3.5 GiB a rank): only the writer (replica
-// 0's tensor rank 0) holds the stage's snapshot, 8 x 3 shards = 84 GiB;
-// the other ranks hold none. Charged to every rank against an eighth of
-// the host (64 GiB) each, it was refused. So is D = 8 replicas of one
-// stage (the writer's 3 x 28 GiB). A 64 GiB host is refused naming the
-// writer.
-TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterHoldsTheSnapshot) {
+// A job of T = 8 on the 8 GPUs of one host, 28 GiB of weights in its one
+// stage (3.5 GiB a rank), with spec.output.weights_path: only replica 0's
+// rank 0 gathers the final weights unsplit, 8 shards beside its own
+// download, 9 x 3.5 GiB; every other rank downloads its shard to check it
+// and once more to send it, 2 x 3.5 GiB. 80.5 GiB in all fit a 128 GiB
+// host (charged 9 each, 252 GiB, they did not); a 64 GiB host is refused
+// naming the rank that needs the most. With checkpoints, a resume has
+// every rank read the stage's weights and both moments unsplit at once (3
+// x 28 GiB) beside its own part cut from them: 8 x 87.5 GiB, refused on a
+// 512 GiB host, which charged only the writer's 84 GiB snapshot and then
+// got the ranks OOM-killed at every recovery. So are D = 8 replicas of
+// the stage, 4 x 28 GiB each.
+TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterGathersEveryRankResumes) {
   std::vector<v1::Worker> w;
   for (int g = 0; g < 8; ++g) {
     w.push_back(GpuWorker("dgx", absl::StrCat("bus", g), g, 80 * kGiB));
     w.back().set_id(absl::StrCat("gpu-", g));
-    w.back().mutable_device()->set_memory_bytes(512 * kGiB);
+    w.back().mutable_device()->set_memory_bytes(128 * kGiB);
   }
   ResolvedJobSpec tensor;
   tensor.tensor_parallel = 8;
-  tensor.spec.mutable_checkpoint()->set_interval_steps(100);
+  tensor.spec.mutable_output()->set_weights_path("out.safetensors");
   std::vector<double> copies;
   for (int t = 0; t < 8; ++t) copies.push_back(GpuHostCopiesAt(tensor, 0, t));
-  EXPECT_EQ(copies, (std::vector<double>{24, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(copies, (std::vector<double>{9, 2, 2, 2, 2, 2, 2, 2}));
   const std::vector<int> stages(8, 0);
   const std::vector<double> shard(8, 3.5 * kGiB);
   EXPECT_TRUE(CheckGpuHostCopies(w, stages, shard, copies).ok());
+  for (v1::Worker& small : w) small.mutable_device()->set_memory_bytes(64 * kGiB);
+  absl::Status refused = CheckGpuHostCopies(w, stages, shard, copies);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 33822867456 bytes "
+                                   "(31.50 GiB) of host RAM for 9 host copies of the "
+                                   "3758096384 bytes (3.50 GiB) of weights it steps"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("8 GPU workers sharing host dgx's RAM would need 86436216832 "
+                                   "bytes (80.50 GiB) in all, but have 68719476736 bytes "
+                                   "(64.00 GiB) of it"),
+            std::string::npos)
+      << refused;
+
+  for (v1::Worker& large : w) large.mutable_device()->set_memory_bytes(512 * kGiB);
+  tensor.spec.clear_output();
+  tensor.spec.mutable_checkpoint()->set_interval_steps(100);
+  copies.clear();
+  for (int t = 0; t < 8; ++t) copies.push_back(GpuHostCopiesAt(tensor, 0, t));
+  EXPECT_EQ(copies, std::vector<double>(8, 8 * 3 + 1));
+  refused = CheckGpuHostCopies(w, stages, shard, copies);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 93952409600 bytes "
+                                   "(87.50 GiB) of host RAM for 25 host copies"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("8 GPU workers sharing host dgx's RAM would need 751619276800 "
+                                   "bytes (700.00 GiB) in all, but have 549755813888 bytes "
+                                   "(512.00 GiB) of it"),
+            std::string::npos)
+      << refused;
   ResolvedJobSpec data;
   data.data_parallel = 8;
   data.spec.mutable_checkpoint()->set_interval_steps(100);
   std::vector<double> replica_copies;
   for (int r = 0; r < 8; ++r) replica_copies.push_back(GpuHostCopiesAt(data, r, 0));
-  EXPECT_EQ(replica_copies, (std::vector<double>{3, 0, 0, 0, 0, 0, 0, 0}));
-  EXPECT_TRUE(
-      CheckGpuHostCopies(w, stages, std::vector<double>(8, 28.0 * kGiB), replica_copies).ok());
-  for (v1::Worker& small : w) small.mutable_device()->set_memory_bytes(64 * kGiB);
-  const absl::Status refused = CheckGpuHostCopies(w, stages, shard, copies);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 90194313216 bytes "
-                                   "(84.00 GiB) of host RAM for 24 host copies of the "
-                                   "3758096384 bytes (3.50 GiB) of weights it steps"),
-            std::string::npos)
-      << refused;
-  EXPECT_NE(refused.message().find("8 GPU workers sharing host dgx's RAM would need 90194313216 "
-                                   "bytes (84.00 GiB) in all, but have 68719476736 bytes "
-                                   "(64.00 GiB) of it"),
-            std::string::npos)
-      << refused;
+  EXPECT_EQ(replica_copies, std::vector<double>(8, 3 + 1));
+  EXPECT_EQ(
+      CheckGpuHostCopies(w, stages, std::vector<double>(8, 28.0 * kGiB), replica_copies).code(),
+      absl::StatusCode::kResourceExhausted);
 }
 
-// What the positions other than a stage's writer hold of their shard: with
-// compressed data-parallel gradients (D = 2) their residual, and while a
-// checkpoint is written the copy they send and, at replica 0, both
-// replicas'; at replica 0, its shard of the final weights sent to rank 0;
-// with spec.init.from its stage's T shards read unsplit. The writer holds
-// CpuSteppedWeightCopies.
-TEST(GpuHostCopiesAtTest, OnlyTheWriterHoldsTheStage) {
+// Each position's most over the phases of its run, D = 2 replicas of T = 2
+// ranks. Exact sums: the final weights' download, or the gradients' sum
+// during a step, 1 each. A quantizer's: the residual, the sum and what the
+// codec dropped, 3 at every replica. With checkpoints the resume, every
+// position's 2 x (3 + its replica's residual) + 2, except the writer's
+// steps: its snapshot (2 x (3 + both replicas' residuals)) beside the
+// residual, the sum and what was dropped. With spec.output.weights_path
+// the writer's last step: its snapshot still written beside the residual,
+// its download and the 2 shards gathered for the upload. With
+// spec.init.from its stage's T shards read unsplit and its part of them.
+TEST(GpuHostCopiesAtTest, MostOfItsPhases) {
   ResolvedJobSpec r;
   r.data_parallel = 2;
   r.tensor_parallel = 2;
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 0);
-  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 0);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 1);
   r.data_parallel_quantizer = "bf16";
-  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 3);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 3);
   r.spec.mutable_checkpoint()->set_interval_steps(10);
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2));
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 1 + 1 + 2);
-  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + 2 * (3 + 2));
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 2 * (3 + 1) + 1 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 2 * (3 + 1) + 1 + 1);
   r.spec.mutable_output()->set_weights_path("out.safetensors");
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2) + 2);
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 1 + 1 + 2 + 1);
-  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 1 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2) + 1 + 2);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 2 * (3 + 1) + 1 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 2 * (3 + 1) + 1 + 1);
   ResolvedJobSpec from;
   from.tensor_parallel = 4;
   from.spec.mutable_init()->set_from("checkpoints/old");
-  EXPECT_EQ(GpuHostCopiesAt(from, 0, 0), 4);
-  EXPECT_EQ(GpuHostCopiesAt(from, 0, 3), 4);
+  EXPECT_EQ(GpuHostCopiesAt(from, 0, 0), 4 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(from, 0, 3), 4 + 1);
+}
+
+// On a resume every replica and rank reads its stage's weights and both
+// moments (job_runner.cc ReadResume) and holds them until Restore, which
+// cuts its part of every weight beside them: 3 + 1 at replica 1 of D = 2,
+// where 0 was charged (only the writer was) and every recovery got the
+// replicas OOM-killed at once. The unit files hold the unsplit tensors,
+// so each of T = 2 ranks reads 3 x 2 shards. A replica that folds a
+// residual reads it unsplit and keeps its part: 9 replicas keep their sum
+// only (replica 0's to fold), 2 each their own.
+TEST(GpuHostCopiesAtTest, CheckpointsOn_EveryPositionHoldsItsResume) {
+  ResolvedJobSpec r;
+  r.data_parallel = 2;
+  r.spec.mutable_checkpoint()->set_interval_steps(10);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 3 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 3 + 1);
+  ResolvedJobSpec tensor;
+  tensor.tensor_parallel = 2;
+  tensor.spec.mutable_checkpoint()->set_interval_steps(10);
+  EXPECT_EQ(GpuHostCopiesAt(tensor, 0, 1), 2 * 3 + 1);
+  r.data_parallel_quantizer = "bf16";
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), (3 + 1) + 1 + 1);
+  r.data_parallel = 9;
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 3 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + (3 + 1));  // its steps beside its snapshot
+}
+
+// Replicas without a replica device group (on other hosts) sum the whole
+// stage's gradients in one host tensor each step (AllReduceFlat): 1 at
+// replica 1 of D = 2 without checkpoints, where 0 was charged. With a
+// quantizer what it dropped too, beside the residual: 3; with PowerSGD
+// the residual beside the sum: 2.
+TEST(GpuHostCopiesAtTest, Replicas_HoldTheGradientsSumOnTheHost) {
+  ResolvedJobSpec r;
+  r.data_parallel = 2;
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1);
+  r.data_parallel_quantizer = "fp16";
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1 + 1 + 1);
+  r.data_parallel_quantizer.clear();
+  r.data_parallel_powersgd_rank = 4;
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 1 + 1);
+}
+
+// After the last step every GPU worker downloads the weights it steps (1),
+// and replica 0 with spec.output.weights_path downloads them again for the
+// upload: 2 at T = 1, where 0 was charged (on the CPU the copies share
+// storage). At T = 2 rank 0 gathers both shards for it, rank 1 sends its
+// own. With checkpoints the last snapshot, still written, is held beside
+// them: 3 + 2.
+TEST(GpuHostCopiesAtTest, LastStep_FinalWeightsDownloadedAndAgainForTheUpload) {
+  ResolvedJobSpec r;
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1);
+  r.spec.mutable_output()->set_weights_path("out.safetensors");
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 2);
+  r.spec.mutable_checkpoint()->set_interval_steps(10);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 3 + 2);
+  ResolvedJobSpec tensor;
+  tensor.tensor_parallel = 2;
+  tensor.spec.mutable_output()->set_weights_path("out.safetensors");
+  EXPECT_EQ(GpuHostCopiesAt(tensor, 0, 0), 1 + 2);
+  EXPECT_EQ(GpuHostCopiesAt(tensor, 0, 1), 1 + 1);
 }
 
 // Unreported memory (0) stays "unlimited".

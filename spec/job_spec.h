@@ -69,8 +69,9 @@ inline constexpr int kMaxVocabSize = 65536;
 inline constexpr int kMaxDModel = 16384;         // model.d_model
 inline constexpr int kMaxSeqLen = 65536;         // model.max_seq_len (position rows)
 // training.seq_len: one sequence's attention scores hold seq_len^2 values
-// per head, and the kernels index tensors with int (ValidateTrainConfig
-// checks every tensor against 2^31 - 1): 65536^2 could never be trained.
+// per head, and cuBLAS and the kernels' launches take int sizes
+// (ValidateTrainConfig checks one tensor rank's tensors against 2^31 - 1):
+// 65536^2 could never be trained.
 inline constexpr int kMaxTrainingSeqLen = 32768;
 inline constexpr int kMaxBatchSize = 65536;      // training.batch_size
 inline constexpr int kMaxMicroBatches = 4096;    // training.micro_batches

@@ -6,8 +6,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/http_server.h"
 #include "coordinator/api/bad_specs_testing.h"
@@ -154,16 +157,37 @@ TEST_F(RestServiceTest, ListJobs_BadPagingOrView_Returns400WithFieldViolation) {
 }
 
 // Any count of digits is a page size; past 1000 (and past int32) it reads
-// as 1000, as documented.
+// as 1000, as documented: of 1001 jobs, such a page holds 1000 and a token
+// to the last. Leading zeros are ignored ("000" is 0: the default, 100).
 TEST_F(RestServiceTest, ListJobs_HugePageSizes_ReadAsTheMost) {
-  ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
-  for (const std::string& size :
-       {std::string("1001"), std::string("2147483648"), std::string("99999999999999999999999"),
-        std::string("000"), std::string(65, '9'), std::string(70, '0') + "5"}) {
+  // 800 cancelled as submitted: the rest stay within max_pending_jobs (256),
+  // the ended within max_ended_jobs (1000), so all 1001 are listed.
+  for (int i = 0; i < 1001; ++i) {
+    auto [status, job] = Call("POST", "/v1/jobs", ValidSpecJson());
+    ASSERT_EQ(status, 200) << job;
+    if (i < 800) ASSERT_TRUE(jobs_.Cancel(job["id"].get<std::string>()).ok()) << i;
+  }
+  const std::vector<std::pair<std::string, size_t>> cases = {
+      {"1001", 1000},
+      {"2147483648", 1000},
+      {"99999999999999999999999", 1000},
+      {std::string(65, '9'), 1000},
+      {"000", 100},
+      {std::string(70, '0') + "5", 5},
+  };
+  for (const auto& [size, want] : cases) {
     SCOPED_TRACE(size);
     auto [status, page] = Call("GET", absl::StrCat("/v1/jobs?pageSize=", size));
-    EXPECT_EQ(status, 200) << page;
-    EXPECT_EQ(page["jobs"].size(), 1u) << page;
+    ASSERT_EQ(status, 200) << page.dump().substr(0, 200);
+    EXPECT_EQ(page["jobs"].size(), want);
+    ASSERT_TRUE(page["nextPageToken"].is_string());
+    if (want != 1000) continue;
+    auto [last_status, last] = Call("GET", absl::StrCat("/v1/jobs?pageSize=", size, "&pageToken=",
+                                                        page["nextPageToken"].get<std::string>()));
+    ASSERT_EQ(last_status, 200) << last;
+    ASSERT_EQ(last["jobs"].size(), 1u) << last;
+    EXPECT_EQ(last["jobs"][0]["id"], "job-1001");
+    EXPECT_FALSE(last.contains("nextPageToken")) << last;
   }
 }
 

@@ -355,6 +355,10 @@ struct JobManagerOptions {
   // Tests: called off the job manager's lock just before a finished job's
   // weights file is synced (FinishWritingWeights).
   std::function<void()> before_weights_synced;
+  // Tests: called with a job's id, under the job manager's lock (it must
+  // not call the manager), when its Submit, saved, starts to wait for an
+  // older submit still being saved before it lists the job.
+  std::function<void(const std::string& job_id)> before_submit_waits;
   // The bytes free to this process on the file system of the directory
   // `dir_fd` (open), at submit; nullopt when unknown. Null: fstatvfs.
   // Tests set it to stand in for a full disk.
@@ -411,6 +415,12 @@ class JobManager {
   // (UNAVAILABLE, nothing submitted, when the save fails); the save runs
   // off the job lock, so other calls go on meanwhile, and the job's
   // weights path and checkpoint directory are claimed from before it.
+  // Submits save in parallel (REST's handler threads, beside gRPC's), but
+  // one whose save ends first is listed, and returns, only once every
+  // older submit (by creation time) is listed or has failed (a wait as
+  // long as that save, which the store bounds): the list then only grows
+  // at its end, so a page token, which resumes after the last job its
+  // page returned (page_cursor.h), never passes a job listed later.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
@@ -986,6 +996,10 @@ class JobManager {
   absl::StatusOr<const JobRecord*> EarlierSubmitLocked(const std::string& request_id,
                                                        const std::string& spec_sha256) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether submitting_ holds a job created before `record` whose save (or
+  // delete after a failed one) is still running: it may yet be listed.
+  // Unsettled ones never are.
+  bool OlderSubmitSavingLocked(const JobRecord& record) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended whose final weights file is `path`, lies under
   // it or holds it (the paths nest: one would have to be a directory and a
   // file at once), or null.

@@ -998,6 +998,18 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   const absl::Status forgotten = saved.ok() ? absl::OkStatus() : DeleteFromStore(job_id);
   {
     AnnotatedMutexLock lock(&mu_);
+    if (saved.ok()) {
+      // Listed after every older submit still being saved (REST saves in
+      // parallel): listed first, this job would end a page whose token then
+      // resumes past the older one, listed before it later. The wait is
+      // bounded by the older save's own (the store's deadlines).
+      const JobRecord& mine = *submitting_.at(job_id);
+      auto listable = [this, &mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !OlderSubmitSavingLocked(mine);
+      };
+      if (!listable() && options_.before_submit_waits) options_.before_submit_waits(job_id);
+      mu_.AwaitWithTimeout(listable, absl::InfiniteDuration());
+    }
     auto it = submitting_.find(job_id);
     if (!saved.ok() && !forgotten.ok()) {
       // Kept, claiming what it claimed, until the store surely dropped it:
@@ -1028,8 +1040,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       return absl::UnavailableError(absl::StrCat("could not record the job durably; ",
                                                  kNothingSubmitted, ": ", saved.message()));
     }
-    // By creation time, not by when the save returned (submits save in
-    // parallel): the list, its pages and the queue's order agree.
+    // By creation time, not by when the save returned: at the end, as no
+    // older submit is still being saved (the wait above).
     const absl::Time created = FromProtoTimestamp(record->job.create_time());
     auto at = order_.end();
     while (at != order_.begin() &&
@@ -1041,6 +1053,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   }
   ScheduleQueued();
   return Get(job_id);
+}
+
+bool JobManager::OlderSubmitSavingLocked(const JobRecord& record) const {
+  const absl::Time created = FromProtoTimestamp(record.job.create_time());
+  return std::any_of(submitting_.begin(), submitting_.end(), [&](const auto& entry) {
+    const JobRecord& other = *entry.second;
+    return !other.unsettled && FromProtoTimestamp(other.job.create_time()) < created;
+  });
 }
 
 void JobManager::SettleSubmitsLocked() {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,9 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -310,6 +313,86 @@ TEST_F(JobManagerTest, Submit_ClockStepsBack_CreationTimesStillIncrease) {
   std::vector<std::string> listed;
   for (const JobManager::JobSummary& job : jobs_.Summaries()) listed.push_back(job.id);
   EXPECT_EQ(listed, (std::vector<std::string>{a, b, c}));
+}
+
+// The job after `last` in `jobs`' list (the first for ""), and whether
+// another follows it: a page of one, resumed as a page token resumes
+// (page_cursor.h: after the last job its page returned).
+std::pair<std::string, bool> PageOfOneAfter(const JobManager& jobs, const std::string& last) {
+  const std::vector<JobManager::JobSummary> listed = jobs.Summaries();
+  size_t next = 0;
+  if (!last.empty()) {
+    while (next < listed.size() && listed[next].id != last) ++next;
+    ++next;
+  }
+  if (next >= listed.size()) return {"", false};
+  return {listed[next].id, next + 1 < listed.size()};
+}
+
+// Submits save in parallel (REST's handler threads): c and d, saved while
+// the older b's save is held, are listed only after b. Listed at once, a
+// client paging meanwhile got a page ending at c with a token, and the
+// next page resumed after c, past b (listed before c once saved).
+TEST_F(JobManagerTest, Submit_SavedBeforeAnOlderSubmit_ListedAfterItSoPagesSkipNone) {
+  HeldCommitStore store;
+  CoordinatorState state(&store);
+  // The newer submits settled: waiting to be listed, or listed and returned
+  // (a std::mutex: TSan sees its hand-offs, not absl::Notification's).
+  std::mutex mu;
+  std::condition_variable changed;
+  std::set<std::string> settled;
+  const auto settle = [&](const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu);
+    settled.insert(id);
+    changed.notify_all();
+  };
+  JobManagerOptions options{
+      .id_epoch = "e9", .state = &state, .background_runner = background_.Runner()};
+  options.before_submit_waits = settle;
+  JobManager jobs(&registry_, &hub_, &clock_, options);
+  const std::string a1 = jobs.Submit(SmallSpec(1)).value().id();
+  const std::string a2 = jobs.Submit(SmallSpec(1)).value().id();
+  jobs.FlushIo();
+  store.hold = true;
+  std::string b, c, d;
+  std::thread older([&jobs, &b] { b = jobs.Submit(SmallSpec(1)).value().id(); });
+  store.entered.get_future().wait();  // b created, its save held
+  // Submits on a thread of its own, and returns once that submit settled.
+  const auto submit_newer = [&](std::string* id) {
+    std::unique_lock<std::mutex> lock(mu);
+    const size_t before = settled.size();
+    std::thread submit([&jobs, &settle, id] {
+      const absl::StatusOr<v1::Job> job = jobs.Submit(SmallSpec(1));
+      EXPECT_TRUE(job.ok()) << job.status();
+      *id = job.ok() ? job->id() : "failed";
+      settle(*id);
+    });
+    changed.wait(lock, [&] { return settled.size() > before; });
+    return submit;
+  };
+  std::thread newer_c = submit_newer(&c);
+  std::thread newer_d = submit_newer(&d);
+  std::vector<std::string> listed_meanwhile;
+  for (const JobManager::JobSummary& job : jobs.Summaries()) listed_meanwhile.push_back(job.id);
+  EXPECT_EQ(listed_meanwhile, (std::vector<std::string>{a1, a2}));
+  // A client pages through the list meanwhile, up to its last job but one
+  // (a token remains), then follows the tokens once b's save is in.
+  std::vector<std::string> seen;
+  std::string last;
+  bool more = true;
+  for (size_t i = 0; i + 1 < listed_meanwhile.size(); ++i) {
+    std::tie(last, more) = PageOfOneAfter(jobs, last);
+    seen.push_back(last);
+  }
+  store.release.set_value();
+  older.join();
+  newer_c.join();
+  newer_d.join();
+  for (int pages = 0; more && pages < 10; ++pages) {
+    std::tie(last, more) = PageOfOneAfter(jobs, last);
+    seen.push_back(last);
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{a1, a2, b, c, d}));
 }
 
 TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {

@@ -43,6 +43,21 @@ namespace pipetrain {
 inline constexpr uint64_t kSafetensorsLengthBytes = 8;
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{16} << 20;
 
+// The largest checkpoint unit file a worker reads back (ReadUnitCheckpoint
+// reads it whole to check its checksum, worker/checkpoint/unit_checkpoint.h)
+// and so writes: 64 GiB. Here, below both, so that the spec's validation
+// (spec/job_spec.h) refuses a job whose unit files would pass it without
+// depending on the worker's checkpoint code for the number. A unit with
+// error feedback keeps every compressed replica's residual beside its
+// weights and moments: an MLP unit reaches it from d_model about 13970
+// with 8 compressed replicas, 16380 with 5.
+inline constexpr int64_t kMaxReadableUnitFileBytes = int64_t{64} << 30;
+// The most bytes of tensors such a file may hold: the rest is room for
+// the length and the longest header a reader takes.
+inline constexpr int64_t kMaxUnitFileTensorBytes =
+    kMaxReadableUnitFileBytes -
+    static_cast<int64_t>(kSafetensorsLengthBytes + kMaxSafetensorsHeaderBytes);
+
 struct NamedTensor {
   std::string name;
   Tensor tensor;  // fp32.

@@ -22,6 +22,7 @@
 #include "common/closest_name.h"
 #include "common/confined_path.h"
 #include "common/echo_input.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/terminal_safe.h"
 #include "google/protobuf/message.h"
@@ -30,6 +31,7 @@
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/tensor_parallel.h"
+#include "worker/runtime/feedback_limits.h"
 #include "worker/train/adamw_optimizer.h"
 #include "worker/train/lr_schedule.h"
 
@@ -815,6 +817,115 @@ absl::Status CheckMicroBatchTensors(const TrainConfig& train) {
                               "seq_len", ranks));
 }
 
+// What a checkpoint keeps of a unit's data-parallel error feedback
+// (StageRuntime's snapshot): `residuals` copies of each compressed
+// parameter, and PowerSGD's warm starts.
+struct UnitFeedback {
+  int residuals = 0;      // 0: no codec on the unit's stage, or no checkpoints
+  int powersgd_rank = 0;  // 0 with residuals: a quantizer, which compresses every gradient
+  int tensor = 1;         // tensor ranks of a stage
+  bool cube = false;      // spec.parallelism.tensor_mode 3d
+};
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The values of `f` a unit file keeps for parameter `p`. The tied wte is
+// all-reduced exact (StageRuntime::TiedHolder), so has none. PowerSGD
+// compresses a matrix whose tensor rank's shard its factors make smaller
+// (StageRuntime::PowerSgdPays); a cube's blocks are priced as the whole
+// matrix, which pays whenever a block does.
+int64_t FeedbackValues(const ParameterShape& p, const UnitFeedback& f) {
+  if (f.residuals == 0 || p.name == kTokenEmbeddingName) return 0;
+  const int64_t numel = Elements(p.shape);
+  if (f.powersgd_rank == 0) return f.residuals * numel;
+  std::vector<int64_t> shard = p.shape;
+  const bool split = p.split_dim >= 0 && f.tensor > 1 && !f.cube;
+  if (split) shard[p.split_dim] /= f.tensor;
+  const int64_t rank = f.powersgd_rank;
+  if (shard.size() != 2 || rank * (shard[0] + shard[1]) >= shard[0] * shard[1]) return 0;
+  // The warm start Q, [columns, rank] of each rank's shard (rank 0 gathers
+  // them where split); a cube's fewer values than the matrix (rank is below
+  // a paying block's rows).
+  const int64_t warm = f.cube ? numel : (split ? f.tensor : 1) * shard[1] * rank;
+  return f.residuals * numel + warm;
+}
+
+// The bytes of tensors in unit `unit`'s checkpoint file (WriteStageCheckpoint):
+// its parameters unsplit (tensor rank 0 gathers the shards) and both AdamW
+// moments, fp32, and `f`'s feedback. Left out: the pipeline links' PowerSGD
+// warm starts, a few [d_model, rank] factors per replica in a stage's
+// first unit, which the writer's own check still catches.
+int64_t UnitFileBytes(const GptConfig& model, int unit, const UnitFeedback& f) {
+  int64_t values = 0;
+  for (const ParameterShape& p : UnitParameterShapes(model, unit)) {
+    values += 3 * Elements(p.shape) + FeedbackValues(p, f);
+  }
+  return values * static_cast<int64_t>(sizeof(float));
+}
+
+// Whether unit `unit`'s stage may compress its data-parallel all-reduce as
+// far as the spec tells: solver manual with listed stages pins the units
+// of each; otherwise the planner places the units (and picks the stages
+// when none are listed), so any may.
+bool UnitMayCompress(const v1::JobSpec& spec, int unit) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  const auto& listed = spec.compression().data_parallel().stages();
+  if (p.solver() != kSolverManual || listed.empty()) return true;
+  return std::any_of(listed.begin(), listed.end(), [&p, unit](int s) {
+    return unit >= p.manual_stages(s).backward_begin() && unit < p.manual_stages(s).backward_end();
+  });
+}
+
+// With checkpoints on, the largest unit file must stay within what a worker
+// reads back (kMaxUnitFileTensorBytes): a stage refuses to write a larger
+// one, every checkpoint of the job then fails, and a lost worker cannot be
+// recovered. The residuals (one per replica up to kMaxFeedbackReplicasKept,
+// else their sum) are what grows a unit past it: within kMaxParameters, a
+// unit's weights and moments stay within 48 GiB.
+absl::Status CheckUnitFileSizes(const ResolvedJobSpec& resolved) {
+  const v1::JobSpec& spec = resolved.spec;
+  if (spec.checkpoint().interval_steps() == 0) return absl::OkStatus();
+  const GptConfig& model = resolved.train.model;
+  const int data = spec.parallelism().data();
+  const bool codec =
+      resolved.data_parallel_powersgd_rank > 0 || !resolved.data_parallel_quantizer.empty();
+  UnitFeedback f;
+  f.powersgd_rank = resolved.data_parallel_powersgd_rank;
+  f.tensor = spec.parallelism().tensor();
+  f.cube = spec.parallelism().tensor_mode() == "3d";
+  int unit = 0, residuals = 0;
+  int64_t bytes = -1;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    f.residuals = !codec || !UnitMayCompress(spec, u) ? 0
+                  : data <= kMaxFeedbackReplicasKept  ? data
+                                                      : 1;
+    const int64_t b = UnitFileBytes(model, u, f);
+    if (b > bytes) unit = u, residuals = f.residuals, bytes = b;
+  }
+  if (bytes <= kMaxUnitFileTensorBytes) return absl::OkStatus();
+  const std::string file = absl::StrFormat(
+      "with checkpoints, unit %s's file would hold %d bytes of tensors (%.1f GiB: its weights, "
+      "both AdamW moments",
+      UnitName(model, unit), bytes, static_cast<double>(bytes) / (int64_t{1} << 30));
+  const std::string limit = absl::StrCat(
+      "), above the ", kMaxUnitFileTensorBytes,
+      " a worker reads back (64 GiB less the file's header), so no checkpoint could complete");
+  if (residuals == 0) {  // beyond today's model bounds
+    return Invalid("spec.model.d_model", absl::StrCat(file, limit, "; use a smaller d_model"));
+  }
+  return Invalid("spec.compression.data_parallel",
+                 absl::StrCat(file, " and ", residuals, " replicas' error-feedback residuals of ",
+                              spec.compression().data_parallel().codec(), limit,
+                              "; use fewer compressed replicas (spec.parallelism.data; past ",
+                              kMaxFeedbackReplicasKept,
+                              " a checkpoint keeps their sum, one), no codec, or a smaller "
+                              "spec.model.d_model"));
+}
+
 // spec.parallelism.tensor as a submitted spec means it: unset is 1.
 int SpecTensor(const v1::ParallelismSpec& p) { return p.has_tensor() ? p.tensor() : 1; }
 
@@ -1252,6 +1363,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckMicroBatchTensors(resolved.train));
   absl::Status backstop = ValidateTrainConfig(resolved.train);
   if (!backstop.ok()) return Invalid("spec.training", backstop.message());
+  RETURN_IF_ERROR(CheckUnitFileSizes(resolved));
   resolved.val_fraction = out.data().val_fraction();
   resolved.synthetic_bytes = out.data().synthetic_bytes();
   resolved.stages = out.parallelism().stages();

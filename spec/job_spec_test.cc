@@ -1172,6 +1172,55 @@ TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {
   ExpectRejected(bad, "spec.compression.data_parallel.stages: names stages but");
 }
 
+// One layer of d_model 14336 (2.47e9 parameters, within every model bound)
+// on 8 replicas compressed with PowerSGD: mlp_0's checkpoint file holds its
+// 8 d^2 + 7 d values 3 times (weights, m, v), 8 residuals of its two
+// matrices and their warm starts, 72345706496 bytes, past the 64 GiB a
+// worker reads back. Every checkpoint of such a job failed at the writer.
+TEST(ResolveJobSpec, UnitCheckpointFileOverReadLimit_RejectedNamingDataParallelCompression) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(112);
+  spec.mutable_model()->set_d_model(14336);
+  spec.mutable_training()->set_seq_len(1024);
+  spec.mutable_training()->set_batch_size(16);
+  spec.mutable_training()->set_micro_batches(16);
+  spec.mutable_parallelism()->set_data(8);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=4");
+  spec.mutable_checkpoint()->set_interval_steps(100);
+  ExpectRejected(spec,
+                 "spec.compression.data_parallel: with checkpoints, unit mlp_0's file would hold "
+                 "72345706496 bytes of tensors (67.4 GiB: its weights, both AdamW moments and 8 "
+                 "replicas' error-feedback residuals of powersgd:rank=4), above the 68702699512 "
+                 "a worker reads back");
+  // 4 replicas' residuals: 46039031808 bytes.
+  v1::JobSpec fewer = spec;
+  fewer.mutable_parallelism()->set_data(4);
+  EXPECT_TRUE(ResolveJobSpec(fewer).ok()) << ResolveJobSpec(fewer).status();
+  // Past kMaxFeedbackReplicasKept a checkpoint keeps their sum, one.
+  v1::JobSpec summed = spec;
+  summed.mutable_parallelism()->set_data(16);
+  EXPECT_TRUE(ResolveJobSpec(summed).ok()) << ResolveJobSpec(summed).status();
+  v1::JobSpec unsaved = spec;
+  unsaved.mutable_checkpoint()->set_interval_steps(0);
+  EXPECT_TRUE(ResolveJobSpec(unsaved).ok()) << ResolveJobSpec(unsaved).status();
+  // Pinned stages (solver manual): only the compressed stage's units count.
+  v1::JobSpec pinned = spec;
+  v1::ParallelismSpec* p = pinned.mutable_parallelism();
+  p->set_solver("manual");
+  for (int begin : {0, 2}) {
+    v1::ManualStage* stage = p->add_manual_stages();
+    stage->set_forward_begin(begin);
+    stage->set_forward_end(begin + 2);
+    stage->set_backward_begin(begin);
+    stage->set_backward_end(begin + 2);
+  }
+  pinned.mutable_compression()->mutable_data_parallel()->add_stages(0);  // embed, attn_0
+  EXPECT_TRUE(ResolveJobSpec(pinned).ok()) << ResolveJobSpec(pinned).status();
+  pinned.mutable_compression()->mutable_data_parallel()->set_stages(0, 1);  // mlp_0, head
+  ExpectRejected(pinned, "spec.compression.data_parallel: with checkpoints, unit mlp_0's file");
+}
+
 TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_training()->set_eval_interval(-1);

@@ -425,17 +425,18 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     }
     // One no worker would read back (kMaxReadableUnitFileBytes) is not written: the
     // coordinator would record it complete, and every resume from it fail.
-    // With room for the length and the header (safetensors.h): the reader
-    // bounds the whole file.
+    // With room for the length and the header (kMaxUnitFileTensorBytes): the
+    // reader bounds the whole file. ResolveJobSpec refuses a spec that comes
+    // here; this stays for what it does not count (the links' warm starts).
     int64_t data_bytes = 0;
     for (const NamedTensor& t : tensors) data_bytes += t.tensor.size_bytes();
-    if (data_bytes > kMaxReadableUnitFileBytes - static_cast<int64_t>(kSafetensorsLengthBytes +
-                                                                      kMaxSafetensorsHeaderBytes)) {
+    if (data_bytes > kMaxUnitFileTensorBytes) {
+      // More stages do not help: a unit's file is the unit's, whole.
       return absl::ResourceExhaustedError(absl::StrCat(
           "checkpoint ", step_dir, ": unit ", unit.unit, "'s file would hold ", data_bytes,
           " bytes of tensors, above the ", kMaxReadableUnitFileBytes,
           " a worker reads back whole (each data-parallel replica's error-feedback residual is "
-          "kept: fewer compressed replicas, or more stages)"));
+          "kept: fewer compressed replicas, or no spec.compression.data_parallel)"));
     }
     // The writer names the file alone; say where it is (a full disk is this
     // worker's checkpoint volume), keeping the code and any errno.

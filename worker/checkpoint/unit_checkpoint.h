@@ -167,27 +167,36 @@ std::string UnitFileName(int unit);
 // RESOURCE_EXHAUSTED), naming the file, its step directory and `root` as this worker's
 // --checkpoint-root (the volume to look at). Nothing is reported on failure, so a
 // partial checkpoint is never recorded complete. RESOURCE_EXHAUSTED before
-// a unit file of more than kMaxReadableUnitFileBytes of tensors is written. A
+// a unit file of more than kMaxUnitFileTensorBytes of tensors is written. A
 // snapshot whose weights,
 // moments, error-feedback residuals or warm starts hold a NaN or an
 // infinity is FAILED_PRECONDITION before any
-// file is written: an infinite gradient element makes NaN weights while
+// file is written (IsSnapshotNotFinite): an infinite gradient element makes NaN weights while
 // its step's loss is still finite (the next step's loss stops the job,
 // worker/train/divergence.h), and such a checkpoint would become the
-// latest, the one a resume or an export takes. `stopped` (may be empty)
+// latest, the one a resume or an export takes. A finite gradient element
+// past about 8e19 overflows AdamW's second moment alone, weights and loss
+// staying finite: no loss tells it, and a job stops on this refusal
+// (JobRunner). `stopped` (may be empty)
 // is asked before each unit and each tensor: once true, CANCELLED, the
 // unit file in progress removed, and no more files nor directories (the stage stopped: the
 // coordinator takes no report of this write, and an ended job's step directories are swept, which a
 // write going on would create again).
-// The largest unit file a worker reads back (ReadUnitCheckpoint reads it
-// whole to check its checksum) and so writes: 64 GiB. A unit with error
-// feedback keeps every compressed replica's residual beside its weights
-// and moments, which past about d_model 13000 and 5 replicas reaches it.
-inline constexpr int64_t kMaxReadableUnitFileBytes = int64_t{64} << 30;
-
+// kMaxReadableUnitFileBytes and kMaxUnitFileTensorBytes (64 GiB, less the
+// safetensors header's room) are in common/safetensors.h, where
+// ResolveJobSpec reads them too (a spec whose unit files would pass them
+// is refused at submit).
 absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(
     const std::string& root, const std::string& dir, const StageSnapshot& snapshot,
     const CheckpointIdentity& identity, const std::function<bool()>& stopped = nullptr);
+
+// Whether `status` is WriteStageCheckpoint's refusal of a snapshot that is
+// not finite (training diverged), told apart from its other
+// FAILED_PRECONDITION errors (a root missing or not entered) by a payload:
+// a job fails on the one and only counts the others, as train-local's
+// SaveCheckpoint tells them by its `diverged`. A status reworded with
+// WithMessage (common/errno_status.h) keeps the mark, one made anew drops it.
+bool IsSnapshotNotFinite(const absl::Status& status);
 
 // Reads unit `expected.unit` of checkpoint `from` (from.dir relative to
 // `root`), checking in order: the root and the directories on the way

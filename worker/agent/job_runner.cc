@@ -115,6 +115,14 @@ bool CheckpointItselfUnusable(const absl::Status& status) {
   }
 }
 
+// The job's error for a checkpoint refused because the stage's state is
+// not finite (`refused`: IsSnapshotNotFinite, naming the step and tensor).
+absl::Status DivergedAtCheckpoint(const absl::Status& refused) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("training diverged: ", refused.message(),
+                   "; try a lower learning rate, a warm-up or gradient clipping"));
+}
+
 // The coordinator's answer to a report of a job that has ended meanwhile
 // (JobManager::ForWorkerLocked: "job J already ended (STATE)"): a cancel
 // that reached the coordinator before this stage's first report. Nothing
@@ -647,6 +655,20 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     sent = ReportWithRetries(r).status();
   }
   if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
+  // Refused for state that is not finite: every later checkpoint would be
+  // refused too while training went on (an AdamW second moment that
+  // overflowed leaves the weights and the loss finite, so no loss stops
+  // it), and a recovery would replay the spike. The runner's thread fails
+  // the job, as train-local ends at this checkpoint.
+  if (!files.ok() && !stop_.load() && IsSnapshotNotFinite(files.status())) {
+    AnnotatedMutexLock lock(&mu_);
+    if (checkpoint_diverged_.ok()) checkpoint_diverged_ = DivergedAtCheckpoint(files.status());
+  }
+}
+
+absl::Status JobRunner::CheckpointDiverged() const {
+  AnnotatedMutexLock lock(&mu_);
+  return checkpoint_diverged_;
 }
 
 namespace {
@@ -1014,7 +1036,15 @@ absl::Status JobRunner::RunJob() {
     }
     return flushed;
   };
+  // A checkpoint refused for a diverged state (ReportCheckpoint) fails
+  // the job: asked before each step, and after each wait for the writer.
+  const auto diverged = [&] {
+    const absl::Status d = CheckpointDiverged();
+    if (!d.ok() && !stop_.load()) ReportError(d);
+    return d;
+  };
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
+    RETURN_IF_ERROR(diverged());
     v1::StepTrace trace;
     const bool traced = IsTracedStep(it, assignment_.start_iteration(), steps);
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it, traced ? &trace : nullptr);
@@ -1112,7 +1142,10 @@ absl::Status JobRunner::RunJob() {
     r.set_eval_seconds(eval_seconds);
     // The job ends with the last report: a checkpoint still being written
     // must be reported before it (ReportCheckpoint runs on the writer).
-    if (last && writer != nullptr) writer->Wait();
+    if (last && writer != nullptr) {
+      writer->Wait();
+      RETURN_IF_ERROR(diverged());
+    }
     absl::StatusOr<v1::ReportProgressResponse> reported = ReportWithRetries(r);
     if (!reported.ok()) {
       return absl::Status(reported.status().code(),
@@ -1151,6 +1184,7 @@ absl::Status JobRunner::RunJob() {
       // snapshot, three host copies of the stage's stepped weights, is
       // freed before this one is taken, not held beside it.
       if (replica_zero && assignment_.tensor_rank() == 0) writer->Wait();
+      RETURN_IF_ERROR(diverged());
       absl::StatusOr<StageSnapshot> snapshot = runtime->Snapshot(step);
       if (!snapshot.ok()) {
         if (!stop_.load()) ReportError(snapshot.status());
@@ -1168,6 +1202,7 @@ absl::Status JobRunner::RunJob() {
         }
       }
       if (writer != nullptr) writer->Wait();
+      RETURN_IF_ERROR(diverged());
       PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
                    << ": stopped after step " << step << " for the next plan";
       ended_cleanly = true;

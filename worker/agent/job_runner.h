@@ -30,7 +30,13 @@
 // step that is a multiple of interval_steps (the last step excepted) the
 // runner snapshots its backward units and a CheckpointWriter writes them
 // under options.checkpoint_root while training goes on; the files are
-// reported (ReportProgressRequest.checkpoint) once durable.
+// reported (ReportProgressRequest.checkpoint) once durable. A write
+// refused because the stage's weights or moments are not finite (an AdamW
+// second moment overflowed, the weights and the loss still finite) fails
+// the job, FAILED_PRECONDITION "training diverged: ..." (not a peer
+// failure), as train-local ends at that checkpoint: the runner reports it
+// before its next step, or when it next waits for the writer, whichever
+// comes first.
 #ifndef PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 #define PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 
@@ -263,8 +269,12 @@ class JobRunner {
   // this stage's tensors alone, fitted and checked finite (INVALID_ARGUMENT
   // otherwise); StageRuntime::Restore checks their shapes.
   absl::StatusOr<ReadUnits> ReadInitWeights(const GptConfig& model);
+  // Reports a checkpoint's write (on the writer's thread); one refused
+  // because the stage's state is not finite also sets checkpoint_diverged_.
   void ReportCheckpoint(int64_t step, double seconds,
                         const absl::StatusOr<std::vector<v1::UnitFile>>& files);
+  // checkpoint_diverged_, read under mu_.
+  absl::Status CheckpointDiverged() const;
   // A report (an iteration's, a checkpoint's, the start barrier's or a
   // failure's), sent again after UNAVAILABLE or DEADLINE_EXCEEDED (a
   // coordinator restarting, a leader change, a lost answer) until
@@ -339,6 +349,10 @@ class JobRunner {
   DeviceCollective* replica_collective_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The data plane's transport while the job holds one: Stop() aborts it.
   Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // OK, or the job's error ("training diverged: ...") once the writer
+  // refused a checkpoint because the stage's state is not finite
+  // (IsSnapshotNotFinite); set by ReportCheckpoint, reported by RunJob.
+  absl::Status checkpoint_diverged_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

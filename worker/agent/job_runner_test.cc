@@ -1183,6 +1183,73 @@ TEST(JobRunnerTest, LastStepMakesNanWeights_FailsBeforeUploadingOrFinishing) {
   EXPECT_TRUE(link.uploaded().empty());
 }
 
+// Makes the first tensor's first second moment infinite in the update of
+// step `step`, as AdamW does for a finite gradient element past about 8e19
+// (grad_clip 0): that weight element freezes, and the weights and every
+// step's loss stay finite.
+class InfMomentAtStep : public ForwardingBackend {
+ public:
+  explicit InfMomentAtStep(int64_t step) : ForwardingBackend(CpuBackend()), step_(step) {}
+  void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
+                      const AdamWConfig& config) override {
+    inner()->AdamWUpdateAll(tensors, step, config);
+    if (step == step_ && !tensors.empty()) tensors[0].v[0] = INFINITY;
+  }
+
+ private:
+  const int64_t step_;
+};
+
+// No loss tells that divergence, only the refused checkpoint of its step:
+// the job fails there ("training diverged", its own failure, not a peer's),
+// as train-local ends at that checkpoint, instead of training on with every
+// later checkpoint refused and ending SUCCEEDED.
+TEST(JobRunnerTest, CheckpointRefusedForAnInfiniteMoment_FailsTheJobAsDiverged) {
+  v1::Assignment a = OneStageAssignment(5);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  InfMomentAtStep backend(2);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  options.checkpoint_root = FreshDir("checkpoint-inf-moment");
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
+  runner.Stop();
+  std::vector<int64_t> iterations, written, refused;
+  std::vector<v1::ReportProgressRequest> errors;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    EXPECT_FALSE(r.finished());
+    if (r.has_checkpoint()) {
+      (r.checkpoint().error().empty() ? written : refused).push_back(r.checkpoint().step());
+    } else if (!r.error().empty()) {
+      errors.push_back(r);
+    } else {
+      iterations.push_back(r.iteration());
+      for (float loss : r.micro_batch_losses()) EXPECT_TRUE(std::isfinite(loss));
+    }
+  }
+  EXPECT_EQ(written, (std::vector<int64_t>{1}));
+  EXPECT_EQ(refused, (std::vector<int64_t>{2}));
+  // Step 3's iteration may have run while step 2's checkpoint was written;
+  // the failure is reported before step 3's is taken, and nothing after.
+  ASSERT_GE(iterations.size(), 2u);
+  ASSERT_LE(iterations.size(), 3u);
+  for (size_t i = 0; i < iterations.size(); ++i) EXPECT_EQ(iterations[i], static_cast<int64_t>(i));
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(errors[0].error(),
+                               "FAILED_PRECONDITION: training diverged: not writing the checkpoint "
+                               "of step 2: moment v of "))
+      << errors[0].error();
+  EXPECT_TRUE(absl::StrContains(errors[0].error(), " holds an infinity at element 0"))
+      << errors[0].error();
+  EXPECT_FALSE(errors[0].peer_failure());
+  EXPECT_FALSE(errors[0].checkpoint_unusable());
+  EXPECT_EQ(link.reports().back().error(), errors[0].error());
+}
+
 // spec.init.from weights with a NaN in a row no step reads (the last
 // position, past seq_len) would train with finite losses to NaN weights:
 // the stage refuses them before the first step, naming the tensor.

@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -264,9 +265,13 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
                        static_cast<int>(n[3]), q};
 }
 
+// Marks CheckSnapshotFinite's refusal (IsSnapshotNotFinite); no value.
+constexpr char kSnapshotNotFinitePayloadUrl[] = "type.pipetrain/snapshot-not-finite";
+
 // OK when every weight, moment, error-feedback residual and warm start of
 // `snapshot` is finite (ReadUnitCheckpoint refuses files that are not);
-// otherwise FAILED_PRECONDITION naming the first tensor that is not.
+// otherwise FAILED_PRECONDITION naming the first tensor that is not,
+// marked for IsSnapshotNotFinite.
 absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
   for (const UnitState& unit : snapshot.units) {
     std::vector<std::pair<std::string, const Tensor*>> tensors;
@@ -292,9 +297,11 @@ absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
     for (const auto& [what, tensor] : tensors) {
       const std::string bad = DescribeFirstNonFinite(*tensor);
       if (bad.empty()) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
+      absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
           "not writing the checkpoint of step ", snapshot.step, ": ", what, " of unit ", unit.unit,
           " ", bad, " (training diverged; the previous checkpoint stays the latest)"));
+      refused.SetPayload(kSnapshotNotFinitePayloadUrl, absl::Cord());
+      return refused;
     }
   }
   return absl::OkStatus();
@@ -362,6 +369,11 @@ absl::StatusOr<TunedPartitions> ParseTunedPartitions(absl::string_view text,
     tuned.backward.push_back(backward);
   }
   return tuned;
+}
+
+bool IsSnapshotNotFinite(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         status.GetPayload(kSnapshotNotFinitePayloadUrl).has_value();
 }
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }

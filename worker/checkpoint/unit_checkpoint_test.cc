@@ -889,6 +889,10 @@ TEST_F(UnitCheckpointTest, NonFiniteState_IsRefusedAndWritesNothing) {
     EXPECT_EQ(files.status().code(), absl::StatusCode::kFailedPrecondition) << files.status();
     EXPECT_NE(files.status().message().find(c.expected), std::string::npos) << files.status();
     EXPECT_NE(files.status().message().find("of unit 1"), std::string::npos) << files.status();
+    // Told from the write's other FAILED_PRECONDITION errors by its mark,
+    // not its words: the same code and message made anew are not it.
+    EXPECT_TRUE(IsSnapshotNotFinite(files.status())) << files.status();
+    EXPECT_FALSE(IsSnapshotNotFinite(absl::FailedPreconditionError(files.status().message())));
     struct stat st;
     EXPECT_NE(stat(absl::StrCat(root_, "/ck/job-t-1/", StepDirName(5)).c_str(), &st), 0)
         << "a unit file of the refused checkpoint was written";
@@ -988,9 +992,11 @@ TEST_F(UnitCheckpointTest, Writer_UnwritableRoot_ReportsTheError) {
         });
     writer.Submit(StageSnapshot{1, 1, {MakeUnit(0, 0, true)}});
   }
-  EXPECT_FALSE(reported.ok());
+  EXPECT_EQ(reported.code(), absl::StatusCode::kFailedPrecondition) << reported;
   // Which directory could not be made, not some other failure.
   EXPECT_NE(reported.message().find("/no/such/root"), absl::string_view::npos) << reported;
+  // The write's own trouble, not a diverged stage's.
+  EXPECT_FALSE(IsSnapshotNotFinite(reported));
 }
 
 }  // namespace

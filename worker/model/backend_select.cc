@@ -82,7 +82,10 @@ absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::strin
                                      const std::string& attention) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));
   if (device != "auto" || (gemm == "fp32" && OnCpu(attention))) return absl::OkStatus();
-  if (VisibleCudaDevices() > 0) return absl::OkStatus();
+  // A CUDA error (a driver mismatch, busy exclusive-process GPUs) is not
+  // "no GPU": SelectBackend reports it as the startup failure it is.
+  const absl::StatusOr<int> devices = CudaDevicesOrError();
+  if (!devices.ok() || *devices > 0) return absl::OkStatus();
   const absl::Status on_cpu = ValidateDeviceFlags("cpu", gemm, attention);
   return absl::Status(on_cpu.code(),
                       absl::StrCat(on_cpu.message(),

@@ -70,7 +70,8 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
 // ValidateDeviceFlags with `auto` read as this host resolves it: the CPU
 // where no CUDA device is visible, so tf32/bf16 or a GPU attention with
 // --device auto is a usage error here (the message says why) rather than
-// SelectBackend's later refusal. Looks for CUDA devices only when device is
+// SelectBackend's later refusal (OK where CUDA fails to count its devices:
+// SelectBackend reports that error). Looks for CUDA devices only when device is
 // auto and the other flags ask for a GPU-only mode: call
 // PreferEagerCudaModuleLoading first.
 absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::string& gemm,

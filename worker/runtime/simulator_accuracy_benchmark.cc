@@ -246,7 +246,10 @@ int Run(const std::vector<std::string>& args) {
       options.micro_batches = micro_batches;
       options.schedule = ParseSchedule(schedule).value();
       const absl::StatusOr<SolvedPlan> solved = SolvePlan(profile, cluster, options);
-      if (!solved.ok()) return FlagError(solved.status(), flags);
+      if (!solved.ok()) {  // the flags passed: a failure, not a usage error
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), solved.status().ToString().c_str());
+        return 1;
+      }
       const SolvedPlan& plan = *solved;
       SimulationCosts costs = SimulationCostsFromProfile(profile, cluster, TiedGradientBytes(profile));
       costs.optimizer_seconds_per_byte = optimizer_per_byte;

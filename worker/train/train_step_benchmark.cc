@@ -195,7 +195,8 @@ int Run(const std::vector<std::string>& args) {
         absl::StrCat("--sgemm-n must be in [0, ", kMaxSgemmN, "], got ", sgemm_n));
   }
   if (parsed.ok()) parsed = ValidateGptConfig(config);
-  if (parsed.ok()) parsed = ValidateDeviceFlags(device, gemm, attention);
+  if (device != "cpu") PreferEagerCudaModuleLoading();  // before the first CUDA call
+  if (parsed.ok()) parsed = ValidateDeviceFlagsHere(device, gemm, attention);
   if (parsed.ok() && peak_tflops < 0) parsed = absl::InvalidArgumentError("--peak-tflops < 0");
   if (parsed.ok() && !(grad_clip >= 0 && std::isfinite(grad_clip))) {
     parsed = absl::InvalidArgumentError("--grad-clip must be >= 0 and finite");

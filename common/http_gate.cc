@@ -267,8 +267,8 @@ bool HttpGate::MakeRoom(bool probes_only) {
   }
   if (CountOpen(probes_only) < places) return true;
   if (probes_only) return false;
-  // Else the oldest whose client is not reading its answer (bytes still to
-  // write): those can hold places just as long, until response_timeout.
+  // Else the oldest with bytes of its answer still to write: those can hold
+  // places as long, while their client keeps taking bytes.
   // Its answer is cut off: it gets no 503 mid-answer.
   Connection* stalled = nullptr;
   for (auto& [id, open] : connections_) {

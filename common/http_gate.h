@@ -93,7 +93,7 @@ class HttpGate {
     absl::Duration response_timeout = absl::Seconds(10);  // longest write stall
     absl::Duration linger = absl::Seconds(2);
     // Answer bytes not yet written, over all connections; past it, the
-    // oldest connection with an answer its client is not reading (other
+    // oldest connection with part of an answer unwritten (other
     // than the one just answered) is cut off, until under it or none is
     // left. HttpServer::Options::max_unsent_response_bytes.
     size_t max_unsent_response_bytes = 256 << 20;

@@ -123,10 +123,11 @@ class HttpServer {
     // From accepting a connection to the last byte of its request, however
     // the bytes trickle in; then 408 DEADLINE_EXCEEDED and closed.
     absl::Duration request_timeout = absl::Seconds(10);
-    // To write a response to a client that reads it slowly; then closed.
+    // The longest a response's write may stall (no byte taken by its
+    // client); each write that sends bytes restarts it. Then closed.
     absl::Duration response_timeout = absl::Seconds(10);
     // Bytes of answers not yet written, over all connections. Past it, the
-    // oldest connection whose client is not reading its answer is cut off
+    // oldest connection with part of its answer unwritten is cut off
     // (as at max_connections), so clients that ask for large answers (a
     // plan's drawings: megabytes) and never read them hold no more memory
     // than this. One answer larger than this is still sent whole.

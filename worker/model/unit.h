@@ -179,7 +179,8 @@ class Unit {
   // gradient must not reach the weights (acctfm.txt §4.3.1).
   Tensor ZeroDroppedRows(const Tensor& x, const std::vector<uint8_t>& kept) const;
   // Each row's squared L2 norm (rows of the last dimension; host copy when
-  // on a device).
+  // on a device), a finite one capped at FLT_MAX / (2 * the group's size)
+  // so the ranks' float sum of scores stays finite (NaN and Inf kept).
   std::vector<float> RowSquaredNorms(const Tensor& x) const;
 
   // Streaming (see set_stream_output). Whether this call streams (and

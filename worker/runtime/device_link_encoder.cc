@@ -17,7 +17,11 @@ namespace {
 absl::Status NameDivergence(Backend* backend, const v1::Instruction::Send& send, const Tensor& x,
                             const absl::Status& refused) {
   if (refused.code() != absl::StatusCode::kInvalidArgument) return refused;
-  const std::string bad = DescribeFirstNonFinite(x.on_device() ? backend->Download(x) : x);
+  const Tensor host = x.on_device() ? backend->Download(x) : Tensor();
+  // A device that failed meanwhile (another stream's error) downloads NaN:
+  // that is its fault, not the training's.
+  if (x.on_device() && !backend->status().ok()) return refused;
+  const std::string bad = DescribeFirstNonFinite(x.on_device() ? host : x);
   if (bad.empty()) return refused;
   return absl::FailedPreconditionError(absl::StrCat(
       "training diverged: encoding as ", send.codec(), " on the device: the tensor ", bad,

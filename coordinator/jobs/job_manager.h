@@ -420,7 +420,11 @@ class JobManager {
   // older submit (by creation time) is listed or has failed (a wait as
   // long as that save, which the store bounds): the list then only grows
   // at its end, so a page token, which resumes after the last job its
-  // page returned (page_cursor.h), never passes a job listed later.
+  // page returned (page_cursor.h), never passes a job listed later. The
+  // cost: a stalled store commit (an etcd call up to its timeout) holds
+  // every younger REST submit, and their handler threads, that long; a
+  // client whose deadline is shorter sees DEADLINE_EXCEEDED for a job that
+  // was saved (a retry with the same request id finds it).
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where

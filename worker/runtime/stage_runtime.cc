@@ -1686,6 +1686,9 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     case v1::TENSOR_KIND_TIED_EMBEDDING_GRAD: {
       Parameter* holder = TiedHolder();
       if (holder == nullptr) return Internal("no tied embedding on this stage");
+      // Copied below like any host-path send, and that copy is needed: AddTied
+      // adds the peer's part into this very buffer while the peer still reads
+      // ours (an in-process wire hands the peer the copy's own storage).
       tensor = holder->grad;
       break;
     }
@@ -2423,14 +2426,19 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
     return absl::OkStatus();
   }
   if (tied_received_.is_null()) return Internal("tied gradient not received");
-  AddTiedGradient(setup_.backend, holder, tied_received_);
+  // Taken, not copied: the peer's wte-sized gradient goes once added, before
+  // the optimizer step and a validation pass, which the plan's memory_i does
+  // not charge it to (bipartition.h).
+  const Tensor received = std::move(tied_received_);
+  tied_received_ = Tensor();
+  AddTiedGradient(setup_.backend, holder, received);
   // The exchange (a send and a receive earlier in the program) counts as
   // one collective of the two owners; its time is in "send" and idle.
   if (result != nullptr) {
     IterationResult::CollectiveStats& stats = result->collectives["embedding_sync"];
     ++stats.count;
-    stats.bytes += static_cast<int64_t>(tied_received_.numel()) * 4;
-    stats.wire_bytes += static_cast<int64_t>(tied_received_.numel()) * 4;
+    stats.bytes += static_cast<int64_t>(received.numel()) * 4;
+    stats.wire_bytes += static_cast<int64_t>(received.numel()) * 4;
   }
   return absl::OkStatus();
 }

@@ -88,8 +88,9 @@ int64_t SmallestMailboxLimit(const std::vector<v1::Worker>& workers) {
 }
 
 // The host copies of the weights each GPU worker of `plan` steps (its
-// backward units', a tensor rank's share; GpuHostCopiesAt: a writer its
-// stage's snapshot, the others their shard's) against its host's RAM
+// backward units', a tensor rank's share; GpuHostCopiesAt: the most any
+// one phase of its run holds, a resume's read, a step's gradients' sum, a
+// checkpoint's snapshot, the final weights) against its host's RAM
 // (CheckGpuHostCopies): its plan counted its device's memory only.
 // `infos`: the plan's workers in its position order.
 absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelProfile& profile,
@@ -115,7 +116,8 @@ absl::Status CheckGpuHostCopiesOf(const ResolvedJobSpec& resolved, const ModelPr
     }
     stepped.push_back(bytes / tensor);
   }
-  return CheckGpuHostCopies(infos, stage_of, stepped, copies);
+  return CheckGpuHostCopies(infos, stage_of, stepped, copies,
+                            resolved.spec.checkpoint().interval_steps() > 0);
 }
 
 // The job's stages as device-link members: each worker's host, GPU and

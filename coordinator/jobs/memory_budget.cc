@@ -120,8 +120,17 @@ int SnapshotResiduals(const GpuPosition& p) {
 
 // The writer's snapshot (StageRuntime::Snapshot): its stage's weights,
 // both moments and the replicas' residuals, its ranks' gathered unsplit.
+// With tensor ranks also the buffer its own shards' residuals arrive in
+// (GatherReplicaFeedback's, SnapshotResiduals of them): the gathered
+// unsplit ones are new tensors beside it. It is held through the call,
+// and after it as long as the snapshot is wherever the snapshot keeps a
+// view of it: the residual of a tensor every rank holds whole (a
+// LayerNorm's, with a quantizer).
+// At T = 1 the snapshot's residuals are those views, counted once.
 double WriterSnapshot(const GpuPosition& p) {
-  return p.Writer() && p.checkpoints ? p.tensor * (3.0 + SnapshotResiduals(p)) : 0;
+  if (!p.Writer() || !p.checkpoints) return 0;
+  const int residuals = SnapshotResiduals(p);
+  return p.tensor * (3.0 + residuals) + (p.tensor > 1 ? residuals : 0);
 }
 
 // Before the first step, at every position and at once: spec.init.from's
@@ -156,7 +165,8 @@ double StepCopies(const ResolvedJobSpec& r, const GpuPosition& p) {
   return p.Residuals() + sum + WriterSnapshot(p);
 }
 
-// Between steps, while a checkpoint is taken: the writer its snapshot;
+// Between steps, while a checkpoint is taken: the writer its snapshot
+// (with tensor ranks the residuals' buffer beside their gathered copies);
 // with compressed gradients each other position the concatenated
 // residuals it sends to replica 0 and, at replica 0, every replica's
 // gathered for its rank 0, all freed before the next step.
@@ -182,18 +192,21 @@ double LastStepCopies(const ResolvedJobSpec& r, const GpuPosition& p) {
 
 // A GPU worker's host copies refused: it would need `need` for `copies` of
 // the `stepped` bytes of weights it steps; `short_of` says what it (or
-// its host) has instead.
+// its host) has instead. Turning checkpoints off is advice only to a job
+// that takes them (`checkpoints`): one without is refused for its final
+// weights or gradients' sum, which nothing in its spec turns off.
 absl::Status HostCopiesRefused(const v1::Worker& w, int stage, double need, double copies,
-                               double stepped, const std::string& short_of) {
+                               double stepped, const std::string& short_of, bool checkpoints) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "GPU worker ", w.id(), " (stage ", stage, ") would need ", BytesAndGiB(need),
       " of host RAM for ", copies, " host copies of the ", BytesAndGiB(stepped),
       " of weights it steps (a checkpoint's snapshot or a resume's read of them and both AdamW "
       "moments, the data-parallel gradients' sum and residuals, the final weights, and any "
       "tensor ranks' gathers)",
-      short_of,
-      "; give its host more RAM (its pod a higher memory limit), split the model over more "
-      "stages, or turn checkpoints off (spec.checkpoint.intervalSteps 0)"));
+      short_of, "; give its host more RAM (its pod a higher memory limit)",
+      checkpoints ? ", split the model over more stages, or turn checkpoints off "
+                    "(spec.checkpoint.intervalSteps 0)"
+                  : " or split the model over more stages"));
 }
 
 }  // namespace
@@ -258,15 +271,17 @@ double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank) {
 absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
                                 const std::vector<int>& stages,
                                 const std::vector<double>& stepped_weight_bytes,
-                                const std::vector<double>& copies) {
+                                const std::vector<double>& copies, bool checkpoints) {
   // What a CPU worker's plan may hold of the same RAM: the host copies are
   // planned memory, so the reserve stays out of it.
   const std::vector<v1::Worker> on_hosts = OnTheirHosts(workers, /*keep_reserve=*/true);
   const std::vector<double> host = PlanMemoryBudgets(on_hosts);
-  // The GPU workers that share their host's RAM pool their shares: one
-  // holds a stage's snapshot, its neighbours little, and equal shares
-  // refused 8 GPUs of a 512 GiB host a snapshot of 84 GiB. A CPU sharer
-  // keeps its share (its plan may fill it).
+  // The GPU workers that share their host's RAM pool their shares: each
+  // one's need is the most of its phases, and they differ by position (a
+  // writer's snapshot of its stage, a tensor rank 0's gather of the final
+  // weights, beside others' shard), so equal shares refused 8 GPUs of a
+  // 128 GiB host the final weights' gather that their sum holds. A CPU
+  // sharer keeps its share (its plan may fill it).
   struct Pool {
     double need = 0, has = 0;
     int workers = 0;
@@ -296,7 +311,8 @@ absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
           workers[i], stages[i], need[i], copies[i], stepped_weight_bytes[i],
           absl::StrCat(" but has ", BytesAndGiB(host[i]),
                        d.hostname().empty() ? "" : absl::StrCat(" of ", HostRam(d)),
-                       " (its limit or share, less its --memory-reserve)"));
+                       " (its limit or share, less its --memory-reserve)"),
+          checkpoints);
     }
     if (p->need <= p->has) continue;
     const size_t n = p->neediest;
@@ -306,7 +322,8 @@ absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
                      " would need ", BytesAndGiB(p->need), " in all, but have ",
                      BytesAndGiB(p->has),
                      " of it (less the plan's CPU workers' shares there, the limits of those with "
-                     "their own, and their --memory-reserve)"));
+                     "their own, and their --memory-reserve)"),
+        checkpoints);
   }
   return absl::OkStatus();
 }

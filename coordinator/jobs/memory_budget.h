@@ -93,10 +93,12 @@ std::vector<double> HostRamBudgets(const std::vector<v1::Worker>& workers);
 //    committed;
 //  - between steps, while a checkpoint is taken: the stage's writer,
 //    replica 0's tensor rank 0, its snapshot of the whole stage, 3T plus T
-//    per replica's residuals it keeps (as planner.h CpuSteppedWeightCopies
-//    counts it for every CPU position); with compression each other
-//    position the residuals it sends, 1, and replica 0's other ranks every
-//    replica's, gathered for their rank 0;
+//    per replica's residuals it keeps, and at T > 1 the buffer its own
+//    shards of them arrive in, 1 per replica's, beside their unsplit
+//    copies (as planner.h CpuSteppedWeightCopies counts it for every CPU
+//    position); with compression each other position the residuals it
+//    sends, 1, and replica 0's other ranks every replica's, gathered for
+//    their rank 0;
 //  - after the last step, at every position: the weights downloaded to
 //    check them, 1; at replica 0 with spec.output.weights_path again for
 //    the upload, 1, which its rank 0 gathers unsplit, T.
@@ -123,15 +125,18 @@ double GpuHostCopiesAt(const ResolvedJobSpec& resolved, int replica, int rank);
 // each recovery put the same plan back on the same workers.
 // `workers`: a plan's, in position order; stages[i] the stage worker i
 // runs (for the message); stepped_weight_bytes[i] the bytes of the weights
-// it steps (its backward units', a tensor rank's share); sizes equal. OK
-// when every GPU worker's fit (CPU workers are not checked: their plan
-// did); else RESOURCE_EXHAUSTED naming the first that does not (of a
-// host's sharers, the one that needs the most), its stage, what it (and
-// its host's sharers) need and what it (they) have.
+// it steps (its backward units', a tensor rank's share); sizes equal.
+// `checkpoints`: the job takes them (spec.checkpoint.interval_steps > 0),
+// for the refusal's advice. OK when every GPU worker's fit (CPU workers
+// are not checked: their plan did); else RESOURCE_EXHAUSTED naming the
+// first that does not (of a host's sharers, the one that needs the most),
+// its stage, what it (and its host's sharers) need and what it (they)
+// have, and advising more RAM, more stages, and with checkpoints turning
+// them off.
 absl::Status CheckGpuHostCopies(const std::vector<v1::Worker>& workers,
                                 const std::vector<int>& stages,
                                 const std::vector<double>& stepped_weight_bytes,
-                                const std::vector<double>& copies);
+                                const std::vector<double>& copies, bool checkpoints);
 
 // Which `count` of `workers` have the most memory for a plan: indices into
 // `workers`, chosen greedily, each next the worker that leaves the chosen

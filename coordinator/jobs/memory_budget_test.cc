@@ -166,7 +166,7 @@ TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
   gpu.mutable_device()->set_memory_bytes(16 * kGiB);
   gpu.mutable_device()->set_memory_limit_bytes(16 * kGiB);
   const std::vector<double> stepped = {13.0 * kGiB};
-  const absl::Status refused = CheckGpuHostCopies({gpu}, {2}, stepped, {3});
+  const absl::Status refused = CheckGpuHostCopies({gpu}, {2}, stepped, {3}, true);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_EQ(refused.message(),
             "GPU worker gpu-1 (stage 2) would need 41875931136 bytes (39.00 GiB) of host RAM for "
@@ -177,12 +177,33 @@ TEST(CheckGpuHostCopiesTest, SnapshotOverTheHostsRam_RefusedNamingTheWorker) {
             "node's RAM (its limit or share, less its --memory-reserve); give its host more RAM "
             "(its pod a higher memory limit), split the model over more stages, or turn "
             "checkpoints off (spec.checkpoint.intervalSteps 0)");
-  EXPECT_TRUE(CheckGpuHostCopies({gpu}, {2}, stepped, {0}).ok());
+  EXPECT_TRUE(CheckGpuHostCopies({gpu}, {2}, stepped, {0}, true).ok());
   EXPECT_TRUE(
-      CheckGpuHostCopies({CpuWorker("node", 16 * kGiB, 16 * kGiB)}, {0}, stepped, {3}).ok());
+      CheckGpuHostCopies({CpuWorker("node", 16 * kGiB, 16 * kGiB)}, {0}, stepped, {3}, true).ok());
   v1::Worker unreported = GpuWorker("", "", 0, 80 * kGiB);
   unreported.mutable_device()->set_memory_bytes(0);
-  EXPECT_TRUE(CheckGpuHostCopies({unreported}, {0}, stepped, {3}).ok());
+  EXPECT_TRUE(CheckGpuHostCopies({unreported}, {0}, stepped, {3}, true).ok());
+}
+
+// A job without checkpoints is refused for its other copies (here its
+// final weights and the gradients' sum, 2 x 13 GiB of a 16 GiB host):
+// turning checkpoints off, which it told such a job to do, would change
+// nothing, so the advice leaves it out.
+TEST(CheckGpuHostCopiesTest, NoCheckpoints_RefusalDoesNotAdviseTurningThemOff) {
+  v1::Worker gpu = GpuWorker("node", "0000:01", 0, 80 * kGiB);
+  gpu.set_id("gpu-1");
+  gpu.mutable_device()->set_memory_bytes(16 * kGiB);
+  gpu.mutable_device()->set_memory_limit_bytes(16 * kGiB);
+  const absl::Status refused = CheckGpuHostCopies({gpu}, {0}, {13.0 * kGiB}, {2}, false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(refused.message(),
+            "GPU worker gpu-1 (stage 0) would need 27917287424 bytes (26.00 GiB) of host RAM for "
+            "2 host copies of the 13958643712 bytes (13.00 GiB) of weights it steps (a "
+            "checkpoint's snapshot or a resume's read of them and both AdamW moments, the "
+            "data-parallel gradients' sum and residuals, the final weights, and any tensor ranks' "
+            "gathers) but has 17179869184 bytes (16.00 GiB) of host "
+            "node's RAM (its limit or share, less its --memory-reserve); give its host more RAM "
+            "(its pod a higher memory limit) or split the model over more stages");
 }
 
 // The GPU workers that share a host's RAM are checked together: their
@@ -198,9 +219,9 @@ TEST(CheckGpuHostCopiesTest, SharersOfAHost_CheckedTogetherLessTheirReserves) {
     w[i].set_id(absl::StrCat("gpu-", i));
     w[i].mutable_device()->set_memory_reserve_bytes(4 * kGiB);
   }
-  EXPECT_TRUE(CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 29.0 * kGiB / 3}, {3, 3}).ok());
+  EXPECT_TRUE(CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 29.0 * kGiB / 3}, {3, 3}, true).ok());
   const absl::Status refused =
-      CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 31.0 * kGiB / 3}, {3, 3});
+      CheckGpuHostCopies(w, {0, 1}, {9.0 * kGiB, 31.0 * kGiB / 3}, {3, 3}, true);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("GPU worker gpu-1 (stage 1) would need 33285996544 bytes "
                                    "(31.00 GiB)"),
@@ -240,9 +261,9 @@ TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterGathersEveryRankRes
   EXPECT_EQ(copies, (std::vector<double>{9, 2, 2, 2, 2, 2, 2, 2}));
   const std::vector<int> stages(8, 0);
   const std::vector<double> shard(8, 3.5 * kGiB);
-  EXPECT_TRUE(CheckGpuHostCopies(w, stages, shard, copies).ok());
+  EXPECT_TRUE(CheckGpuHostCopies(w, stages, shard, copies, false).ok());
   for (v1::Worker& small : w) small.mutable_device()->set_memory_bytes(64 * kGiB);
-  absl::Status refused = CheckGpuHostCopies(w, stages, shard, copies);
+  absl::Status refused = CheckGpuHostCopies(w, stages, shard, copies, false);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 33822867456 bytes "
                                    "(31.50 GiB) of host RAM for 9 host copies of the "
@@ -261,7 +282,7 @@ TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterGathersEveryRankRes
   copies.clear();
   for (int t = 0; t < 8; ++t) copies.push_back(GpuHostCopiesAt(tensor, 0, t));
   EXPECT_EQ(copies, std::vector<double>(8, 8 * 3 + 1));
-  refused = CheckGpuHostCopies(w, stages, shard, copies);
+  refused = CheckGpuHostCopies(w, stages, shard, copies, true);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("GPU worker gpu-0 (stage 0) would need 93952409600 bytes "
                                    "(87.50 GiB) of host RAM for 25 host copies"),
@@ -279,7 +300,8 @@ TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterGathersEveryRankRes
   for (int r = 0; r < 8; ++r) replica_copies.push_back(GpuHostCopiesAt(data, r, 0));
   EXPECT_EQ(replica_copies, std::vector<double>(8, 3 + 1));
   EXPECT_EQ(
-      CheckGpuHostCopies(w, stages, std::vector<double>(8, 28.0 * kGiB), replica_copies).code(),
+      CheckGpuHostCopies(w, stages, std::vector<double>(8, 28.0 * kGiB), replica_copies, true)
+          .code(),
       absl::StatusCode::kResourceExhausted);
 }
 
@@ -288,7 +310,8 @@ TEST(CheckGpuHostCopiesTest, EightGpusOfOneHost_OnlyTheWriterGathersEveryRankRes
 // during a step, 1 each. A quantizer's: the residual, the sum and what the
 // codec dropped, 3 at every replica. With checkpoints the resume, every
 // position's 2 x (3 + its replica's residual) + 2, except the writer's
-// steps: its snapshot (2 x (3 + both replicas' residuals)) beside the
+// steps: its snapshot (2 x (3 + both replicas' residuals), and the 2
+// residuals of its own shards they were gathered from) beside the
 // residual, the sum and what was dropped. With spec.output.weights_path
 // the writer's last step: its snapshot still written beside the residual,
 // its download and the 2 shards gathered for the upload. With
@@ -303,11 +326,11 @@ TEST(GpuHostCopiesAtTest, MostOfItsPhases) {
   EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 3);
   EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 3);
   r.spec.mutable_checkpoint()->set_interval_steps(10);
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + 2 * (3 + 2));
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + 2 * (3 + 2) + 2);
   EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 2 * (3 + 1) + 1 + 1);
   EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 2 * (3 + 1) + 1 + 1);
   r.spec.mutable_output()->set_weights_path("out.safetensors");
-  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2) + 1 + 2);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 * (3 + 2) + 2 + 1 + 2);
   EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 2 * (3 + 1) + 1 + 1);
   EXPECT_EQ(GpuHostCopiesAt(r, 1, 1), 2 * (3 + 1) + 1 + 1);
   ResolvedJobSpec from;
@@ -315,6 +338,34 @@ TEST(GpuHostCopiesAtTest, MostOfItsPhases) {
   from.spec.mutable_init()->set_from("checkpoints/old");
   EXPECT_EQ(GpuHostCopiesAt(from, 0, 0), 4 + 1);
   EXPECT_EQ(GpuHostCopiesAt(from, 0, 3), 4 + 1);
+}
+
+// With T > 1 and compressed replicas the writer's snapshot gathers its
+// ranks' residuals unsplit into new tensors (T per replica's) beside the
+// buffer its own shards' arrived in (GatherReplicaFeedback, 1 per
+// replica's), which a tensor held whole (a LayerNorm's residual, a view of
+// it) keeps as long as the snapshot. T = 2, D = 8, a quantizer: the
+// snapshot is 2 x (3 + 8) + 8 = 30, 31 while it is taken and 33 during the
+// next steps (the residual, the sum and what the codec dropped), where 25
+// was charged and every checkpoint held 6 shards more. Past 8 replicas
+// their sum, 1. At T = 1 the snapshot's residuals are the buffer's views:
+// 3 + 8 beside the step's 3.
+TEST(GpuHostCopiesAtTest, TensorRanksWithCompressedReplicas_WriterHoldsTheResidualsBuffer) {
+  ResolvedJobSpec r;
+  r.data_parallel = 8;
+  r.tensor_parallel = 2;
+  r.data_parallel_quantizer = "fp16";
+  r.spec.mutable_checkpoint()->set_interval_steps(10);
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + 2 * (3 + 8) + 8);
+  // The others: a resume's 2 x (3 + 1) + 2 (replica 0's rank 1 gets every
+  // replica's residual of its shards beside its own two, as many).
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 1), 2 * (3 + 1) + 1 + 1);
+  EXPECT_EQ(GpuHostCopiesAt(r, 1, 0), 2 * (3 + 1) + 1 + 1);
+  r.data_parallel = 9;
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + 2 * (3 + 1) + 1);
+  r.data_parallel = 8;
+  r.tensor_parallel = 1;
+  EXPECT_EQ(GpuHostCopiesAt(r, 0, 0), 1 + 2 + (3 + 8));
 }
 
 // On a resume every replica and rank reads its stage's weights and both

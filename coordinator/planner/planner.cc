@@ -240,6 +240,11 @@ double CpuSteppedWeightCopies(const ResolvedJobSpec& r) {
     // replicas' least memory plans them.
     const int residuals = !dp_compressed ? 0 : replicas <= kMaxFeedbackReplicasKept ? replicas : 1;
     copies += static_cast<double>(tensor) * (3 + residuals);
+    // With tensor ranks the residuals of the writer's own shards arrive in
+    // one buffer (GatherReplicaFeedback), held beside their unsplit copies
+    // through the snapshot, and after it wherever a tensor held whole keeps
+    // a view of it: 1 per residual kept.
+    if (tensor > 1) copies += residuals;
   }
   if (tensor > 1 && !r.spec.output().weights_path().empty()) {
     // After the last step, rank 0 (replica 0's) gathers its stage's sharded

@@ -57,7 +57,9 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 // kMaxFeedbackReplicasKept), times the tensor ranks its rank 0 gathers;
 // with tensor ranks and spec.output.weights_path, T more for rank 0's
 // gather of the final weights; with tensor ranks and spec.init.from, at
-// least T (each rank reads its stage's starting weights unsplit).
+// least T (each rank reads its stage's starting weights unsplit); at T > 1
+// with checkpoints, the writer's buffer of its own shards' residuals too,
+// one per replica's residual kept.
 double CpuSteppedWeightCopies(const ResolvedJobSpec& resolved);
 
 // Requires cluster.workers.size() == resolved.stages x

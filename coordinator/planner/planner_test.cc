@@ -394,7 +394,8 @@ TEST(PlanJobMemory, CheckpointSnapshotCountsAgainstACpuWorkerOnly) {
 // What a CPU worker holds beside its stepped weights (c_i): a
 // checkpoint's snapshot (3x), with data-parallel compression one residual
 // per gradient and every replica's (their sum past 8) in the snapshot,
-// times the tensor ranks rank 0 gathers; and the final weights' gather.
+// times the tensor ranks rank 0 gathers, and with tensor ranks the buffer
+// its own shards' arrive in beside them; and the final weights' gather.
 TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
   const auto copies = [](int data, int tensor, int interval, const std::string& codec,
                          const std::string& weights_path = "") {
@@ -414,12 +415,35 @@ TEST(PlanJobMemory, CpuSteppedWeightCopies_SnapshotAndResiduals) {
   EXPECT_EQ(copies(1, 2, 5, ""), 6);
   EXPECT_EQ(copies(2, 1, 0, "bf16"), 1);
   EXPECT_EQ(copies(2, 1, 5, "bf16"), 1 + 3 + 2);
-  EXPECT_EQ(copies(2, 2, 5, "powersgd:rank=2"), 1 + 2 * (3 + 2));
+  EXPECT_EQ(copies(2, 2, 5, "powersgd:rank=2"), 1 + 2 * (3 + 2) + 2);
   EXPECT_EQ(copies(16, 1, 5, "bf16"), 1 + 3 + 1);
   // Rank 0's gather of the final weights: T shards' worth.
   EXPECT_EQ(copies(1, 2, 0, "", "out.safetensors"), 2);
   EXPECT_EQ(copies(1, 2, 5, "", "out.safetensors"), 6 + 2);
   EXPECT_EQ(copies(1, 1, 0, "", "out.safetensors"), 0);  // no shards to gather
+}
+
+// With T > 1 the writer's snapshot gathers its ranks' residuals unsplit
+// into new tensors beside the buffer its own shards' arrived in
+// (GatherReplicaFeedback), 1 per residual kept: T = 2, D = 8 with a
+// quantizer holds 1 + 2 x (3 + 8) + 8 = 31, where 23 was budgeted. Past 8
+// replicas their sum, 1; at T = 1 the snapshot's residuals are that
+// buffer's views, counted once.
+TEST(PlanJobMemory, CpuSteppedWeightCopies_TensorRanksHoldTheResidualsBuffer) {
+  const auto copies = [](int data, int tensor) {
+    v1::JobSpec spec = SmallSpec(1, 16);
+    spec.mutable_training()->set_batch_size(32);
+    spec.mutable_parallelism()->set_data(data);
+    spec.mutable_parallelism()->set_tensor(tensor);
+    spec.mutable_checkpoint()->set_interval_steps(5);
+    spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
+    absl::StatusOr<ResolvedJobSpec> r = ResolveJobSpec(spec);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? CpuSteppedWeightCopies(*r) : -1;
+  };
+  EXPECT_EQ(copies(8, 2), 1 + 2 * (3 + 8) + 8);
+  EXPECT_EQ(copies(16, 2), 1 + 2 * (3 + 1) + 1);
+  EXPECT_EQ(copies(8, 1), 1 + 3 + 8);
 }
 
 // With tensor ranks, each rank reads its stage's starting weights

@@ -810,7 +810,12 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
     if (!tp_collectives_ || !shard.sharded()) {
       return keeps ? (host_private ? t : host_copy(t)) : Tensor();
     }
-    return GatherUnsplit(step, at, host_private ? t : host_copy(t), shard);
+    Tensor part = host_private ? t : host_copy(t);
+    // A device that failed meanwhile downloads NaN: sent on, rank 0 would
+    // refuse the checkpoint as diverged (failing the job) where this
+    // rank's device failure should recover it. Stop here with that error.
+    if (t.on_device()) RETURN_IF_ERROR(setup_.backend->status());
+    return GatherUnsplit(step, at, std::move(part), shard);
   };
   StageSnapshot snapshot;
   snapshot.step = step;

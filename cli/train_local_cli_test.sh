@@ -424,15 +424,46 @@ expect_exit grad_clip_over_limit 2 "--grad-clip 1e+07 is over the limit of 1e+06
 expect_exit logits_past_int 2 "--seq-len: one sequence of 32768 tokens needs a tensor of 2147483648 elements (the logits)" -- \
   train-local --vocab 65536 --seq-len 32768 --batch 1 --layers 1 --d-model 16 --heads 2
 
+# What ProcessMemoryLimit (worker/agent/device_info.cc) finds, in bytes:
+# the least of MemTotal and the first memory limit of this process's
+# cgroups (v2 memory.max; v1 memory.limit_in_bytes below 2^60), read from
+# its own cgroup's file, else the one at the top of the mount.
+process_memory_limit() {
+  local limit id controllers path own top value
+  limit=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 ))
+  while IFS=: read -r id controllers path; do
+    if [[ $id == 0 && -z $controllers ]]; then
+      own=/sys/fs/cgroup$path/memory.max top=/sys/fs/cgroup/memory.max
+    elif [[ $controllers == *memory* ]]; then
+      own=/sys/fs/cgroup/memory$path/memory.limit_in_bytes
+      top=/sys/fs/cgroup/memory/memory.limit_in_bytes
+    else
+      continue
+    fi
+    [[ -e $own ]] || own=$top
+    value=$(head -n 1 "$own" 2>/dev/null)
+    [[ $value =~ ^[0-9]+$ ]] && (( value > 0 && value < (1 << 60) )) || continue
+    (( value < limit )) && limit=$value
+    break
+  done </proc/self/cgroup
+  echo "$limit"
+}
+
 # A micro-batch whose activations kept for the backward pass this process's
 # memory is refused before the data is read, naming the flags that shrink
 # it; it was a CHECK on a failed allocation or the OOM killer (exit >= 128)
 # once the data was read. The attention's probabilities alone are
-# 2 x 16 x 4096^2 floats a layer, 512 GiB over 256 layers, beside about
-# 3 GiB of weights: past the memory of any host this test runs on.
-expect_exit activations_past_memory 2 "GiB of activations for its backward" "--batch" \
-  "--micro-batches" "--seq-len" -- \
-  train-local --layers 256 --d-model 256 --heads 16 --seq-len 4096 --batch 2 --steps 1
+# 2 x 16 x 4096^2 floats a layer, 512 GiB over 256 layers, about 547 GiB
+# with the rest and the weights: a process that may use more than 512 GiB
+# might fit it and start a step that takes all of it, so the case is
+# skipped there (train_config_test pins the check's arithmetic).
+if (( $(process_memory_limit) > 512 * (1 << 30) )); then
+  echo "activations_past_memory skipped: this process may use more than 512 GiB" >&2
+else
+  expect_exit activations_past_memory 2 "GiB of activations for its backward" "--batch" \
+    "--micro-batches" "--seq-len" -- \
+    train-local --layers 256 --d-model 256 --heads 16 --seq-len 4096 --batch 2 --steps 1
+fi
 
 # SIGTERM (a supervisor, a preempted batch job) stops the run as Ctrl-C
 # does: after the current step, with --checkpoint written, and exits 143

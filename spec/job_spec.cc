@@ -963,8 +963,32 @@ v1::JobSpec LayoutSpec(const v1::JobSpec& auto_spec, const LayoutDegrees& layout
   return one;
 }
 
+// The spec of the first of `layouts` that `picked` takes and ResolveJobSpec
+// accepts; when it accepts none, the first one's error. A layout that
+// fails is one the planner skips (ChooseJobLayout), not a reason to refuse
+// the job: with tensor 0 the layouts start at T = 1, where a long
+// context's attention scores can pass 2^31 elements that each of T ranks'
+// shares stays under. Requires `picked` to take at least one layout.
+absl::StatusOr<ResolvedJobSpec> ResolveFirstLayout(const v1::JobSpec& auto_spec,
+                                                   const std::vector<LayoutDegrees>& layouts,
+                                                   bool (*picked)(const LayoutDegrees&)) {
+  std::optional<absl::Status> first_error;
+  for (const LayoutDegrees& layout : layouts) {
+    if (!picked(layout)) continue;
+    absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(LayoutSpec(auto_spec, layout));
+    if (resolved.ok()) return resolved;
+    if (!first_error.has_value()) first_error = resolved.status();
+  }
+  return first_error.value_or(absl::InternalError("ResolveFirstLayout: no layout picked"));
+}
+
+bool AnyLayout(const LayoutDegrees&) { return true; }
+bool ReplicatedLayout(const LayoutDegrees& l) { return l.data_parallel >= 2; }
+bool RankedLayout(const LayoutDegrees& l) { return l.tensor_parallel >= 2; }
+
 // spec.parallelism.data 0 (auto): what needs a known D is refused; the
-// rest is resolved as the first layout's spec, then marked auto again.
+// rest is resolved as the first layout's spec that resolves, then marked
+// auto again.
 absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   const v1::ParallelismSpec& p = spec.parallelism();
   if (!p.has_workers()) {
@@ -1047,15 +1071,15 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                   " and spec.training.micro_batches ", micro_batches, ", with ", groups,
                   " / D stages at most the model's ", units, " units"));
   }
-  // The rest is checked as the first layout's spec; the data-parallel
-  // codec, which a layout of one replica drops, as the first layout's with
-  // replicas, and the tensor fields, which a layout of one rank per stage
-  // drops, as the first's with tensor ranks (ResolveDataParallelLayout).
-  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(LayoutSpec(spec, layouts[0])));
+  // The rest is checked as the first layout's spec that resolves; the
+  // data-parallel codec, which a layout of one replica drops, as the first
+  // such layout's with replicas, and the tensor fields, which a layout of
+  // one rank per stage drops, as the first's with tensor ranks
+  // (ResolveDataParallelLayout). Refused with the first layout's error
+  // when none resolves.
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveFirstLayout(spec, layouts, AnyLayout));
   if (!dp.codec().empty() && dp.codec() != kCodecNone) {
-    auto replicated = std::find_if(layouts.begin(), layouts.end(),
-                                   [](const LayoutDegrees& l) { return l.data_parallel >= 2; });
-    if (replicated == layouts.end()) {
+    if (std::none_of(layouts.begin(), layouts.end(), ReplicatedLayout)) {
       return Invalid(
           "spec.compression.data_parallel.codec",
           absl::StrCat("compresses the replicas' all-reduce, but every layout of ", p.workers(),
@@ -1064,20 +1088,20 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                        micro_batches, ")"));
     }
     ASSIGN_OR_RETURN(const ResolvedJobSpec with_codec,
-                     ResolveJobSpec(LayoutSpec(spec, *replicated)));
+                     ResolveFirstLayout(spec, layouts, ReplicatedLayout));
     *resolved.spec.mutable_compression()->mutable_data_parallel() =
         with_codec.spec.compression().data_parallel();
   }
   v1::ParallelismSpec* out = resolved.spec.mutable_parallelism();
   if (searches_tensor) {
-    auto ranked = std::find_if(layouts.begin(), layouts.end(),
-                               [](const LayoutDegrees& l) { return l.tensor_parallel >= 2; });
-    if (const char* field = TensorRankFieldSet(p); field != nullptr && ranked == layouts.end()) {
+    const bool ranked = std::any_of(layouts.begin(), layouts.end(), RankedLayout);
+    if (const char* field = TensorRankFieldSet(p); field != nullptr && !ranked) {
       return Invalid(field, absl::StrCat("applies to stages of tensor ranks, but every layout of ",
                                          p.workers(), " workers has one rank per stage"));
     }
-    if (ranked != layouts.end()) {
-      ASSIGN_OR_RETURN(const ResolvedJobSpec with_ranks, ResolveJobSpec(LayoutSpec(spec, *ranked)));
+    if (ranked) {
+      ASSIGN_OR_RETURN(const ResolvedJobSpec with_ranks,
+                       ResolveFirstLayout(spec, layouts, RankedLayout));
       const v1::ParallelismSpec& r = with_ranks.spec.parallelism();
       out->set_tensor_partitions(r.tensor_partitions());
       out->set_tensor_compression(r.tensor_compression());

@@ -850,6 +850,44 @@ TEST(ResolveJobSpec, TensorAuto_TensorFieldsGoToTheLayoutsWithTensorRanks) {
       << eight;
 }
 
+// T searched for a 32-head model at an 8K context, one sequence a
+// micro-batch: at T 1 (the first layouts) the layer's attention scores are
+// 32 x 8192^2 = 2^31 values, past the int bound, but T 2 holds half of
+// them. The spec was checked as its first layout only and refused, telling
+// the user to add tensor ranks though the planner was to choose them; now
+// as the first layout that resolves, and refused with the first layout's
+// error only when none does.
+TEST(ResolveJobSpec, TensorAuto_FirstLayoutPastIntRange_CheckedAsTheFirstThatResolves) {
+  v1::JobSpec spec = TensorAutoSpec(8, 8);
+  v1::ModelSpec* model = spec.mutable_model();
+  model->set_n_layer(16);
+  model->set_n_head(32);
+  model->set_d_model(4096);
+  model->set_vocab_size(32000);
+  spec.mutable_training()->set_seq_len(8192);
+  spec.mutable_training()->set_batch_size(8);  // micro_batches 8: one sequence each
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("fp16");
+  absl::StatusOr<ResolvedJobSpec> automatic = ResolveJobSpec(spec);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->tensor_parallel, kTensorParallelAuto);
+  EXPECT_EQ(automatic->train.tensor_parallel, 2);  // checked as 1 x 4 x 2
+  EXPECT_EQ(automatic->spec.compression().data_parallel().codec(), "fp16");
+  EXPECT_EQ(ResolveJobSpec(automatic->spec).value().spec.SerializeAsString(),
+            automatic->spec.SerializeAsString());
+  // The planner gets every layout and skips those at T 1.
+  const std::string one_rank =
+      "spec.training.seq_len: one sequence of 8192 tokens needs a tensor of 2147483648 elements "
+      "(the attention scores), above 2^31 - 1, and a micro-batch is already one sequence "
+      "(micro_batches = batch_size); use a shorter seq_len or more tensor ranks "
+      "(spec.parallelism.tensor)";
+  EXPECT_EQ(ResolveDataParallelLayout(*automatic, LayoutDegrees{1, 8, 1}).status().message(),
+            one_rank);
+  EXPECT_TRUE(ResolveDataParallelLayout(*automatic, LayoutDegrees{2, 2, 2}).ok());
+  // One worker has only T 1: refused with its error.
+  spec.mutable_parallelism()->set_workers(1);
+  ExpectRejected(spec, one_rank);
+}
+
 TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {
   const ResolvedJobSpec automatic = ResolveJobSpec(AutoLayoutSpec(4, 4)).value();
   const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/device_kind.h"
 #include "common/philox.h"
@@ -60,11 +61,17 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("request.", field, ": ", why));
 }
 
-// The kernels index tensors with int, so no tensor a pass allocates may
-// reach 2^31 elements: parameters (a property of the model) and activations
-// (which grow with the micro-batch) are checked apart to name the right field.
+// Some kernel sizes are int, so no tensor a pass allocates may reach 2^31
+// elements: parameters (a property of the model) and activations (which
+// grow with the micro-batch) are checked apart to name the right field.
+// Each unit is built and run whole (MakeUnit), so the bound is the whole
+// unit's, not a tensor rank's share (T = 1): a job split over tensor ranks
+// can pass ResolveJobSpec's per-rank bound and still be refused here, and
+// the coordinator then plans it on the analytic profile (the message says
+// so, as the plan's profile source quotes it).
 absl::Status CheckTensorSizes(const ResolvedRequest& r) {
-  const LargestTensors largest = LargestTensorElements(r.model, r.micro_batch_size, r.seq_len);
+  const LargestTensors largest =
+      LargestTensorElements(r.model, r.micro_batch_size, r.seq_len, /*tensor_parallel=*/1);
   if (largest.parameter > kMaxTensorElements) {
     return Invalid("model", absl::StrCat("a parameter tensor would hold ", largest.parameter,
                                          " elements, above 2^31 - 1; shrink d_model, "
@@ -72,9 +79,12 @@ absl::Status CheckTensorSizes(const ResolvedRequest& r) {
   }
   if (largest.activation > kMaxTensorElements) {
     return Invalid("micro_batch_size",
-                   absl::StrCat(r.micro_batch_size, " sequences of ", r.seq_len,
-                                " tokens need a tensor of ", largest.activation,
-                                " elements, above 2^31 - 1; lower micro_batch_size or seq_len"));
+                   absl::StrFormat("%d sequences of %d tokens need a tensor of %.0f elements (the "
+                                   "%s), above 2^31 - 1, in a unit profiled whole (no tensor "
+                                   "rank's share: a job split over tensor ranks is planned on "
+                                   "the analytic profile); lower micro_batch_size or seq_len",
+                                   r.micro_batch_size, r.seq_len, largest.activation,
+                                   largest.activation_name));
   }
   return absl::OkStatus();
 }

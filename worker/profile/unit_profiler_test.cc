@@ -421,6 +421,24 @@ TEST(ProfileUnitsTest, InvalidRequest_InvalidArgumentNamingField) {
   }
 }
 
+// The profiler runs each unit whole, never one tensor rank's share, so a
+// long context's attention scores are bounded as one device's: the message
+// says so, and that a job split over tensor ranks plans on the analytic
+// profile (the coordinator quotes it as the plan's profile source).
+TEST(ProfileUnitsTest, WholeUnitTensorPastIntRange_SaysUnitsAreProfiledWhole) {
+  v1::ProfileRequest request = SmallRequest();
+  request.mutable_model()->set_max_seq_len(32768);
+  request.set_seq_len(32768);
+  request.set_micro_batch_size(1);  // 2 heads x 32768^2 scores = 2^31
+  const absl::StatusOr<v1::ModelProfile> profile = ProfileUnits(request);
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(profile.status().message(),
+            "request.micro_batch_size: 1 sequences of 32768 tokens need a tensor of 2147483648 "
+            "elements (the attention scores), above 2^31 - 1, in a unit profiled whole (no "
+            "tensor rank's share: a job split over tensor ranks is planned on the analytic "
+            "profile); lower micro_batch_size or seq_len");
+}
+
 TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
   auto profile = ProfileUnits(SmallRequest());
   ASSERT_TRUE(profile.ok()) << profile.status();

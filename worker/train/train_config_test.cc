@@ -1,5 +1,6 @@
 #include "worker/train/train_config.h"
 
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -120,6 +121,70 @@ TEST(CheckWeightsFitMemoryTest, SixteenBytesAParameterAgainstTheLimit) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(s.message(), "GiB for weights, gradients and AdamW moments alone"))
       << s;
+}
+
+// A model small enough to count by hand: 2 layers, 2 heads, d_model 8, a
+// vocabulary of 16, 4 tokens a sequence, micro-batches of 2 sequences.
+TrainConfig Tiny() {
+  TrainConfig c;
+  c.model.vocab_size = 16;
+  c.model.max_seq_len = 4;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.d_model = 8;
+  c.seq_len = 4;
+  c.batch_size = 4;
+  c.micro_batches = 2;
+  return c;
+}
+
+// Tiny()'s micro-batch, B = 2 sequences of T = 4 tokens (8 tokens), in
+// floats, term by term as train_config.h lists them. An attention layer:
+// per token its input, LayerNorm output, q, k, v and the heads' output
+// (6d = 48) and the LayerNorm's mean and rstd (2), per sequence and head
+// the T^2 = 16 probabilities: 8 x 50 + 2 x 2 x 16 = 464. An MLP: input,
+// LayerNorm output and both 4d hidden layers (10d = 80) and the
+// statistics (2): 8 x 82 = 656. The head: input, LayerNorm output (2d),
+// the statistics (2) and the vocabulary's 16 probabilities: 8 x 34 = 272.
+// The larger pass's temporaries: the head's logit gradient and two d-wide
+// gradients (8 x (16 + 16) = 256), or an attention backward's y, datt,
+// dqkv, dln and dx (7d per token) and a [T, T] scratch (8 x 56 + 16 =
+// 464). 2 x (464 + 656) + 272 + 464 = 2976 floats.
+constexpr double kTinyActivationBytes = 4 * 2976.0;  // 11904
+// wte 16 x 8 + wpe 4 x 8, each layer's 12 d^2 + 13 d = 872, ln_f 2d.
+constexpr int64_t kTinyParameters = 128 + 32 + 2 * 872 + 16;  // 1920
+
+TEST(BackwardActivationBytesTest, TinyModel_TheDocumentedTermsCountedByHand) {
+  const TrainConfig c = Tiny();
+  EXPECT_EQ(BackwardActivationBytes(c.model, 2, c.seq_len), kTinyActivationBytes);
+  // Twice the sequences: every term but the [T, T] scratch doubles, and
+  // the attention backward's temporaries stay the larger.
+  EXPECT_EQ(BackwardActivationBytes(c.model, 4, c.seq_len), 2 * kTinyActivationBytes - 4 * 16);
+}
+
+// One micro-batch (batch_size / micro_batches sequences) on top of the
+// weights' 16 bytes a parameter: accepted at exactly that many bytes,
+// refused a byte under, naming both sizes and the fields that shrink it.
+TEST(CheckActivationsFitMemoryTest, WeightsPlusOneMicroBatch_JustOverAndJustUnderTheLimit) {
+  const TrainConfig c = Tiny();
+  ASSERT_EQ(CountParameters(c.model), kTinyParameters);
+  const int64_t need = 16 * kTinyParameters + static_cast<int64_t>(kTinyActivationBytes);
+  EXPECT_EQ(need, 42624);
+  EXPECT_TRUE(CheckActivationsFitMemory(c, need).ok());
+  EXPECT_TRUE(CheckActivationsFitMemory(c, 0).ok());  // no limit
+  const absl::Status s = CheckActivationsFitMemory(c, need - 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(s.message(),
+                               "a micro-batch of 2 sequences of 4 tokens keeps 0.00 GiB of "
+                               "activations for its backward"))
+      << s;
+  EXPECT_TRUE(absl::EndsWith(s.message(),
+                             "use a smaller batch_size, more micro_batches or a shorter seq_len"))
+      << s;
+  // The same batch in one micro-batch keeps twice the activations.
+  TrainConfig whole = c;
+  whole.micro_batches = 1;
+  EXPECT_EQ(CheckActivationsFitMemory(whole, need).code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -880,52 +880,6 @@ bool UnitMayCompress(const v1::JobSpec& spec, int unit) {
   });
 }
 
-// With checkpoints on, the largest unit file must stay within what a worker
-// reads back (kMaxUnitFileTensorBytes): a stage refuses to write a larger
-// one, every checkpoint of the job then fails, and a lost worker cannot be
-// recovered. The residuals (one per replica up to kMaxFeedbackReplicasKept,
-// else their sum) are what grows a unit past it: within kMaxParameters, a
-// unit's weights and moments stay within 48 GiB.
-absl::Status CheckUnitFileSizes(const ResolvedJobSpec& resolved) {
-  const v1::JobSpec& spec = resolved.spec;
-  if (spec.checkpoint().interval_steps() == 0) return absl::OkStatus();
-  const GptConfig& model = resolved.train.model;
-  const int data = spec.parallelism().data();
-  const bool codec =
-      resolved.data_parallel_powersgd_rank > 0 || !resolved.data_parallel_quantizer.empty();
-  UnitFeedback f;
-  f.powersgd_rank = resolved.data_parallel_powersgd_rank;
-  f.tensor = spec.parallelism().tensor();
-  f.cube = spec.parallelism().tensor_mode() == "3d";
-  int unit = 0, residuals = 0;
-  int64_t bytes = -1;
-  for (int u = 0; u < NumUnits(model); ++u) {
-    f.residuals = !codec || !UnitMayCompress(spec, u) ? 0
-                  : data <= kMaxFeedbackReplicasKept  ? data
-                                                      : 1;
-    const int64_t b = UnitFileBytes(model, u, f);
-    if (b > bytes) unit = u, residuals = f.residuals, bytes = b;
-  }
-  if (bytes <= kMaxUnitFileTensorBytes) return absl::OkStatus();
-  const std::string file = absl::StrFormat(
-      "with checkpoints, unit %s's file would hold %d bytes of tensors (%.1f GiB: its weights, "
-      "both AdamW moments",
-      UnitName(model, unit), bytes, static_cast<double>(bytes) / (int64_t{1} << 30));
-  const std::string limit = absl::StrCat(
-      "), above the ", kMaxUnitFileTensorBytes,
-      " a worker reads back (64 GiB less the file's header), so no checkpoint could complete");
-  if (residuals == 0) {  // beyond today's model bounds
-    return Invalid("spec.model.d_model", absl::StrCat(file, limit, "; use a smaller d_model"));
-  }
-  return Invalid("spec.compression.data_parallel",
-                 absl::StrCat(file, " and ", residuals, " replicas' error-feedback residuals of ",
-                              spec.compression().data_parallel().codec(), limit,
-                              "; use fewer compressed replicas (spec.parallelism.data; past ",
-                              kMaxFeedbackReplicasKept,
-                              " a checkpoint keeps their sum, one), no codec, or a smaller "
-                              "spec.model.d_model"));
-}
-
 // spec.parallelism.tensor as a submitted spec means it: unset is 1.
 int SpecTensor(const v1::ParallelismSpec& p) { return p.has_tensor() ? p.tensor() : 1; }
 
@@ -1125,6 +1079,52 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+// With checkpoints on, the largest unit file must stay within what a worker
+// reads back (kMaxUnitFileTensorBytes): a stage refuses to write a larger
+// one, every checkpoint of the job then fails, and a lost worker cannot be
+// recovered. The residuals (one per replica up to kMaxFeedbackReplicasKept,
+// else their sum) are what grows a unit past it: within kMaxParameters, a
+// unit's weights and moments stay within 48 GiB.
+absl::Status CheckUnitFileSizes(const ResolvedJobSpec& resolved) {
+  const v1::JobSpec& spec = resolved.spec;
+  if (spec.checkpoint().interval_steps() == 0) return absl::OkStatus();
+  const GptConfig& model = resolved.train.model;
+  const int data = spec.parallelism().data();
+  const bool codec =
+      resolved.data_parallel_powersgd_rank > 0 || !resolved.data_parallel_quantizer.empty();
+  UnitFeedback f;
+  f.powersgd_rank = resolved.data_parallel_powersgd_rank;
+  f.tensor = spec.parallelism().tensor();
+  f.cube = spec.parallelism().tensor_mode() == "3d";
+  int unit = 0, residuals = 0;
+  int64_t bytes = -1;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    f.residuals = !codec || !UnitMayCompress(spec, u) ? 0
+                  : data <= kMaxFeedbackReplicasKept  ? data
+                                                      : 1;
+    const int64_t b = UnitFileBytes(model, u, f);
+    if (b > bytes) unit = u, residuals = f.residuals, bytes = b;
+  }
+  if (bytes <= kMaxUnitFileTensorBytes) return absl::OkStatus();
+  const std::string file = absl::StrFormat(
+      "with checkpoints, unit %s's file would hold %d bytes of tensors (%.1f GiB: its weights, "
+      "both AdamW moments",
+      UnitName(model, unit), bytes, static_cast<double>(bytes) / (int64_t{1} << 30));
+  const std::string limit = absl::StrCat(
+      "), above the ", kMaxUnitFileTensorBytes,
+      " a worker reads back (64 GiB less the file's header), so no checkpoint could complete");
+  if (residuals == 0) {  // beyond today's model bounds
+    return Invalid("spec.model.d_model", absl::StrCat(file, limit, "; use a smaller d_model"));
+  }
+  return Invalid("spec.compression.data_parallel",
+                 absl::StrCat(file, " and ", residuals, " replicas' error-feedback residuals of ",
+                              spec.compression().data_parallel().codec(), limit,
+                              "; use fewer compressed replicas (spec.parallelism.data; past ",
+                              kMaxFeedbackReplicasKept,
+                              " a checkpoint keeps their sum, one), no codec, or a smaller "
+                              "spec.model.d_model"));
+}
 
 std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
                                               const std::string& path) {
@@ -1387,7 +1387,6 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckMicroBatchTensors(resolved.train));
   absl::Status backstop = ValidateTrainConfig(resolved.train);
   if (!backstop.ok()) return Invalid("spec.training", backstop.message());
-  RETURN_IF_ERROR(CheckUnitFileSizes(resolved));
   resolved.val_fraction = out.data().val_fraction();
   resolved.synthetic_bytes = out.data().synthetic_bytes();
   resolved.stages = out.parallelism().stages();

@@ -172,7 +172,8 @@ struct ResolvedJobSpec {
 // elastic bounds; at least one layout in AutoLayoutDegrees (INVALID_ARGUMENT
 // naming spec.parallelism.workers otherwise). tensor 0 (kTensorParallelAuto,
 // only with data 0) searches T as well: every T of AutoLayoutDegrees.
-// The rest is checked as for the first layout; a data-parallel codec as for
+// The rest is checked as for the first layout that resolves (the first
+// one's error when none does); a data-parallel codec as for
 // the first with D >= 2 (INVALID_ARGUMENT naming
 // spec.compression.data_parallel.codec when there is none); with tensor 0,
 // tensor_partitions other than 1, a tensor_compression or
@@ -244,6 +245,17 @@ struct ResolvedJobSpec {
 // "spec.training.micro_batches: 3 must divide spec.training.batch_size 8".
 // The first violation found is reported.
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec);
+
+// With checkpoints on (interval_steps > 0), every unit's checkpoint file
+// must stay within what a worker reads back (kMaxUnitFileTensorBytes,
+// common/safetensors.h): its weights, both AdamW moments and, for a unit
+// that may be on a compressed stage, each kept replica's residual (past
+// kMaxFeedbackReplicasKept their sum) and PowerSGD's warm start. OK, or
+// INVALID_ARGUMENT naming spec.compression.data_parallel, the unit and the
+// size. Not part of ResolveJobSpec, which also runs on restore and on
+// workers: applied at submit and to each layout the planner chooses, so a
+// job stored before the check runs on as it was.
+absl::Status CheckUnitFileSizes(const ResolvedJobSpec& resolved);
 
 // OK when each pipeline link codec of `resolved` (compression.forward,
 // .backward) encodes a link's tensor, [batch_size / micro_batches,

@@ -1215,7 +1215,20 @@ TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {
 // 8 d^2 + 7 d values 3 times (weights, m, v), 8 residuals of its two
 // matrices and their warm starts, 72345706496 bytes, past the 64 GiB a
 // worker reads back. Every checkpoint of such a job failed at the writer.
-TEST(ResolveJobSpec, UnitCheckpointFileOverReadLimit_RejectedNamingDataParallelCompression) {
+// CheckUnitFileSizes after ResolveJobSpec, as submit runs them.
+absl::Status UnitFilesAtSubmit(const v1::JobSpec& spec) {
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  return resolved.ok() ? CheckUnitFileSizes(*resolved) : resolved.status();
+}
+
+void ExpectUnitFilesRejected(const v1::JobSpec& spec, const std::string& prefix) {
+  const absl::Status status = UnitFilesAtSubmit(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), prefix))
+      << "message: " << status.message() << "\nexpected prefix: " << prefix;
+}
+
+TEST(CheckUnitFileSizes, OverTheReadLimit_RejectedNamingDataParallelCompression) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_model()->set_n_layer(1);
   spec.mutable_model()->set_n_head(112);
@@ -1226,22 +1239,26 @@ TEST(ResolveJobSpec, UnitCheckpointFileOverReadLimit_RejectedNamingDataParallelC
   spec.mutable_parallelism()->set_data(8);
   spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=4");
   spec.mutable_checkpoint()->set_interval_steps(100);
-  ExpectRejected(spec,
-                 "spec.compression.data_parallel: with checkpoints, unit mlp_0's file would hold "
-                 "72345706496 bytes of tensors (67.4 GiB: its weights, both AdamW moments and 8 "
-                 "replicas' error-feedback residuals of powersgd:rank=4), above the 68702699512 "
-                 "a worker reads back");
+  // ResolveJobSpec alone takes it: a job stored before the check (restored,
+  // or resolved by a worker) runs on as it was.
+  EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
+  ExpectUnitFilesRejected(
+      spec,
+      "spec.compression.data_parallel: with checkpoints, unit mlp_0's file would hold "
+      "72345706496 bytes of tensors (67.4 GiB: its weights, both AdamW moments and 8 "
+      "replicas' error-feedback residuals of powersgd:rank=4), above the 68702699512 "
+      "a worker reads back");
   // 4 replicas' residuals: 46039031808 bytes.
   v1::JobSpec fewer = spec;
   fewer.mutable_parallelism()->set_data(4);
-  EXPECT_TRUE(ResolveJobSpec(fewer).ok()) << ResolveJobSpec(fewer).status();
+  EXPECT_TRUE(UnitFilesAtSubmit(fewer).ok()) << UnitFilesAtSubmit(fewer);
   // Past kMaxFeedbackReplicasKept a checkpoint keeps their sum, one.
   v1::JobSpec summed = spec;
   summed.mutable_parallelism()->set_data(16);
-  EXPECT_TRUE(ResolveJobSpec(summed).ok()) << ResolveJobSpec(summed).status();
+  EXPECT_TRUE(UnitFilesAtSubmit(summed).ok()) << UnitFilesAtSubmit(summed);
   v1::JobSpec unsaved = spec;
   unsaved.mutable_checkpoint()->set_interval_steps(0);
-  EXPECT_TRUE(ResolveJobSpec(unsaved).ok()) << ResolveJobSpec(unsaved).status();
+  EXPECT_TRUE(UnitFilesAtSubmit(unsaved).ok()) << UnitFilesAtSubmit(unsaved);
   // Pinned stages (solver manual): only the compressed stage's units count.
   v1::JobSpec pinned = spec;
   v1::ParallelismSpec* p = pinned.mutable_parallelism();
@@ -1254,9 +1271,10 @@ TEST(ResolveJobSpec, UnitCheckpointFileOverReadLimit_RejectedNamingDataParallelC
     stage->set_backward_end(begin + 2);
   }
   pinned.mutable_compression()->mutable_data_parallel()->add_stages(0);  // embed, attn_0
-  EXPECT_TRUE(ResolveJobSpec(pinned).ok()) << ResolveJobSpec(pinned).status();
+  EXPECT_TRUE(UnitFilesAtSubmit(pinned).ok()) << UnitFilesAtSubmit(pinned);
   pinned.mutable_compression()->mutable_data_parallel()->set_stages(0, 1);  // mlp_0, head
-  ExpectRejected(pinned, "spec.compression.data_parallel: with checkpoints, unit mlp_0's file");
+  ExpectUnitFilesRejected(pinned,
+                          "spec.compression.data_parallel: with checkpoints, unit mlp_0's file");
 }
 
 TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {

@@ -743,6 +743,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     }
   }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
+  RETURN_IF_ERROR(CheckUnitFileSizes(resolved));  // at submit only, as the next
   RETURN_IF_ERROR(CheckCheckpointDirHasAnInterval(resolved.spec.checkpoint()));
   RETURN_IF_ERROR(CheckGrowthHasCheckpoints(resolved.spec));
   RETURN_IF_ERROR(CheckMinLrHasACosine(resolved.spec));

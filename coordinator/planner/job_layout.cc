@@ -63,6 +63,12 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
     trial.stages = degrees.stages;
     trial.tensor_parallel = degrees.tensor_parallel;
     absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, degrees);
+    // A layout whose checkpoints could never be read back is not chosen
+    // (submit checks an explicit layout the same way).
+    if (layout.ok()) {
+      const absl::Status files = CheckUnitFileSizes(*layout);
+      if (!files.ok()) layout = files;
+    }
     std::vector<size_t> order = OneKindOrder(cluster, degrees);
     ClusterSpec arranged;
     if (!order.empty()) {

@@ -83,6 +83,8 @@ struct HttpGate::Connection {
   HttpRequestFramer framer;
   std::string out;     // bytes still to write: "100 Continue", an answer
   size_t written = 0;  // of `out`
+  // kWriting: bytes written since the write deadline was last restarted.
+  size_t progress = 0;
   bool shut_down = false;  // kLingering: our side sent FIN after the answer
   bool done = false;       // to be closed at the end of this loop turn
   bool probes_only = false;  // admitted past max_connections: probes only
@@ -295,6 +297,7 @@ void HttpGate::Answer(uint64_t id, std::string response) {
   connection.state = State::kWriting;
   connection.answered = true;
   connection.deadline = GateNow() + options_.response_timeout;
+  connection.progress = 0;
   Flush(connection);
   LimitUnsentBytes(connection);
 }
@@ -449,9 +452,13 @@ void HttpGate::Flush(Connection& connection) {
     connection.written += n;
     // The response timeout bounds a stall, not the whole answer: a client
     // that keeps reading a large one (a plan with its drawings, tens of
-    // MiB) over a slow link is not cut off while its bytes flow.
-    if (connection.state == State::kWriting) {
+    // MiB) over a slow link is not cut off while its bytes flow. Flowing
+    // means kMinResponseProgressBytes a timeout: a client that opens its
+    // window a segment at a time would otherwise hold its place for ever.
+    connection.progress += static_cast<size_t>(n);
+    if (connection.state == State::kWriting && connection.progress >= kMinResponseProgressBytes) {
       connection.deadline = GateNow() + options_.response_timeout;
+      connection.progress = 0;
     }
   }
   std::string().swap(connection.out);

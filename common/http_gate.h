@@ -47,14 +47,17 @@
 // Error answers are google.rpc.Status JSON (common/http_response.h):
 // the framing rejections (400, 411, 413, 415, 431), 408 DEADLINE_EXCEEDED when
 // a request is not complete within request_timeout of its accept, and 503
-// UNAVAILABLE over max_connections. A response of which no byte could be
-// written for response_timeout is abandoned (the connection is closed);
-// each write that sends bytes restarts that wait.
+// UNAVAILABLE over max_connections. A response that has not moved
+// kMinResponseProgressBytes (or its end) within response_timeout is
+// abandoned (the connection is closed); each time it has, the wait starts
+// again, so a large answer read steadily is not cut, nor held for ever by
+// a client that takes a few bytes at a time.
 //
 // Thread-safety: Admit, Respond and Stop may be called from any thread.
 #ifndef PIPETRAIN_COMMON_HTTP_GATE_H_
 #define PIPETRAIN_COMMON_HTTP_GATE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -83,6 +86,10 @@ struct GatedRequest {
   // thread included.
   absl::Time complete;
 };
+
+// The bytes an answer must move within each response_timeout to keep its
+// connection (HttpGate::Options::response_timeout).
+inline constexpr size_t kMinResponseProgressBytes = size_t{64} << 10;
 
 class HttpGate {
  public:

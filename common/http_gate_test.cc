@@ -175,6 +175,49 @@ TEST(HttpGateTest, SlowSteadyReader_LargeAnswerNotCutAtTheResponseTimeout) {
   (*gate)->Stop();
 }
 
+// A client that takes a few bytes at a time (1 KiB every 100 ms, far below
+// kMinResponseProgressBytes a second) does not hold its place for ever:
+// cut at the response timeout, as each write of a byte restarted it.
+TEST(HttpGateTest, TrickleReader_CutAtTheResponseTimeout) {
+  AnnotatedMutex mu;
+  std::vector<uint64_t> connections;
+  auto gate = HttpGate::Start({.response_timeout = absl::Seconds(1)}, [&](GatedRequest request) {
+    AnnotatedMutexLock lock(&mu);
+    connections.push_back(request.connection);
+  });
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  Client client;
+  // A small send buffer on the gate's end, so that each KiB the client
+  // takes lets the gate write a little (a socket pair's end is writable
+  // only once most of its buffer is free): bytes keep moving, slowly.
+  const int small = 4096;
+  ASSERT_EQ(setsockopt(client.for_gate, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+  ASSERT_TRUE(client.Send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n"));
+  (*gate)->Admit(client.for_gate);
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return connections.size() == 1; }, absl::Seconds(30)));
+  }
+  const std::string answer =
+      "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\nConnection: close\r\n\r\n" +
+      std::string(4 << 20, 'x');
+  (*gate)->Respond(connections[0], answer);
+  // 3 s of trickling (a pace, not a synchronisation), then the rest as
+  // fast as it comes: whole only if the gate kept the connection.
+  std::string got;
+  char buffer[1024];
+  ssize_t n = 1;
+  for (int i = 0; i < 30 && n > 0; ++i) {
+    n = recv(client.fd, buffer, sizeof(buffer), 0);
+    if (n > 0) got.append(buffer, n);
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  got += client.ReadToEnd();
+  EXPECT_LT(got.size(), answer.size());
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 OK", 0), 0u);
+  (*gate)->Stop();
+}
+
 constexpr char kOk[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 // A gate at its cap (max_connections = 1) with its one place taken by a

@@ -123,8 +123,9 @@ class HttpServer {
     // From accepting a connection to the last byte of its request, however
     // the bytes trickle in; then 408 DEADLINE_EXCEEDED and closed.
     absl::Duration request_timeout = absl::Seconds(10);
-    // The longest a response's write may stall (no byte taken by its
-    // client); each write that sends bytes restarts it. Then closed.
+    // The longest a response may take to move kMinResponseProgressBytes
+    // (http_gate.h) or to end; each time it has, the wait starts again.
+    // Then closed.
     absl::Duration response_timeout = absl::Seconds(10);
     // Bytes of answers not yet written, over all connections. Past it, the
     // oldest connection with part of its answer unwritten is cut off

@@ -999,15 +999,13 @@ int RunUp(const std::vector<std::string>& args) {
     // The check is the workers' own; say which of up's flags it is about.
     // They run here: auto is the CPU where this process sees no GPU, so
     // GPU-only modes are refused now, not by every worker once started.
-    const bool auto_is_cpu = o.worker_device == "auto" && VisibleCudaDevices() == 0;
-    const std::string device = each_gpu ? "cuda" : auto_is_cpu ? "cpu" : o.worker_device;
-    valid = ValidateDeviceFlags(device, o.worker_gemm, o.worker_attention);
+    valid = ValidateDeviceFlagsHere(each_gpu ? "cuda" : o.worker_device, o.worker_gemm,
+                                    o.worker_attention, "--worker-device");
     if (!valid.ok()) {
-      valid = absl::Status(
-          valid.code(),
-          absl::StrCat("--worker-device/--worker-gemm/--worker-attention (the workers' flags",
-                       auto_is_cpu ? "; --worker-device auto is the CPU here: no CUDA device" : "",
-                       "): ", valid.message()));
+      valid = absl::Status(valid.code(),
+                           absl::StrCat("--worker-device/--worker-gemm/--worker-attention (the "
+                                        "workers' flags): ",
+                                        valid.message()));
     }
   }
   // cuda and cuda:N too: the workers would refuse them only once the

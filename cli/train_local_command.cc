@@ -234,22 +234,11 @@ absl::Status Resolve(Options& o) {
         "--min-lr is the cosine schedule's floor, and has no effect with --lr-schedule constant; "
         "add --lr-schedule cosine or leave it out");
   }
-  {
-    // auto is the CPU where no CUDA device is visible: GPU-only modes are a
-    // flag combination this host refuses, exit 2 before any work, as `up`
-    // refuses them for its workers (SelectBackend would refuse them only
-    // once the data was read, with exit 1).
-    const bool auto_is_cpu = o.device == "auto" && VisibleCudaDevices() == 0;
-    const absl::Status valid =
-        ValidateDeviceFlags(auto_is_cpu ? "cpu" : o.device, o.gemm, o.attention);
-    if (!valid.ok()) {
-      return absl::Status(
-          valid.code(),
-          absl::StrCat(valid.message(), auto_is_cpu ? " (--device auto is the CPU here: "
-                                                      "no CUDA device is visible)"
-                                                    : ""));
-    }
-  }
+  // auto is the CPU where no CUDA device is visible: GPU-only modes are a
+  // flag combination this host refuses, exit 2 before any work, as `up` and
+  // the worker refuse them (SelectBackend would refuse them only once the
+  // data was read, with exit 1).
+  RETURN_IF_ERROR(ValidateDeviceFlagsHere(o.device, o.gemm, o.attention));
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
     return absl::InvalidArgumentError(

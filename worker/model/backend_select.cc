@@ -79,7 +79,7 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
 }
 
 absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::string& gemm,
-                                     const std::string& attention) {
+                                     const std::string& attention, const char* device_flag) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));
   if (device != "auto" || (gemm == "fp32" && OnCpu(attention))) return absl::OkStatus();
   // A CUDA error (a driver mismatch, busy exclusive-process GPUs) is not
@@ -88,8 +88,8 @@ absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::strin
   if (!devices.ok() || *devices > 0) return absl::OkStatus();
   const absl::Status on_cpu = ValidateDeviceFlags("cpu", gemm, attention);
   return absl::Status(on_cpu.code(),
-                      absl::StrCat(on_cpu.message(),
-                                   " (--device auto is the CPU here: no CUDA device is visible)"));
+                      absl::StrCat(on_cpu.message(), " (", device_flag,
+                                   " auto is the CPU here: no CUDA device is visible)"));
 }
 
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const std::string& gemm,

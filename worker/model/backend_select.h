@@ -73,9 +73,12 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
 // SelectBackend's later refusal (OK where CUDA fails to count its devices:
 // SelectBackend reports that error). Looks for CUDA devices only when device is
 // auto and the other flags ask for a GPU-only mode: call
-// PreferEagerCudaModuleLoading first.
+// PreferEagerCudaModuleLoading first where the process may use NCCL links.
+// `device_flag` is the device flag's name in the caller's command line (the
+// message says that flag's auto is the CPU here).
 absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::string& gemm,
-                                     const std::string& attention = "auto");
+                                     const std::string& attention = "auto",
+                                     const char* device_flag = "--device");
 
 // ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a

@@ -103,6 +103,11 @@ TEST(BackendSelectTest, ValidateHere_AutoWithGpuOnlyModeNeedsAVisibleGpu) {
   EXPECT_TRUE(ValidateDeviceFlagsHere("auto", "fp32", "reference").ok());
   EXPECT_TRUE(ValidateDeviceFlagsHere("cuda", "bf16", "flash").ok());
   EXPECT_EQ(ValidateDeviceFlagsHere("cpu", "bf16").code(), absl::StatusCode::kInvalidArgument);
+  // The caller's own flag name (up's --worker-device) is the one named.
+  if (!gpu) {
+    const absl::Status s = ValidateDeviceFlagsHere("auto", "tf32", "auto", "--worker-device");
+    EXPECT_NE(s.message().find("(--worker-device auto is the CPU here"), std::string::npos) << s;
+  }
 }
 
 TEST(BackendSelectTest, ReducedPrecisionOnCpu_InvalidArgument) {

@@ -14,9 +14,9 @@ float LearningRate(const TrainConfig& config, int64_t step) {
   }
   if (config.lr_schedule == LrSchedule::kConstant) return config.adam.lr;
   const int64_t span = config.steps - config.warmup_steps;
-  // Past the last step (a run resumed with more --steps than the curve was
-  // laid for is the caller's business; this one holds at the floor rather
-  // than climbing back up the cosine).
+  // Clamped at the last step so that a step past it (no run takes one: a
+  // resume with more --steps lays the curve out again over the new total)
+  // stays at the floor rather than climbing back up the cosine.
   const double p =
       span > 0 ? std::min(1.0, double(step - config.warmup_steps) / double(span)) : 1.0;
   const double min_lr = config.min_lr;

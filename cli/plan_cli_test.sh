@@ -237,6 +237,13 @@ expect_exit tensor_search_gpt2_vocab 0 "not tried: T 2 (tensor parallelism of 2 
   "${TP[@]}" --vocab 50257 --tensor-parallel auto
 expect_exit tensor_search_needs_data_auto 2 "--tensor-parallel needs --data auto and --layers N" -- \
   --layers 2 --workers 4 --tensor-parallel auto
+# The files are written before the layout is printed: one that cannot be
+# written leaves stdout empty (a table followed by exit 1 read as a plan).
+if [[ -w /dev/full ]]; then
+  expect_exit tensor_search_write_fails 1 "cannot write /dev/full" -- "${TP[@]}" \
+    --tensor-parallel 2 --json --write-profile /dev/full
+  if [[ -s "$OUT" ]]; then fail tensor_search_write_fails_stdout "printed before failing"; else passed=$((passed + 1)); fi
+fi
 expect_exit tensor_search_not_with_tensor 2 "give one" -- "${TP[@]}" --tensor 2 --tensor-parallel 2
 # The search reads links and memory from --cluster as every mode does: the
 # flags it would ignore are refused (they were accepted and ignored).

@@ -359,7 +359,7 @@ constexpr std::pair<absl::string_view, absl::string_view> kSearchFlagNames[] = {
 // chosen one and each one's simulated step. False (after saying why on
 // stderr) when the spec or the search fails.
 bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
-                          const ClusterSpec& cluster) {
+                          const ClusterSpec& cluster, const std::vector<OutputFile>& files) {
   const int workers = static_cast<int>(cluster.workers.size());
   absl::StatusOr<ResolvedJobSpec> automatic = ResolveJobSpec(SearchSpec(f, workers));
   absl::StatusOr<ChosenJobLayout> choice =
@@ -368,6 +368,12 @@ bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
   if (!choice.ok()) {
     std::fprintf(stderr, "pipetrain plan: %s\n",
                  NameFlags(choice.status(), kSearchFlagNames).ToString().c_str());
+    return false;
+  }
+  // The files once the search found a layout, before anything is printed:
+  // a layout on stdout is then never followed by a failure.
+  if (absl::Status written = WriteFilesOrNone(files); !written.ok()) {
+    std::fprintf(stderr, "pipetrain plan: %s\n", written.ToString().c_str());
     return false;
   }
   const v1::Plan& plan = choice->compiled.plan;
@@ -729,13 +735,7 @@ int RunPlan(const std::vector<std::string>& args) {
   if (!f.write_profile.empty()) files.push_back({f.write_profile, ProfileToJson(*profile)});
   absl::StatusOr<ClusterSpec> cluster = ClusterFrom(f);
   if (!cluster.ok()) return fail(cluster.status());
-  if (f.tensor_parallel != 1) {
-    // The profile once the search found a layout: written first and
-    // removed on a failure, it took the place of a file the user had there.
-    if (!PrintJobLayoutSearch(f, *profile, *cluster)) return 1;
-    if (auto s = WriteFilesOrNone(files); !s.ok()) return fail(s);
-    return 0;
-  }
+  if (f.tensor_parallel != 1) return PrintJobLayoutSearch(f, *profile, *cluster, files) ? 0 : 1;
   // Every plan goes through the layout planner: with D = 1 it is SolvePlan
   // on the cluster as given (data_parallel_layout.h).
   LayoutOptions options;

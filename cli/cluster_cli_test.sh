@@ -782,6 +782,11 @@ ok bash_accepts_completion bash -n "$TMP/completion.bash"
 "$BIN" --help >"$TMP/help.txt"
 commands=$(sed -n '/^Commands/,/^$/p' "$TMP/help.txt" | awk 'NR > 1 && NF {print $1}')
 ok help_lists_commands test "$(echo "$commands" | wc -l)" -ge 12
+# `help COMMAND` is `COMMAND --help`; an unknown one is a usage error.
+"$BIN" submit --help >"$TMP/submit-help.txt" 2>/dev/null
+expect_exit help_submit 0 -- help submit
+ok help_submit_is_submit_help cmp -s "$OUT" "$TMP/submit-help.txt"
+expect_exit help_unknown 2 "pipetrain help: unknown command 'nosuch'" -- help nosuch
 for c in $commands; do
   if ! grep -qF "    '$c')" "$TMP/completion.bash"; then
     fail "completion_has_$c" "the bash script has no case for '$c'"

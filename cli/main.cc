@@ -24,6 +24,12 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "help" || command == "--help" || command == "-h") {
+    // `pipetrain help submit` is `pipetrain submit --help`.
+    if (command == "help" && argc >= 3) {
+      if (const pipetrain::Command* c = pipetrain::FindCommand(argv[2])) return c->run({"--help"});
+      std::fprintf(stderr, "pipetrain help: unknown command '%s'\n\n%s", argv[2], usage.c_str());
+      return pipetrain::kExitUsage;
+    }
     std::printf("%s", usage.c_str());
     return pipetrain::kExitOk;
   }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +37,28 @@ v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
   a.set_job_id(job_id);
   a.set_plan_version(version);
   return a;
+}
+
+// "; not at the start barrier: 2=w-3 (check their logs first)": the stages
+// whose ready[s] is false, by index and worker as the reason's "[stages: ]"
+// list; "" when none. At most 8 named, then how many more: a job may have
+// hundreds of stages, and the reason is in every GetJob.
+std::string NotAtTheStartBarrier(const v1::Job& job, const std::vector<bool>& ready) {
+  constexpr size_t kMaxNamed = 8;
+  std::vector<std::string> named;
+  int more = 0;
+  for (int s = 0; s < job.worker_ids_size() && s < static_cast<int>(ready.size()); ++s) {
+    if (ready[s]) continue;
+    if (named.size() < kMaxNamed) {
+      named.push_back(absl::StrCat(s, "=", job.worker_ids(s)));
+    } else {
+      ++more;
+    }
+  }
+  if (named.empty()) return "";
+  return absl::StrCat("; not at the start barrier: ", absl::StrJoin(named, ", "),
+                      more > 0 ? absl::StrCat(" and ", more, " more") : "",
+                      " (check their logs first)");
 }
 
 }  // namespace
@@ -201,8 +225,19 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
   for (int s = 0; s < record.job.worker_ids_size(); ++s) {
     stages.push_back(absl::StrCat(s, "=", record.job.worker_ids(s)));
   }
-  const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
-                                          " [stages: ", absl::StrJoin(stages, ", "), "]");
+  std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
+                                    " [stages: ", absl::StrJoin(stages, ", "), "]");
+  // A stage that failed waiting at the start barrier (its wait runs from
+  // its own arrival, so the first to give up is the first that came: a
+  // healthy one) cannot say which peer kept it waiting; the coordinator
+  // can. Named, so that the operator reads that worker's log, and a drain
+  // is not aimed at the one that waited. (One that failed before it was
+  // ready failed on its own: its error says why.)
+  if (record.stages[stage_index].ready) {
+    std::vector<bool> ready;
+    for (const StageProgress& stage : record.stages) ready.push_back(stage.ready);
+    absl::StrAppend(&reason, NotAtTheStartBarrier(record.job, ready));
+  }
   // A stage says its plan's resume point is unusable while it loads it,
   // before its first iteration (JobRunner; a stage of a device or replica
   // group passes the start barrier first, as the group's join needs every

@@ -1369,6 +1369,54 @@ TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
   EXPECT_EQ(jobs_.Get(id).value().progress().step(), 0);  // a ready report is no iteration
 }
 
+// A stage's start-barrier wait runs from its own arrival, so the first to
+// give up is the first that came, a healthy one, and its error could not
+// name the peer it waited for: the job's reason blamed it alone. The
+// coordinator knows which stages never reported ready, and names them.
+TEST_F(JobManagerTest, StageFailsAtTheStartBarrier_ReasonNamesTheStagesNotReady) {
+  for (int k = 0; k < 3; ++k) AddWorker(7001 + k);
+  const std::string id = Submit(SmallSpec(3)).value().id();
+  const v1::Job placed = jobs_.Get(id).value();
+  ASSERT_EQ(placed.worker_ids_size(), 3) << placed.reason();
+  const std::string w0 = placed.worker_ids(0), w1 = placed.worker_ids(1), w2 = placed.worker_ids(2);
+  EXPECT_FALSE(jobs_.ReportProgress(ReadyReport(w0, id)).value().all_ready());
+  EXPECT_FALSE(jobs_.ReportProgress(ReadyReport(w1, id)).value().all_ready());
+  v1::ReportProgressRequest r = ReadyReport(w0, id);
+  r.set_ready(false);
+  r.set_error("DEADLINE_EXCEEDED: the other stages of job " + id + " were not ready within 10m0s");
+  r.set_peer_failure(true);
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);  // no checkpoints: no recovery
+  EXPECT_EQ(job.reason(), "worker " + w0 + ": " + r.error() + " [stages: 0=" + w0 + ", 1=" + w1 +
+                              ", 2=" + w2 + "]; not at the start barrier: 2=" + w2 +
+                              " (check their logs first)");
+}
+
+// A job of many stages names the first 8 not ready, then how many more: the
+// reason stays bounded however many stages kept the one that failed waiting.
+TEST_F(JobManagerTest, StageFailsAtTheStartBarrier_AtMost8NotReadyNamed) {
+  v1::JobSpec spec = SmallSpec(11);
+  spec.mutable_model()->set_n_layer(10);
+  for (int k = 0; k < 11; ++k) AddWorker(7001 + k);
+  const std::string id = Submit(spec).value().id();
+  const v1::Job placed = jobs_.Get(id).value();
+  ASSERT_EQ(placed.worker_ids_size(), 11) << placed.reason();
+  EXPECT_FALSE(jobs_.ReportProgress(ReadyReport(placed.worker_ids(0), id)).value().all_ready());
+  v1::ReportProgressRequest r = ReadyReport(placed.worker_ids(0), id);
+  r.set_ready(false);
+  r.set_error("DEADLINE_EXCEEDED: the other stages were not ready");
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  std::string named;
+  for (int s = 1; s <= 8; ++s) {
+    absl::StrAppend(&named, s > 1 ? ", " : "", s, "=", placed.worker_ids(s));
+  }
+  const std::string reason = jobs_.Get(id).value().reason();
+  EXPECT_TRUE(absl::EndsWith(
+      reason, "]; not at the start barrier: " + named + " and 2 more (check their logs first)"))
+      << reason;
+}
+
 // Workers that read different tokens at spec.data.path (another copy on
 // another host) trained silently on different data; the first digest a job
 // hears is its own, and a stage with another fails it at the barrier.

@@ -88,6 +88,20 @@ std::string Describe(const v1::Worker& worker) {
   return absl::StrCat("worker ", worker.id(), " (", where, ")");
 }
 
+// A worker running no job went LOST. An assigned one's loss is told by its
+// job (the listener; the job's reason names it), but nothing names an idle
+// one: pipetrain_workers{state="LOST"} carries no id, and `lost_why` reaches
+// only the worker's own next heartbeat. Rate-limited, shared by MarkLost and
+// CheckLeases: a partition that loses a fleet at once logs 10 lines per
+// 10 s and counts the rest.
+void LogIdleWorkerLost(const v1::Worker& worker, absl::string_view why) {
+  static LogRateLimiter lost_log(10, absl::Seconds(10));
+  if (int64_t dropped = 0; lost_log.Allow(&dropped)) {
+    PT_LOG(WARNING) << Describe(worker) << ", running no job, is LOST: " << why
+                    << LogRateLimiter::Dropped(dropped);
+  }
+}
+
 }  // namespace
 
 absl::Status WorkerRegistry::ValidateOptions(const Options& options) {
@@ -856,6 +870,8 @@ void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
     if (entry->worker.state() == v1::WORKER_STATE_ASSIGNED) {
       losses.push_back({worker_id, entry->worker.job_id(),
                         absl::StrCat(Describe(entry->worker), " is gone: ", why), incarnation});
+    } else {
+      LogIdleWorkerLost(entry->worker, why);
     }
     SetStateLocked(*entry, v1::WORKER_STATE_LOST);
     entry->lost_why = why;
@@ -881,13 +897,14 @@ int WorkerRegistry::CheckLeases() {
           silent <= options_.lease) {
         continue;
       }
+      const std::string missed = absl::StrCat(
+          "missed heartbeats for ", absl::FormatDuration(silent), " (lease ",
+          absl::FormatDuration(options_.lease), "); it crashed or was preempted; check its log");
       if (worker.state() == v1::WORKER_STATE_ASSIGNED) {
-        losses.push_back(
-            {worker.id(), worker.job_id(),
-             absl::StrCat(Describe(worker), " missed heartbeats for ", absl::FormatDuration(silent),
-                          " (lease ", absl::FormatDuration(options_.lease),
-                          "); it crashed or was preempted; check its log"),
-             worker.incarnation()});
+        losses.push_back({worker.id(), worker.job_id(), absl::StrCat(Describe(worker), " ", missed),
+                          worker.incarnation()});
+      } else {
+        LogIdleWorkerLost(worker, missed);
       }
       SetStateLocked(entry, v1::WORKER_STATE_LOST);
       entry.lost_why = "its lease expired before this heartbeat arrived";

@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -3163,9 +3164,22 @@ TEST_F(JobManagerElasticTest, Drain_JoiningWorker_RefusedUntilItsRegistrationIsS
 // An auto layout on GPU and CPU workers whose ids interleave the kinds:
 // the 2 x 2 layout is planned on them arranged by kind (each stage's
 // replicas of one kind), not refused, and the job is placed in that order.
-// In id order its stage 0 was w1 (CPU) and w3 (GPU): "no plan".
+// In id order its stage 0 was w1 (CPU) and w3 (GPU): "no plan". Links of
+// 10 ms make the choice clear (one hop each way per micro-batch against
+// three): at the default 50 us the two predicted steps tie to 1e-4 s.
 TEST_F(JobManagerElasticTest, AutoLayout_KindsInterleaved_ReplicatedLayoutArrangedByKind) {
-  AddWorker(7001), AddWorker(7002), AddGpuWorker(7003), AddGpuWorker(7004);
+  auto slow_link = [](v1::RegisterWorkerRequest request) {
+    request.mutable_device()->set_link_bandwidth_bytes_per_second(1e10);
+    request.mutable_device()->set_link_latency_seconds(0.01);
+    return request;
+  };
+  v1::RegisterWorkerRequest cpu;
+  cpu.set_data_address("127.0.0.1:7001");
+  Register(slow_link(cpu));
+  cpu.set_data_address("127.0.0.1:7002");
+  Register(slow_link(cpu));
+  Register(slow_link(GpuWorkerRequest(7003)));
+  Register(slow_link(GpuWorkerRequest(7004)));
   const std::string id = Submit(AutoLayoutSpec(4, 1)).value().id();
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
@@ -3174,7 +3188,7 @@ TEST_F(JobManagerElasticTest, AutoLayout_KindsInterleaved_ReplicatedLayoutArrang
   EXPECT_TRUE(absl::StrContains(reason, "predicted s/step: 1 x 4 0.")) << reason;
   EXPECT_TRUE(absl::StrContains(reason, ", 2 x 2 0.")) << reason;
   EXPECT_FALSE(absl::StrContains(reason, "no plan")) << reason;
-  // Chosen: it predicts the shorter step here (both print as 0.0004).
+  // Chosen: it predicts the shorter step here.
   ASSERT_EQ(job.spec().parallelism().data(), 2) << reason;
   EXPECT_TRUE(EveryStageOfOneKind(id));
 }
@@ -4255,6 +4269,66 @@ TEST_F(JobManagerElasticTest, Restore_StoredProfileNotTheModels_JobFailsBeforeAn
   AddWorker(7002);
   Schedule();
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
+}
+
+// The stored profile of job `id` in `state`; fails the test when none.
+std::string StoredProfileJson(CoordinatorState& state, const std::string& id) {
+  const std::vector<store::StoredJob> stored = state.LoadJobs().value();
+  for (const store::StoredJob& s : stored) {
+    if (s.job().id() == id) return s.profile_json();
+  }
+  ADD_FAILURE() << "no stored job " << id;
+  return "";
+}
+
+// A running job is saved once a second while steps arrive, but its profile
+// does not change after the first plan: its JSON (for a 256-layer model
+// about 200 KB and 3 ms, under the jobs lock) is built once, when the
+// profile is set or restored, and every save stores that same compact text.
+TEST_F(JobManagerElasticTest, ProgressSaves_ProfileSerialisedOnceNotAtEverySave) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_->ProfileJsonsBuiltForTesting(), 1);
+  // Saves of the job's record (on io_); shared, as the destructors save too.
+  auto saves = std::make_shared<std::atomic<int>>(0);
+  observing_.on_commit = [saves, key = "jobs/" + id](const std::vector<StoreWrite>& writes) {
+    for (const StoreWrite& w : writes) {
+      if (w.kind == StoreWrite::Kind::kPut && w.key == key) ++*saves;
+    }
+  };
+  for (int step = 1; step <= 20; ++step) {
+    clock_.Advance(absl::Seconds(1));
+    Heartbeat(w1);
+    Heartbeat(w2);
+    Step(id, step);
+    if (step % 5 == 0) CheckpointAll(id, step);
+    jobs_->FlushIo();
+  }
+  EXPECT_GE(saves->load(), 20);
+  EXPECT_EQ(jobs_->ProfileJsonsBuiltForTesting(), 1);
+  const std::string json = StoredProfileJson(*state_, id);
+  ASSERT_FALSE(json.empty());
+  EXPECT_EQ(json, ProfileToJson(ParseProfileJson(json).value(), /*indent=*/-1));
+
+  // A restart builds it once from the stored one; the job resumes once its
+  // workers register again, and that plan's save stores the same text.
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  jobs_->FlushIo();
+  const int saves_before_resumed = saves->load();
+  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
+  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);
+  AddWorker(7002);
+  Schedule();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  jobs_->FlushIo();
+  EXPECT_EQ(jobs_->ProfileJsonsBuiltForTesting(), 1);
+  EXPECT_GT(saves->load(), saves_before_resumed);
+  EXPECT_EQ(StoredProfileJson(*state_, id), json);
 }
 
 // An ended job's stored plan whose degrees multiply past an int (65536 x

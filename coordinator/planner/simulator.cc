@@ -441,13 +441,21 @@ class Simulator {
     const double start = std::max(clock_[w], link_free);
     const double wire =
         link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
-    link_free = start + link.latency_seconds + wire;
+    // The link pipelines as LinkShaper (shaped_transport.h) and TCP do: it
+    // is free for the next message once this one's bytes are on the wire,
+    // and each arrives a latency after its last byte, so back-to-back
+    // sends overlap their latencies.
+    link_free = start + wire;
+    const double arrival = link_free + link.latency_seconds;
+    // The event is the link's busy span, start..link_free, not ..arrival:
+    // transfers on one link never overlap on its lane (timeline_render.h).
+    // The latency shows as the receiver's wait, which ends at the arrival.
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kSendTransfer, start, link_free);
     DescribeTransfer(send.tensor(), peer, &e);
     e.bytes = bytes;
     e.label = absl::StrCat("send ", TensorKeyText(send.tensor()), " to ", peer);
     const MessageKey key = KeyOf(w, peer, send.tensor());
-    in_flight_[key] = InFlight{link_free, pc_[w]};
+    in_flight_[key] = InFlight{arrival, pc_[w]};
     auto parked = parked_.find(key);
     if (parked != parked_.end()) {
       ready_.push({clock_[parked->second], parked->second});

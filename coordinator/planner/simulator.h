@@ -63,8 +63,12 @@
 //    the transfer is in flight. The transfer goes on link (w -> peer); each
 //    directed link carries one transfer at a time, FIFO in issue order (only
 //    w issues on it, so this is w's program order). It starts at
-//    max(issue time, link free) and lasts latency + bytes / bandwidth of that
-//    link (bandwidth <= 0: infinite, so just latency). Bytes by key kind:
+//    max(issue time, link free), holds the link for bytes / bandwidth of
+//    that link (bandwidth <= 0: infinite, so 0) and arrives a latency after
+//    that, as LinkShaper (shaped_transport.h) and TCP pipeline a link:
+//      start = max(issue, free)   free = start + bytes / bandwidth
+//      arrival = free + latency
+//    so back-to-back sends overlap their latencies. Bytes by key kind:
 //      ACTIVATION unit u          activation_bytes[u]   (output of u)
 //      ACTIVATION_GRAD unit u     activation_bytes[u-1] (gradient of u's input)
 //      TIED_EMBEDDING_GRAD        tied_grad_bytes
@@ -224,7 +228,10 @@ enum class TimelineEventKind {
   kBackward,
   kRecompute,
   kOptimizer,
-  kSendTransfer,  // a transfer on link (worker -> peer), not worker time
+  // A transfer on link (worker -> peer), not worker time: the span it holds
+  // the link (start to last byte out), so a link's transfers never overlap;
+  // it arrives one latency after the end (the receiver's wait shows that).
+  kSendTransfer,
   kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
   kAllReduce,     // data-parallel gradient all-reduce before the optimizer step
   // One bucket of the data-parallel all-reduce on the worker's all-reduce

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gmock/gmock.h"
@@ -108,30 +109,97 @@ TEST(SimulatorTest, GPipe_TwoStagesTwoMicroBatches_HandComputedTimeline) {
 TEST(SimulatorTest, OneFOneB_TwoStagesThreeMicroBatches_HandComputedTimeline) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
   SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);
-  costs.link.latency_seconds = 0.5;  // infinite bandwidth: every transfer 0.5 s
+  // Infinite bandwidth: a transfer holds its link for 0 s (a zero-length
+  // send event) and arrives 0.5 s after it is sent.
+  costs.link.latency_seconds = 0.5;
   const SimulationResult r = SimulateIteration(programs, costs).value();
   EXPECT_EQ(
       Timeline(r, 0),
       (std::vector<std::string>{
-          "F mb0 [0,2)@0-2", "send ACTIVATION u1 mb0 to 1@2-2.5", "F mb1 [0,2)@2-4",
-          "send ACTIVATION u1 mb1 to 1@4-4.5", "wait ACTIVATION_GRAD u2 mb0 from 1@4-9",
-          "B mb0 [0,2)@9-13", "F mb2 [0,2)@13-15", "send ACTIVATION u1 mb2 to 1@15-15.5",
+          "F mb0 [0,2)@0-2", "send ACTIVATION u1 mb0 to 1@2-2", "F mb1 [0,2)@2-4",
+          "send ACTIVATION u1 mb1 to 1@4-4", "wait ACTIVATION_GRAD u2 mb0 from 1@4-9",
+          "B mb0 [0,2)@9-13", "F mb2 [0,2)@13-15", "send ACTIVATION u1 mb2 to 1@15-15",
           "B mb1 [0,2)@15-19", "wait ACTIVATION_GRAD u2 mb2 from 1@19-22", "B mb2 [0,2)@22-26",
-          "send TIED_EMBEDDING_GRAD u0 to 1@26-26.5", "Opt [0,2)@26-26"}));
-  // The tied gradient queues behind the last activation gradient on link 1->0.
+          "send TIED_EMBEDDING_GRAD u0 to 1@26-26", "Opt [0,2)@26-26"}));
+  // Link 1->0 is free again at once, so the tied gradient leaves at 21.5
+  // with the last activation gradient, not after its latency (it once did:
+  // @22-22.5); both arrive at 21.5 + 0.5 = 22 (worker 0's wait for the
+  // gradient ends then; it takes the tied gradient at 26).
   EXPECT_EQ(Timeline(r, 1),
             (std::vector<std::string>{
                 "wait ACTIVATION u1 mb0 from 0@0-2.5", "F mb0 [2,4)@2.5-4.5", "B mb0 [2,4)@4.5-8.5",
-                "send ACTIVATION_GRAD u2 mb0 to 0@8.5-9", "F mb1 [2,4)@8.5-10.5",
-                "B mb1 [2,4)@10.5-14.5", "send ACTIVATION_GRAD u2 mb1 to 0@14.5-15",
+                "send ACTIVATION_GRAD u2 mb0 to 0@8.5-8.5", "F mb1 [2,4)@8.5-10.5",
+                "B mb1 [2,4)@10.5-14.5", "send ACTIVATION_GRAD u2 mb1 to 0@14.5-14.5",
                 "wait ACTIVATION u1 mb2 from 0@14.5-15.5", "F mb2 [2,4)@15.5-17.5",
-                "B mb2 [2,4)@17.5-21.5", "send ACTIVATION_GRAD u2 mb2 to 0@21.5-22",
-                "wait TIED_EMBEDDING_GRAD u0 from 0@21.5-26.5",
-                "send TIED_EMBEDDING_GRAD u0 to 0@22-22.5", "Opt [2,4)@26.5-26.5"}));
+                "B mb2 [2,4)@17.5-21.5", "send ACTIVATION_GRAD u2 mb2 to 0@21.5-21.5",
+                "send TIED_EMBEDDING_GRAD u0 to 0@21.5-21.5",
+                "wait TIED_EMBEDDING_GRAD u0 from 0@21.5-26.5", "Opt [2,4)@26.5-26.5"}));
   EXPECT_EQ(r.iteration_seconds, 26.5);
   EXPECT_EQ(r.busy_seconds, (std::vector<double>{18, 18}));
   EXPECT_EQ(r.idle_seconds, (std::vector<double>{8.5, 8.5}));
   EXPECT_DOUBLE_EQ(r.bubble_fraction, 1 - 36.0 / 53.0);
+}
+
+// When worker w's waits for activations end, in timeline order.
+std::vector<double> ActivationWaitEnds(const SimulationResult& r, int w) {
+  std::vector<double> out;
+  for (const TimelineEvent& e : r.events) {
+    if (e.worker == w && e.kind == TimelineEventKind::kRecvWait &&
+        e.tensor_kind == v1::TENSOR_KIND_ACTIVATION) {
+      out.push_back(e.end_seconds);
+    }
+  }
+  return out;
+}
+
+// Back-to-back sends overlap their latencies, as on LinkShaper
+// (shaped_transport.h) and TCP: start_i = max(sent_i, done_{i-1}),
+// done_i = start_i + bytes / bandwidth, arrival_i = done_i + latency.
+// Hand-derived: the planner does not link the worker's transport. GPipe,
+// two stages, four micro-batches, stage 0's forward 0.25 s and stage 1's
+// free, so worker 1 waits for every activation until it arrives.
+TEST(SimulatorTest, GPipe_BackToBackSends_LatenciesOverlapAsOnLinkShaper) {
+  auto programs = CompilePrograms({{0, 1}, {1, 2}}, 2, 4, Schedule::kGPipe).value();
+  SimulationCosts costs;
+  costs.units = {{0.25, 0, 0, 0}, {0, 0, 0, 0}};
+  costs.worker_speeds = {1, 1};
+  costs.link.latency_seconds = 1;  // infinite bandwidth: no time on the wire
+  absl::StatusOr<SimulationResult> r = SimulateIteration(programs, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Sent at 0.25, 0.5, 0.75, 1, each arriving 1 s later (a link held for
+  // its latency delivered at 1.25, 2.25, 3.25, 4.25). Worker 1's
+  // gradients all go at 2 and arrive at 3, when worker 0 runs its backward
+  // passes and sends its tied gradient, which arrives at 4.
+  EXPECT_EQ(Timeline(*r, 1),
+            (std::vector<std::string>{
+                "wait ACTIVATION u0 mb0 from 0@0-1.25", "F mb0 [1,2)@1.25-1.25",
+                "wait ACTIVATION u0 mb1 from 0@1.25-1.5", "F mb1 [1,2)@1.5-1.5",
+                "wait ACTIVATION u0 mb2 from 0@1.5-1.75", "F mb2 [1,2)@1.75-1.75",
+                "wait ACTIVATION u0 mb3 from 0@1.75-2", "F mb3 [1,2)@2-2", "B mb0 [1,2)@2-2",
+                "send ACTIVATION_GRAD u1 mb0 to 0@2-2", "B mb1 [1,2)@2-2",
+                "send ACTIVATION_GRAD u1 mb1 to 0@2-2", "B mb2 [1,2)@2-2",
+                "send ACTIVATION_GRAD u1 mb2 to 0@2-2", "B mb3 [1,2)@2-2",
+                "send ACTIVATION_GRAD u1 mb3 to 0@2-2", "send TIED_EMBEDDING_GRAD u0 to 0@2-2",
+                "wait TIED_EMBEDDING_GRAD u0 from 0@2-4",
+                "Opt [1,2)@4-4"}));
+  EXPECT_EQ(r->iteration_seconds, 4);
+
+  // 50 bytes at 100 bytes/s: 0.5 s on the wire, longer than the 0.25 s
+  // between sends, so each waits for the bytes before it: on the wire
+  // 0.25-0.75, 0.75-1.25, 1.25-1.75, 1.75-2.25, arriving 1 s after each.
+  costs.units[0].activation_bytes = 50;
+  costs.link.bandwidth_bytes_per_second = 100;
+  r = SimulateIteration(programs, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ActivationWaitEnds(*r, 1), (std::vector<double>{1.75, 2.25, 2.75, 3.25}));
+  std::vector<std::string> sends;
+  for (const std::string& event : Timeline(*r, 0)) {
+    if (absl::StartsWith(event, "send ACTIVATION ")) sends.push_back(event);
+  }
+  EXPECT_EQ(sends, (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0.25-0.75",
+                                             "send ACTIVATION u0 mb1 to 1@0.75-1.25",
+                                             "send ACTIVATION u0 mb2 to 1@1.25-1.75",
+                                             "send ACTIVATION u0 mb3 to 1@1.75-2.25"}));
 }
 
 TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
@@ -183,15 +251,17 @@ TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
                Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
-  costs.link = {100, 0.25};  // 1.25 s per transfer
+  costs.link = {100, 0.25};  // 1 s on the wire, then 0.25 s latency
   const SimulationResult r = SimulateIteration(programs, costs).value();
-  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-1.25",
+  // mb1 waits for mb0's bytes (0-1), not for its latency: on the wire 1-2,
+  // it arrives at 2 + 0.25 = 2.25.
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-1",
                                                       "wait ACTIVATION u0 mb2 from 1@0-1.25",
-                                                      "send ACTIVATION u0 mb1 to 1@1.25-2.5"}));
+                                                      "send ACTIVATION u0 mb1 to 1@1-2"}));
   // The reverse direction is a separate link: its transfer is not delayed.
-  EXPECT_EQ(Timeline(r, 1), (std::vector<std::string>{"send ACTIVATION u0 mb2 to 0@0-1.25",
-                                                      "wait ACTIVATION u0 mb1 from 0@0-2.5"}));
-  EXPECT_EQ(r.iteration_seconds, 2.5);
+  EXPECT_EQ(Timeline(r, 1), (std::vector<std::string>{"send ACTIVATION u0 mb2 to 0@0-1",
+                                                      "wait ACTIVATION u0 mb1 from 0@0-2.25"}));
+  EXPECT_EQ(r.iteration_seconds, 2.25);
 }
 
 // A send naming a codec carries its wire fraction of the bytes; one whose
@@ -207,13 +277,15 @@ TEST(SimulatorTest, CodecWireFraction_ShrinksThatSendsTransferOnly) {
                Recv(v1::TENSOR_KIND_ACTIVATION, 0, 2, 0)}),
   };
   SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
-  costs.link = {100, 0.25};  // raw: 1.25 s per transfer
+  costs.link = {100, 0.25};  // raw: 1 s on the wire, then 0.25 s latency
   costs.codec_wire_fraction = {{"piecewise:bits=3", 0.25}};
   const SimulationResult r = SimulateIteration(programs, costs).value();
-  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-0.5",
-                                                      "send ACTIVATION u0 mb1 to 1@0.5-1.75",
-                                                      "send ACTIVATION u0 mb2 to 1@1.75-3"}));
-  EXPECT_EQ(r.iteration_seconds, 3);
+  // On the wire 25 bytes (0.25 s), then 100 and 100 (1 s each); the last
+  // arrives at 2.25 + 0.25 = 2.5.
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-0.25",
+                                                      "send ACTIVATION u0 mb1 to 1@0.25-1.25",
+                                                      "send ACTIVATION u0 mb2 to 1@1.25-2.25"}));
+  EXPECT_EQ(r.iteration_seconds, 2.5);
 }
 
 TEST(SimulatorTest, LinkOverride_AppliesToThatDirectionOnly) {

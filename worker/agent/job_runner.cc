@@ -315,7 +315,14 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   // without it, as it would had the process crashed; a fault that repeats
   // still ends the job at the recovery limit.
   const bool device_failed = !options_.backend->status().ok();
-  r.set_peer_failure(IsPeerFailure(status) || device_failed);
+  // The final weights upload's failure is the coordinator's (one short of
+  // descriptors or memory answers UNAVAILABLE for as long as that lasts),
+  // whatever its code: as a peer's, a job that had trained every step
+  // recovered ("peer_failure"), redoing up to a checkpoint interval of
+  // steps to upload to the same coordinator again, or failed blaming the
+  // data plane. Reported as no peer's, the job fails naming the upload,
+  // its checkpoints kept.
+  r.set_peer_failure((IsPeerFailure(status) && !upload_failed_) || device_failed);
   r.set_checkpoint_unusable(checkpoint_unusable);
   // Retried: a failure the coordinator never hears of leaves the job
   // waiting until the other stages time out.
@@ -635,6 +642,22 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     // directories of an ended job, so failing here is the expected end.
     PT_LOG(INFO) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                  << " not written, the job having stopped (" << files.status() << ")";
+  } else if (IsSnapshotNotFinite(files.status())) {
+    // Refused for state that is not finite: every later checkpoint would be
+    // refused too while training went on (an AdamW second moment that
+    // overflowed leaves the weights and the loss finite, so no loss stops
+    // it), and a recovery would replay the spike. The runner's thread fails
+    // the job, as train-local ends at this checkpoint. Not reported as the
+    // checkpoint's write error: at a drain's or join's step boundary the
+    // coordinator recovers from that ("checkpoint_failed", from the
+    // checkpoint before), drops the "training diverged" that follows (the
+    // job is RECOVERING by then) and may train on past the divergence.
+    PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
+                  << " refused, the stage's state not being finite (" << files.status()
+                  << "); the job fails as diverged";
+    AnnotatedMutexLock lock(&mu_);
+    if (checkpoint_diverged_.ok()) checkpoint_diverged_ = DivergedAtCheckpoint(files.status());
+    return;
   } else {
     PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                   << " failed: " << files.status();
@@ -655,15 +678,6 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     sent = ReportWithRetries(r).status();
   }
   if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
-  // Refused for state that is not finite: every later checkpoint would be
-  // refused too while training went on (an AdamW second moment that
-  // overflowed leaves the weights and the loss finite, so no loss stops
-  // it), and a recovery would replay the spike. The runner's thread fails
-  // the job, as train-local ends at this checkpoint.
-  if (!files.ok() && !stop_.load() && IsSnapshotNotFinite(files.status())) {
-    AnnotatedMutexLock lock(&mu_);
-    if (checkpoint_diverged_.ok()) checkpoint_diverged_ = DivergedAtCheckpoint(files.status());
-  }
 }
 
 absl::Status JobRunner::CheckpointDiverged() const {
@@ -1110,8 +1124,10 @@ absl::Status JobRunner::RunJob() {
       if (uploaded.ok() && speaks) {
         uploaded = UploadWeightsWithRetries(ParameterPointers(*host));
         // Said so: the code alone (UNAVAILABLE, DEADLINE_EXCEEDED) read
-        // as a data-plane peer's failure, naming nothing.
+        // as a data-plane peer's failure, naming nothing; and reported as
+        // no peer's failure (ReportError).
         if (!uploaded.ok()) {
+          upload_failed_ = true;
           uploaded = absl::Status(
               uploaded.code(),
               absl::StrCat("uploading the final weights to the coordinator: ", uploaded.message()));

@@ -1203,7 +1203,8 @@ class InfMomentAtStep : public ForwardingBackend {
 // No loss tells that divergence, only the refused checkpoint of its step:
 // the job fails there ("training diverged", its own failure, not a peer's),
 // as train-local ends at that checkpoint, instead of training on with every
-// later checkpoint refused and ending SUCCEEDED.
+// later checkpoint refused and ending SUCCEEDED. The refusal is no
+// checkpoint write error (no disk to free, no checkpoint_failed recovery).
 TEST(JobRunnerTest, CheckpointRefusedForAnInfiniteMoment_FailsTheJobAsDiverged) {
   v1::Assignment a = OneStageAssignment(5);
   a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
@@ -1232,7 +1233,7 @@ TEST(JobRunnerTest, CheckpointRefusedForAnInfiniteMoment_FailsTheJobAsDiverged) 
     }
   }
   EXPECT_EQ(written, (std::vector<int64_t>{1}));
-  EXPECT_EQ(refused, (std::vector<int64_t>{2}));
+  EXPECT_EQ(refused, (std::vector<int64_t>{}));
   // Step 3's iteration may have run while step 2's checkpoint was written;
   // the failure is reported before step 3's is taken, and nothing after.
   ASSERT_GE(iterations.size(), 2u);
@@ -1244,6 +1245,51 @@ TEST(JobRunnerTest, CheckpointRefusedForAnInfiniteMoment_FailsTheJobAsDiverged) 
                                "of step 2: moment v of "))
       << errors[0].error();
   EXPECT_TRUE(absl::StrContains(errors[0].error(), " holds an infinity at element 0"))
+      << errors[0].error();
+  EXPECT_FALSE(errors[0].peer_failure());
+  EXPECT_FALSE(errors[0].checkpoint_unusable());
+  EXPECT_EQ(link.reports().back().error(), errors[0].error());
+}
+
+// The same refusal at a drain's or join's step boundary (stop_after_step):
+// reported as the checkpoint's write error, it sent the job into a
+// "checkpoint_failed" recovery at the coordinator, which then dropped the
+// "training diverged" that followed (the job RECOVERING), and the job could
+// train on from the checkpoint before. Only the divergence is reported.
+TEST(JobRunnerTest, BoundaryCheckpointRefusedForAnInfiniteMoment_OnlyDivergedReported) {
+  v1::Assignment a = OneStageAssignment(5);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  InfMomentAtStep backend(2);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  options.checkpoint_root = FreshDir("checkpoint-inf-moment-boundary");
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.StopAfterStep(2);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
+  runner.Stop();
+  std::vector<int64_t> iterations, written;
+  std::vector<v1::ReportProgressRequest> errors;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    EXPECT_FALSE(r.finished());
+    if (r.has_checkpoint()) {
+      EXPECT_TRUE(r.checkpoint().error().empty()) << r.checkpoint().error();
+      written.push_back(r.checkpoint().step());
+    } else if (!r.error().empty()) {
+      errors.push_back(r);
+    } else {
+      iterations.push_back(r.iteration());
+    }
+  }
+  EXPECT_EQ(written, (std::vector<int64_t>{1}));
+  EXPECT_EQ(iterations, (std::vector<int64_t>{0, 1}));  // the stage stops at the boundary
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(errors[0].error(),
+                               "FAILED_PRECONDITION: training diverged: not writing the checkpoint "
+                               "of step 2: moment v of "))
       << errors[0].error();
   EXPECT_FALSE(errors[0].peer_failure());
   EXPECT_FALSE(errors[0].checkpoint_unusable());
@@ -1648,6 +1694,36 @@ TEST(JobRunnerTest, WeightsUpload_BrokenAfterALongStream_SentAgain) {
   ASSERT_FALSE(reports.empty());
   EXPECT_TRUE(reports.back().finished());
   EXPECT_TRUE(reports.back().error().empty()) << reports.back().error();
+}
+
+// A coordinator short of descriptors or memory answers the upload
+// UNAVAILABLE (job_manager_weights.cc) for as long as that lasts. Past the
+// retries the stage fails the job naming the upload, and not as a peer's
+// failure: that made a job that had trained every step recover
+// ("peer_failure"), redoing steps, or fail blaming the data plane.
+TEST(JobRunnerTest, WeightsUpload_UnavailablePastTheRetries_NotAPeerFailure) {
+  JobRunnerOptions options{"w", 1};
+  options.report_retry_backoff = absl::Milliseconds(1);
+  options.report_retry_for = absl::Milliseconds(20);
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailUploads(1 << 30, absl::StatusCode::kUnavailable);
+  JobRunner runner(OneStageAssignment(2, /*weights=*/true), &fabric.mailbox(0),
+                   FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
+  runner.Stop();
+  EXPECT_GE(link.upload_attempts(), 2);  // sent again before it gave up
+  EXPECT_FALSE(runner.completed());
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  ASSERT_FALSE(reports.empty());
+  const v1::ReportProgressRequest& last = reports.back();
+  EXPECT_FALSE(last.finished());
+  EXPECT_EQ(last.error(),
+            "UNAVAILABLE: uploading the final weights to the coordinator: the upload stream broke");
+  EXPECT_FALSE(last.peer_failure());
+  EXPECT_FALSE(last.checkpoint_unusable());
+  for (size_t i = 0; i + 1 < reports.size(); ++i) EXPECT_TRUE(reports[i].error().empty());
 }
 
 // on_completed runs once, after the last step's report and with

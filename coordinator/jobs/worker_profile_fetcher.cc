@@ -11,6 +11,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/grpc_credentials.h"
 #include "common/loopback_channel.h"
 #include "common/secrets.h"
@@ -60,7 +61,10 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
 }
 
 CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
-    absl::Duration timeout, WorkerChannelTls tls, std::function<void()> before_asking_again) {
+    absl::Duration timeout, WorkerChannelTls tls, std::function<void()> before_asking_again,
+    Clock* wall_clock, Clock* monotonic_clock) {
+  if (wall_clock == nullptr) wall_clock = RealClock();
+  if (monotonic_clock == nullptr) monotonic_clock = MonotonicClock();
   auto in_flight = std::make_shared<InFlight>();
   CancellableProfileFetcher out;
   out.cancel_all = [in_flight] {
@@ -79,7 +83,7 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
     }
   };
   out.fetch = [timeout, in_flight, tls = std::move(tls),
-               before_asking_again = std::move(before_asking_again)](
+               before_asking_again = std::move(before_asking_again), wall_clock, monotonic_clock](
                   const std::string& address, const std::string& session_token,
                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
     // A new channel, for the first try and each one after UNAVAILABLE: the
@@ -97,7 +101,9 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
           args));
     };
     std::unique_ptr<v1::WorkerControlService::Stub> stub = connect();
-    const absl::Time deadline = absl::Now() + timeout;
+    // On the monotonic clock: a wall-clock step while waiting to ask again
+    // must not end (or stretch) the fetch (see the header).
+    const absl::Time deadline = monotonic_clock->Now() + timeout;
     // Jittered, with a fresh seed per fetch: a job planned on many workers
     // profiles them together.
     BackoffOptions waits;
@@ -116,7 +122,9 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
     };
     while (true) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(deadline));
+      // gRPC takes a wall-clock deadline: the time left, from now.
+      context.set_deadline(
+          absl::ToChronoTime(wall_clock->Now() + (deadline - monotonic_clock->Now())));
       AddBearer(context, WorkerControlCredential(session_token));  // not the credential itself
       {
         AnnotatedMutexLock lock(&in_flight->mu);
@@ -138,7 +146,7 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
       if (s.ok()) return profile;
       if (Retryable(s.error_code(), session_retries, transient_retries)) {
         const absl::Duration wait = backoff.Next();
-        if (absl::Now() + wait < deadline) {
+        if (monotonic_clock->Now() + wait < deadline) {
           WaitUnlessCancelled(*in_flight, cancelled, wait);  // a cancel: the loop's check returns
           if (before_asking_again) before_asking_again();
           if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {

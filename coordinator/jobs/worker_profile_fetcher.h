@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "coordinator/jobs/job_manager.h"
 
 namespace pipetrain {
@@ -33,6 +34,11 @@ namespace pipetrain {
 //   gRPC's reconnect backoff (1 s) and fail the retry at once.
 // DEADLINE_EXCEEDED is not asked again: every try shares the one deadline.
 // Then the worker's error is returned.
+// `timeout` runs on the monotonic clock, so a step of the wall clock (NTP,
+// an operator's date) while a fetch waits to ask again neither fails the
+// next try at once (job_manager_profiling.cc would take that for a wedged
+// worker) nor stretches the fetch; each try's gRPC deadline, which gRPC
+// reads on the wall clock, is the wall clock's now plus the time left.
 inline constexpr int kProfileSessionRetries = 4;
 inline constexpr int kProfileTransientRetries = 2;
 // How the coordinator reaches workers' ports: with the data plane's mutual
@@ -54,7 +60,11 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout, WorkerChannelTls
 // usual.
 // `before_asking_again`, for tests, runs on the fetching thread after each
 // wait, before the fetch checks for a cancel and asks again: a test can
-// (re)start the worker there instead of racing the jittered wait.
+// (re)start the worker there instead of racing the jittered wait, or step
+// a clock.
+// `wall_clock` and `monotonic_clock` (not owned; must outlive the fetcher;
+// RealClock() and MonotonicClock() when null), for tests, time the
+// fetches as above. The waits between tries still run on real time.
 struct CancellableProfileFetcher {
   ProfileFetcher fetch;
   std::function<void()> cancel_all;
@@ -62,7 +72,8 @@ struct CancellableProfileFetcher {
 };
 CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(
     absl::Duration timeout, WorkerChannelTls tls = {},
-    std::function<void()> before_asking_again = nullptr);
+    std::function<void()> before_asking_again = nullptr, Clock* wall_clock = nullptr,
+    Clock* monotonic_clock = nullptr);
 
 }  // namespace pipetrain
 

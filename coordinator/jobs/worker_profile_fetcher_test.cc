@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "common/secrets.h"
 #include "gtest/gtest.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
@@ -18,10 +19,14 @@ namespace {
 
 // Refuses the first `refusals` calls with `code` (UNAUTHENTICATED: as a
 // worker that has not read its session yet does), then answers with a
-// profile of one unit.
+// profile of one unit. With `host_wall` (a fake clock the test steps), a
+// call whose deadline that clock has passed ends DEADLINE_EXCEEDED, as the
+// caller's gRPC ends it on a host whose wall clock stepped: gRPC reads an
+// absolute deadline on the wall clock, which the test cannot step.
 class RefusingWorkerControl final : public v1::WorkerControlService::Service {
  public:
-  RefusingWorkerControl(int refusals, grpc::StatusCode code) : refusals_(refusals), code_(code) {}
+  RefusingWorkerControl(int refusals, grpc::StatusCode code, const Clock* host_wall = nullptr)
+      : refusals_(refusals), code_(code), host_wall_(host_wall) {}
   grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest*,
                        v1::ModelProfile* profile) override {
     {
@@ -30,7 +35,11 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
       for (auto it = begin; it != end; ++it)
         authorizations_.emplace_back(it->second.data(), it->second.size());
     }
-    if (calls_.fetch_add(1) < refusals_) {
+    const int call = calls_.fetch_add(1);
+    if (host_wall_ != nullptr && absl::FromChrono(context->deadline()) <= host_wall_->Now()) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "past the deadline");
+    }
+    if (call < refusals_) {
       return grpc::Status(code_, "no session yet");
     }
     profile->add_units();
@@ -46,6 +55,7 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
  private:
   const int refusals_;
   const grpc::StatusCode code_;
+  const Clock* const host_wall_;
   std::atomic<int> calls_{0};
   AnnotatedMutex mu_;
   std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
@@ -54,8 +64,8 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
 // On `on_port`, or on a free one (0). `port` is 0 when it could not listen.
 struct Served {
   explicit Served(int refusals, grpc::StatusCode code = grpc::StatusCode::UNAUTHENTICATED,
-                  int on_port = 0)
-      : service(refusals, code) {
+                  int on_port = 0, const Clock* host_wall = nullptr)
+      : service(refusals, code, host_wall) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(on_port),
                              grpc::InsecureServerCredentials(), &port);
@@ -143,6 +153,36 @@ TEST(WorkerProfileFetcherTest, UnavailableGivesUpAfterTheTransientRetries) {
   EXPECT_EQ(profile.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(profile.status().message().find("no session yet"), std::string::npos);
   EXPECT_EQ(worker.service.calls(), kProfileTransientRetries + 1);
+}
+
+// A step of the wall clock while the fetch waits to ask again (NTP, an
+// operator's date) leaves the retry its time: the deadline is on the
+// monotonic clock, and the retry's gRPC deadline is the stepped wall
+// clock's now plus the time left. (On the wall clock the retry ended
+// DEADLINE_EXCEEDED at once, which the job manager takes for a wedged
+// worker.)
+TEST(WorkerProfileFetcherTest, WallClockSteppedForwardBeforeTheRetry_RetryAnswered) {
+  FakeClock wall(absl::Now());  // gRPC reads the real one: they agree until the step
+  FakeClock monotonic;
+  Served worker(/*refusals=*/1, grpc::StatusCode::UNAVAILABLE, /*on_port=*/0, &wall);
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(
+      absl::Seconds(30), {}, [&] { wall.Advance(absl::Hours(1)); }, &wall, &monotonic);
+  absl::StatusOr<v1::ModelProfile> profile = fetcher.fetch(worker.address(), "token", {});
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->units_size(), 1);
+  EXPECT_EQ(worker.service.calls(), 2);
+}
+
+// The timeout is counted on the monotonic clock: once it has passed there
+// while the fetch waited, the retry ends DEADLINE_EXCEEDED.
+TEST(WorkerProfileFetcherTest, TimeoutPassedOnTheMonotonicClock_DeadlineExceeded) {
+  FakeClock wall(absl::Now());
+  FakeClock monotonic;
+  Served worker(/*refusals=*/1, grpc::StatusCode::UNAVAILABLE, /*on_port=*/0, &wall);
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(
+      absl::Seconds(30), {}, [&] { monotonic.Advance(absl::Seconds(31)); }, &wall, &monotonic);
+  absl::StatusOr<v1::ModelProfile> profile = fetcher.fetch(worker.address(), "token", {});
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kDeadlineExceeded) << profile.status();
 }
 
 // An error that asking again cannot change is returned at once.

@@ -408,19 +408,19 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 
 namespace {
 
-// The entries of the directory open at `dir` (<checkpoint_dir>, as errors
-// name it) named as step directories, by step; the errno's code when it
-// cannot be read through.
-absl::StatusOr<std::map<int64_t, std::string>> StepDirNames(int dir,
-                                                            const std::string& checkpoint_dir) {
+// The names of the entries of the directory open at `dir` (`path`, as
+// errors name it), "." and ".." among them; the errno's code when it
+// cannot be read through (EMFILE, ENOMEM, EIO, ESTALE): a listing cut
+// short would pass for the whole directory.
+absl::StatusOr<std::vector<std::string>> DirEntryNames(int dir, const std::string& path) {
   const int listed = dup(dir);
   DIR* stream = listed < 0 ? nullptr : fdopendir(listed);
   if (stream == nullptr) {
     const int error = errno;
     if (listed >= 0) close(listed);
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", checkpoint_dir));
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", path));
   }
-  std::map<int64_t, std::string> names;
+  std::vector<std::string> names;
   int error = 0;
   for (;;) {
     errno = 0;  // readdir's end and its failure both return null
@@ -429,11 +429,23 @@ absl::StatusOr<std::map<int64_t, std::string>> StepDirNames(int dir,
       error = errno;
       break;
     }
-    int64_t step = 0;
-    if (ParseStepDirName(entry->d_name, &step)) names.emplace(step, entry->d_name);
+    names.push_back(entry->d_name);
   }
   closedir(stream);
-  if (error != 0) return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", checkpoint_dir));
+  if (error != 0) return absl::ErrnoToStatus(error, absl::StrCat("cannot list ", path));
+  return names;
+}
+
+// The entries of the directory open at `dir` (<checkpoint_dir>, as errors
+// name it) named as step directories, by step; DirEntryNames' errors.
+absl::StatusOr<std::map<int64_t, std::string>> StepDirNames(int dir,
+                                                            const std::string& checkpoint_dir) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> entries, DirEntryNames(dir, checkpoint_dir));
+  std::map<int64_t, std::string> names;
+  for (const std::string& entry : entries) {
+    int64_t step = 0;
+    if (ParseStepDirName(entry, &step)) names.emplace(step, entry);
+  }
   return names;
 }
 
@@ -555,16 +567,17 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
     }
   }
   // Then every file a writer left there: the units, and temporary files of
-  // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>").
+  // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>"). A
+  // listing that fails (EMFILE, ENOMEM, EIO, ESTALE) fails the removal, to
+  // be tried again: the directory would stay non-empty, which with
+  // `written_before` reads as files kept on purpose.
+  ASSIGN_OR_RETURN(const std::vector<std::string> entries,
+                   DirEntryNames(parent.dir.get(), absl::StrCat(output_dir, "/", from.dir())));
   std::vector<std::string> names;
-  if (DIR* dir = fdopendir(dup(parent.dir.get()))) {
-    while (dirent* entry = readdir(dir)) {
-      const std::string name = entry->d_name;
-      if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kCheckpointManifestName)) {
-        names.push_back(name);
-      }
+  for (const std::string& name : entries) {
+    if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kCheckpointManifestName)) {
+      names.push_back(name);
     }
-    closedir(dir);
   }
   // A file that cannot be read or unlinked (a passing I/O error) fails the
   // removal: the directory then stays non-empty, which with

@@ -213,7 +213,10 @@ absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsWithManifest(const std::stri
 // directory (left in place if anything else is in it). With
 // `written_before`, files modified at or after it are left too (another
 // job may have taken the directory since), the manifest as well unless
-// `manifest_whatever_its_time`. Never follows a symbolic link.
+// `manifest_whatever_its_time`. Never follows a symbolic link. OK when the
+// directory is already gone, and with `written_before` when it is left
+// non-empty; the errno's code when it cannot be listed or a file in it read
+// or removed (EMFILE, ENOMEM, EIO, ESTALE), for the caller to try again.
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before = std::nullopt,
                                  bool manifest_whatever_its_time = false);

@@ -1,17 +1,27 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -303,6 +313,93 @@ TEST(StepDirsWithManifestTest, CompleteStepsListed_UnlistableDirectoryAnError) {
   EXPECT_EXIT(list_out_of_descriptors(), ::testing::ExitedWithCode(0),
               "\\[RESOURCE_EXHAUSTED: cannot open the coordinator's --output-dir .*/with-manifest: "
               "Too many open files \\[type\\.pipetrain/errno='24'\\]\\] \\[0\\]");
+}
+
+// Makes system call `nr` fail with `error` in this process for good; every
+// other call goes through (this process's own architecture's numbers: a
+// test makes no other). False where the kernel or a sandbox refuses.
+bool FailSyscall(long nr, int error) {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (error & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  const struct sock_fprog program = {static_cast<unsigned short>(std::size(filter)), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// Whether FailSyscall works here, tried in a child (the filter stays).
+bool SeccompFiltersWork() {
+  const pid_t child = fork();
+  if (child == 0) _exit(FailSyscall(__NR_getpid, EPERM) && syscall(__NR_getpid) == -1 ? 0 : 1);
+  int status = 0;
+  return child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+         WEXITSTATUS(status) == 0;
+}
+
+// A step directory that cannot be listed is an error, for the caller to
+// try again: read as empty, its unit files stayed, the directory was then
+// not empty, and with `written_before` that passed for files kept on
+// purpose, so an expired checkpoint was forgotten with its files on disk
+// for good. Each failure in a child whose seccomp filter fails one call of
+// the listing: a lowered descriptor limit cannot fail the listing's dup
+// without failing the path walk first, which holds two descriptors at once
+// as the listing does (the walk's last one and its dup). The descriptor
+// dup'ed for a listing that failed is closed: the two lowest free ones are
+// the same after.
+TEST(RemoveCheckpointDirTest, UnlistableDirectory_AnErrorTheFilesKept) {
+  if (!SeccompFiltersWork()) GTEST_SKIP() << "no seccomp filter can be installed here";
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/unlistable");
+  const std::string dir = out + "/ck/step-00000005";
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> units = {"unit-0000.safetensors", "unit-0001.safetensors"};
+  for (const std::string& unit : units) std::ofstream(dir + "/" + unit) << "weights";
+  v1::ResumeFrom from;
+  from.set_step(5);
+  from.set_dir("ck/step-00000005");
+  struct Case {
+    const char* call;
+    long nr;
+    int error;
+    const char* code;
+  };
+  const Case cases[] = {
+      {"dup", __NR_dup, EMFILE, "RESOURCE_EXHAUSTED"},
+      {"fdopendir's fcntl", __NR_fcntl, ENOMEM, "RESOURCE_EXHAUSTED"},
+      {"readdir's getdents64", __NR_getdents64, EIO, "UNKNOWN"},
+  };
+  // The two lowest free descriptors: the path walk's, the second the dup's.
+  const auto lowest_free = [] {
+    const int first = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int second = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    close(first);
+    close(second);
+    return std::make_pair(first, second);
+  };
+  for (const Case& c : cases) {
+    // Prints the status and whether a descriptor leaked.
+    const auto remove_failing = [&out, &from, &c, &lowest_free] {
+      const std::pair<int, int> before = lowest_free();
+      if (before.second < 0 || !FailSyscall(c.nr, c.error)) _exit(2);
+      // Every file is older than the bound: only the listing keeps them.
+      const absl::Status removed = RemoveCheckpointDir(out, from, absl::InfiniteFuture());
+      fprintf(stderr, "[%s] [%s]\n", removed.ToString().c_str(),
+              lowest_free() == before ? "none leaked" : "leaked");
+      _exit(0);
+    };
+    EXPECT_EXIT(remove_failing(), ::testing::ExitedWithCode(0),
+                absl::StrCat("\\[", c.code, ": cannot list .*/unlistable/ck/step-00000005: ",
+                             strerror(c.error), "\\] \\[none leaked\\]"))
+        << c.call;
+    for (const std::string& unit : units) {
+      EXPECT_TRUE(std::filesystem::exists(dir + "/" + unit)) << c.call << ": " << unit;
+    }
+  }
+  // Listed, the files and the directory go: a retry removes them.
+  ASSERT_TRUE(RemoveCheckpointDir(out, from, absl::InfiniteFuture()).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 // The stored record's checkpoint bytes grow with keep and the model's

@@ -206,7 +206,7 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   if (!ChooseProfileLocked(record, infos, &profile, &source, &reference_gflops)) {
     return absl::OkStatus();  // PROFILING; planned when the profile arrives
   }
-  record.profile = profile;
+  SetProfileLocked(record, std::move(profile));
   record.profile_source = source;
   // Cached, measured or analytic, it is of workers[0]'s device kind.
   record.profile_attention = AnalyticAttentionOf(infos[0].device());

@@ -113,11 +113,8 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
     e->set_step(record.expiring[i].from.step());
     e->set_dir(record.expiring[i].from.dir());
   }
-  // Compact: a 256-layer profile with tensor partitions takes about 200 KB
-  // indented, less than half that without.
-  if (record.profile.has_value()) {
-    stored.set_profile_json(ProfileToJson(*record.profile, /*indent=*/-1));
-  }
+  // Built when the profile was set (SetProfileLocked), not here.
+  if (record.profile.has_value()) stored.set_profile_json(record.profile_json);
   stored.set_profile_source(record.profile_source);
   if (record.profile_attention.has_value()) {
     stored.set_profile_attention(static_cast<int>(*record.profile_attention) + 1);
@@ -161,6 +158,19 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   record.stored_record_trimmed = !trimmed.empty();
   record.last_persisted = now;
   return stored;
+}
+
+void JobManager::SetProfileLocked(JobRecord& record, ModelProfile profile) {
+  // Compact: a 256-layer profile with tensor partitions takes about 200 KB
+  // indented, less than half that without.
+  record.profile_json = ProfileToJson(profile, /*indent=*/-1);
+  record.profile = std::move(profile);
+  ++profile_jsons_built_;
+}
+
+int64_t JobManager::ProfileJsonsBuiltForTesting() const {
+  AnnotatedMutexLock lock(&mu_);
+  return profile_jsons_built_;
 }
 
 absl::Status JobManager::SaveStoredJob(const store::StoredJob& job, bool log_failure) const {
@@ -601,7 +611,7 @@ absl::Status JobManager::Restore() {
       } else if (spec_resolves) {
         profile_mismatch = StoredProfileMismatch(*profile, record->resolved.train.model);
       }
-      if (profile_mismatch.empty()) record->profile = *std::move(profile);
+      if (profile_mismatch.empty()) SetProfileLocked(*record, *std::move(profile));
     }
     record->profile_source = s.profile_source();
     switch (s.profile_attention()) {

@@ -483,4 +483,29 @@ absl::Status Collectives::Broadcast(int64_t iteration, int tag, int root, Tensor
   return RecvRange(iteration, tag, root, data.data(), 0, data.numel(), /*add=*/false);
 }
 
+absl::StatusOr<std::vector<Tensor>> Collectives::AllGatherSmall(int64_t iteration, int tag,
+                                                                const Tensor& data) {
+  RETURN_IF_ERROR(status_);
+  RETURN_IF_ERROR(CheckOnHost(tag, data));
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  // All sends before the first receive: no member's send waits for another
+  // member's, so the whole exchange is one round of latency.
+  for (int k = 1; k < size(); ++k) {
+    const int to = Mod(rank_ + k, size());
+    RETURN_IF_ERROR(SendRange(iteration, tag, to, data.data(), 0, data.numel()));
+  }
+  std::vector<Tensor> all;
+  for (int m = 0; m < size(); ++m) {
+    if (m == rank_) {
+      all.push_back(data.Clone());
+      continue;
+    }
+    Tensor got = Tensor::Uninitialized(data.shape());  // every value is copied in
+    RETURN_IF_ERROR(RecvRange(iteration, tag, m, got.data(), 0, data.numel(), /*add=*/false));
+    all.push_back(std::move(got));
+  }
+  return all;
+}
+
 }  // namespace pipetrain

@@ -20,6 +20,8 @@
 //                      (ExchangeWindow) so that the partner holds a
 //                      bounded part of the tensor, not all of it.
 //   broadcast          the root sends to every member (star).
+//   all-gather small   AllGatherSmall: every member sends its tensor to
+//                      every member, then receives theirs (one latency).
 //   gather             every member sends to the root (star).
 //   member-order tree  AllReduceInMemberOrder: each member sends segment k
 //                      straight to member k (the ring's volume, (N-1)/N of
@@ -148,6 +150,20 @@ class Collectives {
                                 int64_t total);
   // data <- root's data (rank `root`), in place.
   absl::Status Broadcast(int64_t iteration, int tag, int root, Tensor& data);
+  // Every member's `data` (the same numel on every member), in rank order,
+  // each of data's shape (this member's own a copy). Each member first
+  // sends its whole `data` to every other member, then receives theirs: no
+  // send waits for a receive, so the exchange costs one latency after the
+  // last member arrives, where one Broadcast per root costs N (root r
+  // sends only once it has received roots 0..r-1). Values are copied as
+  // bytes, so every member gets bitwise the same tensors, and a reduction
+  // over them in rank order (gradient clipping's global norm) gives every
+  // member bitwise the same result. (N - 1) x data leaves each member at
+  // once, without flow control: for small tensors (a few values per
+  // parameter), not for gradients. Members that disagree on the size:
+  // INTERNAL naming the member, as the other collectives.
+  absl::StatusOr<std::vector<Tensor>> AllGatherSmall(int64_t iteration, int tag,
+                                                     const Tensor& data);
 
   // A lossy all-reduce whose messages carry `codec`'s payloads (AccTFM's
   // compressed tensor-parallel sum, acctfm.txt §4.3.2): `data` is a host

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -598,6 +599,107 @@ TEST(CollectivesTest, Broadcast_EveryRankGetsTheRootsTensor) {
   }
 }
 
+// Every member gets every member's tensor, in rank order and bitwise as
+// sent, so the member-order sum of them (gradient clipping's global norm)
+// is bitwise the same on every member; 1 to 5 members, in one message and
+// in chunks (10 floats in 16-byte messages: three of four, the last short).
+TEST(CollectivesTest, AllGatherSmall_EveryMemberGetsEveryTensor_SameSumBitwise) {
+  for (const int64_t chunk_bytes : {int64_t{1} << 20, int64_t{16}}) {
+    for (int n = 1; n <= 5; ++n) {
+      SCOPED_TRACE(absl::StrCat(n, " members, ", chunk_bytes, "-byte messages"));
+      std::vector<std::vector<std::vector<float>>> got(n);
+      std::vector<std::vector<float>> sums(n);
+      const CollectiveOptions options{chunk_bytes, 0, absl::Seconds(30)};
+      const auto status = RunGroup(n, options, [&](int r, Collectives& c) {
+        absl::StatusOr<std::vector<Tensor>> all =
+            c.AllGatherSmall(/*iteration=*/2, /*tag=*/5, Tensor::FromVector({10}, Input(r, 10)));
+        if (!all.ok()) return all.status();
+        std::vector<float> sum(10, 0.0f);
+        for (const Tensor& t : *all) {
+          got[r].push_back(t.ToVector());
+          for (int i = 0; i < 10; ++i) sum[i] += t.data()[i];
+        }
+        sums[r] = sum;
+        return absl::OkStatus();
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+        ASSERT_EQ(got[r].size(), static_cast<size_t>(n)) << "rank " << r;
+        for (int m = 0; m < n; ++m) {
+          const std::vector<float> want = Input(m, 10);
+          EXPECT_EQ(std::memcmp(got[r][m].data(), want.data(), 10 * sizeof(float)), 0)
+              << "rank " << r << " got member " << m << "'s tensor altered";
+        }
+        EXPECT_EQ(std::memcmp(sums[r].data(), sums[0].data(), 10 * sizeof(float)), 0)
+            << "rank " << r << "'s sum differs from rank 0's";
+      }
+    }
+  }
+}
+
+// Records, for its member, how many messages it had sent when it first
+// called a receive, and how many it sent in all.
+class OrderRecordingTransport : public Transport {
+ public:
+  explicit OrderRecordingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    ++sent;
+    return inner_->SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    if (sent_before_first_receive < 0) sent_before_first_receive = sent;
+    return inner_->RecvWire(peer, address, timeout);
+  }
+  // Written by this member's thread only; read once it is joined.
+  int sent = 0;
+  int sent_before_first_receive = -1;
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+// One round, without timing: every member sends all its messages (one to
+// each other member) before its first receive, so none waits for another's
+// receive before it sends and the exchange costs one latency. (One
+// Broadcast per root chains them: member r sends only after receiving
+// roots 0..r-1, N latencies.)
+TEST(CollectivesTest, AllGatherSmall_EveryMemberSendsAllBeforeItsFirstReceive) {
+  constexpr int n = 4;
+  InProcessFabric fabric(n);
+  std::vector<std::unique_ptr<OrderRecordingTransport>> transports;
+  for (int r = 0; r < n; ++r) {
+    transports.push_back(std::make_unique<OrderRecordingTransport>(fabric.Connect(r)));
+  }
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r].get(), CollectiveGroup{{0, 1, 2, 3}, "j"});
+      status[r] = c.AllGatherSmall(/*iteration=*/1, /*tag=*/3, Tensor::FromVector({6}, Input(r, 6)))
+                      .status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(transports[r]->sent, n - 1) << "rank " << r;
+    EXPECT_EQ(transports[r]->sent_before_first_receive, n - 1)
+        << "rank " << r << " received before it had sent to every member";
+  }
+}
+
+TEST(CollectivesTest, AllGatherSmall_MembersDisagreeOnTheSize_InternalNamingIt) {
+  const auto status = RunGroup(3, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {
+    return c.AllGatherSmall(1, 1, Tensor::Zeros({r == 1 ? 4 : 3})).status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInternal) << "rank " << r << ": " << status[r];
+    EXPECT_TRUE(absl::StrContains(status[r].message(), "same sizes")) << status[r];
+  }
+}
+
 TEST(CollectivesTest, BadGroup_InvalidArgument) {
   InProcessFabric fabric(3);
   std::unique_ptr<Transport> transport = fabric.Connect(1);
@@ -1128,6 +1230,7 @@ TEST(CollectivesTest, DeviceTensors_EveryCallRefusedBeforeSendingAnything) {
       {"Gather", c.Gather(1, 6, /*root=*/1, half, 8).status()},
       {"Broadcast (root)", c.Broadcast(1, 7, /*root=*/0, t)},
       {"Broadcast", c.Broadcast(1, 8, /*root=*/1, t)},
+      {"AllGatherSmall", c.AllGatherSmall(1, 9, t).status()},
   };
   for (const auto& [name, status] : calls) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name << ": " << status;

@@ -28,8 +28,9 @@
 namespace pipetrain {
 namespace {
 
-// Tags of the gradient-clipping broadcasts (one per optimizer stage) and
-// of the data-parallel gradient all-reduces (one per parameter).
+// Tag of the gradient-clipping all-gather of the stages' squared norms (one
+// per step; Collectives::AllGatherSmall). The data-parallel gradient
+// all-reduces' tags (one per parameter) start at kDataParallelTagBase.
 constexpr int kGradClipTagBase = 1 << 20;
 // Tags of the final all-gathers of tensor-parallel shards (one per
 // parameter), above the tensor-parallel units' and validation's tags.
@@ -38,7 +39,7 @@ constexpr int kTensorParallelGatherTagBase =
 // Tags of a checkpoint's all-gathers of shards and their moments (three per
 // parameter), above the final ones.
 constexpr int kTensorParallelCheckpointTagBase = kTensorParallelGatherTagBase + (1 << 20);
-// Tags of the tensor ranks' broadcasts of their norm shares (one per rank).
+// Tag of the tensor ranks' all-gather of their norm shares (one per step).
 constexpr int kGradClipTensorTagBase = (1 << 20) + (1 << 18);
 constexpr int kDataParallelTagBase = 1 << 21;
 // 3-D tensor parallelism's cube collectives (CollectivesCubeComm), and
@@ -2337,18 +2338,17 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
                             RingSumOptions(setup_.recv_timeout));
     RETURN_IF_ERROR(collectives.status());
-    all.clear();
-    for (int root = 0; root < static_cast<int>(group.size()); ++root) {
-      Tensor buffer = root == collectives.rank() ? mine : Tensor::Zeros({slots});
-      // Broadcast copies bytes: the doubles arrive exactly. It blocks
-      // until stage `root` reaches its step too (the pipeline's cool-down).
-      const auto start = SteadyClock::now();
-      RETURN_IF_ERROR(collectives.Broadcast(iteration, kGradClipTagBase + root, root, buffer));
-      CountCollective(result, "grad_clip", buffer.size_bytes(), start);
-      CountWaited(result, start);
-      all.push_back(buffer);
-    }
+    // Every stage's slots in member order, in one round: each sends to all,
+    // then receives (one latency, not one per stage). The bytes arrive as
+    // sent, so the doubles are exact. It blocks until every stage reaches
+    // its step too (the pipeline's cool-down).
+    const auto start = SteadyClock::now();
+    ASSIGN_OR_RETURN(all, collectives.AllGatherSmall(iteration, kGradClipTagBase, mine));
+    CountCollective(result, "grad_clip", mine.size_bytes() * collectives.size(), start);
+    CountWaited(result, start);
   }
+  // Every stage sums the same slots in the same (parameter) order: the
+  // same total, bit for bit, so every stage scales by the same factor.
   double total = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     const Tensor* from = nullptr;
@@ -2370,17 +2370,13 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
 absl::Status StageRuntime::SumTensorRankSquares(
     int64_t iteration, const std::map<std::pair<int, std::string>, int>& index, Tensor* mine,
     IterationResult* result) {
-  // Every rank's slots (Broadcast copies bytes: the doubles arrive exactly).
-  std::vector<Tensor> ranks;
-  for (int root = 0; root < tp_collectives_->size(); ++root) {
-    Tensor buffer = root == tp_collectives_->rank() ? mine->Clone() : Tensor::Zeros(mine->shape());
-    const auto start = SteadyClock::now();
-    RETURN_IF_ERROR(
-        tp_collectives_->Broadcast(iteration, kGradClipTensorTagBase + root, root, buffer));
-    CountCollective(result, "grad_clip", buffer.size_bytes(), start);
-    CountWaited(result, start);
-    ranks.push_back(std::move(buffer));
-  }
+  // Every rank's slots, in rank order and one round (AllGatherSmall copies
+  // bytes: the doubles arrive exactly).
+  const auto start = SteadyClock::now();
+  ASSIGN_OR_RETURN(const std::vector<Tensor> ranks,
+                   tp_collectives_->AllGatherSmall(iteration, kGradClipTensorTagBase, *mine));
+  CountCollective(result, "grad_clip", mine->size_bytes() * tp_collectives_->size(), start);
+  CountWaited(result, start);
   // A shard's squares are its rank's share: the sum in rank order. A
   // replica's are the same on every rank: rank 0's, counted once.
   for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {

@@ -256,7 +256,8 @@ struct IterationResult {
   // "embedding_sync" (the tied
   // embedding's exchange between its two owners, or the fused all-reduce
   // that replaces the exchange and its data-parallel all-reduce),
-  // "grad_clip" (the norms' broadcasts), "loss_gather" and
+  // "grad_clip" (the all-gather of the stages' squared norms, one per
+  // step, and the tensor ranks' one), "loss_gather" and
   // "tensor_parallel" (the units' all-reduces over the stage's tensor
   // ranks: one per partition of each, a recompute's again; validation's
   // left out).

@@ -1075,8 +1075,20 @@ int RunUp(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   cluster_options.coordinator_args = {"--output-dir=" + *output};
-  cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention,
-                                 "--checkpoint-root=" + *output};
+  // No drain, and a short stop: `up` owns the whole cluster and never needs
+  // a worker drained (its Ctrl-C cancels the job first). Killed outright
+  // (SIGKILL), it left each worker, signalled by the kernel, asking the
+  // coordinator gone with it for a drain for the default 60 s and more,
+  // holding its model's memory beside the workers of the next `up`. Now a
+  // worker leaves at once, its stop bounded by 4 s (2, and 2 for its
+  // deregistration's call), within the 5 s `up` gives it on Ctrl-C.
+  cluster_options.worker_args = {"--gemm",
+                                 o.worker_gemm,
+                                 "--attention",
+                                 o.worker_attention,
+                                 "--checkpoint-root=" + *output,
+                                 "--drain-timeout-seconds=0",
+                                 "--stop-timeout-seconds=2"};
   if (!o.emulate_link.empty()) {
     cluster_options.worker_args.push_back("--emulate-link=" + o.emulate_link);
   }

@@ -257,10 +257,8 @@ namespace {
 // asks `stop` again.
 constexpr int kFifoStopPollMs = 200;
 
-// Writes `text` through `fd`, a FIFO's non-blocking write end, as its reader
-// takes it, asking `stop` while the reader takes nothing. Not a blocking
-// write: one to a stalled reader waited for ever, and a signal did not end
-// it (CatchInterrupt's SA_RESTART resumes it). The error names `path`.
+}  // namespace
+
 absl::Status WriteToFifo(int fd, const std::string& path, const std::string& text,
                          const std::function<bool()>& stop) {
   size_t done = 0;
@@ -289,6 +287,8 @@ absl::Status WriteToFifo(int fd, const std::string& path, const std::string& tex
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // Writes `text` to `path` (created or truncated). The error names `path`.
 absl::Status WriteOne(const std::string& path, const std::string& text,

@@ -61,6 +61,16 @@ absl::Status CheckReplaceableFile(const char* flag, const std::string& path);
 // nobody reads, whose blocking open would wait without end (past SIGINT).
 absl::StatusOr<int> OpenFifoWriteEnd(absl::string_view what, const std::string& path);
 
+// Writes `text` through `fd`, a FIFO's non-blocking write end (O_NONBLOCK
+// set), as its reader takes it, asking `stop` (may be empty) each time the
+// reader has taken nothing for a while. Not a blocking write: one to a
+// stalled reader waited for ever, and a signal did not end it (a handler
+// with SA_RESTART resumes it). CANCELLED "cannot write PATH: stopped while
+// its reader took nothing (N of M bytes written)" once `stop` says so;
+// the write's errno's code for a reader gone (EPIPE) or another failure.
+absl::Status WriteToFifo(int fd, const std::string& path, const std::string& text,
+                         const std::function<bool()>& stop);
+
 // INVALID_ARGUMENT "<flag> <path> is also <flag2>; each output needs its own
 // file" when two non-empty `outputs` name one file: the same existing file
 // (links included), or, for files yet to be made, the same name in the same

@@ -504,4 +504,83 @@ fi
 expect_exit sigterm_checkpoint_loads 0 "nothing to train: the checkpoint is at step" -- \
   train-local "${TINY[@]}" --resume "$TMP/term.ckpt" --steps 1
 
+# fill_fifo FIFO: writes to FIFO, whose reader (held by this shell) never
+# reads, until it takes not one byte more: the next write of a run waits.
+fill_fifo() {
+  python3 - "$1" <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_NONBLOCK)
+for size in (1 << 16, 1):  # whole pages, then the last one's tail
+    try:
+        while True:
+            os.write(fd, b"x" * size)
+    except BlockingIOError:
+        pass
+PY
+}
+# await_exit PID SECONDS: waits up to SECONDS (polled) for PID to end and
+# sets rc to its exit status, or kills it and sets rc to 124.
+await_exit() {
+  local pid=$1
+  for _ in $(seq 1 $(($2 * 20))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"
+    wait "$pid"
+    rc=124
+  else
+    wait "$pid"
+    rc=$?
+  fi
+}
+# await_line FILE PATTERN: up to 60 s (polled) for a line of FILE to match.
+await_line() {
+  for _ in $(seq 1 1200); do grep -q -- "$2" "$1" && return 0; sleep 0.05; done
+  return 1
+}
+
+# A --log FIFO or pipe whose reader stops reading (a stalled plotter): once
+# the pipe was full, the run waited in write(2) for ever, SIGTERM and Ctrl-C
+# did nothing, and --checkpoint was never written. Its record is dropped
+# now, the run saying so, and it stops as on any signal. The pipe is full
+# before the first record here, which the signal finds waiting.
+mkfifo "$TMP/stalled.fifo"
+exec 3<>"$TMP/stalled.fifo"
+fill_fifo "$TMP/stalled.fifo"
+"$BIN" train-local "${TINY[@]}" --steps 1000000 --log "$TMP/stalled.fifo" \
+  --checkpoint "$TMP/stalled.ckpt" >"$TMP/stalled.out" 2>"$TMP/stalled.err" &
+pid=$!
+await_line "$TMP/stalled.err" "^step 1/"
+kill -TERM "$pid"
+await_exit "$pid" 20
+exec 3<&-
+if [[ $rc -eq 143 && -s "$TMP/stalled.ckpt" ]] &&
+    grep -q "interrupted (SIGTERM); checkpoint written" "$TMP/stalled.err" &&
+    grep -q -- "--log $TMP/stalled.fifo: the record of step 1 dropped" "$TMP/stalled.err"; then
+  passed=$((passed + 1))
+else
+  cp "$TMP/stalled.err" "$ERR"
+  fail sigterm_past_stalled_log_fifo "exit $rc (124: still running 20 s after SIGTERM)"
+fi
+
+# A second signal ends the run at once, here held at its exit by a stdout
+# whose reader stopped reading (`train-local | stalled`); it was ignored.
+mkfifo "$TMP/held.fifo"
+exec 3<>"$TMP/held.fifo"
+fill_fifo "$TMP/held.fifo"
+"$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/held.ckpt" \
+  >"$TMP/held.fifo" 2>"$TMP/held.err" &
+pid=$!
+await_line "$TMP/held.err" "^step 1/"
+kill -TERM "$pid"
+await_line "$TMP/held.err" "checkpoint written"
+kill -TERM "$pid"
+await_exit "$pid" 20
+exec 3<&-
+if [[ $rc -eq 143 && -s "$TMP/held.ckpt" ]]; then
+  passed=$((passed + 1))
+else
+  cp "$TMP/held.err" "$ERR"
+  fail second_sigterm_ends_run "exit $rc (124: still running 20 s after the second SIGTERM)"
+fi
+
 finish

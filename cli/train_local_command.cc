@@ -55,13 +55,37 @@ namespace {
 // under way finishes first). One that resumed goes on to write --save (the
 // checkpoint's weights), as documented for a run stopped before its first
 // step.
+// A further one of them ends the process at once, by that signal's default
+// action (128 + it), as a further signal ends the coordinator's shutdown:
+// a run held after the first (a stdout nobody reads, storage that stopped
+// answering) gave way to SIGKILL alone. A checkpoint it was writing is
+// left as a temporary, which the next run removes.
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_stopping{false};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
               "set in a signal handler");
 extern "C" void OnStopSignal(int signal) {
+  if (g_stopping.load()) {
+    // sigaction and raise are async-signal-safe; the signal, blocked while
+    // its handler runs, is taken once this returns.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigaction(signal, &default_action, nullptr);
+    raise(signal);
+    return;
+  }
   g_signal.store(signal);
   g_stopping.store(true);
+}
+
+// Installs OnStopSignal for `signal`. SA_RESTART, as std::signal did: a
+// read under way in the set-up goes on, and is stopped after.
+void CatchStopSignal(int signal) {
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(signal, &action, nullptr);
 }
 
 // CANCELLED once a stop signal came: between the set-up's phases, which
@@ -321,26 +345,27 @@ absl::StatusOr<Dataset> LoadData(const Options& o) {
   return dataset;
 }
 
-// Flushes what was written to the --log file since errno was cleared.
-absl::Status FlushLog(std::ofstream& log, const std::string& path) {
-  log.flush();
-  if (log) return absl::OkStatus();
-  // The cause (a full disk, a reader gone) from write(2), when it set one.
-  const int error = errno;
+// INTERNAL "cannot write the --log file PATH (why)", the cause (a full
+// disk, a reader gone) from write(2)'s `error`, when it set one.
+absl::Status LogWriteError(const std::string& path, int error) {
   return absl::InternalError(
       absl::StrCat("cannot write the --log file ", path,
                    error != 0 ? absl::StrCat(" (", strerror(error), ")") : std::string()));
 }
 
-absl::Status AppendLog(std::ofstream& log, const std::string& path, const StepResult& r,
-                       std::optional<float> val, double tokens_per_second) {
+// Flushes what was written to the --log file since errno was cleared.
+absl::Status FlushLog(std::ofstream& log, const std::string& path) {
+  log.flush();
+  return log ? absl::OkStatus() : LogWriteError(path, errno);
+}
+
+// One --log record: a JSON line.
+std::string LogRecord(const StepResult& r, std::optional<float> val, double tokens_per_second) {
   nlohmann::json line = {{"step", r.step},
                          {"loss", r.loss},
                          {"val_loss", val.has_value() ? nlohmann::json(*val) : nullptr},
                          {"tokens_per_second", tokens_per_second}};
-  errno = 0;
-  log << line.dump() << "\n";
-  return FlushLog(log, path);
+  return line.dump() + "\n";
 }
 
 // Whether `path` is a regular file whose last line has no newline: a run
@@ -359,6 +384,73 @@ bool LastLineTorn(const std::string& path) {
   return got && last != '\n';
 }
 
+// The --log output, appended to. A FIFO or pipe (`--log >(plot)`, `cat
+// fifo &`) is written through a non-blocking write end as its reader takes
+// the text: a blocking write to a reader that stopped reading waited for
+// ever, past SIGINT and SIGTERM (their handler only sets a flag, and the
+// write is restarted), and --checkpoint was never written. Anything else
+// (a file, a device) through a stream. Not thread-safe.
+class LogOutput {
+ public:
+  LogOutput() = default;
+  LogOutput(const LogOutput&) = delete;
+  LogOutput& operator=(const LogOutput&) = delete;
+  ~LogOutput() {
+    if (fifo_ >= 0) close(fifo_);
+  }
+
+  // Opens `path` (OpenFifoWriteEnd's errors for a FIFO nobody reads; the
+  // open's errno's code otherwise, e.g. a missing directory NOT_FOUND).
+  // Ends a torn last line of a regular file (LastLineTorn): a resumed run's
+  // first record glued to it would make one unparsable line of both.
+  absl::Status Open(const std::string& path);
+  bool is_open() const { return fifo_ >= 0 || file_.is_open(); }
+  // Appends `text`: LogWriteError's INTERNAL when a file cannot be
+  // written, WriteToFifo's errors for a FIFO: CANCELLED when a stop signal
+  // came (g_stopping) while its reader took nothing; the reader then has
+  // none of a record shorter than PIPE_BUF (a record is), written at once
+  // or not at all.
+  absl::Status Append(const std::string& text);
+
+ private:
+  std::string path_;
+  int fifo_ = -1;  // a FIFO's write end, non-blocking; -1: file_ instead
+  std::ofstream file_;
+};
+
+absl::Status LogOutput::Open(const std::string& path) {
+  path_ = path;
+  ASSIGN_OR_RETURN(fifo_, OpenFifoWriteEnd("--log", path));
+  if (fifo_ >= 0) {
+    // OpenFifoWriteEnd's is blocking: WriteToFifo waits for room itself.
+    const int flags = fcntl(fifo_, F_GETFL);
+    if (flags < 0 || fcntl(fifo_, F_SETFL, flags | O_NONBLOCK) != 0) {
+      const int error = errno;
+      return absl::ErrnoToStatus(error, absl::StrCat("cannot open --log file ", path));
+    }
+    return absl::OkStatus();
+  }
+  errno = 0;
+  file_.open(path, std::ios::app);
+  if (const int error = errno; !file_) {
+    // Its errno's code (a read-only directory PERMISSION_DENIED), not
+    // NOT_FOUND whatever the cause.
+    return absl::ErrnoToStatus(error != 0 ? error : ENOENT,
+                               absl::StrCat("cannot open --log file ", path));
+  }
+  if (!LastLineTorn(path)) return absl::OkStatus();
+  errno = 0;
+  file_ << "\n";
+  return FlushLog(file_, path);
+}
+
+absl::Status LogOutput::Append(const std::string& text) {
+  if (fifo_ >= 0) return WriteToFifo(fifo_, path_, text, [] { return g_stopping.load(); });
+  errno = 0;
+  file_ << text;
+  return FlushLog(file_, path_);
+}
+
 // Trains to config.steps (or until SIGINT, or until the --log file or a
 // --checkpoint-interval checkpoint cannot be written: `output_failed` says
 // why then, and the run stops as an interrupt does, its checkpoint and
@@ -371,30 +463,8 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
                                            absl::Status* output_failed,
                                            int64_t* checkpoint_saved_at) {
   *checkpoint_saved_at = -1;
-  std::ofstream log;
-  if (!o.log.empty()) {
-    // A FIFO's write end held while the stream opens its own: a blocking
-    // open of one nobody reads would wait for ever, and closing a probe
-    // first would end a reader such as `cat` (it reads EOF).
-    ASSIGN_OR_RETURN(const int fifo, OpenFifoWriteEnd("--log", o.log));
-    errno = 0;
-    log.open(o.log, std::ios::app);
-    const int open_error = errno;
-    if (fifo >= 0) close(fifo);
-    if (!log) {
-      // Its errno's code (a missing directory NOT_FOUND, a read-only one
-      // PERMISSION_DENIED), not NOT_FOUND whatever the cause.
-      return absl::ErrnoToStatus(open_error != 0 ? open_error : ENOENT,
-                                 absl::StrCat("cannot open --log file ", o.log));
-    }
-    // A resumed run's first record glued to a torn line would make one
-    // unparsable line of both; the torn one is ended and kept as it was.
-    if (LastLineTorn(o.log)) {
-      errno = 0;
-      log << "\n";
-      RETURN_IF_ERROR(FlushLog(log, o.log));
-    }
-  }
+  LogOutput log;
+  if (!o.log.empty()) RETURN_IF_ERROR(log.Open(o.log));
   const TrainConfig& c = trainer.config();
   const int64_t tokens_per_step = int64_t{c.batch_size} * c.seq_len;
   const int64_t first_step = trainer.step();
@@ -433,10 +503,17 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     progress.Update({r.step, c.steps, r.loss, val, tps, per_step * (c.steps - r.step)});
     last_val = val;
     if (log.is_open()) {
-      // Its reader gone (`--log >(head)`, a killed `cat fifo`) or its disk
-      // full: hours of training since the last checkpoint must not be lost
-      // with it.
-      if (absl::Status logged = AppendLog(log, o.log, r, val, tps); !logged.ok()) {
+      absl::Status logged = log.Append(LogRecord(r, val, tps));
+      // A signal came while the FIFO's reader took nothing: the record is
+      // dropped, and the run stops after this step (the loop's test), as
+      // asked, with its checkpoint.
+      if (absl::IsCancelled(logged)) {
+        progress.Message(absl::StrCat("--log ", o.log, ": the record of step ", r.step,
+                                      " dropped on stopping (", logged.message(), ")"));
+      } else if (!logged.ok()) {
+        // Its reader gone (`--log >(head)`, a killed `cat fifo`) or its
+        // disk full: hours of training since the last checkpoint must not
+        // be lost with it.
         *output_failed = absl::Status(
             logged.code(), absl::StrCat(logged.message(), " at step ", r.step,
                                         "; training stopped there, as an interrupt would"));
@@ -650,13 +727,13 @@ int RunTrainLocal(const std::vector<std::string>& args) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", std::string(parsed.message()).c_str());
     return 2;
   }
-  std::signal(SIGINT, OnStopSignal);
-  std::signal(SIGTERM, OnStopSignal);
+  CatchStopSignal(SIGINT);
+  CatchStopSignal(SIGTERM);
   // A terminal's hangup (an ssh session lost) stops it as Ctrl-C does,
   // with --checkpoint written; not under nohup, which keeps it ignored.
   if (struct sigaction hangup;
       sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler != SIG_IGN) {
-    std::signal(SIGHUP, OnStopSignal);
+    CatchStopSignal(SIGHUP);
   }
   // A --log reader that went away fails the write (Train stops, and the
   // checkpoint is written) instead of killing the process mid-run.

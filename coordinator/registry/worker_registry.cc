@@ -287,10 +287,9 @@ absl::StatusOr<WorkerRegistry::Entry*> WorkerRegistry::EntryForAddressLocked(
   auto known = number_by_address_.find(data_address);
   if (known != number_by_address_.end()) return &workers_.at(known->second);
   if (static_cast<int>(workers_.size()) >= options_.max_workers && !EvictOneLocked()) {
-    const absl::Time now = clock_->Now();
     int awaited = 0;
     for (const auto& [number, entry] : workers_) {
-      if (AwaitedSinceRestoreLocked(entry, now)) ++awaited;
+      if (AwaitedSinceRestoreLocked(entry)) ++awaited;
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "the coordinator already tracks ", workers_.size(),
@@ -309,14 +308,13 @@ absl::StatusOr<WorkerRegistry::Entry*> WorkerRegistry::EntryForAddressLocked(
 }
 
 bool WorkerRegistry::EvictOneLocked() {
-  const absl::Time now = clock_->Now();
   auto oldest = workers_.end();
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
     // A restored worker not heard from yet may be alive, its registration
     // queued behind others: evicted, it came back under a new id, its drain
     // and stored record gone. (All were seen at the restore, and the tie
     // took the lowest id, which long-lived workers hold.)
-    if (IsLive(it->second.worker.state()) || AwaitedSinceRestoreLocked(it->second, now)) continue;
+    if (IsLive(it->second.worker.state()) || AwaitedSinceRestoreLocked(it->second)) continue;
     if (oldest == workers_.end() || it->second.last_seen < oldest->second.last_seen) oldest = it;
   }
   if (oldest == workers_.end()) return false;
@@ -370,12 +368,14 @@ bool WorkerRegistry::IsStaleSession(absl::string_view token) const {
   // with the old coordinator, so the token cannot be checked; taken for
   // one lease after the restore only (the burst of a restart), so that a
   // stranger naming a dead worker's id is not hidden for good.
-  return parts->incarnation == entry->worker.incarnation() &&
-         AwaitedSinceRestoreLocked(*entry, clock_->Now());
+  return parts->incarnation == entry->worker.incarnation() && AwaitedSinceRestoreLocked(*entry);
 }
 
-bool WorkerRegistry::AwaitedSinceRestoreLocked(const Entry& entry, absl::Time now) const {
-  return entry.restored_unheard && now - entry.restored_at <= options_.lease;
+bool WorkerRegistry::AwaitedSinceRestoreLocked(const Entry& entry) const {
+  // A duration, so the lease clock's: on the wall clock a step back after a
+  // restart kept restored workers for the step too (new ones refused while
+  // full), and one forward let a live restored worker be evicted at once.
+  return entry.restored_unheard && lease_clock_->Now() - entry.restored_at <= options_.lease;
 }
 
 absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {
@@ -717,6 +717,7 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
 
 void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
   const absl::Time now = clock_->Now();
+  const absl::Time lease_now = lease_clock_->Now();
   // Those saved last, as many as the registry keeps: a store older than
   // the cap (or written under a larger one) does not grow it. A record's
   // heartbeat is the one it had when saved (registering, drained or
@@ -782,7 +783,7 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     // last seen at its stored heartbeat, so it goes before the others (seen
     // now, and listed so), which EvictOneLocked skips for a lease anyway.
     entry.last_seen = now;
-    entry.lease_start = lease_clock_->Now();
+    entry.lease_start = lease_now;
     if (left) entry.last_seen = std::min(now, FromProtoTimestamp(w.last_heartbeat()));
     if (!left) *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
     number_by_address_[w.data_address()] = number;
@@ -795,7 +796,7 @@ void WorkerRegistry::RestoreLocked(const std::vector<v1::Worker>& all) {
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
     SetStateLocked(entry, left ? v1::WORKER_STATE_LEFT : v1::WORKER_STATE_LOST);
     entry.restored_unheard = !left;
-    entry.restored_at = now;
+    entry.restored_at = lease_now;
   }
 }
 

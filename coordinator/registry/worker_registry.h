@@ -402,7 +402,7 @@ class WorkerRegistry {
     // Restored LOST and not heard from since: the process may still be
     // running a job of the old coordinator's (StoppedSince).
     bool restored_unheard = false;
-    absl::Time restored_at = absl::InfinitePast();  // when Restore made it (clock_)
+    absl::Time restored_at = absl::InfinitePast();  // when Restore made it (lease_clock_)
     // Why the current incarnation is LOST (a heartbeat refused then says
     // it): its lease expired, or its assignment stream closed.
     std::string lost_why;
@@ -425,10 +425,9 @@ class WorkerRegistry {
   // AwaitedSinceRestoreLocked; false when none.
   bool EvictOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Restored (not LEFT), not heard from since, and restored no more than a
-  // lease before `now` (clock_): its process may be alive and about to
+  // lease ago on lease_clock_: its process may be alive and about to
   // register again (IsStaleSession, EvictOneLocked).
-  bool AwaitedSinceRestoreLocked(const Entry& entry, absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AwaitedSinceRestoreLocked(const Entry& entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartIncarnationLocked(Entry& entry, const v1::RegisterWorkerRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string SessionTokenOf(const Entry& entry);

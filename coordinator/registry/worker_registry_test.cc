@@ -1896,6 +1896,72 @@ TEST(WorkerRegistryCapacityTest, RestoredUnheardWithinALease_NotEvicted_KeepsIdA
   EXPECT_EQ(registry.Get("w-2").status().code(), absl::StatusCode::kNotFound);
 }
 
+// One LOST worker, w-1 at Request(1)'s address, restored into a registry
+// that keeps one, on separate wall and lease clocks.
+std::vector<v1::Worker> OneLostWorker() {
+  v1::Worker w;
+  w.set_id("w-1");
+  w.set_data_address(Request(1).data_address());
+  w.set_incarnation(1);
+  *w.mutable_last_heartbeat() = ToProtoTimestamp(kStart);
+  return {w};
+}
+
+// The lease after a restore is a duration, judged on the lease clock. Before,
+// it was the wall clock's: stepped back an hour after the restart, the
+// restored worker was kept for that hour and a lease (a new worker refused,
+// the registry full), and unverifiable tokens naming it were still taken.
+TEST(WorkerRegistryCapacityTest, RestoredUnheard_WallClockStepsBack_EvictedAfterALease) {
+  FakeClock wall(kStart + absl::Hours(24)), steady;
+  std::vector<std::string> forgotten;
+  WorkerRegistry::Options options = MakeOptions(&wall);
+  options.lease_clock = &steady;
+  options.max_workers = 1;
+  options.forget = [&forgotten](const std::string& id) { forgotten.push_back(id); };
+  WorkerRegistry registry(options);
+  registry.Restore(OneLostWorker());
+  ASSERT_EQ(registry.Register(Request(2)).status().code(), absl::StatusCode::kResourceExhausted);
+
+  steady.Advance(options.lease + absl::Milliseconds(1));
+  wall.Advance(-absl::Hours(1));
+  EXPECT_FALSE(registry.IsStaleSession("w-1.1.abc"));
+  const absl::StatusOr<v1::RegisterWorkerResponse> second = registry.Register(Request(2));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->worker_id(), "w-2");
+  EXPECT_EQ(forgotten, std::vector<std::string>{"w-1"});
+  EXPECT_EQ(registry.Get("w-1").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The converse: the wall clock stepped forward an hour does not end the
+// lease after a restore. Before, it ended at once: the new address evicted
+// w-1, whose live process then could only come back under a new id, its
+// stored record and drain gone.
+TEST(WorkerRegistryCapacityTest, RestoredUnheard_WallClockStepsForward_StillKeptForALease) {
+  FakeClock wall(kStart + absl::Hours(24)), steady;
+  std::vector<std::string> forgotten;
+  WorkerRegistry::Options options = MakeOptions(&wall);
+  options.lease_clock = &steady;
+  options.max_workers = 1;
+  options.forget = [&forgotten](const std::string& id) { forgotten.push_back(id); };
+  WorkerRegistry registry(options);
+  registry.Restore(OneLostWorker());
+
+  steady.Advance(absl::Milliseconds(1));
+  wall.Advance(absl::Hours(1));
+  EXPECT_TRUE(registry.IsStaleSession("w-1.1.abc"));
+  const absl::Status full = registry.Register(Request(2)).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_THAT(full.message(), HasSubstr("1 restored at its restart are kept for a lease, 5s"));
+  EXPECT_THAT(forgotten, IsEmpty());
+
+  v1::RegisterWorkerRequest same = Request(1);
+  same.set_previous_incarnation(1);
+  const absl::StatusOr<v1::RegisterWorkerResponse> back = registry.Register(same);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->worker_id(), "w-1");
+  EXPECT_EQ(back->incarnation(), 2);
+}
+
 // Records that cannot be restored take none of the room: of two sharing an
 // address the older is forgotten (an eviction whose delete failed), and the
 // room goes to the next record. Before, the cut came first: w-3 was

@@ -332,15 +332,35 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanPart
 
 void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace) {
   // Stages report a traced step in any order, and may be a traced step
-  // apart: a trace older than the one being collected is dropped.
+  // apart: a trace older than the one being collected, or not newer than
+  // the one shown, is dropped.
   JobRecord::TracedStep& tracing = record.tracing;
-  if (trace.iteration() < tracing.iteration) return;
-  if (trace.iteration() > tracing.iteration) tracing = JobRecord::TracedStep{trace.iteration(), {}};
-  tracing.by_stage[stage_index] = trace;
-  // CheckStepTrace bounded the known fields; unknown ones (up to the 4 MiB
-  // request) would be kept and copied on every GetPlan.
-  tracing.by_stage[stage_index].DiscardUnknownFields();
-  if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
+  if (trace.iteration() < tracing.iteration || trace.iteration() <= record.traced.iteration) return;
+  if (trace.iteration() > tracing.iteration) {
+    tracing = JobRecord::TracedStep{trace.iteration()};
+    // The lanes CopyMeasuredStep draws, from the programs' sizes: a worker
+    // times each instruction of its program (StageRuntime), so its trace
+    // is as long. The plan's programs stay until a new plan resets this.
+    std::vector<int> timings;
+    timings.reserve(record.assignments.size());
+    for (const JobRecord::AssignedStage& stage : record.assignments) {
+      timings.push_back(stage.program.instructions_size());
+    }
+    tracing.drawn_lanes = LeadingLanesWithin(timings, kMaxMeasuredTimelineTimings);
+  }
+  tracing.arrived.insert(stage_index);
+  if (stage_index < tracing.drawn_lanes) {
+    v1::StepTrace& kept = tracing.by_stage[stage_index] = trace;
+    // CheckStepTrace bounded the known fields; unknown ones (up to the 4 MiB
+    // request) would be kept and copied on every GetPlan.
+    kept.DiscardUnknownFields();
+  }
+  if (tracing.arrived.size() == record.assignments.size()) {
+    // Moved, not copied: a copy under mu_ of a large job's traces stalled
+    // every other job's reports.
+    record.traced = std::move(tracing);
+    tracing = JobRecord::TracedStep{};
+  }
 }
 
 size_t JobManager::HeldManifestsForTesting(const std::string& job_id) const {
@@ -365,14 +385,9 @@ JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& recor
   if (record.traced.iteration < 0) return copy;
   copy.job_id = record.job.id();
   copy.iteration = record.traced.iteration;
-  copy.workers = static_cast<int>(record.traced.by_stage.size());
-  std::vector<int> timings;
+  copy.workers = static_cast<int>(record.traced.arrived.size());
+  // AddTraceLocked kept the traces of the drawn lanes only.
   for (const auto& [stage, trace] : record.traced.by_stage) {
-    timings.push_back(trace.instructions_size());
-  }
-  const int lanes = LeadingLanesWithin(timings, kMaxMeasuredTimelineTimings);
-  for (const auto& [stage, trace] : record.traced.by_stage) {
-    if (static_cast<int>(copy.traces.size()) == lanes) break;
     copy.programs.push_back(record.assignments[stage].program);
     copy.traces.push_back(trace);
     copy.names.push_back(record.job.worker_ids(stage));

@@ -742,10 +742,16 @@ class JobManager {
     bool stepped_on_plan = false;
     // The workers' traces (ReportProgressRequest.trace, by stage index) of
     // the latest step every worker of the plan traced, and of the traced
-    // step being reported; a new plan starts them afresh.
+    // step being reported; a new plan starts them afresh. Only the leading
+    // lanes the measured timeline draws keep their trace (`drawn_lanes`,
+    // as LeadingLanesWithin decides from the programs' sizes): a job of
+    // 256 workers can send 6M timings a traced step, about 450 MB, where
+    // kMaxMeasuredTimelineTimings are drawn. The others count as arrived.
     struct TracedStep {
       int64_t iteration = -1;
-      std::map<int, v1::StepTrace> by_stage;
+      std::map<int, v1::StepTrace> by_stage;  // stages below drawn_lanes
+      std::set<int> arrived;                  // every stage that sent it
+      int drawn_lanes = 0;
     };
     TracedStep traced, tracing;
     // The final weights file, written as the stages upload (created at the
@@ -1409,8 +1415,9 @@ class JobManager {
   // The validation loss; a NaN or infinite one FAILS the job: false then.
   bool RecordValLossLocked(JobRecord& record, const v1::ReportProgressRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps a worker's trace of a traced step (record.tracing), and the
-  // step as record.traced once every worker of the plan sent it.
+  // Keeps a worker's trace of a traced step (record.tracing) if its lane is
+  // drawn, and moves the step to record.traced once every worker of the
+  // plan sent it.
   static void AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace);
   // A traced step's programs, traces and worker names, copied out of a
   // record so that drawing it (AddMeasuredTimeline) needs no lock: the

@@ -43,7 +43,9 @@
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/planner/measured_timeline.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/timeline_render.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_backed_store_testing.h"
 #include "coordinator/store/memory_store.h"
@@ -1138,7 +1140,7 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
       ->AddLengthDelimited(999, std::string(1 << 20, 'u'));
   const size_t before = jobs_.TracedBytesForTesting(id);
   ASSERT_TRUE(jobs_.ReportProgress(padded).ok());
-  EXPECT_EQ(jobs_.TracedBytesForTesting(id), 2 * (before + known));  // complete: also `traced`
+  EXPECT_EQ(jobs_.TracedBytesForTesting(id), before + known);  // complete: moved to `traced`
   v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_EQ(plan.measured_step(), 10);
   EXPECT_TRUE(absl::StrContains(plan.measured_timeline_svg(), "measured step 11"));
@@ -1165,6 +1167,114 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
   bad.mutable_trace()->set_iteration(209);
   EXPECT_TRUE(absl::StrContains(jobs_.ReportProgress(bad).status().message(),
                                 "ReportProgressRequest.trace.iteration"));
+}
+
+// The measured timeline's SVG drawn straight from the first `lanes`
+// workers' programs and traces of `reports` (in stage order) of a job of
+// reports.size() workers, as GetPlan drew it when the coordinator kept
+// every worker's trace: what it must still draw.
+std::string MeasuredSvgOfLeadingLanes(const std::string& job_id,
+                                      const std::vector<v1::ReportProgressRequest>& reports,
+                                      const std::vector<v1::Program>& programs, int lanes) {
+  std::vector<const v1::Program*> drawn_programs;
+  std::vector<const v1::StepTrace*> drawn_traces;
+  std::vector<std::string> names;
+  for (int w = 0; w < lanes; ++w) {
+    drawn_programs.push_back(&programs[w]);
+    drawn_traces.push_back(&reports[w].trace());
+    names.push_back(reports[w].worker_id());
+  }
+  absl::StatusOr<SimulationResult> measured = MeasuredTimeline(drawn_programs, drawn_traces);
+  EXPECT_TRUE(measured.ok()) << measured.status();
+  if (!measured.ok()) return "";
+  TimelineSvgOptions svg;
+  svg.title = absl::StrCat("job ", job_id, ": measured step ", reports[0].iteration() + 1,
+                           " (workers' clocks)");
+  if (lanes < static_cast<int>(reports.size())) {
+    absl::StrAppend(&svg.title, ", its first ", lanes, " of ", reports.size(), " workers");
+  }
+  svg.span_name = "first start to last end";
+  return TimelineSvg(*measured, names, svg);
+}
+
+// A traced step of a job whose programs are within
+// kMaxMeasuredTimelineTimings: every lane drawn, exactly as from all the
+// workers' traces, and the traces held once (moved to the step shown).
+TEST_F(JobManagerTest, Progress_TracedStepWithinTheDrawnLimit_EveryLaneDrawnAsBefore) {
+  AddWorker(7001), AddWorker(7002), AddWorker(7003);
+  v1::JobSpec spec = SmallSpec(3);
+  spec.mutable_training()->set_steps(20);
+  const std::string id = Submit(spec).value().id();
+  const v1::Job job = jobs_.Get(id).value();
+  std::vector<v1::ReportProgressRequest> reports;
+  std::vector<v1::Program> programs;
+  size_t bytes = 0;
+  for (int stage = 0; stage < 3; ++stage) {
+    const std::string& w = job.worker_ids(stage);
+    programs.push_back(AssignmentOf(w).program());
+    v1::ReportProgressRequest r = IterationReport(w, id, 10, {});
+    FillTrace(10, programs.back().instructions_size(), r.mutable_trace());
+    r.mutable_trace()->mutable_start_time()->set_seconds(1800000000);
+    r.mutable_trace()->mutable_start_time()->set_nanos(1000000 * (3 - stage));
+    bytes += r.trace().ByteSizeLong();
+    reports.push_back(r);
+  }
+  for (int stage : {2, 0, 1}) ASSERT_TRUE(jobs_.ReportProgress(reports[stage]).ok()) << stage;
+  EXPECT_EQ(jobs_.TracedBytesForTesting(id), bytes);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.measured_step(), 10);
+  EXPECT_EQ(plan.measured_timeline_svg(), MeasuredSvgOfLeadingLanes(id, reports, programs, 3));
+  EXPECT_FALSE(absl::StrContains(plan.measured_timeline_svg(), "its first"));
+}
+
+// A job whose workers' programs hold more timings than a measured timeline
+// draws (kMaxMeasuredTimelineTimings): only the drawn lanes' traces are
+// kept, however the workers' reports interleave, and the drawing is the
+// same as from every worker's trace. Every worker of a large job sent
+// about 450 MB a traced step, held twice.
+TEST_F(JobManagerTest, Progress_TracesOverTheDrawnLimit_OnlyTheDrawnLanesKept) {
+  for (int port = 7001; port <= 7004; ++port) AddWorker(port);
+  v1::JobSpec spec = SmallSpec(4);
+  spec.mutable_training()->set_batch_size(4096);
+  spec.mutable_training()->set_micro_batches(4096);  // 4 x 4096: the planning budget
+  spec.mutable_training()->set_steps(20);
+  const std::string id = Submit(spec).value().id();
+  const v1::Job job = jobs_.Get(id).value();
+  ASSERT_EQ(job.worker_ids_size(), 4);
+  std::vector<v1::ReportProgressRequest> reports;
+  std::vector<v1::Program> programs;
+  std::vector<int> timings;
+  int64_t total = 0;
+  size_t timing_bytes = 0;  // the most a trace's timings serialize to, each
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::string& w = job.worker_ids(stage);
+    programs.push_back(AssignmentOf(w).program());
+    timings.push_back(programs.back().instructions_size());
+    total += timings.back();
+    v1::ReportProgressRequest r = IterationReport(w, id, 10, {});
+    FillTrace(10, timings.back(), r.mutable_trace());
+    r.mutable_trace()->mutable_start_time()->set_seconds(1800000000);
+    timing_bytes = std::max(timing_bytes, (r.trace().ByteSizeLong() + timings.back() - 1) /
+                                              static_cast<size_t>(timings.back()));
+    reports.push_back(std::move(r));
+  }
+  ASSERT_GT(total, kMaxMeasuredTimelineTimings);
+  const int lanes = LeadingLanesWithin(timings, kMaxMeasuredTimelineTimings);
+  ASSERT_LT(lanes, 4);
+  size_t drawn_bytes = 0;
+  for (int stage = 0; stage < lanes; ++stage) drawn_bytes += reports[stage].trace().ByteSizeLong();
+  const size_t bound = 2 * kMaxMeasuredTimelineTimings * timing_bytes;
+  // The last stage first: a lane not drawn is counted, not kept.
+  for (int stage = 3; stage >= 0; --stage) {
+    ASSERT_TRUE(jobs_.ReportProgress(reports[stage]).ok()) << stage;
+    EXPECT_LE(jobs_.TracedBytesForTesting(id), bound) << "after stage " << stage;
+  }
+  EXPECT_EQ(jobs_.TracedBytesForTesting(id), drawn_bytes);  // once: moved to `traced`
+  const v1::Plan plan = jobs_.GetPlan(id, JobManager::PlanParts::kMeasuredTimelineSvg).value();
+  EXPECT_EQ(plan.measured_step(), 10);
+  EXPECT_TRUE(absl::StrContains(plan.measured_timeline_svg(),
+                                absl::StrCat("its first ", lanes, " of 4 workers")));
+  EXPECT_EQ(plan.measured_timeline_svg(), MeasuredSvgOfLeadingLanes(id, reports, programs, lanes));
 }
 
 // A step whose mean loss is NaN ends the job FAILED, saying which step

@@ -395,6 +395,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // codec's wire fraction).
   SimulationCosts costs = SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
   costs.data_parallel = replicas;
+  // Clipping holds every stage's step for the stages' norm exchange, after
+  // the tensor ranks' own round on their link (simulator.h).
+  costs.grad_clip = r.train.grad_clip > 0;
+  if (costs.grad_clip && tensor > 1) costs.grad_clip_tensor_seconds = cluster.latency_seconds;
   ASSIGN_OR_RETURN(
       costs.codec_wire_fraction,
       LinkCodecWireFractions(r.spec.compression(), r.train.batch_size / r.train.micro_batches,

@@ -55,6 +55,11 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
         "tied_grad_bytes, optimizer_seconds_per_byte and link must be finite and non-negative "
         "(bandwidth may be <= 0 for infinite)");
   }
+  if (BadNumber(costs.grad_clip_tensor_seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_clip_tensor_seconds = ", costs.grad_clip_tensor_seconds,
+                     "; must be finite and >= 0 (0: no tensor ranks)"));
+  }
   if (costs.data_parallel < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("data_parallel = ", costs.data_parallel, "; must be >= 1 (1: no replicas)"));
@@ -189,18 +194,22 @@ class Simulator {
         pc_(programs.size(), 0),
         lanes_(programs.size()),
         fused_tied_(programs.size(), false) {
-    // Where each unit's gradient is final: its last Backward on the worker.
+    // Where each unit's gradient is final (its last Backward on the
+    // worker), and which workers step.
     for (size_t w = 0; w < programs.size(); ++w) {
       Lane& lane = lanes_[w];
       lane.final_backward.assign(costs.units.size(), -1);
+      bool steps = false;
       for (int i = 0; i < programs[w].instructions_size(); ++i) {
         const v1::Instruction& in = programs[w].instructions(i);
         if (in.has_add_tied_gradient() && in.add_tied_gradient().fused()) fused_tied_[w] = true;
+        steps = steps || in.has_optimizer_step();
         if (!in.has_backward()) continue;
         for (int u = in.backward().units().begin(); u < in.backward().units().end(); ++u) {
           lane.final_backward[u] = i;
         }
       }
+      if (steps) ++clip_members_;  // a member of the clipping's exchange
     }
   }
 
@@ -238,7 +247,11 @@ class Simulator {
                 in.recompute().micro_batch());
         break;
       case v1::Instruction::kOptimizerStep:
-        AllReduce(w, in.optimizer_step().units());
+        // A worker resumed from the clipping's exchange has all-reduced.
+        if (clip_done_.erase(w) == 0) {
+          AllReduce(w, in.optimizer_step().units());
+          if (!ClipNormExchange(w)) return;  // parked until every member has arrived
+        }
         Compute(w, TimelineEventKind::kOptimizer, in.optimizer_step().units(), -1);
         break;
       case v1::Instruction::kSend:
@@ -428,10 +441,14 @@ class Simulator {
     busy_[w] += seconds;
   }
 
+  const LinkParameters& LinkOf(int src, int dst) const {
+    auto it = costs_.link_overrides.find({src, dst});
+    return it == costs_.link_overrides.end() ? costs_.link : it->second;
+  }
+
   void Send(int w, const v1::Instruction::Send& send) {
     const int peer = send.peer_stage();
-    auto it = costs_.link_overrides.find({w, peer});
-    const LinkParameters& link = it == costs_.link_overrides.end() ? costs_.link : it->second;
+    const LinkParameters& link = LinkOf(w, peer);
     double bytes = TransferBytes(send.tensor(), costs_);
     if (!send.codec().empty()) {
       auto fraction = costs_.codec_wire_fraction.find(send.codec());
@@ -495,6 +512,45 @@ class Simulator {
     tied_arrival_.erase(arrived);
     tied_done_.insert(other);
     ready_.push({clock_[other], other});
+    return true;
+  }
+
+  // Gradient clipping's norm exchange before w's optimizer step (header:
+  // the model): false while another member has not arrived (w parks until
+  // the last does, which resumes the others); then each member goes on
+  // once every other member's norms have reached it. No clipping: true.
+  bool ClipNormExchange(int w) {
+    if (!costs_.grad_clip) return true;
+    clip_arrival_[w] = clock_[w] + costs_.grad_clip_tensor_seconds;
+    if (static_cast<int>(clip_arrival_.size()) < clip_members_) return false;
+    for (const auto& [member, arrived] : clip_arrival_) {
+      double release = arrived;
+      int last = -1;  // whose norms came last, or -1: its own arrival
+      for (const auto& [other, sent] : clip_arrival_) {
+        if (other == member) continue;
+        // Behind what `other` already queued on the link; a few KB: no wire time.
+        auto queued = link_free_.find({other, member});
+        const double start = queued == link_free_.end() ? sent : std::max(sent, queued->second);
+        const double received = start + LinkOf(other, member).latency_seconds;
+        if (received > release) {
+          release = received;
+          last = other;
+        }
+      }
+      if (release > clock_[member]) {
+        TimelineEvent& e = AddEvent(member, TimelineEventKind::kRecvWait, clock_[member], release);
+        e.peer = last;
+        e.label = last < 0
+                      ? std::string("wait for the tensor ranks' gradient norms")
+                      : absl::StrCat("wait for the gradient norms (clipping), last from ", last);
+      }
+      clock_[member] = release;
+      if (member != w) {
+        clip_done_.insert(member);
+        ready_.push({clock_[member], member});
+      }
+    }
+    clip_arrival_.clear();
     return true;
   }
 
@@ -611,6 +667,11 @@ class Simulator {
   std::vector<bool> fused_tied_;
   std::map<int, double> tied_arrival_;
   std::set<int> tied_done_;
+  // Gradient clipping: how many workers step (a program with an
+  // OptimizerStep); those in the exchange (-> arrival); those it resumed.
+  int clip_members_ = 0;
+  std::map<int, double> clip_arrival_;
+  std::set<int> clip_done_;
   std::vector<TimelineEvent> events_;
 };
 

@@ -59,6 +59,23 @@
 //    backward ran elsewhere) as above before stepping. The lane does not
 //    slow the worker's compute (on a CPU it shares the cores; under
 //    emulated links it mostly waits for the pacing).
+//  - Gradient clipping (costs.grad_clip: TrainConfig::grad_clip > 0): the
+//    runtime's OptimizerStep (StageRuntime::PrepareOptimizerStep) needs the
+//    global gradient norm, which the replica's stages that step (the
+//    workers whose programs hold an OptimizerStep: its optimizer_stages)
+//    exchange in one round after the all-reduce above: each sends its
+//    squared norms to every other, then receives all
+//    (Collectives::AllGatherSmall). Worker w arrives at
+//      a_w = its clock after the all-reduce + grad_clip_tensor_seconds
+//    (with T > 1 tensor ranks, their own round first), parks until every
+//    member has arrived, and steps at
+//      max(a_w, max over members m != w of
+//               max(a_m, link m->w free) + latency of link (m -> w))
+//    (a few KB of norms: no wire time), idle in between (a kRecvWait event
+//    from its clock). So a stage whose backward ends early steps one
+//    latency after the last stage arrives, and what follows its step (its
+//    UNIT_WEIGHTS sends) waits with it. Each member's k-th OptimizerStep
+//    waits for every member's k-th; a lone member waits for no other.
 //  - Send(key, peer) takes no worker time: the worker goes on at once while
 //    the transfer is in flight. The transfer goes on link (w -> peer); each
 //    directed link carries one transfer at a time, FIFO in issue order (only
@@ -79,8 +96,8 @@
 //    receives match by (source, destination, key).
 //  - iteration_seconds: when the last worker finishes its last instruction.
 //    busy = compute time; all_reduce = time in data-parallel all-reduces;
-//    idle = iteration_seconds - busy - all_reduce (receive waits plus the
-//    tail after the worker's own last instruction);
+//    idle = iteration_seconds - busy - all_reduce (receive waits, the
+//    clipping's wait, and the tail after the worker's own last instruction);
 //    bubble_fraction = sum idle / (P * iteration_seconds), i.e. the pipeline
 //    bubble only: the all-reduce is charged to itself, not to the bubble.
 //    With D = 1 all_reduce is 0 and this is 1 - sum busy / (P * iteration).
@@ -166,6 +183,12 @@ struct SimulationCosts {
   // step, before the wait for the lane.
   std::vector<double> all_reduce_cpu_seconds_per_byte;
   std::vector<bool> all_reduce_cpu_shared;
+  // Gradient clipping (the model above): whether every OptimizerStep waits
+  // for the stages' norm exchange, and the seconds (>= 0) of the tensor
+  // ranks' round before it (tensor parallelism T > 1: one latency of their
+  // link; else 0). SimulationCostsFromProfile leaves both off.
+  bool grad_clip = false;
+  double grad_clip_tensor_seconds = 0;
 };
 
 // The bytes one worker all-reduces before OptimizerStep(units): the sum of
@@ -298,7 +321,8 @@ struct SimulationResult {
 // Errors:
 //  INVALID_ARGUMENT   no programs; worker_speeds.size() != programs.size();
 //                     a speed <= 0 or any cost negative or not finite;
-//                     data_parallel < 1; a bad replica_link (as link); a link
+//                     data_parallel < 1; a bad replica_link (as link);
+//                     grad_clip_tensor_seconds negative or not finite; a link
 //                     override naming a worker out of range or itself; an
 //                     instruction with no op, a unit range outside
 //                     [0, units.size()) or with begin > end, a tensor key of
@@ -307,10 +331,11 @@ struct SimulationResult {
 //                     or equal to the worker, or the same (src, dst, key)
 //                     sent twice. Messages name worker and instruction index.
 //  FAILED_PRECONDITION the programs cannot finish: some workers wait forever
-//                     on receives (deadlock, or nobody sends that key), or a
-//                     send is never received. The message lists each stuck
-//                     worker's instruction (DescribeInstruction) or the
-//                     unreceived send.
+//                     on receives (deadlock, or nobody sends that key) or
+//                     in the clipping's exchange (a member steps more often
+//                     than another), or a send is never received. The
+//                     message lists each stuck worker's instruction
+//                     (DescribeInstruction) or the unreceived send.
 absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<v1::Program>& programs,
                                                    const SimulationCosts& costs);
 

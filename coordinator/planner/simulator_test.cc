@@ -397,6 +397,132 @@ TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {
   }
 }
 
+// Gradient clipping (simulator.h): the pair above, where worker 1 ends its
+// backward (10.5 s) before worker 0 (15 s). The norm exchange holds worker
+// 1's step, and its UNIT_WEIGHTS sync behind it, until worker 0's norms
+// arrive: 15 + 0.5 s latency. Worker 0's step does not wait: worker 1's
+// norms left at 11.5 (behind its ACTIVATION_GRAD on link 1->0) and arrived
+// at 12. Without clipping the sync hides behind worker 0's last backward.
+TEST(SimulatorTest, GradClip_EarlyStageStepsAtLastStagesArrivalPlusLatency) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1),
+               Recv(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 1), Compute("B", 0, 1, 0),
+               Compute("Opt", 0, 1, -1), Recv(v1::TENSOR_KIND_UNIT_WEIGHTS, 1, -1, 1)}),
+      Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Compute("R", 1, 2, 0),
+               Compute("B", 1, 2, 0), Send(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 0),
+               Compute("Opt", 1, 2, -1), Send(v1::TENSOR_KIND_UNIT_WEIGHTS, 1, -1, 0)}),
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 3, 100, 50}, {2, 4, 10, 200}};
+  costs.optimizer_seconds_per_byte = 0.01;
+  costs.worker_speeds = {1, 1};
+  costs.link = {100, 0.5};
+  const SimulationResult unclipped = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(unclipped, 1),
+            (std::vector<std::string>{
+                "wait ACTIVATION u0 mb0 from 0@0-4.5", "R mb0 [1,2)@4.5-6.5",
+                "B mb0 [1,2)@6.5-10.5", "send ACTIVATION_GRAD u1 mb0 to 0@10.5-11.5",
+                "Opt [1,2)@10.5-12.5", "send UNIT_WEIGHTS u1 to 0@12.5-14.5"}));
+  EXPECT_EQ(unclipped.iteration_seconds, 15.5);  // the weights arrive at 15, during Opt [0,1)
+
+  costs.grad_clip = true;
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,2)@0-3", "send ACTIVATION u0 mb0 to 1@3-4",
+                                      "wait ACTIVATION_GRAD u1 mb0 from 1@3-12",
+                                      "B mb0 [0,1)@12-15", "Opt [0,1)@15-15.5",
+                                      "wait UNIT_WEIGHTS u1 from 1@15.5-20"}));
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{
+                "wait ACTIVATION u0 mb0 from 0@0-4.5", "R mb0 [1,2)@4.5-6.5",
+                "B mb0 [1,2)@6.5-10.5", "send ACTIVATION_GRAD u1 mb0 to 0@10.5-11.5",
+                "wait for the gradient norms (clipping), last from 0@10.5-15.5",
+                "Opt [1,2)@15.5-17.5", "send UNIT_WEIGHTS u1 to 0@17.5-19.5"}));
+  EXPECT_EQ(r.iteration_seconds, 20);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{6.5, 8}));
+  EXPECT_EQ(r.all_reduce_seconds, (std::vector<double>{0, 0}));  // the wait is idle
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{13.5, 12}));
+  for (const TimelineEvent& e : r.events) {
+    if (e.worker == 1 && e.kind == TimelineEventKind::kRecvWait && e.start_seconds == 10.5) {
+      EXPECT_EQ(e.peer, 0);
+      EXPECT_EQ(e.instruction, 4);  // the OptimizerStep's
+    }
+  }
+}
+
+// Each member steps once every other member's norms have reached it, the
+// tensor ranks' round (0.25 s) first: arrivals 2.25 (worker 0) and 3.25
+// (worker 1). With a 2 s latency worker 0 steps at 3.25 + 2 and worker 1,
+// the last to arrive, at 2.25 + 2 = 4.25; with 0.5 s worker 1's norms from
+// worker 0 are there (2.75) before its own round ends (3.25).
+TEST(SimulatorTest, GradClip_EachMemberWaitsForTheOthersNormsAfterItsTensorRanks) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 1, 0), Compute("B", 0, 1, 0), Compute("Opt", 0, 1, -1)}),
+      Program({Compute("F", 1, 2, 0), Compute("B", 1, 2, 0), Compute("Opt", 1, 2, -1)}),
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 1, 0, 0}, {1, 2, 0, 0}};
+  costs.worker_speeds = {1, 1};
+  costs.link.latency_seconds = 2;
+  costs.grad_clip = true;
+  costs.grad_clip_tensor_seconds = 0.25;
+  SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,1)@0-1", "B mb0 [0,1)@1-2",
+                                      "wait for the gradient norms (clipping), last from 1@2-5.25",
+                                      "Opt [0,1)@5.25-5.25"}));
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{"F mb0 [1,2)@0-1", "B mb0 [1,2)@1-3",
+                                      "wait for the gradient norms (clipping), last from 0@3-4.25",
+                                      "Opt [1,2)@4.25-4.25"}));
+  EXPECT_EQ(r.iteration_seconds, 5.25);
+
+  costs.link.latency_seconds = 0.5;
+  r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{"F mb0 [1,2)@0-1", "B mb0 [1,2)@1-3",
+                                      "wait for the tensor ranks' gradient norms@3-3.25",
+                                      "Opt [1,2)@3.25-3.25"}));
+  EXPECT_EQ(r.iteration_seconds, 3.75);  // worker 0 at 3.25 + 0.5
+}
+
+// One stage waits for no other stage, only for its tensor ranks' round,
+// which follows the data-parallel all-reduce (PrepareOptimizerStep's order).
+TEST(SimulatorTest, GradClip_OneStage_TensorRanksRoundAfterTheAllReduce) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 1, 0), Compute("B", 0, 1, 0), Compute("Opt", 0, 1, -1)})};
+  SimulationCosts costs = UniformCosts(1, 1, 1, 0, 1);
+  costs.data_parallel = 2;
+  costs.replica_link.latency_seconds = 1;  // one exchange of 0 bytes: 1 s
+  costs.link.latency_seconds = 100;        // no other stage's norms to wait for
+  costs.grad_clip = true;
+  costs.grad_clip_tensor_seconds = 0.25;
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{
+                "F mb0 [0,1)@0-1", "B mb0 [0,1)@1-2", "AllReduce [0,1) x2 replicas@2-3",
+                "wait for the tensor ranks' gradient norms@3-3.25", "Opt [0,1)@3.25-3.25"}));
+  costs.grad_clip_tensor_seconds = 0;  // and without tensor ranks nothing at all
+  EXPECT_EQ(SimulateIteration(programs, costs).value().iteration_seconds, 3);
+}
+
+// The runtime runs one exchange per OptimizerStep: a member that steps
+// twice waits in its second for the others' second, forever.
+TEST(SimulatorTest, GradClip_UnevenSteps_FailedPrecondition) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("Opt", 0, 1, -1), Compute("Opt", 0, 1, -1)}),
+      Program({Compute("Opt", 1, 2, -1)}),
+  };
+  SimulationCosts costs = UniformCosts(2, 1, 1, 0, 2);
+  costs.grad_clip = true;
+  auto r = SimulateIteration(programs, costs);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("worker 0 waits forever at instruction 1"));
+  costs.grad_clip = false;
+  EXPECT_TRUE(SimulateIteration(programs, costs).ok());
+}
+
 // Data parallelism (simulator.h): before OptimizerStep(units) a ring
 // all-reduce of the units' weight bytes over D replicas takes
 // 2(D-1) latency + 2(D-1)/D bytes / bandwidth (acctfm.txt eq. 3).
@@ -870,6 +996,10 @@ TEST(SimulatorTest, BadCosts_InvalidArgument) {
   EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
               HasSubstr("units[0] has a negative or non-finite cost"));
   costs.units[0].bwd_seconds = 1;
+  costs.grad_clip_tensor_seconds = -1;
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("grad_clip_tensor_seconds = -1; must be finite and >= 0"));
+  costs.grad_clip_tensor_seconds = 0;
   costs.link_overrides[{0, 0}] = {};
   auto r = SimulateIteration(programs, costs);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);

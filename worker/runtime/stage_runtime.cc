@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -2299,7 +2300,9 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   // Every parameter of the model in GptModel::parameters() order (the
   // head's tied copy of wte left out), and its squared-gradient sum: this
   // stage's own, the others' from their broadcasts. Three floats per
-  // parameter: 1 when present, then the double's bytes.
+  // parameter: 1 when present, then the double's bytes: the copy's squares
+  // where it counts toward the norm (ParameterShard::CountsTowardNorm), 0
+  // where another tensor rank's copy counts instead.
   std::vector<std::pair<int, std::string>> order;
   std::map<std::pair<int, std::string>, int> index;
   for (int u = 0; u < num_units_; ++u) {
@@ -2311,12 +2314,14 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   }
   const int64_t slots = 3 * static_cast<int64_t>(order.size());
   Tensor mine = Tensor::Zeros({slots});
-  std::vector<const Parameter*> own;
+  std::vector<const Parameter*> own;  // the copies that count
   std::vector<int> own_slots;
   for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
     for (const Parameter* p : units_.at(u)->parameters()) {
       auto it = index.find({u, p->name});
       if (it == index.end()) continue;  // the head's tied copy
+      mine.data()[3 * it->second] = 1.0f;
+      if (!p->shard.CountsTowardNorm()) continue;
       own.push_back(p);
       own_slots.push_back(it->second);
     }
@@ -2324,11 +2329,9 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   // One backend call: a device backend waits once, not once per parameter.
   const std::vector<double> own_squares = ParametersSquares(setup_.backend, own);
   for (size_t k = 0; k < own.size(); ++k) {
-    float* slot = mine.data() + 3 * own_slots[k];
-    slot[0] = 1.0f;
-    std::memcpy(slot + 1, &own_squares[k], sizeof(double));
+    std::memcpy(mine.data() + 3 * own_slots[k] + 1, &own_squares[k], sizeof(double));
   }
-  if (tp_comm_) RETURN_IF_ERROR(SumTensorRankSquares(iteration, index, &mine, result));
+  if (tp_comm_) RETURN_IF_ERROR(SumTensorRankSquares(iteration, &mine, result));
   std::vector<Tensor> all = {mine};
   const std::vector<int>& group = setup_.optimizer_stages;
   if (group.size() > 1) {
@@ -2363,13 +2366,13 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
     std::memcpy(&squares, from->data() + 3 * i + 1, sizeof(double));
     total += squares;
   }
+  if (result != nullptr) result->grad_norm = std::sqrt(total);
   ScaleGradients(setup_.backend, parameters(), ClipScale(total, train.grad_clip));
   return setup_.backend->status();
 }
 
-absl::Status StageRuntime::SumTensorRankSquares(
-    int64_t iteration, const std::map<std::pair<int, std::string>, int>& index, Tensor* mine,
-    IterationResult* result) {
+absl::Status StageRuntime::SumTensorRankSquares(int64_t iteration, Tensor* mine,
+                                                IterationResult* result) {
   // Every rank's slots, in rank order and one round (AllGatherSmall copies
   // bytes: the doubles arrive exactly).
   const auto start = SteadyClock::now();
@@ -2377,20 +2380,18 @@ absl::Status StageRuntime::SumTensorRankSquares(
                    tp_collectives_->AllGatherSmall(iteration, kGradClipTensorTagBase, *mine));
   CountCollective(result, "grad_clip", mine->size_bytes() * tp_collectives_->size(), start);
   CountWaited(result, start);
-  // A shard's squares are its rank's share: the sum in rank order. A
-  // replica's are the same on every rank: rank 0's, counted once.
-  for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
-    for (const Parameter* p : units_.at(u)->parameters()) {
-      auto it = index.find({u, p->name});
-      if (it == index.end()) continue;
-      double total = 0;
-      for (int r = 0; r < (p->shard.sharded() ? static_cast<int>(ranks.size()) : 1); ++r) {
-        double squares;
-        std::memcpy(&squares, ranks[r].data() + 3 * it->second + 1, sizeof(double));
-        total += squares;
-      }
-      std::memcpy(mine->data() + 3 * it->second + 1, &total, sizeof(double));
+  // Each rank's slot holds only what CountsTowardNorm lets it add (a
+  // shard's share, a replica's squares on one rank, 0 on the others), so
+  // the sum over the ranks, in rank order, counts every tensor once.
+  for (int64_t slot = 0; slot < mine->numel(); slot += 3) {
+    if (mine->data()[slot] != 1.0f) continue;  // another stage's
+    double total = 0;
+    for (const Tensor& of_rank : ranks) {
+      double squares;
+      std::memcpy(&squares, of_rank.data() + slot + 1, sizeof(double));
+      total += squares;
     }
+    std::memcpy(mine->data() + slot + 1, &total, sizeof(double));
   }
   return absl::OkStatus();
 }

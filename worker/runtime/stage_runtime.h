@@ -290,6 +290,12 @@ struct IterationResult {
   // ran, by this stage's attention and MLP unit names, forward and
   // backward.
   std::map<std::string, std::pair<int, int>> tensor_partitions;
+  // With TrainConfig::grad_clip > 0, on every stage that ran the optimizer
+  // step: the global L2 norm of the model's gradients before clipping
+  // (sqrt of grad_clip.h's total; with data parallelism, of the summed
+  // gradients), bitwise the same on every stage, replica and tensor rank.
+  // Unset without clipping (no norm is computed).
+  std::optional<double> grad_norm;
 };
 
 class StageRuntime {
@@ -437,17 +443,17 @@ class StageRuntime {
   // With data parallelism, sums each gradient over the replicas' copies of
   // this stage (AllReduceGradients); clips the gradients by the global
   // norm over every stage's (setup_.optimizer_stages exchange their sums;
-  // grad_clip.h), and sets the learning rate of the step (lr_schedule.h).
+  // grad_clip.h; the norm goes into result->grad_norm), and sets the
+  // learning rate of the step (lr_schedule.h).
   // The time in those collectives goes into result->idle_seconds (and the
   // all-reduce's into phase "all_reduce" too).
   absl::Status PrepareOptimizerStep(int64_t iteration, IterationResult* result);
   // Tensor parallelism: replaces each squared-gradient sum in `mine` (slots
-  // as PrepareOptimizerStep lays them out, `index` by (unit, parameter))
-  // with the whole parameter's: the sum over the tensor ranks of a shard's,
-  // rank 0's of a replica. Every rank ends with bitwise the same slots.
-  absl::Status SumTensorRankSquares(int64_t iteration,
-                                    const std::map<std::pair<int, std::string>, int>& index,
-                                    Tensor* mine, IterationResult* result);
+  // as PrepareOptimizerStep lays them out: each rank's copy's squares where
+  // ParameterShard::CountsTowardNorm, else 0) with the sum over the tensor
+  // ranks, in rank order: the whole parameter's, a shard's shares added and
+  // a replica counted once. Every rank ends with bitwise the same slots.
+  absl::Status SumTensorRankSquares(int64_t iteration, Tensor* mine, IterationResult* result);
   // Waits for the overlapped all-reduces (OverlapAllReduce); then every
   // gradient they did not cover but the tied embedding's as one group
   // (AllReduceGroup) over the replicas, and the tied one, unless a fused

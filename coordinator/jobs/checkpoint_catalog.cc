@@ -480,6 +480,21 @@ absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsByManifest(const std::string
   return out;
 }
 
+// The names in the step directory open at `dir` (`path`, as errors name
+// it) that a checkpoint's writers leave: the units, the manifest, and
+// their temporaries ("unit-0003.safetensors.tmp.<pid>"); DirEntryNames'
+// errors.
+absl::StatusOr<std::vector<std::string>> CheckpointFileNames(int dir, const std::string& path) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> entries, DirEntryNames(dir, path));
+  std::vector<std::string> names;
+  for (const std::string& name : entries) {
+    if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kCheckpointManifestName)) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
 }  // namespace
 
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
@@ -507,6 +522,28 @@ std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
     return std::nullopt;
   }
   return absl::TimeFromTimespec(st.st_mtim);
+}
+
+absl::StatusOr<absl::Time> CheckpointFilesBound(const std::string& output_dir,
+                                                const v1::ResumeFrom& from) {
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
+                                      /*create_dirs=*/false));
+  if (parent.dir.get() < 0) return absl::InfinitePast();  // gone: no file to take
+  const std::string path = absl::StrCat(output_dir, "/", from.dir());
+  ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                   CheckpointFileNames(parent.dir.get(), path));
+  absl::Time bound = absl::InfinitePast();
+  for (const std::string& name : names) {
+    struct stat st;
+    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;  // removed since it was listed
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path, "/", name));
+    }
+    bound = std::max(bound, absl::TimeFromTimespec(st.st_mtim) + absl::Nanoseconds(1));
+  }
+  return bound;
 }
 
 absl::Status CheckUnitFiles(const std::string& output_dir, const v1::ResumeFrom& from) {
@@ -571,14 +608,9 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   // listing that fails (EMFILE, ENOMEM, EIO, ESTALE) fails the removal, to
   // be tried again: the directory would stay non-empty, which with
   // `written_before` reads as files kept on purpose.
-  ASSIGN_OR_RETURN(const std::vector<std::string> entries,
-                   DirEntryNames(parent.dir.get(), absl::StrCat(output_dir, "/", from.dir())));
-  std::vector<std::string> names;
-  for (const std::string& name : entries) {
-    if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kCheckpointManifestName)) {
-      names.push_back(name);
-    }
-  }
+  ASSIGN_OR_RETURN(
+      const std::vector<std::string> names,
+      CheckpointFileNames(parent.dir.get(), absl::StrCat(output_dir, "/", from.dir())));
   // A file that cannot be read or unlinked (a passing I/O error) fails the
   // removal: the directory then stays non-empty, which with
   // `written_before` would read as files kept on purpose.

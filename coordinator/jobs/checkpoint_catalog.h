@@ -228,6 +228,16 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
 // before it; a later write there is another's (a redo of the step).
 std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
                                                  const v1::ResumeFrom& from);
+// Just past the newest modification time among the files RemoveCheckpointDir
+// takes in `from`'s directory (manifest, units, their temporaries) as they
+// are now, by the clock of the file system that holds them: as its
+// `written_before`, it takes those and spares any written there later,
+// however far that clock is from this host's (an NFS server's; this host's
+// own, stepped back). InfinitePast when the directory holds none or is
+// gone. The errno's code when it cannot be listed or a file's time read
+// (EMFILE, EIO, ESTALE); OpenConfinedParent's for a link on the way.
+absl::StatusOr<absl::Time> CheckpointFilesBound(const std::string& output_dir,
+                                                const v1::ResumeFrom& from);
 // Whether `from`'s unit files are the ones it records (a stat each): OK
 // when each is there at its recorded size; NOT_FOUND when its directory is
 // gone; DATA_LOSS naming a file missing, not a regular file, or of another

@@ -276,6 +276,47 @@ TEST(RemoveCheckpointDirTest, Cutoff_NewerFilesStay_TheManifestOnlyIfAsked) {
   }
 }
 
+// A checkpoint dropped as unusable at this host's time T, on a file server
+// whose clock is 20 minutes behind: its files read T - 20 min. The redo of
+// the step, 10 minutes on, writes a unit dated T - 10 min. The bound taken
+// from the files at the drop removes the dropped files and spares the
+// redo's; T as the bound (this host's clock) deleted the redo's unit, and
+// the step's manifest later named a missing file.
+TEST(CheckpointFilesBoundTest, DroppedOnAClockAhead_RedoOnTheServersClockKept) {
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/files-bound");
+  const std::string dir = out + "/ck/step-00000010";
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, absl::Time mtime) {
+    std::ofstream(dir + "/" + name) << "x";
+    const timespec times[2] = {absl::ToTimespec(mtime), absl::ToTimespec(mtime)};
+    ASSERT_EQ(utimensat(AT_FDCWD, (dir + "/" + name).c_str(), times, 0), 0) << name;
+  };
+  v1::ResumeFrom from;
+  from.set_step(10);
+  from.set_dir("ck/step-00000010");
+  const absl::StatusOr<absl::Time> empty = CheckpointFilesBound(out, from);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, absl::InfinitePast());
+  const absl::Time dropped_at = absl::Now();  // T
+  const absl::Time server = dropped_at - absl::Minutes(20);
+  write("unit-0000.safetensors", server - absl::Seconds(2));
+  write("unit-0001.safetensors", server - absl::Seconds(1));
+  write(kCheckpointManifestName, server);
+  const absl::StatusOr<absl::Time> bound = CheckpointFilesBound(out, from);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_EQ(*bound, server + absl::Nanoseconds(1));
+  write("unit-0001.safetensors", server + absl::Minutes(10));  // the redo's
+  ASSERT_TRUE(RemoveCheckpointDir(out, from, *bound, /*manifest_whatever_its_time=*/true).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir + "/unit-0000.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + kCheckpointManifestName));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/unit-0001.safetensors"))
+      << "the redo's unit, written after the drop, was removed";
+  std::filesystem::remove_all(dir);
+  const absl::StatusOr<absl::Time> gone = CheckpointFilesBound(out, from);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(*gone, absl::InfinitePast());
+}
+
 // StepDirsWithManifest fails closed, as Submit's check that a job
 // overwrites no complete checkpoint needs: a directory it cannot list is
 // an error, not "no checkpoints" (a missing one has none). Out of

@@ -713,6 +713,10 @@ class JobManager {
     // Its manifest goes whatever its time (a checkpoint dropped as
     // unusable: its manifest's write may have run late; RemoveCheckpointDir).
     bool manifest_whatever_its_time = false;
+    // Dropped as unusable: the plan version it was dropped on. Its files'
+    // bound is then read from their own times (DroppedFilesBound), not
+    // taken from the manifest or `at`.
+    std::optional<int64_t> dropped_on_plan;
     // After a failed removal, when RetryExpiringLocked tries it again
     // (elapsed clock; kExpiredRemovalBackoff); InfiniteFuture while that
     // try waits on io_.
@@ -1561,6 +1565,14 @@ class JobManager {
   // lists them until a save).
   void RemoveExpiring(const std::string& id, const std::vector<ExpiredCheckpoint>& dirs,
                       bool save_after = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // The `files_before` of job `id`'s checkpoint `from`, dropped as unusable
+  // (ExpiredCheckpoint.dropped_on_plan): read once from its files
+  // (CheckpointFilesBound) while the job still runs the plan it was dropped
+  // on, then kept in its `expiring` entry. InfinitePast (its unit files
+  // stay) when they could not be read before a new plan, or the entry is
+  // gone. On io_, off the lock.
+  absl::Time DroppedFilesBound(const std::string& id, const v1::ResumeFrom& from)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What PersistLocked saves of `record` (it notes the time in
   // last_persisted).
   store::StoredJob StoredJobLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -295,6 +295,42 @@ void JobManager::SweepStoppedJobsLocked() {
   }
 }
 
+absl::Time JobManager::DroppedFilesBound(const std::string& id, const v1::ResumeFrom& from) {
+  // Read first, then checked under the lock: the redo writes the step only
+  // on a plan handed out after the drop (the dropped plan's stages were
+  // loading it, and resume past it), and a plan is handed out under mu_
+  // with its version. If the job is still on the plan of the drop once
+  // the read is done, no redo had written there by then: a file written
+  // since is newer by the clock that dated these, however far this host's
+  // is from it.
+  const absl::StatusOr<absl::Time> read = CheckpointFilesBound(options_.output_dir, from);
+  AnnotatedMutexLock lock(&mu_);
+  JobRecord* record = FindLocked(id);
+  if (record == nullptr) return absl::InfinitePast();  // pruned: no bound to trust
+  auto dropped = std::find_if(record->expiring.begin(), record->expiring.end(),
+                              [&from](const ExpiredCheckpoint& e) {
+                                return e.from.dir() == from.dir() && e.dropped_on_plan.has_value();
+                              });
+  // Gone from the list: redone and complete (the directory is the new
+  // checkpoint's), or removed already.
+  if (dropped == record->expiring.end()) return absl::InfinitePast();
+  if (dropped->files_before.has_value()) return *dropped->files_before;  // read before
+  if (read.ok() && record->plan.version() == *dropped->dropped_on_plan) {
+    dropped->files_before = *read;
+  } else {
+    // Its unit files stay (its manifest goes): a redo's may be among them.
+    // The redo's checkpoint writes them over; the job's end sweep takes
+    // the directory if it never completes.
+    dropped->files_before = absl::InfinitePast();
+    PT_LOG(WARNING) << "job " << id << ": the unit files of dropped checkpoint " << from.dir()
+                    << " are left in place: "
+                    << (read.ok() ? std::string("a new plan ran before their times were read")
+                                  : absl::StrCat("their times could not be read (",
+                                                 read.status().ToString(), ")"));
+  }
+  return *dropped->files_before;
+}
+
 void JobManager::WriteManifestIfHeld(const ManifestToWrite& m) {
   // Not for a checkpoint already gone from the catalog (expired while
   // saves waited: checkpoints completing faster than manifests are

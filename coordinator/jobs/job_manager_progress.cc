@@ -266,12 +266,20 @@ void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
     // runs. The manifest whatever its time: its write may run late on io_
     // too, and a redo's manifest is queued on io_ after the removal (a
     // redo that completes first takes the directory off the list).
+    // "Before" by the file system's clock, which dates the files: this
+    // host's (absl::Now()) deleted a redo's units written on a file server
+    // whose clock is behind. Their newest time, read by the first io_ task
+    // that asks after this drop (the one queued here, or an earlier
+    // queued save's removal: io_ runs in order), before the redo writes:
+    // that takes a new plan, handed out under mu_ after this, and the
+    // reading counts only if the plan is still this one once it is done
+    // (DroppedFilesBound). Not here: file IO stays off the lock.
     if (!options_.output_dir.empty()) {
-      const absl::Time dropped_at = absl::Now();  // real time: files' modification times
-      ExpiredCheckpoint gone{*dropped, dropped_at};
-      gone.files_before = dropped_at;
+      ExpiredCheckpoint gone{*dropped, absl::Now()};
+      gone.dropped_on_plan = record.plan.version();
       gone.manifest_whatever_its_time = true;
       record.expiring.push_back(std::move(gone));
+      io_.Post([this, id = record.job.id(), from = *dropped] { DroppedFilesBound(id, from); });
     }
     record.job.mutable_progress()->set_checkpoint_step(
         record.checkpoints->Latest() != nullptr ? record.checkpoints->Latest()->step() : 0);

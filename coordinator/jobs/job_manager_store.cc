@@ -331,7 +331,9 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // the expired checkpoint's go, those written no later than its manifest
   // (the last of its files; one filesystem's clock, whichever hosts wrote
   // them). Without a manifest, those older than the expiry, by this host's
-  // clock. A retry keeps the first try's bound (the manifest may be gone).
+  // clock. A checkpoint dropped as unusable: those no newer than its files
+  // were when it was dropped (DroppedFilesBound; the same one clock). A
+  // retry keeps the first try's bound (the manifest may be gone).
   // Those that could not be removed (a file system's passing error: ESTALE,
   // EIO) stay listed, and are tried again by the scheduling pass on a
   // backoff (RetryExpiringLocked) or at a restart, until
@@ -344,6 +346,8 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
     absl::Time files_before = d.at;
     if (d.files_before.has_value()) {
       files_before = *d.files_before;
+    } else if (d.dropped_on_plan.has_value()) {
+      files_before = DroppedFilesBound(id, d.from);
     } else if (const std::optional<absl::Time> manifest =
                    CheckpointManifestTime(options_.output_dir, d.from);
                manifest.has_value()) {

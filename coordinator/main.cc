@@ -46,6 +46,7 @@
 #include "common/clock.h"
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
+#include "common/exit_now.h"
 #include "common/flag_set.h"
 #include "common/grpc_log.h"
 #include "common/grpc_server_limits.h"
@@ -408,10 +409,10 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
       return;
     }
     if (led.load() && !resigning.load()) {
-      PT_LOG(ERROR) << identity
-                    << " lost the leadership (its etcd lease ended); exiting so that it "
-                       "restarts as a follower";
-      std::_Exit(5);
+      // Even if stderr blocks: a deposed leader that stays is no follower.
+      ExitNow(5, absl::StrCat(identity,
+                              " lost the leadership (its etcd lease ended); exiting so that it "
+                              "restarts as a follower"));
     }
   };
   {
@@ -1141,15 +1142,16 @@ int Serve(const Config& config, const sigset_t& signals) {
   // the jobs as last saved.
   const absl::Duration stop_timeout = absl::Seconds(flags.stop_timeout_seconds);
   const absl::Duration stop_limit = absl::FromChrono(kShutdownGrace) + stop_timeout;
+  // ExitNow: a stalled stderr (a stopped `| tee`, a blocking log driver)
+  // holds the main thread's log lines, and must not hold this exit too.
   stop_bound.emplace(signals, stop_limit, [&teardown, &flags](const std::string& why) {
-    PT_LOG(ERROR) << why << " (--stop-timeout-seconds " << flags.stop_timeout_seconds
-                  << " after the servers' grace); it still waits for " << teardown.Describe()
-                  << "; exiting without it (exit code 5)"
-                  << (flags.etcd_endpoints.empty()
-                          ? ""
-                          : "; a follower takes over once this leader's etcd lease expires "
-                            "(--leader-lease-seconds)");
-    std::_Exit(5);
+    ExitNow(5, absl::StrCat(why, " (--stop-timeout-seconds ", flags.stop_timeout_seconds,
+                            " after the servers' grace); it still waits for ",
+                            teardown.Describe(), "; exiting without it (exit code 5)",
+                            flags.etcd_endpoints.empty()
+                                ? ""
+                                : "; a follower takes over once this leader's etcd lease "
+                                  "expires (--leader-lease-seconds)"));
   });
   PT_LOG(INFO) << "received " << ShutdownSignalName(signal) << "; shutting down"
                << (signal == SIGHUP

@@ -2,7 +2,8 @@
 # The coordinator's shutdown is bounded (--stop-timeout-seconds) and a further
 # signal cuts it short: a leader whose jobs' file work hangs (here
 # --test-hold-io-at-stop, as on a volume that stopped answering) exits with
-# code 5 instead of holding its lease with its ports closed.
+# code 5 instead of holding its lease with its ports closed. The worker's
+# stop is bounded the same way (its own cases at the end).
 #
 # Each wait for an exit is bounded (a coordinator that hangs is killed and
 # the case fails); no wait stands in for an event.
@@ -14,6 +15,11 @@ if [[ ! -x "$BIN" ]]; then
 fi
 if [[ ! -x "$BIN" ]]; then
   echo "cannot find pipetrain-coordinator in the runfiles" >&2
+  exit 1
+fi
+WORKER="${BIN%/coordinator/pipetrain-coordinator}/worker/pipetrain-worker"
+if [[ ! -x "$WORKER" ]]; then
+  echo "cannot find pipetrain-worker in the runfiles" >&2
   exit 1
 fi
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -134,6 +140,84 @@ if start second --stop-timeout-seconds=3600 --test-hold-io-at-stop; then
   fi
 else
   fail second "did not start"
+fi
+
+# The worker's stop is bounded too (its --stop-timeout-seconds), first
+# registration attempt included, and a further signal cuts it short. A
+# coordinator stopped with SIGSTOP still completes TCP handshakes but never
+# answers, so each worker's first attempt waits out its 10 s deadline, which
+# Leave does not cut short.
+coordinator_pid=
+if start stopped; then
+  coordinator_pid=$pid
+  grpc_port=$(grep -o '"grpc_port": *[0-9]*' "$TMP/stopped.ports" | grep -o '[0-9]*$')
+  kill -STOP "$coordinator_pid"
+fi
+
+# start_worker NAME FLAGS...: a worker of the stopped coordinator; sets
+# `pid`, and returns once it serves its data plane (its ports file).
+start_worker() {
+  local name="$1"
+  shift
+  "$WORKER" --coordinator="127.0.0.1:$grpc_port" --device=cpu --drain-timeout-seconds=0 \
+    --listen=127.0.0.1:0 --metrics-address=127.0.0.1:0 --ports-file="$TMP/$name.ports" \
+    "$@" >"$TMP/$name.log" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  for _ in $(seq 1 1200); do
+    [[ -s "$TMP/$name.ports" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# await_attempt: bounded (60 s) wait until a registration attempt is in
+# flight: a connection to the stopped coordinator's port, which the worker's
+# channel opens for its first call only. A signal before it would find the
+# worker not registering yet, and its stop short. An ESTABLISHED (01)
+# socket to 127.0.0.1:PORT, as IPv4 or (gRPC's dual-stack sockets) as
+# ::ffff:127.0.0.1, whose address ends the same.
+await_attempt() {
+  local want
+  want=$(printf '0100007F:%04X' "$grpc_port")
+  for _ in $(seq 1 1200); do
+    awk -v want="$want" '$4 == "01" && substr($3, length($3) - 12) == want { found = 1 }
+      END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+if [[ -z "$coordinator_pid" ]]; then
+  fail stopped "did not start"
+else
+  # Past the 1 s bound (and the deregistration's 2 s) while the attempt
+  # still waits: exit 5, naming it. It used to wait the attempt out.
+  if start_worker worker_held --stop-timeout-seconds=1 && await_attempt; then
+    kill -TERM "$pid"
+    await_exit worker_held 30
+    expect worker_held 5 "the stop did not end within 1 s (--stop-timeout-seconds)" \
+      "it still waited for a registration attempt in flight" "exiting without it (exit code 5)"
+  else
+    fail worker_held "did not start"
+  fi
+
+  # A second signal during the stop exits at once (the bound is an hour).
+  # Sent once the first was taken: two pending signals would be one.
+  if start_worker worker_second --stop-timeout-seconds=3600 && await_attempt; then
+    kill -TERM "$pid"
+    if await_line worker_second "received SIGTERM; leaving"; then
+      kill -INT "$pid"
+      await_exit worker_second 30
+      expect worker_second 5 "received SIGINT again while stopping" \
+        "exiting without it (exit code 5)"
+    else
+      fail worker_second "never said it was leaving"
+    fi
+  else
+    fail worker_second "did not start"
+  fi
 fi
 
 echo "$passed passed, $failed failed"

@@ -30,6 +30,7 @@
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/data_plane_limits.h"
+#include "common/exit_now.h"
 #include "common/flag_set.h"
 #include "common/grpc_log.h"
 #include "common/host_port.h"
@@ -117,6 +118,48 @@ class AgentDrain final : public DrainingAgent {
 
  private:
   WorkerAgent& agent_;
+};
+
+// Bounds the worker's stop (--stop-timeout-seconds): past `limit`, or at
+// once on a further SIGINT, SIGTERM or SIGHUP, the process exits with code
+// 5 without the rest, as the coordinator's StopBound does. The main thread
+// stops meanwhile, and nothing else reads the wake pipe then: an operator's
+// second Ctrl-C waited out the whole bound (up to an hour). A kFailed byte
+// (a registration cut off by Leave, a device failure) is no signal: the
+// stop goes on.
+class StopBound {
+ public:
+  StopBound(absl::Duration limit, double stop_timeout_seconds)
+      : watchdog_(limit, [this, stop_timeout_seconds] {
+          ExitNow(5, absl::StrCat("the stop did not end within ", stop_timeout_seconds,
+                                  " s (--stop-timeout-seconds) of deregistering; it still waited "
+                                  "for ", waiting_.load(), "; exiting without it (exit code 5)"));
+        }) {
+    signals_ = std::thread([this] {
+      // Polled, so that the destructor can end the wait.
+      while (!done_.load()) {
+        if (AwaitWake(absl::Milliseconds(50)) != kSignalled) continue;
+        ExitNow(5, absl::StrCat("received ", ShutdownSignalName(g_signal), " again while ",
+                                "stopping; it still waited for ", waiting_.load(),
+                                "; exiting without it (exit code 5)"));
+      }
+    });
+  }
+  ~StopBound() {
+    done_.store(true);
+    signals_.join();
+  }  // then watchdog_'s: Done(), join
+  StopBound(const StopBound&) = delete;
+  StopBound& operator=(const StopBound&) = delete;
+
+  // What the stop waits for now, for the exit's log line (a literal).
+  void Waiting(const char* what) { waiting_.store(what); }
+
+ private:
+  std::atomic<const char*> waiting_{"the deregistration"};
+  std::atomic<bool> done_{false};
+  StopWatchdog watchdog_;
+  std::thread signals_;
 };
 
 // The longest --node-name: the coordinator's bound on names (kMaxNameBytes,
@@ -233,7 +276,8 @@ int Run(const std::vector<std::string>& args) {
                "the wait");
   flags.Double("stop-timeout-seconds", &f.stop_timeout_seconds,
                "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
-               "stop before exiting without it (exit code 5)");
+               "stop (and the rest of the stop) before exiting without it (exit code 5; a "
+               "further signal exits so at once)");
   flags.Bool("allow-core-dumps", &f.allow_core_dumps, kAllowCoreDumpsHelp);
   flags.String("test-hold-checkpoint", &f.test_hold_checkpoint,
                "tests only: STEP:UNIT:MARKER holds the write of checkpoint STEP by the stage "
@@ -569,35 +613,40 @@ int Run(const std::vector<std::string>& args) {
   // before it too (Leave: a runner already stopping on the watch or
   // heartbeat thread is joined there), with that call's own deadline
   // added: at the 1 s minimum the process could otherwise exit before the
-  // coordinator heard it leave.
-  {
-    StopWatchdog watchdog(absl::Seconds(f.stop_timeout_seconds) + kDeregisterTimeout, [&f] {
-      PT_LOG(ERROR) << "the job's stage did not stop within " << f.stop_timeout_seconds
-                    << " s (--stop-timeout-seconds) of deregistering; exiting without it";
-      std::_Exit(5);
-    });
-    agent.Leave();
-    agent.Stop();
-  }
-  starter.join();
+  // coordinator heard it leave. It covers the rest of the stop as well: a
+  // first registration attempt still in flight (Leave does not cut it
+  // short: up to the RPC deadline, then its settling and deregistration)
+  // and a running profile's current pass (the server waits for it; minutes
+  // with --threads 1 on a large unit), which is told to end first so that
+  // it winds down meanwhile.
   int code = 0;
   {
-    AnnotatedMutexLock lock(&refused_mu);
-    // A later registration's refusal: as a refused first one.
-    if (started.ok() && !registration_refused.ok()) started = registration_refused;
+    StopBound bound(absl::Seconds(f.stop_timeout_seconds) + kDeregisterTimeout,
+                    f.stop_timeout_seconds);
+    control.Stop();  // a profile running ends before its next unit
+    agent.Leave();
+    bound.Waiting("the job's stage to stop");
+    agent.Stop();
+    bound.Waiting("a registration attempt in flight");
+    starter.join();
+    {
+      AnnotatedMutexLock lock(&refused_mu);
+      // A later registration's refusal: as a refused first one.
+      if (started.ok() && !registration_refused.ok()) started = registration_refused;
+    }
+    if (device_failed.load()) {
+      code = 4;
+    } else if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {
+      PT_LOG(ERROR) << "cannot join " << f.coordinator << ": " << started;
+      code = started.code() == absl::StatusCode::kUnauthenticated ? 3 : 1;
+    } else {
+      PT_LOG(INFO) << "shutting down";
+    }
+    bound.Waiting("the servers to stop (a running profile's current pass)");
+    http.Stop();
+    health.Detach();
+    (*server)->Shutdown();
   }
-  if (device_failed.load()) {
-    code = 4;
-  } else if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {
-    PT_LOG(ERROR) << "cannot join " << f.coordinator << ": " << started;
-    code = started.code() == absl::StatusCode::kUnauthenticated ? 3 : 1;
-  } else {
-    PT_LOG(INFO) << "shutting down";
-  }
-  http.Stop();
-  health.Detach();
-  control.Stop();  // a profile running ends before its next unit: the server waits for it
-  (*server)->Shutdown();
   return code;
 }
 

@@ -1160,10 +1160,18 @@ class JobManager {
   // leave it waiting until its queue timeout.
   JobRecord* RecoveryCountingOnLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registry's workers as one scheduling pass (ScheduleQueued) read
+  // them, once (job_manager_scheduling.cc). The helpers below that take one
+  // (`pass`, not null) read the workers from it instead of the registry:
+  // from there, each recovering job read every worker's record again, and
+  // again for every other recovering job's spares (K^2 x workers record
+  // copies a pass, under the jobs lock).
+  class PassWorkers;
   // The job's own workers, drained ones included: a placement's while it
   // is planned, a recovery's survivors neither lost nor gone since
   // (LOST, LEFT or forgotten past a restart's grace), else its plan's.
-  std::vector<std::string> OwnWorkersLocked(const JobRecord& record) const
+  std::vector<std::string> OwnWorkersLocked(const JobRecord& record,
+                                            const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many workers `record` could re-plan on once `without` is gone
   // ("": as it is): of its own (OwnWorkersLocked) not drained and the
@@ -1200,10 +1208,12 @@ class JobManager {
   // those it waits for, kept from growth, boundaries and a recovery past
   // its former size. One queued job of each tensor mode is asked
   // (CanRunLocked reads no more of a job).
-  std::set<std::string> SparesForQueuedLocked(const std::set<std::string>& reserved) const
+  std::set<std::string> SparesForQueuedLocked(const std::set<std::string>& reserved,
+                                              const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
-                                 const JobRecord* except = nullptr) const
+                                 const JobRecord* except = nullptr,
+                                 const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D
@@ -1220,7 +1230,8 @@ class JobManager {
   // they joined it not long ago (JobRecord::join_crashes), or that cannot
   // run it.
   std::vector<std::string> SparesForLocked(const JobRecord& record,
-                                           const std::set<std::string>& reserved) const
+                                           const std::set<std::string>& reserved,
+                                           const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The first of `pending`'s workers that is no longer as it was planned
   // (ASSIGNED to `job_id`, the same incarnation), and why; nullopt when
@@ -1251,9 +1262,20 @@ class JobManager {
   // and enough are READY; else it waits (its reason says for what).
   // `reserved`: the workers no job may take as spares (HeldWorkersLocked:
   // every recovering job's survivors among them); those it places on are
-  // added.
-  void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved)
+  // added. `pass`: the workers as the scheduling pass read them, which it
+  // reads instead of the registry (but for its survivors' records); those
+  // it places on are read again into it (ReadAgainLocked).
+  void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved, PassWorkers* pass)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `workers` (a placement's, just before or after it) again from
+  // the registry into `pass`: those no longer spare (drained, stopping a
+  // job, gone or assigned since the pass read them) as a reason says it
+  // ("w-3 is no longer spare (...)"); empty when every one still is.
+  std::string ReadAgainLocked(const std::vector<std::string>& workers, PassWorkers& pass) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker` was among the registry's ReadyWorkers (READY, not
+  // stopping its last job) as `pass` read it.
+  static bool ReadyInPass(const PassWorkers& pass, const std::string& worker);
   // Asks the job's stages to stop after a step beyond all their progress
   // (see "Step boundaries"); false when the job is too near its end.
   bool RequestBoundaryLocked(JobRecord& record, const std::string& reason)
@@ -1263,7 +1285,8 @@ class JobManager {
   void MaybeReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The READY workers that are drained (placed never, listed READY).
-  size_t DrainedReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t DrainedReadyLocked(const PassWorkers* pass = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "N ready", then the READY workers held for other jobs (HeldReadyLocked)
   // and the drained ones, when there are any (for a waiting job's reason).
   static std::string ReadyCount(size_t ready, size_t held, size_t drained);
@@ -1272,7 +1295,8 @@ class JobManager {
   // survivors, a boundary's spares), leaving out those in `counted`: a waiting job says they
   // exist, rather than "1 ready" beside a listing of 2 READY workers.
   size_t HeldReadyLocked(const JobRecord& record, const std::set<std::string>& reserved,
-                         const std::vector<std::string>& counted) const
+                         const std::vector<std::string>& counted,
+                         const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // READY workers no job holds or waits for, not drained, ascending id.
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
@@ -1296,19 +1320,22 @@ class JobManager {
   // the spares were marked unfit for the job while enough of one kind were
   // READY. BeginPlacementLocked puts the set in position order.
   std::vector<std::string> UsableSetLocked(const JobRecord& record,
-                                           const std::vector<std::string>& candidates,
-                                           int most) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                           const std::vector<std::string>& candidates, int most,
+                                           const PassWorkers* pass = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `spares` (in order) without those of a kind none of `record`'s own
   // workers (OwnWorkersLocked) is, for a job whose stages must each be of
   // one kind (none left: all): the spares a recovery waits for, a drain
   // counts on and a boundary holds. A GPU job waiting for a GPU held every
   // READY CPU worker meanwhile, from queued CPU jobs and from growth.
   std::vector<std::string> OfItsKindsLocked(const JobRecord& record,
-                                            std::vector<std::string> spares) const
+                                            std::vector<std::string> spares,
+                                            const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether each of `workers` is a GPU worker (one gone since it was
   // counted: a CPU; StartLocked and BeginPlacementLocked then find it gone).
-  std::vector<bool> GpuKindsLocked(const std::vector<std::string>& workers) const
+  std::vector<bool> GpuKindsLocked(const std::vector<std::string>& workers,
+                                   const PassWorkers* pass = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `workers` reordered so that the `need` with the most memory between
   // them and `beside` (the plan's workers already chosen; RoomiestWorkers)
@@ -1322,7 +1349,8 @@ class JobManager {
   // Known lost during the record's recovery, and not registered again since.
   bool IsLostLocked(const JobRecord& record, const std::string& worker_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t IncarnationOf(const std::string& worker_id) const;  // 0 when unknown
+  int64_t IncarnationOf(const std::string& worker_id,
+                        const PassWorkers* pass = nullptr) const;  // 0 when unknown
   // A stage's CheckpointWritten report.
   absl::Status AddCheckpointLocked(JobRecord& record, int stage, const v1::CheckpointWritten& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -985,7 +985,8 @@ void JobManager::NoteSurvivorHeartbeatsLocked(JobRecord& record) {
   }
 }
 
-void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved) {
+void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved,
+                                 PassWorkers* pass) {
   // Every former worker must be accounted for: alive (a heartbeat since the
   // loss) or gone. A dead one left READY would be planned again and fail.
   std::vector<std::string> alive;
@@ -994,8 +995,6 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   std::vector<std::string> gone_too;
   bool waiting = false;
   std::vector<std::string> still_stopping;
-  const std::vector<std::string> ready_list = registry_->ReadyWorkers();  // none stopping
-  const std::set<std::string> ready(ready_list.begin(), ready_list.end());
   const bool stop_wait_over = elapsed_clock_->Now() - record.recovery_started >= kSurvivorStopWait;
   for (const std::string& w : record.survivors) {
     if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
@@ -1018,7 +1017,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                              FromProtoTimestamp(worker->last_heartbeat()) != at_recovery->second;
     if (!heard_since || worker->state() == v1::WORKER_STATE_JOINING) {
       waiting = true;
-    } else if (worker->state() == v1::WORKER_STATE_READY && ready.count(w) == 0) {
+    } else if (worker->state() == v1::WORKER_STATE_READY && !ReadyInPass(*pass, w)) {
       if (stop_wait_over) {
         gone_too.push_back(absl::StrCat(w, " (still stopping its part after ",
                                         absl::FormatDuration(kSurvivorStopWait), ")"));
@@ -1048,24 +1047,25 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // cut the replacement refused last: two replacements took turns with it,
   // a new refused plan every pass, and the job neither ran nor timed out.)
   const auto refused_with = [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return MarkedInIncarnation(record.refused_for_memory, w, IncarnationOf(w));
+    return MarkedInIncarnation(record.refused_for_memory, w, IncarnationOf(w, pass));
   };
   // A QUEUED job waits only for the spares it can run on (one job of each
   // tensor mode is asked: CanRunLocked reads no more of it): a 3-D tensor
   // job short of CPU workers does not keep a recovery off idle GPUs.
-  const std::set<std::string> for_queued = SparesForQueuedLocked(*reserved);
+  const std::set<std::string> for_queued = SparesForQueuedLocked(*reserved, pass);
   std::vector<std::string> chosen = alive;
   // Of each group, the spares no queued job can run on first: in id order,
   // a lost GPU's place went to an idle CPU a queued CPU-only job needed
   // while idle GPUs would do.
-  std::vector<std::string> spares = SparesForLocked(record, *reserved);
+  std::vector<std::string> spares = SparesForLocked(record, *reserved, pass);
   std::stable_partition(spares.begin(), spares.end(),
                         [&](const std::string& w) { return for_queued.count(w) == 0; });
+  // Looked up for each spare: a find in `chosen` each took spares x chosen.
+  std::set<std::string> in_chosen(chosen.begin(), chosen.end());
   for (const bool refused_pass : {false, true}) {
     std::vector<std::string> group;
     for (const std::string& w : spares) {
-      if (refused_with(w) == refused_pass &&
-          std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
+      if (refused_with(w) == refused_pass && in_chosen.count(w) == 0 && !IsLostLocked(record, w)) {
         group.push_back(w);
       }
     }
@@ -1076,6 +1076,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
                                   MaxJobWorkers(record) - static_cast<int>(chosen.size()), chosen);
     }
     chosen.insert(chosen.end(), group.begin(), group.end());
+    in_chosen.insert(group.begin(), group.end());
   }
   // A recovery replaces what it lost; it grows past its size before the
   // loss (or its minimum) only onto spares no other job waits for, as a
@@ -1089,12 +1090,12 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       {MinJobWorkers(record), record.job.worker_ids_size(), static_cast<int>(alive.size())});
   int most = MaxJobWorkers(record);
   std::vector<std::string> candidates = chosen;
-  if (!NoJobWaitsForSparesLocked(waited_for, &record)) {
+  if (!NoJobWaitsForSparesLocked(waited_for, &record, pass)) {
     most = std::min(most, before_loss);
   } else if (most > before_loss && !for_queued.empty()) {
     // Up to its size before the loss of any of them (survivors first), past
     // it of those no queued job can run on.
-    candidates = UsableSetLocked(record, chosen, before_loss);
+    candidates = UsableSetLocked(record, chosen, before_loss, pass);
     for (const std::string& w : NotAmong(chosen, candidates)) {
       if (for_queued.count(w) == 0) candidates.push_back(w);
     }
@@ -1103,15 +1104,15 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // are "3 ready", though none can be used yet.
   const std::vector<std::string> counted(
       chosen.begin(), chosen.begin() + std::min<int>(chosen.size(), MaxJobWorkers(record)));
-  chosen = UsableSetLocked(record, candidates, most);
+  chosen = UsableSetLocked(record, candidates, most, pass);
   // Why it waits rather than plans; empty: it plans. The very workers a
   // plan was refused on for memory (with the spares dropped before it)
   // would be refused again, so it waits for another as for too few
   // workers. (Fewer of them may fit: workers sharing a host's RAM or a GPU
   // each get more of it.)
   const auto count = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ReadyCount(counted.size(), HeldReadyLocked(record, *reserved, counted),
-                      DrainedReadyLocked());
+    return ReadyCount(counted.size(), HeldReadyLocked(record, *reserved, counted, pass),
+                      DrainedReadyLocked(pass));
   };
   std::string waiting_for;
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
@@ -1151,6 +1152,14 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
     return;
   }
+  // Read again first, as a queued job's are: one drained, stopping a job or
+  // gone since the pass read it is not placed, and the next pass counts again.
+  const std::string changed = ReadAgainLocked(chosen, *pass);
+  if (!changed.empty()) {
+    record.job.set_reason(
+        absl::StrCat("recovering: ", record.recovery_reason, "; waiting to be placed: ", changed));
+    return;
+  }
   const v1::JobProgress& p = record.job.progress();
   // Where the recorded losses reach: a checkpoint whose last step's loss
   // never arrived would leave a hole in the history.
@@ -1170,6 +1179,9 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
   pending.joiners = NotAmong(chosen, alive);
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
+  // Those it took are ASSIGNED now (or one was found gone): the rest of the
+  // pass reads them so.
+  ReadAgainLocked(chosen, *pass);
   if (!placed.ok()) {
     // A chosen worker went since it was counted: none was assigned, and the
     // next pass counts again.

@@ -102,18 +102,25 @@ std::vector<std::string> KeptForStagesOfOneKind(const std::vector<std::string>& 
   return kept;
 }
 
+}  // namespace
+
 // The registry's workers as one scheduling pass (ScheduleQueued) read
 // them: a List and a ReadyWorkers, once. Every queued job read them all
 // again (a ReadyWorkers and a Get for each READY worker's drain,
 // SpareWorkersLocked; as much again for its reason's held count,
 // HeldReadyLocked; a Get each for a CPU-only job's kinds): with 256 jobs
 // queued on 4,096 workers, about a million record copies a pass, under the
-// jobs lock every running job's progress report waits on. A placement
-// reads the workers it takes again before and after (Update): other
-// changes meanwhile (a worker lost, or one that became READY) are the next
-// pass's, but one no longer spare is not placed (Assign asks only for
-// READY: a worker drained or stopping a job since would be).
-class PassWorkers {
+// jobs lock every running job's progress report waits on. Every recovering
+// job read them again too (TryReplanLocked: a ReadyWorkers, its spares as
+// a queued job does, and every other recovering job's, asking whether one
+// waits for them, NoJobWaitsForSparesLocked): with 20 jobs recovering
+// beside 500 idle workers, about 680,000 record copies a pass. A placement
+// (a queued job's or a recovery's) reads the workers it takes again before
+// and after (ReadAgainLocked): other changes meanwhile (a worker lost, or
+// one that became READY) are the next pass's, but one no longer spare is
+// not placed (Assign asks only for READY: a worker drained or stopping a
+// job since would be).
+class JobManager::PassWorkers {
  public:
   // `all`: the registry's List(); `ready`: its ReadyWorkers(); `drained`:
   // JobManager::IsDrainedLocked.
@@ -138,12 +145,16 @@ class PassWorkers {
     return spare;
   }
   // HeldReadyLocked: of `reserved`, those READY and not drained that a job
-  // (CPU only or not) could run on.
-  size_t HeldReady(const std::set<std::string>& reserved, bool cpu_only) const {
+  // (CPU only or not) could run on, less those in `counted`.
+  size_t HeldReady(const std::set<std::string>& reserved, bool cpu_only,
+                   const std::vector<std::string>& counted = {}) const {
     size_t held = 0;
     for (const std::string& id : reserved) {
       const Worker* w = Find(id);
-      if (w != nullptr && IsSpare(*w) && Runs(w, cpu_only)) ++held;
+      if (w != nullptr && IsSpare(*w) && Runs(w, cpu_only) &&
+          std::find(counted.begin(), counted.end(), id) == counted.end()) {
+        ++held;
+      }
     }
     return held;
   }
@@ -182,6 +193,16 @@ class PassWorkers {
     const Worker* w = Find(id);
     return w == nullptr ? 0 : w->incarnation;
   }
+  // Among ReadyWorkers: READY and not stopping its last job.
+  bool Ready(const std::string& id) const {
+    const Worker* w = Find(id);
+    return w != nullptr && w->ready;
+  }
+  // IsGoneWorker: unknown when read, LOST or LEFT.
+  bool Gone(const std::string& id) const {
+    const Worker* w = Find(id);
+    return w == nullptr || !w->known || w->gone;
+  }
   // `id` as the registry answers for it now (`drained` by IsDrainedLocked),
   // read again for a placement: READY still only if it was, and if its
   // record shows no stop of a job under way (ReadyWorkers leaves such a
@@ -210,6 +231,7 @@ class PassWorkers {
     bool gpu = false;
     bool ready = false;  // among ReadyWorkers: READY, not stopping its last job
     bool up = false;     // READY or ASSIGNED
+    bool gone = false;   // LOST or LEFT
     bool drained = false;
   };
 
@@ -219,6 +241,7 @@ class PassWorkers {
     w.gpu = !info.device().gpu_model().empty();
     w.ready = ready;
     w.up = info.state() == v1::WORKER_STATE_READY || info.state() == v1::WORKER_STATE_ASSIGNED;
+    w.gone = info.state() == v1::WORKER_STATE_LOST || info.state() == v1::WORKER_STATE_LEFT;
     w.drained = drained;
   }
   static bool IsSpare(const Worker& w) { return w.ready && !w.drained; }
@@ -234,8 +257,6 @@ class PassWorkers {
   std::vector<Worker> workers_;  // in the registry's order (by id number)
   absl::flat_hash_map<std::string, size_t> index_;
 };
-
-}  // namespace
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
@@ -259,13 +280,9 @@ void JobManager::ScheduleQueued() {
   // on its turn, a later job's were an earlier one's spares), and so are
   // the workers profiling a job (an earlier queued job took them).
   std::set<std::string> reserved = HeldWorkersLocked();
-  for (const std::string& id : order_) {
-    JobRecord& record = *jobs_.at(id);
-    if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
-  }
-  // The workers as the rest of the pass sees them (PassWorkers), read once
-  // when a job first needs them: after the re-plans above, which assign
-  // some.
+  // The workers as the whole pass sees them (PassWorkers), read once when a
+  // job first needs them; the re-plans below read them from it, and read
+  // the workers they place again into it.
   std::optional<PassWorkers> pass_workers;
   const auto workers = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!pass_workers.has_value()) {
@@ -276,19 +293,12 @@ void JobManager::ScheduleQueued() {
     }
     return &*pass_workers;
   };
-  // SparesForLocked(record, held), of what the pass read.
-  const auto spares_for = [&](const JobRecord& record, const std::set<std::string>& held)
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const PassWorkers* read = workers();
-    std::vector<std::string> spare = read->Spare(held, CpuOnly(record.resolved));
-    const absl::Time at = elapsed_clock_->Now();
-    spare.erase(std::remove_if(spare.begin(), spare.end(),
-                               [&](const std::string& w) {
-                                 return KeptOutOf(record, w, read->Incarnation(w), at);
-                               }),
-                spare.end());
-    return spare;
-  };
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::JOB_STATE_RECOVERING) {
+      TryReplanLocked(record, &reserved, workers());
+    }
+  }
   // One still recovering waits for workers (too few for its minimum, a
   // plan with more memory, survivors to be heard from): the spares it
   // could use are its own (NoJobWaitsForSparesLocked), not a queued job's.
@@ -297,7 +307,8 @@ void JobManager::ScheduleQueued() {
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::JOB_STATE_RECOVERING) continue;
-    for (std::string& w : OfItsKindsLocked(record, spares_for(record, reserved))) {
+    for (std::string& w :
+         OfItsKindsLocked(record, SparesForLocked(record, reserved, workers()), workers())) {
       reserved.insert(std::move(w));
     }
   }
@@ -430,26 +441,16 @@ void JobManager::ScheduleQueued() {
     // Read again first, only those it takes: one drained (registered again
     // as a drained process), stopping a job or gone since the pass read it
     // is not placed, and the next pass chooses again.
-    std::vector<std::string> changed;
-    for (const std::string& w : ready) {
-      const absl::StatusOr<v1::Worker> info = registry_->Get(w);
-      if (!workers()->Update(w, info, info.ok() && IsDrainedLocked(*info))) changed.push_back(w);
-    }
+    const std::string changed = ReadAgainLocked(ready, *workers());
     if (!changed.empty()) {
       offered.clear();
-      record.job.set_reason(
-          absl::StrCat("waiting to be placed: ", absl::StrJoin(changed, ", "),
-                       changed.size() == 1 ? " is" : " are",
-                       " no longer spare (drained, stopping a job or gone since it was counted)"));
+      record.job.set_reason(absl::StrCat("waiting to be placed: ", changed));
       continue;
     }
     absl::Status started = StartLocked(record, ready);
     // Those it took are ASSIGNED now (or one was found gone): read again,
     // and the spares listed again for the jobs after it.
-    for (const std::string& w : ready) {
-      const absl::StatusOr<v1::Worker> info = registry_->Get(w);
-      workers()->Update(w, info, info.ok() && IsDrainedLocked(*info));
-    }
+    ReadAgainLocked(ready, *workers());
     offered.clear();
     if (!started.ok()) {
       // A worker counted READY above changed since (lost, or gone): none
@@ -485,8 +486,8 @@ void JobManager::ScheduleQueued() {
     // A job being planned may yet go back to waiting (a worker lost).
     if (state == v1::JOB_STATE_PROFILING || state == v1::JOB_STATE_PLANNING) return;
     if (state != v1::JOB_STATE_RECOVERING) continue;
-    const std::vector<std::string> spare = spares_for(record, reserved);
-    if (!spare.empty() && !OfItsKindsLocked(record, spare).empty()) return;
+    const std::vector<std::string> spare = SparesForLocked(record, reserved, workers());
+    if (!spare.empty() && !OfItsKindsLocked(record, spare, workers()).empty()) return;
   }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
@@ -500,7 +501,7 @@ void JobManager::ScheduleQueued() {
     // fail it after 3 such spares. Without the spare it trains on, as a
     // job whose writes fail does.
     if (record.job.progress().checkpoint_failures() > 0) continue;
-    const std::vector<std::string> spare = spares_for(record, reserved);
+    const std::vector<std::string> spare = SparesForLocked(record, reserved, workers());
     if (spare.empty()) continue;  // another job may take those unfit for this one
     const int current = record.job.worker_ids_size();
     int want = std::min<int>(spare.size(), MaxJobWorkers(record) - current);
@@ -528,6 +529,22 @@ void JobManager::ScheduleQueued() {
   }
 }
 
+std::string JobManager::ReadAgainLocked(const std::vector<std::string>& workers,
+                                        PassWorkers& pass) const {
+  std::vector<std::string> changed;
+  for (const std::string& w : workers) {
+    const absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    if (!pass.Update(w, info, info.ok() && IsDrainedLocked(*info))) changed.push_back(w);
+  }
+  if (changed.empty()) return "";
+  return absl::StrCat(absl::StrJoin(changed, ", "), changed.size() == 1 ? " is" : " are",
+                      " no longer spare (drained, stopping a job or gone since it was counted)");
+}
+
+bool JobManager::ReadyInPass(const PassWorkers& pass, const std::string& worker) {
+  return pass.Ready(worker);
+}
+
 std::optional<std::vector<std::string>> JobManager::OneKindPerStageLocked(
     const JobRecord& record, const std::vector<std::string>& ready, int need) const {
   return OneKindPerStage(ready, need, StagesOfOneKind(record), Replicas(record),
@@ -538,10 +555,10 @@ std::optional<std::vector<std::string>> JobManager::OneKindPerStageLocked(
 
 std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
                                                      const std::vector<std::string>& candidates,
-                                                     int most) const {
+                                                     int most, const PassWorkers* pass) const {
   int count = UsableWorkers(record, std::clamp<int>(most, 0, candidates.size()));
   if (!StagesOfOneKind(record)) return {candidates.begin(), candidates.begin() + count};
-  const std::vector<bool> gpu = GpuKindsLocked(candidates);
+  const std::vector<bool> gpu = GpuKindsLocked(candidates, pass);
   for (; count > 0; count -= WorkersPerStage(record)) {
     std::optional<std::vector<size_t>> picked = ArrangeByDeviceKind(
         gpu, Replicas(record), count / WorkersPerStage(record), TensorRanks(record));
@@ -555,21 +572,22 @@ std::vector<std::string> JobManager::UsableSetLocked(const JobRecord& record,
 }
 
 std::vector<std::string> JobManager::OfItsKindsLocked(const JobRecord& record,
-                                                      std::vector<std::string> spares) const {
+                                                      std::vector<std::string> spares,
+                                                      const PassWorkers* pass) const {
   if (!StagesOfOneKind(record)) return spares;
   // A recovering job's survivors gone since (not its own any more) still
   // say which kinds it runs on: with every survivor gone, spares of any
   // kind would count.
-  std::vector<std::string> workers = OwnWorkersLocked(record);
+  std::vector<std::string> workers = OwnWorkersLocked(record, pass);
   if (workers.empty() && record.job.state() == v1::JOB_STATE_RECOVERING) {
     workers = record.survivors;
     if (workers.empty())
       workers.assign(record.job.worker_ids().begin(), record.job.worker_ids().end());
   }
-  const std::vector<bool> own = GpuKindsLocked(workers);
+  const std::vector<bool> own = GpuKindsLocked(workers, pass);
   if (own.empty()) return spares;  // no worker left to say which
   const std::set<bool> kinds(own.begin(), own.end());
-  const std::vector<bool> gpu = GpuKindsLocked(spares);
+  const std::vector<bool> gpu = GpuKindsLocked(spares, pass);
   std::vector<std::string> kept;
   for (size_t i = 0; i < spares.size(); ++i) {
     if (kinds.count(gpu[i]) > 0) kept.push_back(std::move(spares[i]));
@@ -577,7 +595,9 @@ std::vector<std::string> JobManager::OfItsKindsLocked(const JobRecord& record,
   return kept;
 }
 
-std::vector<bool> JobManager::GpuKindsLocked(const std::vector<std::string>& workers) const {
+std::vector<bool> JobManager::GpuKindsLocked(const std::vector<std::string>& workers,
+                                             const PassWorkers* pass) const {
+  if (pass != nullptr) return pass->GpuKinds(workers);
   std::vector<bool> gpu;
   for (const std::string& w : workers) {
     absl::StatusOr<v1::Worker> info = registry_->Get(w);
@@ -616,7 +636,8 @@ std::vector<std::string> JobManager::RoomiestFirstLocked(
   return ordered;
 }
 
-size_t JobManager::DrainedReadyLocked() const {
+size_t JobManager::DrainedReadyLocked(const PassWorkers* pass) const {
+  if (pass != nullptr) return pass->DrainedReady();
   size_t drained = 0;
   for (const std::string& w : registry_->ReadyWorkers()) drained += IsDrainedLocked(w) ? 1 : 0;
   return drained;
@@ -638,7 +659,9 @@ std::string JobManager::ReadyCount(size_t ready, size_t held, size_t drained) {
 }
 
 size_t JobManager::HeldReadyLocked(const JobRecord& record, const std::set<std::string>& reserved,
-                                   const std::vector<std::string>& counted) const {
+                                   const std::vector<std::string>& counted,
+                                   const PassWorkers* pass) const {
+  if (pass != nullptr) return pass->HeldReady(reserved, CpuOnly(record.resolved), counted);
   size_t held = 0;
   for (const std::string& w : ThatCanRunLocked(record, SpareWorkersLocked({}))) {
     if (reserved.count(w) > 0 && std::find(counted.begin(), counted.end(), w) == counted.end()) {
@@ -752,7 +775,8 @@ JobManager::JobRecord* JobManager::RecoveryCountingOnLocked(const std::string& w
   return nullptr;
 }
 
-std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record) const {
+std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record,
+                                                      const PassWorkers* pass) const {
   // Being planned, the job's workers are the placement's; recovering,
   // its survivors not lost.
   std::vector<std::string> workers;
@@ -765,7 +789,9 @@ std::vector<std::string> JobManager::OwnWorkersLocked(const JobRecord& record) c
     const bool in_grace = elapsed_clock_->Now() < record.restart_grace_until;
     for (const std::string& w : record.survivors) {
       if (IsLostLocked(record, w)) continue;
-      if (!in_grace && IsGoneWorker(registry_->Get(w))) continue;
+      if (!in_grace && (pass != nullptr ? pass->Gone(w) : IsGoneWorker(registry_->Get(w)))) {
+        continue;
+      }
       workers.push_back(w);
     }
   } else {
@@ -809,12 +835,15 @@ std::vector<std::string> JobManager::ThatCanRunLocked(const JobRecord& record,
 }
 
 std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
-                                                     const std::set<std::string>& reserved) const {
-  std::vector<std::string> spare = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
+                                                     const std::set<std::string>& reserved,
+                                                     const PassWorkers* pass) const {
+  std::vector<std::string> spare = pass != nullptr
+                                       ? pass->Spare(reserved, CpuOnly(record.resolved))
+                                       : ThatCanRunLocked(record, SpareWorkersLocked(reserved));
   const absl::Time now = elapsed_clock_->Now();
   spare.erase(std::remove_if(spare.begin(), spare.end(),
                              [&](const std::string& w) {
-                               return KeptOutOf(record, w, IncarnationOf(w), now);
+                               return KeptOutOf(record, w, IncarnationOf(w, pass), now);
                              }),
               spare.end());
   return spare;
@@ -829,7 +858,8 @@ std::vector<std::string> JobManager::SpareWorkersLocked(
   return spare;
 }
 
-int64_t JobManager::IncarnationOf(const std::string& worker_id) const {
+int64_t JobManager::IncarnationOf(const std::string& worker_id, const PassWorkers* pass) const {
+  if (pass != nullptr) return pass->Incarnation(worker_id);
   absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
   return worker.ok() ? worker->incarnation() : 0;
 }
@@ -877,7 +907,8 @@ void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
 }
 
 bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved,
-                                           const JobRecord* except) const {
+                                           const JobRecord* except,
+                                           const PassWorkers* pass) const {
   // Listed once for every queued job, not once each (it reads every READY
   // worker's record); whether a job can run on one of them depends only
   // on whether it runs on CPU workers only (CanRunLocked).
@@ -894,9 +925,14 @@ bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved
     // idle GPUs for its whole queue timeout. (No OfItsKindsLocked: placed
     // on whichever kind gives it a set, it runs on either.)
     if (state == v1::JOB_STATE_QUEUED) {
-      if (!spare.has_value()) spare = SpareWorkersLocked(reserved);
+      if (!spare.has_value()) {
+        spare = pass != nullptr ? pass->Spare(reserved, false) : SpareWorkersLocked(reserved);
+      }
       const auto [it, first] = runs_on_one.emplace(CpuOnly(record.resolved), false);
-      if (first) it->second = !ThatCanRunLocked(record, *spare).empty();
+      if (first) {
+        it->second = pass != nullptr ? !pass->ThatRun(*spare, CpuOnly(record.resolved)).empty()
+                                     : !ThatCanRunLocked(record, *spare).empty();
+      }
       if (it->second) return false;
     }
     // A recovering job still here waits for workers (too few for its
@@ -904,7 +940,7 @@ bool JobManager::NoJobWaitsForSparesLocked(const std::set<std::string>& reserved
     // Grown into another job, one by one, they left it waiting until its
     // queue timeout failed it.
     if (state == v1::JOB_STATE_RECOVERING &&
-        !OfItsKindsLocked(record, SparesForLocked(record, reserved)).empty()) {
+        !OfItsKindsLocked(record, SparesForLocked(record, reserved, pass), pass).empty()) {
       return false;
     }
   }
@@ -1003,8 +1039,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
 }
 
-std::set<std::string> JobManager::SparesForQueuedLocked(
-    const std::set<std::string>& reserved) const {
+std::set<std::string> JobManager::SparesForQueuedLocked(const std::set<std::string>& reserved,
+                                                        const PassWorkers* pass) const {
   std::map<std::string, const JobRecord*> queued;  // by tensor mode
   for (const std::string& id : order_) {
     const JobRecord& other = *jobs_.at(id);
@@ -1012,11 +1048,16 @@ std::set<std::string> JobManager::SparesForQueuedLocked(
       queued.emplace(other.resolved.tensor_mode, &other);
     }
   }
-  const std::vector<std::string> idle =
-      queued.empty() ? std::vector<std::string>() : SpareWorkersLocked(reserved);
+  std::vector<std::string> idle;
+  if (!queued.empty()) {
+    idle = pass != nullptr ? pass->Spare(reserved, false) : SpareWorkersLocked(reserved);
+  }
   std::set<std::string> for_queued;
   for (const auto& [mode, other] : queued) {
-    for (std::string& w : ThatCanRunLocked(*other, idle)) for_queued.insert(std::move(w));
+    for (std::string& w : pass != nullptr ? pass->ThatRun(idle, CpuOnly(other->resolved))
+                                          : ThatCanRunLocked(*other, idle)) {
+      for_queued.insert(std::move(w));
+    }
   }
   return for_queued;
 }

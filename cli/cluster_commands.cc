@@ -144,22 +144,37 @@ struct Connection {
     // to look up.
     return ParseCoordinatorAddresses("--coordinator", coordinator).status();
   }
-  // A stub that sends the user token on every call.
-  absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() const {
-    absl::StatusOr<std::string> token = UserTokenFrom(token_file);
-    if (!token.ok()) return token.status();
+  // A stub that sends the user token on every call. The token and the TLS
+  // files are read by the first call that succeeds, and reused by every
+  // later one (submit's retries, Follow's reconnects): read again, a
+  // process substitution (--token-file <(...)) is empty, and a file
+  // removed meanwhile turned a submit whose outcome was unknown into a
+  // local error, hiding that the job may exist (run again, it made a
+  // second one).
+  absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() {
+    if (credentials_ == nullptr) {
+      absl::StatusOr<std::string> token = UserTokenFrom(token_file);
+      if (!token.ok()) return token.status();
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+          ClientTlsCredentials(tls_ca, tls_cert, tls_key);
+      if (!credentials.ok()) return credentials.status();
+      token_ = *std::move(token);
+      credentials_ = *std::move(credentials);
+    }
     g_sent_token_from = !token_file.empty() ? "--token-file " + token_file
-                        : !token->empty()   ? std::string("$PIPETRAIN_TOKEN")
+                        : !token_.empty()   ? std::string("$PIPETRAIN_TOKEN")
                                             : std::string();
     g_coordinator = coordinator;
     g_tls = ClientTlsSetup{!tls_ca.empty(), !tls_cert.empty(), /*ca_from_env=*/true};
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        ClientTlsCredentials(tls_ca, tls_cert, tls_key);
-    if (!credentials.ok()) return credentials.status();
     // With several coordinators, finding the leader is bounded by --timeout
     // too.
-    return FindCoordinator("--coordinator", coordinator, *credentials, *token, timeout);
+    return FindCoordinator("--coordinator", coordinator, credentials_, token_, timeout);
   }
+
+ private:
+  // What the first Connect read (null credentials: nothing read yet).
+  std::string token_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
 };
 
 // Prints the error with its code; the exit code says the code too (exit_codes.h).
@@ -808,30 +823,7 @@ std::string SharedCgroupMemoryLimit(int64_t cgroup_limit, int64_t physical, int 
 
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus) {
-  int index = -1;  // the device cuda or cuda:N names
-  if (device == "cuda") {
-    index = 0;
-  } else if (!absl::StartsWith(device, "cuda:") ||
-             !absl::SimpleAtoi(absl::string_view(device).substr(5), &index) || index < 0) {
-    return absl::OkStatus();
-  }
-  const std::string flag = "--worker-device " + device;
-  if (!built_with_cuda) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(flag,
-                     ": this binary was built without CUDA (rebuild with --config=cuda), or "
-                     "use --worker-device cpu or auto"));
-  }
-  if (visible_gpus == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(flag, ": no CUDA device visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"));
-  }
-  if (index >= visible_gpus) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(flag, ": only ", visible_gpus,
-                     " CUDA device(s) visible, cuda:0 to cuda:", visible_gpus - 1));
-  }
-  return absl::OkStatus();
+  return CheckCudaDeviceVisible(device, "--worker-device", built_with_cuda, visible_gpus);
 }
 
 int RunUp(const std::vector<std::string>& args) {
@@ -1310,6 +1302,29 @@ bool RefusedUnread(const grpc::Status& status, const grpc::ClientContext& contex
   return status.error_code() == grpc::StatusCode::UNAVAILABLE && !LeaderHint(context).empty();
 }
 
+// Whether a call that failed with `status` never left this process: gRPC
+// failed it before giving it a connection, none to `addresses` (the
+// --coordinator list) being made ("failed to connect to all addresses":
+// refused, reset during the handshake; "DNS resolution failed"). The
+// words alone are no proof (a coordinator may quote them from a client
+// of its own): the call's peer must be the channel's target too, as it is
+// for a call no connection took (gRPC 1.51); one that reached a server
+// names the connection's ("ipv4:10.0.0.7:7070"). An address that is
+// itself such a URI is never taken for proof.
+bool NeverConnected(const grpc::Status& status, const grpc::ClientContext& context,
+                    const std::vector<std::string>& addresses) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+      !(absl::StartsWith(status.error_message(), "failed to connect to all addresses") ||
+        absl::StartsWith(status.error_message(), "DNS resolution failed"))) {
+    return false;
+  }
+  const std::string peer = context.peer();
+  for (const char* scheme : {"ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:"}) {
+    if (absl::StartsWith(peer, scheme)) return false;
+  }
+  return absl::c_linear_search(addresses, peer);
+}
+
 FlagSet SubmitFlags(SubmitOptions& o) {
   FlagSet flags(
       "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow] [--request-id ID]\n"
@@ -1347,21 +1362,32 @@ int RunSubmit(const std::vector<std::string>& args) {
   request.set_request_id(o.request_id.empty() ? RandomHex(16) : o.request_id);
   int attempt = 0;
   // Whether every failed attempt is known to have done nothing: refused
-  // unread, or no leader found to send it to.
+  // unread, never connected, or no leader found to send it to; and
+  // whether each of them never connected (the message says so then).
   bool none_sent = true;
+  bool none_connected = true;
+  // Checked by ParseArgs (Connection::Check).
+  const std::vector<std::string> addresses =
+      ParseCoordinatorAddresses("--coordinator", o.c.coordinator)
+          .value_or(std::vector<std::string>());
   absl::StatusOr<v1::Job> submitted = SubmitWithRetries(
       [&]() -> absl::StatusOr<v1::Job> {
         // A repeat connects again: the leader may have changed.
         if (++attempt > 1) {
           auto fresh = o.c.Connect();
-          if (!fresh.ok()) return fresh.status();
+          if (!fresh.ok()) {
+            none_connected = false;  // found no leader (the only failure left)
+            return fresh.status();
+          }
           *stub = std::move(*fresh);
         }
         v1::Job job;
         const std::unique_ptr<grpc::ClientContext> context = WithDeadline(o.c.timeout);
         grpc::Status s = (*stub)->SubmitJob(context.get(), request, &job);
         if (!s.ok()) {
-          none_sent = none_sent && RefusedUnread(s, *context);
+          const bool never_connected = NeverConnected(s, *context, addresses);
+          none_sent = none_sent && (never_connected || RefusedUnread(s, *context));
+          none_connected = none_connected && never_connected;
           return ToAbsl(s);
         }
         return job;
@@ -1381,12 +1407,20 @@ int RunSubmit(const std::vector<std::string>& args) {
     const int exit_code = Fail("submit", submitted.status());
     if (!CoordinatorOutcomeUnknown(submitted.status())) return exit_code;
     // Certain, though the code says "retry" as for an unknown outcome: only
-    // coordinators that do not serve the API answered, or none was found.
+    // coordinators that do not serve the API answered, none was found, or
+    // none could be connected to.
+    if (none_sent && none_connected) {
+      std::fprintf(stderr,
+                   "pipetrain submit: nothing was submitted: no attempt could connect to a "
+                   "coordinator; run this command again once one is up\n");
+      return exit_code;
+    }
     if (none_sent) {
       std::fprintf(stderr,
                    "pipetrain submit: nothing was submitted: every attempt was refused by a "
-                   "coordinator that does not lead (or leads but is still loading its state) or "
-                   "found none that leads; run this command again once one leads\n");
+                   "coordinator that does not lead (or leads but is still loading its state), "
+                   "found none that leads or could not connect; run this command again once one "
+                   "leads\n");
       return exit_code;
     }
     // Whether the job exists is unknown (the id makes asking again safe),

@@ -3,11 +3,17 @@
 // coordinator on loopback).
 #include "cli/cluster_commands.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -32,11 +38,17 @@ class Answer final : public grpc::ServerGenericBidiReactor {
 
 // A coordinator on a loopback port of its own that refuses every call as a
 // follower does (UNAVAILABLE naming the leader, kLeaderMetadataKey), but
-// the first `unnamed`: UNAVAILABLE naming none, as a leader whose state
-// store failed mid-commit answers (the call may have taken effect).
+// the first `unnamed`: UNAVAILABLE naming none, with `message`, as a leader
+// whose state store failed mid-commit answers (the call may have taken
+// effect). Its first call removes the file `remove_on_first_call` (if
+// given) before it is answered.
 class Refusing final : public grpc::CallbackGenericService {
  public:
-  explicit Refusing(int unnamed) : unnamed_(unnamed) {
+  explicit Refusing(int unnamed, std::string message = "etcd commit timed out",
+                    std::string remove_on_first_call = "")
+      : unnamed_(unnamed),
+        message_(std::move(message)),
+        remove_on_first_call_(std::move(remove_on_first_call)) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterCallbackGenericService(this);
@@ -45,8 +57,10 @@ class Refusing final : public grpc::CallbackGenericService {
   ~Refusing() { server_->Shutdown(); }
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override {
-    if (calls_.fetch_add(1) < unnamed_) {
-      return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "etcd commit timed out"));
+    const int call = calls_.fetch_add(1);
+    if (call == 0 && !remove_on_first_call_.empty()) std::remove(remove_on_first_call_.c_str());
+    if (call < unnamed_) {
+      return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, message_));
     }
     context->AddTrailingMetadata(kLeaderMetadataKey, "10.0.0.7:7070");
     return new Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -57,18 +71,24 @@ class Refusing final : public grpc::CallbackGenericService {
 
  private:
   const int unnamed_;
+  const std::string message_;
+  const std::string remove_on_first_call_;
   int port_ = 0;
   std::atomic<int> calls_{0};
   std::unique_ptr<grpc::Server> server_;
 };
 
-// `pipetrain submit` of an empty spec to `coordinator`; its exit code, and
-// its stderr in *err. Five attempts, 15 s of backoff between them.
-int Submit(const std::string& coordinator, std::string* err) {
+// `pipetrain submit` of an empty spec to `coordinator`, with `flags`; its
+// exit code, and its stderr in *err. Five attempts, 15 s of backoff between
+// them.
+int Submit(const std::string& coordinator, std::string* err,
+           const std::vector<std::string>& flags = {}) {
   const std::string spec = absl::StrCat(std::getenv("TEST_TMPDIR"), "/job.json");
   std::ofstream(spec, std::ios::trunc) << "{}";
+  std::vector<std::string> args = {spec, "--coordinator", coordinator, "--timeout", "10s"};
+  args.insert(args.end(), flags.begin(), flags.end());
   testing::internal::CaptureStderr();
-  const int code = RunSubmit({spec, "--coordinator", coordinator, "--timeout", "10s"});
+  const int code = RunSubmit(args);
   *err = testing::internal::GetCapturedStderr();
   return code;
 }
@@ -100,8 +120,75 @@ TEST(RunSubmitTest, OneAttemptOfUnknownOutcome_TheJobMayOrMayNotExist) {
   EXPECT_FALSE(absl::StrContains(err, "nothing was submitted")) << err;
 }
 
-// A binary without CUDA refuses cuda and cuda:N up front (the workers
-// would refuse them only once started), naming the flag and the remedy.
+// The token is read once: a retry that read --token-file again (gone
+// here, as a process substitution <(...) is empty the second time) ended
+// the submit with that local error (NOT_FOUND, exit 69) after the first
+// attempt's unknown outcome, and did not say that the job may exist.
+TEST(RunSubmitTest, TokenFileGoneAfterTheFirstAttempt_TheJobMayOrMayNotExist) {
+  const std::string token = absl::StrCat(std::getenv("TEST_TMPDIR"), "/user.token");
+  std::ofstream(token, std::ios::trunc) << "u-token\n";
+  ASSERT_EQ(chmod(token.c_str(), 0600), 0);  // no warning naming --token-file
+  Refusing coordinator(/*unnamed=*/5, "etcd commit timed out", /*remove_on_first_call=*/token);
+  std::string err;
+  EXPECT_EQ(Submit(coordinator.address(), &err, {"--token-file", token}),
+            ExitCodeFor(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(coordinator.calls(), 5);
+  EXPECT_TRUE(absl::StrContains(err, "pipetrain submit: the job may or may not have been created"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "--token-file")) << err;
+}
+
+// A loopback port bound but not listening: every connection is refused.
+// Held until destroyed, so that nothing else takes the port meanwhile.
+class RefusedPort {
+ public:
+  RefusedPort() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(address);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&address), size), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size), 0);
+    port_ = ntohs(address.sin_port);
+  }
+  ~RefusedPort() { close(fd_); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  const int fd_;
+  int port_ = 0;
+};
+
+// No connection was ever made, so no request was sent: nothing was
+// submitted, which is certain. It said "may or may not have been created",
+// and users went looking for a job that could not exist.
+TEST(RunSubmitTest, NoCoordinatorListening_SaysNothingWasSubmitted) {
+  RefusedPort refused;
+  std::string err;
+  EXPECT_EQ(Submit(refused.address(), &err), ExitCodeFor(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(absl::StrContains(err, "attempt 4 of 5")) << err;
+  EXPECT_TRUE(absl::StrContains(err,
+                                "pipetrain submit: nothing was submitted: no attempt could "
+                                "connect to a coordinator; run this command again once one is up"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "may or may not have been created")) << err;
+}
+
+// gRPC's words for a connection never made, but from a coordinator (which
+// may quote a client of its own): the call reached it, and may have taken
+// effect.
+TEST(RunSubmitTest, ConnectFailureWordsFromACoordinator_TheJobMayOrMayNotExist) {
+  Refusing coordinator(/*unnamed=*/5,
+                       "failed to connect to all addresses; last error: UNAVAILABLE: "
+                       "ipv4:10.0.0.9:2379: Connection refused");
+  std::string err;
+  EXPECT_EQ(Submit(coordinator.address(), &err), ExitCodeFor(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(coordinator.calls(), 5);
+  EXPECT_TRUE(absl::StrContains(err, "pipetrain submit: the job may or may not have been created"))
+      << err;
+  EXPECT_FALSE(absl::StrContains(err, "nothing was submitted")) << err;
+}
+
 // A coordinator cycling its page tokens (A, B, A, ...) ends the listing
 // with INTERNAL instead of reading forever; a list read to its end is OK.
 TEST(ReadAllPagesTest, CycleOfTokens_Internal) {

@@ -62,6 +62,17 @@ expect_exit save_over_fifo 2 "--save $TMP/out.fifo is not a regular file" -- \
 expect_exit checkpoint_over_fifo 2 "--checkpoint $TMP/out.fifo is not a regular file" -- \
   train-local "${TINY[@]}" --checkpoint "$TMP/out.fifo"
 if [[ -p "$TMP/out.fifo" ]]; then passed=$((passed + 1)); else fail fifo_kept "the FIFO was replaced"; fi
+# A --log FIFO nobody reads is the command line's mistake, refused with the
+# other outputs' checks: before, only once the data and the model were
+# loaded (minutes for a large run), with exit 1.
+expect_exit log_fifo_no_reader 2 \
+  "train-local: --log $TMP/out.fifo is a FIFO with no reader; start its reader first" -- \
+  train-local "${TINY[@]}" --log "$TMP/out.fifo"
+if grep -q "^data:" "$ERR"; then
+  fail log_fifo_no_reader_before_data "the data was loaded first"
+else
+  passed=$((passed + 1))
+fi
 expect_exit save_is_checkpoint 2 "--checkpoint $TMP/same.st is also --save $TMP/same.st; each output needs its own file" -- \
   train-local "${TINY[@]}" --save "$TMP/same.st" --checkpoint "$TMP/same.st"
 expect_exit save_is_log 2 "--log $TMP/./same.st is also --save $TMP/same.st" -- \
@@ -196,9 +207,13 @@ expect_exit diverged_validation 1 "the validation loss: training diverged: the l
   train-local "${TINY[@]}" --lr 1e30 --steps 20 --eval-interval 1
 
 # This test runs the plain build (no --config=cuda): --device cuda says how
-# to get CUDA, and auto trains on the CPU.
-expect_exit cuda_without_cuda_build 1 "built without CUDA" "--config=cuda" -- \
+# to get CUDA, with the other flags' checks (exit 2, as up's --worker-device
+# cuda; it was 1), and auto trains on the CPU.
+expect_exit cuda_without_cuda_build 2 \
+  "train-local: --device cuda: this binary was built without CUDA (rebuild with --config=cuda)" -- \
   train-local "${TINY[@]}" --device cuda
+expect_exit cuda_n_without_cuda_build 2 "--device cuda:3: this binary was built without CUDA" -- \
+  train-local "${TINY[@]}" --device cuda:3
 expect_exit auto_is_cpu_here 0 "device cpu;" -- train-local "${TINY[@]}" --device auto
 # up checks its workers' device flags before starting anything; cuda:each
 # (a GPU per worker, for NCCL device groups) needs GPUs this process sees.
@@ -560,6 +575,40 @@ if [[ $rc -eq 143 && -s "$TMP/stalled.ckpt" ]] &&
 else
   cp "$TMP/stalled.err" "$ERR"
   fail sigterm_past_stalled_log_fifo "exit $rc (124: still running 20 s after SIGTERM)"
+fi
+
+# A --log FIFO whose reader runs (`cat run.fifo &`) gets every record: the
+# write end opened with the flags' checks is the one written through. Closed
+# and opened again, the reader (here opened first, without waiting for a
+# writer) would read EOF in between, and go.
+mkfifo "$TMP/read.fifo"
+got=$(python3 - "$TMP/read.fifo" "$ERR" "$BIN" train-local "${TINY[@]}" --steps 3 \
+  --log "$TMP/read.fifo" <<'PY'
+import os, select, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+run = subprocess.Popen(sys.argv[3:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[2], "w"))
+poller = select.poll()
+poller.register(fd, select.POLLIN)
+data = b""
+while True:  # to EOF: every writer gone (or the run ended without one)
+    if not poller.poll(100):
+        if run.poll() is not None:
+            break
+        continue
+    try:
+        chunk = os.read(fd, 65536)
+    except BlockingIOError:
+        continue
+    if not chunk:
+        break
+    data += chunk
+print(run.wait(), data.count(b"\n"))
+PY
+)
+if [[ "$got" == "0 3" ]]; then
+  passed=$((passed + 1))
+else
+  fail log_fifo_reader_gets_every_record "exit and records read: $got, want 0 3"
 fi
 
 # A second signal ends the run at once, here held at its exit by a stdout

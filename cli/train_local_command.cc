@@ -15,8 +15,11 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -106,6 +109,12 @@ struct Options {
   std::string init_from, resume, save, checkpoint, log;
   std::string device = "cpu", gemm = "fp32", attention = "auto";
   int64_t checkpoint_interval = 0;
+  // The --log FIFO's write end (-1: --log is no FIFO), opened by
+  // RunTrainLocal with the flags' checks, so that one nobody reads is
+  // refused before any work (exit 2). Held until Train's LogOutput takes
+  // it: closed and opened again, it would end a reader such as `cat` (it
+  // reads EOF). RunTrainLocal closes one that Run left.
+  int log_fifo = -1;
   // Set by Run: whether it wrote --checkpoint at the end (for the
   // interrupted run's last words).
   bool checkpoint_written = false;
@@ -263,6 +272,10 @@ absl::Status Resolve(Options& o) {
   // the worker refuse them (SelectBackend would refuse them only once the
   // data was read, with exit 1).
   RETURN_IF_ERROR(ValidateDeviceFlagsHere(o.device, o.gemm, o.attention));
+  // --device cuda or cuda:N this process cannot use: refused here (exit 2),
+  // as `up` refuses its --worker-device, not by SelectBackend (exit 1).
+  RETURN_IF_ERROR(
+      CheckCudaDeviceVisible(o.device, "--device", BuiltWithCuda(), CudaDevicesOrError()));
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
     return absl::InvalidArgumentError(
@@ -400,10 +413,12 @@ class LogOutput {
   }
 
   // Opens `path` (OpenFifoWriteEnd's errors for a FIFO nobody reads; the
-  // open's errno's code otherwise, e.g. a missing directory NOT_FOUND).
+  // open's errno's code otherwise, e.g. a missing directory NOT_FOUND), or
+  // takes `fifo` (>= 0), the write end of the FIFO `path` that
+  // OpenFifoWriteEnd opened before, which it then owns.
   // Ends a torn last line of a regular file (LastLineTorn): a resumed run's
   // first record glued to it would make one unparsable line of both.
-  absl::Status Open(const std::string& path);
+  absl::Status Open(const std::string& path, int fifo = -1);
   bool is_open() const { return fifo_ >= 0 || file_.is_open(); }
   // Appends `text`: LogWriteError's INTERNAL when a file cannot be
   // written, WriteToFifo's errors for a FIFO: CANCELLED when a stop signal
@@ -418,9 +433,12 @@ class LogOutput {
   std::ofstream file_;
 };
 
-absl::Status LogOutput::Open(const std::string& path) {
+absl::Status LogOutput::Open(const std::string& path, int fifo) {
   path_ = path;
-  ASSIGN_OR_RETURN(fifo_, OpenFifoWriteEnd("--log", path));
+  fifo_ = fifo;
+  if (fifo_ < 0) {
+    ASSIGN_OR_RETURN(fifo_, OpenFifoWriteEnd("--log", path));
+  }
   if (fifo_ >= 0) {
     // OpenFifoWriteEnd's is blocking: WriteToFifo waits for room itself.
     const int flags = fcntl(fifo_, F_GETFL);
@@ -459,12 +477,12 @@ absl::Status LogOutput::Append(const std::string& text) {
 // computed twice. `*checkpoint_saved_at`: the step of the last
 // --checkpoint-interval write that succeeded (-1: none), which the final
 // write need not repeat.
-absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer,
+absl::StatusOr<std::optional<float>> Train(Options& o, LocalTrainer& trainer,
                                            absl::Status* output_failed,
                                            int64_t* checkpoint_saved_at) {
   *checkpoint_saved_at = -1;
   LogOutput log;
-  if (!o.log.empty()) RETURN_IF_ERROR(log.Open(o.log));
+  if (!o.log.empty()) RETURN_IF_ERROR(log.Open(o.log, std::exchange(o.log_fifo, -1)));
   const TrainConfig& c = trainer.config();
   const int64_t tokens_per_step = int64_t{c.batch_size} * c.seq_len;
   const int64_t first_step = trainer.step();
@@ -723,6 +741,14 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   }
   options.synthetic_bytes_given = flags.IsSet("synthetic-bytes");
   if (parsed.ok()) parsed = Resolve(options);
+  // A --log FIFO nobody reads, refused with the other outputs' checks
+  // (Train would refuse it only once the data, the model and any
+  // --resume were loaded); one with a reader keeps this write end.
+  if (parsed.ok()) {
+    absl::StatusOr<int> fifo = OpenFifoWriteEnd("--log", options.log);
+    if (fifo.ok()) options.log_fifo = *fifo;
+    parsed = fifo.status();
+  }
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", std::string(parsed.message()).c_str());
     return 2;
@@ -739,6 +765,7 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   // checkpoint is written) instead of killing the process mid-run.
   std::signal(SIGPIPE, SIG_IGN);
   absl::Status status = Run(options);
+  if (options.log_fifo >= 0) close(options.log_fifo);  // Run failed before Train took it
   if (const int signal = g_signal.load(); signal != 0 && absl::IsCancelled(status)) {
     // Stopped while setting up: nothing trained, nothing to write.
     std::fprintf(stderr, "interrupted (%s): %s\n", ShutdownSignalName(signal),

@@ -92,6 +92,30 @@ absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::strin
                                    " auto is the CPU here: no CUDA device is visible)"));
 }
 
+absl::Status CheckCudaDeviceVisible(const std::string& device, const char* flag,
+                                    bool built_with_cuda, const absl::StatusOr<int>& visible) {
+  const int index = ParseCudaDevice(device);
+  if (index < 0) return absl::OkStatus();
+  const std::string named = absl::StrCat(flag, " ", device);
+  if (!built_with_cuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(named,
+                     ": this binary was built without CUDA (rebuild with --config=cuda), "
+                     "or use ",
+                     flag, " cpu or auto"));
+  }
+  if (!visible.ok()) return absl::OkStatus();
+  if (*visible == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        named, ": no CUDA device visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"));
+  }
+  if (index >= *visible) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        named, ": only ", *visible, " CUDA device(s) visible, cuda:0 to cuda:", *visible - 1));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const std::string& gemm,
                                               const std::string& attention) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));

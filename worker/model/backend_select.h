@@ -80,6 +80,16 @@ absl::Status ValidateDeviceFlagsHere(const std::string& device, const std::strin
                                      const std::string& attention = "auto",
                                      const char* device_flag = "--device");
 
+// For `device` cuda or cuda:N (N >= 0), where `flag` is the caller's name
+// for the device flag ("--device", "--worker-device"): FAILED_PRECONDITION
+// when the binary was built without CUDA, when no CUDA device is visible,
+// or when N is beyond the visible ones, each saying what to do. OK for any
+// other device, and when `visible` (CudaDevicesOrError) is an error: a CUDA
+// runtime that cannot count its devices is not "no GPU", and SelectBackend
+// reports its error as it is.
+absl::Status CheckCudaDeviceVisible(const std::string& device, const char* flag,
+                                    bool built_with_cuda, const absl::StatusOr<int>& visible);
+
 // ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a
 // binary built without CUDA; NOT_FOUND for a CUDA device that is not

@@ -787,6 +787,8 @@ ok help_lists_commands test "$(echo "$commands" | wc -l)" -ge 12
 expect_exit help_submit 0 -- help submit
 ok help_submit_is_submit_help cmp -s "$OUT" "$TMP/submit-help.txt"
 expect_exit help_unknown 2 "pipetrain help: unknown command 'nosuch'" -- help nosuch
+expect_exit help_help 0 -- help --help
+ok help_help_is_usage cmp -s "$OUT" "$TMP/help.txt"
 for c in $commands; do
   if ! grep -qF "    '$c')" "$TMP/completion.bash"; then
     fail "completion_has_$c" "the bash script has no case for '$c'"

@@ -1093,8 +1093,8 @@ int RunUp(const std::vector<std::string>& args) {
   }
   // CPU workers hold the model in this cgroup's memory, which they share
   // (GPU workers are planned by their devices' memory).
-  const bool on_cpu =
-      o.worker_device == "cpu" || (o.worker_device == "auto" && VisibleCudaDevices() == 0);
+  const bool on_cpu = o.worker_device == "cpu" ||
+                      (o.worker_device == "auto" && CudaDevicesOrError().value_or(-1) == 0);
   if (const std::string shared =
           on_cpu ? SharedCgroupMemoryLimit(CgroupMemoryLimit(), PhysicalMemoryBytes(), o.workers)
                  : "";

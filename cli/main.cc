@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "help" || command == "--help" || command == "-h") {
     // `pipetrain help submit` is `pipetrain submit --help`.
-    if (command == "help" && argc >= 3) {
+    if (command == "help" && argc >= 3 && std::string(argv[2]) != "-h" &&
+        std::string(argv[2]) != "--help") {
       if (const pipetrain::Command* c = pipetrain::FindCommand(argv[2])) return c->run({"--help"});
       std::fprintf(stderr, "pipetrain help: unknown command '%s'\n\n%s", argv[2], usage.c_str());
       return pipetrain::kExitUsage;

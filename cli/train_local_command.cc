@@ -58,7 +58,7 @@ namespace {
 // under way finishes first). One that resumed goes on to write --save (the
 // checkpoint's weights), as documented for a run stopped before its first
 // step.
-// A further one of them ends the process at once, by that signal's default
+// A further SIGINT or SIGTERM ends the process at once, by that signal's default
 // action (128 + it), as a further signal ends the coordinator's shutdown:
 // a run held after the first (a stdout nobody reads, storage that stopped
 // answering) gave way to SIGKILL alone. A checkpoint it was writing is
@@ -68,7 +68,10 @@ std::atomic<bool> g_stopping{false};
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
               "set in a signal handler");
 extern "C" void OnStopSignal(int signal) {
-  if (g_stopping.load()) {
+  // Not a further SIGHUP: a lost session delivers it twice within
+  // milliseconds (the shell's, then the kernel's to the foreground group),
+  // and the hang-up must still get its checkpoint.
+  if (g_stopping.load() && signal != SIGHUP) {
     // sigaction and raise are async-signal-safe; the signal, blocked while
     // its handler runs, is taken once this returns.
     struct sigaction default_action {};
@@ -239,7 +242,9 @@ constexpr std::pair<absl::string_view, absl::string_view> kTrainLocalFlagNames[]
 // / --micro-batches and --seq-len squared. The CPU is --device cpu, or auto
 // where no CUDA device is visible (SelectBackend).
 absl::Status CheckFitsMemory(const Options& o) {
-  if (o.device != "cpu" && !(o.device == "auto" && VisibleCudaDevices() == 0)) {
+  // A CUDA runtime that cannot count its devices is not "no GPU" (auto
+  // would not be the CPU): SelectBackend reports its error.
+  if (o.device != "cpu" && !(o.device == "auto" && CudaDevicesOrError().value_or(-1) == 0)) {
     return absl::OkStatus();
   }
   const int64_t limit = ProcessMemoryLimit();

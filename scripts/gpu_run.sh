@@ -91,7 +91,7 @@ limited() {
 # of its coordinator and workers. `up` starts each in a process group of
 # its own, out of the step's timeout's reach: when the step timed out, `up`
 # may be killed (-k) before its orderly stop (up to ~12 s) ends, and a
-# worker left alive would drain for a minute holding the GPU. They are
+# worker left alive would hold the GPU for the seconds its own stop takes. They are
 # found by their --ports-file, which `up` puts under DIR.
 sweep_cluster() {
   pkill -KILL -f -- "--ports-file=$1/" 2>/dev/null || true

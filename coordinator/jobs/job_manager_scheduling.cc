@@ -517,7 +517,8 @@ void JobManager::ScheduleQueued() {
     std::vector<std::string> candidates(record.job.worker_ids().begin(),
                                         record.job.worker_ids().end());
     candidates.insert(candidates.end(), spare.begin(), spare.end());
-    const std::vector<std::string> grown = UsableSetLocked(record, candidates, current + want);
+    const std::vector<std::string> grown =
+        UsableSetLocked(record, candidates, current + want, workers());
     const std::vector<std::string> joining = NotAmong(grown, record.job.worker_ids());
     // None, or a set without one of its workers: it keeps its plan.
     if (joining.empty() || grown.size() != current + joining.size()) continue;

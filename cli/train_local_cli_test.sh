@@ -646,9 +646,14 @@ await_line "$TMP/hup2.err" "^step 1/"
 kill -HUP "$pid"
 await_line "$TMP/hup2.err" "checkpoint written"
 kill -HUP "$pid"
-cat "$TMP/hup2.fifo" >"$TMP/hup2.out" 4<&- &  # not holding a write end: EOF at the run's end
-reader=$!
+# A read end opened before the shell's read-write one closes (with none,
+# the run's write says EPIPE), and the reader holds no write end: it reads
+# to the run's end.
+exec 5<"$TMP/hup2.fifo"
 exec 4<&-
+cat <&5 >"$TMP/hup2.out" &
+reader=$!
+exec 5<&-
 await_exit "$pid" 20
 wait "$reader"
 # (The filler has no newline: the final line follows it.)

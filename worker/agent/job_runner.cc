@@ -315,14 +315,12 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   // without it, as it would had the process crashed; a fault that repeats
   // still ends the job at the recovery limit.
   const bool device_failed = !options_.backend->status().ok();
-  // The final weights upload's failure is the coordinator's (one short of
-  // descriptors or memory answers UNAVAILABLE for as long as that lasts),
-  // whatever its code: as a peer's, a job that had trained every step
-  // recovered ("peer_failure"), redoing up to a checkpoint interval of
-  // steps to upload to the same coordinator again, or failed blaming the
-  // data plane. Reported as no peer's, the job fails naming the upload,
-  // its checkpoints kept.
-  r.set_peer_failure((IsPeerFailure(status) && !upload_failed_) || device_failed);
+  // The final weights upload failing UNAVAILABLE past the retries (a
+  // coordinator short of descriptors or memory answers so for as long as
+  // that lasts: job_manager_weights.cc) is a peer failure too: a job with
+  // checkpoints recovers and uploads again, redoing up to a checkpoint
+  // interval of steps, as its owner would by hand from the last one.
+  r.set_peer_failure(IsPeerFailure(status) || device_failed);
   r.set_checkpoint_unusable(checkpoint_unusable);
   // Retried: a failure the coordinator never hears of leaves the job
   // waiting until the other stages time out.
@@ -1117,17 +1115,24 @@ absl::Status JobRunner::RunJob() {
         return finite;
       }
     }
+    // A refusal of the checkpoint of step steps - 1 (ReportCheckpoint)
+    // may land while the last step runs, its weights still finite: known
+    // before the upload, not behind it (a diverged model of GBs sent for
+    // minutes, or the divergence never reported when the upload failed).
+    if (last && upload && writer != nullptr) {
+      writer->Wait();
+      RETURN_IF_ERROR(diverged());
+    }
     if (last && upload) {
       // Every tensor rank takes part in the gather; rank 0 uploads.
       absl::StatusOr<std::vector<Parameter>> host = runtime->UnsplitParameterCopies(steps);
       absl::Status uploaded = host.status();
       if (uploaded.ok() && speaks) {
         uploaded = UploadWeightsWithRetries(ParameterPointers(*host));
-        // Said so: the code alone (UNAVAILABLE, DEADLINE_EXCEEDED) read
-        // as a data-plane peer's failure, naming nothing; and reported as
-        // no peer's failure (ReportError).
+        // Said so: the code alone (UNAVAILABLE, DEADLINE_EXCEEDED) named
+        // nothing. Still a peer failure (ReportError): a job with
+        // checkpoints recovers and uploads again.
         if (!uploaded.ok()) {
-          upload_failed_ = true;
           uploaded = absl::Status(
               uploaded.code(),
               absl::StrCat("uploading the final weights to the coordinator: ", uploaded.message()));

@@ -13,9 +13,9 @@
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
 // as the job's failure with the message of the failing instruction (marked
-// peer_failure when it came from the data plane, so that a job with
-// checkpoints recovers; never for the weights upload, the coordinator's
-// own trouble). Stop()
+// peer_failure when it came from the data plane, or is the weights
+// upload's UNAVAILABLE or DEADLINE_EXCEEDED past the retries, so that a job
+// with checkpoints recovers). Stop()
 // aborts receives at once (Mailbox::AbortJob, and the device group's
 // channel and replica collective, unless every step has run), and sends
 // too unless every step has run (Transport::Abort: a send to a stalled
@@ -37,8 +37,9 @@
 // the job, FAILED_PRECONDITION "training diverged: ..." (not a peer
 // failure), as train-local ends at that checkpoint: the runner reports it
 // before its next step, or when it next waits for the writer, whichever
-// comes first. It is not reported as the checkpoint's write error, which
-// at a drain's or join's step boundary the coordinator recovers from.
+// comes first (after the last step, before the weights upload). It is not
+// reported as the checkpoint's write error, which at a drain's or join's
+// step boundary the coordinator recovers from.
 #ifndef PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 #define PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 
@@ -246,8 +247,8 @@ class JobRunner {
   absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinReplicaGroup();
   // Reports the job's failure; `checkpoint_unusable` as in
   // ReportProgressRequest, peer_failure when the device failed or
-  // IsPeerFailure(status) (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED) unless
-  // the weights upload failed (upload_failed_).
+  // IsPeerFailure(status) (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED), the
+  // weights upload's failure included.
   void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
   // A stage's units as read and decoded from a checkpoint or from
   // spec.init.from, not yet restored into a runtime. Read before the start
@@ -307,8 +308,11 @@ class JobRunner {
   // final report, which follows the upload). A coordinator that restarted
   // or lost its leadership meanwhile refuses this worker's old session
   // (UNAUTHENTICATED, not retried): its job resumes from its last
-  // checkpoint instead. An upload still failing past the retries fails the
-  // job, as no peer's failure (upload_failed_).
+  // checkpoint instead. RunJob fails the job with an upload still failing
+  // past the retries, "uploading the final weights to the coordinator:
+  // ...", a peer failure when UNAVAILABLE or DEADLINE_EXCEEDED: a job with
+  // checkpoints recovers and uploads again (a coordinator's shortage of
+  // descriptors or memory passes).
   absl::Status UploadWeightsWithRetries(const std::vector<Parameter*>& params);
   // Calls `attempt` until it returns OK or an error whose outcome is known
   // (OutcomeUnknown: UNAVAILABLE, DEADLINE_EXCEEDED), the runner stops, or
@@ -343,9 +347,6 @@ class JobRunner {
   std::atomic<bool> session_refused_{false};
   CallCancel upload_cancel_;            // the weights upload's, cancelled by Stop()
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
-  // The final weights upload failed: RunJob's error is the coordinator's,
-  // not the data plane's, whatever its code (runner thread only).
-  bool upload_failed_ = false;
   const std::string data_plane_job_;
   double resume_load_seconds_ = 0;  // runner thread only
   std::string data_sha256_;         // CorpusSha256 of the loaded tokens; runner thread only

@@ -1296,6 +1296,54 @@ TEST(JobRunnerTest, BoundaryCheckpointRefusedForAnInfiniteMoment_OnlyDivergedRep
   EXPECT_EQ(link.reports().back().error(), errors[0].error());
 }
 
+// The same refusal of the checkpoint of the step before the last (3 steps,
+// step 2's), known while the last step runs, its weights finite: the job
+// fails as diverged before the final weights upload, not behind it (a
+// diverged model of GBs sent for minutes; and an upload that failed hid
+// the divergence). Whether the check before the last step or the one
+// before the upload sees it, nothing is uploaded.
+TEST(JobRunnerTest, LastCheckpointRefusedForAnInfiniteMoment_FailsAsDivergedBeforeUploading) {
+  v1::Assignment a = OneStageAssignment(3, /*weights=*/true);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  InfMomentAtStep backend(2);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  options.checkpoint_root = FreshDir("checkpoint-inf-moment-last");
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
+  runner.Stop();
+  EXPECT_EQ(link.upload_attempts(), 0);
+  EXPECT_TRUE(link.uploaded().empty());
+  EXPECT_FALSE(runner.completed());
+  std::vector<int64_t> iterations, written;
+  std::vector<v1::ReportProgressRequest> errors;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    EXPECT_FALSE(r.finished());
+    if (r.has_checkpoint()) {
+      EXPECT_TRUE(r.checkpoint().error().empty()) << r.checkpoint().error();
+      written.push_back(r.checkpoint().step());
+    } else if (!r.error().empty()) {
+      errors.push_back(r);
+    } else {
+      iterations.push_back(r.iteration());
+    }
+  }
+  EXPECT_EQ(written, (std::vector<int64_t>{1}));
+  EXPECT_EQ(iterations, (std::vector<int64_t>{0, 1}));  // the last one is never reported
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(errors[0].error(),
+                               "FAILED_PRECONDITION: training diverged: not writing the checkpoint "
+                               "of step 2: moment v of "))
+      << errors[0].error();
+  EXPECT_FALSE(errors[0].peer_failure());
+  EXPECT_FALSE(errors[0].checkpoint_unusable());
+  EXPECT_EQ(link.reports().back().error(), errors[0].error());
+}
+
 // spec.init.from weights with a NaN in a row no step reads (the last
 // position, past seq_len) would train with finite losses to NaN weights:
 // the stage refuses them before the first step, naming the tensor.
@@ -1697,33 +1745,38 @@ TEST(JobRunnerTest, WeightsUpload_BrokenAfterALongStream_SentAgain) {
 }
 
 // A coordinator short of descriptors or memory answers the upload
-// UNAVAILABLE (job_manager_weights.cc) for as long as that lasts. Past the
-// retries the stage fails the job naming the upload, and not as a peer's
-// failure: that made a job that had trained every step recover
-// ("peer_failure"), redoing steps, or fail blaming the data plane.
-TEST(JobRunnerTest, WeightsUpload_UnavailablePastTheRetries_NotAPeerFailure) {
-  JobRunnerOptions options{"w", 1};
-  options.report_retry_backoff = absl::Milliseconds(1);
-  options.report_retry_for = absl::Milliseconds(20);
-  InProcessFabric fabric(1);
-  FakeLink link(1);
-  link.FailUploads(1 << 30, absl::StatusCode::kUnavailable);
-  JobRunner runner(OneStageAssignment(2, /*weights=*/true), &fabric.mailbox(0),
-                   FabricTransports(fabric), &link, options);
-  runner.Start();
-  ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
-  runner.Stop();
-  EXPECT_GE(link.upload_attempts(), 2);  // sent again before it gave up
-  EXPECT_FALSE(runner.completed());
-  const std::vector<v1::ReportProgressRequest> reports = link.reports();
-  ASSERT_FALSE(reports.empty());
-  const v1::ReportProgressRequest& last = reports.back();
-  EXPECT_FALSE(last.finished());
-  EXPECT_EQ(last.error(),
-            "UNAVAILABLE: uploading the final weights to the coordinator: the upload stream broke");
-  EXPECT_FALSE(last.peer_failure());
-  EXPECT_FALSE(last.checkpoint_unusable());
-  for (size_t i = 0; i + 1 < reports.size(); ++i) EXPECT_TRUE(reports[i].error().empty());
+// UNAVAILABLE (job_manager_weights.cc) for as long as that lasts, a
+// passing shortage. Past the retries the stage fails the job naming the
+// upload, as a peer failure: a job with checkpoints recovers and uploads
+// again, rather than end FAILED for its owner to resume by hand.
+TEST(JobRunnerTest, WeightsUpload_UnavailablePastTheRetries_PeerFailureNamingTheUpload) {
+  for (absl::StatusCode code :
+       {absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    JobRunnerOptions options{"w", 1};
+    options.report_retry_backoff = absl::Milliseconds(1);
+    options.report_retry_for = absl::Milliseconds(20);
+    InProcessFabric fabric(1);
+    FakeLink link(1);
+    link.FailUploads(1 << 30, code);
+    JobRunner runner(OneStageAssignment(2, /*weights=*/true), &fabric.mailbox(0),
+                     FabricTransports(fabric), &link, options);
+    runner.Start();
+    ASSERT_TRUE(AwaitFinished(runner));  // on its own: nothing stops it
+    runner.Stop();
+    EXPECT_GE(link.upload_attempts(), 2);  // sent again before it gave up
+    EXPECT_FALSE(runner.completed());
+    const std::vector<v1::ReportProgressRequest> reports = link.reports();
+    ASSERT_FALSE(reports.empty());
+    const v1::ReportProgressRequest& last = reports.back();
+    EXPECT_FALSE(last.finished());
+    EXPECT_EQ(last.error(), absl::StrCat(absl::StatusCodeToString(code),
+                                         ": uploading the final weights to the coordinator: "
+                                         "the upload stream broke"));
+    EXPECT_TRUE(last.peer_failure());
+    EXPECT_FALSE(last.checkpoint_unusable());
+    for (size_t i = 0; i + 1 < reports.size(); ++i) EXPECT_TRUE(reports[i].error().empty());
+  }
 }
 
 // on_completed runs once, after the last step's report and with

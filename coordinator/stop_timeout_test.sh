@@ -51,10 +51,15 @@ start() {
   return 1
 }
 
-# await_line NAME TEXT: bounded (60 s) wait for TEXT in NAME's log.
+# await_line NAME TEXT: bounded (60 s) wait for TEXT in NAME's log; fails
+# at once when `pid` ended without writing it.
 await_line() {
   for _ in $(seq 1 1200); do
     grep -qF -- "$2" "$TMP/$1.log" && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      grep -qF -- "$2" "$TMP/$1.log"
+      return
+    fi
     sleep 0.05
   done
   return 1
@@ -218,6 +223,62 @@ else
   else
     fail worker_second "did not start"
   fi
+
+  # A further SIGHUP does not cut the stop short (a lost ssh session sends
+  # two within milliseconds): the stop goes on, and a SIGTERM after it
+  # does. It used to exit 5 on the second SIGHUP.
+  if start_worker worker_hangup --stop-timeout-seconds=3600 && await_attempt; then
+    kill -HUP "$pid"
+    if await_line worker_hangup "received SIGHUP; leaving"; then
+      kill -HUP "$pid"
+      if await_line worker_hangup "received SIGHUP while stopping"; then
+        kill -TERM "$pid"
+        await_exit worker_hangup 30
+        expect worker_hangup 5 "received SIGTERM again while stopping" \
+          "exiting without it (exit code 5)"
+      else
+        await_exit worker_hangup 30
+        fail worker_hangup "exit $rc: the second SIGHUP was not let pass"
+      fi
+    else
+      fail worker_hangup "never said it was leaving"
+    fi
+  else
+    fail worker_hangup "did not start"
+  fi
+fi
+
+# A further signal during the deregistration does not skip it (without
+# the call the coordinator shows the worker LOST, not LEFT): the worker
+# exits once the call ended. This coordinator is stopped once the worker
+# registered, so that the call waits out its 2 s deadline and the signal
+# lands within it. Either exit is right after the call: 5 for the signal,
+# or 0 when the rest of the stop ended first. It used to exit 5 at once,
+# without the call.
+if start live; then
+  live_pid=$pid
+  grpc_port=$(grep -o '"grpc_port": *[0-9]*' "$TMP/live.ports" | grep -o '[0-9]*$')
+  if start_worker worker_deregister --stop-timeout-seconds=3600 &&
+    await_line worker_deregister "registered as"; then
+    kill -STOP "$live_pid"
+    kill -TERM "$pid"
+    if await_line worker_deregister "received SIGTERM; leaving"; then
+      kill -INT "$pid"
+      await_exit worker_deregister 30
+      [[ "$rc" == 0 || "$rc" == 5 ]] && rc="0 or 5"
+      if grep -qF "still waited for the deregistration" "$TMP/worker_deregister.log"; then
+        fail worker_deregister "it exited during the deregistration"
+      else
+        expect worker_deregister "0 or 5" "could not deregister"
+      fi
+    else
+      fail worker_deregister "never said it was leaving"
+    fi
+  else
+    fail worker_deregister "did not register"
+  fi
+else
+  fail live "did not start"
 fi
 
 echo "$passed passed, $failed failed"

@@ -62,10 +62,13 @@
 namespace pipetrain {
 namespace {
 
-// Self-pipe: a byte means "shut down"; kSignalled for SIGTERM, SIGINT or
-// SIGHUP (drain first), kFailed when the worker cannot go on (stop at
-// once). g_signal: the last signal, for the log.
-constexpr char kSignalled = 1, kFailed = 2;
+// Self-pipe: a byte means "shut down"; kSignalled for SIGTERM or SIGINT,
+// kHungUp for SIGHUP (either: drain first), kFailed when the worker cannot
+// go on (stop at once). A hang-up has a byte of its own because it never
+// means "exit now" (StopBound): a lost ssh session delivers SIGHUP twice
+// within milliseconds (bash resends it to its jobs, then the kernel to the
+// foreground group as bash exits). g_signal: the last signal, for the log.
+constexpr char kSignalled = 1, kFailed = 2, kHungUp = 3;
 volatile sig_atomic_t g_signal = 0;
 int g_wake[2] = {-1, -1};
 void Wake(char why) {
@@ -74,8 +77,9 @@ void Wake(char why) {
 }
 extern "C" void OnSignal(int signal) {  // write() is async-signal-safe
   g_signal = signal;
-  Wake(kSignalled);
+  Wake(signal == SIGHUP ? kHungUp : kSignalled);
 }
+bool IsSignal(char why) { return why == kSignalled || why == kHungUp; }
 
 // Blocks until a byte arrives or `timeout` passes; the byte, or 0.
 char AwaitWake(absl::Duration timeout) {
@@ -95,7 +99,7 @@ char AwaitWake(absl::Duration timeout) {
 // ending with `waiting` (what it cut short); OK when nothing did.
 absl::Status WokenWhile(absl::Duration wait, absl::string_view waiting) {
   const char why = AwaitWake(wait);
-  if (why == kSignalled) {
+  if (IsSignal(why)) {
     return absl::CancelledError(
         absl::StrCat("signalled again (", ShutdownSignalName(g_signal), ") ", waiting));
   }
@@ -120,44 +124,76 @@ class AgentDrain final : public DrainingAgent {
   WorkerAgent& agent_;
 };
 
-// Bounds the worker's stop (--stop-timeout-seconds): past `limit`, or at
-// once on a further SIGINT, SIGTERM or SIGHUP, the process exits with code
-// 5 without the rest, as the coordinator's StopBound does. The main thread
-// stops meanwhile, and nothing else reads the wake pipe then: an operator's
-// second Ctrl-C waited out the whole bound (up to an hour). A kFailed byte
+// Bounds the worker's stop (--stop-timeout-seconds): past `limit` the
+// process exits without the rest, as the coordinator's StopBound does, with
+// code 5 (4 once the device failed: the supervisor must still restart it
+// with a fresh context). Once armed, a further SIGINT or SIGTERM exits with
+// code 5 at once: the main thread stops meanwhile, and nothing else reads
+// the wake pipe then (an operator's second Ctrl-C waited out the whole
+// bound, up to an hour). A SIGHUP never does (kHungUp), and a kFailed byte
 // (a registration cut off by Leave, a device failure) is no signal: the
 // stop goes on.
+//
+// Armed only once the worker has deregistered (Leave returned), and
+// signals that came before are read then: a double Ctrl-C, or a "signal
+// again" the drain left unread (the job let the worker go between its
+// polls), exited before the coordinator heard the worker leave, which then
+// showed it LOST, not LEFT (loss alerts; a job it held recovered as from a
+// crash).
 class StopBound {
  public:
-  StopBound(absl::Duration limit, double stop_timeout_seconds)
-      : watchdog_(limit, [this, stop_timeout_seconds] {
-          ExitNow(5, absl::StrCat("the stop did not end within ", stop_timeout_seconds,
-                                  " s (--stop-timeout-seconds) of deregistering; it still waited "
-                                  "for ", waiting_.load(), "; exiting without it (exit code 5)"));
-        }) {
-    signals_ = std::thread([this] {
-      // Polled, so that the destructor can end the wait.
-      while (!done_.load()) {
-        if (AwaitWake(absl::Milliseconds(50)) != kSignalled) continue;
-        ExitNow(5, absl::StrCat("received ", ShutdownSignalName(g_signal), " again while ",
-                                "stopping; it still waited for ", waiting_.load(),
-                                "; exiting without it (exit code 5)"));
-      }
-    });
-  }
+  // `signalled`: the stop began with a signal, so any SIGINT or SIGTERM read
+  // here is a further one. Otherwise it began with a failure, and the first
+  // signal only finds the worker leaving already (a supervisor's SIGTERM
+  // after a device failure must not turn exit code 4 into 5); a second one
+  // exits. `device_failed` outlives the bound.
+  StopBound(absl::Duration limit, double stop_timeout_seconds, bool signalled,
+            const std::atomic<bool>* device_failed)
+      : signalled_(signalled),
+        watchdog_(limit, [this, stop_timeout_seconds, device_failed] {
+          const int code = device_failed->load() ? 4 : 5;
+          ExitNow(code, absl::StrCat("the stop did not end within ", stop_timeout_seconds,
+                                     " s (--stop-timeout-seconds) of deregistering; it still "
+                                     "waited for ", waiting_.load(),
+                                     "; exiting without it (exit code ", code, ")"));
+        }) {}
   ~StopBound() {
     done_.store(true);
-    signals_.join();
+    if (signals_.joinable()) signals_.join();
   }  // then watchdog_'s: Done(), join
   StopBound(const StopBound&) = delete;
   StopBound& operator=(const StopBound&) = delete;
+
+  // Starts acting on signals; call once, after Leave() returned.
+  void ArmSignals() {
+    signals_ = std::thread([this] {
+      // Polled, so that the destructor can end the wait.
+      while (!done_.load()) Take(AwaitWake(absl::Milliseconds(50)));
+    });
+  }
 
   // What the stop waits for now, for the exit's log line (a literal).
   void Waiting(const char* what) { waiting_.store(what); }
 
  private:
+  // One byte from the wake pipe (0: none), on the signals thread.
+  void Take(char why) {
+    if (!IsSignal(why)) return;
+    const char* name = why == kHungUp ? "SIGHUP" : ShutdownSignalName(g_signal);
+    if (why == kHungUp || !signalled_) {
+      signalled_ = true;  // a SIGINT or SIGTERM after it is a further one
+      PT_LOG(WARNING) << "received " << name << " while stopping; still waiting for "
+                      << waiting_.load() << " (a further SIGINT or SIGTERM exits now, exit "
+                      << "code 5)";
+      return;
+    }
+    ExitNow(5, absl::StrCat("received ", name, " again while stopping; it still waited for ",
+                            waiting_.load(), "; exiting without it (exit code 5)"));
+  }
+
   std::atomic<const char*> waiting_{"the deregistration"};
   std::atomic<bool> done_{false};
+  bool signalled_;  // the signals thread's once it runs
   StopWatchdog watchdog_;
   std::thread signals_;
 };
@@ -276,8 +312,8 @@ int Run(const std::vector<std::string>& args) {
                "the wait");
   flags.Double("stop-timeout-seconds", &f.stop_timeout_seconds,
                "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
-               "stop (and the rest of the stop) before exiting without it (exit code 5; a "
-               "further signal exits so at once)");
+               "stop (and the rest of the stop) before exiting without it (exit code 5; once "
+               "deregistered, a further SIGTERM or SIGINT exits so at once)");
   flags.Bool("allow-core-dumps", &f.allow_core_dumps, kAllowCoreDumpsHelp);
   flags.String("test-hold-checkpoint", &f.test_hold_checkpoint,
                "tests only: STEP:UNIT:MARKER holds the write of checkpoint STEP by the stage "
@@ -571,7 +607,10 @@ int Run(const std::vector<std::string>& args) {
   // Go on now: signalled again during the delay, or the worker cannot go
   // on (the drain is asked once then, not again).
   bool hurried = false;
-  if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
+  // A signal began the stop, or a failure (StopBound: a first signal after
+  // a failure finds the worker leaving already).
+  const bool signalled = IsSignal(AwaitWake(absl::InfiniteDuration()));
+  if (signalled) {
     PT_LOG(INFO) << "received " << ShutdownSignalName(g_signal) << "; leaving"
                  << (g_signal == SIGHUP
                          ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
@@ -581,7 +620,7 @@ int Run(const std::vector<std::string>& args) {
     if (f.shutdown_delay_seconds > 0) {
       PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
                    << " s (--shutdown-delay-seconds; signal again to go on now)";
-      hurried = AwaitWake(absl::Seconds(f.shutdown_delay_seconds)) != 0;  // either byte
+      hurried = AwaitWake(absl::Seconds(f.shutdown_delay_seconds)) != 0;  // any byte
     }
   } else {
     health.Drain("stopping: the worker cannot go on (see its log)");
@@ -622,10 +661,11 @@ int Run(const std::vector<std::string>& args) {
   int code = 0;
   {
     StopBound bound(absl::Seconds(f.stop_timeout_seconds) + kDeregisterTimeout,
-                    f.stop_timeout_seconds);
+                    f.stop_timeout_seconds, signalled, &device_failed);
     control.Stop();  // a profile running ends before its next unit
     agent.Leave();
     bound.Waiting("the job's stage to stop");
+    bound.ArmSignals();  // deregistered: a further signal may cut the rest short
     agent.Stop();
     bound.Waiting("a registration attempt in flight");
     starter.join();

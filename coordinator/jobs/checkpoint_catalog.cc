@@ -509,18 +509,21 @@ absl::StatusOr<std::vector<v1::ResumeFrom>> StepDirsWithManifest(
   return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/true);
 }
 
-std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
-                                                 const v1::ResumeFrom& from) {
-  absl::StatusOr<ConfinedParent> parent =
-      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
-                         absl::StrCat(from.dir(), "/", kCheckpointManifestName),
-                         /*create_dirs=*/false);
+absl::StatusOr<std::optional<absl::Time>> CheckpointManifestTime(const std::string& output_dir,
+                                                                 const v1::ResumeFrom& from) {
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
+                                      /*create_dirs=*/false));
+  if (parent.dir.get() < 0) return std::nullopt;  // the directory is gone
   struct stat st;
-  if (!parent.ok() || parent->dir.get() < 0 ||
-      fstatat(parent->dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-      !S_ISREG(st.st_mode)) {
-    return std::nullopt;
+  if (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int error = errno;  // before StrCat allocates
+    if (error == ENOENT) return std::nullopt;
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", output_dir, "/", from.dir(), "/",
+                                                   kCheckpointManifestName));
   }
+  if (!S_ISREG(st.st_mode)) return std::nullopt;
   return absl::TimeFromTimespec(st.st_mtim);
 }
 

@@ -223,11 +223,15 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
 
 // When `from`'s manifest was last modified, by the clock of the filesystem
 // that holds it (the one its unit files' times come from, whichever host
-// wrote them); nullopt when it has none (or cannot be reached without
-// following a link). Its complete checkpoint's unit files were all written
-// before it; a later write there is another's (a redo of the step).
-std::optional<absl::Time> CheckpointManifestTime(const std::string& output_dir,
-                                                 const v1::ResumeFrom& from);
+// wrote them); nullopt when it has none (it or its directory is gone, or
+// it is not a regular file). Its complete checkpoint's unit files were all
+// written before it; a later write there is another's (a redo of the
+// step). The errno's code when that cannot be told (EMFILE, EIO, ESTALE),
+// not nullopt: a caller would take another clock's bound instead;
+// OpenConfinedParent's (INVALID_ARGUMENT) for a link on the way, or a
+// link or directory in its place.
+absl::StatusOr<std::optional<absl::Time>> CheckpointManifestTime(const std::string& output_dir,
+                                                                 const v1::ResumeFrom& from);
 // Just past the newest modification time among the files RemoveCheckpointDir
 // takes in `from`'s directory (manifest, units, their temporaries) as they
 // are now, by the clock of the file system that holds them: as its

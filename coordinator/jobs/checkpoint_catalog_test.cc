@@ -443,6 +443,63 @@ TEST(RemoveCheckpointDirTest, UnlistableDirectory_AnErrorTheFilesKept) {
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
+// A manifest whose time cannot be read is an error, not "no manifest":
+// read as none, an expired checkpoint's removal took this host's clock for
+// its files' bound and kept it for every retry, and deleted a redo's unit
+// written on a file server whose clock is behind. Out of descriptors in a
+// child whose limit is its lowest free descriptor; the manifest's stat
+// failing with EIO in a child whose seccomp filter fails newfstatat (the
+// path walk's own stat of the name only refuses links and directories).
+TEST(CheckpointManifestTimeTest, NoneOrItsTime_UnreadableAnError) {
+  const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/manifest-time");
+  const std::string dir = out + "/ck/step-00000005";
+  v1::ResumeFrom from;
+  from.set_step(5);
+  from.set_dir("ck/step-00000005");
+  std::filesystem::create_directories(out);
+  absl::StatusOr<std::optional<absl::Time>> time = CheckpointManifestTime(out, from);
+  ASSERT_TRUE(time.ok()) << time.status();
+  EXPECT_EQ(*time, std::nullopt) << "the directory is gone";
+  std::filesystem::create_directories(dir);
+  time = CheckpointManifestTime(out, from);
+  ASSERT_TRUE(time.ok()) << time.status();
+  EXPECT_EQ(*time, std::nullopt) << "no manifest";
+  const absl::Time written = absl::FromUnixSeconds(1700000000) + absl::Nanoseconds(5);
+  std::ofstream(dir + "/" + kCheckpointManifestName) << "{}";
+  const timespec times[2] = {absl::ToTimespec(written), absl::ToTimespec(written)};
+  ASSERT_EQ(utimensat(AT_FDCWD, (dir + "/" + kCheckpointManifestName).c_str(), times, 0), 0);
+  time = CheckpointManifestTime(out, from);
+  ASSERT_TRUE(time.ok()) << time.status();
+  EXPECT_EQ(*time, std::optional<absl::Time>(written));
+  // Prints what it answers, for the expectation to match.
+  const auto print = [&out, &from] {
+    const absl::StatusOr<std::optional<absl::Time>> t = CheckpointManifestTime(out, from);
+    fprintf(stderr, "[%s]\n",
+            t.ok() ? (t->has_value() ? "a time" : "none") : t.status().ToString().c_str());
+  };
+  const auto out_of_descriptors = [&print] {
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    const struct rlimit limit = {static_cast<rlim_t>(lowest_free),
+                                 static_cast<rlim_t>(lowest_free)};
+    if (lowest_free < 0 || setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    print();
+    _exit(0);
+  };
+  EXPECT_EXIT(out_of_descriptors(), ::testing::ExitedWithCode(0),
+              "\\[RESOURCE_EXHAUSTED: cannot open the coordinator's --output-dir "
+              ".*/manifest-time: Too many open files");
+  if (!SeccompFiltersWork()) GTEST_SKIP() << "no seccomp filter can be installed here";
+  const auto stat_fails = [&print] {
+    if (!FailSyscall(__NR_newfstatat, EIO)) _exit(2);
+    print();
+    _exit(0);
+  };
+  EXPECT_EXIT(stat_fails(), ::testing::ExitedWithCode(0),
+              absl::StrCat("\\[UNKNOWN: cannot read .*/manifest-time/ck/step-00000005/",
+                           kCheckpointManifestName, ": ", strerror(EIO)));
+}
+
 // The stored record's checkpoint bytes grow with keep and the model's
 // units; the bound gives the largest keep that fits.
 TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) {

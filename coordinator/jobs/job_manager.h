@@ -695,12 +695,16 @@ class JobManager {
     absl::Status status ABSL_GUARDED_BY(mu);
     std::shared_ptr<SafetensorsFileWriter> file ABSL_GUARDED_BY(mu);
   };
-  // A checkpoint expired from the catalog, and when (real time). Files of
-  // its step directory modified after its manifest (or, with none, after
-  // `at`) are a redo's of the same step (the catalog had to forget the step
-  // before it could be written again), and stay when it is removed.
+  // A checkpoint expired from the catalog. Files of its step directory
+  // modified after its manifest (or, with none, at or after `at`) are a
+  // redo's of the same step (the catalog had to forget the step before it
+  // could be written again), and stay when it is removed.
   struct ExpiredCheckpoint {
     v1::ResumeFrom from;
+    // When it expired (real time); InfinitePast (every unit file stays
+    // without a manifest) for one forgotten for a redo or restored at a
+    // restart: a redo may write there on a file server whose clock is
+    // behind this host's.
     absl::Time at;
     // Its removals that failed in this process (RemoveExpiring keeps it
     // listed, to try again: kMaxExpiredRemovalTries,

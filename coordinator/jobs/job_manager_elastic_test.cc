@@ -24,8 +24,10 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -2310,6 +2312,161 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_EndedWhileSavesFail_NotPrunedBe
   jobs_->ScheduleQueued();
   jobs_->FlushIo();
   EXPECT_NE(stat(manifest.c_str(), &st), 0) << "left after the job's last save";
+}
+
+// A file server whose clock is 20 minutes behind this host's, while the
+// state store fails: a removal of step 10's files runs only once a save
+// succeeds, after the redo of step 10 (on a later plan) has written a unit
+// there, dated by the server 10 minutes behind this host. Each case checks
+// which files the removal takes: this host's clock as their bound took the
+// redo's unit (the step then completed with a unit missing).
+class ServerClockBehindTest : public JobManagerElasticTest {
+ protected:
+  // Sets `path`'s modification time to `t`, as the server dates a write.
+  static void Date(const std::string& path, absl::Time t) {
+    const timespec times[2] = {absl::ToTimespec(t), absl::ToTimespec(t)};
+    ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+  }
+  std::string Unit(int u) const { return absl::StrFormat("%s/unit-%04d.safetensors", step10_, u); }
+
+  // A job on two new workers, checkpointed at steps 5 and 10 (saved, the
+  // manifests written), recovers from 10 (plan 2): the state store fails
+  // from that recovery on if `failing_first`. Step 10's unit files and
+  // manifest are then dated by the server.
+  void ResumedFrom10(bool failing_first) {
+    Reset(/*with_state=*/true);
+    w1_ = AddWorker(7001);
+    w2_ = AddWorker(7002);
+    id_ = Submit(ElasticSpec(2, 5)).value().id();
+    StepCheckpointingEvery5(id_, 10);
+    jobs_->FlushIo();
+    observing_.failing = failing_first;
+    ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id_, w1_, 1)).ok());
+    HeartbeatAllAndSchedule({w1_, w2_});
+    ASSERT_EQ(AssignmentOf(w1_).resume().step(), 10);
+    jobs_->FlushIo();
+    const std::string relative = "checkpoints/" + id_ + "/step-00000010";
+    step10_ = OutputDir() + "/" + relative;
+    ASSERT_NO_FATAL_FAILURE(WriteUnitFiles(relative));
+    for (int u = 0; u < kUnits; ++u) ASSERT_NO_FATAL_FAILURE(Date(Unit(u), server_));
+    ASSERT_NO_FATAL_FAILURE(
+        Date(step10_ + "/" + kCheckpointManifestName, server_ + absl::Seconds(1)));
+  }
+  // w1 cannot load step 10 (plan 2's resume point): it is dropped.
+  void Step10Unusable() {
+    v1::ReportProgressRequest r = PeerFailure(id_, w1_, 2);
+    r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+    r.set_peer_failure(false);
+    r.set_checkpoint_unusable(true);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  }
+  // The recovery's plan resumes from 5, and the redo writes step 10's
+  // unit 0 anew, dated by the server 10 minutes after step 10's files.
+  void ReplanAndRedoUnit0() {
+    HeartbeatAllAndSchedule({w1_, w2_});
+    ASSERT_EQ(AssignmentOf(w1_).resume().step(), 5);
+    std::ofstream(Unit(0)) << "the redo's";
+    ASSERT_NO_FATAL_FAILURE(Date(Unit(0), server_ + absl::Minutes(10)));
+  }
+  // The store answers again: the failed saves' retry succeeds, and the
+  // removal of step 10's files runs after it.
+  void SavesSucceed() {
+    observing_.failing = false;
+    clock_.Advance(absl::Seconds(2));
+    jobs_->ScheduleQueued();
+    jobs_->FlushIo();
+  }
+  bool Exists(const std::string& path) const { return std::filesystem::exists(path); }
+
+  const absl::Time server_ = absl::Now() - absl::Minutes(20);
+  std::string id_, w1_, w2_, step10_;
+};
+
+// Dropped as unusable, its files' bound read (DroppedFilesBound, on io_)
+// before the re-plan: its manifest and the units the redo did not write
+// again go, the redo's unit stays.
+TEST_F(ServerClockBehindTest, DroppedBoundReadBeforeTheReplan_OldFilesGoTheRedosUnitStays) {
+  ASSERT_NO_FATAL_FAILURE(ResumedFrom10(/*failing_first=*/false));
+  observing_.failing = true;
+  ASSERT_NO_FATAL_FAILURE(Step10Unusable());
+  jobs_->FlushIo();  // the bound read, the save failed
+  ASSERT_NO_FATAL_FAILURE(ReplanAndRedoUnit0());
+  ASSERT_TRUE(Exists(step10_ + "/" + kCheckpointManifestName));
+  SavesSucceed();
+  EXPECT_FALSE(Exists(step10_ + "/" + kCheckpointManifestName));
+  for (int u = 1; u < kUnits; ++u) EXPECT_FALSE(Exists(Unit(u))) << u;
+  EXPECT_TRUE(Exists(Unit(0))) << "the redo's unit, written after the drop, was removed";
+}
+
+// The bound's read waits on io_ behind a save (slow to fail) until the
+// re-plan has handed out the redo's plan, and the redo has written: the
+// files are no bound then, so the unit files stay, with a warning, and the
+// manifest goes. Taken then, the bound was the redo's unit's own time, and
+// removed it.
+TEST_F(ServerClockBehindTest, DroppedBoundReadAfterTheReplan_UnitFilesLeftWithAWarning) {
+  ASSERT_NO_FATAL_FAILURE(ResumedFrom10(/*failing_first=*/true));
+  absl::Notification saving, release;
+  bool held = false;  // on io_ only
+  observing_.on_commit = [&](const std::vector<StoreWrite>&) {
+    if (std::exchange(held, true)) return;
+    saving.Notify();
+    release.WaitForNotification();
+  };
+  clock_.Advance(absl::Seconds(2));
+  jobs_->ScheduleQueued();  // the failed save's retry, held on io_
+  saving.WaitForNotification();
+  // Let go if an assertion ends the case early: io_ drains, and the hook
+  // goes before what it refers to.
+  absl::Cleanup let_go = [this, &release] {
+    if (release.HasBeenNotified()) return;
+    release.Notify();
+    jobs_->FlushIo();
+    observing_.on_commit = nullptr;
+  };
+  ASSERT_NO_FATAL_FAILURE(Step10Unusable());
+  ASSERT_NO_FATAL_FAILURE(ReplanAndRedoUnit0());
+  ::testing::internal::CaptureStderr();
+  release.Notify();
+  jobs_->FlushIo();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  observing_.on_commit = nullptr;
+  EXPECT_EQ(LinesWith(log, "the unit files of dropped checkpoint checkpoints/" + id_ +
+                               "/step-00000010 are left in place: a new plan ran before their "
+                               "times were read"),
+            1)
+      << log;
+  SavesSucceed();
+  EXPECT_FALSE(Exists(step10_ + "/" + kCheckpointManifestName));
+  for (int u = 1; u < kUnits; ++u) EXPECT_TRUE(Exists(Unit(u))) << u;
+  EXPECT_TRUE(Exists(Unit(0))) << "the redo's unit, written after the drop, was removed";
+}
+
+// Step 10 completes while saves fail (its manifest held, never written
+// once forgotten), before its loss came: the recovery resumes from 5 and
+// forgets it. With no manifest to date its files by, its unit files stay
+// (the redo writes them over; the end sweep takes what is left): the time
+// it was forgotten, by this host's clock, took the redo's unit.
+TEST_F(ServerClockBehindTest, ForgottenWithoutManifest_TheRedosUnitStays) {
+  Reset(/*with_state=*/true);
+  w1_ = AddWorker(7001);
+  w2_ = AddWorker(7002);
+  id_ = Submit(ElasticSpec(2, 5)).value().id();
+  StepCheckpointingEvery5(id_, 9);
+  jobs_->FlushIo();
+  observing_.failing = true;
+  CheckpointAll(id_, 10);  // complete, but its loss never came
+  ASSERT_EQ(jobs_->Get(id_).value().progress().checkpoint_step(), 10);
+  jobs_->FlushIo();
+  step10_ = OutputDir() + "/checkpoints/" + id_ + "/step-00000010";
+  ASSERT_FALSE(Exists(step10_ + "/" + kCheckpointManifestName)) << "held by the failed save";
+  WriteReportedUnitFiles(step10_);
+  for (int u = 0; u < kUnits; ++u) ASSERT_NO_FATAL_FAILURE(Date(Unit(u), server_));
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id_, w1_, 1)).ok());
+  ASSERT_NO_FATAL_FAILURE(ReplanAndRedoUnit0());
+  EXPECT_EQ(jobs_->Get(id_).value().progress().checkpoint_step(), 5);
+  SavesSucceed();
+  EXPECT_FALSE(Exists(step10_ + "/" + kCheckpointManifestName));
+  EXPECT_TRUE(Exists(Unit(0))) << "the redo's unit, written after the recovery, was removed";
 }
 
 // The claim is taken only from a stage loading its plan's resume point:

@@ -730,12 +730,17 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     // redo's): kept while the redo replaces the files one by one,
     // `init.from: <the job's directory>` and `checkpoint export` would take
     // a manifest of old checksums for the newest checkpoint.
+    // Without a manifest (held by a failing store, and never written once
+    // forgotten), its unit files stay (InfinitePast): the redo, which this
+    // plan starts, writes them over, and the job's end sweep takes what is
+    // left. This host's clock as their bound deleted the redo's, written
+    // on a file server whose clock is behind (the step then completed with
+    // a unit missing).
     if (record.checkpoints != nullptr) {
-      const absl::Time forgotten_at = absl::Now();  // real time: compared with files' times
       for (v1::ResumeFrom& f : record.checkpoints->ForgetAfter(pending.resume_step)) {
         PT_LOG(INFO) << "job " << id << ": checkpoint of step " << f.step()
                      << " forgotten: the recovery resumes before it and redoes it";
-        record.expiring.push_back(ExpiredCheckpoint{std::move(f), forgotten_at});
+        record.expiring.push_back(ExpiredCheckpoint{std::move(f), absl::InfinitePast()});
       }
       const v1::ResumeFrom* latest = record.checkpoints->Latest();
       p->set_checkpoint_step(latest != nullptr ? latest->step() : 0);

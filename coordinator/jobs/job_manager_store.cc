@@ -330,10 +330,13 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // A redo may have written files there and not reported them yet: only
   // the expired checkpoint's go, those written no later than its manifest
   // (the last of its files; one filesystem's clock, whichever hosts wrote
-  // them). Without a manifest, those older than the expiry, by this host's
-  // clock. A checkpoint dropped as unusable: those no newer than its files
-  // were when it was dropped (DroppedFilesBound; the same one clock). A
-  // retry keeps the first try's bound (the manifest may be gone).
+  // them). Without a manifest, those older than `at` (InfinitePast, none,
+  // for one forgotten for a redo or restored: ExpiredCheckpoint). A
+  // checkpoint dropped as unusable: those no newer than its files were when
+  // it was dropped (DroppedFilesBound; the same one clock). A retry keeps
+  // the first try's bound (the manifest may be gone). A manifest whose
+  // time cannot be read (EMFILE, ESTALE) fails the try, and no bound is
+  // kept: taken for none, `at` stood in for its time in every retry.
   // Those that could not be removed (a file system's passing error: ESTALE,
   // EIO) stay listed, and are tried again by the scheduling pass on a
   // backoff (RetryExpiringLocked) or at a restart, until
@@ -341,20 +344,27 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
   // forgotten at once, a whole checkpoint stayed on disk for good, manifest
   // and all (the end-of-job sweeps take only incomplete ones).
   std::set<std::string> removed;
-  std::map<std::string, absl::Time> failed;  // dir -> the bound it was tried with
+  // dir -> the bound it was tried with (none: its manifest's time unread).
+  std::map<std::string, std::optional<absl::Time>> failed;
   for (const ExpiredCheckpoint& d : dirs) {
-    absl::Time files_before = d.at;
+    std::optional<absl::Time> files_before = d.at;
+    absl::Status status = absl::OkStatus();
     if (d.files_before.has_value()) {
       files_before = *d.files_before;
     } else if (d.dropped_on_plan.has_value()) {
       files_before = DroppedFilesBound(id, d.from);
-    } else if (const std::optional<absl::Time> manifest =
+    } else if (absl::StatusOr<std::optional<absl::Time>> manifest =
                    CheckpointManifestTime(options_.output_dir, d.from);
-               manifest.has_value()) {
-      files_before = *manifest + absl::Nanoseconds(1);
+               !manifest.ok()) {
+      files_before = std::nullopt;
+      status = manifest.status();
+    } else if (manifest->has_value()) {
+      files_before = **manifest + absl::Nanoseconds(1);
     }
-    const absl::Status status = RemoveCheckpointDir(options_.output_dir, d.from, files_before,
-                                                    d.manifest_whatever_its_time);
+    if (status.ok()) {
+      status = RemoveCheckpointDir(options_.output_dir, d.from, *files_before,
+                                   d.manifest_whatever_its_time);
+    }
     if (status.ok()) {
       removed.insert(d.from.dir());
       continue;
@@ -393,7 +403,7 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<Expired
     if (auto it = failed.find(e.from.dir()); it != failed.end()) {
       ++e.failed_removals;
       e.first_failed = std::min(e.first_failed, now);
-      e.files_before = it->second;
+      if (it->second.has_value()) e.files_before = it->second;
       e.next_try = now + ExpiredRemovalBackoff(e.failed_removals);
     }
   }
@@ -678,9 +688,12 @@ absl::Status JobManager::Restore() {
       for (const v1::ResumeFrom& e : s.expiring()) {
         const std::string mismatch = record->checkpoints->StepDirMismatch(e);
         if (spec_resolves && mismatch.empty()) {
-          // When it expired is not stored: the restart is a bound (no redo
-          // of this coordinator's has written there yet).
-          record->expiring.push_back(ExpiredCheckpoint{e, absl::Now()});
+          // When it expired is not stored, nor how it left (dropped,
+          // forgotten): with no manifest its unit files stay. The restart
+          // was no bound: this host's clock, not the file server's that
+          // dates them, deleted a redo's written after it on a server
+          // whose clock is behind.
+          record->expiring.push_back(ExpiredCheckpoint{e, absl::InfinitePast()});
         } else if (!mismatch.empty()) {
           PT_LOG(WARNING) << "job " << id << ": a stored expired " << mismatch
                           << "; its files are left in place";
@@ -841,7 +854,11 @@ absl::Status JobManager::Restore() {
     }
     io_.Post([this, manifests = std::move(manifests)] {
       for (const ManifestToWrite& m : manifests) {
-        if (CheckpointManifestTime(m.output_dir, m.complete).has_value()) continue;
+        // One whose time cannot be read (EIO, EMFILE) may be missing: the
+        // checks below tell, and an error there retries the write.
+        const absl::StatusOr<std::optional<absl::Time>> written =
+            CheckpointManifestTime(m.output_dir, m.complete);
+        if (written.ok() && written->has_value()) continue;
         // Only over the files it records: not for a directory removed
         // since (an operator's, or a removal the save did not follow), nor
         // one with a file missing or of another size. Contents are not

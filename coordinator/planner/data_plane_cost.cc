@@ -13,6 +13,7 @@ void AddDataPlaneCost(double stretch, ClusterSpec* cluster) {
   const double rate = cluster->data_plane_bytes_per_second;
   if (!(o > 0) || !(rate > 0)) return;
   cluster->latency_seconds += stretch * o;
+  cluster->per_message_seconds += stretch * o;
   const double stretched_rate = rate / stretch;
   const double w = cluster->bandwidth_bytes_per_second;
   if (!(w > 0)) {

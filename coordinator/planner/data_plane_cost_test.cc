@@ -39,15 +39,20 @@ TEST(AddDataPlaneCostTest, RealLinksOverlapTheCopyWithTheWire) {
   AddDataPlaneCost(1, &c);
   EXPECT_DOUBLE_EQ(c.bandwidth_bytes_per_second, 1.25e9);
   EXPECT_DOUBLE_EQ(c.latency_seconds, 150e-6);
+  EXPECT_DOUBLE_EQ(c.per_message_seconds, 100e-6);  // of which o is serial per message
   // Shared cores halve the data plane's rate below the wire's.
   c = Link(1.25e9, 50e-6, false);
   AddDataPlaneCost(2, &c);
   EXPECT_DOUBLE_EQ(c.bandwidth_bytes_per_second, 0.75e9);
   EXPECT_DOUBLE_EQ(c.latency_seconds, 250e-6);
-  // An unlimited link (0) becomes the data plane's rate.
+  EXPECT_DOUBLE_EQ(c.per_message_seconds, 200e-6);
+  // An unlimited link (0) becomes the data plane's rate; with no latency
+  // of its own, its latency is all per message.
   c = Link(0, 0, false);
   AddDataPlaneCost(1, &c);
   EXPECT_DOUBLE_EQ(c.bandwidth_bytes_per_second, 1.5e9);
+  EXPECT_DOUBLE_EQ(c.latency_seconds, 100e-6);
+  EXPECT_DOUBLE_EQ(c.per_message_seconds, 100e-6);
 }
 
 TEST(AddDataPlaneCostTest, UnmeasuredChangesNothing) {
@@ -56,6 +61,7 @@ TEST(AddDataPlaneCostTest, UnmeasuredChangesNothing) {
   AddDataPlaneCost(2, &c);
   EXPECT_DOUBLE_EQ(c.bandwidth_bytes_per_second, 0.125e9);
   EXPECT_DOUBLE_EQ(c.latency_seconds, 0.5e-3);
+  EXPECT_EQ(c.per_message_seconds, 0);
   EXPECT_EQ(DescribeDataPlaneCost(c, 2), "");
 }
 

@@ -133,6 +133,11 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
                                                          double* largest_extra) {
   const double c = std::clamp(compute_share, 1e-6, 1.0);
   if (largest_extra != nullptr) *largest_extra = 1;
+  // The merged clusters the costs are made from at D > 1 or T > 1
+  // (ReplicaStageCluster, TensorGroupCluster) keep the links' latency but
+  // not its per-message part: the job's cluster has it.
+  costs.link.per_message_seconds = cluster.per_message_seconds;
+  costs.replica_link.per_message_seconds = cluster.per_message_seconds;
   absl::StatusOr<SimulationResult> result = SimulateIteration(programs, costs);
   if (!result.ok() || stages != static_cast<int>(programs.size()) ||
       !Shaped(cluster, replicas, stages, tensor)) {
@@ -169,7 +174,11 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
     std::vector<std::vector<std::pair<double, double>>> busy(stages);
     // Each position's data-plane work: the last CPU seconds of its
     // transfers (an emulated link's wait comes first; on a real one the
-    // copy is most of a CPU-bound transfer's time).
+    // copy is most of a CPU-bound transfer's time). A transfer's span is
+    // the time it holds its link, which the folded cluster's links
+    // (AddDataPlaneCost) make s (o + bytes / rate) at least, the per-message
+    // work included; the cap only binds where the costs' links do not
+    // carry the data plane.
     std::vector<std::vector<std::pair<double, double>>> data_plane(stages);
     for (const TimelineEvent& e : result->events) {
       if (e.end_seconds <= e.start_seconds || e.worker < 0 || e.worker >= stages) continue;

@@ -65,7 +65,9 @@ double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, do
 // Contention between the stage positions of one host, and with the data
 // plane: runs SimulateIteration(programs, costs), where programs[s] is
 // stage position s (one replica's programs; `cluster` lists every worker as
-// LockstepComputeStretch's), and then again with each position's speed
+// LockstepComputeStretch's; costs.link and replica_link are its links, and
+// get its per_message_seconds, which the merged clusters the costs may
+// come from do not keep), and then again with each position's speed
 // divided by its extra stretch, until no stretch moves by more than 1 %
 // (damped; at most 12 rounds). A position's stretch is the largest, over
 // the hosts it computes on, of MeanSharingStretch over its compute
@@ -76,8 +78,10 @@ double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, do
 //   - the data plane's work (cluster.data_plane_*, data_plane_cost.h) of
 //     every position with workers on that host, one thread per worker, over
 //     the last lockstep x (overhead + bytes / rate) seconds of each of its
-//     transfers (capped at the transfer; an emulated link's wait comes
-//     first), and of each all-reduce (bucket) for its messages
+//     transfers (capped at the time the transfer holds its link, which
+//     links folded with AddDataPlaneCost make at least that, the
+//     per-message work included; an emulated link's wait comes first),
+//     and of each all-reduce (bucket) for its messages
 //     (AllReduceMessagesFor: the ring's 2 (D - 1) of bytes / D, one of
 //     bytes for D = 2). The work is counted on the sender's host
 //     only: on loopback (both ends on the host) the probe measured the two

@@ -1,5 +1,6 @@
 #include "coordinator/planner/host_sharing.h"
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -212,6 +213,50 @@ TEST(SimulateWithSharedCores, TheDataPlaneTakesFromComputeOnItsHost) {
   ClusterSpec one_core_unknown = Cluster(2, OneHost, 1);
   EXPECT_GT(one, simulate(one_core_unknown, 1, nullptr));
   EXPECT_GT(one, sending);
+}
+
+// Links folded with AddDataPlaneCost hold each transfer's link for the data
+// plane's whole work, s (o + bytes / R), its per-message part o included,
+// so the demand is not cut short. Worker 0 (its own 1-core host) sends one
+// 20 kB activation at 0 and then computes for 110 us, while its data plane
+// works 100 us + 20 kB / 2 GB/s = 110 us: beside all of its compute at
+// first. At an extra stretch x its compute takes 110 x us, of which the
+// first 110 run at half speed: it wants 1 + 1 / x, whose fixed point is
+// the golden ratio (damped to within 1 %). Cut at the 10 us the bytes
+// alone take (a link that does not hold o), it was 1.08.
+TEST(SimulateWithSharedCores, FoldedDataPlaneCost_DemandNotCutAtTheWire) {
+  v1::Program sender, receiver;
+  v1::Instruction* send = sender.add_instructions();
+  send->mutable_send()->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION);
+  send->mutable_send()->set_peer_stage(1);
+  v1::Instruction* forward = sender.add_instructions();
+  forward->mutable_forward()->mutable_units()->set_end(1);
+  v1::Instruction* recv = receiver.add_instructions();
+  recv->mutable_recv()->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION);
+  recv->mutable_recv()->set_peer_stage(0);
+  ModelProfile profile;
+  profile.units = {{"embed", 110e-6, 0, 0, 20e3}};
+  ClusterSpec cluster = Cluster(2, [](int i) { return std::to_string(i); }, 1);
+  cluster.data_plane_overhead_seconds = 1e-4;
+  cluster.data_plane_bytes_per_second = 2e9;
+  // What AddDataPlaneCost(1, &cluster) makes of an unlimited link of no
+  // latency (data_plane_cost_test): L' = o, W' = R, o per message.
+  cluster.latency_seconds = 1e-4;
+  cluster.bandwidth_bytes_per_second = 2e9;
+  cluster.per_message_seconds = 1e-4;
+  // At D > 1 the costs come from ReplicaStageCluster, which keeps the
+  // links' latency but not their per-message part: the same result.
+  ClusterSpec merged = cluster;
+  merged.per_message_seconds = 0;
+  for (const ClusterSpec* from : {&cluster, &merged}) {
+    double extra = 0;
+    const SimulationResult r =
+        SimulateWithSharedCores({sender, receiver}, SimulationCostsFromProfile(profile, *from, 0),
+                                cluster, 1, 2, 1, 1.0, 1.0, &extra)
+            .value();
+    EXPECT_NEAR(extra, (1 + std::sqrt(5.0)) / 2, 0.01);
+    EXPECT_NEAR(r.iteration_seconds, 110e-6 * extra, 1e-12);
+  }
 }
 
 // A host whose cores all compute leaves none for a position's own threads

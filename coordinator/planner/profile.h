@@ -112,6 +112,13 @@ struct ClusterSpec {
   std::vector<WorkerSpec> workers;
   double bandwidth_bytes_per_second = 0;  // 0: unlimited
   double latency_seconds = 0;
+  // Of latency_seconds, the part that is the data plane's serial work per
+  // message (AddDataPlaneCost folds it in): a link pays it for each of its
+  // messages in turn, where the rest overlaps between back-to-back sends
+  // (simulator.h's LinkParameters). 0 as parsed; not read or written by
+  // cluster files, and not kept by ReplicaStageCluster or
+  // TensorGroupCluster (SimulateWithSharedCores takes it from the job's).
+  double per_message_seconds = 0;
   // The data plane's own cost per message beyond the link (measured by the
   // workers, worker/transport/data_plane_probe.h; 0: not known), and
   // whether the link above is emulated (store-and-forward before that

@@ -26,6 +26,11 @@ MessageKey KeyOf(int src, int dst, const v1::TensorKey& key) {
 
 bool BadNumber(double x) { return !std::isfinite(x) || x < 0; }
 
+// The per-message part of a link is some of its latency (LinkParameters).
+bool BadPerMessage(const LinkParameters& link) {
+  return BadNumber(link.per_message_seconds) || link.per_message_seconds > link.latency_seconds;
+}
+
 absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
   if (workers == 0) return absl::InvalidArgumentError("no programs to simulate");
   if (static_cast<int>(costs.worker_speeds.size()) != workers) {
@@ -54,6 +59,14 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
     return absl::InvalidArgumentError(
         "tied_grad_bytes, optimizer_seconds_per_byte and link must be finite and non-negative "
         "(bandwidth may be <= 0 for infinite)");
+  }
+  for (const LinkParameters* link : {&costs.link, &costs.replica_link}) {
+    if (BadPerMessage(*link)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          link == &costs.link ? "link" : "replica_link", ": per_message_seconds = ",
+          link->per_message_seconds, "; must be finite, >= 0 and at most its latency_seconds (",
+          link->latency_seconds, "), of which it is part"));
+    }
   }
   if (BadNumber(costs.grad_clip_tensor_seconds)) {
     return absl::InvalidArgumentError(
@@ -98,7 +111,8 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
   for (const auto& [link, params] : costs.link_overrides) {
     const auto [src, dst] = link;
     if (src < 0 || src >= workers || dst < 0 || dst >= workers || src == dst ||
-        !std::isfinite(params.bandwidth_bytes_per_second) || BadNumber(params.latency_seconds)) {
+        !std::isfinite(params.bandwidth_bytes_per_second) || BadNumber(params.latency_seconds) ||
+        BadPerMessage(params)) {
       return absl::InvalidArgumentError(absl::StrCat("link override (", src, ", ", dst,
                                                      ") names no link between two of the ", workers,
                                                      " workers or has a bad value"));
@@ -461,12 +475,15 @@ class Simulator {
     // The link pipelines as LinkShaper (shaped_transport.h) and TCP do: it
     // is free for the next message once this one's bytes are on the wire,
     // and each arrives a latency after its last byte, so back-to-back
-    // sends overlap their latencies.
-    link_free = start + wire;
-    const double arrival = link_free + link.latency_seconds;
+    // sends overlap their latencies. Not the data plane's work per
+    // message (data_plane_cost.h), which one peer stream does for its
+    // messages in turn: that part of the latency holds the link.
+    link_free = start + link.per_message_seconds + wire;
+    const double arrival = link_free + (link.latency_seconds - link.per_message_seconds);
     // The event is the link's busy span, start..link_free, not ..arrival:
     // transfers on one link never overlap on its lane (timeline_render.h).
-    // The latency shows as the receiver's wait, which ends at the arrival.
+    // The rest of the latency shows as the receiver's wait, which ends at
+    // the arrival.
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kSendTransfer, start, link_free);
     DescribeTransfer(send.tensor(), peer, &e);
     e.bytes = bytes;
@@ -528,7 +545,8 @@ class Simulator {
       int last = -1;  // whose norms came last, or -1: its own arrival
       for (const auto& [other, sent] : clip_arrival_) {
         if (other == member) continue;
-        // Behind what `other` already queued on the link; a few KB: no wire time.
+        // Behind what `other` already queued on the link; a few KB: no wire
+        // time, and one latency, its per-message part included.
         auto queued = link_free_.find({other, member});
         const double start = queued == link_free_.end() ? sent : std::max(sent, queued->second);
         const double received = start + LinkOf(other, member).latency_seconds;
@@ -745,7 +763,8 @@ SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const Cl
   // timed steps as one rate per weight byte.
   if (weight_bytes > 0) costs.optimizer_seconds_per_byte = optimizer_seconds / weight_bytes;
   for (const WorkerSpec& w : cluster.workers) costs.worker_speeds.push_back(w.speed);
-  costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds};
+  costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
+                cluster.per_message_seconds};
   costs.replica_link = costs.link;
   costs.tied_grad_bytes = tied_grad_bytes;
   costs.all_reduce_bucket_bytes = static_cast<double>(kDataParallelBucketBytes);

@@ -80,12 +80,15 @@
 //    the transfer is in flight. The transfer goes on link (w -> peer); each
 //    directed link carries one transfer at a time, FIFO in issue order (only
 //    w issues on it, so this is w's program order). It starts at
-//    max(issue time, link free), holds the link for bytes / bandwidth of
-//    that link (bandwidth <= 0: infinite, so 0) and arrives a latency after
-//    that, as LinkShaper (shaped_transport.h) and TCP pipeline a link:
-//      start = max(issue, free)   free = start + bytes / bandwidth
-//      arrival = free + latency
-//    so back-to-back sends overlap their latencies. Bytes by key kind:
+//    max(issue time, link free), holds the link for the link's
+//    per_message_seconds (the data plane's serial work per message,
+//    data_plane_cost.h; part of its latency) plus bytes / bandwidth
+//    (bandwidth <= 0: infinite, so 0), and arrives the rest of the latency
+//    after that, as LinkShaper (shaped_transport.h) and TCP pipeline a link:
+//      start = max(issue, free)   free = start + per_message + bytes / bandwidth
+//      arrival = free + latency - per_message
+//    so back-to-back sends overlap the rest of their latencies, and each
+//    message alone takes latency + bytes / bandwidth. Bytes by key kind:
 //      ACTIVATION unit u          activation_bytes[u]   (output of u)
 //      ACTIVATION_GRAD unit u     activation_bytes[u-1] (gradient of u's input)
 //      TIED_EMBEDDING_GRAD        tied_grad_bytes
@@ -136,7 +139,14 @@ struct UnitSimulationCost {
 
 struct LinkParameters {
   double bandwidth_bytes_per_second = 0;  // <= 0: infinite
+  // What a message takes beyond bytes / bandwidth: every model charges it
+  // once per message (the all-reduces, the clipping's norms, a Send).
   double latency_seconds = 0;
+  // Of latency_seconds (0 <= this <= latency_seconds), the part a sender
+  // does for each message in turn (the data plane's framing and copies,
+  // ClusterSpec::per_message_seconds): a Send holds its link for it, where
+  // back-to-back sends overlap the rest (the model above).
+  double per_message_seconds = 0;
 };
 
 struct SimulationCosts {
@@ -242,7 +252,8 @@ double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs);
 // weight bytes (sum optimizer_seconds / sum weight_bytes; 0 when the profile
 // did not time them, as an analytic one does not). The all-reduce overlaps
 // in buckets of kDataParallelBucketBytes (common/data_parallel_buckets.h)
-// on every worker but a GPU (WorkerSpec::gpu).
+// on every worker but a GPU (WorkerSpec::gpu). The links take the cluster's
+// per_message_seconds too.
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes);
 
@@ -252,8 +263,9 @@ enum class TimelineEventKind {
   kRecompute,
   kOptimizer,
   // A transfer on link (worker -> peer), not worker time: the span it holds
-  // the link (start to last byte out), so a link's transfers never overlap;
-  // it arrives one latency after the end (the receiver's wait shows that).
+  // the link (its per-message work, then its bytes until the last is out),
+  // so a link's transfers never overlap; it arrives the rest of the latency
+  // after the end (the receiver's wait shows that).
   kSendTransfer,
   kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
   kAllReduce,     // data-parallel gradient all-reduce before the optimizer step
@@ -321,7 +333,9 @@ struct SimulationResult {
 // Errors:
 //  INVALID_ARGUMENT   no programs; worker_speeds.size() != programs.size();
 //                     a speed <= 0 or any cost negative or not finite;
-//                     data_parallel < 1; a bad replica_link (as link);
+//                     data_parallel < 1; a bad replica_link (as link); a
+//                     link's per_message_seconds negative or above its
+//                     latency_seconds;
 //                     grad_clip_tensor_seconds negative or not finite; a link
 //                     override naming a worker out of range or itself; an
 //                     instruction with no op, a unit range outside

@@ -202,6 +202,40 @@ TEST(SimulatorTest, GPipe_BackToBackSends_LatenciesOverlapAsOnLinkShaper) {
                                              "send ACTIVATION u0 mb3 to 1@1.75-2.25"}));
 }
 
+// The data plane's work per message (data_plane_cost.h: s o, part of the
+// folded latency) is serial: back-to-back sends queue behind it on their
+// link and overlap only the rest of the latency, the wire's L. Here
+// o = 0.25 s of a 1.25 s latency (L = 1 s). Sent together at 0 with no
+// bytes on the wire, the two arrive at o + L = 1.25 and 2 o + L = 1.5 (with
+// the whole latency overlapped they arrived together at 1.25).
+TEST(SimulatorTest, BackToBackSends_PerMessagePartOfTheLatencyHoldsTheLink) {
+  const std::vector<v1::Program> programs = {
+      Program(
+          {Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1)}),
+      Program(
+          {Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 1, 0)}),
+  };
+  SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
+  costs.link = {0, 1.25, 0.25};  // infinite bandwidth
+  absl::StatusOr<SimulationResult> r = SimulateIteration(programs, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Timeline(*r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-0.25",
+                                                       "send ACTIVATION u0 mb1 to 1@0.25-0.5"}));
+  EXPECT_EQ(ActivationWaitEnds(*r, 1), (std::vector<double>{1.25, 1.5}));
+  EXPECT_EQ(r->iteration_seconds, 1.5);
+  // 100 bytes at 400 B/s: o then 0.25 s on the wire each, so the link is
+  // held 0-0.5 and 0.5-1, and they arrive at 1.5 and 2 (overlapping o
+  // too, the second followed the first's bytes by 0.25 s: 1.5, 1.75).
+  costs.link.bandwidth_bytes_per_second = 400;
+  r = SimulateIteration(programs, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Timeline(*r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-0.5",
+                                                       "send ACTIVATION u0 mb1 to 1@0.5-1"}));
+  EXPECT_EQ(ActivationWaitEnds(*r, 1), (std::vector<double>{1.5, 2}));
+  // Every other model still charges the whole latency per message: eq. 3.
+  EXPECT_EQ(AllReduceSeconds(2, 400, costs.link), 1.25 + 1);
+}
+
 TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
   for (Schedule schedule : {Schedule::kGPipe, Schedule::kOneFOneB}) {
     for (int p : {1, 2, 3, 4, 8}) {
@@ -1000,6 +1034,15 @@ TEST(SimulatorTest, BadCosts_InvalidArgument) {
   EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
               HasSubstr("grad_clip_tensor_seconds = -1; must be finite and >= 0"));
   costs.grad_clip_tensor_seconds = 0;
+  costs.link = {0, 1, 2};  // the per-message part is more than the latency
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("link: per_message_seconds = 2; must be finite, >= 0 and at most its "
+                        "latency_seconds (1)"));
+  costs.link = {};
+  costs.replica_link.per_message_seconds = -1;
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("replica_link: per_message_seconds = -1"));
+  costs.replica_link = {};
   costs.link_overrides[{0, 0}] = {};
   auto r = SimulateIteration(programs, costs);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1014,6 +1057,7 @@ TEST(SimulatorTest, CostsFromProfile_CopiesUnitsWorkersAndLink) {
   cluster.workers = {{"a", 1.5, 0}, {"b", 0.5, 0}};
   cluster.bandwidth_bytes_per_second = 1e9;
   cluster.latency_seconds = 1e-4;
+  cluster.per_message_seconds = 4e-5;
   const SimulationCosts costs = SimulationCostsFromProfile(profile, cluster, 12);
   ASSERT_EQ(costs.units.size(), 2u);
   EXPECT_EQ(costs.units[1].fwd_seconds, 3);
@@ -1025,6 +1069,8 @@ TEST(SimulatorTest, CostsFromProfile_CopiesUnitsWorkersAndLink) {
   EXPECT_EQ(costs.link.latency_seconds, 1e-4);
   EXPECT_EQ(costs.replica_link.bandwidth_bytes_per_second, 1e9);
   EXPECT_EQ(costs.replica_link.latency_seconds, 1e-4);
+  EXPECT_EQ(costs.link.per_message_seconds, 4e-5);
+  EXPECT_EQ(costs.replica_link.per_message_seconds, 4e-5);
   EXPECT_EQ(costs.data_parallel, 1);
   EXPECT_EQ(costs.tied_grad_bytes, 12);
 }

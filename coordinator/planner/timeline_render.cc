@@ -423,6 +423,11 @@ class SvgTimeline {
   }
 
   void Event(const TimelineEvent& e) {
+    // Zero-length events are not drawn (the header). Among them are the
+    // transfers on a link of unlimited bandwidth whose messages carry no
+    // data plane's per-message cost (simulator.h: a send holds its link for
+    // that cost plus its bytes' time, both 0 there): their latency still
+    // shows as the receiver's wait, and the Chrome trace keeps them.
     if (e.end_seconds <= e.start_seconds || e.worker < 0 || e.worker >= workers_) return;
     if (e.kind == TimelineEventKind::kRecvWait && !options_.show_waits) return;
     if (e.kind == TimelineEventKind::kSendTransfer && !options_.show_transfers) return;

@@ -67,8 +67,10 @@ void AllocateAndFreeInThreads() {
 }
 
 // What stays resident after threads freed their buffers is bounded as the
-// header says: in all, kMaxRetainedFreeHeapBytes; after malloc_trim(0),
-// which returns the main heap's free top, one heap per thread arena. With
+// header says for the thread arenas: after malloc_trim(0), which returns
+// the main heap's free top, one heap per thread arena. (The 768 MiB
+// allocated here cannot reach the main heap's 1 GiB part of the bound,
+// so only the arenas' part is checked.) With
 // glibc's default arena limit (8 per core) each of the 16 threads kept its
 // 48 MiB: 723 MiB after malloc_trim(0). In a child: the arena settings stay
 // for the process.
@@ -93,7 +95,6 @@ TEST(TuneMallocForLargeBuffersTest, ThreadsFreedBuffers_ResidentWithinDocumented
   // 8 MiB of margin for what else the threads left (their stacks, which
   // glibc caches for new threads).
   constexpr int64_t kMarginMiB = 8;
-  EXPECT_LE(freed_mib, kMaxRetainedFreeHeapBytes / kMiB + kMarginMiB) << "MiB: " << said;
   EXPECT_LE(trimmed_mib, (kMallocArenaMax - 1) * kThreadArenaHeapBytes / kMiB + kMarginMiB)
       << "MiB: " << said;
 }

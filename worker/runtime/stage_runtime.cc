@@ -1410,7 +1410,7 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       break;
     case v1::Instruction::kOptimizerStep:
       // Its all-reduce (PrepareOptimizerStep's, with replicas: the phase
-      // "all_reduce") and the clipping's broadcasts are idle, not the
+      // "all_reduce") and the clipping's norm all-gather are idle, not the
       // optimizer's.
       phase = "optimizer";
       status = PrepareOptimizerStep(iteration, result);
